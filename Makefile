@@ -1,0 +1,37 @@
+# gpu-autorepair — the two commands of the README plus lint and bench.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint bench install slurm-deps clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev,agent]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Debian's Slurm + munge for the demo cluster and the Slurm tests (root only).
+slurm-deps:
+	@bash scripts/install-slurm.sh
+
+run: install slurm-deps
+	$(BIN)/autorepair up --demo
+
+test: install slurm-deps
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+bench: install
+	@for f in tests/bench/*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
+
+clean:
+	rm -rf $(VENV) .autorepair

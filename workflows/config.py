@@ -1,0 +1,285 @@
+"""Configuration models of the control plane (``autorepair.yaml``).
+
+Pure pydantic models with every default from DESIGN.md §5; loading from YAML and
+environment overrides lives in :mod:`workers.config` (I/O stays out of this package).
+Every section is documented key by key in ``docs/configuration.md``.
+
+Errors: constructing :class:`AutorepairConfig` from bad data raises
+``pydantic.ValidationError`` whose messages carry the field path and the bad value.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from workflows.models import Action, Severity
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TemporalConfig(_Section):
+    """Where the Temporal frontend is. Defaults match ``temporal server start-dev``."""
+
+    address: str = "127.0.0.1:7233"
+    namespace: str = "default"
+    task_queue: str = "autorepair"
+    ui_port: int = Field(8233, ge=1, le=65535)
+    #: Separate task queue for BMC calls so they can be rate limited (issue 6).
+    bmc_task_queue: str = "autorepair-bmc"
+    #: Max BMC activity starts per second across the BMC queue.
+    bmc_rate_per_s: float = Field(2.0, gt=0)
+
+
+class LedgerConfig(_Section):
+    """PostgreSQL ledger. ``dsn`` empty means: use the embedded server of ``autorepair up``."""
+
+    dsn: str = ""
+    min_pool: int = Field(1, ge=1)
+    max_pool: int = Field(10, ge=1)
+
+
+class TLSConfig(_Section):
+    """Optional TLS (and mTLS when ``client_ca`` is set) for a listener."""
+
+    cert: str | None = None
+    key: str | None = None
+    client_ca: str | None = None
+
+
+class IngestConfig(_Section):
+    """Ingest listeners (DESIGN §4.2) and request limits."""
+
+    host: str = "0.0.0.0"
+    otlp_grpc_port: int = Field(4317, ge=0, le=65535)
+    otlp_http_port: int = Field(4318, ge=0, le=65535)
+    api_port: int = Field(8080, ge=0, le=65535)
+    admin_port: int = Field(8081, ge=0, le=65535)
+    #: Largest accepted request body (compressed or not), bytes.
+    max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
+    #: Largest decompressed body (gzip bomb guard), bytes.
+    max_decompressed_bytes: int = Field(32 * 1024 * 1024, gt=0)
+    #: Bounded in-flight request queue; beyond it the receivers answer 429/503.
+    max_inflight: int = Field(512, gt=0)
+    tls: TLSConfig = Field(default_factory=TLSConfig)
+    #: File with bearer tokens, one a line; empty = no auth on the receivers.
+    tokens_file: str | None = None
+    #: Admin endpoint token file (required to serve /internal/state).
+    admin_token_file: str | None = None
+    #: Optional downstream OTLP/HTTP endpoint (the site's collector).
+    forward_endpoint: str | None = None
+    forward_queue: int = Field(10_000, gt=0)
+
+
+class ThresholdConfig(_Section):
+    """Straggler threshold engine (DESIGN §5)."""
+
+    #: MAD multiplier k (DESIGN §5 default 2.0).
+    k: float = Field(2.0, gt=0)
+    #: EMA smoothing factor α (DESIGN §5 default 0.2).
+    ema_alpha: float = Field(0.2, gt=0, le=1)
+    #: Minimum active nodes for quorum (DESIGN §5 default 5).
+    statistical_min: int = Field(5, ge=1)
+    #: Fraction of expected nodes that must report (DESIGN §5 default 0.80).
+    coverage: float = Field(0.80, ge=0, le=1)
+    #: Agent push interval, seconds (DESIGN §5 default 10).
+    push_interval_s: float = Field(10.0, gt=0)
+    #: Node TTL = ttl_multiplier × push interval (DESIGN §5 default 5).
+    ttl_multiplier: float = Field(5.0, gt=0)
+    #: Panic when more than this fraction of active nodes would be flagged (DESIGN §5: half).
+    panic_fraction: float = Field(0.5, gt=0, le=1)
+    #: Consecutive pushes below threshold before a node is a straggler (server side).
+    straggler_pushes: int = Field(3, ge=1)
+    #: Consecutive pushes at/above threshold before a straggler recovers (hysteresis).
+    recovery_pushes: int = Field(3, ge=1)
+
+
+class CatalogueOverride(_Section):
+    """Operator override for one code (scenario 9): action, severity, count in window."""
+
+    action: Action | None = None
+    severity: Severity | None = None
+    #: Occurrences on one node within ``window_s`` before the alert becomes actionable.
+    count: int = Field(1, ge=1)
+    window_s: float = Field(600.0, gt=0)
+    actionable: bool | None = None
+
+
+class CatalogueConfig(_Section):
+    """Per-code overrides of the default catalogue.
+
+    ``xid`` and ``sxid`` map a numeric code to an override; ``kinds`` maps a fault kind
+    (e.g. ``ib_link_down``) to one.
+    """
+
+    xid: dict[int, CatalogueOverride] = Field(default_factory=dict)
+    sxid: dict[int, CatalogueOverride] = Field(default_factory=dict)
+    kinds: dict[str, CatalogueOverride] = Field(default_factory=dict)
+    #: Repeats of an app-level Xid on the same GPU/GPC within this window recommend a
+    #: diagnostic validation run (scenario 2; 24 h).
+    app_xid_repeat_window_s: float = Field(24 * 3600.0, gt=0)
+    app_xid_repeat_count: int = Field(2, ge=2)
+
+
+class ConsentConfig(_Section):
+    """Who decides whether (DESIGN §5): approve-before-repair by default."""
+
+    mode: Literal["approve", "automatic"] = "approve"
+    #: Actions that run without approval (remove is never automatic).
+    automatic_actions: list[Action] = Field(default_factory=list)
+    #: Xid codes whose repairs run without approval.
+    automatic_xids: list[int] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _remove_is_human(self) -> ConsentConfig:
+        if Action.remove in self.automatic_actions:
+            raise ValueError(
+                "consent.automatic_actions: 'remove' is always human-initiated (DESIGN §5)"
+            )
+        return self
+
+
+class WaitForIdleConfig(_Section):
+    """Wait-for-idle bound (DESIGN §5: default 2 h, cap 24 h, or do-not-interrupt)."""
+
+    max_wait_s: float = Field(2 * 3600.0, gt=0, le=24 * 3600.0)
+    do_not_interrupt: bool = False
+    poll_s: float = Field(30.0, gt=0)
+
+
+class LadderConfig(_Section):
+    """Escalation ladder (DESIGN §5): 2 attempts of one action in 7 days → next rung."""
+
+    attempts: int = Field(2, ge=1)
+    window_s: float = Field(7 * 86400.0, gt=0)
+    rungs: list[Action] = Field(
+        default_factory=lambda: [Action.reboot, Action.reprovision, Action.migrate]
+    )
+
+
+class MigrateGateConfig(_Section):
+    """Migrate needs a critical alert now or on the same machine within 10 days."""
+
+    window_s: float = Field(10 * 86400.0, gt=0)
+
+
+class RailsConfig(_Section):
+    """Safety rails (DESIGN §5)."""
+
+    #: Default persistence for level signals before they become actionable, seconds.
+    persistence_s: float = Field(60.0, ge=0)
+    #: Per-kind persistence overrides, seconds.
+    persistence_by_kind: dict[str, float] = Field(default_factory=dict)
+    #: Cooldown after any repair on a node (DESIGN §5: ~30 min).
+    cooldown_s: float = Field(1800.0, ge=0)
+    #: Concurrent repairs allowed = max(min_concurrent, ceil(fraction × GPU nodes)).
+    concurrency_fraction: float = Field(0.05, gt=0, le=1)
+    min_concurrent: int = Field(1, ge=1)
+    #: One repair per node pool at a time.
+    one_per_pool: bool = True
+    #: Breaker trips when automatic repairs/cordons in ``breaker_window_s`` exceed
+    #: ``breaker_fraction`` × GPU nodes (at least ``breaker_min``).
+    breaker_fraction: float = Field(0.10, gt=0, le=1)
+    breaker_min: int = Field(2, ge=1)
+    breaker_window_s: float = Field(600.0, gt=0)
+    #: Max detector-requested repairs in flight per cluster.
+    detector_cap: int = Field(3, ge=0)
+    #: Lease expiry when never released, seconds.
+    lease_ttl_s: float = Field(24 * 3600.0, gt=0)
+    #: Bound on waiting for a node to come back healthy after the action.
+    rejoin_timeout_s: float = Field(1800.0, gt=0)
+    #: Drain deadline (pods / jobs still there after it are listed in the failure).
+    drain_deadline_s: float = Field(1800.0, gt=0)
+
+
+class BmcConfig(_Section):
+    """One machine's BMC. Credentials never appear here: they come from a secret."""
+
+    address: str
+    system_id: str | None = None
+    verify_tls: bool = True
+
+
+class NodeConfig(_Section):
+    """A node of a cluster and the machine under it."""
+
+    name: str
+    machine: str | None = None
+    pool: str = "default"
+    bmc: BmcConfig | None = None
+
+
+class ClusterConfig(_Section):
+    """A cluster: its scheduler, its GPU nodes and how to reach them."""
+
+    name: str
+    scheduler: Literal["slurm", "kubernetes"] = "slurm"
+    #: Expected GPU node count (denominator for coverage, budget and breaker).
+    gpu_nodes: int = Field(0, ge=0)
+    nodes: list[NodeConfig] = Field(default_factory=list)
+    #: Slurm: directory holding scontrol/sinfo/sbatch, and SLURM_CONF to use.
+    slurm_bin_dir: str | None = None
+    slurm_conf: str | None = None
+    #: Kubernetes: kubeconfig path (empty = in-cluster config).
+    kubeconfig: str | None = None
+    #: Provisioning provider: redfish virtual media, or an operator webhook.
+    provisioner: Literal["redfish", "webhook"] = "redfish"
+    provision_image: str | None = None
+    provision_webhook: str | None = None
+    #: Machines in the hot-spare pool.
+    spares: list[str] = Field(default_factory=list)
+
+    @property
+    def gpu_node_count(self) -> int:
+        """GPU nodes of the cluster: ``gpu_nodes`` or, when 0, the listed nodes."""
+        return self.gpu_nodes or len(self.nodes)
+
+
+class SecretsConfig(_Section):
+    """Where secrets live (files or env vars); never copied into workflow inputs."""
+
+    bmc_credentials_file: str | None = None
+    bmc_username_env: str = "AUTOREPAIR_BMC_USERNAME"
+    bmc_password_env: str = "AUTOREPAIR_BMC_PASSWORD"
+    api_tokens_file: str | None = None
+
+
+class ApiConfig(_Section):
+    """Repair API on the API port."""
+
+    #: Bearer tokens file: ``TOKEN ROLE USER`` per line (roles: operator, detector, viewer).
+    tokens_file: str | None = None
+
+
+class PolicyConfig(_Section):
+    """The policy bundle handed to workflows (pure data; no secrets)."""
+
+    catalogue: CatalogueConfig = Field(default_factory=CatalogueConfig)
+    consent: ConsentConfig = Field(default_factory=ConsentConfig)
+    wait_for_idle: WaitForIdleConfig = Field(default_factory=WaitForIdleConfig)
+    ladder: LadderConfig = Field(default_factory=LadderConfig)
+    migrate_gate: MigrateGateConfig = Field(default_factory=MigrateGateConfig)
+    rails: RailsConfig = Field(default_factory=RailsConfig)
+
+
+class AutorepairConfig(_Section):
+    """Root of ``autorepair.yaml``."""
+
+    temporal: TemporalConfig = Field(default_factory=TemporalConfig)
+    ledger: LedgerConfig = Field(default_factory=LedgerConfig)
+    ingest: IngestConfig = Field(default_factory=IngestConfig)
+    threshold: ThresholdConfig = Field(default_factory=ThresholdConfig)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    clusters: list[ClusterConfig] = Field(default_factory=list)
+    secrets: SecretsConfig = Field(default_factory=SecretsConfig)
+    api: ApiConfig = Field(default_factory=ApiConfig)
+
+    def cluster(self, name: str) -> ClusterConfig:
+        """The cluster called ``name``. Raises ``KeyError`` naming it when unknown."""
+        for c in self.clusters:
+            if c.name == name:
+                return c
+        raise KeyError(f"clusters: no cluster named {name!r}")

@@ -1,0 +1,333 @@
+"""Shared pydantic models: the wire and workflow contract of the control plane.
+
+Everything that crosses a process or Temporal boundary (alerts, repair requests,
+signals, query results, validation results) is defined here so that `ingest`,
+`activities`, `workers` and the workflows agree on one shape. These models import
+no I/O library and are safe inside the Temporal workflow sandbox.
+
+Names and vocabularies follow ``DESIGN.md`` §4.4 (stages, terminal states, signals)
+and §5 (action vocabulary).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Severity(StrEnum):
+    """Alert severity (DESIGN §5)."""
+
+    info = "info"
+    warning = "warning"
+    critical = "critical"
+
+
+class Action(StrEnum):
+    """Node-level action vocabulary, lightest first (DESIGN §5).
+
+    ``power_cycle`` sits beside ``reboot`` (host power off/on through the BMC, for faults
+    that need the GPU to lose power); ``remove`` is human-only.
+    """
+
+    none = "none"
+    reset_gpu = "reset_gpu"
+    reboot = "reboot"
+    power_cycle = "power_cycle"
+    reprovision = "reprovision"
+    migrate = "migrate"
+    remove = "remove"
+
+
+#: Escalation weight of each action; a higher number is a heavier action.
+ACTION_WEIGHT: dict[Action, int] = {
+    Action.none: 0,
+    Action.reset_gpu: 1,
+    Action.reboot: 2,
+    Action.power_cycle: 3,
+    Action.reprovision: 4,
+    Action.migrate: 5,
+    Action.remove: 6,
+}
+
+
+class Stage(StrEnum):
+    """Repair stages and terminal states (DESIGN §4.4)."""
+
+    recommended = "recommended"
+    awaiting_approval = "awaiting_approval"
+    cordoning = "cordoning"
+    waiting_for_idle = "waiting_for_idle"
+    draining = "draining"
+    repairing = "repairing"
+    migrating = "migrating"
+    joining = "joining"
+    running = "running"
+    # terminal
+    succeeded = "succeeded"
+    failed = "failed"
+    rejected = "rejected"
+    cancelled = "cancelled"
+    auto_resolved = "auto_resolved"
+    timed_out = "timed_out"
+
+
+TERMINAL_STAGES: frozenset[Stage] = frozenset(
+    {
+        Stage.succeeded,
+        Stage.failed,
+        Stage.rejected,
+        Stage.cancelled,
+        Stage.auto_resolved,
+        Stage.timed_out,
+    }
+)
+
+
+class RequesterKind(StrEnum):
+    """Who asked for a repair: the platform itself, a person, or an external detector."""
+
+    system = "system"
+    user = "user"
+    detector = "detector"
+
+
+class Requester(BaseModel):
+    """The origin of a repair request; a detector is never recorded as a user."""
+
+    kind: RequesterKind = RequesterKind.system
+    name: str = "autorepair"
+
+
+class Alert(BaseModel):
+    """One observed fault on one node, with its evidence.
+
+    ``alert_id`` is stable for the same observation (hash of cluster, node, kind, code,
+    GPU and the raw evidence / observation time), so a re-delivery de-duplicates.
+    ``active=False`` clears a level fault (raise/clear edges); event faults (Xid) are
+    single observations and are never cleared explicitly.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    alert_id: str
+    cluster: str
+    node: str
+    machine_id: str | None = None
+    node_pool: str | None = None
+    kind: str
+    code: int | None = None
+    gpu: str | None = None
+    severity: Severity = Severity.warning
+    mnemonic: str = ""
+    actionable: bool = False
+    action: Action = Action.none
+    summary: str
+    description: str = ""
+    evidence_text: str = ""
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    level: bool = False
+    active: bool = True
+    source: str = "agent"
+    observed_at: datetime
+
+
+class AlertOutcome(StrEnum):
+    """What a NodeWorkflow did with a delivered alert."""
+
+    new = "new"
+    attached = "attached"
+    deduplicated = "deduplicated"
+    ignored = "ignored"
+    cleared = "cleared"
+    recommended = "recommended"
+
+
+class AlertDelivery(BaseModel):
+    """Result of delivering an alert (update on NodeWorkflow)."""
+
+    alert_id: str
+    outcome: AlertOutcome
+    reason: str = ""
+    repair_id: str | None = None
+
+
+class StageTransition(BaseModel):
+    """One recorded stage change of a repair."""
+
+    stage: Stage
+    at: datetime
+    by: str = "system"
+    reason: str = ""
+
+
+class ApproveSignal(BaseModel):
+    """Payload of the ``approve`` signal: ``{"by": USER, "action": optional override}``."""
+
+    by: str
+    action: Action | None = None
+
+
+class RejectSignal(BaseModel):
+    """Payload of the ``reject`` signal: ``{"by", "reason"}``."""
+
+    by: str
+    reason: str = ""
+
+
+class CancelSignal(BaseModel):
+    """Payload of the ``cancel`` signal: ``{"by", "reason"}``."""
+
+    by: str
+    reason: str = ""
+
+
+class RepairRequest(BaseModel):
+    """Input of ``RepairWorkflow`` (JSON a person can type).
+
+    ``action`` is the recommended action (already through catalogue, ladder and the
+    migrate evidence gate when the NodeWorkflow built it). ``alerts`` is the evidence.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    repair_id: str
+    cluster: str
+    node: str
+    machine_id: str | None = None
+    node_pool: str | None = None
+    action: Action
+    requester: Requester = Field(default_factory=Requester)
+    reason: str = ""
+    alerts: list[Alert] = Field(default_factory=list)
+    detector: str | None = None
+    request_id: str | None = None
+    auto_approved_rule: str | None = None
+
+
+class RepairStatus(BaseModel):
+    """Result of the ``status`` query on ``RepairWorkflow``."""
+
+    repair_id: str
+    cluster: str
+    node: str
+    machine_id: str | None = None
+    stage: Stage
+    action: Action
+    requester: Requester
+    approved_by: str | None = None
+    decided_by_rule: str | None = None
+    evidence: list[Alert] = Field(default_factory=list)
+    history: list[StageTransition] = Field(default_factory=list)
+    detail: str = ""
+
+
+class ValidationRequest(BaseModel):
+    """Input of ``ValidationWorkflow``: e.g. ``{"cluster": "demo", "machine": "gpu-02"}``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    cluster: str
+    machine: str
+    node: str | None = None
+    reason: str = "operator request"
+    repair_id: str | None = None
+    requested_by: str = "operator"
+    return_to: str = "pool"
+
+
+class Verdict(StrEnum):
+    """Validation verdict (DESIGN §1.5)."""
+
+    passed = "passed"
+    failed = "failed"
+    aborted = "aborted"
+
+
+class CheckOutcome(StrEnum):
+    """Outcome of one check in the validation suite."""
+
+    passed = "passed"
+    failed = "failed"
+    skipped = "skipped"
+
+
+class CheckResult(BaseModel):
+    """One check: name, outcome, numbers with units, and a log excerpt."""
+
+    name: str
+    outcome: CheckOutcome
+    detail: str = ""
+    measurements: dict[str, float] = Field(default_factory=dict)
+    log: str = ""
+
+
+class ValidationResult(BaseModel):
+    """Structured result of a validation run (what ``autorepair-agent validate --json`` prints)."""
+
+    machine: str
+    verdict: Verdict
+    checks: list[CheckResult] = Field(default_factory=list)
+    reason: str = ""
+    ticket_id: str | None = None
+
+
+def workflow_id_node(cluster: str, node: str) -> str:
+    """``node/{cluster}/{node}`` (DESIGN §4.4)."""
+    return f"node/{cluster}/{node}"
+
+
+def workflow_id_repair(cluster: str, node: str, repair_id: str) -> str:
+    """``repair/{cluster}/{node}/{repair_id}`` (DESIGN §4.4)."""
+    return f"repair/{cluster}/{node}/{repair_id}"
+
+
+def workflow_id_guard(cluster: str) -> str:
+    """``guard/{cluster}`` (DESIGN §4.4)."""
+    return f"guard/{cluster}"
+
+
+def workflow_id_validation(machine: str, n: str | int) -> str:
+    """``validate/{machine}/{n}`` (DESIGN §4.4)."""
+    return f"validate/{machine}/{n}"
+
+
+TASK_QUEUE = "autorepair"
+"""Temporal task queue of every workflow and activity (DESIGN §4.4)."""
+
+SEARCH_ATTRIBUTES: dict[str, str] = {
+    "NodeId": "Keyword",
+    "ClusterId": "Keyword",
+    "MachineId": "Keyword",
+    "RepairAction": "Keyword",
+    "RepairStage": "Keyword",
+    "RepairState": "Keyword",
+    "Requester": "Keyword",
+    "AlertKind": "Keyword",
+}
+"""Custom search attributes and their types (DESIGN §4.4)."""
+
+
+class NodeInput(BaseModel):
+    """Input of ``NodeWorkflow`` (id ``node/{cluster}/{node}``).
+
+    ``carried`` holds the state carried across continue-as-new (owned by the workflow).
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    cluster: str
+    node: str
+    machine_id: str | None = None
+    node_pool: str | None = None
+    carried: dict[str, Any] | None = None
+
+
+NODE_UPDATE_DELIVER_ALERT = "deliver_alert"
+"""Update on ``NodeWorkflow`` taking an :class:`Alert`, returning :class:`AlertDelivery`.
+
+The ingest service and the watchers call it with update-with-start
+(``NodeWorkflow`` started with :class:`NodeInput` when not running)."""
