@@ -1,0 +1,319 @@
+"""The activity contract between the workflows and ``activities/``.
+
+Workflows call activities by these names with these pydantic inputs and result types
+(``workflow.execute_activity(ACT.cordon_node, CordonInput(...), result_type=CordonResult)``);
+``activities/`` registers implementations under the same names
+(``@activity.defn(name=ACT.cordon_node)``). Tests register same-named test activities
+where a real peer is not part of the test.
+
+Every activity is idempotent: it checks the current state and acts only if needed, and
+records the repair id on the target where the target allows it. Permanent failures
+raise non-retryable ``ApplicationError`` with one of the ``ERR_*`` types below;
+transient ones raise anything else and are retried.
+
+No credentials ever appear in these models (DESIGN §4.4).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from workflows.config import PolicyConfig
+from workflows.models import Action, Alert, Requester, Stage, ValidationResult, Verdict
+
+
+class ACT:
+    """Activity names (one namespace so typos fail at import time)."""
+
+    # configuration
+    load_policy = "load_policy"
+    # ledger (PostgreSQL)
+    ledger_record_alert = "ledger_record_alert"
+    ledger_upsert_repair = "ledger_upsert_repair"
+    ledger_record_transition = "ledger_record_transition"
+    ledger_record_attempt = "ledger_record_attempt"
+    ledger_attempt_history = "ledger_attempt_history"
+    ledger_claim_request = "ledger_claim_request"
+    ledger_record_verdict = "ledger_record_verdict"
+    ledger_open_ticket = "ledger_open_ticket"
+    # scheduler side (Slurm or Kubernetes, chosen by the cluster config)
+    cordon_node = "cordon_node"
+    check_idle = "check_idle"
+    drain_node = "drain_node"
+    rejoin_node = "rejoin_node"
+    node_health = "node_health"
+    # machine side (BMC task queue, rate limited)
+    reset_gpu = "reset_gpu"
+    reboot_machine = "reboot_machine"
+    power_cycle_machine = "power_cycle_machine"
+    reprovision_machine = "reprovision_machine"
+    migrate_node = "migrate_node"
+    remove_machine = "remove_machine"
+    # validation
+    place_validation = "place_validation"
+    collect_validation = "collect_validation"
+    release_validation = "release_validation"
+    return_machine = "return_machine"
+    # notifications
+    notify = "notify"
+
+
+# Non-retryable ApplicationError types.
+ERR_AUTH = "AuthFailure"
+ERR_UNKNOWN_NODE = "UnknownNode"
+ERR_UNSUPPORTED = "UnsupportedAction"
+ERR_ACTION_FAILED = "ActionFailed"
+ERR_DRAIN_DEADLINE = "DrainDeadline"
+ERR_PLACEMENT = "PlacementImpossible"
+
+
+class NodeRef(BaseModel):
+    """A node of a cluster, optionally with the repair acting on it."""
+
+    cluster: str
+    node: str
+    repair_id: str | None = None
+
+
+class PolicySnapshot(BaseModel):
+    """Result of ``load_policy``: the policy bundle and the cluster facts rails need."""
+
+    cluster: str
+    policy: PolicyConfig
+    gpu_nodes: int
+    scheduler: str
+    pools: dict[str, str] = Field(default_factory=dict)
+    machines: dict[str, str] = Field(default_factory=dict)
+
+
+class CordonInput(BaseModel):
+    cluster: str
+    node: str
+    repair_id: str
+    reason: str
+
+
+class CordonResult(BaseModel):
+    """``cordoned_by_us`` is true when this repair holds the cordon (set now or earlier by it).
+
+    ``by_other`` is true when the node was already cordoned/drained by someone else;
+    rejoin then never uncordons it (scenario 4).
+    """
+
+    cordoned_by_us: bool
+    by_other: bool = False
+    detail: str = ""
+
+
+class IdleStatus(BaseModel):
+    """``idle``: no GPU pod (Kubernetes) / no allocation (Slurm) on the node."""
+
+    idle: bool
+    running: list[str] = Field(default_factory=list)
+
+
+class DrainInput(BaseModel):
+    cluster: str
+    node: str
+    repair_id: str
+    deadline_s: float = 1800.0
+
+
+class DrainResult(BaseModel):
+    drained: bool
+    remaining: list[str] = Field(default_factory=list)
+    detail: str = ""
+
+
+class RejoinInput(BaseModel):
+    cluster: str
+    node: str
+    repair_id: str
+
+
+class RejoinResult(BaseModel):
+    """``uncordoned`` only when the cordon was ours; ``kept_reason`` explains otherwise."""
+
+    uncordoned: bool
+    kept_reason: str = ""
+
+
+class NodeHealth(BaseModel):
+    """Scheduler view of a node: readiness and boot identity."""
+
+    ready: bool
+    state: list[str] = Field(default_factory=list)
+    boot_id: str | None = None
+    boot_time: datetime | None = None
+    reason: str = ""
+
+
+class MachineActionInput(BaseModel):
+    """Input of the machine-side actions.
+
+    ``boot_id_before`` / ``boot_time_before`` are read before acting and recorded in the
+    workflow history, so a retried power cycle sees the host already came back and does
+    not cycle it again (scenario 11).
+    """
+
+    cluster: str
+    node: str
+    machine: str
+    repair_id: str
+    gpu: str | None = None
+    boot_id_before: str | None = None
+    boot_time_before: datetime | None = None
+
+
+class ActionResult(BaseModel):
+    done: bool
+    skipped_reason: str = ""
+    detail: str = ""
+    ticket_id: str | None = None
+
+
+class MigrateResult(BaseModel):
+    new_machine: str
+    old_machine: str
+    detail: str = ""
+
+
+class RepairRecord(BaseModel):
+    """Ledger row of a repair (created and updated by RepairWorkflow)."""
+
+    repair_id: str
+    cluster: str
+    node: str
+    machine_id: str | None = None
+    action: Action
+    stage: Stage
+    requester: Requester
+    reason: str = ""
+    approved_by: str | None = None
+    decided_by_rule: str | None = None
+    detector: str | None = None
+    request_id: str | None = None
+    alert_ids: list[str] = Field(default_factory=list)
+    workflow_id: str | None = None
+    updated_at: datetime
+
+
+class TransitionRecord(BaseModel):
+    repair_id: str
+    stage: Stage
+    at: datetime
+    by: str = "system"
+    reason: str = ""
+
+
+class AttemptRecord(BaseModel):
+    """One executed action on a machine, for the ladder (DESIGN §5)."""
+
+    repair_id: str
+    cluster: str
+    node: str
+    machine_id: str | None = None
+    action: Action
+    alert_kind: str
+    code: int | None = None
+    outcome: str  # succeeded | failed | cancelled | auto_resolved
+    at: datetime
+
+
+class AttemptQuery(BaseModel):
+    cluster: str
+    node: str
+    machine_id: str | None = None
+    since: datetime
+
+
+class AttemptHistory(BaseModel):
+    """Attempts on the machine and critical alerts seen on it since ``since``."""
+
+    attempts: list[AttemptRecord] = Field(default_factory=list)
+    critical_alerts: list[Alert] = Field(default_factory=list)
+
+
+class ClaimInput(BaseModel):
+    """Idempotency claim: detector + request id is unique forever (DESIGN §5)."""
+
+    detector: str
+    request_id: str
+    repair_id: str
+    cluster: str
+    node: str
+
+
+class ClaimResult(BaseModel):
+    repair_id: str
+    created: bool
+
+
+class VerdictRecord(BaseModel):
+    run_id: str
+    cluster: str
+    machine: str
+    verdict: Verdict
+    result: ValidationResult
+    at: datetime
+
+
+class TicketInput(BaseModel):
+    cluster: str
+    machine: str
+    run_id: str
+    summary: str
+    result: ValidationResult
+
+
+class TicketResult(BaseModel):
+    ticket_id: str
+
+
+class ValidationPlacement(BaseModel):
+    cluster: str
+    machine: str
+    node: str
+    run_id: str
+    timeout_s: float = 1800.0
+
+
+class PlacementResult(BaseModel):
+    placed: bool
+    job_id: str | None = None
+    prior_state: dict[str, Any] = Field(default_factory=dict)
+    reason: str = ""
+
+
+class CollectInput(BaseModel):
+    cluster: str
+    machine: str
+    node: str
+    run_id: str
+    job_id: str
+
+
+class CollectResult(BaseModel):
+    finished: bool
+    result: ValidationResult | None = None
+
+
+class ReturnMachineInput(BaseModel):
+    cluster: str
+    machine: str
+    node: str
+    run_id: str
+    verdict: Verdict
+    prior_state: dict[str, Any] = Field(default_factory=dict)
+
+
+class Notification(BaseModel):
+    cluster: str
+    node: str | None = None
+    repair_id: str | None = None
+    subject: str
+    body: str = ""
+    severity: str = "info"
