@@ -1,0 +1,451 @@
+"""PostgreSQL ledger: the durable record of alerts, repairs, attempts and verdicts.
+
+A small repository over an ``asyncpg`` pool. Every write is idempotent (primary or unique
+keys with ``ON CONFLICT``), so a retried activity never records twice.
+
+Schema: versioned SQL files in ``activities/migrations/NNNN_name.sql``, applied in order
+by :func:`migrate` under an advisory lock (several workers may start at once) and
+recorded in ``schema_migrations``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime
+from importlib import resources
+from typing import Any
+
+import asyncpg
+
+from workflows.activity_api import (
+    AttemptHistory,
+    AttemptQuery,
+    AttemptRecord,
+    ClaimInput,
+    ClaimResult,
+    RepairRecord,
+    TicketInput,
+    TicketResult,
+    TransitionRecord,
+    VerdictRecord,
+)
+from workflows.models import Action, Alert, Requester, RequesterKind, Severity
+
+#: Arbitrary but fixed advisory-lock key serialising migrations across processes.
+_MIGRATION_LOCK = 0x6770_7561_7574
+
+
+def _migrations() -> list[tuple[int, str, str]]:
+    """(version, name, sql) of every bundled migration, in version order."""
+    out: list[tuple[int, str, str]] = []
+    for entry in resources.files("activities.migrations").iterdir():
+        name = entry.name
+        if not name.endswith(".sql"):
+            continue
+        version = int(name.split("_", 1)[0])
+        out.append((version, name, entry.read_text(encoding="utf-8")))
+    return sorted(out)
+
+
+async def migrate(pool: asyncpg.Pool) -> list[str]:
+    """Apply pending migrations; returns the names applied now (empty when current)."""
+    applied: list[str] = []
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK)
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations ("
+            " version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
+            " applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+        )
+        done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
+        for version, name, sql in _migrations():
+            if version in done:
+                continue
+            await conn.execute(sql)
+            await conn.execute(
+                "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", version, name
+            )
+            applied.append(name)
+    return applied
+
+
+async def _init_conn(conn: asyncpg.Connection) -> None:
+    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
+
+async def connect(
+    dsn: str, *, schema: str | None = None, min_size: int = 1, max_size: int = 10
+) -> asyncpg.Pool:
+    """Open a pool; ``schema`` (created if missing) becomes the search path (tests use one
+    schema per test). Raises ``asyncpg`` / ``OSError`` when PostgreSQL is unreachable."""
+    settings: dict[str, str] = {}
+    if schema:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+        finally:
+            await conn.close()
+        settings["search_path"] = schema
+    pool = await asyncpg.create_pool(
+        dsn, min_size=min_size, max_size=max_size, init=_init_conn, server_settings=settings
+    )
+    assert pool is not None
+    return pool
+
+
+def _alert_from_row(row: asyncpg.Record) -> Alert:
+    return Alert(
+        alert_id=row["alert_id"],
+        cluster=row["cluster"],
+        node=row["node"],
+        machine_id=row["machine_id"],
+        kind=row["kind"],
+        code=row["code"],
+        gpu=row["gpu"],
+        severity=Severity(row["severity"]),
+        mnemonic=row["mnemonic"],
+        actionable=row["actionable"],
+        action=Action(row["action"]),
+        summary=row["summary"],
+        description=row["description"],
+        evidence_text=row["evidence_text"],
+        evidence=row["evidence"] or {},
+        level=row["level"],
+        active=row["active"],
+        source=row["source"],
+        observed_at=row["observed_at"],
+    )
+
+
+def ticket_id_for(run_id: str) -> str:
+    """Stable ticket id of a validation run (``HW-`` + 10 hex digits of sha256)."""
+    return "HW-" + hashlib.sha256(run_id.encode()).hexdigest()[:10].upper()
+
+
+class Ledger:
+    """Repository over one asyncpg pool. All methods are idempotent."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    # -- alerts -------------------------------------------------------------------------
+    async def record_alert(self, alert: Alert) -> bool:
+        """Insert the alert; True when new. Unmapped kinds (no action) are also counted."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            status = await conn.execute(
+                """INSERT INTO alerts (alert_id, cluster, node, machine_id, kind, code, gpu,
+                     severity, mnemonic, actionable, action, summary, description,
+                     evidence_text, evidence, level, active, source, observed_at)
+                   VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19)
+                   ON CONFLICT (alert_id) DO NOTHING""",
+                alert.alert_id,
+                alert.cluster,
+                alert.node,
+                alert.machine_id,
+                alert.kind,
+                alert.code,
+                alert.gpu,
+                alert.severity.value,
+                alert.mnemonic,
+                alert.actionable,
+                alert.action.value,
+                alert.summary,
+                alert.description,
+                alert.evidence_text,
+                alert.evidence,
+                alert.level,
+                alert.active,
+                alert.source,
+                alert.observed_at,
+            )
+            inserted = status.endswith(" 1")
+            if inserted and alert.action == Action.none and not alert.actionable:
+                await conn.execute(
+                    """INSERT INTO unmapped_alert_counts (kind, count) VALUES ($1, 1)
+                       ON CONFLICT (kind) DO UPDATE
+                       SET count = unmapped_alert_counts.count + 1""",
+                    alert.kind,
+                )
+        return inserted
+
+    async def list_alerts(
+        self, *, cluster: str | None = None, node: str | None = None, limit: int = 100
+    ) -> list[Alert]:
+        """Newest alerts first, optionally for one cluster / node."""
+        rows = await self.pool.fetch(
+            """SELECT * FROM alerts
+               WHERE ($1::text IS NULL OR cluster = $1) AND ($2::text IS NULL OR node = $2)
+               ORDER BY observed_at DESC LIMIT $3""",
+            cluster,
+            node,
+            limit,
+        )
+        return [_alert_from_row(r) for r in rows]
+
+    async def get_alert(self, alert_id: str) -> Alert | None:
+        row = await self.pool.fetchrow("SELECT * FROM alerts WHERE alert_id = $1", alert_id)
+        return _alert_from_row(row) if row else None
+
+    async def unmapped_counts(self) -> dict[str, int]:
+        rows = await self.pool.fetch("SELECT kind, count FROM unmapped_alert_counts")
+        return {r["kind"]: int(r["count"]) for r in rows}
+
+    # -- repairs ------------------------------------------------------------------------
+    async def upsert_repair(self, rec: RepairRecord) -> None:
+        """Create the repair row or update its mutable fields (stage, action, approval)."""
+        await self.pool.execute(
+            """INSERT INTO repairs (repair_id, cluster, node, machine_id, action, stage,
+                 requester_kind, requester_name, reason, approved_by, decided_by_rule,
+                 detector, request_id, alert_ids, workflow_id, created_at, updated_at)
+               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$16)
+               ON CONFLICT (repair_id) DO UPDATE SET
+                 action = EXCLUDED.action,
+                 stage = EXCLUDED.stage,
+                 machine_id = COALESCE(EXCLUDED.machine_id, repairs.machine_id),
+                 approved_by = COALESCE(EXCLUDED.approved_by, repairs.approved_by),
+                 decided_by_rule = COALESCE(EXCLUDED.decided_by_rule, repairs.decided_by_rule),
+                 alert_ids = (SELECT ARRAY(SELECT DISTINCT unnest(
+                                 repairs.alert_ids || EXCLUDED.alert_ids))),
+                 updated_at = GREATEST(repairs.updated_at, EXCLUDED.updated_at)""",
+            rec.repair_id,
+            rec.cluster,
+            rec.node,
+            rec.machine_id,
+            rec.action.value,
+            rec.stage.value,
+            rec.requester.kind.value,
+            rec.requester.name,
+            rec.reason,
+            rec.approved_by,
+            rec.decided_by_rule,
+            rec.detector,
+            rec.request_id,
+            rec.alert_ids,
+            rec.workflow_id,
+            rec.updated_at,
+        )
+
+    async def record_transition(self, t: TransitionRecord) -> None:
+        """Append a stage transition (idempotent on repair, stage and time)."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                """INSERT INTO repair_transitions (repair_id, stage, at, by_whom, reason)
+                   VALUES ($1,$2,$3,$4,$5) ON CONFLICT DO NOTHING""",
+                t.repair_id,
+                t.stage.value,
+                t.at,
+                t.by,
+                t.reason,
+            )
+            await conn.execute(
+                "UPDATE repairs SET stage = $2, updated_at = GREATEST(updated_at, $3)"
+                " WHERE repair_id = $1",
+                t.repair_id,
+                t.stage.value,
+                t.at,
+            )
+
+    async def get_repair(self, repair_id: str) -> dict[str, Any] | None:
+        """The repair row with its ``transitions`` (oldest first) and ``attempts``."""
+        row = await self.pool.fetchrow("SELECT * FROM repairs WHERE repair_id = $1", repair_id)
+        if row is None:
+            return None
+        out = dict(row)
+        trans = await self.pool.fetch(
+            "SELECT stage, at, by_whom, reason FROM repair_transitions"
+            " WHERE repair_id = $1 ORDER BY at, id",
+            repair_id,
+        )
+        out["transitions"] = [dict(t) for t in trans]
+        atts = await self.pool.fetch(
+            "SELECT action, alert_kind, code, outcome, at FROM repair_attempts"
+            " WHERE repair_id = $1 ORDER BY at, id",
+            repair_id,
+        )
+        out["attempts"] = [dict(a) for a in atts]
+        return out
+
+    async def list_repairs(
+        self,
+        *,
+        cluster: str | None = None,
+        node: str | None = None,
+        stage: str | None = None,
+        action: str | None = None,
+        requester: str | None = None,
+        limit: int = 200,
+    ) -> list[dict[str, Any]]:
+        """Repairs newest first, filtered by any of the given fields."""
+        rows = await self.pool.fetch(
+            """SELECT * FROM repairs
+               WHERE ($1::text IS NULL OR cluster = $1) AND ($2::text IS NULL OR node = $2)
+                 AND ($3::text IS NULL OR stage = $3) AND ($4::text IS NULL OR action = $4)
+                 AND ($5::text IS NULL OR requester_name = $5 OR requester_kind = $5)
+               ORDER BY created_at DESC LIMIT $6""",
+            cluster,
+            node,
+            stage,
+            action,
+            requester,
+            limit,
+        )
+        return [dict(r) for r in rows]
+
+    async def repair_requester(self, repair_id: str) -> Requester | None:
+        row = await self.pool.fetchrow(
+            "SELECT requester_kind, requester_name FROM repairs WHERE repair_id = $1", repair_id
+        )
+        if row is None:
+            return None
+        return Requester(kind=RequesterKind(row["requester_kind"]), name=row["requester_name"])
+
+    # -- escalation history ---------------------------------------------------------------
+    async def record_attempt(self, a: AttemptRecord) -> None:
+        await self.pool.execute(
+            """INSERT INTO repair_attempts (repair_id, cluster, node, machine_id, action,
+                 alert_kind, code, outcome, at)
+               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)
+               ON CONFLICT (repair_id, action, at) DO UPDATE SET outcome = EXCLUDED.outcome""",
+            a.repair_id,
+            a.cluster,
+            a.node,
+            a.machine_id,
+            a.action.value,
+            a.alert_kind,
+            a.code,
+            a.outcome,
+            a.at,
+        )
+
+    async def attempt_history(self, q: AttemptQuery) -> AttemptHistory:
+        """Attempts on the machine (or the node when no machine id) since ``q.since``, and
+        critical alerts seen there in the same period (for the migrate evidence gate)."""
+        if q.machine_id:
+            where, key = "cluster = $1 AND machine_id = $2", q.machine_id
+        else:
+            where, key = "cluster = $1 AND node = $2", q.node
+        rows = await self.pool.fetch(
+            f"SELECT * FROM repair_attempts WHERE {where} AND at >= $3 ORDER BY at",
+            q.cluster,
+            key,
+            q.since,
+        )
+        attempts = [
+            AttemptRecord(
+                repair_id=r["repair_id"],
+                cluster=r["cluster"],
+                node=r["node"],
+                machine_id=r["machine_id"],
+                action=Action(r["action"]),
+                alert_kind=r["alert_kind"],
+                code=r["code"],
+                outcome=r["outcome"],
+                at=r["at"],
+            )
+            for r in rows
+        ]
+        alerts = await self.pool.fetch(
+            f"SELECT * FROM alerts WHERE {where} AND observed_at >= $3 AND severity = 'critical'"
+            " ORDER BY observed_at",
+            q.cluster,
+            key,
+            q.since,
+        )
+        return AttemptHistory(
+            attempts=attempts, critical_alerts=[_alert_from_row(r) for r in alerts]
+        )
+
+    # -- idempotency ----------------------------------------------------------------------
+    async def claim_request(self, c: ClaimInput) -> ClaimResult:
+        """Claim detector + request id for ``c.repair_id``; returns the repair that owns it.
+
+        Two racing claims produce one winner; the loser gets the winner's repair id.
+        """
+        row = await self.pool.fetchrow(
+            """INSERT INTO idempotency_keys (detector, request_id, repair_id, cluster, node)
+               VALUES ($1,$2,$3,$4,$5) ON CONFLICT (detector, request_id) DO NOTHING
+               RETURNING repair_id""",
+            c.detector,
+            c.request_id,
+            c.repair_id,
+            c.cluster,
+            c.node,
+        )
+        if row is not None:
+            return ClaimResult(repair_id=row["repair_id"], created=True)
+        existing = await self.pool.fetchval(
+            "SELECT repair_id FROM idempotency_keys WHERE detector = $1 AND request_id = $2",
+            c.detector,
+            c.request_id,
+        )
+        return ClaimResult(repair_id=str(existing), created=False)
+
+    async def count_detector_repairs(self, cluster: str, open_only: bool = True) -> int:
+        """Detector-requested repairs of the cluster (in flight only when ``open_only``)."""
+        terminal = ("succeeded", "failed", "rejected", "cancelled", "auto_resolved", "timed_out")
+        val = await self.pool.fetchval(
+            """SELECT count(*) FROM repairs WHERE cluster = $1 AND requester_kind = 'detector'
+               AND (NOT $2 OR stage <> ALL($3::text[]))""",
+            cluster,
+            open_only,
+            list(terminal),
+        )
+        return int(val or 0)
+
+    # -- validation -----------------------------------------------------------------------
+    async def record_verdict(self, v: VerdictRecord) -> None:
+        """Record the verdict of a run; a pass closes the machine's open tickets (scenario 5)."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                """INSERT INTO validation_verdicts (run_id, cluster, machine, verdict, result, at)
+                   VALUES ($1,$2,$3,$4,$5,$6) ON CONFLICT (run_id) DO NOTHING""",
+                v.run_id,
+                v.cluster,
+                v.machine,
+                v.verdict.value,
+                v.result.model_dump(mode="json"),
+                v.at,
+            )
+            if v.verdict.value == "passed":
+                await conn.execute(
+                    """UPDATE hardware_tickets SET status = 'closed', closed_at = $2
+                       WHERE machine = $1 AND status = 'open'""",
+                    v.machine,
+                    v.at,
+                )
+
+    async def latest_verdict(self, machine: str) -> dict[str, Any] | None:
+        row = await self.pool.fetchrow(
+            "SELECT * FROM validation_verdicts WHERE machine = $1 ORDER BY at DESC LIMIT 1",
+            machine,
+        )
+        return dict(row) if row else None
+
+    async def open_ticket(self, t: TicketInput) -> TicketResult:
+        """Open (once per run) a hardware ticket carrying every test's result."""
+        ticket_id = ticket_id_for(t.run_id)
+        await self.pool.execute(
+            """INSERT INTO hardware_tickets (ticket_id, cluster, machine, run_id, summary, result)
+               VALUES ($1,$2,$3,$4,$5,$6) ON CONFLICT (run_id) DO NOTHING""",
+            ticket_id,
+            t.cluster,
+            t.machine,
+            t.run_id,
+            t.summary,
+            t.result.model_dump(mode="json"),
+        )
+        return TicketResult(ticket_id=ticket_id)
+
+    async def open_tickets(self, machine: str | None = None) -> list[dict[str, Any]]:
+        rows = await self.pool.fetch(
+            """SELECT * FROM hardware_tickets WHERE status = 'open'
+               AND ($1::text IS NULL OR machine = $1) ORDER BY opened_at""",
+            machine,
+        )
+        return [dict(r) for r in rows]
+
+
+def utcnow() -> datetime:
+    """Timezone-aware now (UTC); for code outside workflows only."""
+    return datetime.now(UTC)

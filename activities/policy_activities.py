@@ -1,0 +1,47 @@
+"""The ``load_policy`` activity: hands workflows the current policy and cluster facts.
+
+Workflows read policy through this activity (recorded in their history) so a config
+change applies to new decisions without restarting running workflows.
+"""
+
+from __future__ import annotations
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from workflows.activity_api import ACT, ERR_UNKNOWN_NODE, PolicySnapshot
+from workflows.config import AutorepairConfig
+
+
+class PolicyActivities:
+    """Holds the loaded configuration; ``load_policy`` snapshots it per cluster."""
+
+    def __init__(self, config: AutorepairConfig) -> None:
+        self.config = config
+
+    @activity.defn(name=ACT.load_policy)
+    async def load_policy(self, cluster: str) -> PolicySnapshot:
+        """Policy + GPU node count, scheduler, pools and machines of ``cluster``.
+
+        An unconfigured cluster gets the global policy with ``gpu_nodes=0`` (rails then
+        size budgets from the nodes they have seen). Raises non-retryable
+        ``UnknownNode`` only for an empty cluster name.
+        """
+        if not cluster:
+            raise ApplicationError(
+                "load_policy: cluster must not be empty", type=ERR_UNKNOWN_NODE, non_retryable=True
+            )
+        try:
+            c = self.config.cluster(cluster)
+        except KeyError:
+            return PolicySnapshot(
+                cluster=cluster, policy=self.config.policy, gpu_nodes=0, scheduler="slurm"
+            )
+        return PolicySnapshot(
+            cluster=cluster,
+            policy=self.config.policy,
+            gpu_nodes=c.gpu_node_count,
+            scheduler=c.scheduler,
+            pools={n.name: n.pool for n in c.nodes},
+            machines={n.name: (n.machine or n.name) for n in c.nodes},
+        )

@@ -1,0 +1,147 @@
+"""The ledger against a real (embedded) PostgreSQL: idempotent writes and queries."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+
+from activities.ledger import Ledger, migrate
+from workflows.activity_api import (
+    AttemptQuery,
+    AttemptRecord,
+    ClaimInput,
+    RepairRecord,
+    TicketInput,
+    TransitionRecord,
+    VerdictRecord,
+)
+from workflows.models import (
+    Action,
+    Alert,
+    CheckOutcome,
+    CheckResult,
+    Requester,
+    RequesterKind,
+    Severity,
+    Stage,
+    ValidationResult,
+    Verdict,
+)
+
+T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+
+
+def _alert(alert_id: str, *, kind: str = "xid", action: Action = Action.power_cycle,
+           severity: Severity = Severity.critical, at: datetime = T0) -> Alert:
+    return Alert(
+        alert_id=alert_id, cluster="c1", node="gpu-01", machine_id="m-01", kind=kind, code=79,
+        severity=severity, mnemonic="GPU_LOST", actionable=action != Action.none, action=action,
+        summary="Xid 79 on 0000:c6:00", evidence_text="NVRM: Xid (PCI:0000:c6:00): 79",
+        evidence={"xid": 79, "pci": "0000:c6:00"}, observed_at=at,
+    )
+
+
+async def test_migrate_is_idempotent(ledger_pool: asyncpg.Pool) -> None:
+    assert await migrate(ledger_pool) == []
+    versions = await ledger_pool.fetch("SELECT version FROM schema_migrations")
+    assert [r["version"] for r in versions] == [1]
+
+
+async def test_alert_recorded_once_and_unmapped_counted(ledger_pool: asyncpg.Pool) -> None:
+    ledger = Ledger(ledger_pool)
+    assert await ledger.record_alert(_alert("a1")) is True
+    assert await ledger.record_alert(_alert("a1")) is False
+    unmapped = _alert("a2", kind="oom_kill", action=Action.none, severity=Severity.info)
+    assert await ledger.record_alert(unmapped) is True
+    assert await ledger.record_alert(unmapped) is False
+    assert await ledger.unmapped_counts() == {"oom_kill": 1}
+    got = await ledger.get_alert("a1")
+    assert got is not None and got.evidence == {"xid": 79, "pci": "0000:c6:00"}
+    assert [a.alert_id for a in await ledger.list_alerts(cluster="c1")] in (["a1", "a2"], ["a2", "a1"])
+
+
+async def test_repair_transitions_and_attempt_history(ledger_pool: asyncpg.Pool) -> None:
+    ledger = Ledger(ledger_pool)
+    await ledger.record_alert(_alert("a1"))
+    rec = RepairRecord(
+        repair_id="r1", cluster="c1", node="gpu-01", machine_id="m-01", action=Action.power_cycle,
+        stage=Stage.recommended, requester=Requester(), alert_ids=["a1"], updated_at=T0,
+    )
+    await ledger.upsert_repair(rec)
+    await ledger.upsert_repair(rec.model_copy(update={"approved_by": "alice", "alert_ids": ["a2"]}))
+    for i, st in enumerate([Stage.awaiting_approval, Stage.cordoning, Stage.succeeded]):
+        t = TransitionRecord(repair_id="r1", stage=st, at=T0 + timedelta(minutes=i), by="alice")
+        await ledger.record_transition(t)
+        await ledger.record_transition(t)  # retried activity: no duplicate
+    row = await ledger.get_repair("r1")
+    assert row is not None
+    assert row["stage"] == "succeeded" and row["approved_by"] == "alice"
+    assert sorted(row["alert_ids"]) == ["a1", "a2"]
+    assert [t["stage"] for t in row["transitions"]] == ["awaiting_approval", "cordoning", "succeeded"]
+
+    att = AttemptRecord(repair_id="r1", cluster="c1", node="gpu-01", machine_id="m-01",
+                        action=Action.reboot, alert_kind="xid", code=79, outcome="failed",
+                        at=T0)
+    await ledger.record_attempt(att)
+    await ledger.record_attempt(att.model_copy(update={"outcome": "succeeded"}))
+    hist = await ledger.attempt_history(
+        AttemptQuery(cluster="c1", node="gpu-01", machine_id="m-01", since=T0 - timedelta(days=7))
+    )
+    assert [(a.action, a.outcome) for a in hist.attempts] == [(Action.reboot, "succeeded")]
+    assert [a.alert_id for a in hist.critical_alerts] == ["a1"]
+    later = await ledger.attempt_history(
+        AttemptQuery(cluster="c1", node="gpu-01", machine_id="m-01", since=T0 + timedelta(days=1))
+    )
+    assert later.attempts == [] and later.critical_alerts == []
+
+
+async def test_racing_claims_produce_one_repair(ledger_pool: asyncpg.Pool) -> None:
+    ledger = Ledger(ledger_pool)
+    claims = [
+        ClaimInput(detector="npd", request_id="req-7", repair_id=f"r{i}", cluster="c1",
+                   node="gpu-02")
+        for i in range(8)
+    ]
+    results = await asyncio.gather(*(ledger.claim_request(c) for c in claims))
+    winners = {r.repair_id for r in results}
+    assert len(winners) == 1
+    assert sum(r.created for r in results) == 1
+    again = await ledger.claim_request(claims[3])
+    assert again.repair_id in winners and again.created is False
+
+
+async def test_failed_verdict_ticket_closed_by_later_pass(ledger_pool: asyncpg.Pool) -> None:
+    ledger = Ledger(ledger_pool)
+    failed = ValidationResult(
+        machine="m-03", verdict=Verdict.failed,
+        checks=[CheckResult(name="gpu.remap", outcome=CheckOutcome.failed, detail="remap failure")],
+    )
+    await ledger.record_verdict(VerdictRecord(run_id="v1", cluster="c1", machine="m-03",
+                                              verdict=Verdict.failed, result=failed, at=T0))
+    t1 = await ledger.open_ticket(TicketInput(cluster="c1", machine="m-03", run_id="v1",
+                                              summary="remap failure", result=failed))
+    t2 = await ledger.open_ticket(TicketInput(cluster="c1", machine="m-03", run_id="v1",
+                                              summary="remap failure", result=failed))
+    assert t1 == t2
+    assert [t["ticket_id"] for t in await ledger.open_tickets("m-03")] == [t1.ticket_id]
+    passed = ValidationResult(machine="m-03", verdict=Verdict.passed)
+    await ledger.record_verdict(VerdictRecord(run_id="v2", cluster="c1", machine="m-03",
+                                              verdict=Verdict.passed, result=passed,
+                                              at=T0 + timedelta(hours=2)))
+    assert await ledger.open_tickets("m-03") == []
+    latest = await ledger.latest_verdict("m-03")
+    assert latest is not None and latest["verdict"] == "passed"
+
+
+async def test_detector_repairs_counted_open_only(ledger_pool: asyncpg.Pool) -> None:
+    ledger = Ledger(ledger_pool)
+    det = Requester(kind=RequesterKind.detector, name="npd")
+    for rid, stage in (("d1", Stage.cordoning), ("d2", Stage.succeeded)):
+        await ledger.upsert_repair(RepairRecord(
+            repair_id=rid, cluster="c1", node="gpu-0" + rid[-1], action=Action.reboot,
+            stage=stage, requester=det, updated_at=T0,
+        ))
+    assert await ledger.count_detector_repairs("c1") == 1
+    assert await ledger.count_detector_repairs("c1", open_only=False) == 2
