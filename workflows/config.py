@@ -72,6 +72,10 @@ class IngestConfig(_Section):
     #: Optional downstream OTLP/HTTP endpoint (the site's collector).
     forward_endpoint: str | None = None
     forward_queue: int = Field(10_000, gt=0)
+    #: Data points stamped further than this in the future are rejected, seconds.
+    max_future_s: float = Field(300.0, gt=0)
+    #: Bounded alert hand-off queue to Temporal; when full, log pushes get 503.
+    alert_queue: int = Field(10_000, gt=0)
 
 
 class ThresholdConfig(_Section):
@@ -95,6 +99,10 @@ class ThresholdConfig(_Section):
     straggler_pushes: int = Field(3, ge=1)
     #: Consecutive pushes at/above threshold before a straggler recovers (hysteresis).
     recovery_pushes: int = Field(3, ge=1)
+    #: Lower bound on the MAD (score units) so a flat fleet (MAD = 0) still yields a
+    #: threshold below the median: a dip of k·1.4826·0.01 ≈ 0.03 is caught, float noise
+    #: is not (ingest.threshold).
+    mad_floor: float = Field(0.01, ge=0, le=0.5)
 
 
 class CatalogueOverride(_Section):

@@ -1,0 +1,391 @@
+"""Decoding and validation of OTLP payloads against the wire contract (DESIGN §4.3).
+
+Turns ``ExportMetricsServiceRequest`` / ``ExportLogsServiceRequest`` messages into plain
+records (:class:`ScorePoint`, :class:`SignalPoint`, :class:`FaultRecord`) and counts what
+is rejected and why. No I/O; the receivers (:mod:`ingest.http_receiver`,
+:mod:`ingest.grpc_receiver`) decode bytes and call these functions.
+
+Accepted attribute names: the project's (``host.name``, ``host.id``,
+``autorepair.host.boot_id``, ``autorepair.cluster.id``, ``k8s.node.name``,
+``autorepair.node_pool``, ``autorepair.workload_type``) and the Ingero aliases
+(``ingero.node.id`` for the node, ``ingero.cluster.id`` for the cluster,
+``ingero.node.health_score`` for the score metric, ``ingero.node.state`` for the state).
+
+Rejected and counted, never stored: points of a resource without a node or cluster id
+(or with one longer than :data:`MAX_ID_LEN`), NaN/Inf scores, scores outside ``[0, 1]``,
+unknown node states, timestamps more than ``max_future_s`` in the future or older than
+the score TTL. Metrics with other names are valid OTLP and are ignored (not rejected).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+from ingest.threshold import DEFAULT_COHORT, NodeState
+
+# Wire contract names (DESIGN §4.3).
+ATTR_HOST_NAME = "host.name"
+ATTR_HOST_ID = "host.id"
+ATTR_BOOT_ID = "autorepair.host.boot_id"
+ATTR_CLUSTER = "autorepair.cluster.id"
+ATTR_K8S_NODE = "k8s.node.name"
+ATTR_NODE_POOL = "autorepair.node_pool"
+ATTR_WORKLOAD = "autorepair.workload_type"
+ATTR_STATE = "autorepair.node.state"
+INGERO_NODE = "ingero.node.id"
+INGERO_CLUSTER = "ingero.cluster.id"
+INGERO_SCORE = "ingero.node.health_score"
+INGERO_STATE = "ingero.node.state"
+METRIC_SCORE = "autorepair.node.health_score"
+SIGNAL_METRICS: dict[str, str] = {
+    "autorepair.node.throughput_ratio": "throughput_ratio",
+    "autorepair.node.compute_efficiency": "compute_efficiency",
+    "autorepair.node.memory_headroom": "memory_headroom",
+    "autorepair.node.cpu_availability": "cpu_availability",
+}
+EVENT_NAME = "event.name"
+EVENT_FAULT = "autorepair.fault"
+EVENT_STRAGGLER = "autorepair.straggler"
+ATTR_FAULT_KIND = "autorepair.fault.kind"
+ATTR_FAULT_CODE = "autorepair.fault.code"
+ATTR_FAULT_ACTIVE = "autorepair.fault.active"
+ATTR_GPU_PCI = "autorepair.gpu.pci"
+FAULT_PREFIX = "autorepair.fault."
+
+MAX_ID_LEN = 253
+"""Longest accepted node / cluster id: the DNS name limit (RFC 1035), which host names obey."""
+MAX_EVIDENCE_LEN = 64 * 1024
+"""Longest kept fault body (bytes of text); longer bodies are truncated, marked so."""
+MAX_REASONS = 5
+"""Distinct rejection reasons quoted in ``partial_success.error_message``."""
+
+
+@dataclass(slots=True)
+class Resource:
+    """Identity of the node that sent a resource block."""
+
+    cluster: str
+    node: str
+    cohort: str
+    machine_id: str | None
+    boot_id: str | None
+    node_pool: str | None
+    k8s_node: str | None
+    ingero: bool
+    attrs: dict[str, Any]
+
+
+@dataclass(slots=True)
+class ScorePoint:
+    """One accepted health-score data point (``score`` finite, in 0..1)."""
+
+    resource: Resource
+    score: float
+    state: NodeState
+    time_s: float
+
+
+@dataclass(slots=True)
+class SignalPoint:
+    """One accepted signal gauge value (``signal`` is the short name, e.g. ``throughput_ratio``)."""
+
+    resource: Resource
+    signal: str
+    value: float
+
+
+@dataclass(slots=True)
+class FaultRecord:
+    """One ``event.name = autorepair.fault`` or ``autorepair.straggler`` log record."""
+
+    resource: Resource
+    event: str
+    kind: str
+    code: int | None
+    gpu: str | None
+    active: bool
+    evidence_text: str
+    evidence: dict[str, Any]
+    time_s: float
+
+
+@dataclass
+class Decoded:
+    """Result of decoding one export request: accepted records and rejection counts."""
+
+    scores: list[ScorePoint] = field(default_factory=list)
+    signals: list[SignalPoint] = field(default_factory=list)
+    faults: list[FaultRecord] = field(default_factory=list)
+    rejected: int = 0
+    reasons: Counter[str] = field(default_factory=Counter)
+    ignored_metrics: int = 0
+
+    def reject(self, reason: str, count: int = 1) -> None:
+        """Count ``count`` rejected points/records for ``reason``."""
+        if count > 0:
+            self.rejected += count
+            self.reasons[reason] += count
+
+    def error_message(self) -> str:
+        """``partial_success.error_message``: the most frequent reasons with counts."""
+        if not self.rejected:
+            return ""
+        parts = [f"{n}× {r}" for r, n in self.reasons.most_common(MAX_REASONS)]
+        return f"rejected {self.rejected}: " + "; ".join(parts)
+
+
+def any_value(v: AnyValue) -> Any:
+    """Python value of an OTLP ``AnyValue`` (arrays/maps become lists/dicts)."""
+    which = v.WhichOneof("value")
+    if which == "string_value":
+        return v.string_value
+    if which == "bool_value":
+        return v.bool_value
+    if which == "int_value":
+        return v.int_value
+    if which == "double_value":
+        return v.double_value
+    if which == "bytes_value":
+        return v.bytes_value.hex()
+    if which == "array_value":
+        return [any_value(x) for x in v.array_value.values]
+    if which == "kvlist_value":
+        return {kv.key: any_value(kv.value) for kv in v.kvlist_value.values}
+    return None
+
+
+def attributes(kvs: Any) -> dict[str, Any]:
+    """``repeated KeyValue`` → dict."""
+    out: dict[str, Any] = {}
+    kv: KeyValue
+    for kv in kvs:
+        out[kv.key] = any_value(kv.value)
+    return out
+
+
+def _str_attr(attrs: dict[str, Any], *names: str) -> str | None:
+    for n in names:
+        v = attrs.get(n)
+        if v is not None and v != "":
+            return str(v)
+    return None
+
+
+def decode_resource(attrs: dict[str, Any]) -> Resource | str:
+    """Build the :class:`Resource` of a resource block, or return the rejection reason."""
+    node = _str_attr(attrs, ATTR_HOST_NAME, INGERO_NODE)
+    cluster = _str_attr(attrs, ATTR_CLUSTER, INGERO_CLUSTER)
+    if node is None:
+        return f"resource: no node id ({ATTR_HOST_NAME} or {INGERO_NODE})"
+    if cluster is None:
+        return f"resource: no cluster id ({ATTR_CLUSTER} or {INGERO_CLUSTER})"
+    if len(node) > MAX_ID_LEN:
+        return f"resource: {ATTR_HOST_NAME} longer than {MAX_ID_LEN} characters"
+    if len(cluster) > MAX_ID_LEN:
+        return f"resource: {ATTR_CLUSTER} longer than {MAX_ID_LEN} characters"
+    cohort = _str_attr(attrs, ATTR_WORKLOAD) or DEFAULT_COHORT
+    if len(cohort) > MAX_ID_LEN:
+        return f"resource: {ATTR_WORKLOAD} longer than {MAX_ID_LEN} characters"
+    return Resource(
+        cluster=cluster,
+        node=node,
+        cohort=cohort,
+        machine_id=_str_attr(attrs, ATTR_HOST_ID),
+        boot_id=_str_attr(attrs, ATTR_BOOT_ID),
+        node_pool=_str_attr(attrs, ATTR_NODE_POOL),
+        k8s_node=_str_attr(attrs, ATTR_K8S_NODE),
+        ingero=ATTR_HOST_NAME not in attrs and INGERO_NODE in attrs,
+        attrs=attrs,
+    )
+
+
+def _point_value(dp: Any) -> float | None:
+    which = dp.WhichOneof("value")
+    if which == "as_double":
+        return float(dp.as_double)
+    if which == "as_int":
+        return float(dp.as_int)
+    return None
+
+
+def _time_check(t_ns: int, now: float, max_future_s: float, ttl_s: float) -> float | str:
+    if t_ns == 0:
+        return now
+    t = t_ns / 1e9
+    if t > now + max_future_s:
+        return f"time_unix_nano: {t_ns} is more than {max_future_s:g} s in the future"
+    if t < now - ttl_s:
+        return f"time_unix_nano: {t_ns} is older than the score TTL ({ttl_s:g} s)"
+    return t
+
+
+def _count_points(m: Any) -> int:
+    which = m.WhichOneof("data")
+    if which is None:
+        return 0
+    return len(getattr(m, which).data_points)
+
+
+def decode_metrics(
+    req: ExportMetricsServiceRequest, now: float, *, max_future_s: float, ttl_s: float
+) -> Decoded:
+    """Decode a metrics export; ``now`` in seconds (epoch). See the module docstring."""
+    out = Decoded()
+    for rm in req.resource_metrics:
+        res = decode_resource(attributes(rm.resource.attributes))
+        if isinstance(res, str):
+            out.reject(res, sum(_count_points(m) for sm in rm.scope_metrics for m in sm.metrics))
+            continue
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                name = m.name
+                if name == METRIC_SCORE or name == INGERO_SCORE:
+                    _decode_scores(out, res, m, now, max_future_s, ttl_s)
+                elif name in SIGNAL_METRICS:
+                    for dp in _gauge_points(m):
+                        v = _point_value(dp)
+                        if v is None or not math.isfinite(v):
+                            out.reject(f"{name}: value {v!r} is not a finite number")
+                            continue
+                        out.signals.append(SignalPoint(res, SIGNAL_METRICS[name], v))
+                else:
+                    out.ignored_metrics += _count_points(m)
+    return out
+
+
+def _gauge_points(m: Any) -> Any:
+    which = m.WhichOneof("data")
+    if which in ("gauge", "sum"):
+        return getattr(m, which).data_points
+    return ()
+
+
+def _decode_scores(
+    out: Decoded, res: Resource, m: Any, now: float, max_future_s: float, ttl_s: float
+) -> None:
+    which = m.WhichOneof("data")
+    if which not in ("gauge", "sum"):
+        out.reject(f"{m.name}: must be a gauge, got {which}", _count_points(m))
+        return
+    for dp in getattr(m, which).data_points:
+        v = _point_value(dp)
+        if v is None or not math.isfinite(v):
+            out.reject(f"{m.name}: value {v!r} is not a finite number")
+            continue
+        if not 0.0 <= v <= 1.0:
+            out.reject(f"{m.name}: value {v!r} outside [0, 1]")
+            continue
+        t = _time_check(dp.time_unix_nano, now, max_future_s, ttl_s)
+        if isinstance(t, str):
+            out.reject(t)
+            continue
+        state_raw: Any = None
+        for kv in dp.attributes:
+            if kv.key == ATTR_STATE or kv.key == INGERO_STATE:
+                state_raw = any_value(kv.value)
+                break
+        if state_raw is None:
+            state_raw = res.attrs.get(ATTR_STATE, res.attrs.get(INGERO_STATE, "active"))
+        try:
+            state = NodeState.parse(str(state_raw))
+        except ValueError as e:
+            out.reject(str(e)[:200])
+            continue
+        out.scores.append(ScorePoint(res, v, state, t))
+
+
+def _as_bool(v: Any) -> bool | None:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int):
+        return v != 0
+    if isinstance(v, str) and v.lower() in ("true", "false", "1", "0"):
+        return v.lower() in ("true", "1")
+    return None
+
+
+def decode_logs(
+    req: ExportLogsServiceRequest, now: float, *, max_future_s: float
+) -> Decoded:
+    """Decode a logs export: fault and straggler records; other records are ignored."""
+    out = Decoded()
+    for rl in req.resource_logs:
+        n_records = sum(len(sl.log_records) for sl in rl.scope_logs)
+        res = decode_resource(attributes(rl.resource.attributes))
+        if isinstance(res, str):
+            out.reject(res, n_records)
+            continue
+        for sl in rl.scope_logs:
+            for lr in sl.log_records:
+                attrs = attributes(lr.attributes)
+                event = lr.event_name or str(attrs.get(EVENT_NAME, ""))
+                if event not in (EVENT_FAULT, EVENT_STRAGGLER):
+                    out.ignored_metrics += 1
+                    continue
+                rec = _decode_fault(res, event, attrs, lr, now, max_future_s)
+                if isinstance(rec, str):
+                    out.reject(rec)
+                else:
+                    out.faults.append(rec)
+    return out
+
+
+def _decode_fault(
+    res: Resource, event: str, attrs: dict[str, Any], lr: Any, now: float, max_future_s: float
+) -> FaultRecord | str:
+    if event == EVENT_STRAGGLER:
+        kind: str | None = "straggler"
+    else:
+        kind = _str_attr(attrs, ATTR_FAULT_KIND)
+        if kind is None:
+            return f"log record: {EVENT_FAULT} without {ATTR_FAULT_KIND}"
+        if len(kind) > 64:
+            return f"{ATTR_FAULT_KIND}: {kind[:64]!r}… longer than 64 characters"
+    code_raw = attrs.get(ATTR_FAULT_CODE)
+    code: int | None = None
+    if code_raw is not None and code_raw != "":
+        try:
+            code = int(code_raw)
+        except (TypeError, ValueError):
+            return f"{ATTR_FAULT_CODE}: {str(code_raw)[:64]!r} is not an integer"
+    active_raw = attrs.get(ATTR_FAULT_ACTIVE, True)
+    active = _as_bool(active_raw)
+    if active is None:
+        return f"{ATTR_FAULT_ACTIVE}: {str(active_raw)[:64]!r} is not a boolean"
+    t_ns = lr.time_unix_nano or lr.observed_time_unix_nano
+    t = _time_check(t_ns, now, max_future_s, math.inf)
+    if isinstance(t, str):
+        return t
+    body = any_value(lr.body)
+    text = body if isinstance(body, str) else ("" if body is None else str(body))
+    if len(text) > MAX_EVIDENCE_LEN:
+        text = text[:MAX_EVIDENCE_LEN] + "\n[truncated by ingest]"
+    evidence: dict[str, Any] = {}
+    for k, v in attrs.items():
+        if k.startswith(FAULT_PREFIX) and k not in (ATTR_FAULT_KIND, ATTR_FAULT_CODE):
+            key = k[len(FAULT_PREFIX):]
+            if key != "active":
+                evidence[key] = v[:4096] if isinstance(v, str) else v
+        elif k.startswith("autorepair.straggler.") or k.startswith("autorepair.node."):
+            evidence[k.removeprefix("autorepair.")] = v
+    gpu = _str_attr(attrs, ATTR_GPU_PCI)
+    return FaultRecord(
+        resource=res,
+        event=event,
+        kind=kind or "straggler",
+        code=code,
+        gpu=gpu[:64] if gpu else None,
+        active=active,
+        evidence_text=text,
+        evidence=evidence,
+        time_s=t,
+    )
