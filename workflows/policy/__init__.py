@@ -1,0 +1,58 @@
+"""Pure repair policy: catalogue lookup, consent, ladder, migrate gate, rails.
+
+Every function here is deterministic and free of I/O, so the workflows call them
+directly and unit tests exercise them without Temporal. Numbers come from
+:class:`workflows.config.PolicyConfig` (DESIGN §5 defaults), read by the workflows
+through the ``load_policy`` activity.
+"""
+
+from workflows.policy.consent import ConsentDecision, consent_decision
+from workflows.policy.ladder import (
+    GateDecision,
+    LadderDecision,
+    choose_action,
+    ladder_decision,
+    migrate_gate,
+    next_rung,
+)
+from workflows.policy.lookup import (
+    APP_XIDS,
+    CatalogueDecision,
+    catalogue_decision,
+    count_in_window,
+    repeat_key,
+)
+from workflows.policy.rails import (
+    breaker_threshold,
+    breaker_trips,
+    concurrency_budget,
+    cooldown_until,
+    evidence_current,
+    in_cooldown,
+    persistence_for,
+    recent_events,
+)
+
+__all__ = [
+    "APP_XIDS",
+    "CatalogueDecision",
+    "ConsentDecision",
+    "GateDecision",
+    "LadderDecision",
+    "breaker_threshold",
+    "breaker_trips",
+    "catalogue_decision",
+    "choose_action",
+    "concurrency_budget",
+    "consent_decision",
+    "cooldown_until",
+    "count_in_window",
+    "evidence_current",
+    "in_cooldown",
+    "ladder_decision",
+    "migrate_gate",
+    "next_rung",
+    "persistence_for",
+    "recent_events",
+    "repeat_key",
+]

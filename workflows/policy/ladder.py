@@ -1,0 +1,141 @@
+"""Escalation ladder and the migrate evidence gate (DESIGN §5, scenario 8)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from workflows.activity_api import AttemptRecord
+from workflows.config import LadderConfig, MigrateGateConfig
+from workflows.models import ACTION_WEIGHT, Action, Alert, Severity
+
+#: Attempt outcomes that never count for the ladder (DESIGN §5).
+NOT_COUNTED: frozenset[str] = frozenset({"cancelled", "auto_resolved"})
+
+
+@dataclass(frozen=True)
+class LadderDecision:
+    """``action``: what to run; ``escalated``: moved up at least one rung;
+    ``needs_human``: the top automatic rung is exhausted (ask a person; scenario 8);
+    ``rule``: e.g. ``"ladder:reboot x2 in 604800s -> reprovision"``."""
+
+    action: Action
+    escalated: bool
+    needs_human: bool
+    rule: str
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """Result of :func:`migrate_gate`: the action and the rule that decided."""
+
+    action: Action
+    rule: str
+
+
+def next_rung(action: Action, ladder: LadderConfig) -> Action | None:
+    """The lightest rung heavier than ``action``, or None above the top automatic rung.
+
+    Rungs default to reboot → reprovision → migrate; actions off the ladder
+    (``reset_gpu``, ``power_cycle``) move to the next heavier rung by weight.
+    """
+    w = ACTION_WEIGHT[action]
+    heavier = [r for r in ladder.rungs if ACTION_WEIGHT[r] > w]
+    return min(heavier, key=lambda r: ACTION_WEIGHT[r]) if heavier else None
+
+
+def counted_attempts(
+    attempts: Sequence[AttemptRecord],
+    action: Action,
+    alert_kind: str,
+    code: int | None,
+    machine_id: str | None,
+    now: datetime,
+    window_s: float,
+) -> int:
+    """Attempts of ``action`` on the same machine for the same alert kind (and code)
+    within ``window_s`` seconds before ``now``; cancelled and self-resolved excluded."""
+    since = now - timedelta(seconds=window_s)
+    return sum(
+        1
+        for a in attempts
+        if a.action == action
+        and a.alert_kind == alert_kind
+        and a.code == code
+        and (machine_id is None or a.machine_id in (None, machine_id))
+        and a.outcome not in NOT_COUNTED
+        and since <= a.at <= now
+    )
+
+
+def ladder_decision(
+    action: Action,
+    attempts: Sequence[AttemptRecord],
+    alert_kind: str,
+    code: int | None,
+    machine_id: str | None,
+    now: datetime,
+    ladder: LadderConfig,
+) -> LadderDecision:
+    """Apply the ladder: while ``action`` already ran ``ladder.attempts`` times (default 2)
+    on this machine for this alert kind/code within ``ladder.window_s`` (default 7 days),
+    move one rung up. Past the top rung (default ``migrate``) a human is needed.
+    ``none`` and ``remove`` are returned unchanged."""
+    if action in (Action.none, Action.remove):
+        return LadderDecision(action, False, False, "ladder:not applicable")
+    current: Action = action
+    steps: list[str] = []
+    while True:
+        n = counted_attempts(attempts, current, alert_kind, code, machine_id, now, ladder.window_s)
+        if n < ladder.attempts:
+            break
+        up = next_rung(current, ladder)
+        if up is None:
+            steps.append(f"{current.value} x{n}: top automatic rung exhausted")
+            return LadderDecision(current, bool(steps[:-1]), True, "ladder:" + "; ".join(steps))
+        steps.append(f"{current.value} x{n} in {ladder.window_s:g}s -> {up.value}")
+        current = up
+    if not steps:
+        return LadderDecision(current, False, False, "ladder:first rung")
+    return LadderDecision(current, True, False, "ladder:" + "; ".join(steps))
+
+
+def migrate_gate(
+    action: Action,
+    alerts: Sequence[Alert],
+    critical_history: Sequence[Alert],
+    now: datetime,
+    gate: MigrateGateConfig,
+) -> GateDecision:
+    """Migrate needs a critical alert firing now (in ``alerts``, active) or one on the
+    same machine within ``gate.window_s`` (default 10 days) in ``critical_history``;
+    otherwise it runs as a quick ``reprovision``. Other actions pass unchanged."""
+    if action != Action.migrate:
+        return GateDecision(action, "gate:not applicable")
+    if any(a.severity == Severity.critical and a.active for a in alerts):
+        return GateDecision(Action.migrate, "gate:critical alert now")
+    since = now - timedelta(seconds=gate.window_s)
+    if any(a.severity == Severity.critical and a.observed_at >= since for a in critical_history):
+        return GateDecision(Action.migrate, f"gate:critical alert within {gate.window_s:g}s")
+    return GateDecision(Action.reprovision, "gate:no critical evidence -> reprovision")
+
+
+def choose_action(
+    requested: Action,
+    alerts: Sequence[Alert],
+    attempts: Sequence[AttemptRecord],
+    critical_history: Sequence[Alert],
+    machine_id: str | None,
+    now: datetime,
+    ladder: LadderConfig,
+    gate: MigrateGateConfig,
+) -> LadderDecision:
+    """Ladder then migrate gate for ``requested``; returns the final action and the rule
+    string of both steps. The ladder key is the first alert's kind/code (``"manual"``
+    with no code when the repair has no alert behind it)."""
+    kind = alerts[0].kind if alerts else "manual"
+    code = alerts[0].code if alerts else None
+    lad = ladder_decision(requested, attempts, kind, code, machine_id, now, ladder)
+    g = migrate_gate(lad.action, alerts, critical_history, now, gate)
+    return LadderDecision(g.action, lad.escalated, lad.needs_human, f"{lad.rule}; {g.rule}")

@@ -1,0 +1,89 @@
+"""Safety rails: persistence, cooldown, concurrency budget, circuit breaker, evidence."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from workflows.config import RailsConfig
+from workflows.models import Alert
+
+
+def persistence_for(alert: Alert, rails: RailsConfig) -> float:
+    """Seconds ``alert`` must persist (from its first observation) before it may become a
+    recommendation. ``rails.persistence_by_kind[kind]`` wins; otherwise level faults wait
+    ``rails.persistence_s`` (default 60 s) and event faults (an Xid line, a single
+    observation that never clears) act at once (0 s)."""
+    if alert.kind in rails.persistence_by_kind:
+        return rails.persistence_by_kind[alert.kind]
+    return rails.persistence_s if alert.level else 0.0
+
+
+def cooldown_until(ended_at: datetime, rails: RailsConfig) -> datetime:
+    """End of the cooldown after a repair that ended at ``ended_at`` (default 1800 s)."""
+    return ended_at + timedelta(seconds=rails.cooldown_s)
+
+
+def in_cooldown(until: datetime | None, now: datetime) -> bool:
+    """True while ``now`` is before the cooldown end ``until`` (None = no cooldown)."""
+    return until is not None and now < until
+
+
+def concurrency_budget(gpu_nodes: int, rails: RailsConfig, seen_nodes: int = 0) -> int:
+    """Repairs allowed at once in a cluster: ``max(min_concurrent, ceil(fraction × N))``.
+
+    ``N`` is ``gpu_nodes`` from the cluster config, or ``seen_nodes`` (nodes that asked
+    for a lease so far) when the cluster is not configured (``gpu_nodes == 0``).
+    Defaults (DESIGN §5): fraction 0.05, min 1.
+    """
+    n = gpu_nodes or seen_nodes
+    return max(rails.min_concurrent, math.ceil(rails.concurrency_fraction * n))
+
+
+def breaker_threshold(gpu_nodes: int, rails: RailsConfig, seen_nodes: int = 0) -> int:
+    """Automatic repairs/cordons in ``breaker_window_s`` that trip the breaker:
+    ``max(breaker_min, ceil(breaker_fraction × N))``, N = GPU nodes of the cluster
+    (``seen_nodes`` when unconfigured). Defaults (DESIGN §5): 0.10, min 2, 600 s."""
+    n = gpu_nodes or seen_nodes
+    return max(rails.breaker_min, math.ceil(rails.breaker_fraction * n))
+
+
+def recent_events(times: Sequence[datetime], now: datetime, window_s: float) -> list[datetime]:
+    """The ``times`` within ``window_s`` seconds before ``now`` (oldest first)."""
+    start = now - timedelta(seconds=window_s)
+    return sorted(t for t in times if start <= t <= now)
+
+
+def breaker_trips(
+    times: Sequence[datetime],
+    now: datetime,
+    gpu_nodes: int,
+    rails: RailsConfig,
+    seen_nodes: int = 0,
+) -> bool:
+    """True when the automatic repair/cordon requests in the window reach
+    :func:`breaker_threshold` — checked *before* granting, so at most
+    ``threshold − 1`` automatic cordons happen in one burst."""
+    return len(recent_events(times, now, rails.breaker_window_s)) >= breaker_threshold(
+        gpu_nodes, rails, seen_nodes
+    )
+
+
+def evidence_current(alerts: Sequence[Alert], not_before: datetime | None = None) -> bool:
+    """Whether any alert behind a repair is still current.
+
+    A level fault is current while active (no clear received). An event fault (Xid) is
+    current unless ``not_before`` is given and it was observed before it (after a breaker
+    reset only evidence seen after the reset counts; scenario 7). No alerts (an operator
+    repair) is always current.
+    """
+    if not alerts:
+        return True
+    for a in alerts:
+        if a.level:
+            if a.active:
+                return True
+        elif a.active and (not_before is None or a.observed_at >= not_before):
+            return True
+    return False
