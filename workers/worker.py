@@ -1,0 +1,137 @@
+"""The worker process (``autorepair worker``): workflows + activities on the task queues.
+
+Two Temporal workers share one client:
+
+- task queue ``autorepair`` (DESIGN §4.4): every workflow, the ledger and policy
+  activities, and the scheduler / validation activities;
+- task queue ``temporal.bmc_task_queue``: machine-side (BMC) activities, limited to
+  ``temporal.bmc_rate_per_s`` activity starts per second across all workers.
+
+The ledger schema is migrated at start (idempotent, advisory-locked).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import asyncpg
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Worker
+
+from activities.ledger import connect, migrate
+from activities.ledger_activities import LedgerActivities
+from activities.policy_activities import PolicyActivities
+from workflows.config import AutorepairConfig
+
+log = logging.getLogger("autorepair.worker")
+
+
+async def connect_temporal(config: AutorepairConfig) -> Client:
+    """Client for ``config.temporal`` with the pydantic data converter.
+
+    Raises ``RuntimeError`` naming the address when Temporal cannot be reached."""
+    try:
+        return await Client.connect(
+            config.temporal.address,
+            namespace=config.temporal.namespace,
+            data_converter=pydantic_data_converter,
+        )
+    except Exception as exc:
+        raise RuntimeError(
+            f"temporal.address: cannot reach Temporal at {config.temporal.address!r}: {exc}"
+        ) from exc
+
+
+def workflow_classes() -> list[type]:
+    """Every workflow class of the project (``workflows.registry.WORKFLOWS``)."""
+    from workflows.registry import WORKFLOWS
+
+    return list(WORKFLOWS)
+
+
+def side_effect_activities(
+    config: AutorepairConfig,
+) -> tuple[list[Callable[..., Any]], list[Callable[..., Any]]]:
+    """(main-queue, BMC-queue) activities from ``activities.registry.build_activities``."""
+    from activities.registry import build_activities
+
+    return build_activities(config)
+
+
+def build_workers(
+    client: Client,
+    config: AutorepairConfig,
+    pool: asyncpg.Pool,
+    *,
+    workflows: Sequence[type] | None = None,
+    extra_activities: Sequence[Callable[..., Any]] = (),
+) -> list[Worker]:
+    """The two workers of this process (not yet running)."""
+    main_acts, bmc_acts = side_effect_activities(config)
+    activities: list[Callable[..., Any]] = [
+        *LedgerActivities(pool).all(),
+        PolicyActivities(config).load_policy,
+        *main_acts,
+        *extra_activities,
+    ]
+    wfs = list(workflows) if workflows is not None else workflow_classes()
+    workers = [
+        Worker(
+            client,
+            task_queue=config.temporal.task_queue,
+            workflows=wfs,
+            activities=activities,
+        )
+    ]
+    if bmc_acts:
+        workers.append(
+            Worker(
+                client,
+                task_queue=config.temporal.bmc_task_queue,
+                activities=bmc_acts,
+                max_task_queue_activities_per_second=config.temporal.bmc_rate_per_s,
+            )
+        )
+    return workers
+
+
+async def run_worker(config: AutorepairConfig, stop: asyncio.Event | None = None) -> None:
+    """Run until SIGINT/SIGTERM (or ``stop`` is set). Raises ``RuntimeError`` when the
+    ledger DSN is missing or PostgreSQL / Temporal cannot be reached."""
+    if not config.ledger.dsn:
+        raise RuntimeError("ledger.dsn: empty; set AUTOREPAIR__LEDGER__DSN or ledger.dsn")
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        pool = await connect(
+            config.ledger.dsn, min_size=config.ledger.min_pool, max_size=config.ledger.max_pool
+        )
+    except (OSError, asyncpg.PostgresError) as exc:
+        raise RuntimeError(f"ledger.dsn: cannot reach PostgreSQL: {exc}") from exc
+    try:
+        applied = await migrate(pool)
+        if applied:
+            log.info("event=ledger_migrated applied=%s", ",".join(applied))
+        client = await connect_temporal(config)
+        workers = build_workers(client, config, pool)
+        log.info(
+            "event=worker_started task_queue=%s bmc_task_queue=%s",
+            config.temporal.task_queue,
+            config.temporal.bmc_task_queue,
+        )
+        async with contextlib.AsyncExitStack() as stack:
+            for w in workers:
+                await stack.enter_async_context(w)
+            await stop.wait()
+        log.info("event=worker_stopped")
+    finally:
+        await pool.close()
