@@ -1,0 +1,198 @@
+"""Follow the kernel log from its current position and turn lines into fault events.
+
+Sources: ``/dev/kmsg`` (one record per ``read``; ``EPIPE`` when the ring buffer overwrote
+records we had not read yet — counted and skipped), or any text file (e.g.
+``/var/log/kern.log``) followed across rotation (inode change or truncation). Lines go
+through a reader with ``feed(line) -> list[event]`` / ``flush() -> list[event]``; the
+production reader is ``agent.readers.KernelLogReader`` (issue 2).
+
+A source that cannot be opened (missing, permission denied) is reported through
+:attr:`KernelLogFollower.error` and a log line, and retried every ``retry_s``; the agent
+keeps running.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+log = logging.getLogger("autorepair.agent.kmsg")
+
+
+class LineReader(Protocol):
+    """What the follower needs from a kernel-log reader."""
+
+    def feed(self, line: str) -> list[Any]: ...
+
+    def flush(self) -> list[Any]: ...
+
+
+def default_reader() -> LineReader:
+    """``agent.readers.KernelLogReader()`` (imported lazily: it is another module's)."""
+    from agent.readers import KernelLogReader
+
+    reader: LineReader = KernelLogReader()
+    return reader
+
+
+def kmsg_to_line(record: str) -> str | None:
+    """``"6,1234,5678901,-;NVRM: Xid ..."`` → ``"[    5.678901] NVRM: Xid ..."``.
+
+    Continuation lines (`` KEY=value`` dictionary entries) are dropped; returns None for
+    a record without the ``;`` prefix separator.
+    """
+    head, sep, rest = record.partition(";")
+    if not sep:
+        return None
+    fields = head.split(",")
+    message = rest.split("\n", 1)[0]
+    try:
+        ts = int(fields[2]) / 1e6
+    except (IndexError, ValueError):
+        return message
+    return f"[{ts:12.6f}] {message}"
+
+
+class KernelLogFollower:
+    """Non-blocking follower; call :meth:`poll` from the agent loop.
+
+    ``max_lines`` bounds one poll so a burst cannot starve sampling; the rest is read on
+    the next poll (the kernel keeps it in its ring buffer / the file keeps it).
+    """
+
+    def __init__(
+        self,
+        source: str = "/dev/kmsg",
+        reader_factory: Callable[[], LineReader] = default_reader,
+        *,
+        max_lines: int = 5000,
+        retry_s: float = 60.0,
+        from_start: bool = False,
+    ) -> None:
+        self.source = source
+        self.reader = reader_factory()
+        self.max_lines = max_lines
+        self.retry_s = retry_s
+        self.from_start = from_start
+        self.is_kmsg = source.startswith("/dev/kmsg")
+        self.error: str | None = None
+        self.lines_read = 0
+        self.records_lost = 0
+        self.rotations = 0
+        self._fd: int | None = None
+        self._ino: int | None = None
+        self._buf = b""
+        self._next_open = 0.0
+        self._first_open = True
+
+    def _open(self) -> bool:
+        now = time.monotonic()
+        if now < self._next_open:
+            return False
+        try:
+            fd = os.open(self.source, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            msg = f"{self.source}: {exc.strerror}"
+            if msg != self.error:
+                log.warning("event=kernel_log_unavailable source=%s error=%r",
+                            self.source, exc.strerror)
+            self.error = msg
+            self._next_open = now + self.retry_s
+            return False
+        if self._first_open and not self.from_start:
+            os.lseek(fd, 0, os.SEEK_END)  # current position: don't replay old history
+        self._first_open = False
+        self._fd = fd
+        self._ino = os.fstat(fd).st_ino
+        if self.error is not None:
+            log.info("event=kernel_log_available source=%s", self.source)
+        self.error = None
+        return True
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def poll(self) -> list[Any]:
+        """Read what is new; return the events the reader produced. Never raises OSError."""
+        if self._fd is None and not self._open():
+            return []
+        events: list[Any] = []
+        if self.is_kmsg:
+            self._poll_kmsg(events)
+        else:
+            self._poll_file(events)
+        return events
+
+    def _feed(self, line: str, events: list[Any]) -> None:
+        self.lines_read += 1
+        events.extend(self.reader.feed(line))
+
+    def _poll_kmsg(self, events: list[Any]) -> None:
+        assert self._fd is not None
+        for _ in range(self.max_lines):
+            try:
+                chunk = os.read(self._fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:
+                    self.records_lost += 1
+                    continue
+                self.error = f"{self.source}: {exc.strerror}"
+                self.close()
+                break
+            if not chunk:
+                break
+            line = kmsg_to_line(chunk.decode("utf-8", "replace"))
+            if line is not None:
+                self._feed(line, events)
+        events.extend(self.reader.flush())
+
+    def _poll_file(self, events: list[Any]) -> None:
+        assert self._fd is not None
+        budget = self.max_lines
+        while budget > 0:
+            try:
+                chunk = os.read(self._fd, 65536)
+            except OSError as exc:
+                self.error = f"{self.source}: {exc.strerror}"
+                self.close()
+                return
+            if not chunk:
+                break
+            self._buf += chunk
+            *lines, self._buf = self._buf.split(b"\n")
+            for raw in lines:
+                self._feed(raw.decode("utf-8", "replace"), events)
+                budget -= 1
+        if budget > 0 and self._rotated():
+            if self._buf:
+                self._feed(self._buf.decode("utf-8", "replace"), events)
+                self._buf = b""
+            self.close()
+            self.rotations += 1
+            if self._open_rotated():
+                self._poll_file(events)
+                return
+        events.extend(self.reader.flush())
+
+    def _rotated(self) -> bool:
+        assert self._fd is not None
+        try:
+            st = os.stat(self.source)
+        except OSError:
+            return False  # moved away, new file not there yet: keep the old one
+        if st.st_ino != self._ino:
+            return True
+        return st.st_size < os.lseek(self._fd, 0, os.SEEK_CUR)
+
+    def _open_rotated(self) -> bool:
+        # A rotated-in file is read from its start: every line in it is new.
+        self._next_open = 0.0
+        return self._open()
