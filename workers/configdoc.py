@@ -1,0 +1,151 @@
+"""Generates the key reference of ``docs/configuration.md`` from the config models.
+
+The reference is derived, never hand-written, so it cannot drift: a test compares the
+committed document with :func:`render_reference`. Regenerate with
+``python -m workers.configdoc > docs/configuration.md``.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import sys
+from typing import Any, get_args, get_origin
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from workflows.config import AutorepairConfig
+
+_INTRO = """# Configuration reference
+
+One YAML file, `autorepair.yaml` (`autorepair --config FILE …` or `$AUTOREPAIR_CONFIG`),
+loaded into pydantic models (`workflows/config.py`). Every key is optional; defaults follow
+DESIGN §5. Environment variables override the file: `AUTOREPAIR__SECTION__KEY=value`
+(double underscores between path parts; values parsed as YAML, e.g.
+`AUTOREPAIR__POLICY__CONSENT__AUTOMATIC_XIDS=[79]`). Unknown keys and bad values stop the
+process at start with the field path and the value, e.g.
+`threshold.k: Input should be greater than 0 (got -1)`.
+
+Units: keys ending in `_s` are seconds, `_bytes` bytes, `_per_s` per second; fractions are
+0..1.
+
+Example (the demo's):
+
+```yaml
+threshold:
+  k: 2.0
+  push_interval_s: 5
+policy:
+  consent:
+    mode: approve
+  catalogue:
+    xid:
+      43: {count: 5, window_s: 600}     # scenario 9: Xid 43 counts after 5 in 10 min
+  wait_for_idle:
+    max_wait_s: 300
+clusters:
+  - name: demo
+    scheduler: slurm
+    nodes:
+      - {name: gpu-01, machine: gpu-01, pool: a, bmc: {address: "http://127.0.0.1:8000", system_id: gpu-01}}
+```
+
+This reference is generated from the models (`python -m workers.configdoc`).
+"""
+
+
+def _field_comments(cls: type) -> dict[str, str]:
+    """``#:`` comments written above each field in the class source."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    lines = source.splitlines()
+    out: dict[str, str] = {}
+    tree = ast.parse(inspect.cleandoc(source) if source.startswith(" ") else source)
+    cls_node = tree.body[0]
+    if not isinstance(cls_node, ast.ClassDef):
+        return out
+    offset = 0
+    for stmt in cls_node.body:
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            comment: list[str] = []
+            i = stmt.lineno - 2 + offset
+            while i >= 0 and lines[i].strip().startswith("#:"):
+                comment.insert(0, lines[i].strip()[2:].strip())
+                i -= 1
+            if comment:
+                out[stmt.target.id] = " ".join(comment)
+    return out
+
+
+def _type_name(annotation: Any) -> str:
+    origin = get_origin(annotation)
+    if origin is None:
+        if isinstance(annotation, type):
+            return annotation.__name__
+        return str(annotation).replace("typing.", "")
+    args = ", ".join(_type_name(a) for a in get_args(annotation))
+    name = getattr(origin, "__name__", str(origin))
+    return f"{name}[{args}]"
+
+
+def _default(field: FieldInfo) -> str:
+    if field.default_factory is not None:
+        try:
+            value = field.default_factory()  # type: ignore[call-arg]
+        except TypeError:
+            return "(required)"
+        if isinstance(value, BaseModel):
+            return "(section)"
+        return json.dumps(value, default=str)
+    if field.is_required():
+        return "(required)"
+    value = field.default
+    if hasattr(value, "value"):
+        value = value.value
+    return json.dumps(value, default=str)
+
+
+def _walk(model: type[BaseModel], prefix: str, out: list[str]) -> None:
+    comments = _field_comments(model)
+    nested: list[tuple[str, type[BaseModel]]] = []
+    doc = inspect.getdoc(model) or ""
+    title = prefix or "(root)"
+    out.append(f"\n## `{title}`\n\n{doc.splitlines()[0] if doc else ''}\n")
+    out.append("| key | type | default | meaning |")
+    out.append("|---|---|---|---|")
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        path = f"{prefix}.{name}" if prefix else name
+        sub: type[BaseModel] | None = None
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            sub = ann
+        else:
+            for arg in get_args(ann):
+                if isinstance(arg, type) and issubclass(arg, BaseModel):
+                    sub = arg
+        out.append(
+            f"| `{path}` | `{_type_name(ann)}` | `{_default(field)}` | {comments.get(name, '')} |"
+        )
+        if sub is not None:
+            nested.append((path + ("[]" if get_origin(ann) is list else ""), sub))
+    for path, sub in nested:
+        _walk(sub, path, out)
+
+
+def render_reference() -> str:
+    """The whole ``docs/configuration.md`` text."""
+    out: list[str] = [_INTRO]
+    _walk(AutorepairConfig, "", out)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main() -> None:
+    sys.stdout.write(render_reference())
+
+
+if __name__ == "__main__":
+    main()
