@@ -127,11 +127,14 @@ def _walk(model: type[BaseModel], prefix: str, out: list[str]) -> None:
             for arg in get_args(ann):
                 if isinstance(arg, type) and issubclass(arg, BaseModel):
                     sub = arg
-        out.append(
-            f"| `{path}` | `{_type_name(ann)}` | `{_default(field)}` | {comments.get(name, '')} |"
-        )
+        meaning = comments.get(name, "")
+        if not meaning and sub is not None:
+            meaning = (inspect.getdoc(sub) or "").splitlines()[0]
+        out.append(f"| `{path}` | `{_type_name(ann)}` | `{_default(field)}` | {meaning} |")
         if sub is not None:
-            nested.append((path + ("[]" if get_origin(ann) is list else ""), sub))
+            origin = get_origin(ann)
+            suffix = "[]" if origin is list else ".<key>" if origin is dict else ""
+            nested.append((path + suffix, sub))
     for path, sub in nested:
         _walk(sub, path, out)
 

@@ -24,9 +24,13 @@ class _Section(BaseModel):
 class TemporalConfig(_Section):
     """Where the Temporal frontend is. Defaults match ``temporal server start-dev``."""
 
+    #: Temporal frontend ``host:port``.
     address: str = "127.0.0.1:7233"
+    #: Temporal namespace of every workflow.
     namespace: str = "default"
+    #: Task queue of workflows and activities (DESIGN §4.4: ``autorepair``).
     task_queue: str = "autorepair"
+    #: Temporal Web UI port of the dev stack (DESIGN §4.2: 8233).
     ui_port: int = Field(8233, ge=1, le=65535)
     #: Separate task queue for BMC calls so they can be rate limited (issue 6).
     bmc_task_queue: str = "autorepair-bmc"
@@ -37,26 +41,37 @@ class TemporalConfig(_Section):
 class LedgerConfig(_Section):
     """PostgreSQL ledger. ``dsn`` empty means: use the embedded server of ``autorepair up``."""
 
+    #: PostgreSQL DSN (``postgresql://user@host/db``); empty = the dev stack's embedded one.
     dsn: str = ""
+    #: Smallest connection pool size per process.
     min_pool: int = Field(1, ge=1)
+    #: Largest connection pool size per process.
     max_pool: int = Field(10, ge=1)
 
 
 class TLSConfig(_Section):
     """Optional TLS (and mTLS when ``client_ca`` is set) for a listener."""
 
+    #: PEM server certificate file; TLS is on when cert and key are set.
     cert: str | None = None
+    #: PEM private key file of ``cert``.
     key: str | None = None
+    #: PEM CA bundle; when set, clients must present a certificate it signed (mTLS).
     client_ca: str | None = None
 
 
 class IngestConfig(_Section):
     """Ingest listeners (DESIGN §4.2) and request limits."""
 
+    #: Address the receivers and the API bind (the admin port always binds loopback).
     host: str = "0.0.0.0"
+    #: OTLP gRPC port (DESIGN §4.2: 4317; 0 = any free port, for tests).
     otlp_grpc_port: int = Field(4317, ge=0, le=65535)
+    #: OTLP HTTP port (DESIGN §4.2: 4318).
     otlp_http_port: int = Field(4318, ge=0, le=65535)
+    #: HTTP API port: threshold, repairs, health, metrics (DESIGN §4.2: 8080).
     api_port: int = Field(8080, ge=0, le=65535)
+    #: Admin port, loopback only, bearer token (DESIGN §4.2: 8081).
     admin_port: int = Field(8081, ge=0, le=65535)
     #: Largest accepted request body (compressed or not), bytes.
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
@@ -64,6 +79,7 @@ class IngestConfig(_Section):
     max_decompressed_bytes: int = Field(32 * 1024 * 1024, gt=0)
     #: Bounded in-flight request queue; beyond it the receivers answer 429/503.
     max_inflight: int = Field(512, gt=0)
+    #: TLS / mTLS of both OTLP receivers.
     tls: TLSConfig = Field(default_factory=TLSConfig)
     #: File with bearer tokens, one a line; empty = no auth on the receivers.
     tokens_file: str | None = None
@@ -71,6 +87,7 @@ class IngestConfig(_Section):
     admin_token_file: str | None = None
     #: Optional downstream OTLP/HTTP endpoint (the site's collector).
     forward_endpoint: str | None = None
+    #: Bounded forwarding queue (requests); the oldest is dropped and counted when full.
     forward_queue: int = Field(10_000, gt=0)
     #: Data points stamped further than this in the future are rejected, seconds.
     max_future_s: float = Field(300.0, gt=0)
@@ -108,11 +125,15 @@ class ThresholdConfig(_Section):
 class CatalogueOverride(_Section):
     """Operator override for one code (scenario 9): action, severity, count in window."""
 
+    #: Action for this code (None = catalogue default).
     action: Action | None = None
+    #: Severity for this code (None = catalogue default).
     severity: Severity | None = None
     #: Occurrences on one node within ``window_s`` before the alert becomes actionable.
     count: int = Field(1, ge=1)
+    #: Window of ``count``, seconds.
     window_s: float = Field(600.0, gt=0)
+    #: Force actionable on/off (None = catalogue default).
     actionable: bool | None = None
 
 
@@ -123,18 +144,24 @@ class CatalogueConfig(_Section):
     (e.g. ``ib_link_down``) to one.
     """
 
+    #: Overrides per Xid code.
     xid: dict[int, CatalogueOverride] = Field(default_factory=dict)
+    #: Overrides per NVSwitch SXid code.
     sxid: dict[int, CatalogueOverride] = Field(default_factory=dict)
+    #: Overrides per fault kind (the ``classify`` kinds, ``straggler``, watcher kinds).
     kinds: dict[str, CatalogueOverride] = Field(default_factory=dict)
     #: Repeats of an app-level Xid on the same GPU/GPC within this window recommend a
     #: diagnostic validation run (scenario 2; 24 h).
     app_xid_repeat_window_s: float = Field(24 * 3600.0, gt=0)
+    #: Repeats on the same GPU/GPC within the window that recommend diagnostics (scenario 2).
     app_xid_repeat_count: int = Field(2, ge=2)
 
 
 class ConsentConfig(_Section):
     """Who decides whether (DESIGN §5): approve-before-repair by default."""
 
+    #: ``approve``: every repair waits for the approve signal unless listed below;
+    #: ``automatic``: every repair but ``remove`` runs without approval.
     mode: Literal["approve", "automatic"] = "approve"
     #: Actions that run without approval (remove is never automatic).
     automatic_actions: list[Action] = Field(default_factory=list)
@@ -153,16 +180,22 @@ class ConsentConfig(_Section):
 class WaitForIdleConfig(_Section):
     """Wait-for-idle bound (DESIGN §5: default 2 h, cap 24 h, or do-not-interrupt)."""
 
+    #: Longest wait for the node to go idle before draining anyway (cap 24 h).
     max_wait_s: float = Field(2 * 3600.0, gt=0, le=24 * 3600.0)
+    #: Wait without bound for the workload to finish (never interrupt it).
     do_not_interrupt: bool = False
+    #: Idle re-check interval, seconds.
     poll_s: float = Field(30.0, gt=0)
 
 
 class LadderConfig(_Section):
     """Escalation ladder (DESIGN §5): 2 attempts of one action in 7 days → next rung."""
 
+    #: Attempts of the same action (same machine, alert kind and code) before moving up.
     attempts: int = Field(2, ge=1)
+    #: Window of ``attempts``, seconds (7 days).
     window_s: float = Field(7 * 86400.0, gt=0)
+    #: Rungs of the automatic ladder, lightest first; above the top a human decides.
     rungs: list[Action] = Field(
         default_factory=lambda: [Action.reboot, Action.reprovision, Action.migrate]
     )
@@ -171,6 +204,7 @@ class LadderConfig(_Section):
 class MigrateGateConfig(_Section):
     """Migrate needs a critical alert now or on the same machine within 10 days."""
 
+    #: How far back a critical alert on the same machine justifies migrate (10 days).
     window_s: float = Field(10 * 86400.0, gt=0)
 
 
@@ -185,13 +219,16 @@ class RailsConfig(_Section):
     cooldown_s: float = Field(1800.0, ge=0)
     #: Concurrent repairs allowed = max(min_concurrent, ceil(fraction × GPU nodes)).
     concurrency_fraction: float = Field(0.05, gt=0, le=1)
+    #: Floor of the concurrency budget.
     min_concurrent: int = Field(1, ge=1)
     #: One repair per node pool at a time.
     one_per_pool: bool = True
     #: Breaker trips when automatic repairs/cordons in ``breaker_window_s`` exceed
     #: ``breaker_fraction`` × GPU nodes (at least ``breaker_min``).
     breaker_fraction: float = Field(0.10, gt=0, le=1)
+    #: Floor of the breaker's trip count.
     breaker_min: int = Field(2, ge=1)
+    #: Window in which automatic repairs/cordons are counted, seconds.
     breaker_window_s: float = Field(600.0, gt=0)
     #: Max detector-requested repairs in flight per cluster.
     detector_cap: int = Field(3, ge=0)
@@ -206,36 +243,49 @@ class RailsConfig(_Section):
 class BmcConfig(_Section):
     """One machine's BMC. Credentials never appear here: they come from a secret."""
 
+    #: Redfish service root URL of the BMC, e.g. ``https://10.0.0.5``.
     address: str
+    #: Redfish system id (None = the only system the BMC lists).
     system_id: str | None = None
+    #: Verify the BMC's TLS certificate.
     verify_tls: bool = True
 
 
 class NodeConfig(_Section):
     """A node of a cluster and the machine under it."""
 
+    #: Node name as the scheduler knows it.
     name: str
+    #: Machine id under the node (None = same as the node name).
     machine: str | None = None
+    #: Node pool (one repair per pool at a time).
     pool: str = "default"
+    #: The machine's BMC (None = no power actions for this node).
     bmc: BmcConfig | None = None
 
 
 class ClusterConfig(_Section):
     """A cluster: its scheduler, its GPU nodes and how to reach them."""
 
+    #: Cluster id (``autorepair.cluster.id`` of its agents).
     name: str
+    #: Which scheduler runs the cluster's nodes.
     scheduler: Literal["slurm", "kubernetes"] = "slurm"
     #: Expected GPU node count (denominator for coverage, budget and breaker).
     gpu_nodes: int = Field(0, ge=0)
+    #: The cluster's GPU nodes.
     nodes: list[NodeConfig] = Field(default_factory=list)
     #: Slurm: directory holding scontrol/sinfo/sbatch, and SLURM_CONF to use.
     slurm_bin_dir: str | None = None
+    #: Slurm: ``SLURM_CONF`` path to use (None = the system default).
     slurm_conf: str | None = None
     #: Kubernetes: kubeconfig path (empty = in-cluster config).
     kubeconfig: str | None = None
     #: Provisioning provider: redfish virtual media, or an operator webhook.
     provisioner: Literal["redfish", "webhook"] = "redfish"
+    #: Redfish virtual-media image URL used by reprovision.
     provision_image: str | None = None
+    #: Webhook provider URL (provisioner ``webhook``).
     provision_webhook: str | None = None
     #: Machines in the hot-spare pool.
     spares: list[str] = Field(default_factory=list)
@@ -249,9 +299,13 @@ class ClusterConfig(_Section):
 class SecretsConfig(_Section):
     """Where secrets live (files or env vars); never copied into workflow inputs."""
 
+    #: YAML/JSON file ``{username, password}`` or per-machine ``{machine: {username, password}}``.
     bmc_credentials_file: str | None = None
+    #: Env var holding the BMC user name when no file is set.
     bmc_username_env: str = "AUTOREPAIR_BMC_USERNAME"
+    #: Env var holding the BMC password when no file is set.
     bmc_password_env: str = "AUTOREPAIR_BMC_PASSWORD"
+    #: Bearer tokens of the repair API (same format as ``api.tokens_file``).
     api_tokens_file: str | None = None
 
 
