@@ -24,7 +24,7 @@ import logging
 import zlib
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import tenacity
 from temporalio.client import Client, WithStartWorkflowOperation, WorkflowUpdateFailedError
@@ -157,7 +157,7 @@ class TemporalAlertSink:
         Raises whatever the client raises (``RPCError`` on transport trouble,
         ``WorkflowUpdateFailedError`` when the workflow rejects the update).
         """
-        op = WithStartWorkflowOperation(
+        op: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
             NODE_WORKFLOW,
             NodeInput(cluster=alert.cluster, node=alert.node, machine_id=alert.machine_id,
                       node_pool=alert.node_pool),
@@ -194,7 +194,7 @@ class TemporalAlertSink:
             reraise=True,
         )
         try:
-            result = await retrying(self.deliver, alert)
+            result: AlertDelivery = await retrying(self.deliver, alert)
         except WorkflowUpdateFailedError as e:
             self._count("rejected")
             log.error("event=handoff_rejected cluster=%s node=%s alert_id=%s error=%s",

@@ -1,0 +1,245 @@
+"""OTLP/HTTP receiver (port 4318): ``POST /v1/metrics`` and ``POST /v1/logs``.
+
+A plain ASGI application (served by uvicorn) — no framework routing on the hot path.
+Answers as the OTLP/HTTP specification says:
+
+* 200 with an ``Export*ServiceResponse`` (``partial_success`` carrying the rejected count
+  and a message when points were rejected), encoded like the request
+  (``application/x-protobuf`` or ``application/json``), plus the threshold headers
+  ``X-Autorepair-Threshold`` / ``X-Autorepair-Quorum-Met`` (and ``X-Ingero-*`` for Ingero
+  agents, DESIGN §4.3).
+* 400 with a ``google.rpc.Status`` body for a payload that does not decode (truncated
+  protobuf, bad JSON, corrupt gzip).
+* 401 when bearer-token auth is on and the token is missing or wrong.
+* 413 when the body exceeds ``ingest.max_body_bytes`` or decompresses beyond
+  ``ingest.max_decompressed_bytes`` (gzip bomb guard: decompression stops at the limit).
+* 415 for other content types or content encodings than gzip/identity.
+* 429 + ``Retry-After`` when ``ingest.max_inflight`` requests are already being handled;
+  503 + ``Retry-After`` when the alert hand-off queue is full (retryable; nothing lost).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import zlib
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError, Message
+from google.rpc import code_pb2, status_pb2
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+
+from ingest.auth import TokenCheck
+from ingest.handoff import HandoffQueueFull
+from ingest.pipeline import Ingestor, ThresholdHint
+
+log = logging.getLogger("autorepair.ingest.http")
+
+Scope = MutableMapping[str, Any]
+Message_ = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message_]]
+Send = Callable[[Message_], Awaitable[None]]
+
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+RETRY_AFTER_S = 1
+"""``Retry-After`` seconds on 429/503: one second, well under the 5–10 s push interval."""
+
+
+class _Reject(Exception):
+    def __init__(self, status: int, code: int, message: str, extra: list[tuple[bytes, bytes]]
+                 | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.extra = extra or []
+
+
+class OtlpHttpApp:
+    """ASGI app of the OTLP/HTTP receiver (see module docstring)."""
+
+    def __init__(self, ingestor: Ingestor, *, auth: TokenCheck | None = None) -> None:
+        cfg = ingestor.config.ingest
+        self.ingestor = ingestor
+        self.auth = auth if auth is not None and auth.enabled else None
+        self.max_body = cfg.max_body_bytes
+        self.max_decompressed = cfg.max_decompressed_bytes
+        self.max_inflight = cfg.max_inflight
+        self.inflight = 0
+        m = ingestor.metrics
+        self._hist = m.otlp_request_seconds.labels("http")
+        self._outcomes: dict[str, Any] = {}
+        self._requests = m.otlp_requests_total
+
+    def _count(self, outcome: str) -> None:
+        c = self._outcomes.get(outcome)
+        if c is None:
+            c = self._outcomes[outcome] = self._requests.labels("http", outcome)
+        c.inc()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        t0 = time.perf_counter()
+        path = scope["path"]
+        if path == "/v1/metrics":
+            signal = "metrics"
+        elif path == "/v1/logs":
+            signal = "logs"
+        else:
+            await _plain(send, 404, b"not found: use POST /v1/metrics or /v1/logs")
+            return
+        if scope["method"] != "POST":
+            await _plain(send, 405, b"method not allowed: POST only", [(b"allow", b"POST")])
+            return
+        headers = _headers(scope)
+        ctype = headers.get(b"content-type", b"").split(b";")[0].strip().lower().decode("latin-1")
+        as_json = ctype == JSON
+        if self.inflight >= self.max_inflight:
+            self._count("overloaded")
+            await _status(send, 429, code_pb2.RESOURCE_EXHAUSTED,
+                          f"too many requests in flight ({self.max_inflight})", as_json,
+                          [(b"retry-after", str(RETRY_AFTER_S).encode())])
+            return
+        self.inflight += 1
+        try:
+            status, body, out_headers, outcome = await self._handle(
+                signal, ctype, headers, receive)
+        except _Reject as e:
+            self._count(_OUTCOME.get(e.status, "error"))
+            await _status(send, e.status, e.code, e.message, as_json, e.extra)
+            return
+        finally:
+            self.inflight -= 1
+            self._hist.observe(time.perf_counter() - t0)
+        self._count(outcome)
+        await send({"type": "http.response.start", "status": status, "headers": out_headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _handle(
+        self, signal: str, ctype: str, headers: dict[bytes, bytes], receive: Receive
+    ) -> tuple[int, bytes, list[tuple[bytes, bytes]], str]:
+        if self.auth is not None and not self.auth.check_header(headers.get(b"authorization")):
+            raise _Reject(401, code_pb2.UNAUTHENTICATED, "missing or invalid bearer token",
+                          [(b"www-authenticate", b"Bearer")])
+        if ctype not in (PROTOBUF, JSON):
+            raise _Reject(415, code_pb2.INVALID_ARGUMENT,
+                          f"Content-Type: {ctype!r} is not {PROTOBUF} or {JSON}")
+        encoding = headers.get(b"content-encoding", b"identity").strip().lower()
+        if encoding not in (b"gzip", b"identity", b""):
+            raise _Reject(415, code_pb2.INVALID_ARGUMENT,
+                          f"Content-Encoding: {encoding.decode('latin-1')!r} is not gzip")
+        clen = headers.get(b"content-length")
+        if clen is not None and clen.isdigit() and int(clen) > self.max_body:
+            raise _Reject(413, code_pb2.RESOURCE_EXHAUSTED,
+                          f"Content-Length: {int(clen)} exceeds {self.max_body} bytes")
+        body = await self._read_body(receive)
+        if encoding == b"gzip":
+            body = self._gunzip(body)
+        req: Message
+        req = ExportMetricsServiceRequest() if signal == "metrics" else ExportLogsServiceRequest()
+        try:
+            if ctype == JSON:
+                json_format.Parse(body, req, ignore_unknown_fields=True)
+            else:
+                req.ParseFromString(body)
+        except (DecodeError, json_format.ParseError, UnicodeDecodeError, ValueError) as e:
+            raise _Reject(400, code_pb2.INVALID_ARGUMENT,
+                          f"body: not a valid {type(req).__name__} ({ctype}): {str(e)[:200]}"
+                          ) from e
+        raw = body if ctype == PROTOBUF else None
+        hint: ThresholdHint
+        try:
+            if isinstance(req, ExportMetricsServiceRequest):
+                resp, hint = await self.ingestor.handle_metrics(req, "http", raw)
+                partial = resp.partial_success.rejected_data_points > 0
+            else:
+                assert isinstance(req, ExportLogsServiceRequest)
+                resp2, hint = await self.ingestor.handle_logs(req, "http", raw)
+                resp = resp2  # type: ignore[assignment]
+                partial = resp2.partial_success.rejected_log_records > 0
+        except HandoffQueueFull as e:
+            raise _Reject(503, code_pb2.UNAVAILABLE, str(e),
+                          [(b"retry-after", str(RETRY_AFTER_S).encode())]) from e
+        if ctype == JSON:
+            out = json_format.MessageToJson(resp, indent=None).encode()
+        else:
+            out = resp.SerializeToString()
+        hdrs = [(b"content-type", ctype.encode()), (b"content-length", str(len(out)).encode())]
+        hdrs += hint.http_headers()
+        return 200, out, hdrs, "partial" if partial else "ok"
+
+    async def _read_body(self, receive: Receive) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                raise _Reject(400, code_pb2.CANCELLED, "client disconnected")
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                raise _Reject(413, code_pb2.RESOURCE_EXHAUSTED,
+                              f"body: exceeds {self.max_body} bytes")
+            chunks.append(chunk)
+            more = msg.get("more_body", False)
+        return b"".join(chunks)
+
+    def _gunzip(self, body: bytes) -> bytes:
+        d = zlib.decompressobj(wbits=31)
+        try:
+            out = d.decompress(body, self.max_decompressed + 1)
+        except zlib.error as e:
+            raise _Reject(400, code_pb2.INVALID_ARGUMENT, f"body: bad gzip data ({e})") from e
+        if len(out) > self.max_decompressed or d.unconsumed_tail:
+            raise _Reject(413, code_pb2.RESOURCE_EXHAUSTED,
+                          f"body: decompresses beyond {self.max_decompressed} bytes")
+        if not d.eof:
+            raise _Reject(400, code_pb2.INVALID_ARGUMENT, "body: truncated gzip stream")
+        return out
+
+
+_OUTCOME = {400: "bad_request", 401: "unauthorized", 413: "too_large", 415: "unsupported",
+            429: "overloaded", 503: "unavailable"}
+
+
+def _headers(scope: Scope) -> dict[bytes, bytes]:
+    return {k.lower(): v for k, v in scope["headers"]}
+
+
+async def _plain(send: Send, status: int, text: bytes,
+                 extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"text/plain"), *(extra or [])]})
+    await send({"type": "http.response.body", "body": text})
+
+
+async def _status(send: Send, http_status: int, code: int, message: str, as_json: bool,
+                  extra: list[tuple[bytes, bytes]]) -> None:
+    st = status_pb2.Status(code=code, message=message)
+    if as_json:
+        body = json.dumps({"code": code, "message": message}).encode()
+        ctype = JSON.encode()
+    else:
+        body = st.SerializeToString()
+        ctype = PROTOBUF.encode()
+    await send({"type": "http.response.start", "status": http_status,
+                "headers": [(b"content-type", ctype),
+                            (b"content-length", str(len(body)).encode()), *extra]})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,436 @@
+"""The transport-independent core of ingest: decoded OTLP → score map, alerts, forwarding.
+
+:class:`Ingestor` is shared by the gRPC and HTTP receivers, the API app and the admin
+endpoint. It owns the :class:`~ingest.threshold.ScoreMap`, the per-node info (identity
+and latest signals), the Prometheus metrics, and hands alerts to an
+:class:`~ingest.handoff.AlertSink`. Everything runs on one event loop; nothing here
+blocks on I/O (the sink and forwarder only enqueue).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+    ExportLogsPartialSuccess,
+    ExportLogsServiceRequest,
+    ExportLogsServiceResponse,
+)
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsPartialSuccess,
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
+
+from ingest.forward import OtlpForwarder
+from ingest.handoff import AlertSink, HandoffQueueFull
+from ingest.metrics import IngestMetrics
+from ingest.otlp import Decoded, FaultRecord, Resource, decode_logs, decode_metrics
+from ingest.threshold import (
+    DEFAULT_COHORT,
+    CohortResult,
+    NodeState,
+    ScoreMap,
+    StragglerEvent,
+)
+from workflows.config import AutorepairConfig
+from workflows.models import Alert
+
+log = logging.getLogger("autorepair.ingest")
+
+KNOWN_KINDS = frozenset({
+    "xid", "sxid", "gpu_lost", "pcie_aer_fatal", "pcie_aer_corrected", "xfs_shutdown",
+    "ext4_readonly", "hung_task", "ib_link_down", "ib_link_up", "oom_kill", "mce_ue",
+    "gsp_heartbeat", "reset_required", "gpu_init_failed", "nvsmi", "slurm_node",
+    "straggler",
+})
+"""Fault kinds of the ``classify`` vocabulary (DESIGN §4.1) plus ``straggler``; an alert of
+any other kind is counted in ``autorepair_unmapped_alerts_total``."""
+
+PANIC_KIND = "straggler_panic"
+"""Kind of the cluster-level alert raised when a cohort enters panic mode (DESIGN §5)."""
+
+
+@dataclass(slots=True)
+class ThresholdHint:
+    """What goes back in the push response headers / gRPC initial metadata."""
+
+    threshold: float = 0.0
+    quorum_met: bool = False
+    ingero: bool = False
+
+    def http_headers(self) -> list[tuple[bytes, bytes]]:
+        """``X-Autorepair-Threshold`` / ``-Quorum-Met`` (+ ``X-Ingero-*`` for Ingero agents)."""
+        t = f"{self.threshold:.6f}".encode()
+        q = b"true" if self.quorum_met else b"false"
+        h = [(b"x-autorepair-threshold", t), (b"x-autorepair-quorum-met", q)]
+        if self.ingero:
+            h += [(b"x-ingero-threshold", t), (b"x-ingero-quorum-met", q)]
+        return h
+
+    def grpc_metadata(self) -> tuple[tuple[str, str], ...]:
+        """gRPC initial metadata ``autorepair-threshold`` / ``autorepair-quorum-met``."""
+        return (
+            ("autorepair-threshold", f"{self.threshold:.6f}"),
+            ("autorepair-quorum-met", "true" if self.quorum_met else "false"),
+        )
+
+
+@dataclass(slots=True)
+class NodeInfo:
+    """Latest identity, score and signals of one node (for the state snapshot)."""
+
+    resource: Resource
+    score: float | None = None
+    state: str = "active"
+    last_seen: float = 0.0
+    signals: dict[str, float] = field(default_factory=dict)
+    straggler: bool = False
+
+
+@dataclass(slots=True)
+class ClusterAlert:
+    """A cluster-level alert (panic mode), kept for the state snapshot and logged."""
+
+    cluster: str
+    cohort: str
+    kind: str
+    summary: str
+    at: float
+    active: bool
+
+
+class Ingestor:
+    """Core of the ingest service (see module docstring).
+
+    ``clock``: seconds since the epoch (default ``time.time``); tests pass their own.
+    ``alert_from_fault``: the function building an :class:`Alert` (default
+    ``workflows.alerts.alert_from_fault``).
+    """
+
+    def __init__(
+        self,
+        config: AutorepairConfig,
+        *,
+        alert_sink: AlertSink | None = None,
+        forwarder: OtlpForwarder | None = None,
+        metrics: IngestMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+        alert_from_fault: Callable[..., Alert] | None = None,
+        temporal_ready: Callable[[], Awaitable[bool]] | None = None,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics or IngestMetrics()
+        self.alert_sink = alert_sink
+        self.forwarder = forwarder
+        self.clock = clock
+        self.temporal_ready = temporal_ready
+        self._alert_from_fault = alert_from_fault
+        self.scores = ScoreMap(
+            config.threshold,
+            expected_nodes={c.name: c.gpu_node_count for c in config.clusters},
+        )
+        self.nodes: dict[tuple[str, str], NodeInfo] = {}
+        self.cluster_alerts: list[ClusterAlert] = []
+        self.alerts_submitted = 0
+        self.alerts_refused = 0
+        self.last_compute_s: float | None = None
+        self.max_future_s = config.ingest.max_future_s
+
+    # ------------------------------------------------------------------ alerts
+    def _builder(self) -> Callable[..., Alert]:
+        if self._alert_from_fault is None:
+            from workflows.alerts import alert_from_fault
+
+            self._alert_from_fault = alert_from_fault
+        return self._alert_from_fault
+
+    def build_alert(
+        self, res: Resource, *, kind: str, code: int | None, gpu: str | None,
+        evidence_text: str, evidence: dict[str, Any], observed_at: float, active: bool,
+        level: bool, source: str,
+    ) -> Alert:
+        """An :class:`Alert` through ``workflows.alerts.alert_from_fault`` (catalogue applied)."""
+        return self._builder()(
+            cluster=res.cluster, node=res.node, kind=kind, code=code, gpu=gpu,
+            evidence_text=evidence_text, evidence=evidence,
+            observed_at=datetime.fromtimestamp(observed_at, UTC),
+            catalogue=self.config.policy.catalogue, machine_id=res.machine_id,
+            node_pool=res.node_pool, active=active, level=level, source=source,
+        )
+
+    async def _submit(self, alert: Alert) -> None:
+        if self.alert_sink is None:
+            log.info("event=alert_no_sink cluster=%s node=%s kind=%s alert_id=%s",
+                     alert.cluster, alert.node, alert.kind, alert.alert_id)
+        else:
+            await self.alert_sink.submit(alert)
+        self.alerts_submitted += 1
+        self.metrics.alerts_total.labels(
+            alert.kind, alert.severity.value, "true" if alert.actionable else "false"
+        ).inc()
+        if alert.kind not in KNOWN_KINDS:
+            self.metrics.unmapped_alerts_total.labels(alert.kind).inc()
+
+    # ----------------------------------------------------------------- metrics
+    async def handle_metrics(
+        self, req: ExportMetricsServiceRequest, transport: str, raw: bytes | None = None
+    ) -> tuple[ExportMetricsServiceResponse, ThresholdHint]:
+        """Apply one metrics export. ``raw``: the serialized request when already at hand
+        (saves re-serializing for forwarding). Returns the response (with
+        ``partial_success`` when anything was rejected) and the threshold hint."""
+        now = self.clock()
+        d = decode_metrics(req, now, max_future_s=self.max_future_s, ttl_s=self.scores.ttl_s)
+        hint = ThresholdHint()
+        hint_set = False
+        for p in d.scores:
+            r = p.resource
+            obs = self.scores.observe(r.cluster, r.cohort, r.node, p.score, p.state, now)
+            info = self._info(r, now)
+            info.score = p.score
+            info.state = p.state.name.lower()
+            if not hint_set:
+                hint = ThresholdHint(obs.threshold, obs.quorum_met, r.ingero)
+                hint_set = True
+            if obs.event is not None:
+                info.straggler = obs.event is StragglerEvent.RAISED
+                await self._straggler_alert(r, p.score, obs.event, now)
+        for s in d.signals:
+            self._info(s.resource, now).signals[s.signal] = s.value
+        if not hint_set:
+            hint = self._hint_for_request(d, req)
+        self._count_rejected(d, transport, "metrics")
+        if self.forwarder is not None:
+            self.forwarder.enqueue("metrics", raw if raw is not None else req.SerializeToString())
+        resp = ExportMetricsServiceResponse()
+        if d.rejected:
+            resp.partial_success.CopyFrom(ExportMetricsPartialSuccess(
+                rejected_data_points=d.rejected, error_message=d.error_message()))
+        return resp, hint
+
+    def _hint_for_request(self, d: Decoded, req: Any) -> ThresholdHint:
+        """Hint when the request had no accepted score: from its first identified resource."""
+        from ingest.otlp import attributes, decode_resource
+
+        blocks = getattr(req, "resource_metrics", None) or getattr(req, "resource_logs", [])
+        for b in blocks:
+            r = decode_resource(attributes(b.resource.attributes))
+            if not isinstance(r, str):
+                thr, q = self.scores.published(r.cluster, r.cohort)
+                return ThresholdHint(thr, q, r.ingero)
+        return ThresholdHint()
+
+    def _info(self, r: Resource, now: float) -> NodeInfo:
+        key = (r.cluster, r.node)
+        info = self.nodes.get(key)
+        if info is None:
+            info = NodeInfo(r)
+            self.nodes[key] = info
+        else:
+            info.resource = r
+        info.last_seen = now
+        return info
+
+    def _count_rejected(self, d: Decoded, transport: str, signal: str) -> None:
+        if d.rejected:
+            self.metrics.otlp_rejected_total.labels(transport, signal).inc(d.rejected)
+            log.info("event=otlp_rejected transport=%s signal=%s count=%d reasons=%r",
+                     transport, signal, d.rejected, dict(d.reasons.most_common(3)))
+
+    async def _straggler_alert(
+        self, r: Resource, score: float, event: StragglerEvent, now: float
+    ) -> None:
+        c = self.scores.cohorts.get((r.cluster, r.cohort))
+        res = c.last_result if c is not None else None
+        thr = c.published.threshold if c is not None else 0.0
+        pushes = (self.config.threshold.straggler_pushes if event is StragglerEvent.RAISED
+                  else self.config.threshold.recovery_pushes)
+        relation = "below" if event is StragglerEvent.RAISED else "at or above"
+        text = (f"health score {score:.4f} {relation} straggler threshold {thr:.4f} for "
+                f"{pushes} consecutive pushes (cohort {r.cohort})")
+        evidence: dict[str, Any] = {
+            "score": score, "threshold": thr, "cohort": r.cohort, "pushes": pushes,
+            "median": None if res is None or math.isnan(res.median) else res.median,
+            "mad": None if res is None or math.isnan(res.mad) else res.mad,
+            "active_nodes": None if res is None else res.active_nodes,
+            "classified_by": "ingest",
+        }
+        log.info("event=straggler_%s cluster=%s node=%s score=%.4f threshold=%.4f",
+                 event.value, r.cluster, r.node, score, thr)
+        alert = self.build_alert(
+            r, kind="straggler", code=None, gpu=None, evidence_text=text, evidence=evidence,
+            observed_at=now, active=event is StragglerEvent.RAISED, level=True,
+            source="ingest",
+        )
+        try:
+            await self._submit(alert)
+        except HandoffQueueFull:
+            # The edge would be lost; undo it so the next push re-raises it.
+            self.alerts_refused += 1
+            if c is not None and r.node in c.index:
+                i = c.index[r.node]
+                c.straggler[i] = event is StragglerEvent.CLEARED
+            log.warning("event=straggler_alert_deferred cluster=%s node=%s", r.cluster, r.node)
+
+    # -------------------------------------------------------------------- logs
+    async def handle_logs(
+        self, req: ExportLogsServiceRequest, transport: str, raw: bytes | None = None
+    ) -> tuple[ExportLogsServiceResponse, ThresholdHint]:
+        """Apply one logs export: each fault / straggler record becomes an alert.
+
+        Raises :class:`HandoffQueueFull` when the alert hand-off cannot take a record; the
+        receiver answers 503 (retryable) — alerts already queued from this request are
+        re-sent by the agent and de-duplicated by their stable ``alert_id``.
+        """
+        now = self.clock()
+        d = decode_logs(req, now, max_future_s=self.max_future_s)
+        for f in d.faults:
+            await self._fault_alert(f)
+        self._count_rejected(d, transport, "logs")
+        if self.forwarder is not None:
+            self.forwarder.enqueue("logs", raw if raw is not None else req.SerializeToString())
+        resp = ExportLogsServiceResponse()
+        if d.rejected:
+            resp.partial_success.CopyFrom(ExportLogsPartialSuccess(
+                rejected_log_records=d.rejected, error_message=d.error_message()))
+        return resp, self._hint_for_request(d, req)
+
+    async def _fault_alert(self, f: FaultRecord) -> None:
+        try:
+            alert = self.build_alert(
+                f.resource, kind=f.kind, code=f.code, gpu=f.gpu, evidence_text=f.evidence_text,
+                evidence=f.evidence, observed_at=f.time_s, active=f.active,
+                level=not f.active or f.kind in ("straggler",), source="agent",
+            )
+        except (ValueError, TypeError) as e:
+            log.warning("event=alert_build_failed cluster=%s node=%s kind=%s error=%s",
+                        f.resource.cluster, f.resource.node, f.kind, e)
+            return
+        await self._submit(alert)
+
+    # ----------------------------------------------------------------- compute
+    async def compute(self) -> list[CohortResult]:
+        """One recompute of every cohort: expiry, thresholds, metrics, panic alerts."""
+        now = self.clock()
+        t0 = time.perf_counter()
+        results = self.scores.compute(now)
+        self.metrics.threshold_compute_seconds.observe(time.perf_counter() - t0)
+        self.metrics.publish(results)
+        cutoff = now - self.scores.ttl_s
+        for key in [k for k, v in self.nodes.items() if v.last_seen < cutoff]:
+            del self.nodes[key]
+        for res in results:
+            self._panic_edges(res, now)
+        self.last_compute_s = now
+        return results
+
+    def _panic_edges(self, res: CohortResult, now: float) -> None:
+        active = [a for a in self.cluster_alerts if a.active and a.kind == PANIC_KIND
+                  and a.cluster == res.cluster and a.cohort == res.cohort]
+        if res.panic_started:
+            summary = (f"panic: {res.flagged} of {res.active_nodes} active nodes below the "
+                       f"threshold; threshold frozen at {res.threshold:.4f}")
+            self.cluster_alerts.append(
+                ClusterAlert(res.cluster, res.cohort, PANIC_KIND, summary, now, True))
+            self.metrics.alerts_total.labels(PANIC_KIND, "critical", "false").inc()
+            log.error("event=panic_mode cluster=%s cohort=%s flagged=%d active=%d threshold=%.4f",
+                      res.cluster, res.cohort, res.flagged, res.active_nodes, res.threshold)
+        elif not res.panic and active:
+            for a in active:
+                a.active = False
+            self.cluster_alerts.append(ClusterAlert(
+                res.cluster, res.cohort, PANIC_KIND, "panic cleared", now, False))
+            log.warning("event=panic_cleared cluster=%s cohort=%s", res.cluster, res.cohort)
+        del self.cluster_alerts[:-100]
+
+    # ------------------------------------------------------------------- views
+    def threshold_view(self, cluster_id: str, cohort: str | None = None) -> dict[str, Any]:
+        """``GET /api/v1/threshold`` body (DESIGN §4.3) for ``cluster_id``.
+
+        Top-level fields describe ``cohort`` when given, else the cluster's only cohort, else
+        the cohort with most active nodes (``DEFAULT_COHORT`` first on ties); ``cohorts``
+        maps every cohort to its own answer. An unknown cluster gets the cold-start shape
+        (``threshold`` 0, ``quorum_met`` false).
+        """
+        per = {r.cohort: r for r in self.scores.results() if r.cluster == cluster_id}
+        chosen: CohortResult | None
+        if cohort is not None:
+            chosen = per.get(cohort)
+        elif per:
+            chosen = max(per.values(),
+                         key=lambda r: (r.active_nodes, r.cohort == DEFAULT_COHORT))
+        else:
+            chosen = None
+        body: dict[str, Any] = {
+            "cluster_id": cluster_id, "cohort": cohort or (chosen.cohort if chosen else None),
+            "threshold": 0.0, "quorum_met": False, "median": None, "mad": None,
+            "active_nodes": 0, "panic": False, "computed_at": None,
+        }
+        if chosen is not None:
+            body.update(chosen.as_api())
+            body["computed_at"] = datetime.fromtimestamp(chosen.computed_at, UTC).isoformat()
+        body["cohorts"] = {name: r.as_api() for name, r in sorted(per.items())}
+        return body
+
+    def snapshot(self, cluster_id: str | None = None) -> dict[str, Any]:
+        """Read-only state: cohorts, nodes (score, state, signals, straggler), cluster alerts.
+
+        Shape: ``{"computed_at", "cohorts": [...], "nodes": [...], "cluster_alerts": [...],
+        "alerts": {"submitted", "refused", "queue_depth"}}``; times in epoch seconds.
+        """
+        strag: set[tuple[str, str]] = set()
+        for (cl, _), c in self.scores.cohorts.items():
+            strag.update((cl, n) for n in c.stragglers())
+        nodes = []
+        for (cl, node), info in sorted(self.nodes.items()):
+            if cluster_id is not None and cl != cluster_id:
+                continue
+            r = info.resource
+            nodes.append({
+                "cluster": cl, "node": node, "cohort": r.cohort, "machine_id": r.machine_id,
+                "boot_id": r.boot_id, "node_pool": r.node_pool, "k8s_node": r.k8s_node,
+                "score": info.score, "state": info.state, "signals": dict(info.signals),
+                "straggler": (cl, node) in strag, "last_seen": info.last_seen,
+            })
+        depth = 0
+        if self.alert_sink is not None and hasattr(self.alert_sink, "depth"):
+            depth = int(self.alert_sink.depth())
+        return {
+            "computed_at": self.last_compute_s,
+            "cohorts": [
+                {"cluster_id": r.cluster, "cohort": r.cohort, **r.as_api()}
+                for r in self.scores.results()
+                if cluster_id is None or r.cluster == cluster_id
+            ],
+            "nodes": nodes,
+            "cluster_alerts": [
+                {"cluster_id": a.cluster, "cohort": a.cohort, "kind": a.kind,
+                 "summary": a.summary, "at": a.at, "active": a.active}
+                for a in self.cluster_alerts
+                if cluster_id is None or a.cluster == cluster_id
+            ],
+            "alerts": {"submitted": self.alerts_submitted, "refused": self.alerts_refused,
+                       "queue_depth": depth},
+        }
+
+    async def readiness(self) -> tuple[bool, dict[str, bool]]:
+        """Ready once the first recompute ran and Temporal answers (when a check is set)."""
+        computed = self.last_compute_s is not None
+        temporal = True
+        if self.temporal_ready is not None:
+            try:
+                temporal = bool(await self.temporal_ready())
+            except Exception:
+                temporal = False
+        return computed and temporal, {"threshold_computed": computed, "temporal": temporal}
+
+
+def node_state_name(state: NodeState) -> str:
+    """``NodeState.ACTIVE`` → ``"active"``."""
+    return state.name.lower()

@@ -1,0 +1,286 @@
+"""The ingest service: receivers, API, admin endpoint, recompute loop, hand-off, forwarding.
+
+:class:`IngestService` runs everything on the caller's event loop:
+
+* OTLP/gRPC on ``ingest.otlp_grpc_port`` (4317), OTLP/HTTP on ``ingest.otlp_http_port``
+  (4318), the API on ``ingest.api_port`` (8080) — all on ``ingest.host``; the admin
+  endpoint on ``127.0.0.1:ingest.admin_port`` (8081), loopback only whatever ``host`` says.
+  A port of 0 binds a free ephemeral port; the bound ports are ``grpc_port``,
+  ``http_port``, ``api_port``, ``admin_port`` after :meth:`IngestService.start`.
+* TLS (and mTLS with ``ingest.tls.client_ca``) on the OTLP receivers and the API;
+  bearer tokens from ``ingest.tokens_file`` and ``$AUTOREPAIR_INGEST_TOKENS`` on the
+  receivers; the admin token from ``ingest.admin_token_file`` / ``$AUTOREPAIR_ADMIN_TOKEN``.
+* The threshold recompute every ``threshold.push_interval_s`` seconds.
+* Alerts to ``alert_sink`` (started/stopped here when it is a managed sink), optional
+  forwarding to ``ingest.forward_endpoint``.
+
+:func:`run_ingest` is the blocking entry point of ``autorepair ingest``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import ssl
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from typing import Any
+
+import uvicorn
+from fastapi import APIRouter, FastAPI
+
+from ingest.api import build_admin_app, build_api_app
+from ingest.auth import (
+    ADMIN_TOKEN_ENV,
+    INGEST_TOKENS_ENV,
+    TokenCheck,
+    load_tokens,
+    server_ssl_context,
+)
+from ingest.forward import OtlpForwarder
+from ingest.grpc_receiver import start_grpc_server
+from ingest.handoff import AlertSink, ManagedAlertSink
+from ingest.http_receiver import OtlpHttpApp
+from ingest.metrics import IngestMetrics
+from ingest.pipeline import Ingestor
+from workflows.config import AutorepairConfig
+
+log = logging.getLogger("autorepair.ingest")
+
+LOOPBACK = "127.0.0.1"
+
+try:  # httptools is uvicorn's fast HTTP/1.1 parser (uvicorn[standard]); h11 otherwise.
+    import httptools  # noqa: F401
+
+    _HTTP_IMPL = "httptools"
+except ImportError:  # pragma: no cover - depends on the environment
+    _HTTP_IMPL = "h11"
+
+
+class _Server(uvicorn.Server):
+    """uvicorn server that leaves signal handling to :func:`run_ingest`."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def _bind(host: str, port: int, field: str) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise RuntimeError(f"ingest.{field}: cannot bind {host}:{port}: {e.strerror}") from e
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+class IngestService:
+    """The whole ingest service (see module docstring).
+
+    ``alert_sink``: where alerts go (``None``: alerts are logged and counted only).
+    ``temporal_ready``: async check used by ``/readyz`` (``None``: not checked).
+    ``routers``: extra FastAPI routers mounted on the API app (issue 9).
+    ``clock``: seconds since the epoch, for tests.
+    """
+
+    def __init__(
+        self,
+        config: AutorepairConfig,
+        alert_sink: AlertSink | None = None,
+        *,
+        temporal_ready: Callable[[], Awaitable[bool]] | None = None,
+        routers: Sequence[APIRouter] = (),
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.config = config
+        cfg = config.ingest
+        self.metrics = IngestMetrics()
+        self.alert_sink = alert_sink
+        self.forwarder: OtlpForwarder | None = None
+        if cfg.forward_endpoint:
+            self.forwarder = OtlpForwarder(
+                cfg.forward_endpoint, cfg.forward_queue,
+                on_drop=lambda n: self.metrics.forward_dropped_total.inc(n),
+                on_outcome=lambda o: self.metrics.forward_total.labels(o).inc(),
+            )
+        kwargs: dict[str, Any] = {}
+        if clock is not None:
+            kwargs["clock"] = clock
+        self.ingestor = Ingestor(
+            config, alert_sink=alert_sink, forwarder=self.forwarder, metrics=self.metrics,
+            temporal_ready=temporal_ready, **kwargs,
+        )
+        self.receiver_auth = TokenCheck(tuple(load_tokens(cfg.tokens_file, INGEST_TOKENS_ENV)))
+        self.admin_auth = TokenCheck(tuple(load_tokens(cfg.admin_token_file, ADMIN_TOKEN_ENV)))
+        self.ssl_context: ssl.SSLContext | None = server_ssl_context(cfg.tls)
+        self.api_app: FastAPI = build_api_app(self.ingestor, routers=routers)
+        self.admin_app: FastAPI = build_admin_app(self.ingestor, self.admin_auth)
+        self.http_app = OtlpHttpApp(self.ingestor, auth=self.receiver_auth)
+        self.grpc_port = 0
+        self.http_port = 0
+        self.api_port = 0
+        self.admin_port = 0
+        self._servers: list[_Server] = []
+        self._serve_tasks: list[asyncio.Task[None]] = []
+        self._grpc: Any = None
+        self._compute_task: asyncio.Task[None] | None = None
+        self._stopped = asyncio.Event()
+        self._started = False
+
+    async def _start_uvicorn(self, app: Any, host: str, port: int, field: str,
+                             tls: bool) -> int:
+        sock = _bind(host, port, field)
+        bound = int(sock.getsockname()[1])
+        t = self.config.threshold
+        kw: dict[str, Any] = {}
+        tls_cfg = self.config.ingest.tls
+        if tls and self.ssl_context is not None:
+            kw = {"ssl_certfile": tls_cfg.cert, "ssl_keyfile": tls_cfg.key}
+            if tls_cfg.client_ca:
+                kw |= {"ssl_ca_certs": tls_cfg.client_ca, "ssl_cert_reqs": ssl.CERT_REQUIRED}
+        config = uvicorn.Config(
+            app, http=_HTTP_IMPL, lifespan="off", access_log=False, log_level="warning",
+            # keep connections of agents pushing every push interval open between pushes
+            timeout_keep_alive=int(t.push_interval_s * 2 + 5),
+            server_header=False, date_header=False, **kw,
+        )
+        server = _Server(config)
+        self._servers.append(server)
+        self._serve_tasks.append(asyncio.create_task(server.serve(sockets=[sock])))
+        for _ in range(500):
+            if server.started:
+                break
+            if self._serve_tasks[-1].done():
+                self._serve_tasks[-1].result()
+                raise RuntimeError(f"ingest.{field}: server on {host}:{bound} stopped")
+            await asyncio.sleep(0.01)
+        return bound
+
+    async def start(self) -> None:
+        """Bind and start every listener, the hand-off, the forwarder and the recompute loop.
+
+        Raises ``RuntimeError`` naming the config field of a port that cannot be bound.
+        """
+        if self._started:
+            return
+        cfg = self.config.ingest
+        if isinstance(self.alert_sink, ManagedAlertSink):
+            await self.alert_sink.start()
+        if self.forwarder is not None:
+            await self.forwarder.start()
+        self._grpc, self.grpc_port = await start_grpc_server(
+            self.ingestor, cfg.host, cfg.otlp_grpc_port, auth=self.receiver_auth)
+        self.http_port = await self._start_uvicorn(
+            self.http_app, cfg.host, cfg.otlp_http_port, "otlp_http_port", tls=True)
+        self.api_port = await self._start_uvicorn(
+            self.api_app, cfg.host, cfg.api_port, "api_port", tls=True)
+        self.admin_port = await self._start_uvicorn(
+            self.admin_app, LOOPBACK, cfg.admin_port, "admin_port", tls=False)
+        await self.ingestor.compute()
+        self._compute_task = asyncio.create_task(self._compute_loop())
+        self._started = True
+        log.info("event=ingest_started grpc=%d http=%d api=%d admin=%d tls=%s auth=%s",
+                 self.grpc_port, self.http_port, self.api_port, self.admin_port,
+                 self.ssl_context is not None, self.receiver_auth.enabled)
+
+    async def _compute_loop(self) -> None:
+        interval = self.config.threshold.push_interval_s
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.ingestor.compute()
+            except Exception:
+                log.exception("event=threshold_compute_failed")
+
+    async def compute_now(self) -> None:
+        """Run one recompute immediately (tests, operators)."""
+        await self.ingestor.compute()
+
+    async def stop(self) -> None:
+        """Stop listeners (in-flight requests finish), the loop, forwarding and the hand-off."""
+        if self._compute_task is not None:
+            self._compute_task.cancel()
+            await asyncio.gather(self._compute_task, return_exceptions=True)
+            self._compute_task = None
+        if self._grpc is not None:
+            await self._grpc.stop(grace=2.0)
+            self._grpc = None
+        for s in self._servers:
+            s.should_exit = True
+        await asyncio.gather(*self._serve_tasks, return_exceptions=True)
+        self._servers, self._serve_tasks = [], []
+        if self.forwarder is not None:
+            await self.forwarder.stop()
+        if isinstance(self.alert_sink, ManagedAlertSink):
+            await self.alert_sink.stop()
+        self._started = False
+        self._stopped.set()
+
+    async def run_forever(self) -> None:
+        """Start (if needed) and serve until :meth:`stop` is called."""
+        await self.start()
+        await self._stopped.wait()
+
+    async def __aenter__(self) -> IngestService:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+async def _serve(config: AutorepairConfig) -> None:
+    from temporalio.client import Client
+    from temporalio.contrib.pydantic import pydantic_data_converter
+
+    from ingest.handoff import TemporalAlertSink
+
+    client = await Client.connect(
+        config.temporal.address, namespace=config.temporal.namespace,
+        data_converter=pydantic_data_converter, lazy=True,
+    )
+
+    async def temporal_ready() -> bool:
+        try:
+            return bool(await asyncio.wait_for(client.service_client.check_health(), 2.0))
+        except Exception:
+            return False
+
+    service: IngestService
+    sink = TemporalAlertSink(
+        client, config.temporal.task_queue, queue_size=config.ingest.alert_queue,
+        on_outcome=lambda o: service.metrics.alert_handoff_total.labels(o).inc(),
+    )
+    service = IngestService(config, sink, temporal_ready=temporal_ready)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await service.start()
+    print(
+        f"autorepair ingest: OTLP gRPC :{service.grpc_port}, OTLP HTTP :{service.http_port}, "
+        f"API http://{config.ingest.host}:{service.api_port}, "
+        f"admin http://{LOOPBACK}:{service.admin_port}", flush=True,
+    )
+    try:
+        await stop.wait()
+    finally:
+        log.info("event=ingest_stopping")
+        await service.stop()
+
+
+def run_ingest(config: AutorepairConfig) -> None:
+    """Blocking entry point of ``autorepair ingest``: serve until SIGINT/SIGTERM.
+
+    Connects lazily to Temporal at ``config.temporal.address`` (ingest starts and buffers
+    alerts even while Temporal is down; ``/readyz`` reports it). Raises ``RuntimeError``
+    naming the port field when a listener cannot bind.
+    """
+    asyncio.run(_serve(config))
