@@ -87,6 +87,8 @@ class PolicySnapshot(BaseModel):
     scheduler: str
     pools: dict[str, str] = Field(default_factory=dict)
     machines: dict[str, str] = Field(default_factory=dict)
+    #: Task queue of the machine-side (BMC) activities (``temporal.bmc_task_queue``).
+    bmc_task_queue: str = "autorepair-bmc"
 
 
 class CordonInput(BaseModel):
