@@ -53,8 +53,10 @@ class ScoreConfig:
     #: Samples of calibration after idle → resume (baseline kept, re-warmed).
     resume_samples: int = 5
     #: A sample below this fraction of the baseline does not update it once active,
-    #: so a stall never becomes the new normal (design choice).
-    stall_gate: float = 0.5
+    #: so a slowdown never becomes the new normal (design choice: a 20 % drop is a
+    #: straggler-sized change; legitimate workload changes pass through idle, which
+    #: re-calibrates).
+    stall_gate: float = 0.8
     #: GPU utilisation (percent) at or below which a GPU counts as idle.
     idle_util_pct: float = 5.0
     #: Consecutive idle samples before the node state becomes idle.
@@ -252,8 +254,20 @@ class AgentConfig:
             raise ConfigError(f"config file {str(path)!r}: invalid YAML: {exc}") from exc
         if not isinstance(data, dict):
             raise ConfigError(f"config file {str(path)!r}: expected a mapping at the top")
-        data.update({k: v for k, v in overrides.items() if v is not None})
-        return cls.from_mapping(data)
+        return cls.from_mapping(merge(data, overrides))
+
+
+def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with the non-None ``overrides`` on top; nested mappings merge key by key."""
+    out = dict(base)
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def _build_kwargs(cls: type, raw: dict[str, Any], prefix: str) -> dict[str, Any]:

@@ -31,6 +31,16 @@ class LineReader(Protocol):
     def flush(self) -> list[Any]: ...
 
 
+class KernelSource(Protocol):
+    """What the agent polls for kernel fault events (a follower or an in-memory feed)."""
+
+    error: str | None
+
+    def poll(self) -> list[Any]: ...
+
+    def close(self) -> None: ...
+
+
 def default_reader() -> LineReader:
     """``agent.readers.KernelLogReader()`` (imported lazily: it is another module's)."""
     from agent.readers import KernelLogReader
@@ -86,6 +96,7 @@ class KernelLogFollower:
         self._fd: int | None = None
         self._ino: int | None = None
         self._buf = b""
+        self._backlog: list[bytes] = []
         self._next_open = 0.0
         self._first_open = True
 
@@ -135,6 +146,7 @@ class KernelLogFollower:
 
     def _poll_kmsg(self, events: list[Any]) -> None:
         assert self._fd is not None
+        fed = False
         for _ in range(self.max_lines):
             try:
                 chunk = os.read(self._fd, 8192)
@@ -152,12 +164,20 @@ class KernelLogFollower:
             line = kmsg_to_line(chunk.decode("utf-8", "replace"))
             if line is not None:
                 self._feed(line, events)
-        events.extend(self.reader.flush())
+                fed = True
+        if not fed:  # a quiet poll closes an open multi-line record
+            events.extend(self.reader.flush())
 
     def _poll_file(self, events: list[Any]) -> None:
         assert self._fd is not None
-        budget = self.max_lines
+        budget = start = self.max_lines
         while budget > 0:
+            if self._backlog:
+                take, self._backlog = self._backlog[:budget], self._backlog[budget:]
+                for raw in take:
+                    self._feed(raw.decode("utf-8", "replace"), events)
+                budget -= len(take)
+                continue
             try:
                 chunk = os.read(self._fd, 65536)
             except OSError as exc:
@@ -168,9 +188,7 @@ class KernelLogFollower:
                 break
             self._buf += chunk
             *lines, self._buf = self._buf.split(b"\n")
-            for raw in lines:
-                self._feed(raw.decode("utf-8", "replace"), events)
-                budget -= 1
+            self._backlog.extend(lines)
         if budget > 0 and self._rotated():
             if self._buf:
                 self._feed(self._buf.decode("utf-8", "replace"), events)
@@ -180,7 +198,8 @@ class KernelLogFollower:
             if self._open_rotated():
                 self._poll_file(events)
                 return
-        events.extend(self.reader.flush())
+        if budget == start:  # a quiet poll closes an open multi-line record
+            events.extend(self.reader.flush())
 
     def _rotated(self) -> bool:
         assert self._fd is not None

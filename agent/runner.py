@@ -27,7 +27,7 @@ from typing import Any
 
 from agent.config import AgentConfig
 from agent.host import CpuSampler, HostReadError, IbWatcher, memory_available_fraction
-from agent.kmsg import KernelLogFollower
+from agent.kmsg import KernelSource
 from agent.nvml import GpuBackend, GpuSample, SampleError
 from agent.otlp import (
     SEVERITY_INFO,
@@ -133,7 +133,7 @@ class Agent:
         transport: Transport | None = None,
         cpu: Callable[[], float | None] | None = None,
         memory: Callable[[], float | None] | None = None,
-        kernel: KernelLogFollower | None = None,
+        kernel: KernelSource | None = None,
         boot_id: str = "",
         host_id: str | None = None,
         persist: bool = True,

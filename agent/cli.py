@@ -1,0 +1,181 @@
+"""``autorepair-agent`` console script (DESIGN §4.1): ``run`` and ``simulate``.
+
+``validate`` (the local validation suite) is added by issue 8 in ``agent/validation/``.
+
+Exit codes: 0 normal stop (SIGINT/SIGTERM or ``--duration`` elapsed); 2 bad
+configuration or an unavailable GPU backend (the message names the field/value).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from agent.config import AgentConfig, ConfigError
+from agent.host import HostReadError, boot_id, machine_id
+from agent.kmsg import KernelLogFollower
+from agent.nvml import BackendUnavailable, make_backend
+from agent.runner import Agent
+from agent.simulator import FleetSimulator, ScheduledFault, SimulatorError, load_kernel_lines
+
+app = typer.Typer(
+    name="autorepair-agent",
+    help="GPU node agent: health score, fault events and OTLP push (DESIGN §4.1).",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _fail(msg: str) -> typer.Exit:
+    typer.echo(f"error: {msg}", err=True)
+    return typer.Exit(code=2)
+
+
+async def _until_stopped(stop: asyncio.Event, duration: float | None) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    if duration is not None:
+        loop.call_later(duration, stop.set)
+
+
+@app.command()
+def run(
+    endpoint: Annotated[str | None, typer.Option(help="Ingest OTLP endpoint, e.g. "
+                                                 "http://ingest:4318 (gRPC: :4317)")] = None,
+    cluster: Annotated[str | None, typer.Option(help="Cluster id")] = None,
+    node: Annotated[str | None, typer.Option(help="Node name (host.name)")] = None,
+    config: Annotated[Path | None, typer.Option(help="agent.yaml; flags override it")] = None,
+    backend: Annotated[str | None, typer.Option(help="nvml | simulated (explicit)")] = None,
+    transport: Annotated[str | None, typer.Option(help="http (default) | grpc")] = None,
+    push_interval: Annotated[float | None, typer.Option(help="Seconds between pushes")] = None,
+    sample_interval: Annotated[float | None, typer.Option(help="Seconds between samples")] = None,
+    expected_gpus: Annotated[int | None, typer.Option(help="GPUs this node must show")] = None,
+    state_dir: Annotated[str | None, typer.Option(help="Where the baseline is kept")] = None,
+    kernel_log: Annotated[str | None, typer.Option(
+        help="/dev/kmsg (default), a log file to follow, or 'none'")] = None,
+    infiniband_root: Annotated[str | None, typer.Option(
+        help="Host mode: sysfs InfiniBand root, e.g. /sys/class/infiniband")] = None,
+    rail_owner: Annotated[str | None, typer.Option(help="Host mode: node owning the rails")]
+    = None,
+    workload_type: Annotated[str | None, typer.Option(help="training | inference")] = None,
+    node_pool: Annotated[str | None, typer.Option(help="autorepair.node_pool")] = None,
+    duration: Annotated[float | None, typer.Option(help="Stop after this many seconds")] = None,
+    log_level: Annotated[str, typer.Option(help="debug|info|warning")] = "info",
+) -> None:
+    """Run the node agent until SIGINT/SIGTERM."""
+    _logging(log_level)
+    overrides: dict[str, Any] = {
+        "endpoint": endpoint, "cluster": cluster, "node": node, "backend": backend,
+        "push_interval_s": push_interval, "sample_interval_s": sample_interval,
+        "expected_gpus": expected_gpus, "state_dir": state_dir, "kernel_log": kernel_log,
+        "infiniband_root": infiniband_root, "rail_owner": rail_owner,
+        "workload_type": workload_type, "node_pool": node_pool,
+        "push": {"transport": transport} if transport else None,
+    }
+    try:
+        if config is not None:
+            cfg = AgentConfig.load(config, **overrides)
+        else:
+            data = {k: v for k, v in overrides.items() if v is not None}
+            for required in ("endpoint", "cluster", "node"):
+                if required not in data:
+                    raise ConfigError(f"{required}: required (--{required} or --config)")
+            cfg = AgentConfig.from_mapping(data)
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
+    try:
+        gpu = make_backend(cfg.backend, gpu_count=cfg.expected_gpus or 8)
+        kernel = None if cfg.kernel_log == "none" else KernelLogFollower(cfg.kernel_log)
+        try:
+            boot = boot_id(cfg.proc_root)
+        except HostReadError:
+            boot = ""
+        agent = Agent(cfg, gpu, kernel=kernel, boot_id=boot,
+                      host_id=cfg.host_id or machine_id())
+        agent.open()
+    except (BackendUnavailable, ConfigError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        await _until_stopped(stop, duration)
+        await agent.run(stop)
+
+    asyncio.run(main())
+
+
+@app.command()
+def simulate(
+    endpoint: Annotated[str, typer.Option(help="Ingest OTLP/HTTP endpoint")],
+    cluster: Annotated[str, typer.Option(help="Cluster id")],
+    nodes: Annotated[int, typer.Option(help="Number of simulated nodes")] = 8,
+    node_prefix: Annotated[str, typer.Option(help="Node names PREFIX01..PREFIXNN")] = "gpu-",
+    fault: Annotated[list[str] | None, typer.Option(
+        help="NODE:KIND@SECONDS, repeatable. KIND: slow | xidNN | sxidNN | kernel | lost | "
+             "ecc | remap | outage | idle | silent. 'kernel' replays the next line of "
+             "--kernel-lines; xidNN replays a real line with that code "
+             "(e.g. gpu-02:xid79@30).")] = None,
+    kernel_lines: Annotated[Path | None, typer.Option(
+        help="Real kernel lines to replay: text (one a line) or JSONL with 'text'")] = None,
+    push_interval: Annotated[float, typer.Option(help="Seconds between pushes")] = 10.0,
+    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node")] = 8,
+    state_dir: Annotated[str, typer.Option(help="Baselines of the simulated nodes")] =
+    ".autorepair/sim",
+    control_port: Annotated[int | None, typer.Option(
+        help="Loopback control endpoint port (0 = any free port): GET /nodes, "
+             "POST /nodes/N/fault/KIND, /nodes/N/clear, /nodes/N/reboot, "
+             "/nodes/N/reprovision")] = None,
+    duration: Annotated[float | None, typer.Option(help="Stop after this many seconds")] = None,
+    seed: Annotated[int, typer.Option(help="Random seed (reproducible telemetry)")] = 1,
+    log_level: Annotated[str, typer.Option(help="debug|info|warning")] = "info",
+) -> None:
+    """Run N simulated agents in one process, pushing real OTLP, with injected faults."""
+    _logging(log_level)
+    try:
+        schedule = [ScheduledFault.parse(f) for f in fault or []]
+        lines = load_kernel_lines(kernel_lines) if kernel_lines else None
+        sim = FleetSimulator(
+            endpoint, cluster, nodes, node_prefix=node_prefix, gpus_per_node=gpus_per_node,
+            push_interval_s=push_interval, state_dir=state_dir, kernel_lines=lines, seed=seed,
+        )
+        for f in schedule:
+            sim._node(f.node)
+    except (SimulatorError, ConfigError) as exc:
+        raise _fail(str(exc)) from None
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        await _until_stopped(stop, duration)
+        if control_port is not None:
+            host, port = sim.serve_control(control_port)
+            typer.echo(json.dumps({"control": f"http://{host}:{port}"}), err=True)
+        await sim.run(stop, schedule)
+
+    asyncio.run(main())
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()
