@@ -57,6 +57,7 @@ class ACT:
     collect_validation = "collect_validation"
     release_validation = "release_validation"
     return_machine = "return_machine"
+    post_ticket = "post_ticket"
     # notifications
     notify = "notify"
 
@@ -284,18 +285,27 @@ class ValidationPlacement(BaseModel):
 
 
 class PlacementResult(BaseModel):
+    """``timeout_s``/``poll_s`` come from the cluster's ``validation`` config, so the
+    workflow's bound is recorded in its history."""
+
     placed: bool
     job_id: str | None = None
     prior_state: dict[str, Any] = Field(default_factory=dict)
     reason: str = ""
+    timeout_s: float = 1800.0
+    poll_s: float = 30.0
 
 
 class CollectInput(BaseModel):
+    """``wait_s``: how long ``collect_validation`` may wait for the job before answering
+    ``finished=False`` (it heartbeats meanwhile); also the input of ``release_validation``."""
+
     cluster: str
     machine: str
     node: str
     run_id: str
     job_id: str
+    wait_s: float = 0.0
 
 
 class CollectResult(BaseModel):
@@ -310,6 +320,30 @@ class ReturnMachineInput(BaseModel):
     run_id: str
     verdict: Verdict
     prior_state: dict[str, Any] = Field(default_factory=dict)
+    #: ``pool`` (back to the scheduler) or ``spare`` (the cluster's hot-spare pool).
+    return_to: str = "pool"
+    ticket_id: str | None = None
+
+
+class ReturnMachineResult(BaseModel):
+    """Where the machine ended: ``state`` flags after the call, whether it was made
+    schedulable, whether it joined the spare pool, and why it was kept out otherwise."""
+
+    state: list[str] = Field(default_factory=list)
+    schedulable: bool = False
+    spare: bool = False
+    detail: str = ""
+
+
+class TicketPost(BaseModel):
+    """Input of ``post_ticket`` (optional webhook of a hardware ticket)."""
+
+    ticket_id: str
+    cluster: str
+    machine: str
+    run_id: str
+    summary: str
+    result: ValidationResult
 
 
 class Notification(BaseModel):

@@ -264,6 +264,40 @@ class NodeConfig(_Section):
     bmc: BmcConfig | None = None
 
 
+class ValidationConfig(_Section):
+    """Machine re-validation (issue 8): where and how the check job runs.
+
+    ``command`` is what the job runs on the node (the agent's suite, JSON on stdout).
+    Slurm: a maintenance reservation ``{reservation_prefix}-<run>`` on the node and an
+    ``sbatch -w NODE --reservation=...`` job whose output lands in ``output_dir`` (a
+    directory the worker can read: shared filesystem in production). Kubernetes: a Job in
+    ``namespace`` pinned to the node, tolerating ``autorepair.io/repair:NoSchedule``.
+    """
+
+    command: list[str] = Field(
+        default_factory=lambda: ["autorepair-agent", "validate", "--json"]
+    )
+    #: Extra environment for the check job (e.g. ``AUTOREPAIR_VALIDATE_CONFIG``).
+    env: dict[str, str] = Field(default_factory=dict)
+    #: Bound on one run from placement to result, seconds (30 min: DCGM level 3 takes
+    #: ~15 min, NCCL sweeps a few; DESIGN §5 drain deadline uses the same order).
+    timeout_s: float = Field(1800.0, gt=0, le=24 * 3600.0)
+    #: Longest single wait of the collecting activity before it reports "not yet", seconds.
+    poll_s: float = Field(30.0, gt=0)
+    #: Slurm: job output directory (must be readable by the worker).
+    output_dir: str = "/var/lib/autorepair/validation"
+    reservation_prefix: str = "autorepair-validate"
+    #: Slurm: user the maintenance reservation admits (the user submitting the job).
+    reservation_user: str = "root"
+    partition: str | None = None
+    #: Kubernetes: namespace, image and GPU request of the validation Job.
+    namespace: str = "autorepair"
+    image: str = "ghcr.io/autorepair/agent:latest"
+    gpus: int = Field(0, ge=0)
+    #: Optional HTTP endpoint that receives each hardware ticket (JSON POST).
+    ticket_webhook: str | None = None
+
+
 class ClusterConfig(_Section):
     """A cluster: its scheduler, its GPU nodes and how to reach them."""
 
@@ -289,6 +323,8 @@ class ClusterConfig(_Section):
     provision_webhook: str | None = None
     #: Machines in the hot-spare pool.
     spares: list[str] = Field(default_factory=list)
+    #: Machine re-validation (issue 8).
+    validation: ValidationConfig = Field(default_factory=ValidationConfig)
 
     @property
     def gpu_node_count(self) -> int:
