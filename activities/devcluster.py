@@ -6,8 +6,9 @@ start their peers through this module, so the demo and the tests run the same th
 Slurm (DESIGN §3): one ``munged`` with its own key and socket, one ``slurmctld`` and one
 ``slurmd -N <node>`` per node, all on loopback, with a config/state/log tree under
 ``workdir``. Each node advertises ``CPUs=2`` and one fake ``gpu`` GRES (``gres.conf`` with
-``File=/dev/null``: slurmd counts GPUs from device files), so ``sbatch -w gpu-02 --gres=gpu:1`` places a job on a
-chosen node. Requires root and Debian's ``slurmctld slurmd slurm-client munge``
+``File=/dev/null``: slurmd counts GPUs from device files), so
+``sbatch -w gpu-02 --gres=gpu:1`` places a job on a chosen node.
+Requires root and Debian's ``slurmctld slurmd slurm-client munge``
 (installed by ``scripts/install-slurm.sh``); :func:`slurm_unavailable_reason` says why not.
 
 Redfish (DESIGN §3): ``sushy-emulator`` (PyPI ``sushy-tools``) with its fake systems driver,
@@ -331,7 +332,8 @@ def _wait_nodes_up(cluster: SlurmCluster) -> None:
     while time.monotonic() < deadline:
         for name, proc in cluster.procs.items():
             if proc.poll() is not None:
-                log = cluster.workdir / "log" / (f"{name}.log" if name != "munged" else "munged.out")
+                fname = f"{name}.log" if name != "munged" else "munged.out"
+                log = cluster.workdir / "log" / fname
                 raise PeerStartError(f"{name} exited rc={proc.returncode}:\n{_tail(log)}")
         last = cluster.run("sinfo", "--noheader", "--Node", "--format=%N %T", check=False)
         states = dict(line.split() for line in last.splitlines() if line.strip())

@@ -21,20 +21,20 @@ from workflows.config import ClusterConfig
 pytestmark = pytest.mark.slurm
 
 
-async def _wait_job_running(cluster: SlurmCluster, job: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
+async def _wait_job_running(cluster: SlurmCluster, job: str, limit_s: float = 30.0) -> None:
+    deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         st = cluster.run("squeue", "--noheader", "-j", job, "--format=%T", check=False).strip()
         if st == "RUNNING":
             return
         await asyncio.sleep(0.2)
-    raise AssertionError(f"job {job} not RUNNING after {timeout}s")
+    raise AssertionError(f"job {job} not RUNNING after {limit_s}s")
 
 
 async def _wait_state(
-    sched: SlurmScheduler, node: str, state: list[str], timeout: float = 30.0
+    sched: SlurmScheduler, node: str, state: list[str], limit_s: float = 30.0
 ) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + limit_s
     while (cur := (await sched.node_health(node)).state) != state:
         assert time.monotonic() < deadline, f"{node} state {cur}, wanted {state}"
         await asyncio.sleep(0.3)

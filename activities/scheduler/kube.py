@@ -1,0 +1,342 @@
+"""Kubernetes implementation of :class:`activities.scheduler.base.Scheduler`.
+
+- cordon = ``spec.unschedulable: true`` + taint ``autorepair.io/repair=<repair_id>:NoSchedule``
+  + annotations ``autorepair.io/repair-id``, ``autorepair.io/reason`` and, only when this
+  repair set ``unschedulable``, ``autorepair.io/cordoned-by: autorepair``. Written as a JSON
+  merge patch carrying the ``resourceVersion`` read just before (optimistic concurrency):
+  a ``409 Conflict`` is retried with a fresh read;
+- idle = no running/pending pod on the node requests ``nvidia.com/gpu``;
+- drain = the Eviction API for every evictable pod (DaemonSet and mirror pods are left
+  alone, as ``kubectl drain`` does); ``429`` from a PodDisruptionBudget is retried with
+  backoff and reported in heartbeats; after the deadline the remaining pods are listed in a
+  non-retryable ``ERR_DRAIN_DEADLINE`` failure;
+- rejoin = remove only our taint and annotations; ``unschedulable`` goes back to false only
+  when ``autorepair.io/cordoned-by`` says we set it (someone else's cordon stays, scenario 4);
+- node health = the ``Ready`` condition and ``status.nodeInfo.bootID``.
+
+Errors: 401/403 → non-retryable ``ERR_AUTH``; 404 on the node → ``ERR_UNKNOWN_NODE``;
+5xx, 429 and connection errors are retried (raised as is).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.client.exceptions import ApiException
+from temporalio.exceptions import ApplicationError
+
+from activities.scheduler.base import Heartbeat, no_heartbeat
+from workflows.activity_api import (
+    ERR_AUTH,
+    ERR_DRAIN_DEADLINE,
+    ERR_UNKNOWN_NODE,
+    CordonResult,
+    DrainResult,
+    IdleStatus,
+    NodeHealth,
+    RejoinResult,
+)
+from workflows.config import ClusterConfig
+
+#: Taint key written on cordon (issue 6 contract); value = repair id, effect NoSchedule.
+TAINT_KEY = "autorepair.io/repair"
+TAINT_EFFECT = "NoSchedule"
+#: Annotations naming the repair (issue 6 contract).
+ANN_REPAIR_ID = "autorepair.io/repair-id"
+ANN_CORDONED_BY = "autorepair.io/cordoned-by"
+ANN_REASON = "autorepair.io/reason"
+CORDONED_BY_US = "autorepair"
+#: Extended resource name of NVIDIA GPUs (NVIDIA device plugin).
+GPU_RESOURCE = "nvidia.com/gpu"
+#: Mirror (static) pod annotation (kubelet).
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+#: Attempts of a read-modify-patch cycle on 409 Conflict.
+CONFLICT_ATTEMPTS = 8
+#: Eviction backoff after a PDB 429: first, cap (seconds).
+EVICT_BACKOFF_S = (0.5, 10.0)
+#: Poll interval while waiting for evicted pods to go, seconds.
+DRAIN_POLL_S = 0.5
+
+
+def _taint_dict(t: k8s.V1Taint) -> dict[str, Any]:
+    d: dict[str, Any] = {"key": t.key, "effect": t.effect}
+    if t.value is not None:
+        d["value"] = t.value
+    if t.time_added is not None:
+        d["timeAdded"] = t.time_added.isoformat()
+    return d
+
+
+def _pod_name(p: k8s.V1Pod) -> str:
+    return f"{p.metadata.namespace}/{p.metadata.name}"
+
+
+def _requests_gpu(p: k8s.V1Pod) -> bool:
+    for c in [*(p.spec.containers or []), *(p.spec.init_containers or [])]:
+        r = c.resources
+        if r is None:
+            continue
+        for d in (r.requests or {}, r.limits or {}):
+            v = d.get(GPU_RESOURCE)
+            if v not in (None, "0", 0):
+                return True
+    return False
+
+
+def _active(p: k8s.V1Pod) -> bool:
+    return (p.status.phase if p.status else None) not in ("Succeeded", "Failed")
+
+
+def _evictable(p: k8s.V1Pod) -> bool:
+    ann = p.metadata.annotations or {}
+    if MIRROR_ANNOTATION in ann:
+        return False
+    return not any(o.kind == "DaemonSet" for o in (p.metadata.owner_references or []))
+
+
+class KubeScheduler:
+    """Scheduler backed by the Kubernetes API (``kubernetes_asyncio``).
+
+    ``api_client`` (tests, the worker) takes precedence; otherwise the client is built
+    from ``ClusterConfig.kubeconfig`` or, when that is empty, the in-cluster config.
+    """
+
+    def __init__(self, cluster: ClusterConfig, api_client: k8s.ApiClient | None = None) -> None:
+        self.cluster = cluster
+        self._client = api_client
+        self._own_client = api_client is None
+
+    async def _api(self) -> k8s.CoreV1Api:
+        if self._client is None:
+            conf = k8s.Configuration()
+            if self.cluster.kubeconfig:
+                await k8s_config.load_kube_config(
+                    config_file=self.cluster.kubeconfig, client_configuration=conf
+                )
+            else:
+                k8s_config.load_incluster_config(client_configuration=conf)
+            self._client = k8s.ApiClient(conf)
+        return k8s.CoreV1Api(self._client)
+
+    async def close(self) -> None:
+        """Close the client when this scheduler built it."""
+        if self._own_client and self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    def _classify(self, e: ApiException, node: str) -> Exception:
+        if e.status in (401, 403):
+            return ApplicationError(
+                f"cluster {self.cluster.name}: Kubernetes API refused access "
+                f"({e.status} {e.reason}) for node {node}",
+                type=ERR_AUTH, non_retryable=True,
+            )
+        if e.status == 404:
+            return ApplicationError(
+                f"cluster {self.cluster.name}: Kubernetes has no node {node!r}",
+                type=ERR_UNKNOWN_NODE, non_retryable=True,
+            )
+        return e
+
+    async def _read(self, node: str) -> k8s.V1Node:
+        api = await self._api()
+        try:
+            return await api.read_node(node)
+        except ApiException as e:
+            raise self._classify(e, node) from e
+
+    async def _patch(self, node: str, build: Any) -> tuple[k8s.V1Node, bool]:
+        """Read → ``build(node) -> patch | None`` → merge patch with resourceVersion.
+
+        Retries on 409 with a fresh read. Returns (node after, patched?).
+        """
+        api = await self._api()
+        for attempt in range(CONFLICT_ATTEMPTS):
+            cur = await self._read(node)
+            body = build(cur)
+            if body is None:
+                return cur, False
+            body.setdefault("metadata", {})["resourceVersion"] = cur.metadata.resource_version
+            try:
+                after = await api.patch_node(
+                    node, body, _content_type="application/merge-patch+json"
+                )
+                return after, True
+            except ApiException as e:
+                if e.status == 409 and attempt < CONFLICT_ATTEMPTS - 1:
+                    await asyncio.sleep(0.05 * (attempt + 1))
+                    continue
+                raise self._classify(e, node) from e
+        raise RuntimeError("unreachable")  # pragma: no cover
+
+    # ---- Scheduler -----------------------------------------------------------------
+    async def cordon(self, node: str, repair_id: str, reason: str) -> CordonResult:
+        """Set unschedulable + our taint + annotations; no-op when already ours."""
+        state: dict[str, Any] = {}
+
+        def build(n: k8s.V1Node) -> dict[str, Any] | None:
+            ann = n.metadata.annotations or {}
+            taints = list(n.spec.taints or [])
+            holder = ann.get(ANN_REPAIR_ID)
+            if holder and holder != repair_id:
+                state["other_repair"] = holder
+                return None
+            ours = [t for t in taints if t.key == TAINT_KEY]
+            already_unsched = bool(n.spec.unschedulable)
+            cordoned_by_us = ann.get(ANN_CORDONED_BY) == CORDONED_BY_US and holder == repair_id
+            state["by_other"] = already_unsched and not cordoned_by_us
+            if holder == repair_id and ours and already_unsched:
+                state["noop"] = True
+                return None
+            new_ann: dict[str, Any] = {ANN_REPAIR_ID: repair_id, ANN_REASON: reason[:500]}
+            if not already_unsched or cordoned_by_us:
+                new_ann[ANN_CORDONED_BY] = CORDONED_BY_US
+            spec: dict[str, Any] = {"unschedulable": True}
+            if not ours:
+                spec["taints"] = [
+                    *[_taint_dict(t) for t in taints],
+                    {"key": TAINT_KEY, "value": repair_id, "effect": TAINT_EFFECT},
+                ]
+            return {"metadata": {"annotations": new_ann}, "spec": spec}
+
+        await self._patch(node, build)
+        if "other_repair" in state:
+            return CordonResult(
+                cordoned_by_us=False, by_other=True,
+                detail=f"node held by repair {state['other_repair']}",
+            )
+        by_other = bool(state.get("by_other"))
+        detail = "already cordoned by this repair" if state.get("noop") else "cordoned"
+        if by_other:
+            detail += " (node was already unschedulable: someone else's cordon is kept)"
+        return CordonResult(cordoned_by_us=not by_other, by_other=by_other, detail=detail)
+
+    async def _pods_on(self, node: str) -> list[k8s.V1Pod]:
+        api = await self._api()
+        try:
+            lst = await api.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}")
+        except ApiException as e:
+            raise self._classify(e, node) from e
+        return [p for p in lst.items if _active(p)]
+
+    async def check_idle(self, node: str) -> IdleStatus:
+        """Idle = no running/pending pod on ``node`` requests ``nvidia.com/gpu``."""
+        await self._read(node)  # unknown node → ERR_UNKNOWN_NODE
+        gpu_pods = [_pod_name(p) for p in await self._pods_on(node) if _requests_gpu(p)]
+        return IdleStatus(idle=not gpu_pods, running=sorted(gpu_pods))
+
+    async def drain(
+        self, node: str, repair_id: str, deadline_s: float, heartbeat: Heartbeat = no_heartbeat
+    ) -> DrainResult:
+        """Evict every evictable pod; retry PDB 429s with backoff until ``deadline_s``.
+
+        Heartbeats ``{"remaining": [...], "blocked": {pod: message}}``. Raises
+        non-retryable ``ERR_DRAIN_DEADLINE`` naming the remaining pods after the deadline.
+        """
+        await self._read(node)
+        api = await self._api()
+        deadline = time.monotonic() + deadline_s
+        backoff: dict[str, float] = {}
+        next_try: dict[str, float] = {}
+        evicted: list[str] = []
+        while True:
+            pods = [p for p in await self._pods_on(node) if _evictable(p)]
+            if not pods:
+                return DrainResult(
+                    drained=True, detail=f"evicted {evicted}" if evicted else "no pods to evict"
+                )
+            blocked: dict[str, str] = {}
+            now = time.monotonic()
+            for p in pods:
+                name = _pod_name(p)
+                if next_try.get(name, 0.0) > now or p.metadata.deletion_timestamp:
+                    continue
+                body = k8s.V1Eviction(
+                    metadata=k8s.V1ObjectMeta(name=p.metadata.name, namespace=p.metadata.namespace)
+                )
+                try:
+                    await api.create_namespaced_pod_eviction(
+                        p.metadata.name, p.metadata.namespace, body
+                    )
+                    evicted.append(name)
+                except ApiException as e:
+                    if e.status == 404:
+                        continue  # already gone
+                    if e.status == 429:
+                        b = min(backoff.get(name, EVICT_BACKOFF_S[0] / 2) * 2, EVICT_BACKOFF_S[1])
+                        backoff[name] = b
+                        next_try[name] = time.monotonic() + b
+                        blocked[name] = "PodDisruptionBudget: " + (e.reason or "429")
+                        continue
+                    if e.status in (401, 403):
+                        raise self._classify(e, node) from e
+                    raise
+            remaining = sorted(_pod_name(p) for p in pods if _pod_name(p) not in evicted)
+            heartbeat({"remaining": remaining, "blocked": blocked})
+            if time.monotonic() >= deadline and remaining:
+                raise ApplicationError(
+                    f"cluster {self.cluster.name} node {node}: pods still there after the "
+                    f"{deadline_s:.0f}s drain deadline: {', '.join(remaining)}"
+                    + (f" (blocked: {blocked})" if blocked else ""),
+                    DrainResult(drained=False, remaining=remaining).model_dump(),
+                    type=ERR_DRAIN_DEADLINE, non_retryable=True,
+                )
+            await asyncio.sleep(DRAIN_POLL_S)
+
+    async def rejoin(self, node: str, repair_id: str) -> RejoinResult:
+        """Remove our taint/annotations; uncordon only when we cordoned (scenario 4)."""
+        state: dict[str, Any] = {}
+
+        def build(n: k8s.V1Node) -> dict[str, Any] | None:
+            ann = n.metadata.annotations or {}
+            taints = list(n.spec.taints or [])
+            holder = ann.get(ANN_REPAIR_ID)
+            ours = [t for t in taints if t.key == TAINT_KEY and t.value == repair_id]
+            if holder not in (None, repair_id):
+                state["kept"] = f"node held by repair {holder}"
+                return None
+            we_cordoned = holder == repair_id and ann.get(ANN_CORDONED_BY) == CORDONED_BY_US
+            state["uncordoned"] = we_cordoned or not n.spec.unschedulable
+            if not n.spec.unschedulable:
+                state["uncordoned"] = True
+            elif not we_cordoned:
+                state["kept"] = "node was cordoned by someone else; left unschedulable"
+            if holder is None and not ours:
+                return None  # nothing of ours left (a retried rejoin)
+            body: dict[str, Any] = {
+                "metadata": {"annotations": {ANN_REPAIR_ID: None, ANN_CORDONED_BY: None,
+                                             ANN_REASON: None}},
+                "spec": {"taints": [
+                    _taint_dict(t) for t in taints
+                    if not (t.key == TAINT_KEY and t.value == repair_id)
+                ] or None},
+            }
+            if we_cordoned:
+                body["spec"]["unschedulable"] = None
+            return body
+
+        await self._patch(node, build)
+        return RejoinResult(
+            uncordoned=bool(state.get("uncordoned")), kept_reason=state.get("kept", "")
+        )
+
+    async def node_health(self, node: str) -> NodeHealth:
+        """Ready condition, ``[Ready|NotReady, SchedulingDisabled?]``, bootID."""
+        n = await self._read(node)
+        ready = False
+        reason = ""
+        for c in (n.status.conditions if n.status else None) or []:
+            if c.type == "Ready":
+                ready = c.status == "True"
+                reason = c.reason or ""
+        state = ["Ready" if ready else "NotReady"]
+        if n.spec.unschedulable:
+            state.append("SchedulingDisabled")
+        info = n.status.node_info if n.status else None
+        return NodeHealth(
+            ready=ready, state=state, boot_id=info.boot_id if info else None, reason=reason
+        )
