@@ -88,7 +88,8 @@ def _requests_gpu(p: k8s.V1Pod) -> bool:
 
 
 def _active(p: k8s.V1Pod) -> bool:
-    return (p.status.phase if p.status else None) not in ("Succeeded", "Failed")
+    phase: str = (p.status.phase if p.status else None) or ""
+    return phase not in ("Succeeded", "Failed")
 
 
 def _evictable(p: k8s.V1Pod) -> bool:
@@ -162,9 +163,8 @@ class KubeScheduler:
                 return cur, False
             body.setdefault("metadata", {})["resourceVersion"] = cur.metadata.resource_version
             try:
-                after = await api.patch_node(
-                    node, body, _content_type="application/merge-patch+json"
-                )
+                opts: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
+                after = await api.patch_node(node, body, **opts)
                 return after, True
             except ApiException as e:
                 if e.status == 409 and attempt < CONFLICT_ATTEMPTS - 1:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -111,14 +110,12 @@ async def test_drain_evicts_retries_pdb_429_and_leaves_daemonsets(
 
     beats: list[Any] = []
 
-    async def release_pdb() -> None:
-        while not any(b["blocked"] for b in beats):
-            await asyncio.sleep(0.05)
-        kube_api.set_pdb_allowed("ml", "train-pdb", 1)  # replacement became ready
+    def heartbeat(detail: dict[str, Any]) -> None:
+        beats.append(detail)
+        if detail["blocked"]:  # the PDB answered 429: its replacement pod becomes ready
+            kube_api.set_pdb_allowed("ml", "train-pdb", 1)
 
-    releaser = asyncio.create_task(release_pdb())
-    res = await sched.drain("n1", "r-4", deadline_s=30, heartbeat=beats.append)
-    await releaser
+    res = await sched.drain("n1", "r-4", deadline_s=30, heartbeat=heartbeat)
     assert res.drained
     assert not kube_api.pod_exists("ml", "train-0") and not kube_api.pod_exists("web", "api-0")
     assert kube_api.pod_exists("kube-system", "dcgm-exporter")
