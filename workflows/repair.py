@@ -273,6 +273,7 @@ class RepairWorkflow:
             ]
             + ([SA_MACHINE.value_set(self._machine)] if self._machine else [])
         )
+        await self._upsert()
         await self._transition(S.recommended, req.requester.name, req.reason or "repair requested")
         await self._decide(req.action, approver=None)
         consent = consent_decision(self._action, self._alerts, req.requester, self._policy.consent)
@@ -732,6 +733,7 @@ class RepairWorkflow:
         assert self._req is not None
         req = self._req
         if not self._history:
+            await self._upsert()
             await self._transition(S.recommended, req.requester.name, req.reason)
         await self._transition(stage, by, reason)
         await self._upsert()

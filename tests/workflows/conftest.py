@@ -1,0 +1,320 @@
+"""Harness for the workflow tests: time-skipping Temporal, real ledger, fake cluster.
+
+``FakeCluster`` is a small in-memory model of one cluster's scheduler and BMCs whose
+bound methods are registered as the same-named scheduler / machine activities
+(``workflows.activity_api.ACT``). It records every call, honours the idempotency rules
+(cordon only once, uncordon only our cordon, power cycle guarded by the boot id) and can
+be told to fail an action or to stay busy for a number of idle checks.
+
+The ledger activities are the real ones (``activities.ledger_activities``) on the
+``ledger_pool`` fixture's fresh schema.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from temporalio import activity
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.ledger import Ledger
+from activities.ledger_activities import LedgerActivities
+from tests.workflows.fake_validation import FakeValidationWorkflow
+from workflows.activity_api import (
+    ACT,
+    ERR_ACTION_FAILED,
+    ActionResult,
+    CordonInput,
+    CordonResult,
+    DrainInput,
+    DrainResult,
+    IdleStatus,
+    MachineActionInput,
+    MigrateResult,
+    NodeHealth,
+    NodeRef,
+    Notification,
+    PolicySnapshot,
+    RejoinInput,
+    RejoinResult,
+)
+from workflows.config import PolicyConfig
+from workflows.models import (
+    SEARCH_ATTRIBUTES,
+    Alert,
+    AlertDelivery,
+    NodeInput,
+    workflow_id_node,
+)
+from workflows.protocol import NODE_UPDATE_DELIVER_ALERT
+from workflows.registry import WORKFLOWS
+
+
+@dataclass
+class FakeCluster:
+    """In-memory cluster: scheduler state and BMC state per node."""
+
+    cluster: str
+    nodes: list[str]
+    calls: list[tuple[str, str]] = field(default_factory=list)
+    cordons: dict[str, str] = field(default_factory=dict)  # node -> repair id or "other"
+    busy_polls: dict[str, int] = field(default_factory=dict)  # idle checks still busy
+    fail_actions: dict[str, int] = field(default_factory=dict)  # action -> failures left
+    boot: dict[str, int] = field(default_factory=dict)
+    unhealthy: set[str] = field(default_factory=set)
+    power_cycles: int = 0
+    notifications: list[Notification] = field(default_factory=list)
+
+    def _log(self, name: str, node: str) -> None:
+        self.calls.append((name, node))
+
+    def count(self, name: str, node: str | None = None) -> int:
+        return sum(1 for n, nd in self.calls if n == name and (node is None or nd == node))
+
+    @activity.defn(name=ACT.cordon_node)
+    async def cordon_node(self, inp: CordonInput) -> CordonResult:
+        self._log("cordon", inp.node)
+        holder = self.cordons.get(inp.node)
+        if holder is None:
+            self.cordons[inp.node] = inp.repair_id
+            return CordonResult(cordoned_by_us=True)
+        if holder == inp.repair_id:
+            return CordonResult(cordoned_by_us=True, detail="already ours")
+        return CordonResult(cordoned_by_us=False, by_other=True, detail=f"held by {holder}")
+
+    @activity.defn(name=ACT.check_idle)
+    async def check_idle(self, ref: NodeRef) -> IdleStatus:
+        self._log("check_idle", ref.node)
+        left = self.busy_polls.get(ref.node, 0)
+        if left > 0:
+            self.busy_polls[ref.node] = left - 1
+            return IdleStatus(idle=False, running=[f"job-{ref.node}"])
+        return IdleStatus(idle=True)
+
+    @activity.defn(name=ACT.drain_node)
+    async def drain_node(self, inp: DrainInput) -> DrainResult:
+        self._log("drain", inp.node)
+        return DrainResult(drained=True)
+
+    @activity.defn(name=ACT.rejoin_node)
+    async def rejoin_node(self, inp: RejoinInput) -> RejoinResult:
+        self._log("rejoin", inp.node)
+        holder = self.cordons.get(inp.node)
+        if holder == inp.repair_id:
+            del self.cordons[inp.node]
+            return RejoinResult(uncordoned=True)
+        return RejoinResult(uncordoned=False, kept_reason=f"cordon held by {holder}")
+
+    @activity.defn(name=ACT.node_health)
+    async def node_health(self, ref: NodeRef) -> NodeHealth:
+        self._log("node_health", ref.node)
+        return NodeHealth(
+            ready=ref.node not in self.unhealthy, boot_id=f"boot-{self.boot.get(ref.node, 0)}"
+        )
+
+    def _maybe_fail(self, action: str) -> None:
+        left = self.fail_actions.get(action, 0)
+        if left > 0:
+            self.fail_actions[action] = left - 1
+            raise ApplicationError(
+                f"{action} failed (injected)", type=ERR_ACTION_FAILED, non_retryable=True
+            )
+
+    def _reboot(self, node: str) -> None:
+        self.boot[node] = self.boot.get(node, 0) + 1
+
+    @activity.defn(name=ACT.reset_gpu)
+    async def reset_gpu(self, inp: MachineActionInput) -> ActionResult:
+        self._log("reset_gpu", inp.node)
+        self._maybe_fail("reset_gpu")
+        return ActionResult(done=True)
+
+    @activity.defn(name=ACT.reboot_machine)
+    async def reboot_machine(self, inp: MachineActionInput) -> ActionResult:
+        self._log("reboot", inp.node)
+        self._maybe_fail("reboot")
+        self._reboot(inp.node)
+        return ActionResult(done=True)
+
+    @activity.defn(name=ACT.power_cycle_machine)
+    async def power_cycle_machine(self, inp: MachineActionInput) -> ActionResult:
+        self._log("power_cycle", inp.node)
+        self._maybe_fail("power_cycle")
+        if (
+            inp.boot_id_before is not None
+            and inp.boot_id_before != f"boot-{self.boot.get(inp.node, 0)}"
+        ):
+            return ActionResult(done=True, skipped_reason="host already came back")
+        self.power_cycles += 1
+        self._reboot(inp.node)
+        return ActionResult(done=True)
+
+    @activity.defn(name=ACT.reprovision_machine)
+    async def reprovision_machine(self, inp: MachineActionInput) -> ActionResult:
+        self._log("reprovision", inp.node)
+        self._maybe_fail("reprovision")
+        self._reboot(inp.node)
+        return ActionResult(done=True)
+
+    @activity.defn(name=ACT.migrate_node)
+    async def migrate_node(self, inp: MachineActionInput) -> MigrateResult:
+        self._log("migrate", inp.node)
+        self._maybe_fail("migrate")
+        self._reboot(inp.node)
+        return MigrateResult(new_machine=f"spare-{inp.node}", old_machine=inp.machine)
+
+    @activity.defn(name=ACT.remove_machine)
+    async def remove_machine(self, inp: MachineActionInput) -> ActionResult:
+        self._log("remove", inp.node)
+        return ActionResult(done=True, ticket_id=f"RMA-{inp.machine}")
+
+    @activity.defn(name=ACT.notify)
+    async def notify(self, n: Notification) -> None:
+        self.notifications.append(n)
+
+    def scheduler_activities(self) -> list[Any]:
+        return [
+            self.cordon_node,
+            self.check_idle,
+            self.drain_node,
+            self.rejoin_node,
+            self.node_health,
+            self.notify,
+        ]
+
+    def machine_activities(self) -> list[Any]:
+        return [
+            self.reset_gpu,
+            self.reboot_machine,
+            self.power_cycle_machine,
+            self.reprovision_machine,
+            self.migrate_node,
+            self.remove_machine,
+        ]
+
+
+@dataclass
+class Harness:
+    """One test's world: client, fake cluster, real ledger, policy (mutable)."""
+
+    env: WorkflowEnvironment
+    client: Client
+    cluster: FakeCluster
+    ledger: Ledger
+    policy: PolicyConfig
+    task_queue: str
+    bmc_queue: str
+    gpu_nodes: int
+    pools: dict[str, str] = field(default_factory=dict)
+
+    @activity.defn(name=ACT.load_policy)
+    async def load_policy(self, cluster: str) -> PolicySnapshot:
+        return PolicySnapshot(
+            cluster=cluster,
+            policy=self.policy,
+            gpu_nodes=self.gpu_nodes,
+            scheduler="slurm",
+            pools=self.pools,
+            machines={n: f"m-{n}" for n in self.cluster.nodes},
+            bmc_task_queue=self.bmc_queue,
+        )
+
+    async def deliver(self, alert: Alert, history_limit: int | None = None) -> AlertDelivery:
+        """Start-if-needed + ``deliver_alert`` (the time-skipping server lacks
+        update-with-start; the dev-server test covers that path)."""
+        carried = {"history_limit": history_limit} if history_limit else None
+        h: WorkflowHandle[Any, Any] = await self.client.start_workflow(
+            "NodeWorkflow",
+            NodeInput(cluster=alert.cluster, node=alert.node, carried=carried),
+            id=workflow_id_node(alert.cluster, alert.node),
+            task_queue=self.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
+        return await h.execute_update(NODE_UPDATE_DELIVER_ALERT, alert, result_type=AlertDelivery)
+
+
+async def register_search_attributes(client: Client) -> None:
+    """Register DESIGN §4.4's Keyword search attributes (idempotent)."""
+    try:
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(
+                namespace=client.namespace,
+                search_attributes={
+                    name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD for name in SEARCH_ATTRIBUTES
+                },
+            )
+        )
+    except Exception as err:  # already registered
+        if "already" not in str(err).lower():
+            raise
+
+
+@pytest.fixture(scope="session")
+async def ts_env(temporal_env: WorkflowEnvironment) -> WorkflowEnvironment:
+    """The session's time-skipping environment with our search attributes."""
+    await register_search_attributes(temporal_env.client)
+    return temporal_env
+
+
+@pytest.fixture
+async def harness(ts_env: WorkflowEnvironment, ledger_pool: Any) -> AsyncIterator[Harness]:
+    """A running worker (main + BMC queue) over a fresh cluster name and ledger schema."""
+    suffix = uuid.uuid4().hex[:8]
+    fake = FakeCluster(cluster=f"c-{suffix}", nodes=[f"gpu-{i:02d}" for i in range(1, 21)])
+    policy = PolicyConfig()
+    policy.consent.mode = "automatic"
+    h = Harness(
+        env=ts_env,
+        client=ts_env.client,
+        cluster=fake,
+        ledger=Ledger(ledger_pool),
+        policy=policy,
+        task_queue=f"autorepair-{suffix}",
+        bmc_queue=f"bmc-{suffix}",
+        gpu_nodes=20,
+    )
+    ledger_acts = LedgerActivities(ledger_pool)
+    async with (
+        Worker(
+            ts_env.client,
+            task_queue=h.task_queue,
+            workflows=[*WORKFLOWS, FakeValidationWorkflow],
+            activities=[*ledger_acts.all(), *fake.scheduler_activities(), h.load_policy],
+        ),
+        Worker(ts_env.client, task_queue=h.bmc_queue, activities=fake.machine_activities()),
+    ):
+        yield h
+
+
+def make_alert(cluster: str, node: str, n: int | str = 1, **kw: Any) -> Alert:
+    """An alert with sensible defaults (an actionable Xid 79 → power cycle)."""
+    from datetime import UTC, datetime
+
+    base: dict[str, Any] = dict(
+        alert_id=f"{cluster}/{node}/{n}",
+        cluster=cluster,
+        node=node,
+        kind="xid",
+        code=79,
+        gpu="0000:3b:00.0",
+        severity="critical",
+        actionable=True,
+        action="power_cycle",
+        summary="Xid 79: GPU has fallen off the bus",
+        evidence_text="NVRM: Xid 79",
+        observed_at=datetime(2025, 1, 1, tzinfo=UTC),
+    )
+    base.update(kw)
+    return Alert.model_validate(base)
+
+

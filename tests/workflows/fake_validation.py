@@ -1,0 +1,18 @@
+"""Same-named stand-in for issue 8's ``ValidationWorkflow`` (kept in its own module so the
+workflow sandbox re-imports nothing but this file and the models)."""
+
+from __future__ import annotations
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.models import ValidationRequest
+
+
+@workflow.defn(name="ValidationWorkflow")
+class FakeValidationWorkflow:
+    """Records that a re-validation ran for ``req.machine``."""
+
+    @workflow.run
+    async def run(self, req: ValidationRequest) -> str:
+        return f"validated {req.machine}"
