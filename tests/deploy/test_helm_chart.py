@@ -1,0 +1,378 @@
+"""The Helm chart in deploy/helm/autorepair, rendered by Helm's own engine.
+
+Rendering uses PyPI ``helm-python-sdk`` (``helm_python``): ctypes bindings to
+``libhelm_c``, a C ABI over Helm's official Go SDK (v4), shipped inside the wheel. Its
+``Chart.render`` is what ``helm template`` runs (values merged, ``values.schema.json``
+enforced, ``required``/``fail`` honoured) and ``lint`` is ``helm lint``. Every rendered
+object is validated against the Kubernetes OpenAPI schemas with ``kubernetes-validate``
+(strict: unknown fields are errors).
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+helm = pytest.importorskip(
+    "helm_python", reason="helm-python-sdk (Helm's Go SDK as a wheel) is not installed"
+)
+import kubernetes_validate  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "autorepair"
+NS = "autorepair"
+RELEASE = "ar"
+FULL = "ar-autorepair"
+#: Oldest Kubernetes the chart declares (Chart.yaml kubeVersion) and the newest schema
+#: kubernetes-validate ships.
+KUBE_VERSIONS = ("1.27.0", kubernetes_validate.latest_version())
+
+BASE: dict[str, Any] = {
+    "agent": {"cluster": "gpu-east"},
+    "secrets": {"create": True, "ledgerDsn": "postgresql://ar:pw@pg:5432/ar"},
+}
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Render the chart like ``helm template ar deploy/helm/autorepair -n autorepair``."""
+    with helm.Chart.load(str(CHART)) as chart:
+        out = chart.render(_merge(BASE, values or {}), name=RELEASE, namespace=NS)
+    docs: list[dict[str, Any]] = []
+    for path, text in sorted(out.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        docs.extend(d for d in yaml.safe_load_all(text) if d)
+    return docs
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+@pytest.fixture(scope="module")
+def default_docs() -> list[dict[str, Any]]:
+    return render()
+
+
+def test_helm_lint_strict_has_no_warnings_or_errors() -> None:
+    report = helm.lint(str(CHART), BASE, strict=True, namespace=NS)
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert report["errors"] == [] and problems == [], report
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {},
+        {"ingest": {"shards": [{"name": "east", "clusters": ["gpu-east"]},
+                               {"name": "west", "clusters": ["gpu-west"]}]},
+         "agent": {"shard": "west", "privileged": False}},
+        {"agent": {"enabled": False}, "rbac": {"nodeWatcher": "ingest"},
+         "worker": {"replicas": 1, "jobsNamespace": "autorepair-validation"},
+         "secrets": {"create": False, "existingSecret": "site-secrets"}},
+        {"secrets": {"bmcUsername": "admin", "bmcPassword": "pw", "ingestTokens": "a,b",
+                     "adminToken": "t", "apiTokens": "tok operator alice\n",
+                     "agentToken": "agent-tok"}},
+    ],
+    ids=["defaults", "shards-unprivileged-agent", "no-agent-existing-secret", "all-secrets"],
+)
+def test_rendered_manifests_validate_against_kubernetes_schemas(values: dict[str, Any]) -> None:
+    docs = render(values)
+    assert docs
+    for doc in docs:
+        for version in KUBE_VERSIONS:
+            kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_expected_objects(default_docs: list[dict[str, Any]]) -> None:
+    kinds = sorted({(d["kind"], d["metadata"]["name"]) for d in default_docs})
+    assert kinds == sorted([
+        ("ConfigMap", f"{FULL}-config"),
+        ("Secret", f"{FULL}-secrets"),
+        ("ServiceAccount", f"{FULL}-ingest"),
+        ("ServiceAccount", f"{FULL}-worker"),
+        ("ServiceAccount", f"{FULL}-agent"),
+        ("ClusterRole", f"{FULL}-kube-activities"),
+        ("ClusterRoleBinding", f"{FULL}-kube-activities"),
+        ("ClusterRole", f"{FULL}-node-watcher"),
+        ("ClusterRoleBinding", f"{FULL}-node-watcher"),
+        ("Role", f"{FULL}-validation-jobs"),
+        ("RoleBinding", f"{FULL}-validation-jobs"),
+        ("Deployment", f"{FULL}-ingest"),
+        ("Service", f"{FULL}-ingest"),
+        ("Deployment", f"{FULL}-worker"),
+        ("PodDisruptionBudget", f"{FULL}-worker"),
+        ("DaemonSet", f"{FULL}-agent"),
+    ])
+
+
+def _rules_of(docs: list[dict[str, Any]], sa: str) -> set[tuple[str, str, str, str]]:
+    """(scope namespace or '*', apiGroup, resource, verb) granted to service account ``sa``."""
+    roles = {(d["kind"], d["metadata"]["name"]): d for d in docs
+             if d["kind"] in ("ClusterRole", "Role")}
+    granted: set[tuple[str, str, str, str]] = set()
+    for b in docs:
+        if b["kind"] not in ("ClusterRoleBinding", "RoleBinding"):
+            continue
+        if not any(s["kind"] == "ServiceAccount" and s["name"] == sa and s["namespace"] == NS
+                   for s in b["subjects"]):
+            continue
+        role = roles[(b["roleRef"]["kind"], b["roleRef"]["name"])]
+        scope = b["metadata"].get("namespace", "*") if b["kind"] == "RoleBinding" else "*"
+        for rule in role["rules"]:
+            for g in rule["apiGroups"]:
+                for r in rule["resources"]:
+                    for v in rule["verbs"]:
+                        assert "*" not in (g, r, v), f"wildcard in {role['metadata']['name']}"
+                        granted.add((scope, g, r, v))
+    return granted
+
+
+#: What the Kubernetes activities and the node annotation watcher need, no more:
+#: nodes (cordon, taints, annotations, labels → patch; watcher → watch), pods on a node
+#: (wait for idle, drain), evictions, events; validation Jobs in one namespace.
+WORKER_RIGHTS = {
+    ("*", "", "nodes", "get"), ("*", "", "nodes", "list"), ("*", "", "nodes", "watch"),
+    ("*", "", "nodes", "patch"),
+    ("*", "", "pods", "get"), ("*", "", "pods", "list"),
+    ("*", "", "pods/eviction", "create"),
+    ("*", "", "events", "create"), ("*", "", "events", "patch"),
+    (NS, "batch", "jobs", "create"), (NS, "batch", "jobs", "get"),
+    (NS, "batch", "jobs", "delete"), (NS, "", "pods/log", "get"),
+}
+NODE_WATCHER_RIGHTS = {("*", "", "nodes", v) for v in ("get", "list", "watch", "patch")}
+
+
+def test_rbac_is_least_privilege(default_docs: list[dict[str, Any]]) -> None:
+    assert _rules_of(default_docs, f"{FULL}-worker") == WORKER_RIGHTS
+    assert _rules_of(default_docs, f"{FULL}-ingest") == set()
+    assert _rules_of(default_docs, f"{FULL}-agent") == set()
+    sas = by_kind(default_docs, "ServiceAccount")
+    assert sas[f"{FULL}-worker"]["automountServiceAccountToken"] is True
+    assert sas[f"{FULL}-ingest"]["automountServiceAccountToken"] is False
+    assert sas[f"{FULL}-agent"]["automountServiceAccountToken"] is False
+
+
+def test_node_watcher_can_move_to_ingest_and_jobs_namespace_is_configurable() -> None:
+    docs = render({"rbac": {"nodeWatcher": "ingest"},
+                   "worker": {"jobsNamespace": "autorepair-validation"}})
+    assert _rules_of(docs, f"{FULL}-ingest") == NODE_WATCHER_RIGHTS
+    worker = _rules_of(docs, f"{FULL}-worker")
+    assert {r for r in worker if r[0] != "*"} == {
+        ("autorepair-validation", g, r, v) for (_, g, r, v) in WORKER_RIGHTS if _ != "*"}
+    assert by_kind(docs, "ServiceAccount")[f"{FULL}-ingest"]["automountServiceAccountToken"]
+
+
+def test_rbac_create_false_renders_no_rbac() -> None:
+    docs = render({"rbac": {"create": False}})
+    assert not [d for d in docs if d["kind"].endswith(("Role", "RoleBinding"))]
+
+
+def _container(doc: dict[str, Any]) -> dict[str, Any]:
+    containers = doc["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return dict(containers[0])
+
+
+def test_ingest_service_ports_probes_and_no_admin_port(default_docs: list[dict[str, Any]]) -> None:
+    svc = by_kind(default_docs, "Service")[f"{FULL}-ingest"]
+    dep = by_kind(default_docs, "Deployment")[f"{FULL}-ingest"]
+    c = _container(dep)
+    cports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert cports == {"otlp-grpc": 4317, "otlp-http": 4318, "http": 8080}
+    assert {(p["port"], p["targetPort"]) for p in svc["spec"]["ports"]} == {
+        (4317, "otlp-grpc"), (4318, "otlp-http"), (8080, "http")}
+    # 8081 is the loopback-only admin endpoint (DESIGN §4.2): never exposed.
+    assert all(p["port"] != 8081 for d in by_kind(default_docs, "Service").values()
+               for p in d["spec"]["ports"])
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert c["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert c["args"] == ["autorepair", "ingest"]
+    assert c["resources"]["requests"] and c["resources"]["limits"]
+    sel = svc["spec"]["selector"]
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert all(labels[k] == v for k, v in sel.items())
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+
+
+def test_control_plane_hardening_and_secret_split(default_docs: list[dict[str, Any]]) -> None:
+    deps = by_kind(default_docs, "Deployment")
+    for name, comp in ((f"{FULL}-ingest", "ingest"), (f"{FULL}-worker", "worker")):
+        pod = deps[name]["spec"]["template"]["spec"]
+        c = _container(deps[name])
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+        assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+        assert c["securityContext"]["allowPrivilegeEscalation"] is False
+        assert pod["serviceAccountName"] == f"{FULL}-{comp}"
+        env = {e["name"]: e for e in c["env"]}
+        assert env["AUTOREPAIR_CONFIG"]["value"] == "/etc/autorepair/autorepair.yaml"
+        for e in env.values():  # secrets only by reference, never inline
+            if "valueFrom" in e:
+                assert e["valueFrom"]["secretKeyRef"]["name"] == f"{FULL}-secrets"
+        ref = env["AUTOREPAIR__LEDGER__DSN"]["valueFrom"]["secretKeyRef"]
+        assert ref["key"] == "ledger-dsn" and not ref.get("optional")
+        bmc = {"AUTOREPAIR_BMC_USERNAME", "AUTOREPAIR_BMC_PASSWORD"}
+        tokens = {"AUTOREPAIR_INGEST_TOKENS", "AUTOREPAIR_ADMIN_TOKEN"}
+        if comp == "worker":
+            assert bmc <= env.keys() and not tokens & env.keys()
+        else:
+            assert tokens <= env.keys() and not bmc & env.keys()
+
+
+def test_configmap_is_a_valid_autorepair_yaml_without_secrets(tmp_path: Path) -> None:
+    from workers.config import load_config
+
+    secret_values = {"ledgerDsn": "postgresql://ar:S3cretPw@pg/ar", "bmcPassword": "B0mcPw",
+                     "agentToken": "AgentTok", "ingestTokens": "IngTok", "adminToken": "AdmTok"}
+    docs = render({"secrets": secret_values,
+                   "temporal": {"address": "temporal.prod:7233", "namespace": "gpu-prod"},
+                   "config": {"threshold": {"k": 2.5},
+                              "clusters": [{"name": "gpu-east", "scheduler": "kubernetes",
+                                            "gpu_nodes": 64}]}})
+    cm = by_kind(docs, "ConfigMap")[f"{FULL}-config"]
+    text = cm["data"]["autorepair.yaml"]
+    for v in secret_values.values():
+        assert v not in text and v not in yaml.safe_dump(cm)
+    path = tmp_path / "autorepair.yaml"
+    path.write_text(text)
+    env = {"AUTOREPAIR__LEDGER__DSN": "postgresql://x@y/z"}
+    cfg = load_config(path, environ=env)
+    assert cfg.temporal.address == "temporal.prod:7233"
+    assert cfg.temporal.namespace == "gpu-prod"
+    assert cfg.threshold.k == 2.5 and cfg.threshold.statistical_min == 5
+    assert cfg.cluster("gpu-east").gpu_node_count == 64
+    secret = by_kind(docs, "Secret")[f"{FULL}-secrets"]
+    assert secret["stringData"]["bmc-password"] == "B0mcPw"
+    # A config change rolls the pods.
+    before = by_kind(render(), "Deployment")[f"{FULL}-worker"]
+    after = by_kind(docs, "Deployment")[f"{FULL}-worker"]
+    key = "checksum/config"
+    assert (before["spec"]["template"]["metadata"]["annotations"][key]
+            != after["spec"]["template"]["metadata"]["annotations"][key])
+
+
+def test_default_values_config_loads(tmp_path: Path) -> None:
+    from workers.config import load_config
+
+    cm = by_kind(render(), "ConfigMap")[f"{FULL}-config"]
+    path = tmp_path / "autorepair.yaml"
+    path.write_text(cm["data"]["autorepair.yaml"])
+    assert load_config(path, environ={}).temporal.task_queue == "autorepair"
+
+
+def test_existing_secret_is_used_and_none_created() -> None:
+    docs = render({"secrets": {"create": False, "existingSecret": "site-secrets"}})
+    assert not by_kind(docs, "Secret")
+    refs = {e["valueFrom"]["secretKeyRef"]["name"]
+            for d in docs if d["kind"] in ("Deployment", "DaemonSet")
+            for e in _container(d)["env"] if "valueFrom" in e and "secretKeyRef" in e["valueFrom"]}
+    assert refs == {"site-secrets"}
+
+
+def test_agent_daemonset_minimal_privileges(default_docs: list[dict[str, Any]]) -> None:
+    ds = by_kind(default_docs, "DaemonSet")[f"{FULL}-agent"]
+    pod = ds["spec"]["template"]["spec"]
+    c = _container(ds)
+    assert c["args"][:2] == ["autorepair-agent", "run"]
+    args = dict(zip(c["args"][2::2], c["args"][3::2], strict=True))
+    assert args == {"--endpoint": f"http://{FULL}-ingest.{NS}.svc:4318",
+                    "--cluster": "gpu-east", "--node": "$(NODE_NAME)"}
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"
+    # No GPU claimed, no API token, no host namespaces.
+    assert "nvidia.com/gpu" not in str(c["resources"])
+    assert pod["automountServiceAccountToken"] is False
+    for host_ns in ("hostNetwork", "hostPID", "hostIPC"):
+        assert not pod.get(host_ns)
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"operator": "Exists"} in pod["tolerations"]  # keeps reporting while cordoned
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["kmsg"] == {"name": "kmsg", "mountPath": "/dev/kmsg", "readOnly": True}
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["kmsg"]["hostPath"] == {"path": "/dev/kmsg", "type": "CharDevice"}
+    assert set(vols) == {"kmsg", "state", "tmp"}
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_agent_unprivileged_mode_keeps_only_syslog() -> None:
+    ds = by_kind(render({"agent": {"privileged": False}}), "DaemonSet")[f"{FULL}-agent"]
+    sc = _container(ds)["securityContext"]
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYSLOG"]}
+
+
+def test_shards_get_their_own_deployment_service_and_agent_endpoint() -> None:
+    docs = render({"ingest": {"shards": [{"name": "east", "clusters": ["gpu-east"]},
+                                         {"name": "west", "clusters": ["gpu-west", "w2"]}]},
+                   "agent": {"shard": "west"}})
+    deps, svcs = by_kind(docs, "Deployment"), by_kind(docs, "Service")
+    assert set(svcs) == {f"{FULL}-ingest-east", f"{FULL}-ingest-west"}
+    assert {f"{FULL}-ingest-east", f"{FULL}-ingest-west"} <= set(deps)
+    west = deps[f"{FULL}-ingest-west"]
+    assert west["metadata"]["annotations"]["autorepair/clusters"] == "gpu-west,w2"
+    assert svcs[f"{FULL}-ingest-west"]["spec"]["selector"]["autorepair/shard"] == "west"
+    assert west["spec"]["template"]["metadata"]["labels"]["autorepair/shard"] == "west"
+    c = _container(by_kind(docs, "DaemonSet")[f"{FULL}-agent"])
+    assert c["args"][c["args"].index("--endpoint") + 1] == f"http://{FULL}-ingest-west.{NS}.svc:4318"
+
+
+@pytest.mark.parametrize(
+    ("values", "needle"),
+    [
+        ({"ingest": {"replicas": 3}}, "/ingest/replicas"),
+        ({"rbac": {"nodeWatcher": "everyone"}}, "/rbac/nodeWatcher"),
+        ({"temporal": {"address": "no-port"}}, "/temporal/address"),
+        ({"agent": {"endpoint": "ftp://x"}}, "/agent/endpoint"),
+        ({"ingest": {"shards": [{"name": "Bad_Name"}]}}, "/ingest/shards/0/name"),
+        ({"agent": {"cluster": ""}}, "agent.cluster"),
+        ({"secrets": {"ledgerDsn": ""}}, "secrets.ledgerDsn"),
+    ],
+)
+def test_bad_values_are_rejected_naming_the_field(values: dict[str, Any], needle: str) -> None:
+    with pytest.raises(helm.HelmError) as err:
+        render(values)
+    assert needle in str(err.value)
+
+
+def _probe_command(docs: list[dict[str, Any]]) -> list[str]:
+    c = _container(by_kind(docs, "Deployment")[f"{FULL}-worker"])
+    cmd = c["readinessProbe"]["exec"]["command"]
+    assert cmd == c["startupProbe"]["exec"]["command"]
+    return list(cmd)
+
+
+def test_worker_probe_command_really_checks_the_temporal_frontend() -> None:
+    """Run the rendered exec probe: succeeds against a listening port, fails on a closed one."""
+    cmd = _probe_command(render())
+    assert cmd[0] == "python"
+    argv = [sys.executable, *cmd[1:]]
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        ok = subprocess.run(argv, env={"TEMPORAL_ADDRESS": f"127.0.0.1:{port}"},
+                            capture_output=True, timeout=10)
+    assert ok.returncode == 0, ok.stderr
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    bad = subprocess.run(argv, env={"TEMPORAL_ADDRESS": f"127.0.0.1:{closed}"},
+                         capture_output=True, timeout=10)
+    assert bad.returncode != 0
