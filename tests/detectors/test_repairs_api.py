@@ -1,0 +1,189 @@
+"""Repair API over HTTP: auth (401/403), malformed bodies (422 naming the field),
+idempotent create, detector cap, approve / reject / cancel round trips against the real
+RepairWorkflow on the Temporal dev server and the real ledger."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tests.detectors.conftest import Stack
+
+OP = {"Authorization": "Bearer op-token"}
+DET = {"Authorization": "Bearer det-token"}
+VIEW = {"Authorization": "Bearer view-token"}
+
+
+def body(node: str = "gpu-01", request_id: str = "r-1", **kw: Any) -> dict[str, Any]:
+    return {"node": node, "mode": "reboot", "request_id": request_id,
+            "reason": "DCGM diag level 3 failed: memory test", **kw}
+
+
+async def wait_stage(s: Stack, repair_id: str, stage: str, timeout: float = 20.0
+                     ) -> dict[str, Any]:
+    deadline = asyncio.get_running_loop().time() + timeout
+    last: dict[str, Any] = {}
+    while asyncio.get_running_loop().time() < deadline:
+        r = await s.http.get(f"/api/v1/repairs/{repair_id}", headers=VIEW)
+        assert r.status_code == 200, r.text
+        last = r.json()
+        if last["stage"] == stage:
+            return last
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{repair_id} never reached {stage}: {last.get('stage')}")
+
+
+async def test_auth_failures(stack: Stack) -> None:
+    h = stack.http
+    r = await h.post("/api/v1/repairs", json=body())
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    r = await h.get("/api/v1/repairs", headers={"Authorization": "Bearer nope"})
+    assert r.status_code == 401
+    r = await h.post("/api/v1/repairs", json=body(), headers=VIEW)
+    assert r.status_code == 403 and "viewer" in r.json()["detail"]
+    r = await h.post("/api/v1/repairs", json=body(mode="remove"), headers=DET)
+    assert r.status_code == 403 and "remove" in r.json()["detail"]
+    r = await h.post("/api/v1/repairs", json=body(detector="someone-else"), headers=DET)
+    assert r.status_code == 403
+    r = await h.post("/api/v1/repairs/req-x/approve", json={}, headers=DET)
+    assert r.status_code == 403
+    assert (await h.get("/api/v1/repairs", headers=VIEW)).json() == {"repairs": []}
+
+
+async def test_malformed_bodies_name_the_field(stack: Stack) -> None:
+    h = stack.http
+    cases = [
+        ({k: v for k, v in body().items() if k != "mode"}, "mode"),
+        (body(mode="explode"), "mode"),
+        (body(node=""), "node"),
+        (body(request_id=""), "request_id"),
+        ({**body(), "colour": "red"}, "colour"),
+        (body(cluster="no-such-cluster"), "cluster"),
+        (body(node="gpu-99"), "node"),
+        (body(evidence_alert="alert-that-does-not-exist"), "evidence_alert"),
+        (body(detected_at="yesterday"), "detected_at"),
+    ]
+    for payload, field in cases:
+        r = await h.post("/api/v1/repairs", json=payload, headers=DET)
+        assert r.status_code == 422, (field, r.text)
+        locs = [d["loc"] for d in r.json()["detail"]]
+        assert any(loc[-1] == field for loc in locs), (field, locs)
+    r = await h.get("/api/v1/repairs?state=sideways", headers=VIEW)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "state"]
+    # nothing was recorded by the refused bodies: the keys are still free
+    assert (await h.get("/api/v1/repairs", headers=VIEW)).json() == {"repairs": []}
+
+
+async def test_create_idempotent_then_approve(stack: Stack) -> None:
+    h = stack.http
+    r = await h.post("/api/v1/repairs", json=body(), headers=DET)
+    assert r.status_code == 201, r.text
+    first = r.json()
+    rid = first["repair"]["repair_id"]
+    assert first["created"] and not first["refused"]
+    assert first["repair"]["requester_kind"] == "detector"
+    assert first["repair"]["requester_name"] == "scanner"
+    again = await h.post("/api/v1/repairs", json=body(), headers=DET)
+    assert again.status_code == 200 and again.json()["repair"]["repair_id"] == rid
+    assert not again.json()["created"]
+    # same key, another node: a client bug, named
+    clash = await h.post("/api/v1/repairs", json=body(node="gpu-02"), headers=DET)
+    assert clash.status_code == 409 and "request_id" in clash.json()["detail"]
+
+    view = await wait_stage(stack, rid, "awaiting_approval")
+    assert view["state"] == "awaiting_approval"
+    assert view["live"]["requester"] == {"kind": "detector", "name": "scanner"}
+    kinds = {a["kind"] for a in view["live"]["evidence"]}
+    assert kinds == {"repair_request"}
+
+    r = await h.post(f"/api/v1/repairs/{rid}/approve", json={"reason": "ok"}, headers=OP)
+    assert r.status_code == 200, r.text
+    # approval moves it on to the lease and cordon (no scheduler activity in this test)
+    view = await wait_stage(stack, rid, "cordoning")
+    assert view["approved_by"] == "alice"
+    lst = (await h.get(f"/api/v1/repairs?node=gpu-01&cluster={stack.cluster}"
+                       "&requester=scanner&state=open", headers=VIEW)).json()["repairs"]
+    assert [v["repair_id"] for v in lst] == [rid]
+    assert (await h.get("/api/v1/repairs?action=migrate", headers=VIEW)).json()["repairs"] == []
+
+
+async def test_reject_and_cancel_round_trips(stack: Stack) -> None:
+    h = stack.http
+    ids = []
+    for i, node in enumerate(("gpu-02", "gpu-03")):
+        r = await h.post("/api/v1/repairs", json=body(node=node, request_id=f"k-{i}"),
+                         headers=DET)
+        assert r.status_code == 201, r.text
+        ids.append(r.json()["repair"]["repair_id"])
+    for rid in ids:
+        await wait_stage(stack, rid, "awaiting_approval")
+    r = await h.post(f"/api/v1/repairs/{ids[0]}/reject", json={"reason": "node is fine"},
+                     headers=OP)
+    assert r.status_code == 200
+    v = await wait_stage(stack, ids[0], "rejected")
+    assert v["transitions"][-1]["by"] == "alice"
+    assert v["transitions"][-1]["reason"] == "node is fine"
+    r = await h.post(f"/api/v1/repairs/{ids[1]}/cancel", json={"reason": "job running"},
+                     headers=OP)
+    assert r.status_code == 200
+    await wait_stage(stack, ids[1], "cancelled")
+    # deciding a finished repair is a conflict; an unknown one is 404
+    r = await h.post(f"/api/v1/repairs/{ids[0]}/approve", headers=OP)
+    assert r.status_code == 409 and "finished" in r.json()["detail"]
+    assert (await h.post("/api/v1/repairs/req-none/cancel", headers=OP)).status_code == 404
+    # a finished repair still owns its key: the retried create returns it
+    r = await h.post("/api/v1/repairs", json=body(node="gpu-02", request_id="k-0"), headers=DET)
+    assert r.status_code == 200 and r.json()["repair"]["repair_id"] == ids[0]
+    assert r.json()["repair"]["stage"] == "rejected"
+    # filters
+    rej = (await h.get("/api/v1/repairs?state=rejected", headers=VIEW)).json()["repairs"]
+    assert [v["repair_id"] for v in rej] == [ids[0]]
+
+
+async def test_detector_cap_refused_and_recorded(stack: Stack) -> None:
+    h = stack.http  # stack's cap is 2
+    made = []
+    for i, node in enumerate(("gpu-01", "gpu-02")):
+        r = await h.post("/api/v1/repairs", json=body(node=node, request_id=f"cap-{i}"),
+                         headers=DET)
+        assert r.status_code == 201 and not r.json()["refused"]
+        made.append(r.json()["repair"]["repair_id"])
+    r = await h.post("/api/v1/repairs", json=body(node="gpu-03", request_id="cap-2"),
+                     headers=DET)
+    assert r.status_code == 201
+    res = r.json()
+    assert res["refused"] and "detector cap" in res["refused_reason"]
+    assert res["repair"]["stage"] == "rejected"
+    assert res["repair"]["transitions"][-1]["by"] == "autorepair"
+    assert "policy.rails.detector_cap=2" in res["repair"]["transitions"][-1]["reason"]
+    assert res["repair"]["workflow_id"] is None
+    # retried: still the same refused record (the key is spent)
+    r = await h.post("/api/v1/repairs", json=body(node="gpu-03", request_id="cap-2"),
+                     headers=DET)
+    assert r.status_code == 200 and r.json()["refused"]
+    # an operator is not capped
+    r = await h.post("/api/v1/repairs", json=body(node="gpu-04", request_id="op-1"),
+                     headers=OP)
+    assert r.status_code == 201 and not r.json()["refused"]
+    assert r.json()["repair"]["requester_kind"] == "user"
+
+
+async def test_racing_creates_make_one_repair(stack: Stack) -> None:
+    results = await asyncio.gather(*[
+        stack.http.post("/api/v1/repairs", json=body(request_id="race"), headers=DET)
+        for _ in range(5)
+    ])
+    ids = {r.json()["repair"]["repair_id"] for r in results}
+    assert len(ids) == 1
+    assert sorted(r.status_code for r in results) == [200, 200, 200, 200, 201]
+    rows = await stack.ledger.list_repairs(cluster=stack.cluster)
+    assert len(rows) == 1
+
+
+async def test_openapi_document(stack: Stack) -> None:
+    r = await stack.http.get("/api/v1/openapi.json")
+    assert r.status_code == 200
+    doc = r.json()
+    assert "/api/v1/repairs" in doc["paths"]
+    assert "/api/v1/repairs/{repair_id}/approve" in doc["paths"]
+    assert "RepairCreate" in doc["components"]["schemas"]
