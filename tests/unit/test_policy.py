@@ -1,0 +1,217 @@
+"""Unit tests of the pure repair policy (no Temporal)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from workflows.activity_api import AttemptRecord
+from workflows.config import (
+    CatalogueConfig,
+    CatalogueOverride,
+    ConsentConfig,
+    LadderConfig,
+    MigrateGateConfig,
+    RailsConfig,
+)
+from workflows.models import Action, Alert, Requester, RequesterKind, Severity
+from workflows.policy import (
+    breaker_threshold,
+    breaker_trips,
+    catalogue_decision,
+    choose_action,
+    concurrency_budget,
+    consent_decision,
+    count_in_window,
+    evidence_current,
+    in_cooldown,
+    ladder_decision,
+    migrate_gate,
+    next_rung,
+    persistence_for,
+)
+
+NOW = datetime(2025, 3, 1, tzinfo=UTC)
+
+
+def alert(**kw: object) -> Alert:
+    base: dict[str, object] = dict(
+        alert_id="a",
+        cluster="c",
+        node="n",
+        kind="xid",
+        code=79,
+        severity="critical",
+        actionable=True,
+        action="power_cycle",
+        summary="s",
+        observed_at=NOW,
+    )
+    base.update(kw)
+    return Alert.model_validate(base)
+
+
+def attempt(
+    action: Action, outcome: str = "failed", days: float = 1, **kw: object
+) -> AttemptRecord:
+    base: dict[str, object] = dict(
+        repair_id="r",
+        cluster="c",
+        node="n",
+        machine_id="m",
+        action=action,
+        alert_kind="xid",
+        code=79,
+        outcome=outcome,
+        at=NOW - timedelta(days=days),
+    )
+    base.update(kw)
+    return AttemptRecord.model_validate(base)
+
+
+# ---- catalogue ---------------------------------------------------------------------
+def test_app_xids_never_repair_but_repeats_ask_for_diagnostics() -> None:
+    cat = CatalogueConfig()
+    for code in (13, 31, 43, 45, 94):
+        d = catalogue_decision(alert(code=code, action="reboot"), cat)
+        assert not d.actionable and d.action == Action.none and not d.diagnostic
+    d = catalogue_decision(alert(code=13), cat, repeats_same_gpu=2)
+    assert d.diagnostic and not d.actionable and d.rule == "xid:13:repeat"
+
+
+def test_override_counts_in_window_scenario_9() -> None:
+    cat = CatalogueConfig(xid={43: CatalogueOverride(action=Action.reboot, count=5, window_s=600)})
+    assert not catalogue_decision(alert(code=43), cat, occurrences_in_window=4).actionable
+    d = catalogue_decision(alert(code=43), cat, occurrences_in_window=5)
+    assert d.actionable and d.action == Action.reboot and d.rule == "xid:43:override"
+
+
+def test_catalogue_default_and_clear() -> None:
+    cat = CatalogueConfig()
+    assert catalogue_decision(alert(), cat).action == Action.power_cycle
+    assert not catalogue_decision(alert(active=False), cat).actionable
+    assert not catalogue_decision(alert(actionable=False, action="none"), cat).actionable
+
+
+def test_count_in_window() -> None:
+    times = [NOW - timedelta(seconds=s) for s in (0, 100, 599, 601, 5000)]
+    assert count_in_window(times, NOW, 600) == 3
+
+
+# ---- consent -----------------------------------------------------------------------
+def test_consent_rules() -> None:
+    c = ConsentConfig()
+    sys_req = Requester()
+    assert consent_decision(Action.reboot, [alert()], sys_req, c).rule == "approve_before_repair"
+    assert (
+        consent_decision(
+            Action.remove,
+            [],
+            Requester(kind=RequesterKind.user, name="u"),
+            ConsentConfig(mode="automatic"),
+        ).rule
+        == "remove_is_human"
+    )
+    assert consent_decision(
+        Action.reboot, [], Requester(kind=RequesterKind.user, name="u"), c
+    ).automatic
+    c2 = ConsentConfig(automatic_actions=[Action.reboot], automatic_xids=[79])
+    assert consent_decision(Action.reboot, [alert(code=48)], sys_req, c2).rule == (
+        "automatic_action:reboot"
+    )
+    d = consent_decision(Action.power_cycle, [alert()], sys_req, c2)
+    assert d.automatic and d.rule == "automatic_xid:79"
+    assert not consent_decision(Action.power_cycle, [alert(code=48)], sys_req, c2).automatic
+    with pytest.raises(ValueError, match="remove"):
+        ConsentConfig(automatic_actions=[Action.remove])
+
+
+# ---- ladder and gate ---------------------------------------------------------------
+def test_ladder_two_attempts_move_one_rung() -> None:
+    lad = LadderConfig()
+    one = ladder_decision(Action.reboot, [attempt(Action.reboot)], "xid", 79, "m", NOW, lad)
+    assert one.action == Action.reboot and not one.escalated
+    two = ladder_decision(Action.reboot, [attempt(Action.reboot)] * 2, "xid", 79, "m", NOW, lad)
+    assert two.action == Action.reprovision and two.escalated
+
+
+def test_ladder_excludes_cancelled_old_other_machine_other_code() -> None:
+    lad = LadderConfig()
+    atts = [
+        attempt(Action.reboot, "cancelled"),
+        attempt(Action.reboot, "auto_resolved"),
+        attempt(Action.reboot, days=8),
+        attempt(Action.reboot, machine_id="other"),
+        attempt(Action.reboot, code=48),
+        attempt(Action.reboot, alert_kind="ib_link_down"),
+    ]
+    assert ladder_decision(Action.reboot, atts, "xid", 79, "m", NOW, lad).action == Action.reboot
+
+
+def test_ladder_top_rung_needs_human_scenario_8() -> None:
+    lad = LadderConfig()
+    atts = [
+        attempt(a)
+        for a in (
+            Action.reboot,
+            Action.reboot,
+            Action.reprovision,
+            Action.reprovision,
+            Action.migrate,
+            Action.migrate,
+        )
+    ]
+    d = ladder_decision(Action.reboot, atts, "xid", 79, "m", NOW, lad)
+    assert d.needs_human and d.action == Action.migrate
+    assert next_rung(Action.migrate, lad) is None
+    assert next_rung(Action.power_cycle, lad) == Action.reprovision
+    assert next_rung(Action.reset_gpu, lad) == Action.reboot
+
+
+def test_migrate_gate() -> None:
+    g = MigrateGateConfig()
+    warn = alert(severity="warning")
+    assert migrate_gate(Action.migrate, [alert()], [], NOW, g).action == Action.migrate
+    assert migrate_gate(Action.migrate, [warn], [], NOW, g).action == Action.reprovision
+    old = alert(observed_at=NOW - timedelta(days=9))
+    assert migrate_gate(Action.migrate, [warn], [old], NOW, g).action == Action.migrate
+    older = alert(observed_at=NOW - timedelta(days=11))
+    assert migrate_gate(Action.migrate, [warn], [older], NOW, g).action == Action.reprovision
+    d = choose_action(
+        Action.reprovision,
+        [warn],
+        [attempt(Action.reprovision, alert_kind="xid")] * 2,
+        [],
+        "m",
+        NOW,
+        LadderConfig(),
+        g,
+    )
+    assert d.action == Action.reprovision and "gate:no critical" in d.rule
+
+
+# ---- rails -------------------------------------------------------------------------
+def test_budget_and_breaker_arithmetic() -> None:
+    r = RailsConfig()
+    assert concurrency_budget(0, r) == 1
+    assert concurrency_budget(100, r) == 5
+    assert concurrency_budget(101, r) == 6
+    assert concurrency_budget(0, r, seen_nodes=40) == 2
+    assert breaker_threshold(8, r) == 2 and breaker_threshold(100, r) == 10
+    times = [NOW - timedelta(seconds=s) for s in (1, 2, 700)]
+    assert breaker_trips(times, NOW, 20, r)  # 2 within 600 s ≥ threshold 2
+    assert not breaker_trips(times[:1], NOW, 20, r)
+
+
+def test_persistence_cooldown_evidence() -> None:
+    r = RailsConfig(persistence_by_kind={"ib_link_down": 120})
+    assert persistence_for(alert(), r) == 0
+    assert persistence_for(alert(kind="xfs_shutdown", level=True), r) == 60
+    assert persistence_for(alert(kind="ib_link_down", level=True), r) == 120
+    assert in_cooldown(NOW + timedelta(seconds=1), NOW) and not in_cooldown(None, NOW)
+    lvl = alert(level=True, active=False)
+    assert not evidence_current([lvl]) and evidence_current([])
+    assert evidence_current([alert()])
+    assert not evidence_current([alert()], not_before=NOW + timedelta(seconds=1))
+    assert Severity.critical == alert().severity
