@@ -9,7 +9,9 @@ crash it), runs :func:`agent.readers.read_text` and prints, per event::
 followed by kind-specific fields: ``slurm_node`` adds ``state``, ``reason``,
 ``reason_user``, ``reason_time``; ``nvsmi`` the counters and flags it read; other kinds
 their reader details (``gpc``/``tpc``/``sm``, ``link``, ``recovery_action``,
-``caused_by_xid``, ...). ``action`` is the default catalogue's lightest node action.
+``caused_by_xid``, ...); a detail whose name is taken by a base field is printed as
+``error_<name>`` (the NVLink/SXid ``severity`` fatal/nonfatal becomes
+``error_severity``). ``action`` is the default catalogue's lightest node action.
 Lines that are not events print nothing.
 
 Exit codes: 0 on success (with or without events); 2 when FILE cannot be read (the
@@ -53,7 +55,12 @@ def event_to_json(ev: FaultEvent, catalogue: CatalogueConfig | None = None) -> d
         for key in ("state", "reason", "reason_user", "reason_time"):
             out[key] = ev.details.get(key)
     for key, value in ev.details.items():
-        if key not in out and key not in _SKIP_DETAILS:
+        if key in _SKIP_DETAILS:
+            continue
+        if key in out:
+            # e.g. NVLink/SXid "severity" (fatal/nonfatal) vs the catalogue severity
+            key = f"error_{key}"
+        if key not in out:
             out[key] = value
     if ev.level:
         out["active"] = ev.active
