@@ -1,0 +1,313 @@
+"""Machine power through the BMC's Redfish API (``sushy`` client): reboot and power cycle.
+
+Activities (registered on the BMC task queue, ``temporal.bmc_task_queue``, whose worker
+limits starts per second to ``temporal.bmc_rate_per_s``):
+
+- ``reboot_machine``: ``GracefulRestart`` when the BMC offers it, else ``ForceRestart``
+  (``On`` when the host is off), then wait for power ``On``;
+- ``power_cycle_machine``: ``ForceOff`` → wait ``Off`` → ``On`` → wait ``On``. Guarded by the
+  boot identity recorded before acting (``boot_id_before`` / ``boot_time_before``: agent
+  boot id, Kubernetes ``status.nodeInfo.bootID`` or Slurm ``BootTime/SlurmdStartTime``): when
+  the scheduler already reports a different boot, the host came back and nothing is done
+  (scenario 11). A retry after a crash between off and on finds the host ``Off`` with the
+  old boot identity and only powers it on; the phase reached is kept in the activity's
+  heartbeat details, so a retry after ``On`` was sent never cycles again;
+- ``reset_gpu``: not possible through Redfish (it resets hosts, not single GPUs) →
+  non-retryable ``ERR_UNSUPPORTED``; the GPU reset is the node agent's job.
+
+Credentials come from :mod:`activities.secrets` inside the worker; error messages name
+the BMC address and user, never the password. Error classes: 401/403 → ``ERR_AUTH``,
+unknown system → ``ERR_UNKNOWN_NODE``, reset type refused → ``ERR_UNSUPPORTED`` (all
+non-retryable); connection errors and 5xx → retryable ``BmcUnavailable``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any, TypeVar
+
+import sushy
+from sushy import exceptions as sushy_exc
+from sushy.resources.system.system import System
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.secrets import CredentialsError, load_bmc_credentials
+from workflows.activity_api import (
+    ACT,
+    ERR_AUTH,
+    ERR_UNKNOWN_NODE,
+    ERR_UNSUPPORTED,
+    ActionResult,
+    MachineActionInput,
+    NodeHealth,
+)
+from workflows.config import AutorepairConfig, BmcConfig, NodeConfig
+
+log = logging.getLogger(__name__)
+
+#: Longest wait for a power state change, seconds (real BMCs: seconds to a few minutes;
+#: the sushy-tools fake driver applies changes 1–11 s after the request).
+POWER_WAIT_S = 600.0
+#: Poll interval while waiting for a power state, seconds.
+POWER_POLL_S = 1.0
+#: Redfish HTTP timeout per request, seconds.
+BMC_TIMEOUT_S = 30
+
+T = TypeVar("T")
+
+#: ``(cluster, node) -> NodeHealth``: the scheduler's view, used for the boot-identity guard.
+HealthReader = Callable[[str, str], Awaitable[NodeHealth]]
+
+
+class BmcUnavailable(RuntimeError):
+    """The BMC could not be reached or answered 5xx (retryable)."""
+
+
+def heartbeat(details: dict[str, Any]) -> None:
+    """``activity.heartbeat`` inside an activity, nothing outside."""
+    if activity.in_activity():
+        activity.heartbeat(details)
+
+
+def last_phase() -> str | None:
+    """The ``phase`` of the last heartbeat of a previous attempt of this activity."""
+    if not activity.in_activity():
+        return None
+    det = activity.info().heartbeat_details
+    if det and isinstance(det[-1], dict):
+        phase = det[-1].get("phase")
+        return str(phase) if phase is not None else None
+    return None
+
+
+class RedfishMachine:
+    """One machine behind its BMC; every call runs the blocking ``sushy`` client in a thread."""
+
+    def __init__(self, config: AutorepairConfig, cluster: str, node: str, machine: str) -> None:
+        self.cluster = cluster
+        self.node = node
+        self.machine = machine
+        ncfg = _node_config(config, cluster, node, machine)
+        if ncfg.bmc is None:
+            raise ApplicationError(
+                f"clusters[{cluster}].nodes[{ncfg.name}].bmc: no BMC configured for machine "
+                f"{machine}", type=ERR_UNSUPPORTED, non_retryable=True,
+            )
+        self.bmc: BmcConfig = ncfg.bmc
+        self.address = self.bmc.address.rstrip("/")
+        try:
+            self._creds = load_bmc_credentials(config.secrets, self.address)
+        except CredentialsError as e:
+            raise ApplicationError(str(e), type=ERR_AUTH, non_retryable=True) from None
+        self._conn: sushy.Sushy | None = None
+
+    def _where(self) -> str:
+        return f"BMC {self.address} (machine {self.machine})"
+
+    def _classify(self, e: Exception) -> Exception:
+        if isinstance(e, sushy_exc.AccessError):
+            return ApplicationError(
+                f"{self._where()} rejected the credentials of user {self._creds.username!r} "
+                f"(HTTP {getattr(e, 'status_code', '401')})",
+                type=ERR_AUTH, non_retryable=True,
+            )
+        if isinstance(e, sushy_exc.ResourceNotFoundError):
+            return ApplicationError(
+                f"{self._where()}: no Redfish system {self.bmc.system_id or self.machine!r}",
+                type=ERR_UNKNOWN_NODE, non_retryable=True,
+            )
+        if isinstance(e, sushy_exc.InvalidParameterValueError | sushy_exc.BadRequestError):
+            return ApplicationError(
+                f"{self._where()} refused the request: {type(e).__name__}",
+                type=ERR_UNSUPPORTED, non_retryable=True,
+            )
+        if isinstance(e, ApplicationError):
+            return e
+        return BmcUnavailable(f"{self._where()} unavailable: {type(e).__name__}")
+
+    def _connect(self) -> sushy.Sushy:
+        if self._conn is None:
+            auth = sushy.auth.BasicAuth(
+                username=self._creds.username, password=self._creds.password.get_secret_value()
+            )
+            self._conn = sushy.Sushy(
+                self.address + "/redfish/v1", auth=auth, verify=self.bmc.verify_tls,
+            )
+        return self._conn
+
+    def _system_sync(self) -> System:
+        conn = self._connect()
+        if self.bmc.system_id:
+            sid = self.bmc.system_id
+            path = sid if sid.startswith("/") else f"/redfish/v1/Systems/{sid}"
+            return conn.get_system(path)
+        for s in conn.get_system_collection().get_members():
+            if s.name == self.machine or s.identity == self.machine:
+                return s
+        raise sushy_exc.ResourceNotFoundError(method="GET", url=self.address, response=None)
+
+    async def call(self, fn: Callable[[System], T]) -> T:
+        """Run ``fn(system)`` in a thread with errors classified (auth/unknown/unsupported)."""
+
+        def run() -> T:
+            return fn(self._system_sync())
+
+        try:
+            return await asyncio.to_thread(run)
+        except Exception as e:
+            raise self._classify(e) from None
+
+    async def power_state(self) -> str:
+        """Current power state (``On``/``Off``/``PoweringOn``/``PoweringOff``), refreshed."""
+        ps = await self.call(lambda s: s.power_state)
+        return str(getattr(ps, "value", ps))
+
+    async def reset(self, reset_type: str) -> None:
+        """POST ``ComputerSystem.Reset`` with ``reset_type`` (a ``sushy.RESET_*`` value)."""
+        await self.call(lambda s: s.reset_system(reset_type))
+
+    async def allowed_resets(self) -> set[str]:
+        """Reset types the BMC lists as allowed."""
+        return set(await self.call(lambda s: s.get_allowed_reset_system_values()))
+
+    async def wait_power(self, want: str, phase: str, limit_s: float = POWER_WAIT_S) -> None:
+        """Poll until power is ``want``; heartbeats ``{"phase", "power"}``.
+
+        Raises ``BmcUnavailable`` (retryable) after ``limit_s``.
+        """
+        deadline = time.monotonic() + limit_s
+        while True:
+            st = await self.power_state()
+            heartbeat({"phase": phase, "power": st})
+            if st.lower() == want.lower():
+                return
+            if time.monotonic() >= deadline:
+                raise BmcUnavailable(f"{self._where()}: power still {st} after {limit_s:.0f}s")
+            await asyncio.sleep(POWER_POLL_S)
+
+
+def _node_config(config: AutorepairConfig, cluster: str, node: str, machine: str) -> NodeConfig:
+    try:
+        c = config.cluster(cluster)
+    except KeyError:
+        raise ApplicationError(
+            f"clusters: no cluster named {cluster!r}", type=ERR_UNKNOWN_NODE, non_retryable=True
+        ) from None
+    for n in c.nodes:
+        if n.machine == machine or n.name == machine:
+            return n
+    for n in c.nodes:
+        if n.name == node:
+            return n
+    raise ApplicationError(
+        f"clusters[{cluster}].nodes: no node {node!r} / machine {machine!r}",
+        type=ERR_UNKNOWN_NODE, non_retryable=True,
+    )
+
+
+async def boot_changed(
+    health: HealthReader | None, cluster: str, node: str,
+    boot_id_before: str | None, boot_time_before: datetime | None,
+) -> str | None:
+    """Why the host has already rebooted since the recorded identity, or ``None``.
+
+    Compares the scheduler's current boot id / boot time with the values recorded before
+    acting. Unknown (no recorded identity, no reader, scheduler unreachable) → ``None``.
+    """
+    if health is None or (boot_id_before is None and boot_time_before is None):
+        return None
+    try:
+        h = await health(cluster, node)
+    except Exception as e:  # the scheduler view is advisory here
+        log.info("event=boot_identity_unavailable cluster=%s node=%s error=%s", cluster, node,
+                 type(e).__name__)
+        return None
+    if boot_id_before and h.boot_id and h.boot_id != boot_id_before:
+        return f"boot id changed {boot_id_before} -> {h.boot_id}"
+    if boot_time_before and h.boot_time and h.boot_time > boot_time_before:
+        return f"boot time advanced {boot_time_before.isoformat()} -> {h.boot_time.isoformat()}"
+    return None
+
+
+class PowerActivities:
+    """``reboot_machine``, ``power_cycle_machine``, ``reset_gpu`` (BMC task queue)."""
+
+    def __init__(self, config: AutorepairConfig, health: HealthReader | None = None) -> None:
+        self.config = config
+        self.health = health
+
+    def machine(self, inp: MachineActionInput) -> RedfishMachine:
+        """The BMC handle of ``inp.machine``."""
+        return RedfishMachine(self.config, inp.cluster, inp.node, inp.machine)
+
+    @activity.defn(name=ACT.reset_gpu)
+    async def reset_gpu(self, inp: MachineActionInput) -> ActionResult:
+        """Always non-retryable ``ERR_UNSUPPORTED``: Redfish resets hosts, not single GPUs."""
+        raise ApplicationError(
+            f"reset_gpu on {inp.machine} (GPU {inp.gpu}): a single-GPU reset needs the node "
+            "agent (nvidia-smi -r); the BMC can only reset the whole host",
+            type=ERR_UNSUPPORTED, non_retryable=True,
+        )
+
+    @activity.defn(name=ACT.reboot_machine)
+    async def reboot_machine(self, inp: MachineActionInput) -> ActionResult:
+        """Restart the host in place; skipped when it already rebooted since ``*_before``."""
+        why = await boot_changed(self.health, inp.cluster, inp.node, inp.boot_id_before,
+                                 inp.boot_time_before)
+        if why:
+            return ActionResult(done=True, skipped_reason=f"host already rebooted: {why}")
+        m = self.machine(inp)
+        detail = "restart already requested by a previous attempt"
+        if last_phase() not in ("restart_sent",):
+            if (await m.power_state()).lower() == "off":
+                await m.reset(sushy.RESET_ON)
+                detail = "host was off: powered on"
+            else:
+                allowed = await m.allowed_resets()
+                kind = (sushy.RESET_GRACEFUL_RESTART if sushy.RESET_GRACEFUL_RESTART in allowed
+                        else sushy.RESET_FORCE_RESTART)
+                await m.reset(kind)
+                detail = f"{kind.value} sent"
+            heartbeat({"phase": "restart_sent"})
+        log.info("event=reboot_sent cluster=%s node=%s machine=%s repair=%s", inp.cluster,
+                 inp.node, inp.machine, inp.repair_id)
+        await m.wait_power("On", "restart_sent")
+        return ActionResult(done=True, detail=detail)
+
+    @activity.defn(name=ACT.power_cycle_machine)
+    async def power_cycle_machine(self, inp: MachineActionInput) -> ActionResult:
+        """ForceOff → wait Off → On → wait On, at most once per boot (scenario 11)."""
+        why = await boot_changed(self.health, inp.cluster, inp.node, inp.boot_id_before,
+                                 inp.boot_time_before)
+        if why:
+            return ActionResult(done=True, skipped_reason=f"host already came back: {why}")
+        m = self.machine(inp)
+        phase = last_phase()
+        steps: list[str] = []
+        if phase != "on_sent":
+            state = (await m.power_state()).lower()
+            if state != "off" and phase != "off_sent":
+                await m.reset(sushy.RESET_FORCE_OFF)
+                steps.append("ForceOff")
+                heartbeat({"phase": "off_sent"})
+            elif state == "off":
+                steps.append("found Off (cycle interrupted after off): resuming")
+            await m.wait_power("Off", "off_sent")
+            await m.reset(sushy.RESET_ON)
+            steps.append("On")
+            heartbeat({"phase": "on_sent"})
+        else:
+            steps.append("On already sent by a previous attempt")
+        log.info("event=power_cycle cluster=%s node=%s machine=%s repair=%s steps=%s",
+                 inp.cluster, inp.node, inp.machine, inp.repair_id, "/".join(steps))
+        await m.wait_power("On", "on_sent")
+        return ActionResult(done=True, detail="; ".join(steps))
+
+    def all(self) -> list[Callable[..., Any]]:
+        """The activity methods of this class."""
+        return [self.reset_gpu, self.reboot_machine, self.power_cycle_machine]

@@ -1,0 +1,96 @@
+"""Scheduler activities on the main task queue: ``cordon_node``, ``check_idle``,
+``drain_node``, ``rejoin_node``, ``node_health``.
+
+Each resolves the cluster's scheduler (Slurm or Kubernetes, ``ClusterConfig.scheduler``)
+once per cluster and delegates to :class:`activities.scheduler.base.Scheduler`.
+``drain_node`` heartbeats its progress (callers set a heartbeat timeout of ~30 s).
+Unknown cluster → non-retryable ``ERR_UNKNOWN_NODE``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.scheduler.base import Scheduler, scheduler_for
+from workflows.activity_api import (
+    ACT,
+    ERR_UNKNOWN_NODE,
+    CordonInput,
+    CordonResult,
+    DrainInput,
+    DrainResult,
+    IdleStatus,
+    NodeHealth,
+    NodeRef,
+    RejoinInput,
+    RejoinResult,
+)
+from workflows.config import AutorepairConfig
+
+
+def _heartbeat(*details: Any) -> None:
+    if activity.in_activity():
+        activity.heartbeat(*details)
+
+
+class SchedulerActivities:
+    """Scheduler-side activities; ``schedulers`` pre-seeds clients (tests, kube api_client)."""
+
+    def __init__(
+        self, config: AutorepairConfig, schedulers: dict[str, Scheduler] | None = None
+    ) -> None:
+        self.config = config
+        self._schedulers: dict[str, Scheduler] = dict(schedulers or {})
+
+    def scheduler(self, cluster: str) -> Scheduler:
+        """The scheduler of ``cluster`` (built on first use)."""
+        if cluster not in self._schedulers:
+            try:
+                c = self.config.cluster(cluster)
+            except KeyError:
+                raise ApplicationError(
+                    f"clusters: no cluster named {cluster!r}",
+                    type=ERR_UNKNOWN_NODE, non_retryable=True,
+                ) from None
+            self._schedulers[cluster] = scheduler_for(c)
+        return self._schedulers[cluster]
+
+    async def health(self, cluster: str, node: str) -> NodeHealth:
+        """Scheduler view of a node (the boot-identity reader of the BMC activities)."""
+        return await self.scheduler(cluster).node_health(node)
+
+    @activity.defn(name=ACT.cordon_node)
+    async def cordon_node(self, inp: CordonInput) -> CordonResult:
+        """Cordon/drain-flag the node for ``inp.repair_id`` (no-op when already ours)."""
+        return await self.scheduler(inp.cluster).cordon(inp.node, inp.repair_id, inp.reason)
+
+    @activity.defn(name=ACT.check_idle)
+    async def check_idle(self, inp: NodeRef) -> IdleStatus:
+        """Whether the node runs no GPU work."""
+        return await self.scheduler(inp.cluster).check_idle(inp.node)
+
+    @activity.defn(name=ACT.drain_node)
+    async def drain_node(self, inp: DrainInput) -> DrainResult:
+        """Move remaining work off the node before ``inp.deadline_s`` (heartbeats)."""
+        return await self.scheduler(inp.cluster).drain(
+            inp.node, inp.repair_id, inp.deadline_s, heartbeat=_heartbeat
+        )
+
+    @activity.defn(name=ACT.rejoin_node)
+    async def rejoin_node(self, inp: RejoinInput) -> RejoinResult:
+        """Undo only this repair's cordon."""
+        return await self.scheduler(inp.cluster).rejoin(inp.node, inp.repair_id)
+
+    @activity.defn(name=ACT.node_health)
+    async def node_health(self, inp: NodeRef) -> NodeHealth:
+        """Readiness and boot identity of the node."""
+        return await self.health(inp.cluster, inp.node)
+
+    def all(self) -> list[Callable[..., Any]]:
+        """The activity methods of this class."""
+        return [self.cordon_node, self.check_idle, self.drain_node, self.rejoin_node,
+                self.node_health]

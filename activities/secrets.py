@@ -1,0 +1,86 @@
+"""BMC credentials from a secret file or the environment — never from workflow inputs.
+
+Credentials are read in the worker when an activity runs, held as ``pydantic.SecretStr``
+(``repr``/``str`` print ``**********``) and never returned, logged or put into error text
+(DESIGN §4.4: workflow histories never contain credentials).
+
+Secret file (``secrets.bmc_credentials_file``), YAML or JSON, mode 0600 recommended::
+
+    default: {username: admin, password: s3cret}
+    bmcs:
+      "https://10.0.0.11": {username: root, password: other}
+
+A BMC address found under ``bmcs`` uses its own pair, any other uses ``default``. Without
+a file (or without a ``default`` there) the env vars ``secrets.bmc_username_env`` /
+``secrets.bmc_password_env`` (``AUTOREPAIR_BMC_USERNAME`` / ``AUTOREPAIR_BMC_PASSWORD``)
+are used.
+
+Errors: ``CredentialsError`` (a ``ValueError``) naming the file/field or env var, never
+the secret value.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, SecretStr, ValidationError
+
+from workflows.config import SecretsConfig
+
+
+class CredentialsError(ValueError):
+    """BMC credentials missing or malformed (names where, never the value)."""
+
+
+class BmcCredentials(BaseModel):
+    """A BMC username and password (the password never prints)."""
+
+    username: str
+    password: SecretStr
+
+
+def _from_mapping(d: Any, where: str) -> BmcCredentials:
+    try:
+        return BmcCredentials.model_validate(d)
+    except ValidationError as e:
+        fields = ", ".join(".".join(str(p) for p in err["loc"]) for err in e.errors())
+        raise CredentialsError(f"{where}: missing or invalid field(s) {fields}") from None
+
+
+def load_bmc_credentials(secrets: SecretsConfig, bmc_address: str) -> BmcCredentials:
+    """The credentials for the BMC at ``bmc_address`` (file first, then env).
+
+    Raises ``CredentialsError`` when neither source has them.
+    """
+    if secrets.bmc_credentials_file:
+        path = Path(secrets.bmc_credentials_file)
+        try:
+            doc = yaml.safe_load(path.read_text()) or {}
+        except OSError as e:
+            raise CredentialsError(
+                f"secrets.bmc_credentials_file: cannot read {str(path)!r} ({e.strerror})"
+            ) from None
+        except yaml.YAMLError:
+            raise CredentialsError(
+                f"secrets.bmc_credentials_file: {str(path)!r} is not valid YAML/JSON"
+            ) from None
+        if not isinstance(doc, dict):
+            raise CredentialsError(
+                f"secrets.bmc_credentials_file: {str(path)!r} must hold a mapping"
+            )
+        per_bmc = doc.get("bmcs") or {}
+        if bmc_address in per_bmc:
+            return _from_mapping(per_bmc[bmc_address], f"{path}: bmcs[{bmc_address!r}]")
+        if "default" in doc:
+            return _from_mapping(doc["default"], f"{path}: default")
+    user = os.environ.get(secrets.bmc_username_env)
+    password = os.environ.get(secrets.bmc_password_env)
+    if not user or password is None:
+        raise CredentialsError(
+            f"no BMC credentials for {bmc_address}: set secrets.bmc_credentials_file or the env "
+            f"vars {secrets.bmc_username_env}/{secrets.bmc_password_env}"
+        )
+    return BmcCredentials(username=user, password=SecretStr(password))

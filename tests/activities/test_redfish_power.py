@@ -1,0 +1,152 @@
+"""Power and provisioning activities against the sushy-tools Redfish emulator."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities.devcluster import RedfishEmulator
+from activities.power import PowerActivities, RedfishMachine
+from activities.provisioning import ProvisioningActivities
+from activities.scheduler.kube import KubeScheduler
+from tests.fixtures.kube import KubeApi
+from workflows.activity_api import ERR_AUTH, ERR_UNSUPPORTED, MachineActionInput
+from workflows.config import (
+    AutorepairConfig,
+    BmcConfig,
+    ClusterConfig,
+    NodeConfig,
+    SecretsConfig,
+)
+
+
+def _config(emu: RedfishEmulator, secrets_file: Path, **cluster: object) -> AutorepairConfig:
+    nodes = [NodeConfig(name=n, machine=n, bmc=BmcConfig(address=emu.url, system_id=sid))
+             for n, sid in emu.systems.items()]
+    return AutorepairConfig(
+        clusters=[ClusterConfig(name="rf", scheduler="kubernetes", nodes=nodes,
+                                provision_image=emu.image_url, **cluster)],  # type: ignore[arg-type]
+        secrets=SecretsConfig(bmc_credentials_file=str(secrets_file)),
+    )
+
+
+def _inp(node: str, **kw: object) -> MachineActionInput:
+    return MachineActionInput(cluster="rf", node=node, machine=node, repair_id="r-1", **kw)  # type: ignore[arg-type]
+
+
+async def _wait_power(m: RedfishMachine, want: str, limit_s: float = 30) -> None:
+    deadline = time.monotonic() + limit_s
+    while (await m.power_state()).lower() != want.lower():
+        assert time.monotonic() < deadline, f"power never {want}"
+        await asyncio.sleep(0.3)
+
+
+async def test_reboot(redfish_emulator: RedfishEmulator, bmc_secrets_file: Path) -> None:
+    acts = PowerActivities(_config(redfish_emulator, bmc_secrets_file))
+    res = await ActivityEnvironment().run(acts.reboot_machine, _inp("gpu-01"))
+    assert res.done and "GracefulRestart" in res.detail
+    assert (await acts.machine(_inp("gpu-01")).power_state()).lower() == "on"
+
+
+async def test_power_cycle_crash_between_off_and_on_completes_once(
+    redfish_emulator: RedfishEmulator, bmc_secrets_file: Path, kube_api: KubeApi
+) -> None:
+    kube_api.add_node("gpu-02", boot_id="boot-A")
+    cfg = _config(redfish_emulator, bmc_secrets_file)
+    sched = KubeScheduler(cfg.cluster("rf"), api_client=kube_api.api_client)
+
+    async def health(cluster: str, node: str):  # type: ignore[no-untyped-def]
+        return await sched.node_health(node)
+
+    acts = PowerActivities(cfg, health=health)
+    m = acts.machine(_inp("gpu-02"))
+    inp = _inp("gpu-02", boot_id_before="boot-A")
+
+    # first attempt: crash (worker killed) after ForceOff, before On
+    first = asyncio.create_task(ActivityEnvironment().run(acts.power_cycle_machine, inp))
+    await _wait_power(m, "Off")
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert (await m.power_state()).lower() == "off"
+
+    # the retry finds the host Off with the old boot id: only powers it on
+    res = await ActivityEnvironment().run(acts.power_cycle_machine, inp)
+    assert res.done and "ForceOff" not in res.detail and "resuming" in res.detail
+    assert (await m.power_state()).lower() == "on"
+
+    # the kubelet reports the new boot; another retry must not cycle again
+    kube_api.set_boot_id("gpu-02", "boot-B")
+    again = await ActivityEnvironment().run(acts.power_cycle_machine, inp)
+    assert again.done and "boot-A -> boot-B" in again.skipped_reason
+    assert (await m.power_state()).lower() == "on"
+
+
+async def test_retry_after_on_sent_does_not_cycle_again(
+    redfish_emulator: RedfishEmulator, bmc_secrets_file: Path
+) -> None:
+    from temporalio.activity import Info
+
+    acts = PowerActivities(_config(redfish_emulator, bmc_secrets_file))
+    env = ActivityEnvironment()
+    env.info = Info(**{**env.info.__dict__, "heartbeat_details": [{"phase": "on_sent"}]})
+    res = await env.run(acts.power_cycle_machine, _inp("gpu-03"))
+    assert res.done and res.detail == "On already sent by a previous attempt"
+
+
+async def test_wrong_credentials_non_retryable_without_password(
+    redfish_emulator: RedfishEmulator, tmp_path: Path
+) -> None:
+    bad = tmp_path / "bmc.yaml"
+    bad.write_text("default: {username: admin, password: wrong-pass-123}\n")
+    acts = PowerActivities(_config(redfish_emulator, bad))
+    with pytest.raises(ApplicationError) as ei:
+        await ActivityEnvironment().run(acts.reboot_machine, _inp("gpu-01"))
+    err = ei.value
+    assert err.type == ERR_AUTH and err.non_retryable
+    assert redfish_emulator.url in str(err) and "admin" in str(err)
+    assert "wrong-pass-123" not in str(err) and err.__cause__ is None
+    assert redfish_emulator.password not in repr(err)
+
+
+async def test_reset_gpu_is_unsupported(
+    redfish_emulator: RedfishEmulator, bmc_secrets_file: Path
+) -> None:
+    acts = PowerActivities(_config(redfish_emulator, bmc_secrets_file))
+    with pytest.raises(ApplicationError) as ei:
+        await ActivityEnvironment().run(acts.reset_gpu, _inp("gpu-01", gpu="0000:3b:00.0"))
+    assert ei.value.type == ERR_UNSUPPORTED and ei.value.non_retryable
+
+
+async def test_virtual_media_reprovision(
+    redfish_emulator: RedfishEmulator, bmc_secrets_file: Path
+) -> None:
+    cfg = _config(redfish_emulator, bmc_secrets_file)
+    prov = ProvisioningActivities(cfg)
+    m = RedfishMachine(cfg, "rf", "gpu-04", "gpu-04")
+    res = await ActivityEnvironment().run(prov.reprovision_machine, _inp("gpu-04"))
+    assert res.done, res
+    assert f"inserted {redfish_emulator.image_url}" in res.detail
+    assert "boot override Cd once" in res.detail and "ejected" in res.detail
+
+    def boot(s):  # type: ignore[no-untyped-def]
+        return (getattr(s.boot.target, "value", s.boot.target),
+                [vm.inserted for vm in s.virtual_media.get_members()])
+
+    target, inserted = await m.call(boot)
+    assert target == "Cd" and not any(inserted)
+    assert (await m.power_state()).lower() == "on"
+
+
+async def test_migrate_needs_webhook_provider(
+    redfish_emulator: RedfishEmulator, bmc_secrets_file: Path
+) -> None:
+    prov = ProvisioningActivities(_config(redfish_emulator, bmc_secrets_file))
+    with pytest.raises(ApplicationError) as ei:
+        await ActivityEnvironment().run(prov.migrate_node, _inp("gpu-01"))
+    assert ei.value.type == ERR_UNSUPPORTED and "provisioner" in str(ei.value)
