@@ -64,6 +64,10 @@ from workflows.models import ValidationResult, Verdict
 
 #: Poll interval of the collecting activity while the job runs, seconds.
 COLLECT_POLL_S = 1.0
+#: How long placement waits for jobs that are only COMPLETING on the node (epilog,
+#: KillWait) before calling the machine busy, seconds (Slurm KillWait default is 30 s;
+#: the epilog of a finished job normally ends within seconds).
+COMPLETING_WAIT_S = 20.0
 #: Slurm job states in which the job is still queued or running (squeue(1) JOB STATE CODES).
 SLURM_ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED",
                           "RESV_DEL_HOLD", "REQUEUED", "REQUEUE_HOLD", "RESIZING", "SIGNALING",
@@ -158,6 +162,24 @@ class SlurmValidation(SlurmScheduler):
         m = re.search(r"\bJobState=(\S+)", out)
         return m.group(1) if m else None
 
+    async def _settled_jobs(self, node: str, n: SlurmNode) -> tuple[list[str], SlurmNode]:
+        """Jobs on ``node`` once jobs merely COMPLETING there have finished (waits at most
+        ``COMPLETING_WAIT_S``); a running, suspended or configuring job is returned at once."""
+        deadline = time.monotonic() + COMPLETING_WAIT_S
+        while True:
+            rc, out, err = await self._run(
+                "squeue", "--noheader", f"--nodelist={node}", "--states=R,CG,S,CF",
+                "--format=%i %T", check=False,
+            )
+            if rc != 0:
+                raise RuntimeError(f"squeue -w {node} rc={rc}: {err.strip()}")
+            rows = [line.split() for line in out.splitlines() if line.strip()]
+            busy = [r[0] for r in rows if len(r) < 2 or r[1] != "COMPLETING"]
+            if busy or (not rows and not n.allocated) or time.monotonic() >= deadline:
+                return busy or [r[0] for r in rows], n
+            await asyncio.sleep(0.5)
+            n = await self.read_node(node)
+
     async def place(self, p: ValidationPlacement) -> PlacementResult:
         """Reservation + pinned job; ``placed=False`` with the reason when impossible."""
         v = self.v
@@ -177,12 +199,20 @@ class SlurmValidation(SlurmScheduler):
                 return PlacementResult(placed=False, reason=str(e), **timing)
             raise
         prior = state.get("prior_state") or self.snapshot(node)
+        settle = time.monotonic() + COMPLETING_WAIT_S
+        while (not node.ready and "NOT_RESPONDING" in node.flags
+               and set(node.flags) <= {"NOT_RESPONDING", "DRAIN"}
+               and time.monotonic() < settle):
+            # slurmctld flags a just-resumed node NOT_RESPONDING until slurmd answers its
+            # next ping (about a second on loopback); only a lasting one is a real fault.
+            await asyncio.sleep(0.5)
+            node = await self.read_node(p.node)
         if not node.ready:
             return PlacementResult(
                 placed=False, prior_state=prior,
                 reason=f"node {p.node} not ready ({'+'.join(node.state)})", **timing,
             )
-        jobs = await self.jobs_on(p.node)
+        jobs, node = await self._settled_jobs(p.node, node)
         if jobs or node.allocated:
             return PlacementResult(
                 placed=False, prior_state=prior,
