@@ -1,6 +1,6 @@
-"""``autorepair-agent`` console script (DESIGN §4.1): ``run`` and ``simulate``.
+"""``autorepair-agent`` console script (DESIGN §4.1): ``run``, ``simulate`` and ``validate``.
 
-``validate`` (the local validation suite) is added by issue 8 in ``agent/validation/``.
+``validate`` runs the local validation suite of ``agent/validation/`` (issue 8).
 
 Exit codes: 0 normal stop (SIGINT/SIGTERM or ``--duration`` elapsed); 2 bad
 configuration or an unavailable GPU backend (the message names the field/value).
@@ -170,6 +170,27 @@ def simulate(
         await sim.run(stop, schedule)
 
     asyncio.run(main())
+
+
+@app.command()
+def validate(
+    json_out: Annotated[bool, typer.Option("--json", help="print the structured result")] = False,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", help="suite YAML (default $AUTOREPAIR_VALIDATE_CONFIG)"),
+    ] = None,
+    machine: Annotated[str | None, typer.Option("--machine", help="machine name")] = None,
+    backend: Annotated[
+        str | None, typer.Option("--backend", help="GPU backend: nvml | simulated")
+    ] = None,
+) -> None:
+    """Local validation suite (GPU, DCGM, NCCL, InfiniBand, storage): exit 0 passed,
+    1 failed, 2 aborted (issue 8, ``agent.validation``)."""
+    from agent.validation import run_validate
+
+    raise typer.Exit(
+        run_validate(json_out=json_out, config=config, machine=machine, backend=backend)
+    )
 
 
 def main() -> None:

@@ -104,7 +104,8 @@ def _retired_pages_pending(backend: GpuBackend, extra: dict[str, Any], count: in
 def _gpu_line(s: GpuSample) -> str:
     throttles = [n for bit, n in _THROTTLE_NAMES.items() if s.throttle_reasons & bit]
     return (
-        f"gpu{s.index} pci={s.pci} uuid={s.uuid} temp_c={s.temperature_c} "
+        f"gpu{s.index} pci={s.pci} uuid={s.uuid} "
+        f"temp_c={'n/a' if s.temperature_c is None else f'{s.temperature_c:.1f}'} "
         f"sm_mhz={s.sm_clock_mhz:.0f}/{s.sm_clock_max_mhz:.0f} "
         f"ecc_uncorrectable={s.ecc_uncorrectable_volatile} "
         f"remap_pending={s.remapped_rows_pending} remap_failure={s.remapped_rows_failure} "
