@@ -6,7 +6,7 @@ threshold travels back in the initial metadata (``autorepair-threshold``,
 Limits: ``max_receive_message_length = ingest.max_body_bytes`` (grpc answers
 RESOURCE_EXHAUSTED above it); ``maximum_concurrent_rpcs = ingest.max_inflight`` (grpc
 answers RESOURCE_EXHAUSTED beyond it — retryable per OTLP). A payload that does not decode
-gets INVALID_ARGUMENT from grpc; a missing/wrong bearer token UNAUTHENTICATED; a full alert
+gets INVALID_ARGUMENT; a missing/wrong bearer token UNAUTHENTICATED; a full alert
 hand-off queue UNAVAILABLE (retryable). gzip request compression is handled by grpc.
 """
 
@@ -16,12 +16,11 @@ import time
 from typing import Any
 
 import grpc
-from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
+from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsServiceRequest,
     ExportLogsServiceResponse,
 )
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
@@ -30,6 +29,9 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from ingest.auth import TokenCheck, grpc_tls_material
 from ingest.handoff import HandoffQueueFull
 from ingest.pipeline import Ingestor
+
+METRICS_SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
+LOGS_SERVICE = "opentelemetry.proto.collector.logs.v1.LogsService"
 
 
 class _Common:
@@ -42,6 +44,7 @@ class _Common:
         self.partial = m.otlp_requests_total.labels("grpc", "partial")
         self.unauth = m.otlp_requests_total.labels("grpc", "unauthorized")
         self.unavailable = m.otlp_requests_total.labels("grpc", "unavailable")
+        self.bad = m.otlp_requests_total.labels("grpc", "bad_request")
 
     async def check_auth(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         if self.auth is None:
@@ -54,33 +57,45 @@ class _Common:
                                 "missing or invalid bearer token")
 
 
-class MetricsServicer(_Common, metrics_service_pb2_grpc.MetricsServiceServicer):
-    """``opentelemetry.proto.collector.metrics.v1.MetricsService``."""
+class MetricsServicer(_Common):
+    """``opentelemetry.proto.collector.metrics.v1.MetricsService/Export`` on raw bytes."""
 
-    async def Export(
-        self, request: ExportMetricsServiceRequest,
-        context: grpc.aio.ServicerContext[Any, Any],
+    async def export(
+        self, raw: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> ExportMetricsServiceResponse:
         t0 = time.perf_counter()
         await self.check_auth(context)
-        resp, hint = await self.ingestor.handle_metrics(request, "grpc")
+        request = ExportMetricsServiceRequest()
+        try:
+            request.ParseFromString(raw)
+        except DecodeError as e:
+            self.bad.inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"request: not a valid ExportMetricsServiceRequest: {e}")
+        resp, hint = await self.ingestor.handle_metrics(request, "grpc", raw)
         await context.send_initial_metadata(hint.grpc_metadata())
         (self.partial if resp.partial_success.rejected_data_points else self.ok).inc()
         self.hist.observe(time.perf_counter() - t0)
         return resp
 
 
-class LogsServicer(_Common, logs_service_pb2_grpc.LogsServiceServicer):
-    """``opentelemetry.proto.collector.logs.v1.LogsService``."""
+class LogsServicer(_Common):
+    """``opentelemetry.proto.collector.logs.v1.LogsService/Export`` on raw bytes."""
 
-    async def Export(
-        self, request: ExportLogsServiceRequest,
-        context: grpc.aio.ServicerContext[Any, Any],
+    async def export(
+        self, raw: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> ExportLogsServiceResponse:
         t0 = time.perf_counter()
         await self.check_auth(context)
+        request = ExportLogsServiceRequest()
         try:
-            resp, hint = await self.ingestor.handle_logs(request, "grpc")
+            request.ParseFromString(raw)
+        except DecodeError as e:
+            self.bad.inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"request: not a valid ExportLogsServiceRequest: {e}")
+        try:
+            resp, hint = await self.ingestor.handle_logs(request, "grpc", raw)
         except HandoffQueueFull as e:
             self.unavailable.inc()
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
@@ -88,6 +103,20 @@ class LogsServicer(_Common, logs_service_pb2_grpc.LogsServiceServicer):
         (self.partial if resp.partial_success.rejected_log_records else self.ok).inc()
         self.hist.observe(time.perf_counter() - t0)
         return resp
+
+
+def _serialize(msg: Any) -> bytes:
+    out: bytes = msg.SerializeToString()
+    return out
+
+
+def _handler(service: str, export: Any) -> grpc.GenericRpcHandler:
+    # request_deserializer=None hands the raw bytes to the servicer: it decodes them itself
+    # (INVALID_ARGUMENT on garbage, as OTLP says) and forwards them without re-serializing.
+    return grpc.method_handlers_generic_handler(service, {
+        "Export": grpc.unary_unary_rpc_method_handler(
+            export, request_deserializer=None, response_serializer=_serialize),
+    })
 
 
 async def start_grpc_server(
@@ -105,9 +134,10 @@ async def start_grpc_server(
             ("grpc.so_reuseport", 0),
         ],
     )
-    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
-        MetricsServicer(ingestor, auth), server)
-    logs_service_pb2_grpc.add_LogsServiceServicer_to_server(LogsServicer(ingestor, auth), server)
+    server.add_generic_rpc_handlers((
+        _handler(METRICS_SERVICE, MetricsServicer(ingestor, auth).export),
+        _handler(LOGS_SERVICE, LogsServicer(ingestor, auth).export),
+    ))
     addr = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
     tls = grpc_tls_material(cfg.tls)
     try:

@@ -389,3 +389,91 @@ def _decode_fault(
         evidence=evidence,
         time_s=t,
     )
+
+
+def _kv(key: str, value: Any) -> KeyValue:
+    kv = KeyValue(key=key)
+    if isinstance(value, bool):
+        kv.value.bool_value = value
+    elif isinstance(value, int):
+        kv.value.int_value = value
+    elif isinstance(value, float):
+        kv.value.double_value = value
+    else:
+        kv.value.string_value = str(value)
+    return kv
+
+
+def make_metrics_request(
+    cluster: str,
+    node: str,
+    score: float,
+    *,
+    state: str = "active",
+    workload: str | None = "training",
+    signals: dict[str, float] | None = None,
+    time_ns: int = 0,
+    machine_id: str | None = None,
+    boot_id: str | None = None,
+    extra_resource: dict[str, Any] | None = None,
+) -> ExportMetricsServiceRequest:
+    """A contract-shaped agent push (DESIGN §4.3): resource attributes, the health score
+    gauge with its state attribute and the signal gauges (short names, e.g.
+    ``throughput_ratio``). For tests, the benchmark and tools; the agent has its own."""
+    req = ExportMetricsServiceRequest()
+    rm = req.resource_metrics.add()
+    res = {ATTR_HOST_NAME: node, ATTR_CLUSTER: cluster}
+    if workload:
+        res[ATTR_WORKLOAD] = workload
+    if machine_id:
+        res[ATTR_HOST_ID] = machine_id
+    if boot_id:
+        res[ATTR_BOOT_ID] = boot_id
+    rm.resource.attributes.extend(_kv(k, v) for k, v in {**res, **(extra_resource or {})}.items())
+    sm = rm.scope_metrics.add()
+    sm.scope.name = "autorepair-agent"
+    m = sm.metrics.add()
+    m.name = METRIC_SCORE
+    dp = m.gauge.data_points.add()
+    dp.as_double = score
+    dp.time_unix_nano = time_ns
+    dp.attributes.append(_kv(ATTR_STATE, state))
+    short_to_name = {v: k for k, v in SIGNAL_METRICS.items()}
+    for short, value in (signals or {}).items():
+        sg = sm.metrics.add()
+        sg.name = short_to_name[short]
+        sp = sg.gauge.data_points.add()
+        sp.as_double = value
+        sp.time_unix_nano = time_ns
+    return req
+
+
+def make_fault_request(
+    cluster: str,
+    node: str,
+    *,
+    kind: str,
+    body: str,
+    code: int | None = None,
+    gpu: str | None = None,
+    active: bool = True,
+    event: str = EVENT_FAULT,
+    time_ns: int = 0,
+    evidence: dict[str, Any] | None = None,
+) -> ExportLogsServiceRequest:
+    """A contract-shaped fault (or straggler) log record push (DESIGN §4.3)."""
+    req = ExportLogsServiceRequest()
+    rl = req.resource_logs.add()
+    rl.resource.attributes.extend([_kv(ATTR_HOST_NAME, node), _kv(ATTR_CLUSTER, cluster)])
+    lr = rl.scope_logs.add().log_records.add()
+    lr.time_unix_nano = time_ns
+    lr.body.string_value = body
+    attrs: dict[str, Any] = {EVENT_NAME: event, ATTR_FAULT_KIND: kind, ATTR_FAULT_ACTIVE: active}
+    if code is not None:
+        attrs[ATTR_FAULT_CODE] = code
+    if gpu is not None:
+        attrs[ATTR_GPU_PCI] = gpu
+    for k, v in (evidence or {}).items():
+        attrs[FAULT_PREFIX + k] = v
+    lr.attributes.extend(_kv(k, v) for k, v in attrs.items())
+    return req
