@@ -309,6 +309,7 @@ def test_agent_daemonset_minimal_privileges(default_docs: list[dict[str, Any]]) 
     assert vols["kmsg"]["hostPath"] == {"path": "/dev/kmsg", "type": "CharDevice"}
     assert set(vols) == {"kmsg", "state", "tmp"}
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["runAsUser"] == 0  # caps only reach root; root-owned hostPath
 
 
 def test_agent_unprivileged_mode_keeps_only_syslog() -> None:
