@@ -19,9 +19,9 @@ def body(node: str = "gpu-01", request_id: str = "r-1", **kw: Any) -> dict[str, 
             "reason": "DCGM diag level 3 failed: memory test", **kw}
 
 
-async def wait_stage(s: Stack, repair_id: str, stage: str, timeout: float = 20.0
+async def wait_stage(s: Stack, repair_id: str, stage: str, wait_s: float = 20.0
                      ) -> dict[str, Any]:
-    deadline = asyncio.get_running_loop().time() + timeout
+    deadline = asyncio.get_running_loop().time() + wait_s
     last: dict[str, Any] = {}
     while asyncio.get_running_loop().time() < deadline:
         r = await s.http.get(f"/api/v1/repairs/{repair_id}", headers=VIEW)

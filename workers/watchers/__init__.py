@@ -1,0 +1,77 @@
+"""Cluster watchers started by the worker process (DESIGN issue 9).
+
+:func:`start_watchers` starts, per configured cluster, the Slurm watcher
+(:mod:`workers.watchers.slurm`) or the Kubernetes watcher (:mod:`workers.watchers.kube`:
+annotation requests, node-problem-detector conditions, NotReady + BMC check). Alerts go
+through the same path as ingest (``ingest.handoff.TemporalAlertSink`` → NodeWorkflow
+update ``deliver_alert``); annotation requests through ``ingest.repairs_api.RepairIntake``
+(the ledger at ``ledger.dsn``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from temporalio.client import Client
+
+from workflows.config import AutorepairConfig
+
+log = logging.getLogger("autorepair.watchers")
+
+
+async def _run_all(config: AutorepairConfig, client: Client, stop: asyncio.Event) -> None:
+    from ingest.handoff import TemporalAlertSink
+    from workers.watchers.kube import KubeWatcher, redfish_probe
+    from workers.watchers.slurm import SlurmWatcher
+
+    sink = TemporalAlertSink(client, config.temporal.task_queue,
+                             queue_size=config.ingest.alert_queue)
+    await sink.start()
+    closers: list[object] = []
+    runs = []
+    intake = None
+    try:
+        for c in config.clusters:
+            if c.scheduler == "slurm":
+                runs.append(SlurmWatcher(config, c, sink).run(stop))
+                continue
+            from kubernetes_asyncio import client as k8s
+            from kubernetes_asyncio import config as k8s_config
+
+            conf = k8s.Configuration()
+            if c.kubeconfig:
+                await k8s_config.load_kube_config(config_file=c.kubeconfig,
+                                                  client_configuration=conf)
+            else:
+                k8s_config.load_incluster_config(client_configuration=conf)
+            api_client = k8s.ApiClient(conf)
+            closers.append(api_client)
+            if intake is None and config.ledger.dsn:
+                from ingest.repairs_api import LazyIntake
+
+                lazy = LazyIntake(config, client)
+                closers.append(lazy)
+                intake = await lazy.get()
+            runs.append(KubeWatcher(config, c, sink, api_client, intake=intake,
+                                    bmc_probe=redfish_probe(config)).run(stop))
+        log.info("event=watchers_started clusters=%d", len(runs))
+        await asyncio.gather(*runs)
+    finally:
+        await sink.stop()
+        for obj in closers:
+            with contextlib.suppress(Exception):
+                await obj.close()  # type: ignore[attr-defined]
+
+
+def start_watchers(config: AutorepairConfig, client: Client,
+                   stop: asyncio.Event | None = None) -> list[asyncio.Task[None]]:
+    """Start the watchers of every configured cluster as one task (empty list when no
+    cluster is configured). Cancel the tasks (or set ``stop``) to end them.
+
+    ``client``: a connected Temporal client (pydantic data converter)."""
+    if not config.clusters:
+        return []
+    return [asyncio.create_task(_run_all(config, client, stop or asyncio.Event()),
+                                name="autorepair-watchers")]

@@ -1,0 +1,297 @@
+"""Kubernetes watcher: node-annotation repair requests, node-problem-detector conditions,
+and NotReady combined with a BMC power check.
+
+**Annotation requests** (documented in ``docs/detectors.md``): a detector with RBAC to
+patch node metadata sets the label :data:`REQUEST_LABEL` = ``"true"`` and the annotation
+:data:`REQUEST_ANNOTATION` = JSON ``{"detector", "request_id", "mode", "detected_at",
+"reason"[, "evidence_alert", "evidence_run"]}``. The watcher records it through
+:class:`ingest.repairs_api.RepairIntake` with the detector as an external requester
+(never a user), skipping the approval queue but not the evidence gate, the guard lease or
+the budgets; ``remove`` is refused (human-only); detector + request id is the idempotency
+key forever and the per-cluster detector cap applies. It then removes the label and
+writes :data:`RESULT_ANNOTATION` = JSON ``{"repair_id", "request_id", "stage", "refused",
+"reason", "recorded_at"}`` (or ``{"error", "request_id", "recorded_at"}`` for a malformed
+request). A request re-asserted on every scan maps to the same repair.
+
+**Conditions**: node-problem-detector's :data:`NPD_CONDITIONS` with status ``True``
+become alerts (KernelDeadlock → ``hung_task``, ReadonlyFilesystem → ``ext4_readonly`` in
+the catalogue; the restart conditions are observations), cleared when they turn False.
+
+**NotReady** (Ready ``False``/``Unknown``) alone is only observed (``node_not_ready``,
+never a repair). The watcher then asks the node's BMC (``activities.power``): power
+``Off`` or a host the BMC reports dead (``Status.State`` ``UnavailableOffline`` or
+``Status.Health`` ``Critical``) is actionable evidence for ``power_cycle``; a healthy
+powered-on host is not.
+
+Restarts do not replay old events: each alert's observation time is the condition's
+``lastTransitionTime``, so one episode always has one ``alert_id`` (the NodeWorkflow
+de-duplicates), and the annotation path is idempotent through the ledger. The node list
+is polled every ``interval_s`` (a list per poll survives API-server restarts and
+resourceVersion expiry without a watch cache).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes_asyncio import client as k8s
+from pydantic import ValidationError
+
+from ingest.handoff import AlertSink
+from ingest.repairs_api import IntakeError, RepairCreate, RepairIntake
+from workflows.alerts import alert_from_fault
+from workflows.config import AutorepairConfig, ClusterConfig
+from workflows.models import Action, Alert, Requester, RequesterKind, Severity
+
+log = logging.getLogger("autorepair.watchers.kube")
+
+REQUEST_LABEL = "autorepair.io/repair-request"
+"""Label a detector sets to ``"true"`` to open a repair (label selectors find it fast)."""
+REQUEST_ANNOTATION = "autorepair.io/repair-request"
+"""Annotation carrying the request JSON."""
+RESULT_ANNOTATION = "autorepair.io/repair-result"
+"""Annotation the watcher writes back: the repair id (or the refusal / error)."""
+NPD_CONDITIONS: dict[str, str] = {
+    "KernelDeadlock": "hung_task",
+    "ReadonlyFilesystem": "ext4_readonly",
+    "FrequentKubeletRestart": "k8s_frequent_kubelet_restart",
+    "FrequentContainerdRestart": "k8s_frequent_containerd_restart",
+}
+"""node-problem-detector condition type → alert kind (catalogue kinds where one fits)."""
+NOT_READY_KIND = "node_not_ready"
+DEFAULT_INTERVAL_S = 15.0
+"""Poll interval, seconds (kubelet reports status every 10 s by default)."""
+SOURCE = "kube_watcher"
+
+#: ``(cluster, node) -> {"power_state": ..., "state": ..., "health": ...}`` from the BMC.
+BmcProbe = Callable[[str, str], Awaitable[dict[str, str | None]]]
+
+
+def redfish_probe(config: AutorepairConfig) -> BmcProbe:
+    """A :data:`BmcProbe` through ``activities.power.RedfishMachine`` (real Redfish)."""
+    from activities.power import RedfishMachine
+
+    async def probe(cluster: str, node: str) -> dict[str, str | None]:
+        ncfg = next((n for n in config.cluster(cluster).nodes if n.name == node), None)
+        machine = (ncfg.machine if ncfg and ncfg.machine else node)
+        m = RedfishMachine(config, cluster, node, machine)
+
+        def read(s: Any) -> dict[str, str | None]:
+            st = getattr(s, "status", None)
+            return {
+                "power_state": str(getattr(s.power_state, "value", s.power_state)),
+                "state": str(getattr(getattr(st, "state", None), "value", None) or "") or None,
+                "health": str(getattr(getattr(st, "health", None), "value", None) or "")
+                or None,
+            }
+
+        return await m.call(read)
+
+    return probe
+
+
+def bmc_verdict(bmc: dict[str, str | None]) -> str | None:
+    """Why the BMC's answer is actionable evidence, or ``None`` for a healthy host."""
+    if (bmc.get("power_state") or "").lower() == "off":
+        return "BMC reports host power Off"
+    if (bmc.get("state") or "") == "UnavailableOffline":
+        return "BMC reports the host UnavailableOffline"
+    if (bmc.get("health") or "") == "Critical":
+        return "BMC reports host health Critical"
+    return None
+
+
+@dataclass
+class _Cond:
+    type: str
+    status: str
+    since: datetime | None
+    reason: str
+    message: str
+
+
+def _conditions(node: k8s.V1Node) -> dict[str, _Cond]:
+    out: dict[str, _Cond] = {}
+    for c in (node.status.conditions if node.status and node.status.conditions else []):
+        since = c.last_transition_time
+        if isinstance(since, str):
+            since = datetime.fromisoformat(since.replace("Z", "+00:00"))
+        out[c.type] = _Cond(c.type, c.status, since, c.reason or "", c.message or "")
+    return out
+
+
+class KubeWatcher:
+    """Polls the nodes of one Kubernetes cluster (see module docstring).
+
+    ``api_client``: a ``kubernetes_asyncio`` ApiClient. ``intake``: where annotation
+    requests go (``None``: annotations are ignored). ``bmc_probe``: NotReady check
+    (``None``: NotReady stays an observation without BMC evidence).
+    """
+
+    def __init__(
+        self, config: AutorepairConfig, cluster: ClusterConfig, sink: AlertSink,
+        api_client: k8s.ApiClient, *, intake: RepairIntake | None = None,
+        bmc_probe: BmcProbe | None = None, interval_s: float = DEFAULT_INTERVAL_S,
+    ) -> None:
+        self.config = config
+        self.cluster = cluster
+        self.sink = sink
+        self.api = k8s.CoreV1Api(api_client)
+        self.intake = intake
+        self.bmc_probe = bmc_probe
+        self.interval_s = interval_s
+        self._open: dict[tuple[str, str], Alert] = {}
+        self._bmc_done: set[tuple[str, datetime | None]] = set()
+        self._machines = {n.name: n.machine for n in cluster.nodes}
+        self._pools = {n.name: n.pool for n in cluster.nodes}
+
+    # -- alerts ----------------------------------------------------------------------
+    def _alert(self, node: str, kind: str, text: str, evidence: dict[str, Any],
+               at: datetime, active: bool = True) -> Alert:
+        return alert_from_fault(
+            cluster=self.cluster.name, node=node, kind=kind, code=None, gpu=None,
+            evidence_text=text, evidence={**evidence, "watcher": SOURCE}, observed_at=at,
+            catalogue=self.config.policy.catalogue, machine_id=self._machines.get(node),
+            node_pool=self._pools.get(node), active=active, level=True, source=SOURCE,
+        )
+
+    async def _raise(self, node: str, key: str, alert: Alert, sent: list[Alert]) -> None:
+        prev = self._open.get((node, key))
+        if prev is not None and prev.alert_id == alert.alert_id:
+            return
+        await self.sink.submit(alert)
+        self._open[(node, key)] = alert
+        sent.append(alert)
+        log.info("event=kube_alert cluster=%s node=%s kind=%s actionable=%s alert_id=%s",
+                 self.cluster.name, node, alert.kind, alert.actionable, alert.alert_id)
+
+    async def _clear(self, node: str, key: str, now: datetime, sent: list[Alert]) -> None:
+        prev = self._open.pop((node, key), None)
+        if prev is None:
+            return
+        clear = self._alert(node, prev.kind, prev.evidence_text + " (cleared)",
+                            dict(prev.evidence), now, active=False)
+        await self.sink.submit(clear)
+        sent.append(clear)
+
+    async def _conditions(self, name: str, conds: dict[str, _Cond], now: datetime,
+                          sent: list[Alert]) -> None:
+        for ctype, kind in NPD_CONDITIONS.items():
+            c = conds.get(ctype)
+            if c is not None and c.status == "True":
+                at = c.since or now
+                text = f"node condition {ctype}=True reason={c.reason}: {c.message}"
+                cev = {"condition": ctype, "reason": c.reason, "message": c.message,
+                       "since": at.isoformat(), "detector": "node-problem-detector"}
+                await self._raise(name, ctype, self._alert(name, kind, text, cev, at), sent)
+            else:
+                await self._clear(name, ctype, now, sent)
+        ready = conds.get("Ready")
+        if ready is None or ready.status == "True":
+            await self._clear(name, "Ready", now, sent)
+            await self._clear(name, "Ready+bmc", now, sent)
+            return
+        at = ready.since or now
+        text = f"node NotReady (Ready={ready.status} reason={ready.reason}): {ready.message}"
+        ev: dict[str, Any] = {"condition": "Ready", "status": ready.status,
+                              "reason": ready.reason, "since": at.isoformat()}
+        observed = self._alert(name, NOT_READY_KIND, text, ev, at)
+        # NotReady / unreachable alone is never a repair (DESIGN §1 rule zero).
+        observed = observed.model_copy(update={"actionable": False, "action": Action.none})
+        await self._raise(name, "Ready", observed, sent)
+        episode = (name, ready.since)
+        if self.bmc_probe is None or episode in self._bmc_done:
+            return
+        try:
+            bmc = await self.bmc_probe(self.cluster.name, name)
+        except Exception as e:  # an unreachable BMC is not evidence; retried next scan
+            log.warning("event=bmc_check_failed cluster=%s node=%s error=%s",
+                        self.cluster.name, name, type(e).__name__)
+            return
+        self._bmc_done.add(episode)
+        why = bmc_verdict(bmc)
+        log.info("event=bmc_checked cluster=%s node=%s power=%s health=%s actionable=%s",
+                 self.cluster.name, name, bmc.get("power_state"), bmc.get("health"), bool(why))
+        if why is None:
+            return
+        a = self._alert(name, NOT_READY_KIND, f"{text}; {why}", {**ev, "bmc": bmc}, at)
+        a = a.model_copy(update={
+            "actionable": True, "action": Action.power_cycle, "severity": Severity.critical,
+            "description": (f"The node is NotReady and {why}: power-cycle the host "
+                            "through the BMC."),
+        })
+        await self._raise(name, "Ready+bmc", a, sent)
+
+    # -- annotation requests -----------------------------------------------------------
+    async def _request(self, node: k8s.V1Node, now: datetime) -> dict[str, Any] | None:
+        meta = node.metadata
+        if (meta.labels or {}).get(REQUEST_LABEL) != "true" or self.intake is None:
+            return None
+        raw = (meta.annotations or {}).get(REQUEST_ANNOTATION)
+        result: dict[str, Any] = {"recorded_at": now.isoformat()}
+        try:
+            if raw is None:
+                raise ValueError(f"annotation {REQUEST_ANNOTATION}: missing")
+            doc = json.loads(raw)
+            if not isinstance(doc, dict):
+                raise ValueError(f"annotation {REQUEST_ANNOTATION}: not a JSON object")
+            result["request_id"] = doc.get("request_id")
+            if not doc.get("detector"):
+                raise ValueError(f"annotation {REQUEST_ANNOTATION}: field 'detector' missing")
+            req = RepairCreate.model_validate(
+                {**doc, "node": meta.name, "cluster": self.cluster.name})
+            res = await self.intake.create(
+                req, Requester(kind=RequesterKind.detector, name=str(doc["detector"])),
+                skip_approval=True, refuse_remove=True,
+            )
+            result.update({"repair_id": res.repair.repair_id, "stage": res.repair.stage,
+                           "refused": res.refused, "reason": res.refused_reason})
+        except (ValueError, ValidationError) as e:
+            result["error"] = str(e)[:1000]
+        except IntakeError as e:
+            result["error"] = (f"{e.field}: {e.message}" if e.field else e.message)[:1000]
+        log.info("event=annotation_request cluster=%s node=%s result=%s",
+                 self.cluster.name, meta.name, json.dumps(result))
+        # Record first, then drop the label: a crash in between only re-reads an
+        # idempotent request.
+        await self.api.patch_node(
+            meta.name,
+            {"metadata": {"labels": {REQUEST_LABEL: None},
+                          "annotations": {RESULT_ANNOTATION: json.dumps(result)}}},
+            _content_type="application/merge-patch+json",  # type: ignore[call-arg]
+        )
+        return result
+
+    async def scan_once(self, now: datetime | None = None) -> list[Alert]:
+        """One poll of every node; returns the alerts delivered."""
+        now = now or datetime.now(UTC)
+        nodes = await self.api.list_node()
+        sent: list[Alert] = []
+        for node in nodes.items:
+            name = node.metadata.name
+            try:
+                await self._request(node, now)
+            except Exception as e:  # one bad node never stops the scan
+                log.warning("event=annotation_request_failed cluster=%s node=%s error=%s",
+                            self.cluster.name, name, e)
+            await self._conditions(name, _conditions(node), now, sent)
+        return sent
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Poll until ``stop`` is set (or cancelled); errors are logged and retried."""
+        stop = stop or asyncio.Event()
+        while not stop.is_set():
+            try:
+                await self.scan_once()
+            except Exception as e:
+                log.warning("event=kube_watch_error cluster=%s error=%s", self.cluster.name, e)
+            try:
+                await asyncio.wait_for(stop.wait(), self.interval_s)
+            except TimeoutError:
+                pass
