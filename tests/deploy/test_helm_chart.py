@@ -141,17 +141,18 @@ def _rules_of(docs: list[dict[str, Any]], sa: str) -> set[tuple[str, str, str, s
     return granted
 
 
-#: What the Kubernetes activities and the node annotation watcher need, no more:
-#: nodes (cordon, taints, annotations, labels → patch; watcher → watch), pods on a node
-#: (wait for idle, drain), evictions, events; validation Jobs in one namespace.
+#: What the code asks of the API server, no more: activities/scheduler/kube.py
+#: (read_node, patch_node, list_pod_for_all_namespaces, create_namespaced_pod_eviction),
+#: workers/watchers/kube.py (list_node, patch_node; watch for a watch-based watcher),
+#: events create for repair steps, validation Jobs in one namespace.
 WORKER_RIGHTS = {
     ("*", "", "nodes", "get"), ("*", "", "nodes", "list"), ("*", "", "nodes", "watch"),
     ("*", "", "nodes", "patch"),
-    ("*", "", "pods", "get"), ("*", "", "pods", "list"),
+    ("*", "", "pods", "list"),
     ("*", "", "pods/eviction", "create"),
-    ("*", "", "events", "create"), ("*", "", "events", "patch"),
+    ("*", "", "events", "create"),
     (NS, "batch", "jobs", "create"), (NS, "batch", "jobs", "get"),
-    (NS, "batch", "jobs", "delete"), (NS, "", "pods/log", "get"),
+    (NS, "batch", "jobs", "delete"),
 }
 NODE_WATCHER_RIGHTS = {("*", "", "nodes", v) for v in ("get", "list", "watch", "patch")}
 
@@ -174,6 +175,11 @@ def test_node_watcher_can_move_to_ingest_and_jobs_namespace_is_configurable() ->
     assert {r for r in worker if r[0] != "*"} == {
         ("autorepair-validation", g, r, v) for (_, g, r, v) in WORKER_RIGHTS if _ != "*"}
     assert by_kind(docs, "ServiceAccount")[f"{FULL}-ingest"]["automountServiceAccountToken"]
+
+
+def test_validation_jobs_role_can_be_left_out() -> None:
+    docs = render({"rbac": {"validationJobs": False}})
+    assert _rules_of(docs, f"{FULL}-worker") == {r for r in WORKER_RIGHTS if r[0] == "*"}
 
 
 def test_rbac_create_false_renders_no_rbac() -> None:
