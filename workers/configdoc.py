@@ -49,7 +49,10 @@ clusters:
   - name: demo
     scheduler: slurm
     nodes:
-      - {name: gpu-01, machine: gpu-01, pool: a, bmc: {address: "http://127.0.0.1:8000", system_id: gpu-01}}
+      - name: gpu-01
+        machine: gpu-01
+        pool: a
+        bmc: {address: "http://127.0.0.1:8000", system_id: gpu-01}
 ```
 
 This reference is generated from the models (`python -m workers.configdoc`).
