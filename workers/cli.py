@@ -8,6 +8,7 @@ talk to the HTTP API and to Temporal.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import sys
 from pathlib import Path
@@ -101,6 +102,88 @@ def classify(
     from workers.classify import classify_command
 
     raise typer.Exit(classify_command(file))
+
+
+# --- operator commands (issue 9; implementations in workers.ops) ----------------------
+from workers.ops import (  # noqa: E402
+    DEFAULT_API,
+    Api,
+    AsJson,
+    TemporalOpt,
+    Token,
+    breaker_app,
+    repairs_app,
+)
+
+app.add_typer(repairs_app, name="repairs")
+app.add_typer(breaker_app, name="breaker")
+
+
+@app.command()
+def status(
+    api: Api = DEFAULT_API,
+    token: Token = None,
+    as_json: AsJson = False,
+    watch: Annotated[bool, typer.Option("--watch", help="refresh every 2 s")] = False,
+    cluster: Annotated[str | None, typer.Option("--cluster")] = None,
+) -> None:
+    """Nodes, scores, threshold, open alerts and repairs, as a table."""
+    from workers.ops import status_command
+
+    status_command(api, token, as_json, watch, cluster)
+
+
+@app.command()
+def validate(
+    machine: Annotated[str, typer.Argument(help="machine to validate")],
+    cluster: Annotated[str, typer.Option("--cluster", help="cluster of the machine")],
+    config: ConfigOpt = None,
+    temporal_address: TemporalOpt = None,
+    by: Annotated[str, typer.Option("--by", help="operator name")] = "operator",
+    reason: Annotated[str, typer.Option("--reason")] = "operator request",
+    as_json: AsJson = False,
+) -> None:
+    """Start a ValidationWorkflow for MACHINE."""
+    from workers.ops import run_async, start_validation
+
+    cfg = _load(config)
+    wf_id = run_async(start_validation(
+        temporal_address or cfg.temporal.address, cfg.temporal.namespace,
+        cfg.temporal.task_queue, cluster, machine, by, reason))
+    typer.echo(json.dumps({"workflow_id": wf_id}) if as_json else f"started {wf_id}")
+
+
+@breaker_app.command("status")
+def breaker_status(
+    cluster: Annotated[str, typer.Option("--cluster")],
+    config: ConfigOpt = None,
+    temporal_address: TemporalOpt = None,
+    as_json: AsJson = False,
+) -> None:
+    """Breaker state, budget, leases and queued repairs of a cluster."""
+    from workers.ops import breaker_call, breaker_print, run_async
+
+    cfg = _load(config)
+    breaker_print(run_async(breaker_call(
+        temporal_address or cfg.temporal.address, cfg.temporal.namespace, cluster)), as_json)
+
+
+@breaker_app.command("reset")
+def breaker_reset(
+    cluster: Annotated[str, typer.Option("--cluster")],
+    by: Annotated[str, typer.Option("--by", help="operator name")],
+    reason: Annotated[str, typer.Option("--reason")] = "",
+    config: ConfigOpt = None,
+    temporal_address: TemporalOpt = None,
+    as_json: AsJson = False,
+) -> None:
+    """Close the breaker (queued repairs then act only on evidence seen after now)."""
+    from workers.ops import breaker_call, breaker_print, run_async
+
+    cfg = _load(config)
+    breaker_print(run_async(breaker_call(
+        temporal_address or cfg.temporal.address, cfg.temporal.namespace, cluster,
+        reset_by=by, reason=reason)), as_json)
 
 
 def main() -> None:

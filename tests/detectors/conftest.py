@@ -56,7 +56,8 @@ class Stack:
     """A running worker plus the intake and an HTTP client on the repair API."""
 
     def __init__(self, config: AutorepairConfig, intake: RepairIntake, http: httpx.AsyncClient,
-                 ledger: Ledger, env: Any) -> None:
+                 ledger: Ledger, env: Any, app: FastAPI) -> None:
+        self.app = app
         self.config = config
         self.intake = intake
         self.http = http
@@ -87,7 +88,7 @@ async def start_stack(config: AutorepairConfig, pool: Any, env: Any, tokens: Pat
     async with worker, httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://api"
     ) as http:
-        yield Stack(config, intake, http, ledger, env)
+        yield Stack(config, intake, http, ledger, env, app)
 
 
 @pytest.fixture
