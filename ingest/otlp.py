@@ -96,11 +96,10 @@ class ScorePoint:
 
 @dataclass(slots=True)
 class SignalPoint:
-    """One accepted signal gauge value (``signal`` is the short name, e.g. ``throughput_ratio``)."""
+    """Accepted signal gauge values of one resource, by short name (``throughput_ratio``…)."""
 
     resource: Resource
-    signal: str
-    value: float
+    values: dict[str, float]
 
 
 @dataclass(slots=True)
@@ -245,20 +244,25 @@ def decode_metrics(
         if isinstance(res, str):
             out.reject(res, sum(_count_points(m) for sm in rm.scope_metrics for m in sm.metrics))
             continue
+        signals: dict[str, float] = {}
         for sm in rm.scope_metrics:
             for m in sm.metrics:
                 name = m.name
                 if name == METRIC_SCORE or name == INGERO_SCORE:
                     _decode_scores(out, res, m, now, max_future_s, ttl_s)
-                elif name in SIGNAL_METRICS:
-                    for dp in _gauge_points(m):
-                        v = _point_value(dp)
-                        if v is None or not math.isfinite(v):
-                            out.reject(f"{name}: value {v!r} is not a finite number")
-                            continue
-                        out.signals.append(SignalPoint(res, SIGNAL_METRICS[name], v))
-                else:
+                    continue
+                short = SIGNAL_METRICS.get(name)
+                if short is None:
                     out.ignored_metrics += _count_points(m)
+                    continue
+                for dp in _gauge_points(m):
+                    v = _point_value(dp)
+                    if v is None or not math.isfinite(v):
+                        out.reject(f"{name}: value {v!r} is not a finite number")
+                        continue
+                    signals[short] = v
+        if signals:
+            out.signals.append(SignalPoint(res, signals))
     return out
 
 

@@ -202,7 +202,7 @@ class Ingestor:
                 info.straggler = obs.event is StragglerEvent.RAISED
                 await self._straggler_alert(r, p.score, obs.event, now)
         for s in d.signals:
-            self._info(s.resource, now).signals[s.signal] = s.value
+            self._info(s.resource, now).signals.update(s.values)
         if not hint_set:
             hint = self._hint_for_request(d, req)
         self._count_rejected(d, transport, "metrics")

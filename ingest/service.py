@@ -258,7 +258,11 @@ async def _serve(config: AutorepairConfig) -> None:
         client, config.temporal.task_queue, queue_size=config.ingest.alert_queue,
         on_outcome=lambda o: service.metrics.alert_handoff_total.labels(o).inc(),
     )
-    service = IngestService(config, sink, temporal_ready=temporal_ready)
+    from ingest.repairs_api import repairs_router_for
+
+    repairs_router, repairs_intake = repairs_router_for(config, client)  # issue 9
+    service = IngestService(config, sink, temporal_ready=temporal_ready,
+                            routers=[repairs_router])
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -274,6 +278,7 @@ async def _serve(config: AutorepairConfig) -> None:
     finally:
         log.info("event=ingest_stopping")
         await service.stop()
+        await repairs_intake.close()
 
 
 def run_ingest(config: AutorepairConfig) -> None:
