@@ -100,8 +100,9 @@ async def _start_bare(transport: str) -> tuple[int, Any]:
 
         return port, close_grpc
 
-    from ingest.service import _bind, _HTTP_IMPL, _Server
     import uvicorn
+
+    from ingest.service import _HTTP_IMPL, _bind, _Server
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -120,7 +121,9 @@ async def _start_bare(transport: str) -> tuple[int, Any]:
                                     log_level="warning", timeout_keep_alive=30,
                                     server_header=False, date_header=False))
     task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
+    for _ in range(1000):
+        if server.started:
+            break
         await asyncio.sleep(0.01)
 
     async def close_http() -> None:

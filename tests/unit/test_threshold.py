@@ -212,7 +212,7 @@ def test_minority_outliers_cannot_push_threshold_past_healthy(
     """Fewer than half outliers, wherever they are, leave the threshold at or below the
     healthy nodes' median (the breakdown point of median and MAD is 50%), so the healthy
     majority is never all flagged and the threshold stays within [0, 1]."""
-    n_out = int(math.floor(outlier_frac * len(healthy) / (1 - outlier_frac)))
+    n_out = math.floor(outlier_frac * len(healthy) / (1 - outlier_frac))
     n_out = min(n_out, (len(healthy) - 1))
     total = len(healthy) + n_out
     if 2 * n_out >= total:
