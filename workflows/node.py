@@ -258,17 +258,15 @@ class NodeWorkflow:
         while True:
             timeout = self._next_deadline()
             try:
-                await workflow.wait_condition(lambda: self._dirty, timeout=timeout)
+                await workflow.wait_condition(
+                    lambda: self._dirty or self._history_full(), timeout=timeout
+                )
             except TimeoutError:
                 pass
             self._dirty = False
             async with self._lock:
                 await self._evaluate()
-            info = workflow.info()
-            if (
-                info.is_continue_as_new_suggested()
-                or info.get_current_history_length() > self._s.history_limit
-            ):
+            if self._history_full():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(
                     NodeInput(
@@ -281,6 +279,13 @@ class NodeWorkflow:
                 )
 
     # ---- helpers -------------------------------------------------------------------
+    def _history_full(self) -> bool:
+        info = workflow.info()
+        return (
+            info.is_continue_as_new_suggested()
+            or info.get_current_history_length() > self._s.history_limit
+        )
+
     async def _policy(self) -> PolicySnapshot:
         assert self._inp is not None
         now = workflow.now()

@@ -24,6 +24,7 @@ from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -54,10 +55,14 @@ from workflows.models import (
     Alert,
     AlertDelivery,
     NodeInput,
+    workflow_id_guard,
     workflow_id_node,
 )
 from workflows.protocol import NODE_UPDATE_DELIVER_ALERT
 from workflows.registry import WORKFLOWS
+
+#: Our workflows; issue 8's real ValidationWorkflow is replaced by the same-named fake.
+OWN_WORKFLOWS = [w for w in WORKFLOWS if w.__name__ != "ValidationWorkflow"]
 
 
 @dataclass
@@ -288,12 +293,32 @@ async def harness(ts_env: WorkflowEnvironment, ledger_pool: Any) -> AsyncIterato
         Worker(
             ts_env.client,
             task_queue=h.task_queue,
-            workflows=[*WORKFLOWS, FakeValidationWorkflow],
+            workflows=[*OWN_WORKFLOWS, FakeValidationWorkflow],
             activities=[*ledger_acts.all(), *fake.scheduler_activities(), h.load_policy],
         ),
         Worker(ts_env.client, task_queue=h.bmc_queue, activities=fake.machine_activities()),
     ):
-        yield h
+        try:
+            yield h
+        finally:
+            await terminate_all(h)
+
+
+async def terminate_all(h: Harness) -> None:
+    """Terminate every workflow this test left running (the session server is shared,
+    and time skipping is global: leftovers would hold time for the next test)."""
+    ids = [workflow_id_guard(h.cluster.cluster)]
+    ids += [workflow_id_node(h.cluster.cluster, n) for n in h.cluster.nodes]
+    ids += [
+        r["workflow_id"]
+        for r in await h.ledger.list_repairs(cluster=h.cluster.cluster)
+        if r["workflow_id"]
+    ]
+    for wid in ids:
+        try:
+            await h.client.get_workflow_handle(wid).terminate("test finished")
+        except RPCError:
+            pass  # not running
 
 
 def make_alert(cluster: str, node: str, n: int | str = 1, **kw: Any) -> Alert:
@@ -316,5 +341,3 @@ def make_alert(cluster: str, node: str, n: int | str = 1, **kw: Any) -> Alert:
     )
     base.update(kw)
     return Alert.model_validate(base)
-
-

@@ -23,20 +23,29 @@ from workflows.models import (
 )
 
 
-async def start_repair(h: Harness, node: str, action: Action, rid: str,
-                       **kw: Any) -> WorkflowHandle[Any, RepairStatus]:
+async def start_repair(
+    h: Harness, node: str, action: Action, rid: str, **kw: Any
+) -> WorkflowHandle[Any, RepairStatus]:
     req = RepairRequest(
-        repair_id=rid, cluster=h.cluster.cluster, node=node, action=action,
-        alerts=kw.pop("alerts", [make_alert(h.cluster.cluster, node, rid)]), **kw,
+        repair_id=rid,
+        cluster=h.cluster.cluster,
+        node=node,
+        action=action,
+        alerts=kw.pop("alerts", [make_alert(h.cluster.cluster, node, rid)]),
+        **kw,
     )
     return await h.client.start_workflow(
-        "RepairWorkflow", req, id=workflow_id_repair(h.cluster.cluster, node, rid),
-        task_queue=h.task_queue, result_type=RepairStatus,
+        "RepairWorkflow",
+        req,
+        id=workflow_id_repair(h.cluster.cluster, node, rid),
+        task_queue=h.task_queue,
+        result_type=RepairStatus,
     )
 
 
-async def wait_stage(handle: WorkflowHandle[Any, RepairStatus], stage: Stage,
-                     tries: int = 200) -> RepairStatus:
+async def wait_stage(
+    handle: WorkflowHandle[Any, RepairStatus], stage: Stage, tries: int = 200
+) -> RepairStatus:
     for _ in range(tries):
         st = await handle.query("status", result_type=RepairStatus)
         if st.stage == stage:
@@ -59,8 +68,14 @@ async def test_automatic_power_cycle_runs_every_stage(harness: Harness) -> None:
     st = await handle.result()
     assert st.stage == Stage.succeeded, st.detail
     assert stages(st) == [
-        Stage.recommended, Stage.cordoning, Stage.waiting_for_idle, Stage.draining,
-        Stage.repairing, Stage.joining, Stage.running, Stage.succeeded,
+        Stage.recommended,
+        Stage.cordoning,
+        Stage.waiting_for_idle,
+        Stage.draining,
+        Stage.repairing,
+        Stage.joining,
+        Stage.running,
+        Stage.succeeded,
     ]
     assert st.approved_by == "auto-approved" and st.decided_by_rule
     assert h.cluster.power_cycles == 1
@@ -174,8 +189,15 @@ async def test_evidence_cleared_before_acting_auto_resolves(harness: Harness) ->
     h = harness
     h.cluster.busy_polls["gpu-10"] = 3
     h.policy.wait_for_idle.poll_s = 60
-    lvl = make_alert(h.cluster.cluster, "gpu-10", "lvl", kind="ib_link_down", code=None,
-                     level=True, action="reboot")
+    lvl = make_alert(
+        h.cluster.cluster,
+        "gpu-10",
+        "lvl",
+        kind="ib_link_down",
+        code=None,
+        level=True,
+        action="reboot",
+    )
     handle = await start_repair(h, "gpu-10", Action.reboot, "r10", alerts=[lvl])
     await wait_stage(handle, Stage.waiting_for_idle)
     await handle.signal("attach_alert", lvl.model_copy(update={"alert_id": "clr", "active": False}))
@@ -188,8 +210,13 @@ async def test_user_requested_repair_is_approved_by_its_creator(harness: Harness
     h = harness
     h.policy.consent.mode = "approve"
     handle = await start_repair(
-        h, "gpu-11", Action.reboot, "r11", alerts=[],
-        requester=Requester(kind=RequesterKind.user, name="grace"), reason="manual",
+        h,
+        "gpu-11",
+        Action.reboot,
+        "r11",
+        alerts=[],
+        requester=Requester(kind=RequesterKind.user, name="grace"),
+        reason="manual",
     )
     st = await handle.result()
     assert st.stage == Stage.succeeded and st.approved_by == "grace"

@@ -17,6 +17,7 @@ from workflows.policy.ladder import (
 )
 from workflows.policy.lookup import (
     APP_XIDS,
+    DIAGNOSTIC_XIDS,
     CatalogueDecision,
     catalogue_decision,
     count_in_window,
@@ -35,6 +36,7 @@ from workflows.policy.rails import (
 
 __all__ = [
     "APP_XIDS",
+    "DIAGNOSTIC_XIDS",
     "CatalogueDecision",
     "ConsentDecision",
     "GateDecision",

@@ -18,6 +18,11 @@ from workflows.models import Action, Alert
 #: Xid codes that never drive a node repair by themselves (DESIGN §5: application-level
 #: or preemptive-cleanup errors, NVIDIA Xid catalogue buckets RESTART_APP/IGNORE).
 APP_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 94})
+#: App Xids whose repeats on one GPU/GPC recommend a diagnostic validation run
+#: (scenario 2). Xid 45 (preemptive cleanup) is excluded: it is a secondary symptom
+#: logged many times by healthy nodes after one job crash (scenario 1), so repetition
+#: alone never escalates it.
+DIAGNOSTIC_XIDS: frozenset[int] = frozenset({13, 31, 43, 94})
 
 
 @dataclass(frozen=True)
@@ -103,7 +108,7 @@ def catalogue_decision(
             action, True, rule, f"override: {o.count} occurrence(s) within {o.window_s:g} s"
         )
     if alert.kind == "xid" and alert.code in APP_XIDS:
-        if repeats_same_gpu >= cat.app_xid_repeat_count:
+        if alert.code in DIAGNOSTIC_XIDS and repeats_same_gpu >= cat.app_xid_repeat_count:
             return CatalogueDecision(
                 Action.none,
                 False,

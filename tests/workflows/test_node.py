@@ -1,0 +1,190 @@
+"""Time-skipping tests of NodeWorkflow: dedup, persistence, auto-resolve, attach,
+cooldown, continue-as-new (scenarios 1, 2, 6 and 10's alert side)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+from tests.workflows.conftest import Harness, make_alert
+from workflows.models import AlertOutcome, RepairStatus, Stage, workflow_id_node, workflow_id_repair
+from workflows.protocol import NodeStatus
+
+
+async def node_status(h: Harness, node: str) -> NodeStatus:
+    handle = h.client.get_workflow_handle(workflow_id_node(h.cluster.cluster, node))
+    return await handle.query("status", result_type=NodeStatus)
+
+
+async def repair_result(h: Harness, node: str, rid: str) -> RepairStatus:
+    """Result of a repair this client did not start (skipping time while it runs: only
+    handles from ``start_workflow`` unlock time skipping by themselves)."""
+    handle = h.client.get_workflow_handle(
+        workflow_id_repair(h.cluster.cluster, node, rid), result_type=RepairStatus
+    )
+    for _ in range(500):
+        desc = await handle.describe()
+        if desc.close_time is not None:
+            return await handle.result()
+        await h.env.sleep(timedelta(seconds=30))
+    raise AssertionError(f"repair {rid} did not finish")
+
+
+async def wait_for(pred: Any, what: str, tries: int = 200) -> None:
+    for _ in range(tries):
+        if await pred():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_event_fault_recommends_at_once_and_dedups(harness: Harness) -> None:
+    h = harness
+    a = make_alert(h.cluster.cluster, "gpu-01", 1)
+    d1 = await h.deliver(a)
+    assert d1.outcome == AlertOutcome.recommended and d1.repair_id
+    d2 = await h.deliver(a)
+    assert d2.outcome == AlertOutcome.deduplicated
+    st = await repair_result(h, "gpu-01", d1.repair_id)
+    assert st.stage == Stage.succeeded and st.action.value == "power_cycle"
+    assert h.cluster.power_cycles == 1
+    assert (await h.ledger.get_alert(a.alert_id)) is not None
+
+
+async def test_level_fault_waits_for_persistence(harness: Harness) -> None:
+    h = harness
+    lvl = make_alert(
+        h.cluster.cluster,
+        "gpu-02",
+        1,
+        kind="xfs_shutdown",
+        code=None,
+        level=True,
+        action="reboot",
+        severity="critical",
+    )
+    d = await h.deliver(lvl)
+    assert d.outcome == AlertOutcome.new and "persistence" in d.reason
+    st = await node_status(h, "gpu-02")
+    assert st.degraded and st.repair_id is None
+    await h.env.sleep(timedelta(seconds=61))
+
+    async def started() -> bool:
+        return (await node_status(h, "gpu-02")).recommendations == 1
+
+    await wait_for(started, "repair after persistence")
+
+
+async def test_clear_before_persistence_auto_resolves(harness: Harness) -> None:
+    h = harness
+    lvl = make_alert(
+        h.cluster.cluster, "gpu-03", 1, kind="xfs_shutdown", code=None, level=True, action="reboot"
+    )
+    assert (await h.deliver(lvl)).outcome == AlertOutcome.new
+    clr = lvl.model_copy(update={"alert_id": "clr-3", "active": False})
+    d = await h.deliver(clr)
+    assert d.outcome == AlertOutcome.cleared and "auto-resolved" in d.reason
+    await h.env.sleep(timedelta(minutes=5))
+    st = await node_status(h, "gpu-03")
+    assert st.repair_id is None and st.recommendations == 0 and not st.degraded
+    assert h.cluster.count("cordon") == 0
+
+
+async def test_scenario_1_secondary_xid_storm_no_repair(harness: Harness) -> None:
+    h = harness
+    for node in ("gpu-04", "gpu-05", "gpu-06"):
+        for i in range(8):
+            x45 = make_alert(
+                h.cluster.cluster,
+                node,
+                f"x45-{i}",
+                code=45,
+                action="none",
+                actionable=False,
+                severity="warning",
+                gpu=f"gpu{i % 4}",
+            )
+            d = await h.deliver(x45)
+            assert d.outcome == AlertOutcome.ignored, d
+    for node in ("gpu-04", "gpu-05", "gpu-06"):
+        st = await node_status(h, node)
+        assert st.recommendations == 0 and not st.diagnostics
+    alerts = await h.ledger.list_alerts(cluster=h.cluster.cluster)
+    assert len(alerts) == 24  # recorded and counted
+    assert h.cluster.count("cordon") == 0
+
+
+async def test_scenario_2_repeated_app_xid_asks_for_diagnostics(harness: Harness) -> None:
+    h = harness
+    x13 = dict(
+        code=13, action="none", actionable=False, severity="warning", evidence={"gpc": "GPC 2"}
+    )
+    d1 = await h.deliver(make_alert(h.cluster.cluster, "gpu-07", "a", **x13))
+    assert d1.outcome == AlertOutcome.ignored
+    await h.env.sleep(timedelta(hours=3))
+    d2 = await h.deliver(make_alert(h.cluster.cluster, "gpu-07", "b", **x13))
+    assert d2.outcome == AlertOutcome.recommended and "diagnostic" in d2.reason
+    assert d2.repair_id is None  # a validation run is recommended, not a reboot
+    # the same Xid on different GPUs of different nodes: no action at all
+    for i, node in enumerate(("gpu-08", "gpu-09")):
+        d = await h.deliver(make_alert(h.cluster.cluster, node, f"c{i}", gpu=f"g{i}", **x13))
+        assert d.outcome == AlertOutcome.ignored
+    assert h.cluster.count("cordon") == 0
+    assert any("diagnostic" in n.subject for n in h.cluster.notifications)
+
+
+async def test_scenario_6_flapping_attaches_and_cooldown_applies(harness: Harness) -> None:
+    h = harness
+    h.policy.wait_for_idle.poll_s = 60
+    h.cluster.busy_polls["gpu-10"] = 5  # the repair stays in flight for ~5 min
+    lvl = make_alert(
+        h.cluster.cluster, "gpu-10", 1, kind="xfs_shutdown", code=None, level=True, action="reboot"
+    )
+    h.policy.rails.persistence_by_kind = {"xfs_shutdown": 0}
+    d = await h.deliver(lvl)
+    assert d.outcome == AlertOutcome.recommended
+    rid = d.repair_id
+    assert rid
+    # unhealthy → healthy → unhealthy while the repair is in flight
+    clr = lvl.model_copy(update={"alert_id": "clr", "active": False})
+    again = lvl.model_copy(update={"alert_id": "again"})
+    assert (await h.deliver(clr)).outcome == AlertOutcome.cleared
+    d3 = await h.deliver(again)
+    assert d3.outcome == AlertOutcome.attached and d3.repair_id == rid
+    st = await repair_result(h, "gpu-10", rid)
+    assert st.stage == Stage.succeeded
+    assert {a.alert_id for a in st.evidence} >= {lvl.alert_id, "again"}
+    ns = await node_status(h, "gpu-10")
+    assert ns.cooldown_until is not None and ns.recommendations == 1
+    # still active after the repair: no second repair inside the cooldown
+    await h.env.sleep(timedelta(minutes=20))
+    assert (await node_status(h, "gpu-10")).recommendations == 1
+    assert h.cluster.count("reboot") == 1
+    # after the cooldown the still-active fault is acted on again
+    await h.env.sleep(timedelta(minutes=11))
+
+    async def second() -> bool:
+        return (await node_status(h, "gpu-10")).recommendations == 2
+
+    await wait_for(second, "second repair after cooldown")
+
+
+async def test_continue_as_new_carries_state(harness: Harness) -> None:
+    h = harness
+    first = make_alert(
+        h.cluster.cluster, "gpu-11", "first", code=45, action="none", actionable=False
+    )
+    await h.deliver(first, history_limit=40)
+    for i in range(25):
+        await h.deliver(
+            make_alert(
+                h.cluster.cluster, "gpu-11", f"n{i}", code=45, action="none", actionable=False
+            )
+        )
+    handle = h.client.get_workflow_handle(workflow_id_node(h.cluster.cluster, "gpu-11"))
+    desc = await handle.describe()
+    assert desc.run_id != desc.raw_description.workflow_execution_info.first_run_id
+    # de-duplication keys survived continue-as-new
+    assert (await h.deliver(first)).outcome == AlertOutcome.deduplicated
+    assert (await node_status(h, "gpu-11")).seen_alert_ids == 26
