@@ -1,0 +1,304 @@
+"""Kubernetes side of the validation activities (see :mod:`activities.validation`).
+
+Placement: the node is cordoned with the repair taint ``autorepair.io/repair:NoSchedule``
+(value = the run id; an existing cordon is kept as it is), then a ``batch/v1`` Job
+``autorepair-validate-<run>`` is created in ``ValidationConfig.namespace`` with
+``spec.template.spec.nodeName`` = the node (pinned, no scheduling), a toleration for the
+repair taint, ``backoffLimit: 0`` and ``activeDeadlineSeconds`` = the run's bound. The
+node's prior state is kept in the Job's ``autorepair.io/prior-state`` annotation, so a
+retried placement finds it. The result is the last JSON line of the pod's log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio.client.exceptions import ApiException
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.scheduler.kube import (
+    ANN_CORDONED_BY,
+    ANN_REPAIR_ID,
+    CORDONED_BY_US,
+    TAINT_EFFECT,
+    TAINT_KEY,
+    KubeScheduler,
+    _requests_gpu,
+)
+from activities.spares import SparePool
+from workflows.activity_api import (
+    ERR_UNKNOWN_NODE,
+    CollectInput,
+    CollectResult,
+    PlacementResult,
+    ReturnMachineInput,
+    ReturnMachineResult,
+    ValidationPlacement,
+)
+from workflows.config import ClusterConfig, ValidationConfig
+from workflows.models import ValidationResult, Verdict
+
+#: Annotation on the Job holding the node's state before placement (JSON).
+ANN_PRIOR = "autorepair.io/prior-state"
+#: Annotation on the Job holding the run id; label selecting the run's pods.
+ANN_RUN = "autorepair.io/validation-run"
+LABEL_RUN = "autorepair.io/validation"
+#: Annotation on the node naming the hardware ticket of a failed run.
+ANN_TICKET = "autorepair.io/validation-ticket"
+#: Poll interval while waiting for the Job, seconds.
+POLL_S = 1.0
+
+
+def _slug(run_id: str) -> str:
+    from activities.validation import run_slug
+
+    return run_slug(run_id)
+
+
+class KubeValidation(KubeScheduler):
+    """Validation placement on one Kubernetes cluster (pinned Job tolerating our taint)."""
+
+    def __init__(self, cluster: ClusterConfig, api_client: k8s.ApiClient | None = None) -> None:
+        super().__init__(cluster, api_client=api_client)
+        self.v: ValidationConfig = cluster.validation
+
+    async def _batch(self) -> k8s.BatchV1Api:
+        await self._api()
+        return k8s.BatchV1Api(self._client)
+
+    def job_name(self, run_id: str) -> str:
+        """``autorepair-validate-<slug>`` (≤ 63 characters, DNS-1123)."""
+        return f"autorepair-validate-{_slug(run_id)}"
+
+    @staticmethod
+    def snapshot(n: k8s.V1Node) -> dict[str, Any]:
+        """The restorable part of a node's state."""
+        ann = n.metadata.annotations or {}
+        return {
+            "scheduler": "kubernetes",
+            "unschedulable": bool(n.spec.unschedulable),
+            "holder": ann.get(ANN_REPAIR_ID),
+            "cordoned_by": ann.get(ANN_CORDONED_BY),
+        }
+
+    async def _read_job(self, name: str) -> Any:
+        batch = await self._batch()
+        try:
+            return await batch.read_namespaced_job(name, self.v.namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def _job_body(self, p: ValidationPlacement, prior: dict[str, Any]) -> dict[str, Any]:
+        name = self.job_name(p.run_id)
+        env: list[dict[str, Any]] = [
+            {"name": k, "value": val} for k, val in sorted(self.v.env.items())
+        ]
+        env.append({"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
+        container: dict[str, Any] = {
+            "name": "validate", "image": self.v.image, "command": list(self.v.command),
+            "env": env, "terminationMessagePolicy": "FallbackToLogsOnError",
+        }
+        if self.v.gpus:
+            container["resources"] = {"limits": {"nvidia.com/gpu": str(self.v.gpus)}}
+        labels = {LABEL_RUN: _slug(p.run_id), "app.kubernetes.io/name": "autorepair-validate"}
+        return {
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "namespace": self.v.namespace, "labels": labels,
+                         "annotations": {ANN_RUN: p.run_id, ANN_PRIOR: json.dumps(prior)}},
+            "spec": {
+                "backoffLimit": 0,
+                "activeDeadlineSeconds": int(self.v.timeout_s),
+                "ttlSecondsAfterFinished": 86400,
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "nodeName": p.node, "restartPolicy": "Never",
+                        "tolerations": [{"key": TAINT_KEY, "operator": "Exists",
+                                         "effect": TAINT_EFFECT}],
+                        "containers": [container],
+                    },
+                },
+            },
+        }
+
+    async def place(self, p: ValidationPlacement) -> PlacementResult:
+        """Cordon (if needed) and create the pinned Job; ``placed=False`` + reason when the
+        node is unknown, not Ready, or runs GPU pods (machine reallocated)."""
+        timing = {"timeout_s": self.v.timeout_s, "poll_s": self.v.poll_s}
+        name = self.job_name(p.run_id)
+        job = await self._read_job(name)
+        if job is not None:
+            prior = json.loads((job.metadata.annotations or {}).get(ANN_PRIOR) or "{}")
+            return PlacementResult(placed=True, job_id=name, prior_state=prior, **timing)
+        try:
+            n = await self._read(p.node)
+        except ApplicationError as e:
+            if e.type == ERR_UNKNOWN_NODE:
+                return PlacementResult(placed=False, reason=str(e), **timing)
+            raise
+        prior = self.snapshot(n)
+        ready = any(c.type == "Ready" and c.status == "True"
+                    for c in (n.status.conditions if n.status else None) or [])
+        if not ready:
+            return PlacementResult(placed=False, prior_state=prior,
+                                   reason=f"node {p.node} not Ready", **timing)
+        gpu_pods = [f"{q.metadata.namespace}/{q.metadata.name}" for q in await self._pods_on(p.node)
+                    if _requests_gpu(q)
+                    and (q.metadata.labels or {}).get(LABEL_RUN) != _slug(p.run_id)]
+        if gpu_pods:
+            return PlacementResult(
+                placed=False, prior_state=prior,
+                reason=f"machine reallocated: GPU pods {', '.join(sorted(gpu_pods))} on {p.node}",
+                **timing,
+            )
+        if not n.spec.unschedulable:
+            await self.cordon(p.node, p.run_id, "validation run")
+        batch = await self._batch()
+        try:
+            body: Any = self._job_body(p, prior)  # the client accepts plain dicts
+            await batch.create_namespaced_job(self.v.namespace, body)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+        return PlacementResult(placed=True, job_id=name, prior_state=prior, **timing)
+
+    async def _pod_log(self, slug: str) -> str:
+        api = await self._api()
+        pods = await api.list_namespaced_pod(self.v.namespace, label_selector=f"{LABEL_RUN}={slug}")
+        mine = [q for q in pods.items if (q.metadata.labels or {}).get(LABEL_RUN) == slug]
+        if not mine:
+            return ""
+        mine.sort(key=lambda q: q.metadata.creation_timestamp or 0)
+        pod = mine[-1]
+        try:
+            # Raw body: with preloading the client json-decodes a log that is one JSON
+            # object and hands back its Python repr (kubernetes-client deserialisation).
+            resp = await api.read_namespaced_pod_log(pod.metadata.name, self.v.namespace,
+                                                     container="validate",
+                                                     _preload_content=False)
+            try:
+                raw = await resp.read()
+            finally:
+                resp.release()
+            return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        for cs in (pod.status.container_statuses if pod.status else None) or []:
+            term = cs.state.terminated if cs.state else None
+            if term is not None and term.message:
+                return str(term.message)
+        return ""
+
+    async def collect(self, c: CollectInput) -> CollectResult:
+        """Wait up to ``c.wait_s`` for the Job to finish, then read the pod's result."""
+        from activities.validation import parse_result_text
+
+        deadline = time.monotonic() + c.wait_s
+        while True:
+            job = await self._read_job(c.job_id)
+            if job is None:
+                return CollectResult(finished=True, result=ValidationResult(
+                    machine=c.machine, verdict=Verdict.aborted,
+                    reason=f"validation Job {c.job_id} was deleted (machine taken away)"))
+            st = job.status
+            conds = {x.type: x for x in (st.conditions if st else None) or [] if x.status == "True"}
+            done = bool(st and ((st.succeeded or 0) > 0 or (st.failed or 0) > 0)) or bool(
+                {"Complete", "Failed"} & set(conds))
+            if done:
+                break
+            if activity.in_activity():
+                activity.heartbeat({"job": c.job_id, "active": st.active if st else None})
+            if time.monotonic() >= deadline:
+                return CollectResult(finished=False)
+            await asyncio.sleep(POLL_S)
+        failed = conds.get("Failed")
+        text = await self._pod_log(_slug(c.run_id))
+        result = parse_result_text(text, c.machine)
+        if result is None:
+            why = f"{failed.reason}: {failed.message}" if failed else "no result printed"
+            return CollectResult(finished=True, result=ValidationResult(
+                machine=c.machine, verdict=Verdict.aborted,
+                reason=f"validation Job {c.job_id} ended without a result ({why}): "
+                f"{text[-2000:]!r}"))
+        return CollectResult(finished=True, result=result)
+
+    async def release(self, c: CollectInput) -> None:
+        """Delete the Job and its pods (idempotent)."""
+        if not c.job_id:
+            return
+        batch = await self._batch()
+        try:
+            await batch.delete_namespaced_job(c.job_id, self.v.namespace,
+                                              propagation_policy="Background")
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    async def _annotate(self, node: str, ann: dict[str, str | None]) -> None:
+        def build(n: k8s.V1Node) -> dict[str, Any] | None:
+            cur = n.metadata.annotations or {}
+            if all(cur.get(k) == v for k, v in ann.items()):
+                return None
+            return {"metadata": {"annotations": ann}}
+
+        await self._patch(node, build)
+
+    async def return_machine(self, r: ReturnMachineInput, spares: SparePool | None
+                             ) -> ReturnMachineResult:
+        """Apply the verdict to the node (see :mod:`activities.validation`)."""
+        try:
+            n = await self._read(r.node)
+        except ApplicationError as e:
+            if e.type == ERR_UNKNOWN_NODE:
+                return ReturnMachineResult(detail=str(e))
+            raise
+        prior = r.prior_state or {}
+        ann = n.metadata.annotations or {}
+        holder = ann.get(ANN_REPAIR_ID)
+        ours = ann.get(ANN_CORDONED_BY) == CORDONED_BY_US
+        if r.verdict == Verdict.aborted:
+            if not prior.get("unschedulable") and holder == r.run_id:
+                await self.rejoin(r.node, r.run_id)
+                detail = "restored: schedulable"
+            else:
+                detail = "restored: cordon as before"
+        elif r.verdict == Verdict.failed:
+            if not n.spec.unschedulable:
+                await self.cordon(r.node, r.run_id, f"validation failed ticket {r.ticket_id}")
+            await self._annotate(r.node, {ANN_TICKET: r.ticket_id or r.run_id})
+            if spares is not None:
+                await spares.remove(self.cluster.name, r.machine)
+            detail = f"kept out (cordoned), ticket {r.ticket_id}"
+        elif r.return_to == "spare":
+            if not n.spec.unschedulable:
+                await self.cordon(r.node, r.run_id, "spare (validated)")
+            if spares is None:
+                raise ApplicationError("return_to=spare needs the ledger (spare pool)",
+                                       type="ConfigurationError", non_retryable=True)
+            await spares.add(self.cluster.name, r.machine, r.run_id)
+            detail = f"joined spare pool of {self.cluster.name}"
+        else:  # passed → pool
+            foreign = prior.get("unschedulable") and prior.get("cordoned_by") != CORDONED_BY_US
+            if foreign or (n.spec.unschedulable and not ours):
+                detail = "kept out: cordoned by someone else"
+            elif holder:
+                await self.rejoin(r.node, holder)
+                detail = "returned to pool: uncordoned"
+            else:
+                detail = "returned to pool: already schedulable"
+            await self._annotate(r.node, {ANN_TICKET: None})
+        after = await self._read(r.node)
+        return ReturnMachineResult(
+            state=["SchedulingDisabled"] if after.spec.unschedulable else ["Schedulable"],
+            schedulable=not after.spec.unschedulable,
+            spare=r.verdict == Verdict.passed and r.return_to == "spare",
+            detail=detail,
+        )
