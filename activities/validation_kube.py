@@ -180,7 +180,7 @@ class KubeValidation(KubeScheduler):
         try:
             # Raw body: with preloading the client json-decodes a log that is one JSON
             # object and hands back its Python repr (kubernetes-client deserialisation).
-            resp = await api.read_namespaced_pod_log(pod.metadata.name, self.v.namespace,
+            resp: Any = await api.read_namespaced_pod_log(pod.metadata.name, self.v.namespace,
                                                      container="validate",
                                                      _preload_content=False)
             try:
