@@ -1,0 +1,87 @@
+"""Small helpers shared by the workflow tests."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+from temporalio.client import WorkflowHandle
+from temporalio.service import RPCError
+
+from tests.workflows.conftest import Harness, make_alert
+from workflows.models import (
+    Action,
+    RepairRequest,
+    RepairStatus,
+    Stage,
+    workflow_id_guard,
+    workflow_id_repair,
+)
+from workflows.protocol import GuardStatus
+
+
+async def start_repair(
+    h: Harness, node: str, action: Action, rid: str, **kw: Any
+) -> WorkflowHandle[Any, RepairStatus]:
+    """Start a RepairWorkflow directly (as the repair API would)."""
+    req = RepairRequest(
+        repair_id=rid,
+        cluster=h.cluster.cluster,
+        node=node,
+        action=action,
+        alerts=kw.pop("alerts", [make_alert(h.cluster.cluster, node, rid)]),
+        **kw,
+    )
+    return await h.client.start_workflow(
+        "RepairWorkflow",
+        req,
+        id=workflow_id_repair(h.cluster.cluster, node, rid),
+        task_queue=h.task_queue,
+        result_type=RepairStatus,
+    )
+
+
+async def eventually(pred: Callable[[], Awaitable[bool]], what: str, tries: int = 300) -> None:
+    """Poll ``pred`` every 50 ms (real time) until true."""
+    for _ in range(tries):
+        try:
+            if await pred():
+                return
+        except RPCError:
+            pass  # e.g. the guard is not started yet
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def repair_status(h: Harness, node: str, rid: str) -> RepairStatus:
+    handle = h.client.get_workflow_handle(workflow_id_repair(h.cluster.cluster, node, rid))
+    return await handle.query("status", result_type=RepairStatus)
+
+
+async def guard_status(h: Harness) -> GuardStatus:
+    handle = h.client.get_workflow_handle(workflow_id_guard(h.cluster.cluster))
+    return await handle.query("status", result_type=GuardStatus)
+
+
+async def wait_stage(h: Harness, node: str, rid: str, stage: Stage) -> RepairStatus:
+    st: RepairStatus | None = None
+    for _ in range(300):
+        st = await repair_status(h, node, rid)
+        if st.stage == stage:
+            return st
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{rid}: stage {stage} not reached ({st})")
+
+
+async def result_skipping(h: Harness, node: str, rid: str, step_s: float = 30) -> RepairStatus:
+    """Result of a repair not started by this client, skipping time while it runs."""
+    handle = h.client.get_workflow_handle(
+        workflow_id_repair(h.cluster.cluster, node, rid), result_type=RepairStatus
+    )
+    for _ in range(500):
+        if (await handle.describe()).close_time is not None:
+            return await handle.result()
+        await h.env.sleep(timedelta(seconds=step_s))
+    raise AssertionError(f"repair {rid} did not finish")

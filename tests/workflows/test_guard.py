@@ -1,0 +1,100 @@
+"""ClusterGuardWorkflow: budget, one repair per pool, detector cap, lease expiry, breaker
+reset over the operator interface (query ``status``, signal ``reset_breaker``)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from tests.workflows.conftest import Harness
+from tests.workflows.helpers import eventually, guard_status, start_repair, wait_stage
+from workflows.models import Action, Requester, RequesterKind, Stage, workflow_id_guard
+from workflows.protocol import GUARD_SIGNAL_RESET_BREAKER, ResetBreakerSignal
+
+USER = Requester(kind=RequesterKind.user, name="ops")
+
+
+async def test_budget_serialises_repairs(harness: Harness) -> None:
+    h = harness  # 20 GPU nodes → budget max(1, ceil(0.05 × 20)) = 1
+    h.policy.wait_for_idle.do_not_interrupt = True
+    h.policy.wait_for_idle.poll_s = 60
+    h.cluster.busy_polls["gpu-01"] = 10
+    a = await start_repair(h, "gpu-01", Action.reboot, "b1", requester=USER, alerts=[])
+    await wait_stage(h, "gpu-01", "b1", Stage.waiting_for_idle)
+    b = await start_repair(h, "gpu-02", Action.reboot, "b2", requester=USER, alerts=[])
+
+    async def queued() -> bool:
+        g = await guard_status(h)
+        return [p.repair_id for p in g.pending] == ["b2"]
+
+    await eventually(queued, "b2 queued behind the budget")
+    g = await guard_status(h)
+    assert g.budget == 1 and [x.repair_id for x in g.leases] == ["b1"]
+    assert h.cluster.count("cordon", "gpu-02") == 0
+    assert (await a.result()).stage == Stage.succeeded
+    assert (await b.result()).stage == Stage.succeeded
+    assert not (await guard_status(h)).leases
+
+
+async def test_one_repair_per_pool_and_detector_cap(harness: Harness) -> None:
+    h = harness
+    h.gpu_nodes = 100  # budget 5
+    h.policy.rails.detector_cap = 1
+    h.pools = {"gpu-01": "p1", "gpu-02": "p1", "gpu-03": "p2", "gpu-04": "p3"}
+    h.policy.wait_for_idle.do_not_interrupt = True
+    for n in ("gpu-01", "gpu-03"):
+        h.cluster.busy_polls[n] = 10
+    det = Requester(kind=RequesterKind.detector, name="straggler-scan")
+    await start_repair(h, "gpu-01", Action.reboot, "p1a", requester=USER, alerts=[])
+    await start_repair(h, "gpu-03", Action.reboot, "p2a", requester=det, alerts=[])
+    await wait_stage(h, "gpu-01", "p1a", Stage.waiting_for_idle)
+    await wait_stage(h, "gpu-03", "p2a", Stage.waiting_for_idle)
+    await start_repair(h, "gpu-02", Action.reboot, "p1b", requester=USER, alerts=[])
+    await start_repair(h, "gpu-04", Action.reboot, "p3a", requester=det, alerts=[])
+
+    async def both_queued() -> bool:
+        return {p.repair_id for p in (await guard_status(h)).pending} == {"p1b", "p3a"}
+
+    await eventually(both_queued, "same-pool and over-cap requests queued")
+    g = await guard_status(h)
+    assert {x.repair_id for x in g.leases} == {"p1a", "p2a"}
+
+
+async def test_unreleased_lease_expires(harness: Harness) -> None:
+    h = harness
+    h.policy.rails.lease_ttl_s = 600
+    h.policy.wait_for_idle.do_not_interrupt = True
+    h.policy.wait_for_idle.poll_s = 300
+    h.cluster.busy_polls["gpu-05"] = 1000
+    await start_repair(h, "gpu-05", Action.reboot, "e1", requester=USER, alerts=[])
+    await wait_stage(h, "gpu-05", "e1", Stage.waiting_for_idle)
+    assert len((await guard_status(h)).leases) == 1
+    await h.env.sleep(timedelta(minutes=11))
+
+    async def expired() -> bool:
+        return not (await guard_status(h)).leases
+
+    await eventually(expired, "lease expiry")
+
+
+async def test_reset_breaker_signal_closes_it(harness: Harness) -> None:
+    h = harness
+    h.policy.wait_for_idle.do_not_interrupt = True
+    for i in (1, 2, 3):
+        h.cluster.busy_polls[f"gpu-0{i}"] = 1000
+        await start_repair(h, f"gpu-0{i}", Action.reboot, f"t{i}")  # automatic (mode)
+
+    async def tripped() -> bool:
+        g = await guard_status(h)
+        return g.breaker_open and len(g.pending) == 2
+
+    await eventually(tripped, "breaker trip")
+    g = await guard_status(h)
+    assert g.breaker_threshold == 2 and "threshold 2" in g.tripped_reason
+    guard = h.client.get_workflow_handle(workflow_id_guard(h.cluster.cluster))
+    await guard.signal(GUARD_SIGNAL_RESET_BREAKER, ResetBreakerSignal(by="alice"))
+
+    async def reset() -> bool:
+        g = await guard_status(h)
+        return not g.breaker_open and g.reset_by == "alice"
+
+    await eventually(reset, "breaker reset")
