@@ -21,9 +21,11 @@ and carries the tail of its log.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
 import http.server
+import logging
 import os
 import shutil
 import signal
@@ -33,8 +35,13 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import httpx
+
+log = logging.getLogger(__name__)
 
 #: Default node names and slurmd ports of the demo cluster (DESIGN §3).
 DEFAULT_NODES: tuple[str, ...] = ("gpu-01", "gpu-02", "gpu-03", "gpu-04")
@@ -139,6 +146,15 @@ class SlurmCluster:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
+    def jobs_dir(self) -> Path:
+        """Working directory of every client command (``WORKDIR/jobs``): an ``sbatch``
+        without ``--output`` writes its ``slurm-<job>.out`` here, never into the caller's
+        current directory (e.g. the repository root)."""
+        path = self.workdir / "jobs"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    @property
     def env(self) -> dict[str, str]:
         """Environment for Slurm client commands against this cluster."""
         env = dict(os.environ)
@@ -149,7 +165,7 @@ class SlurmCluster:
         """Run a Slurm client command (e.g. ``"sbatch", "-w", "gpu-01", ...``); stdout."""
         cp = subprocess.run(
             list(args), env=self.env, capture_output=True, text=True, timeout=timeout,
-            check=False,
+            check=False, cwd=self.jobs_dir,
         )
         if check and cp.returncode != 0:
             raise RuntimeError(f"{' '.join(args)} failed rc={cp.returncode}: {cp.stderr.strip()}")
@@ -176,7 +192,7 @@ class SlurmCluster:
         return subprocess.Popen(
             ["slurmd", "-D", "-N", node, "-f", str(self.conf_path)],
             env=self.env, stdout=log.open("ab"), stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True, cwd=self.jobs_dir,
         )
 
     def stop(self) -> None:
@@ -311,7 +327,7 @@ def start_slurm_cluster(
         cluster.procs["slurmctld"] = subprocess.Popen(
             ["slurmctld", "-D", "-i", "-f", str(conf)],
             env=cluster.env, stdout=ctld_log.open("ab"), stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True, cwd=wd / "jobs",
         )
         if not _wait_port("127.0.0.1", ctld, START_TIMEOUT_S):
             raise PeerStartError(
@@ -450,3 +466,173 @@ def start_redfish_emulator(
         emu.stop()
         raise PeerStartError(f"sushy-emulator did not start on {port}:\n{_tail(log)}")
     return emu
+
+
+# --------------------------------------------------------------------------------------
+# Machine bridge: emulated BMC power edges -> the node's "reboot" in the dev peers
+# --------------------------------------------------------------------------------------
+
+#: Bridge poll interval, seconds. The emulator's fake driver keeps a restarted system
+#: ``Off`` until the first read after 1-11 s, so a 0.2 s poll sees nearly every edge.
+BRIDGE_POLL_S = 0.2
+#: Event names passed to the bridge callback.
+EVENT_POWER_ON = "power_on"
+EVENT_REPROVISION = "reprovision"
+
+#: ``callback(node, event)``: the machine under ``node`` came back on (``event`` is
+#: :data:`EVENT_REPROVISION` when virtual media was inserted while it was off, else
+#: :data:`EVENT_POWER_ON`: reboot, power cycle and power on look alike on Redfish).
+BridgeCallback = Callable[[str, str], None]
+
+
+class MachineBridge:
+    """Makes emulated machines behave like machines: a power-on edge restarts the node.
+
+    A background thread polls ``GET /redfish/v1/Systems/{id}`` of every node's system
+    every ``poll_s`` seconds. When a system seen ``Off`` (or in a transitional state) is
+    ``On`` again, ``callback(node, event)`` runs in a worker thread (calls for different
+    nodes run concurrently, calls for one node in order) — e.g.
+    ``SlurmCluster.restart_slurmd(node)`` in the dev Slurm cluster, where a Redfish power
+    action alone does not restart slurmd, or a new ``bootID`` in a Kubernetes emulator.
+    While a system is off its ``VirtualMedia`` members are read once; an inserted image
+    makes the event :data:`EVENT_REPROVISION`.
+
+    ``systems`` maps node name → Redfish system id (default: the emulator's own, one
+    system per node). :meth:`bind` moves a node identity onto another machine's system
+    (after a migrate). Every edge is appended to ``edges`` as ``(node, event, monotonic
+    time)``. Unreachable emulator or HTTP errors are logged and retried next poll; a
+    failing callback is logged and does not stop the bridge.
+
+    Usage: ``MachineBridge(emulator, cb).start()`` ... ``.stop()``; also a context manager.
+    """
+
+    def __init__(
+        self,
+        redfish: RedfishEmulator,
+        callback: BridgeCallback,
+        systems: Mapping[str, str] | None = None,
+        poll_s: float = BRIDGE_POLL_S,
+    ) -> None:
+        if poll_s <= 0:
+            raise ValueError(f"poll_s: must be > 0, got {poll_s!r}")
+        self.url = redfish.url.rstrip("/")
+        self.callback = callback
+        self.poll_s = poll_s
+        self._auth = (redfish.username, redfish.password)
+        self._lock = threading.Lock()
+        self._systems: dict[str, str] = dict(systems if systems is not None else redfish.systems)
+        self._off: dict[str, bool] = {}
+        self._media: dict[str, bool] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._callers: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
+        self.edges: list[tuple[str, str, float]] = []
+
+    # -- mapping ------------------------------------------------------------------------
+    def bind(self, node: str, system_id: str) -> None:
+        """Watch ``system_id`` for ``node`` from now on (its machine changed)."""
+        with self._lock:
+            self._systems[node] = system_id
+            self._off.pop(node, None)
+            self._media.pop(node, None)
+
+    @property
+    def systems(self) -> dict[str, str]:
+        """A copy of the node → system id mapping."""
+        with self._lock:
+            return dict(self._systems)
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def start(self) -> MachineBridge:
+        """Start polling in a daemon thread (idempotent); returns ``self``."""
+        if self._thread is not None and self._thread.is_alive():
+            return self
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="machine-bridge", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop polling and wait for running callbacks (at most ``timeout_s``). Idempotent."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+        callers, self._callers = self._callers, {}
+        for ex in callers.values():
+            ex.shutdown(wait=True)
+
+    def __enter__(self) -> MachineBridge:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- polling --------------------------------------------------------------------------
+    def _run(self) -> None:
+        with httpx.Client(auth=self._auth, timeout=5.0) as http:
+            while not self._stop.is_set():
+                for node, sid in self.systems.items():
+                    try:
+                        self._poll(http, node, sid)
+                    except (httpx.HTTPError, ValueError, KeyError) as e:
+                        log.info("event=bridge_poll_failed node=%s error=%s", node,
+                                 type(e).__name__)
+                self._stop.wait(self.poll_s)
+
+    def _poll(self, http: httpx.Client, node: str, sid: str) -> None:
+        r = http.get(f"{self.url}/redfish/v1/Systems/{sid}")
+        r.raise_for_status()
+        power = str(r.json().get("PowerState", ""))
+        with self._lock:
+            if self._systems.get(node) != sid:
+                return  # rebound meanwhile
+            was_off = self._off.get(node)
+        if power.lower() != "on":
+            if not was_off:
+                with self._lock:
+                    self._off[node] = True
+                    self._media[node] = False
+            if not self._media.get(node):
+                inserted = self._media_inserted(http, sid)
+                with self._lock:
+                    self._media[node] = self._media.get(node, False) or inserted
+            return
+        with self._lock:
+            self._off[node] = False
+            media = self._media.pop(node, False)
+        if was_off:
+            self._edge(node, EVENT_REPROVISION if media else EVENT_POWER_ON)
+
+    def _media_inserted(self, http: httpx.Client, sid: str) -> bool:
+        r = http.get(f"{self.url}/redfish/v1/Systems/{sid}/VirtualMedia")
+        if r.status_code == 404:
+            return False
+        r.raise_for_status()
+        for member in r.json().get("Members", []):
+            m = http.get(self.url + str(member.get("@odata.id", "")))
+            if m.status_code == 200 and m.json().get("Inserted"):
+                return True
+        return False
+
+    def _edge(self, node: str, event: str) -> None:
+        self.edges.append((node, event, time.monotonic()))
+        log.info("event=machine_power_on node=%s cause=%s", node, event)
+        if self._stop.is_set():
+            return
+        ex = self._callers.get(node)
+        if ex is None:  # one thread per node: its callbacks run in order
+            ex = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=f"machine-bridge-{node}"
+            )
+            self._callers[node] = ex
+
+        def call() -> None:
+            try:
+                self.callback(node, event)
+            except Exception as e:  # a broken callback must not stop the bridge
+                log.warning("event=bridge_callback_failed node=%s cause=%s error=%s: %s",
+                            node, event, type(e).__name__, e)
+
+        ex.submit(call)
+

@@ -234,16 +234,40 @@ async def boot_changed(
     return None
 
 
-class PowerActivities:
-    """``reboot_machine``, ``power_cycle_machine``, ``reset_gpu`` (BMC task queue)."""
+#: ``(cluster, node) -> machine | None``: the machine a migrate bound the node to (ledger).
+BindingReader = Callable[[str, str], Awaitable[str | None]]
 
-    def __init__(self, config: AutorepairConfig, health: HealthReader | None = None) -> None:
+
+class PowerActivities:
+    """``reboot_machine``, ``power_cycle_machine``, ``reset_gpu`` (BMC task queue).
+
+    ``bindings`` (e.g. ``ProvisioningActivities.bound_machine``) makes the actions hit
+    the machine a node was migrated to, even when the caller still names the node's
+    configured machine.
+    """
+
+    def __init__(
+        self, config: AutorepairConfig, health: HealthReader | None = None,
+        bindings: BindingReader | None = None,
+    ) -> None:
         self.config = config
         self.health = health
+        self.bindings = bindings
 
     def machine(self, inp: MachineActionInput) -> RedfishMachine:
         """The BMC handle of ``inp.machine``."""
         return RedfishMachine(self.config, inp.cluster, inp.node, inp.machine)
+
+    async def current(self, inp: MachineActionInput) -> MachineActionInput:
+        """``inp`` with ``machine`` set to the node's bound machine when a migrate moved it."""
+        if self.bindings is None:
+            return inp
+        bound = await self.bindings(inp.cluster, inp.node)
+        if bound and bound != inp.machine:
+            log.info("event=machine_rebound cluster=%s node=%s named=%s bound=%s", inp.cluster,
+                     inp.node, inp.machine, bound)
+            return inp.model_copy(update={"machine": bound})
+        return inp
 
     @activity.defn(name=ACT.reset_gpu)
     async def reset_gpu(self, inp: MachineActionInput) -> ActionResult:
@@ -261,6 +285,7 @@ class PowerActivities:
                                  inp.boot_time_before)
         if why:
             return ActionResult(done=True, skipped_reason=f"host already rebooted: {why}")
+        inp = await self.current(inp)
         m = self.machine(inp)
         detail = "restart already requested by a previous attempt"
         if last_phase() not in ("restart_sent",):
@@ -286,6 +311,7 @@ class PowerActivities:
                                  inp.boot_time_before)
         if why:
             return ActionResult(done=True, skipped_reason=f"host already came back: {why}")
+        inp = await self.current(inp)
         m = self.machine(inp)
         phase = last_phase()
         steps: list[str] = []

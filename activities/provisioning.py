@@ -16,23 +16,45 @@ Providers (``ClusterConfig.provisioner``):
   → retried.
 
 ``migrate`` and ``remove`` need a spare pool and a hardware-ticket system; with the
-``webhook`` provider the operator's endpoint owns both. With ``redfish`` they raise
-non-retryable ``ERR_UNSUPPORTED`` naming the setting to change.
+``webhook`` provider the operator's endpoint owns both. With ``redfish`` the ledger
+(PostgreSQL) owns them:
+
+- ``migrate``: takes the oldest machine of the cluster's hot-spare pool
+  (:class:`activities.spares.MachineBindings` over ``spare_machines``; an empty pool is
+  seeded from ``ClusterConfig.spares``), binds the node identity to it in
+  ``node_bindings`` and records the move under the repair id, all in one transaction.
+  Then it brings the new machine up as the node through its BMC: virtual-media
+  reprovision with ``provision_image`` when set, else power on / restart. Returns
+  ``MigrateResult(old_machine, new_machine)``; the RepairWorkflow hands the old machine
+  to re-validation. No spare → non-retryable ``ERR_ACTION_FAILED`` naming the cluster.
+- ``remove``: opens a hardware ticket in the ledger (``Ledger.open_ticket``, run id
+  ``remove/<repair_id>``), marks the machine out of the pool (``removed_machines``; also
+  leaves the spare pool) and returns the ticket id in ``ActionResult.ticket_id``.
+
+Both recognise their own work by repair id on a retry (``machine_moves``). The node's
+current machine is its binding when one exists (a node migrated earlier), else
+``MachineActionInput.machine``. The ledger pool is passed in, or opened on first use
+from ``ledger.dsn``; without either, migrate/remove raise non-retryable
+``ERR_UNSUPPORTED`` naming ``ledger.dsn``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
+import asyncpg
 import httpx
 import sushy
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.ledger import Ledger, connect
 from activities.power import POWER_POLL_S, HealthReader, RedfishMachine, heartbeat, last_phase
+from activities.spares import MachineBindings
 from workflows.activity_api import (
     ACT,
     ERR_ACTION_FAILED,
@@ -41,8 +63,12 @@ from workflows.activity_api import (
     ActionResult,
     MachineActionInput,
     MigrateResult,
+    TicketInput,
 )
-from workflows.config import AutorepairConfig, ClusterConfig
+from workflows.config import AutorepairConfig, ClusterConfig, NodeConfig
+from workflows.models import ValidationResult, Verdict
+
+log = logging.getLogger(__name__)
 
 #: Longest wait for a webhook operation, seconds (a reimage takes minutes; a rebuild on
 #: new hardware up to an hour).
@@ -51,12 +77,74 @@ WEBHOOK_WAIT_S = 3600.0
 WEBHOOK_HTTP_TIMEOUT_S = 30.0
 
 
-class ProvisioningActivities:
-    """``reprovision_machine``, ``migrate_node``, ``remove_machine`` (BMC task queue)."""
+def machine_config(c: ClusterConfig, machine: str) -> NodeConfig | None:
+    """The node entry whose machine is ``machine`` (``machine`` unset: the node name)."""
+    for n in c.nodes:
+        if (n.machine or n.name) == machine:
+            return n
+    return None
 
-    def __init__(self, config: AutorepairConfig, health: HealthReader | None = None) -> None:
+
+class ProvisioningActivities:
+    """``reprovision_machine``, ``migrate_node``, ``remove_machine`` (BMC task queue).
+
+    ``pool``: the ledger's asyncpg pool (spare pool, bindings, tickets); when None it is
+    opened on first use from ``config.ledger.dsn`` (close it with :meth:`close`).
+    """
+
+    def __init__(
+        self, config: AutorepairConfig, health: HealthReader | None = None,
+        pool: asyncpg.Pool | None = None,
+    ) -> None:
         self.config = config
         self.health = health
+        self._pool = pool
+        self._own_pool = False
+        self._pool_lock = asyncio.Lock()
+
+    # ---- ledger ----------------------------------------------------------------------
+    async def ledger_pool(self) -> asyncpg.Pool | None:
+        """The ledger pool, opened from ``ledger.dsn`` on first use; None without a DSN."""
+        if self._pool is None and self.config.ledger.dsn:
+            async with self._pool_lock:
+                if self._pool is None:
+                    self._pool = await connect(
+                        self.config.ledger.dsn, min_size=1,
+                        max_size=max(2, min(self.config.ledger.max_pool, 4)),
+                    )
+                    self._own_pool = True
+        return self._pool
+
+    async def close(self) -> None:
+        """Close the pool this instance opened itself (never a pool passed in)."""
+        if self._own_pool and self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+            self._own_pool = False
+
+    async def _bindings(self, what: str) -> MachineBindings:
+        pool = await self.ledger_pool()
+        if pool is None:
+            raise ApplicationError(
+                f"ledger.dsn: not set; {what} with provisioner 'redfish' keeps the spare "
+                "pool, node bindings and tickets in the ledger",
+                type=ERR_UNSUPPORTED, non_retryable=True,
+            )
+        return MachineBindings(pool)
+
+    async def bound_machine(self, cluster: str, node: str) -> str | None:
+        """The machine a migrate bound ``node`` to, or None (no ledger / no binding)."""
+        pool = await self.ledger_pool()
+        if pool is None:
+            return None
+        return await MachineBindings(pool).machine_of(cluster, node)
+
+    async def current(self, inp: MachineActionInput) -> MachineActionInput:
+        """``inp`` with ``machine`` replaced by the node's bound machine, if any."""
+        bound = await self.bound_machine(inp.cluster, inp.node)
+        if bound and bound != inp.machine:
+            return inp.model_copy(update={"machine": bound})
+        return inp
 
     def _cluster(self, name: str) -> ClusterConfig:
         try:
@@ -187,40 +275,105 @@ class ProvisioningActivities:
         if c.provisioner == "webhook":
             op = await self._webhook(c, "reprovision", inp)
             return ActionResult(done=True, detail=f"webhook operation {op['id']} succeeded")
-        return await self._redfish_reprovision(c, inp)
+        return await self._redfish_reprovision(c, await self.current(inp))
+
+    async def _bring_up(self, c: ClusterConfig, inp: MachineActionInput) -> str:
+        """Boot ``inp.machine`` (the new machine of a migrate) as the node."""
+        ncfg = machine_config(c, inp.machine)
+        if ncfg is None or ncfg.bmc is None:
+            return (f"no BMC configured for machine {inp.machine} "
+                    f"(clusters[{c.name}].nodes[].machine); left as it is")
+        if c.provision_image:
+            res = await self._redfish_reprovision(c, inp)
+            return f"reprovisioned {inp.machine}: {res.detail}"
+        m = RedfishMachine(self.config, inp.cluster, inp.node, inp.machine)
+        if last_phase() in ("restart_sent", "ejected"):
+            await m.wait_power("On", "restart_sent")
+            return f"{inp.machine}: restart already sent by a previous attempt"
+        if (await m.power_state()).lower() == "off":
+            await m.reset(sushy.RESET_ON)
+            what = "powered on"
+        else:
+            await m.reset(sushy.RESET_FORCE_RESTART)
+            what = "ForceRestart sent"
+        heartbeat({"phase": "restart_sent"})
+        await m.wait_power("On", "restart_sent")
+        return f"{inp.machine}: {what}"
 
     @activity.defn(name=ACT.migrate_node)
     async def migrate_node(self, inp: MachineActionInput) -> MigrateResult:
-        """Bind the node identity to a spare machine (webhook provider)."""
+        """Bind the node identity to a spare machine (ledger spare pool, or the webhook).
+
+        Redfish provider: one ledger transaction takes the spare and records the binding
+        under the repair id (a retry gets the same machine), then the new machine is
+        brought up as the node. Raises non-retryable ``ERR_ACTION_FAILED`` naming the
+        cluster when no spare is available.
+        """
         c = self._cluster(inp.cluster)
-        if c.provisioner != "webhook":
+        if c.provisioner == "webhook":
+            op = await self._webhook(c, "migrate", inp)
+            new = op.get("new_machine")
+            if not new:
+                raise ApplicationError(
+                    f"provisioning webhook: migrate of {inp.machine} succeeded without "
+                    "new_machine", type=ERR_ACTION_FAILED, non_retryable=True,
+                )
+            return MigrateResult(new_machine=str(new), old_machine=inp.machine,
+                                 detail=f"webhook operation {op['id']}")
+        bindings = await self._bindings("migrate")
+        old = await self.current(inp)
+        move = await bindings.migrate(c.name, inp.node, old.machine, inp.repair_id,
+                                      seed=c.spares)
+        if move is None:
             raise ApplicationError(
-                f"clusters[{c.name}].provisioner: migrate needs provisioner 'webhook' (the "
-                "platform's spare pool); 'redfish' can only reprovision in place",
-                type=ERR_UNSUPPORTED, non_retryable=True,
-            )
-        op = await self._webhook(c, "migrate", inp)
-        new = op.get("new_machine")
-        if not new:
-            raise ApplicationError(
-                f"provisioning webhook: migrate of {inp.machine} succeeded without new_machine",
+                f"cluster {c.name}: no spare machine to migrate node {inp.node} to (hot-spare "
+                f"pool empty; clusters[{c.name}].spares = {c.spares})",
                 type=ERR_ACTION_FAILED, non_retryable=True,
             )
-        return MigrateResult(new_machine=str(new), old_machine=inp.machine,
-                             detail=f"webhook operation {op['id']}")
+        assert move.new_machine is not None
+        heartbeat({"phase": "bound", "new_machine": move.new_machine})
+        log.info("event=node_migrated cluster=%s node=%s old=%s new=%s repair=%s retry=%s",
+                 c.name, inp.node, move.old_machine, move.new_machine, inp.repair_id,
+                 not move.created)
+        up = await self._bring_up(c, inp.model_copy(update={"machine": move.new_machine}))
+        bound = ("bound" if move.created else "already bound by a previous attempt")
+        return MigrateResult(
+            new_machine=move.new_machine, old_machine=move.old_machine,
+            detail=f"node {inp.node} {bound} to spare {move.new_machine}; {up}",
+        )
 
     @activity.defn(name=ACT.remove_machine)
     async def remove_machine(self, inp: MachineActionInput) -> ActionResult:
-        """Take the machine out of the pool and open a hardware ticket (webhook provider)."""
+        """Take the machine out of the pool and open a hardware ticket.
+
+        Redfish provider: ticket ``HW-…`` in the ledger (run id ``remove/<repair_id>``,
+        once), machine recorded in ``removed_machines`` and taken out of the spare pool.
+        Webhook provider: the operator's endpoint does both and returns ``ticket_id``.
+        """
         c = self._cluster(inp.cluster)
-        if c.provisioner != "webhook":
-            raise ApplicationError(
-                f"clusters[{c.name}].provisioner: remove needs provisioner 'webhook' (the "
-                "platform's pool and ticket system)", type=ERR_UNSUPPORTED, non_retryable=True,
-            )
-        op = await self._webhook(c, "remove", inp)
-        return ActionResult(done=True, detail=f"webhook operation {op['id']}",
-                            ticket_id=op.get("ticket_id"))
+        if c.provisioner == "webhook":
+            op = await self._webhook(c, "remove", inp)
+            return ActionResult(done=True, detail=f"webhook operation {op['id']}",
+                                ticket_id=op.get("ticket_id"))
+        bindings = await self._bindings("remove")
+        cur = await self.current(inp)
+        reason = f"removed for RMA by repair {inp.repair_id} (node {inp.node})"
+        ticket = await Ledger(bindings.pool).open_ticket(TicketInput(
+            cluster=c.name, machine=cur.machine, run_id=f"remove/{inp.repair_id}",
+            summary=f"machine {cur.machine} {reason}",
+            result=ValidationResult(machine=cur.machine, verdict=Verdict.failed, reason=reason),
+        ))
+        move = await bindings.remove(c.name, inp.node, cur.machine, inp.repair_id,
+                                     ticket.ticket_id, reason)
+        log.info("event=machine_removed cluster=%s node=%s machine=%s repair=%s ticket=%s "
+                 "retry=%s", c.name, inp.node, cur.machine, inp.repair_id, ticket.ticket_id,
+                 not move.created)
+        what = "removed" if move.created else "already removed by a previous attempt"
+        return ActionResult(
+            done=True, ticket_id=move.ticket_id or ticket.ticket_id,
+            detail=f"machine {cur.machine} {what} from the pool of {c.name}; hardware ticket "
+                   f"{move.ticket_id or ticket.ticket_id}",
+        )
 
     def all(self) -> list[Callable[..., Any]]:
         """The activity methods of this class."""

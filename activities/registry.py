@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import asyncpg
+
 from activities.power import PowerActivities
 from activities.provisioning import ProvisioningActivities
 from activities.scheduler_activities import SchedulerActivities
@@ -24,14 +26,18 @@ from workflows.config import AutorepairConfig
 
 
 def build_activities(
-    config: AutorepairConfig, scheduler_acts: SchedulerActivities | None = None
+    config: AutorepairConfig, scheduler_acts: SchedulerActivities | None = None,
+    pool: asyncpg.Pool | None = None,
 ) -> tuple[list[Callable[..., Any]], list[Callable[..., Any]]]:
     """(activities for the main task queue, activities for the BMC task queue).
 
     ``scheduler_acts`` lets a caller pass pre-built scheduler clients (tests); the BMC
-    activities read boot identities through the same instance.
+    activities read boot identities through the same instance. ``pool`` is the ledger's
+    asyncpg pool (spare pool, node bindings, tickets of migrate/remove); when None the
+    provisioning activities open one from ``ledger.dsn`` on first use. Power actions
+    follow the node → machine bindings a migrate recorded.
     """
     sched = scheduler_acts or SchedulerActivities(config)
-    power = PowerActivities(config, health=sched.health)
-    prov = ProvisioningActivities(config, health=sched.health)
+    prov = ProvisioningActivities(config, health=sched.health, pool=pool)
+    power = PowerActivities(config, health=sched.health, bindings=prov.bound_machine)
     return sched.all(), [*power.all(), *prov.all()]

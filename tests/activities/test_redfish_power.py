@@ -143,10 +143,12 @@ async def test_virtual_media_reprovision(
     assert (await m.power_state()).lower() == "on"
 
 
-async def test_migrate_needs_webhook_provider(
+async def test_redfish_migrate_without_ledger_names_the_setting(
     redfish_emulator: RedfishEmulator, bmc_secrets_file: Path
 ) -> None:
     prov = ProvisioningActivities(_config(redfish_emulator, bmc_secrets_file))
-    with pytest.raises(ApplicationError) as ei:
-        await ActivityEnvironment().run(prov.migrate_node, _inp("gpu-01"))
-    assert ei.value.type == ERR_UNSUPPORTED and "provisioner" in str(ei.value)
+    for act in (prov.migrate_node, prov.remove_machine):
+        with pytest.raises(ApplicationError) as ei:
+            await ActivityEnvironment().run(act, _inp("gpu-01"))
+        assert ei.value.type == ERR_UNSUPPORTED and ei.value.non_retryable
+        assert "ledger.dsn" in str(ei.value)
