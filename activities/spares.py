@@ -11,6 +11,7 @@ All methods are idempotent; database errors propagate (retryable in activities).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -37,11 +38,20 @@ class SparePool:
     def __init__(self, pool: asyncpg.Pool, registry: CollectorRegistry = REGISTRY) -> None:
         self.pool = pool
         self.gauge = _gauge(registry)
+        self._export_lock = asyncio.Lock()
 
-    async def _export(self, cluster: str, conn: asyncpg.Connection | asyncpg.Pool) -> int:
-        n = int(await conn.fetchval(
-            "SELECT count(*) FROM spare_machines WHERE cluster = $1", cluster) or 0)
-        self.gauge.labels(cluster_id=cluster).set(n)
+    async def _export(self, cluster: str, conn: asyncpg.Connection | None = None) -> int:
+        """Read the pool size and set the gauge (serialised).
+
+        Without ``conn`` the committed size is read: called after a change committed, the
+        last export then sees every earlier commit. With ``conn`` (a caller inside its own
+        transaction) the size as that transaction sees it is exported.
+        """
+        async with self._export_lock:
+            src: asyncpg.Connection | asyncpg.Pool = conn if conn is not None else self.pool
+            n = int(await src.fetchval(
+                "SELECT count(*) FROM spare_machines WHERE cluster = $1", cluster) or 0)
+            self.gauge.labels(cluster_id=cluster).set(n)
         return n
 
     async def add(self, cluster: str, machine: str, run_id: str | None = None) -> bool:
@@ -51,21 +61,21 @@ class SparePool:
                ON CONFLICT (cluster, machine) DO NOTHING""",
             cluster, machine, run_id,
         )
-        await self._export(cluster, self.pool)
+        await self._export(cluster)
         return status.endswith(" 1")
 
     async def seed(self, cluster: str, machines: Iterable[str]) -> int:
         """Add every machine of ``machines`` (config ``spares``); returns the pool size."""
         for m in machines:
             await self.add(cluster, m, run_id=None)
-        return await self._export(cluster, self.pool)
+        return await self._export(cluster)
 
     async def remove(self, cluster: str, machine: str) -> bool:
         """Take ``machine`` out of the pool (e.g. it failed validation); True if it was in."""
         status = await self.pool.execute(
             "DELETE FROM spare_machines WHERE cluster = $1 AND machine = $2", cluster, machine
         )
-        await self._export(cluster, self.pool)
+        await self._export(cluster)
         return status.endswith(" 1")
 
     async def take(self, cluster: str, exclude: Iterable[str] = ()) -> str | None:
@@ -80,15 +90,13 @@ class SparePool:
                    ORDER BY added_at, machine LIMIT 1 FOR UPDATE SKIP LOCKED""",
                 cluster, list(exclude),
             )
-            if row is None:
-                await self._export(cluster, conn)
-                return None
-            await conn.execute(
-                "DELETE FROM spare_machines WHERE cluster = $1 AND machine = $2",
-                cluster, row["machine"],
-            )
-            await self._export(cluster, conn)
-            return str(row["machine"])
+            if row is not None:
+                await conn.execute(
+                    "DELETE FROM spare_machines WHERE cluster = $1 AND machine = $2",
+                    cluster, row["machine"],
+                )
+        await self._export(cluster)
+        return None if row is None else str(row["machine"])
 
     async def list(self, cluster: str) -> list[str]:
         """Spares of ``cluster``, oldest first."""
@@ -100,7 +108,7 @@ class SparePool:
 
     async def size(self, cluster: str) -> int:
         """Pool size of ``cluster`` (also refreshes the gauge)."""
-        return await self._export(cluster, self.pool)
+        return await self._export(cluster)
 
 
 # --------------------------------------------------------------------------------------
