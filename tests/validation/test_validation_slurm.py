@@ -1,9 +1,9 @@
 """ValidationWorkflow end to end on the real loopback Slurm cluster (issue 8).
 
 The check job really runs on the virtual node: ``sbatch -w gpu-0N --reservation=...``
-executes ``python -m agent.validation --json`` with the simulated GPU backend; faults are
-injected through the suite's ``sim_faults_file`` (remapped-row failure) and removed to
-"fix" the machine. Real Temporal (time-skipping test server), real PostgreSQL ledger.
+executes ``autorepair-agent validate --json`` (the venv's console script) with the
+simulated GPU backend; faults are injected through the suite's ``sim_faults_file``
+(remapped-row failure) and removed to "fix" the machine. Real Temporal (time-skipping test server), real PostgreSQL ledger.
 """
 
 from __future__ import annotations
@@ -83,8 +83,11 @@ def _config(slurm: SlurmCluster, tmp: Path, command: list[str] | None = None,
         "storage_min_write_mbps: 1\n"
         "storage_min_read_mbps: 1\n"
     )
+    agent_cli = Path(sys.executable).parent / "autorepair-agent"
+    default = ([str(agent_cli), "validate", "--json"] if agent_cli.exists()
+               else [sys.executable, "-m", "agent.validation", "--json"])
     validation = ValidationConfig(
-        command=command or [sys.executable, "-m", "agent.validation", "--json"],
+        command=command or default,
         env={"AUTOREPAIR_VALIDATE_CONFIG": str(suite), "PYTHONPATH": str(ROOT)},
         output_dir=str(tmp / "out"), timeout_s=timeout_s, poll_s=5.0,
     )
