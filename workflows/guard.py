@@ -5,7 +5,7 @@ One long-running workflow per cluster. Repairs ask it for a lease before they co
 (``max(min_concurrent, ceil(concurrency_fraction × GPU nodes))``), one repair per node
 pool at a time, at most ``rails.detector_cap`` detector-requested repairs, and trips the
 circuit breaker when automatic repair/cordon requests within ``rails.breaker_window_s``
-reach ``max(breaker_min, ceil(breaker_fraction × GPU nodes))``. While open, automatic
+exceed ``max(breaker_min, ceil(breaker_fraction × GPU nodes))``. While open, automatic
 requests are queued (refused) and a cluster-level alert is raised; an operator's
 ``reset_breaker`` signal closes it and queued requests are granted with the reset time,
 so the repairs only act on evidence observed after it (scenario 7).
@@ -322,7 +322,7 @@ class ClusterGuardWorkflow:
         self._s.tripped_at = now
         self._s.tripped_reason = (
             f"{count} automatic repair/cordon requests within {rails.breaker_window_s:g} s "
-            f"reached threshold {threshold}"
+            f"exceeded threshold {threshold}"
         )
         workflow.set_current_details(f"circuit breaker OPEN: {self._s.tripped_reason}")
         alert = Alert(

@@ -199,9 +199,9 @@ def test_budget_and_breaker_arithmetic() -> None:
     assert concurrency_budget(101, r) == 6
     assert concurrency_budget(0, r, seen_nodes=40) == 2
     assert breaker_threshold(8, r) == 2 and breaker_threshold(100, r) == 10
-    times = [NOW - timedelta(seconds=s) for s in (1, 2, 700)]
-    assert breaker_trips(times, NOW, 20, r)  # 2 within 600 s ≥ threshold 2
-    assert not breaker_trips(times[:1], NOW, 20, r)
+    times = [NOW - timedelta(seconds=s) for s in (1, 2, 3, 700)]
+    assert breaker_trips(times, NOW, 20, r)  # 3 within 600 s > threshold 2
+    assert not breaker_trips(times[1:], NOW, 20, r)  # 2 within the window, 1 outside
 
 
 def test_persistence_cooldown_evidence() -> None:

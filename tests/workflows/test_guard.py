@@ -89,7 +89,7 @@ async def test_reset_breaker_signal_closes_it(harness: Harness) -> None:
 
     await eventually(tripped, "breaker trip")
     g = await guard_status(h)
-    assert g.breaker_threshold == 2 and "threshold 2" in g.tripped_reason
+    assert g.breaker_threshold == 2 and "exceeded threshold 2" in g.tripped_reason
     guard = h.client.get_workflow_handle(workflow_id_guard(h.cluster.cluster))
     await guard.signal(GUARD_SIGNAL_RESET_BREAKER, ResetBreakerSignal(by="alice"))
 

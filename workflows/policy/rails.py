@@ -62,10 +62,11 @@ def breaker_trips(
     rails: RailsConfig,
     seen_nodes: int = 0,
 ) -> bool:
-    """True when the automatic repair/cordon requests in the window reach
-    :func:`breaker_threshold` — checked *before* granting, so at most
-    ``threshold − 1`` automatic cordons happen in one burst."""
-    return len(recent_events(times, now, rails.breaker_window_s)) >= breaker_threshold(
+    """True when the automatic repair/cordon requests in the window (the new one
+    included) *exceed* :func:`breaker_threshold` (RailsConfig: "exceed fraction × GPU
+    nodes, at least breaker_min"). Checked before granting, so at most ``threshold``
+    automatic cordons happen in one window."""
+    return len(recent_events(times, now, rails.breaker_window_s)) > breaker_threshold(
         gpu_nodes, rails, seen_nodes
     )
 
