@@ -238,6 +238,9 @@ class RailsConfig(_Section):
     rejoin_timeout_s: float = Field(1800.0, gt=0)
     #: Drain deadline (pods / jobs still there after it are listed in the failure).
     drain_deadline_s: float = Field(1800.0, gt=0)
+    #: Heartbeat timeout of drain and machine actions: a dead worker's attempt is
+    #: retried after it (scenario 11).
+    heartbeat_timeout_s: float = Field(300.0, gt=0)
 
 
 class BmcConfig(_Section):
@@ -352,6 +355,17 @@ class ApiConfig(_Section):
     tokens_file: str | None = None
 
 
+class WorkerConfig(_Section):
+    """The worker process."""
+
+    #: Prometheus port of the worker (spare-pool size and worker-side metrics); 0 = off.
+    metrics_port: int = Field(9464, ge=0, le=65535)
+    #: Address the worker's metrics port binds.
+    metrics_host: str = "0.0.0.0"
+    #: Run the Slurm / Kubernetes watchers and the annotation intake in this worker.
+    watchers: bool = True
+
+
 class PolicyConfig(_Section):
     """The policy bundle handed to workflows (pure data; no secrets)."""
 
@@ -374,6 +388,7 @@ class AutorepairConfig(_Section):
     clusters: list[ClusterConfig] = Field(default_factory=list)
     secrets: SecretsConfig = Field(default_factory=SecretsConfig)
     api: ApiConfig = Field(default_factory=ApiConfig)
+    worker: WorkerConfig = Field(default_factory=WorkerConfig)
 
     def cluster(self, name: str) -> ClusterConfig:
         """The cluster called ``name``. Raises ``KeyError`` naming it when unknown."""

@@ -502,6 +502,7 @@ class RepairWorkflow:
                 ),
                 DrainResult,
                 limit=timedelta(seconds=deadline + 300),
+                heartbeat=timedelta(seconds=self._policy.rails.heartbeat_timeout_s),
             )
         except ActivityError as err:
             raise _Ended(S.failed, "system", f"drain failed: {_cause(err)}") from err
@@ -587,6 +588,7 @@ class RepairWorkflow:
                 result_type=MigrateResult,
                 task_queue=self._bmc_queue,
                 start_to_close_timeout=_MACHINE_TIMEOUT,
+                heartbeat_timeout=timedelta(seconds=self._policy.rails.heartbeat_timeout_s),
                 retry_policy=_MACHINE_RETRY,
             )
             return res.new_machine
@@ -596,6 +598,7 @@ class RepairWorkflow:
             result_type=ActionResult,
             task_queue=self._bmc_queue,
             start_to_close_timeout=_MACHINE_TIMEOUT,
+            heartbeat_timeout=timedelta(seconds=self._policy.rails.heartbeat_timeout_s),
             retry_policy=_MACHINE_RETRY,
         )
         self._detail = done.detail or done.skipped_reason
@@ -772,7 +775,12 @@ class RepairWorkflow:
             )
 
     async def _act(
-        self, name: str, arg: object, result_type: type[T], limit: timedelta = _SHORT
+        self,
+        name: str,
+        arg: object,
+        result_type: type[T],
+        limit: timedelta = _SHORT,
+        heartbeat: timedelta | None = None,
     ) -> T:
         """Run activity ``name`` on the main task queue and return its typed result."""
         result: T = await workflow.execute_activity(
@@ -780,6 +788,7 @@ class RepairWorkflow:
             arg,
             result_type=result_type,
             start_to_close_timeout=limit,
+            heartbeat_timeout=heartbeat,
             retry_policy=_RETRY,
         )
         return result
