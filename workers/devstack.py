@@ -92,6 +92,7 @@ class StackPorts:
     otlp_http: int = 4318
     api: int = 8080
     admin: int = 8081
+    worker_metrics: int = 9464
 
     def labelled(self) -> list[tuple[str, int]]:
         return [
@@ -103,6 +104,7 @@ class StackPorts:
             ("OTLP HTTP", self.otlp_http),
             ("HTTP API", self.api),
             ("admin", self.admin),
+            ("worker metrics", self.worker_metrics),
         ]
 
 
@@ -175,6 +177,7 @@ class DevStack:
                 "AUTOREPAIR__INGEST__OTLP_HTTP_PORT": str(self.ports.otlp_http),
                 "AUTOREPAIR__INGEST__API_PORT": str(self.ports.api),
                 "AUTOREPAIR__INGEST__ADMIN_PORT": str(self.ports.admin),
+                "AUTOREPAIR__WORKER__METRICS_PORT": str(self.ports.worker_metrics),
                 "PYTHONUNBUFFERED": "1",
             }
         )
@@ -268,6 +271,7 @@ class DevStack:
             ("OTLP HTTP", f"http://{h}:{self.ports.otlp_http}/v1/metrics"),
             ("HTTP API", f"http://{h}:{self.ports.api}/api/v1/threshold?cluster_id=..."),
             ("Metrics", f"http://{h}:{self.ports.api}/metrics"),
+            ("Worker metrics", f"http://{h}:{self.ports.worker_metrics}/metrics"),
             ("PostgreSQL ledger", self.pg_dsn),
             ("Logs", str(self.data_dir)),
         ]

@@ -15,6 +15,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from activities.devcluster import PeerStartError
+from workers.config import load_config
+from workers.demo import DemoCluster, DemoUnavailable, prepare_demo, run_demo
 from workers.devstack import DevStack, StackError, StackPorts
 from workflows.config import AutorepairConfig
 
@@ -29,6 +32,7 @@ def ports_from_config(cfg: AutorepairConfig) -> StackPorts:
         otlp_http=cfg.ingest.otlp_http_port,
         api=cfg.ingest.api_port,
         admin=cfg.ingest.admin_port,
+        worker_metrics=cfg.worker.metrics_port or 9464,
     )
 
 
@@ -42,7 +46,7 @@ def print_endpoints(stack: DevStack, console: Console) -> None:
     console.print("Press Ctrl-C to stop everything started here.")
 
 
-async def _run(stack: DevStack, console: Console, demo: bool) -> int:
+async def _run(stack: DevStack, console: Console, demo: DemoCluster | None) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -52,10 +56,8 @@ async def _run(stack: DevStack, console: Console, demo: bool) -> int:
     try:
         await stack.start()
         print_endpoints(stack, console)
-        if demo:
-            from workers.demo import run_demo
-
-            demo_task = asyncio.create_task(run_demo(stack, console, stop))
+        if demo is not None:
+            demo_task = asyncio.create_task(run_demo(stack, demo, console, stop))
         await stack.supervise(stop)
         return 0
     except StackError as exc:
@@ -68,6 +70,8 @@ async def _run(stack: DevStack, console: Console, demo: bool) -> int:
                 await demo_task
         console.print("stopping ...")
         await asyncio.to_thread(stack.stop)
+        if demo is not None:
+            await asyncio.to_thread(demo.stop)
 
 
 def run_up(
@@ -77,5 +81,20 @@ def run_up(
     if config_path is not None:
         os.environ["AUTOREPAIR_CONFIG"] = str(config_path.resolve())
     console = Console()
-    stack = DevStack(config=cfg, data_dir=data_dir.resolve(), ports=ports_from_config(cfg))
-    return asyncio.run(_run(stack, console, demo))
+    data_dir = data_dir.resolve()
+    cluster: DemoCluster | None = None
+    if demo:
+        try:
+            cluster = prepare_demo(data_dir)
+        except (DemoUnavailable, PeerStartError) as exc:
+            console.print(f"[yellow]--demo:[/yellow] {exc}; starting the stack without it")
+        else:
+            # The demo's config replaces the given one for every process of the stack.
+            os.environ["AUTOREPAIR_CONFIG"] = str(cluster.config_path)
+            cfg = load_config(cluster.config_path)
+    stack = DevStack(config=cfg, data_dir=data_dir, ports=ports_from_config(cfg))
+    try:
+        return asyncio.run(_run(stack, console, cluster))
+    finally:
+        if cluster is not None:
+            cluster.stop()

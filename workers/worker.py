@@ -7,6 +7,10 @@ Two Temporal workers share one client:
 - task queue ``temporal.bmc_task_queue``: machine-side (BMC) activities, limited to
   ``temporal.bmc_rate_per_s`` activity starts per second across all workers.
 
+It also runs the cluster watchers (Slurm / Kubernetes, annotation intake) unless
+``worker.watchers`` is false, and serves its Prometheus registry (spare-pool size) on
+``worker.metrics_port``.
+
 The ledger schema is migrated at start (idempotent, advisory-locked).
 """
 
@@ -20,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import asyncpg
+from prometheus_client import start_http_server
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
@@ -27,6 +32,7 @@ from temporalio.worker import Worker
 from activities.ledger import connect, migrate
 from activities.ledger_activities import LedgerActivities
 from activities.policy_activities import PolicyActivities
+from activities.validation import ValidationActivities
 from workflows.config import AutorepairConfig
 
 log = logging.getLogger("autorepair.worker")
@@ -77,6 +83,7 @@ def build_workers(
     activities: list[Callable[..., Any]] = [
         *LedgerActivities(pool).all(),
         PolicyActivities(config).load_policy,
+        *ValidationActivities(config, pool).all(),
         *main_acts,
         *extra_activities,
     ]
@@ -123,15 +130,27 @@ async def run_worker(config: AutorepairConfig, stop: asyncio.Event | None = None
             log.info("event=ledger_migrated applied=%s", ",".join(applied))
         client = await connect_temporal(config)
         workers = build_workers(client, config, pool)
+        if config.worker.metrics_port:
+            # The default registry holds the worker-side gauges (spare-pool size).
+            start_http_server(config.worker.metrics_port, addr=config.worker.metrics_host)
         log.info(
-            "event=worker_started task_queue=%s bmc_task_queue=%s",
+            "event=worker_started task_queue=%s bmc_task_queue=%s metrics_port=%s",
             config.temporal.task_queue,
             config.temporal.bmc_task_queue,
+            config.worker.metrics_port or "off",
         )
+        watcher_tasks: list[asyncio.Task[None]] = []
         async with contextlib.AsyncExitStack() as stack:
             for w in workers:
                 await stack.enter_async_context(w)
+            if config.worker.watchers:
+                from workers.watchers import start_watchers
+
+                watcher_tasks = start_watchers(config, client, stop)
             await stop.wait()
+            for t in watcher_tasks:
+                t.cancel()
+            await asyncio.gather(*watcher_tasks, return_exceptions=True)
         log.info("event=worker_stopped")
     finally:
         await pool.close()

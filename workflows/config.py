@@ -277,6 +277,7 @@ class ValidationConfig(_Section):
     ``namespace`` pinned to the node, tolerating ``autorepair.io/repair:NoSchedule``.
     """
 
+    #: The check job's command line (prints the suite's JSON result on stdout).
     command: list[str] = Field(
         default_factory=lambda: ["autorepair-agent", "validate", "--json"]
     )
@@ -289,13 +290,17 @@ class ValidationConfig(_Section):
     poll_s: float = Field(30.0, gt=0)
     #: Slurm: job output directory (must be readable by the worker).
     output_dir: str = "/var/lib/autorepair/validation"
+    #: Slurm: name prefix of the maintenance reservation of a run.
     reservation_prefix: str = "autorepair-validate"
     #: Slurm: user the maintenance reservation admits (the user submitting the job).
     reservation_user: str = "root"
+    #: Slurm: partition of the check job (None = the cluster default).
     partition: str | None = None
-    #: Kubernetes: namespace, image and GPU request of the validation Job.
+    #: Kubernetes: namespace of the validation Job.
     namespace: str = "autorepair"
+    #: Kubernetes: container image of the validation Job (the agent image).
     image: str = "ghcr.io/autorepair/agent:latest"
+    #: Kubernetes: ``nvidia.com/gpu`` the Job requests (0 = use the node's GPUs unclaimed).
     gpus: int = Field(0, ge=0)
     #: Optional HTTP endpoint that receives each hardware ticket (JSON POST).
     ticket_webhook: str | None = None

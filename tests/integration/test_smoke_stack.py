@@ -43,7 +43,7 @@ def _ports() -> StackPorts:
     return StackPorts(
         temporal=free_port(), temporal_ui=free_port(), temporal_http=free_port(),
         temporal_metrics=free_port(), otlp_grpc=free_port(), otlp_http=free_port(),
-        api=free_port(), admin=free_port(),
+        api=free_port(), admin=free_port(), worker_metrics=free_port(),
     )
 
 
