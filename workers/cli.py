@@ -86,7 +86,9 @@ def ingest(config: ConfigOpt = None) -> None:
     cfg = _load(config)
     try:
         run_ingest(cfg)
-    except RuntimeError as exc:
+    except (RuntimeError, ValueError, OSError) as exc:
+        # RuntimeError: a port cannot bind; ValueError: a malformed tokens file;
+        # OSError: an unreadable TLS / tokens file.
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
 
