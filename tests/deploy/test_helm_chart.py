@@ -144,7 +144,8 @@ def _rules_of(docs: list[dict[str, Any]], sa: str) -> set[tuple[str, str, str, s
 #: What the code asks of the API server, no more: activities/scheduler/kube.py
 #: (read_node, patch_node, list_pod_for_all_namespaces, create_namespaced_pod_eviction),
 #: workers/watchers/kube.py (list_node, patch_node; watch for a watch-based watcher),
-#: events create for repair steps, validation Jobs in one namespace.
+#: events create for repair steps, validation Jobs in one namespace (and their pods' logs:
+#: activities/validation_kube.py).
 WORKER_RIGHTS = {
     ("*", "", "nodes", "get"), ("*", "", "nodes", "list"), ("*", "", "nodes", "watch"),
     ("*", "", "nodes", "patch"),
@@ -153,6 +154,7 @@ WORKER_RIGHTS = {
     ("*", "", "events", "create"),
     (NS, "batch", "jobs", "create"), (NS, "batch", "jobs", "get"),
     (NS, "batch", "jobs", "delete"),
+    (NS, "", "pods", "list"), (NS, "", "pods/log", "get"),
 }
 NODE_WATCHER_RIGHTS = {("*", "", "nodes", v) for v in ("get", "list", "watch", "patch")}
 
