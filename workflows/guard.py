@@ -75,9 +75,10 @@ class GuardCarried(BaseModel):
 class ClusterGuardWorkflow:
     """Budget + breaker for one cluster; runs until cancelled, continuing as new."""
 
-    def __init__(self) -> None:
-        self._cluster = ""
-        self._s = GuardCarried()
+    @workflow.init
+    def __init__(self, inp: GuardInput) -> None:
+        self._cluster = inp.cluster
+        self._s = GuardCarried.model_validate(inp.carried) if inp.carried else GuardCarried()
         self._inbox: list[LeaseRequest | LeaseRelease | ResetBreakerSignal] = []
         self._snapshot: PolicySnapshot | None = None
         self._loaded_at: datetime | None = None
@@ -125,9 +126,6 @@ class ClusterGuardWorkflow:
     @workflow.run
     async def run(self, inp: GuardInput) -> None:
         """Serve lease requests forever. Input ``{"cluster": "demo"}``."""
-        self._cluster = inp.cluster
-        if inp.carried:
-            self._s = GuardCarried.model_validate(inp.carried)
         workflow.set_current_details(f"cluster guard for {inp.cluster}")
         await self._refresh_policy(force=True)
         while True:

@@ -99,9 +99,12 @@ class NodeCarried(BaseModel):
 class NodeWorkflow:
     """Node entity; see the module docstring for its interface."""
 
-    def __init__(self) -> None:
-        self._inp: NodeInput | None = None
-        self._s = NodeCarried()
+    @workflow.init
+    def __init__(self, inp: NodeInput) -> None:
+        # State is restored here, not in run(): an update delivered with the start (or
+        # buffered across continue-as-new) runs before run() begins.
+        self._inp: NodeInput | None = inp
+        self._s = NodeCarried.model_validate(inp.carried) if inp.carried else NodeCarried()
         self._dirty = False
         self._lock = asyncio.Lock()
         self._snapshot: PolicySnapshot | None = None
@@ -251,9 +254,6 @@ class NodeWorkflow:
     @workflow.run
     async def run(self, inp: NodeInput) -> None:
         """Run for the node's lifetime, continuing as new when the history grows."""
-        self._inp = inp
-        if inp.carried:
-            self._s = NodeCarried.model_validate(inp.carried)
         workflow.set_current_details(f"node {inp.node} of {inp.cluster}")
         while True:
             timeout = self._next_deadline()

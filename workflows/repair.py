@@ -144,14 +144,16 @@ class _Ended(Exception):
 class RepairWorkflow:
     """Lifecycle of one repair; see the module docstring for names and payloads."""
 
-    def __init__(self) -> None:
-        self._req: RepairRequest | None = None
+    @workflow.init
+    def __init__(self, req: RepairRequest) -> None:
+        # set from the input here so signals delivered with the start are not lost
+        self._req: RepairRequest | None = req
         self._stage = S.recommended
-        self._action = Action.none
-        self._machine: str | None = None
-        self._pool: str | None = None
+        self._action = req.action
+        self._machine: str | None = req.machine_id
+        self._pool: str | None = req.node_pool
         self._history: list[StageTransition] = []
-        self._alerts: list[Alert] = []
+        self._alerts: list[Alert] = list(req.alerts)
         self._approved_by: str | None = None
         self._rule: str | None = None
         self._detail = ""
@@ -223,11 +225,6 @@ class RepairWorkflow:
     @workflow.run
     async def run(self, req: RepairRequest) -> RepairStatus:
         """Run the repair to a terminal stage and return its final status."""
-        self._req = req
-        self._action = req.action
-        self._alerts = list(req.alerts)
-        self._machine = req.machine_id
-        self._pool = req.node_pool
         if req.detector and req.request_id:
             claim = await self._act(
                 ACT.ledger_claim_request,
