@@ -6,6 +6,11 @@ concurrent takers: ``FOR UPDATE SKIP LOCKED``). Machines listed in
 ``ClusterConfig.spares`` seed the pool (:meth:`SparePool.seed`). The pool size is
 exported as the Prometheus gauge ``autorepair_spare_pool_size{cluster_id}``.
 
+:class:`MachineBindings` (migration 0003) records which machine runs each node identity
+after a migrate, each migrate/remove move by repair id, and machines removed from the
+pool; its ``migrate`` draws from this pool (seeding it from ``ClusterConfig.spares`` when
+empty) in the same transaction as the binding.
+
 All methods are idempotent; database errors propagate (retryable in activities).
 """
 
