@@ -270,6 +270,12 @@ class RepairList(BaseModel):
     repairs: list[RepairView]
 
 
+class AlertList(BaseModel):
+    """Answer of ``GET /api/v1/alerts``: recorded alerts, newest first."""
+
+    alerts: list[Alert]
+
+
 # ------------------------------------------------------------------------ errors
 class IntakeError(Exception):
     """A request the intake cannot take; ``status`` is the HTTP status, ``field`` the
@@ -789,6 +795,17 @@ def build_repairs_router(
                                            "type": "value_error"}]) from e
             raise fail(e) from e
         return RepairList(repairs=views)
+
+    @router.get("/alerts", response_model=AlertList)
+    async def list_alerts(
+        ix: Intake, _: Annotated[Principal, Depends(need("read"))],
+        cluster: str | None = Query(None, max_length=253),
+        node: str | None = Query(None, max_length=253),
+        limit: int = Query(50, ge=1, le=1000),
+    ) -> AlertList:
+        """Alerts recorded in the ledger (observed and actionable), newest first."""
+        return AlertList(alerts=await ix.ledger.list_alerts(cluster=cluster, node=node,
+                                                            limit=limit))
 
     @router.get("/repairs/{repair_id}", response_model=RepairView)
     async def show(repair_id: str, ix: Intake,

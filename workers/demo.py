@@ -330,7 +330,9 @@ async def run_demo(stack: DevStack, demo: DemoCluster, console: Console, stop: a
     job = await asyncio.to_thread(submit_job, demo, XID79_NODE, timings.job_s)
     console.print(f"demo: sbatch job {job} ('training-run', {timings.job_s:g} s) on {XID79_NODE}")
     start_simulator(demo, stack.ports.otlp_http, timings)
-    demo.bridge = MachineBridge(demo.redfish, machine_restarted(demo, SIM_CONTROL_PORT))
+    demo.bridge = MachineBridge(
+        demo.redfish, machine_restarted(demo, SIM_CONTROL_PORT), poll_s=1.0
+    )
     demo.bridge.start()
     console.print(
         f"demo: 4 simulated agents pushing; {STRAGGLER} turns slow at +{timings.straggler_at:g}s,"

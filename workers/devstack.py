@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -167,6 +168,21 @@ class DevStack:
                 " or choose other ports in the config"
             )
 
+    def ensure_api_tokens(self) -> Path:
+        """The dev stack's API tokens file (``TOKEN operator operator``), written once with a
+        random token; the token alone also goes to ``DATA/operator.token`` (mode 0600) for
+        the CLI. Returns the tokens file. A configured ``api.tokens_file`` wins."""
+        if self.config.api.tokens_file:
+            return Path(self.config.api.tokens_file)
+        tokens = self.data_dir / "api-tokens"
+        token_file = self.data_dir / "operator.token"
+        if not tokens.exists() or not token_file.exists():
+            token = secrets.token_urlsafe(24)
+            for path, text in ((tokens, f"{token} operator operator\n"), (token_file, token)):
+                path.write_text(text)
+                os.chmod(path, 0o600)
+        return tokens
+
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update(
@@ -178,6 +194,7 @@ class DevStack:
                 "AUTOREPAIR__INGEST__API_PORT": str(self.ports.api),
                 "AUTOREPAIR__INGEST__ADMIN_PORT": str(self.ports.admin),
                 "AUTOREPAIR__WORKER__METRICS_PORT": str(self.ports.worker_metrics),
+                "AUTOREPAIR__API__TOKENS_FILE": str(self.ensure_api_tokens()),
                 "PYTHONUNBUFFERED": "1",
             }
         )
@@ -273,6 +290,7 @@ class DevStack:
             ("Metrics", f"http://{h}:{self.ports.api}/metrics"),
             ("Worker metrics", f"http://{h}:{self.ports.worker_metrics}/metrics"),
             ("PostgreSQL ledger", self.pg_dsn),
+            ("Operator token", str(self.data_dir / "operator.token")),
             ("Logs", str(self.data_dir)),
         ]
 

@@ -33,8 +33,23 @@ breaker_app = typer.Typer(help="Circuit breaker of a cluster (ClusterGuardWorkfl
 DEFAULT_API = "http://127.0.0.1:8080"
 """Default API address: the API port of DESIGN §4.2 on loopback."""
 Api = Annotated[str, typer.Option("--api", envvar="AUTOREPAIR_API", help="API base URL")]
-Token = Annotated[str | None, typer.Option("--token", envvar="AUTOREPAIR_TOKEN",
-                                           help="bearer token (api.tokens_file)")]
+Token = Annotated[str | None, typer.Option(
+    "--token", envvar="AUTOREPAIR_TOKEN",
+    help="bearer token (api.tokens_file); default: .autorepair/operator.token written by "
+         "`autorepair up`")]
+
+#: Where ``autorepair up`` leaves the dev stack's operator token (``--data-dir``).
+DEV_TOKEN_FILE = Path(".autorepair") / "operator.token"
+
+
+def resolve_token(token: str | None) -> str | None:
+    """``--token`` / ``$AUTOREPAIR_TOKEN``, else the dev stack's operator token file in the
+    current directory, else None."""
+    if token:
+        return token
+    if DEV_TOKEN_FILE.is_file():
+        return DEV_TOKEN_FILE.read_text(encoding="utf-8").strip() or None
+    return None
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON")]
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="autorepair.yaml")]
 TemporalOpt = Annotated[str | None, typer.Option(
@@ -47,6 +62,7 @@ _err = Console(stderr=True)
 def _call(method: str, api: str, path: str, token: str | None,
           body: dict[str, Any] | None = None, params: dict[str, Any] | None = None) -> Any:
     """One API request; prints the server's error and exits 1 (2 when unreachable)."""
+    token = resolve_token(token)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         r = httpx.request(method, api.rstrip("/") + path, json=body, headers=headers,
@@ -210,14 +226,18 @@ def repairs_cancel(
 
 # ------------------------------------------------------------------------ status
 def status_doc(api: str, token: str | None, cluster: str | None) -> dict[str, Any]:
-    """``{"state": GET /api/v1/state, "repairs": open repairs}`` (repairs empty without a
-    token)."""
+    """``{"state": GET /api/v1/state, "alerts": recent alerts, "repairs": recent repairs}``
+    (alerts and repairs need a token; empty without one)."""
     state = _call("GET", api, "/api/v1/state", None, params={"cluster_id": cluster})
     repairs: list[dict[str, Any]] = []
+    alerts: list[dict[str, Any]] = []
+    token = resolve_token(token)
     if token:
         repairs = _call("GET", api, "/api/v1/repairs", token,
-                        params={"cluster": cluster, "state": "open"})["repairs"]
-    return {"state": state, "repairs": repairs}
+                        params={"cluster": cluster, "limit": 20})["repairs"]
+        alerts = _call("GET", api, "/api/v1/alerts", token,
+                       params={"cluster": cluster, "limit": 20})["alerts"]
+    return {"state": state, "alerts": alerts, "repairs": repairs}
 
 
 def status_tables(doc: dict[str, Any]) -> Table:
@@ -246,7 +266,14 @@ def status_tables(doc: dict[str, Any]) -> Table:
     for r in st.get("cluster_alerts", []):
         if r.get("active", True):
             a.add_row(r["cluster_id"], r["kind"], r["summary"])
-    for t in (c, n, a, _repairs_table(doc["repairs"])):
+    al = Table(title="alerts (newest first)")
+    for col in ("observed", "node", "kind", "code", "severity", "action", "summary"):
+        al.add_column(col)
+    for r in doc.get("alerts", []):
+        al.add_row(_ts(r.get("observed_at")), r["node"], r["kind"],
+                   "" if r.get("code") is None else str(r["code"]), r["severity"],
+                   r["action"] if r.get("actionable") else f"({r['action']})", r["summary"])
+    for t in (c, n, a, al, _repairs_table(doc["repairs"])):
         grid.add_row(t)
     return grid
 

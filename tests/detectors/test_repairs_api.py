@@ -187,3 +187,25 @@ async def test_openapi_document(stack: Stack) -> None:
     assert "/api/v1/repairs" in doc["paths"]
     assert "/api/v1/repairs/{repair_id}/approve" in doc["paths"]
     assert "RepairCreate" in doc["components"]["schemas"]
+
+
+async def test_alerts_listing_needs_a_token_and_returns_recorded_alerts(stack: Stack) -> None:
+    from datetime import UTC, datetime
+
+    from workflows.models import Action, Alert, Severity
+
+    h = stack.http
+    assert (await h.get("/api/v1/alerts")).status_code == 401
+    for i, node in enumerate(("gpu-01", "gpu-02")):
+        await stack.ledger.record_alert(Alert(
+            alert_id=f"al-{i}", cluster=stack.cluster, node=node, kind="xid", code=79,
+            severity=Severity.critical, actionable=True, action=Action.power_cycle,
+            summary=f"Xid 79 on {node}", observed_at=datetime(2026, 11, 1, 12, i, tzinfo=UTC),
+        ))
+    r = await h.get("/api/v1/alerts", headers=VIEW, params={"cluster": stack.cluster})
+    assert r.status_code == 200
+    assert [a["alert_id"] for a in r.json()["alerts"]] == ["al-1", "al-0"]
+    r = await h.get("/api/v1/alerts", headers=VIEW, params={"node": "gpu-01"})
+    assert [a["summary"] for a in r.json()["alerts"]] == ["Xid 79 on gpu-01"]
+    r = await h.get("/api/v1/alerts", headers=VIEW, params={"limit": 0})
+    assert r.status_code == 422

@@ -101,3 +101,15 @@ def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
             assert f"{busy} (HTTP API)" in str(exc)
         else:
             raise AssertionError("busy port not reported")
+
+
+def test_dev_stack_writes_operator_token_once(tmp_path: Path) -> None:
+    import stat
+
+    stack = DevStack(config=AutorepairConfig(), data_dir=tmp_path, ports=_ports())
+    tokens = stack.ensure_api_tokens()
+    token = (tmp_path / "operator.token").read_text()
+    assert tokens.read_text() == f"{token} operator operator\n" and len(token) >= 32
+    assert stat.S_IMODE(tokens.stat().st_mode) == 0o600
+    assert stack.ensure_api_tokens() == tokens
+    assert (tmp_path / "operator.token").read_text() == token  # stable across restarts
