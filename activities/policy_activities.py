@@ -35,7 +35,11 @@ class PolicyActivities:
             c = self.config.cluster(cluster)
         except KeyError:
             return PolicySnapshot(
-                cluster=cluster, policy=self.config.policy, gpu_nodes=0, scheduler="slurm"
+                cluster=cluster,
+                policy=self.config.policy,
+                gpu_nodes=0,
+                scheduler="slurm",
+                bmc_task_queue=self.config.temporal.bmc_task_queue,
             )
         return PolicySnapshot(
             cluster=cluster,
@@ -44,4 +48,5 @@ class PolicyActivities:
             scheduler=c.scheduler,
             pools={n.name: n.pool for n in c.nodes},
             machines={n.name: (n.machine or n.name) for n in c.nodes},
+            bmc_task_queue=self.config.temporal.bmc_task_queue,
         )

@@ -396,6 +396,14 @@ _KINDS: dict[str, CatalogueEntry] = {
         "outage is a node problem (persistence rails decide).",
     ),
     "ib_link_up": _e(_I, "IB_LINK_UP", Action.none, "An InfiniBand/RoCE port came back up."),
+    "straggler": _e(
+        _W,
+        "STRAGGLER",
+        Action.none,
+        "The node's health score stayed below the cluster's straggler threshold "
+        "(median - k*MAD*1.4826) for several pushes: it is slow, not failed. A "
+        "diagnostic validation run is recommended; it never drives a reboot.",
+    ),
     "oom_kill": _e(
         _I,
         "OOM_KILL",

@@ -573,7 +573,7 @@ class RepairWorkflow:
         await self._rejoin()
         await self._attempt(action, "succeeded")
         if action == Action.migrate and old_machine:
-            await self._revalidate(old_machine, "node migrated off this machine")
+            await self._revalidate(old_machine, "node migrated off this machine", "spare")
         await self._transition(S.running, "system", "node back in service")
 
     async def _machine_action(self, action: Action, minput: MachineActionInput) -> str | None:
@@ -630,8 +630,11 @@ class RepairWorkflow:
         if not res.uncordoned:
             await self._note(f"node left cordoned: {res.kept_reason or 'not cordoned by us'}")
 
-    async def _revalidate(self, machine: str | None, reason: str) -> None:
-        """Start ``ValidationWorkflow`` on the machine the node left (abandoned child)."""
+    async def _revalidate(self, machine: str | None, reason: str, return_to: str = "pool") -> None:
+        """Start ``ValidationWorkflow`` on the machine the node left (abandoned child).
+
+        ``return_to``: where a machine that passes goes — ``spare`` after a migrate (the
+        hot-spare pool), ``pool`` otherwise."""
         assert self._req is not None
         if not machine:
             return
@@ -645,6 +648,7 @@ class RepairWorkflow:
                     reason=reason,
                     repair_id=self._req.repair_id,
                     requested_by="autorepair",
+                    return_to=return_to,
                 ),
                 id=workflow_id_validation(machine, self._req.repair_id),
                 task_queue=workflow.info().task_queue,

@@ -80,6 +80,16 @@ def test_app_xids_never_repair_but_repeats_ask_for_diagnostics() -> None:
     assert d.diagnostic and not d.actionable and d.rule == "xid:13:repeat"
 
 
+def test_straggler_asks_for_diagnostics_never_a_repair() -> None:
+    cat = CatalogueConfig()
+    slow = alert(kind="straggler", code=None, severity="warning", actionable=False, action="none",
+                 level=True)
+    d = catalogue_decision(slow, cat)
+    assert d.diagnostic and not d.actionable and d.action == Action.none
+    assert d.rule == "straggler:diagnose"
+    assert not catalogue_decision(slow.model_copy(update={"active": False}), cat).diagnostic
+
+
 def test_override_counts_in_window_scenario_9() -> None:
     cat = CatalogueConfig(xid={43: CatalogueOverride(action=Action.reboot, count=5, window_s=600)})
     assert not catalogue_decision(alert(code=43), cat, occurrences_in_window=4).actionable

@@ -107,6 +107,15 @@ def catalogue_decision(
         return CatalogueDecision(
             action, True, rule, f"override: {o.count} occurrence(s) within {o.window_s:g} s"
         )
+    if alert.kind == "straggler":
+        # Slow is not failed: a straggler asks for diagnostics, never a node repair.
+        return CatalogueDecision(
+            Action.none,
+            False,
+            "straggler:diagnose",
+            "health score below the straggler threshold: diagnostic validation recommended",
+            diagnostic=True,
+        )
     if alert.kind == "xid" and alert.code in APP_XIDS:
         if alert.code in DIAGNOSTIC_XIDS and repeats_same_gpu >= cat.app_xid_repeat_count:
             return CatalogueDecision(
