@@ -6,18 +6,25 @@ change applies to new decisions without restarting running workflows.
 
 from __future__ import annotations
 
+import asyncpg
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.spares import MachineBindings
 from workflows.activity_api import ACT, ERR_UNKNOWN_NODE, PolicySnapshot
 from workflows.config import AutorepairConfig
 
 
 class PolicyActivities:
-    """Holds the loaded configuration; ``load_policy`` snapshots it per cluster."""
+    """Holds the loaded configuration; ``load_policy`` snapshots it per cluster.
 
-    def __init__(self, config: AutorepairConfig) -> None:
+    With the ledger ``pool``, node → machine bindings recorded by migrations override the
+    configured machines, so the next repair and the search attributes name the machine
+    the node runs on now."""
+
+    def __init__(self, config: AutorepairConfig, pool: asyncpg.Pool | None = None) -> None:
         self.config = config
+        self.pool = pool
 
     @activity.defn(name=ACT.load_policy)
     async def load_policy(self, cluster: str) -> PolicySnapshot:
@@ -41,12 +48,15 @@ class PolicyActivities:
                 scheduler="slurm",
                 bmc_task_queue=self.config.temporal.bmc_task_queue,
             )
+        machines = {n.name: (n.machine or n.name) for n in c.nodes}
+        if self.pool is not None:
+            machines.update(await MachineBindings(self.pool).bindings(cluster))
         return PolicySnapshot(
             cluster=cluster,
             policy=self.config.policy,
             gpu_nodes=c.gpu_node_count,
             scheduler=c.scheduler,
             pools={n.name: n.pool for n in c.nodes},
-            machines={n.name: (n.machine or n.name) for n in c.nodes},
+            machines=machines,
             bmc_task_queue=self.config.temporal.bmc_task_queue,
         )

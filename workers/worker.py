@@ -31,6 +31,7 @@ from temporalio.worker import Worker
 
 from activities.ledger import connect, migrate
 from activities.ledger_activities import LedgerActivities
+from activities.notify import NotifyActivities
 from activities.policy_activities import PolicyActivities
 from activities.validation import ValidationActivities
 from workflows.config import AutorepairConfig
@@ -62,12 +63,12 @@ def workflow_classes() -> list[type]:
 
 
 def side_effect_activities(
-    config: AutorepairConfig,
+    config: AutorepairConfig, pool: asyncpg.Pool
 ) -> tuple[list[Callable[..., Any]], list[Callable[..., Any]]]:
     """(main-queue, BMC-queue) activities from ``activities.registry.build_activities``."""
     from activities.registry import build_activities
 
-    return build_activities(config)
+    return build_activities(config, pool=pool)
 
 
 def build_workers(
@@ -79,10 +80,11 @@ def build_workers(
     extra_activities: Sequence[Callable[..., Any]] = (),
 ) -> list[Worker]:
     """The two workers of this process (not yet running)."""
-    main_acts, bmc_acts = side_effect_activities(config)
+    main_acts, bmc_acts = side_effect_activities(config, pool)
     activities: list[Callable[..., Any]] = [
         *LedgerActivities(pool).all(),
-        PolicyActivities(config).load_policy,
+        PolicyActivities(config, pool).load_policy,
+        NotifyActivities(config.notifications).notify,
         *ValidationActivities(config, pool).all(),
         *main_acts,
         *extra_activities,

@@ -360,6 +360,15 @@ class ApiConfig(_Section):
     tokens_file: str | None = None
 
 
+class NotificationsConfig(_Section):
+    """Where notifications go (diagnostics, failed repairs, breaker trips)."""
+
+    #: JSON webhook receiving every notification (None = log only).
+    webhook_url: str | None = None
+    #: Timeout of one webhook call, seconds.
+    timeout_s: float = Field(10.0, gt=0)
+
+
 class WorkerConfig(_Section):
     """The worker process."""
 
@@ -394,6 +403,7 @@ class AutorepairConfig(_Section):
     secrets: SecretsConfig = Field(default_factory=SecretsConfig)
     api: ApiConfig = Field(default_factory=ApiConfig)
     worker: WorkerConfig = Field(default_factory=WorkerConfig)
+    notifications: NotificationsConfig = Field(default_factory=NotificationsConfig)
 
     def cluster(self, name: str) -> ClusterConfig:
         """The cluster called ``name``. Raises ``KeyError`` naming it when unknown."""
