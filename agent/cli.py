@@ -40,6 +40,9 @@ def _logging(level: str) -> None:
         format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
         stream=sys.stderr,
     )
+    # httpx logs every push at INFO; the agent logs its own push failures.
+    if level.lower() != "debug":
+        logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def _fail(msg: str) -> typer.Exit:

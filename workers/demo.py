@@ -139,6 +139,7 @@ def demo_config(
                 "scheduler": "slurm",
                 "gpu_nodes": len(NODES),
                 "slurm_conf": str(slurm_conf),
+                "validation": {"output_dir": str(slurm_conf.parent.parent / "validation")},
                 "nodes": [
                     {
                         "name": n,
@@ -156,9 +157,11 @@ def demo_config(
 
 
 def prepare_demo(data_dir: Path, timings: DemoTimings | None = None,
-                 redfish_port: int = REDFISH_PORT) -> DemoCluster:
+                 redfish_port: int = REDFISH_PORT,
+                 slurmd_ports: tuple[int, ...] | None = None) -> DemoCluster:
     """Start Slurm and the Redfish emulator; write ``DATA/demo/autorepair.yaml``.
 
+    ``slurmd_ports`` default to 17001-17004 (DESIGN §3); tests pass free ports.
     Raises :class:`DemoUnavailable` (not root / Slurm missing / port busy)."""
     from activities.devcluster import (
         DEFAULT_SLURMD_PORTS,
@@ -174,12 +177,13 @@ def prepare_demo(data_dir: Path, timings: DemoTimings | None = None,
             f"demo cluster unavailable: {reason}. Run `make run` as root on Debian (it "
             "installs slurmctld, slurmd and munge) or use `autorepair up` without --demo."
         )
-    busy = [p for p in (*DEFAULT_SLURMD_PORTS, redfish_port) if not port_free("127.0.0.1", p)]
+    ports = tuple(slurmd_ports or DEFAULT_SLURMD_PORTS)
+    busy = [p for p in (*ports, redfish_port) if not port_free("127.0.0.1", p)]
     if busy:
         raise DemoUnavailable(f"demo ports in use: {busy} (another demo running?)")
     workdir = data_dir / "demo"
     workdir.mkdir(parents=True, exist_ok=True)
-    slurm = start_slurm_cluster(workdir / "slurm", NODES, ports=list(DEFAULT_SLURMD_PORTS))
+    slurm = start_slurm_cluster(workdir / "slurm", NODES, ports=list(ports))
     try:
         redfish = start_redfish_emulator(workdir / "redfish", NODES, port=redfish_port)
     except Exception:
@@ -316,7 +320,8 @@ async def narrate(client: Any, console: Console, stop: asyncio.Event,
 
 
 async def run_demo(stack: DevStack, demo: DemoCluster, console: Console, stop: asyncio.Event,
-                   timings: DemoTimings | None = None) -> None:
+                   timings: DemoTimings | None = None,
+                   control_port: int = SIM_CONTROL_PORT) -> None:
     """Start the simulator, the workload and the bridge; narrate until ``stop``."""
     from activities.devcluster import MachineBridge
     from workers.worker import connect_temporal
@@ -329,10 +334,8 @@ async def run_demo(stack: DevStack, demo: DemoCluster, console: Console, stop: a
     )
     job = await asyncio.to_thread(submit_job, demo, XID79_NODE, timings.job_s)
     console.print(f"demo: sbatch job {job} ('training-run', {timings.job_s:g} s) on {XID79_NODE}")
-    start_simulator(demo, stack.ports.otlp_http, timings)
-    demo.bridge = MachineBridge(
-        demo.redfish, machine_restarted(demo, SIM_CONTROL_PORT), poll_s=1.0
-    )
+    start_simulator(demo, stack.ports.otlp_http, timings, control_port)
+    demo.bridge = MachineBridge(demo.redfish, machine_restarted(demo, control_port), poll_s=1.0)
     demo.bridge.start()
     console.print(
         f"demo: 4 simulated agents pushing; {STRAGGLER} turns slow at +{timings.straggler_at:g}s,"
@@ -340,5 +343,7 @@ async def run_demo(stack: DevStack, demo: DemoCluster, console: Console, stop: a
         f"+{timings.xid13_at:g}s. Watch: Temporal UI http://127.0.0.1:{stack.ports.temporal_ui}"
         " and `autorepair status --watch`."
     )
-    client = await connect_temporal(stack.config)
+    cfg = stack.config.model_copy(deep=True)
+    cfg.temporal.address = f"{stack.host}:{stack.ports.temporal}"
+    client = await connect_temporal(cfg)
     await narrate(client, console, stop, timings)

@@ -155,6 +155,8 @@ class DevStack:
     host: str = "127.0.0.1"
     children: list[Child] = field(default_factory=list)
     pg_dsn: str = ""
+    #: Config file handed to the worker and ingest children (else ``$AUTOREPAIR_CONFIG``).
+    config_path: Path | None = None
     _pg: object | None = None
     on_ready: list[Callable[[DevStack], Awaitable[None]]] = field(default_factory=list)
 
@@ -253,7 +255,9 @@ class DevStack:
     def start_services(self) -> None:
         exe = [sys.executable, "-m", "workers.cli"]
         cfg_args: list[str] = []
-        if os.environ.get("AUTOREPAIR_CONFIG"):
+        if self.config_path is not None:
+            cfg_args = ["--config", str(self.config_path)]
+        elif os.environ.get("AUTOREPAIR_CONFIG"):
             cfg_args = ["--config", os.environ["AUTOREPAIR_CONFIG"]]
         env = self._env()
         for name in ("worker", "ingest"):

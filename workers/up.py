@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 from pathlib import Path
 
@@ -78,8 +77,6 @@ def run_up(
     cfg: AutorepairConfig, *, data_dir: Path, demo: bool, config_path: Path | None
 ) -> int:
     """Run the stack until Ctrl-C; returns the process exit code."""
-    if config_path is not None:
-        os.environ["AUTOREPAIR_CONFIG"] = str(config_path.resolve())
     console = Console()
     data_dir = data_dir.resolve()
     cluster: DemoCluster | None = None
@@ -90,9 +87,10 @@ def run_up(
             console.print(f"[yellow]--demo:[/yellow] {exc}; starting the stack without it")
         else:
             # The demo's config replaces the given one for every process of the stack.
-            os.environ["AUTOREPAIR_CONFIG"] = str(cluster.config_path)
-            cfg = load_config(cluster.config_path)
-    stack = DevStack(config=cfg, data_dir=data_dir, ports=ports_from_config(cfg))
+            config_path = cluster.config_path
+            cfg = load_config(config_path)
+    stack = DevStack(config=cfg, data_dir=data_dir, ports=ports_from_config(cfg),
+                     config_path=config_path.resolve() if config_path else None)
     try:
         return asyncio.run(_run(stack, console, cluster))
     finally:

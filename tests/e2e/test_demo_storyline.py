@@ -1,0 +1,118 @@
+"""The demo storyline end to end, headless, with shorter waits (issue 10).
+
+Everything real: Temporal dev server, embedded PostgreSQL, the worker and ingest as
+child processes (as ``autorepair up`` runs them), a 4-node Slurm cluster on loopback,
+the Redfish emulator, ``autorepair-agent simulate`` pushing OTLP, and a real sbatch job.
+
+Asserts: the Xid 79 node's power-cycle repair goes through every stage (ledger and
+Temporal visibility via search attributes), the straggler and the Xid 13 node are
+recorded but get no repair.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+
+from activities.devcluster import free_port, slurm_unavailable_reason
+from activities.ledger import Ledger, connect
+from workers.config import load_config
+from workers.demo import (
+    STRAGGLER,
+    XID13_NODE,
+    XID79_NODE,
+    DemoTimings,
+    prepare_demo,
+    run_demo,
+)
+from workers.devstack import DevStack, StackPorts
+
+pytestmark = pytest.mark.skipif(
+    slurm_unavailable_reason() is not None, reason=f"demo needs Slurm: {slurm_unavailable_reason()}"
+)
+
+SHORT = DemoTimings(straggler_at=5, xid79_at=8, xid13_at=10, job_s=25, approve_after_s=2,
+                    push_interval_s=2)
+EXPECTED_STAGES = ["awaiting_approval", "cordoning", "waiting_for_idle", "draining",
+                   "repairing", "joining", "running", "succeeded"]
+
+
+def _ports() -> StackPorts:
+    return StackPorts(
+        temporal=free_port(), temporal_ui=free_port(), temporal_http=free_port(),
+        temporal_metrics=free_port(), otlp_grpc=free_port(), otlp_http=free_port(),
+        api=free_port(), admin=free_port(), worker_metrics=free_port(),
+    )
+
+
+async def _count(client: Client, query: str) -> int:
+    return (await client.count_workflows(query)).count
+
+
+async def test_demo_storyline(tmp_path: Path) -> None:
+    demo = await asyncio.to_thread(
+        prepare_demo, tmp_path, SHORT, free_port(), tuple(free_port() for _ in range(4))
+    )
+    stack = DevStack(config=load_config(demo.config_path, environ={}), data_dir=tmp_path,
+                     ports=_ports(), config_path=demo.config_path)
+    stop = asyncio.Event()
+    task: asyncio.Task[None] | None = None
+    try:
+        await stack.start()
+        task = asyncio.create_task(
+            run_demo(stack, demo, Console(file=open(tmp_path / "demo.out", "w")), stop,  # noqa: SIM115
+                     SHORT, control_port=free_port())
+        )
+        client = await Client.connect(f"127.0.0.1:{stack.ports.temporal}",
+                                      data_converter=pydantic_data_converter)
+        done = (f"WorkflowType = 'RepairWorkflow' AND ClusterId = 'demo' AND NodeId = "
+                f"'{XID79_NODE}' AND RepairState = 'succeeded'")
+        deadline = time.monotonic() + 300
+        while await _count(client, done) < 1:
+            assert task is not None and not task.done(), "demo task ended early"
+            assert time.monotonic() < deadline, (
+                "Xid 79 repair did not succeed in 300 s; logs in " + str(tmp_path))
+            await asyncio.sleep(2)
+
+        pool = await connect(stack.pg_dsn)
+        try:
+            ledger = Ledger(pool)
+            repairs = await ledger.list_repairs(cluster="demo")
+            assert [(r["node"], r["action"], r["stage"]) for r in repairs] == [
+                (XID79_NODE, "power_cycle", "succeeded")]
+            row = await ledger.get_repair(repairs[0]["repair_id"])
+            assert row is not None and row["approved_by"] == "demo-operator"
+            stages = [t["stage"] for t in row["transitions"]]
+            assert [s for s in stages if s in EXPECTED_STAGES] == EXPECTED_STAGES, stages
+            assert [(a["action"], a["outcome"]) for a in row["attempts"]] == [
+                ("power_cycle", "succeeded")]
+            alerts = await ledger.list_alerts(cluster="demo", limit=500)
+            kinds = {(a.node, a.kind, a.code) for a in alerts}
+            assert (STRAGGLER, "straggler", None) in kinds
+            assert (XID13_NODE, "xid", 13) in kinds
+            assert (XID79_NODE, "xid", 79) in kinds
+        finally:
+            await pool.close()
+
+        for node in (STRAGGLER, XID13_NODE):
+            assert await _count(client, f"WorkflowType = 'RepairWorkflow' AND NodeId = '{node}'") == 0
+        assert await _count(client, f"WorkflowType = 'RepairWorkflow' AND NodeId = '{XID79_NODE}'"
+                            " AND RepairAction = 'power_cycle' AND AlertKind = 'xid'") == 1
+        # the machine came back: slurmd restarted (node usable again) after the cycle
+        state = await asyncio.to_thread(demo.slurm.run, "sinfo", "-h", "-n", XID79_NODE, "-o", "%T")
+        assert state.strip().rstrip("*") in {"idle", "mixed", "allocated"}, state
+    finally:
+        stop.set()
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await asyncio.to_thread(stack.stop)
+        await asyncio.to_thread(demo.stop)
