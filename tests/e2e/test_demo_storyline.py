@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import time
 from pathlib import Path
 
@@ -64,11 +65,12 @@ async def test_demo_storyline(tmp_path: Path) -> None:
                      ports=_ports(), config_path=demo.config_path)
     stop = asyncio.Event()
     task: asyncio.Task[None] | None = None
+    narration = io.StringIO()
     try:
         await stack.start()
         task = asyncio.create_task(
-            run_demo(stack, demo, Console(file=open(tmp_path / "demo.out", "w")), stop,  # noqa: SIM115
-                     SHORT, control_port=free_port())
+            run_demo(stack, demo, Console(file=narration, width=120), stop, SHORT,
+                     control_port=free_port())
         )
         client = await Client.connect(f"127.0.0.1:{stack.ports.temporal}",
                                       data_converter=pydantic_data_converter)
@@ -78,7 +80,8 @@ async def test_demo_storyline(tmp_path: Path) -> None:
         while await _count(client, done) < 1:
             assert task is not None and not task.done(), "demo task ended early"
             assert time.monotonic() < deadline, (
-                "Xid 79 repair did not succeed in 300 s; logs in " + str(tmp_path))
+                f"Xid 79 repair did not succeed in 300 s; logs in {tmp_path}; narration:\n"
+                + narration.getvalue())
             await asyncio.sleep(2)
 
         pool = await connect(stack.pg_dsn)
