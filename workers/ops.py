@@ -296,6 +296,29 @@ def status_command(api: str, token: str | None, as_json: bool, watch: bool,
             pass
 
 
+def resolve_cluster(cfg: Any, machine: str, api: str) -> str:
+    """Cluster of ``machine``: the only configured cluster, or the configured cluster that
+    lists it as a node or machine, else the cluster whose agents report a node of that
+    name to the ingest API. Exits 2 naming the machine when none or several match."""
+    clusters = [c for c in cfg.clusters
+                if any(machine in (n.name, n.machine) for n in c.nodes) or machine in c.spares]
+    if not clusters and len(cfg.clusters) == 1:
+        clusters = list(cfg.clusters)
+    names = sorted({c.name for c in clusters})
+    if not names:
+        try:
+            state = _call("GET", api, "/api/v1/state", None)
+            names = sorted({n["cluster"] for n in state.get("nodes", []) if n["node"] == machine})
+        except typer.Exit:
+            names = []
+    if len(names) != 1:
+        found = f"it is in {names}" if names else "no cluster lists it"
+        _err.print(f"error: machine {machine!r}: cannot tell its cluster ({found}); "
+                   "pass --cluster")
+        raise typer.Exit(2)
+    return names[0]
+
+
 # ------------------------------------------------------------------ Temporal side
 async def _client(address: str, namespace: str) -> Any:
     from temporalio.client import Client
