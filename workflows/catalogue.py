@@ -21,7 +21,7 @@ Sources of the defaults:
 
 App-level Xids (:data:`APP_LEVEL_XIDS`) never drive a node repair alone: their entry has
 ``action=none`` and ``app_level=True``; repeats on one GPU/GPC escalate to a diagnostic
-validation run through :class:`workflows.alerts.CountWindow`.
+validation run (the ``NodeWorkflow`` counts them with :mod:`workflows.policy`).
 """
 
 from __future__ import annotations

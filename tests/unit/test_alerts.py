@@ -1,16 +1,17 @@
-"""Alert building and per-node state: scenarios 1, 2, 9; level edges; JSON state."""
+"""Alert building from real reader lines, and what the node policy makes of the alerts:
+scenarios 1, 2, 9 and level clears, from kernel text to decision."""
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from agent.readers import read_text
-from workflows.alerts import AlertState, CountWindow, LevelTracker, alert_from_fault, decide
+from workflows.alerts import alert_from_fault
 from workflows.config import CatalogueConfig, CatalogueOverride
 from workflows.models import Action, Alert, Severity
+from workflows.policy.lookup import catalogue_decision, count_in_window, repeat_key
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 DEFAULT = CatalogueConfig()
@@ -90,45 +91,44 @@ def test_unmapped_kind_is_recorded_and_marked() -> None:
         catalogue=DEFAULT,
     )
     assert a.evidence["unmapped"] is True and not a.actionable
-    d = decide(a, AlertState(), DEFAULT)
-    assert d.recommend is None and "no action mapping" in d.reason
+    d = catalogue_decision(a, DEFAULT)
+    assert not d.actionable and d.action is Action.none
 
 
 def test_scenario_1_secondary_xid_storm_no_repair() -> None:
-    state = AlertState()
+    times: list[datetime] = []
     for i in range(200):
         line = f"NVRM: Xid (PCI:0000:1a:00): 45, pid={1000 + i}, name=python, Ch 0000001{i % 8}"
-        d = decide(_alert(line, T0 + timedelta(seconds=3 * i)), state, DEFAULT)
-        assert d.recommend is None and not d.diagnose
+        at = T0 + timedelta(seconds=3 * i)
+        times.append(at)
+        n = count_in_window(times, at, DEFAULT.app_xid_repeat_window_s)
+        d = catalogue_decision(_alert(line, at), DEFAULT, occurrences_in_window=n,
+                               repeats_same_gpu=n)
+        assert not d.actionable and not d.diagnostic and d.action is Action.none
     root = "NVRM: Xid (PCI:0000:1a:00): 45, pid=1, name=p, Ch 00000010, caused by previous Xid 43"
-    d = decide(_alert(root, T0), state, DEFAULT)
-    assert d.root_xid == 43 and d.recommend is None
+    a = _alert(root, T0)
+    assert a.evidence["caused_by_xid"] == 43
+    d = catalogue_decision(a, DEFAULT, repeats_same_gpu=5)
+    assert d.rule == "xid:45:secondary" and "root Xid 43" in d.reason and not d.actionable
 
 
-def test_scenario_2_same_gpu_gpc_twice_in_24h_diagnoses() -> None:
+def test_scenario_2_same_gpu_gpc_repeat_key() -> None:
     line = (
         "NVRM: Xid (PCI:0000:cb:00): 13, pid=9, name=p, Graphics SM Warp Exception on "
         "(GPC 7, TPC 7, SM 0): Illegal Instruction Parameter"
     )
-    state = AlertState()
-    d1 = decide(_alert(line, T0), state, DEFAULT)
-    assert d1.recommend is None and not d1.diagnose
-    d2 = decide(_alert(line, T0 + timedelta(hours=5)), state, DEFAULT)
-    assert d2.diagnose and d2.recommend is None
-    # spread over different GPUs / nodes: nothing
-    for i, node in enumerate(["n1", "n2", "n3"]):
-        s = AlertState()
-        other = line.replace("0000:cb:00", f"0000:{i + 10}:00")
-        assert not decide(_alert(other, T0, node=node), s, DEFAULT).diagnose
-    # same GPU, different GPC: not the same repeat
-    s = AlertState()
-    decide(_alert(line, T0), s, DEFAULT)
-    other_gpc = line.replace("GPC 7", "GPC 2")
-    assert not decide(_alert(other_gpc, T0 + timedelta(hours=1)), s, DEFAULT).diagnose
-    # outside the 24 h window
-    s = AlertState()
-    decide(_alert(line, T0), s, DEFAULT)
-    assert not decide(_alert(line, T0 + timedelta(hours=25)), s, DEFAULT).diagnose
+    first, again = _alert(line, T0), _alert(line, T0 + timedelta(hours=5))
+    assert repeat_key(first) == repeat_key(again)
+    assert repeat_key(first) != repeat_key(_alert(line.replace("GPC 7", "GPC 2"), T0))
+    assert repeat_key(first) != repeat_key(_alert(line.replace("0000:cb:00", "0000:10:00"), T0))
+    times = [first.observed_at, again.observed_at]
+    n = count_in_window(times, again.observed_at, DEFAULT.app_xid_repeat_window_s)
+    assert n == 2
+    d = catalogue_decision(again, DEFAULT, repeats_same_gpu=n)
+    assert d.diagnostic and not d.actionable
+    late = T0 + timedelta(hours=25)
+    assert count_in_window([T0, late], late, DEFAULT.app_xid_repeat_window_s) == 1
+    assert not catalogue_decision(first, DEFAULT, repeats_same_gpu=1).diagnostic
 
 
 def test_scenario_9_xid_43_five_in_ten_minutes() -> None:
@@ -136,55 +136,24 @@ def test_scenario_9_xid_43_five_in_ten_minutes() -> None:
         xid={43: CatalogueOverride(action=Action.reset_gpu, count=5, window_s=600)}
     )
     line = "NVRM: Xid (PCI:0009:01:00): 43, pid=3188489, name=trigger_xid, channel 0x0b00000a"
-    state = AlertState()
-    results = [
-        decide(_alert(line, T0 + timedelta(minutes=2 * i), cat=cat), state, cat) for i in range(5)
-    ]
-    assert [r.recommend for r in results] == [None, None, None, None, Action.reset_gpu]
-    # a burst (same fault within seconds) counts once
-    state = AlertState()
-    burst = [decide(_alert(line, T0 + timedelta(seconds=i), cat=cat), state, cat) for i in range(8)]
-    assert sum(not b.duplicate for b in burst) == 1 and all(b.recommend is None for b in burst)
-    # spread over more than the window: never five inside it
-    state = AlertState()
-    spread = [
-        decide(_alert(line, T0 + timedelta(minutes=3 * i), cat=cat), state, cat) for i in range(10)
-    ]
-    assert all(r.recommend is None for r in spread)
+    times: list[datetime] = []
+    results = []
+    for i in range(5):
+        at = T0 + timedelta(minutes=2 * i)
+        times.append(at)
+        n = count_in_window(times, at, 600)
+        results.append(catalogue_decision(_alert(line, at, cat=cat), cat, occurrences_in_window=n))
+    assert [r.action for r in results] == [Action.none] * 4 + [Action.reset_gpu]
+    assert results[-1].actionable and results[-1].rule == "xid:43:override"
+    spread = [T0 + timedelta(minutes=3 * i) for i in range(10)]
+    assert max(count_in_window(spread[: i + 1], t, 600) for i, t in enumerate(spread)) < 5
 
 
-def test_level_fault_persistence_counts_from_first_observation() -> None:
+def test_level_clear_is_never_actionable() -> None:
     cat = CatalogueConfig(kinds={"ib_link_down": CatalogueOverride(action=Action.reboot)})
-    down = "mlx5_core 0000:c1:00.0 mlx5_7: Port: 1 Link DOWN"
-    up = "mlx5_core 0000:c1:00.0 mlx5_7: Port: 1 Link ACTIVE"
-    state = AlertState()
-    d = decide(_alert(down, T0, cat=cat), state, cat, persistence_s=300)
-    assert d.edge == "raise" and d.recommend is None
-    d = decide(_alert(down, T0 + timedelta(seconds=200), cat=cat), state, cat, persistence_s=300)
-    assert d.edge is None and d.recommend is None
-    d = decide(_alert(down, T0 + timedelta(seconds=301), cat=cat), state, cat, persistence_s=300)
-    assert d.recommend is Action.reboot  # not reset by the re-report at 200 s
-    tracker = LevelTracker()
-    assert tracker.observe("k", 0, True) == "raise"
-    assert tracker.observe("k", 10, False) == "clear"
-    assert tracker.observe("k", 20, True) == "raise"
-    assert not tracker.persisted("k", 25, 10)
-    up_alert = _alert(up, T0)
-    assert up_alert.active is False and not up_alert.actionable
-
-
-def test_state_is_json_serialisable_and_round_trips() -> None:
-    state = AlertState()
-    decide(_alert(XID79, T0), state, DEFAULT)
-    decide(_alert("mlx5_core 0000:c1:00.0 mlx5_7: Port: 1 Link DOWN", T0), state, DEFAULT)
-    blob = json.loads(json.dumps(state.to_json()))
-    again = AlertState.from_json(blob)
-    assert again.to_json() == state.to_json()
-    w = CountWindow()
-    assert [w.observe("k", t, 10) for t in (0, 5, 9, 20)] == [1, 2, 3, 1]
-    w.prune(20, 10)
-    assert w.times == {"k": [20.0]}
-    with pytest.raises(ValueError, match="window_s"):
-        w.observe("k", 1, 0)
-    with pytest.raises(ValueError, match="times"):
-        CountWindow.from_json({"times": [1]})
+    down = _alert("mlx5_core 0000:c1:00.0 mlx5_7: Port: 1 Link DOWN", T0, cat=cat)
+    assert down.level and down.active
+    assert catalogue_decision(down, cat).action is Action.reboot
+    up = _alert("mlx5_core 0000:c1:00.0 mlx5_7: Port: 1 Link ACTIVE", T0, cat=cat)
+    assert up.active is False and not up.actionable
+    assert not catalogue_decision(up, cat).actionable

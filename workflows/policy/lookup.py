@@ -107,6 +107,15 @@ def catalogue_decision(
         return CatalogueDecision(
             action, True, rule, f"override: {o.count} occurrence(s) within {o.window_s:g} s"
         )
+    root = alert.evidence.get("caused_by_xid")
+    if alert.kind == "xid" and isinstance(root, int):
+        # "caused by previous Xid N": a symptom of its root, never counted on its own.
+        return CatalogueDecision(
+            Action.none,
+            False,
+            f"xid:{alert.code}:secondary",
+            f"secondary Xid: attached to root Xid {root}",
+        )
     if alert.kind == "straggler":
         # Slow is not failed: a straggler asks for diagnostics, never a node repair.
         return CatalogueDecision(
