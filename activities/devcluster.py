@@ -84,7 +84,8 @@ def _tail(path: Path, n: int = 30) -> str:
         return f"(no log at {path})"
 
 
-def _wait_port(host: str, port: int, timeout_s: float) -> bool:
+def wait_port(host: str, port: int, timeout_s: float) -> bool:
+    """Poll until ``host:port`` accepts a TCP connection (True) or ``timeout_s`` passes."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
@@ -184,7 +185,7 @@ class SlurmCluster:
             _stop_process(proc)
         self.procs[f"slurmd-{node}"] = self._start_slurmd(node)
         port = self.slurmd_ports[self.nodes.index(node)]
-        if not _wait_port("127.0.0.1", port, START_TIMEOUT_S):
+        if not wait_port("127.0.0.1", port, START_TIMEOUT_S):
             raise PeerStartError(f"slurmd {node} did not come back on port {port}")
 
     def _start_slurmd(self, node: str) -> subprocess.Popen[bytes]:
@@ -329,7 +330,7 @@ def start_slurm_cluster(
             env=cluster.env, stdout=ctld_log.open("ab"), stderr=subprocess.STDOUT,
             start_new_session=True, cwd=wd / "jobs",
         )
-        if not _wait_port("127.0.0.1", ctld, START_TIMEOUT_S):
+        if not wait_port("127.0.0.1", ctld, START_TIMEOUT_S):
             raise PeerStartError(
                 f"slurmctld did not listen on {ctld}:\n{_tail(wd / 'log' / 'slurmctld.log')}"
             )
@@ -462,7 +463,7 @@ def start_redfish_emulator(
         username=username, password=password, image_url=image_url, proc=proc,
         image_server=image_server,
     )
-    if not _wait_port("127.0.0.1", port, START_TIMEOUT_S) or proc.poll() is not None:
+    if not wait_port("127.0.0.1", port, START_TIMEOUT_S) or proc.poll() is not None:
         emu.stop()
         raise PeerStartError(f"sushy-emulator did not start on {port}:\n{_tail(log)}")
     return emu

@@ -29,8 +29,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from activities.devcluster import free_port, wait_port
 from workflows.config import AutorepairConfig
 from workflows.models import SEARCH_ATTRIBUTES
+
+__all__ = ["DevStack", "StackError", "StackPorts", "free_port", "port_free"]
 
 log = logging.getLogger("autorepair.up")
 
@@ -62,23 +65,6 @@ def port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def free_port() -> int:
-    """An ephemeral TCP port free on 127.0.0.1 right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_tcp(host: str, port: int, timeout_s: float) -> bool:
-    """Poll until ``host:port`` accepts a TCP connection or ``timeout_s`` passes."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
-            return True
-        time.sleep(0.2)
-    return False
 
 
 @dataclass
@@ -231,7 +217,7 @@ class DevStack:
         child = Child("temporal", argv, dict(os.environ), self.data_dir / "temporal.log")
         child.start()
         self.children.append(child)
-        if not wait_tcp(self.host, self.ports.temporal, 60):
+        if not wait_port(self.host, self.ports.temporal, 60):
             raise StackError(
                 f"Temporal dev server did not start; see {self.data_dir / 'temporal.log'}"
             )
@@ -274,7 +260,7 @@ class DevStack:
         await asyncio.to_thread(self.start_postgres)
         await self.migrate_ledger()
         self.start_services()
-        if not await asyncio.to_thread(wait_tcp, self.host, self.ports.api, 60):
+        if not await asyncio.to_thread(wait_port, self.host, self.ports.api, 60):
             raise StackError(
                 f"ingest API did not come up on {self.ports.api}; see "
                 f"{self.data_dir / 'ingest.log'}"

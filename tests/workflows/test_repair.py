@@ -9,38 +9,17 @@ from typing import Any
 from temporalio.client import WorkflowHandle
 
 from tests.workflows.conftest import Harness, make_alert
+from tests.workflows.helpers import start_repair
 from workflows.models import (
     Action,
     ApproveSignal,
     CancelSignal,
     RejectSignal,
-    RepairRequest,
     RepairStatus,
     Requester,
     RequesterKind,
     Stage,
-    workflow_id_repair,
 )
-
-
-async def start_repair(
-    h: Harness, node: str, action: Action, rid: str, **kw: Any
-) -> WorkflowHandle[Any, RepairStatus]:
-    req = RepairRequest(
-        repair_id=rid,
-        cluster=h.cluster.cluster,
-        node=node,
-        action=action,
-        alerts=kw.pop("alerts", [make_alert(h.cluster.cluster, node, rid)]),
-        **kw,
-    )
-    return await h.client.start_workflow(
-        "RepairWorkflow",
-        req,
-        id=workflow_id_repair(h.cluster.cluster, node, rid),
-        task_queue=h.task_queue,
-        result_type=RepairStatus,
-    )
 
 
 async def wait_stage(
