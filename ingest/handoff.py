@@ -189,7 +189,8 @@ class TemporalAlertSink:
             retry=tenacity.retry_if_exception(
                 lambda e: not isinstance(e, WorkflowUpdateFailedError | asyncio.CancelledError)
             ),
-            stop=tenacity.stop_never,
+            # the client turns a cancelled call into an RPC error: stop retrying on stop()
+            stop=lambda _rs: self._stopping,
             before_sleep=before_sleep,
             reraise=True,
         )
@@ -206,11 +207,12 @@ class TemporalAlertSink:
         self._count("delivered")
 
     async def _run(self, q: asyncio.Queue[Alert]) -> None:
-        while True:
+        while not self._stopping:
             alert = await q.get()
             try:
                 await self._deliver_with_retry(alert)
             except Exception:  # never let one alert kill the shard
-                log.exception("event=handoff_error alert_id=%s", alert.alert_id)
+                if not self._stopping:
+                    log.exception("event=handoff_error alert_id=%s", alert.alert_id)
             finally:
                 q.task_done()
