@@ -139,7 +139,8 @@ class OtlpForwarder:
                 continue
             signal, body, n = self._take_batch()
             retrying = tenacity.AsyncRetrying(
-                wait=tenacity.wait_exponential_jitter(initial=0.1, max=self.max_backoff_s),
+                wait=tenacity.wait_exponential_jitter(
+                multiplier=0.1, max=self.max_backoff_s, jitter=0.1),
                 retry=tenacity.retry_if_exception_type(_Retryable),
                 stop=tenacity.stop_never,
                 before_sleep=before_sleep,

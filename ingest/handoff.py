@@ -185,7 +185,8 @@ class TemporalAlertSink:
             )
 
         retrying = tenacity.AsyncRetrying(
-            wait=tenacity.wait_exponential_jitter(initial=0.2, max=self.max_backoff_s),
+            wait=tenacity.wait_exponential_jitter(
+                multiplier=0.2, max=self.max_backoff_s, jitter=0.2),
             retry=tenacity.retry_if_exception(
                 lambda e: not isinstance(e, WorkflowUpdateFailedError | asyncio.CancelledError)
             ),

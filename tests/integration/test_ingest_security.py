@@ -116,8 +116,11 @@ def pki(tmp_path: Path) -> dict[str, str]:
         _openssl("x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / "ca.pem"),
                  "-CAkey", str(d / "ca.key"), "-CAcreateserial", "-days", "2",
                  "-extfile", str(ext), "-out", str(d / f"{name}.pem"))
-    return {k: str(d / k) for k in ("ca.pem", "server.pem", "server.key", "client.pem",
-                                    "client.key")}
+    out = {k: str(d / k) for k in ("ca.pem", "server.pem", "server.key", "client.pem",
+                                   "client.key")}
+    for k in ("ca.pem", "client.pem", "client.key"):
+        out[k + ".bytes"] = (d / k).read_text()
+    return out
 
 
 async def test_mtls_on_http_and_grpc(pki: dict[str, str]) -> None:
@@ -137,10 +140,10 @@ async def test_mtls_on_http_and_grpc(pki: dict[str, str]) -> None:
         async with httpx.AsyncClient(verify=no_cert) as c:
             with pytest.raises(httpx.HTTPError):
                 await c.post(url, headers=PB, content=body())
-        ca = Path(pki["ca.pem"]).read_bytes()
+        ca = pki["ca.pem.bytes"].encode()
         creds = grpc.ssl_channel_credentials(
-            root_certificates=ca, private_key=Path(pki["client.key"]).read_bytes(),
-            certificate_chain=Path(pki["client.pem"]).read_bytes())
+            root_certificates=ca, private_key=pki["client.key.bytes"].encode(),
+            certificate_chain=pki["client.pem.bytes"].encode())
         async with grpc.aio.secure_channel(f"127.0.0.1:{svc.grpc_port}", creds) as ch:
             export = ch.unary_unary(EXPORT, request_serializer=None,
                                     response_deserializer=None)
