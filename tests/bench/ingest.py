@@ -352,6 +352,9 @@ def main() -> None:
         ratio = (figures[f"{transport}_ingest_saturation_pushes_per_s"]
                  / figures[f"{transport}_bare_saturation_pushes_per_s"])
         figures[f"{transport}_ingest_over_bare_throughput_ratio"] = ratio
+        figures[f"{transport}_ingest_over_bare_10000_agents_ratio"] = (
+            figures[f"{transport}_ingest_10000_agents_pushes_per_s"]
+            / figures[f"{transport}_bare_10000_agents_pushes_per_s"])
     figures.update(recompute_times())
 
     print(f"{'transport':9} {'server':7} {'load':18} {'pushes/s':>9} {'p50 ms':>8} "
@@ -361,8 +364,10 @@ def main() -> None:
               f"{r['p99_ms']:8.2f} {int(r['errors']):6d} "
               f"{'' if p99s is None else f'{p99s:.1f}':>10}")
     for transport in ("http", "grpc"):
-        print(f"{transport}: ingest/bare saturation throughput ratio = "
-              f"{figures[f'{transport}_ingest_over_bare_throughput_ratio']:.2f}")
+        print(f"{transport}: ingest/bare throughput ratio: saturation "
+              f"{figures[f'{transport}_ingest_over_bare_throughput_ratio']:.2f}, "
+              f"at 10,000 agents "
+              f"{figures[f'{transport}_ingest_over_bare_10000_agents_ratio']:.2f}")
     for n in ("1k", "10k", "100k"):
         print(f"threshold recompute {n:>4} nodes: {figures[f'recompute_{n}_ms']:.3f} ms")
     print(json.dumps(figures, sort_keys=True))
