@@ -161,7 +161,7 @@ async def test_server_side_straggler_alert_raise_and_clear() -> None:
 
 async def test_straggler_edge_retried_when_handoff_full() -> None:
     sink = ListSink(limit=0)
-    ing, clock = ingestor(sink, straggler_pushes=1)
+    ing, _clock = ingestor(sink, straggler_pushes=1)
     for i in range(6):
         await ing.handle_metrics(make_metrics_request("c", f"n{i}", 0.95), "t")
     await ing.compute()
