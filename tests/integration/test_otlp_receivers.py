@@ -214,3 +214,55 @@ async def test_idle_nodes_and_health_endpoints(service: IngestService) -> None:
     finally:
         for n in nodes:
             await n.close()
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.alerts: list[Any] = []
+
+    async def submit(self, alert: Any) -> None:
+        self.alerts.append(alert)
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+async def test_sdk_log_exporters_fault_records_become_alerts(transport: str) -> None:
+    import time
+
+    from opentelemetry.exporter.otlp.proto.grpc._log_exporter import (
+        OTLPLogExporter as GrpcLogExporter,
+    )
+    from opentelemetry.exporter.otlp.proto.http._log_exporter import (
+        OTLPLogExporter as HttpLogExporter,
+    )
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
+
+    sink = _Sink()
+    svc = IngestService(make_config(), sink)
+    await svc.start()
+    try:
+        exporter: Any = (
+            HttpLogExporter(endpoint=f"http://127.0.0.1:{svc.http_port}/v1/logs")
+            if transport == "http"
+            else GrpcLogExporter(endpoint=f"127.0.0.1:{svc.grpc_port}", insecure=True))
+        provider = LoggerProvider(resource=Resource.create(
+            {"host.name": "gpu-07", "autorepair.cluster.id": "alpha", "host.id": "m-7"}))
+        logger = provider.get_logger("autorepair-agent-test")
+        line = "NVRM: Xid (PCI:0000:3b:00): 48, pid=2211, name=python, DBE (0x1,0x2)"
+
+        def emit() -> None:
+            # SimpleLogRecordProcessor exports synchronously: run it off the loop
+            provider.add_log_record_processor(SimpleLogRecordProcessor(exporter))
+            logger.emit(body=line, timestamp=time.time_ns(), attributes={
+                "event.name": "autorepair.fault", "autorepair.fault.kind": "xid",
+                "autorepair.fault.code": 48, "autorepair.gpu.pci": "0000:3b:00.0",
+                "autorepair.fault.active": True, "autorepair.fault.pid": 2211})
+            provider.shutdown()
+
+        await asyncio.to_thread(emit)
+        (a,) = sink.alerts
+        assert (a.cluster, a.node, a.kind, a.code, a.gpu, a.machine_id) == \
+            ("alpha", "gpu-07", "xid", 48, "0000:3b:00.0", "m-7")
+        assert a.evidence_text == line and a.evidence["pid"] == 2211
+    finally:
+        await svc.stop()
