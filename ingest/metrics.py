@@ -7,8 +7,7 @@ service's own and documented here.
 
 ``autorepair_repairs_total`` and ``autorepair_breaker_open`` belong to the repair path;
 they are registered here because DESIGN §4.5 serves every series on the API port's
-``/metrics``, and are incremented by the routers mounted on the API app (issue 9) through
-:attr:`IngestService.metrics`.
+``/metrics``, and kept current from Temporal by :mod:`ingest.repair_metrics`.
 """
 
 from __future__ import annotations

@@ -45,6 +45,7 @@ from ingest.handoff import AlertSink, ManagedAlertSink
 from ingest.http_receiver import OtlpHttpApp
 from ingest.metrics import IngestMetrics
 from ingest.pipeline import Ingestor
+from ingest.repair_metrics import RepairMetricsPoller
 from workflows.config import AutorepairConfig
 
 log = logging.getLogger("autorepair.ingest")
@@ -236,7 +237,13 @@ class IngestService:
         await self.stop()
 
 
-async def _serve(config: AutorepairConfig) -> None:
+#: Builds extra API routers once the Temporal client exists; returns the routers and
+#: coroutines to await at shutdown. ``autorepair ingest`` passes the repair API's
+#: (``workers.repairs_api``): ingest itself depends only on ``workflows`` (DESIGN §2).
+RoutersFactory = Callable[[Any], tuple[list[APIRouter], list[Callable[[], Awaitable[None]]]]]
+
+
+async def _serve(config: AutorepairConfig, routers_for: RoutersFactory | None = None) -> None:
     from temporalio.client import Client
     from temporalio.contrib.pydantic import pydantic_data_converter
 
@@ -258,16 +265,19 @@ async def _serve(config: AutorepairConfig) -> None:
         client, config.temporal.task_queue, queue_size=config.ingest.alert_queue,
         on_outcome=lambda o: service.metrics.alert_handoff_total.labels(o).inc(),
     )
-    from ingest.repairs_api import repairs_router_for
-
-    repairs_router, repairs_intake = repairs_router_for(config, client)  # issue 9
-    service = IngestService(config, sink, temporal_ready=temporal_ready,
-                            routers=[repairs_router])
+    routers, closers = routers_for(client) if routers_for is not None else ([], [])
+    service = IngestService(config, sink, temporal_ready=temporal_ready, routers=routers)
+    poller = RepairMetricsPoller(
+        client, service.metrics,
+        lambda: [c.name for c in config.clusters]
+        + [n["cluster"] for n in service.ingestor.snapshot()["nodes"]],
+    )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await service.start()
+    poll_task = asyncio.create_task(poller.run(), name="repair-metrics")
     print(
         f"autorepair ingest: OTLP gRPC :{service.grpc_port}, OTLP HTTP :{service.http_port}, "
         f"API http://{config.ingest.host}:{service.api_port}, "
@@ -277,15 +287,19 @@ async def _serve(config: AutorepairConfig) -> None:
         await stop.wait()
     finally:
         log.info("event=ingest_stopping")
+        poll_task.cancel()
+        await asyncio.gather(poll_task, return_exceptions=True)
         await service.stop()
-        await repairs_intake.close()
+        for close in closers:
+            await close()
 
 
-def run_ingest(config: AutorepairConfig) -> None:
+def run_ingest(config: AutorepairConfig, routers_for: RoutersFactory | None = None) -> None:
     """Blocking entry point of ``autorepair ingest``: serve until SIGINT/SIGTERM.
 
     Connects lazily to Temporal at ``config.temporal.address`` (ingest starts and buffers
-    alerts even while Temporal is down; ``/readyz`` reports it). Raises ``RuntimeError``
+    alerts even while Temporal is down; ``/readyz`` reports it). ``routers_for`` adds API
+    routers built on the Temporal client (the repair API). Raises ``RuntimeError``
     naming the port field when a listener cannot bind.
     """
-    asyncio.run(_serve(config))
+    asyncio.run(_serve(config, routers_for))

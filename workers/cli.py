@@ -90,11 +90,12 @@ def worker(config: ConfigOpt = None) -> None:
 def ingest(config: ConfigOpt = None) -> None:
     """Run the ingest service (OTLP receivers, threshold engine, HTTP API)."""
     from ingest.service import run_ingest
+    from workers.repairs_api import api_routers
 
     setup_logging()
     cfg = _load(config)
     try:
-        run_ingest(cfg)
+        run_ingest(cfg, api_routers(cfg))
     except (RuntimeError, ValueError, OSError) as exc:
         # RuntimeError: a port cannot bind; ValueError: a malformed tokens file;
         # OSError: an unreadable TLS / tokens file.

@@ -84,7 +84,7 @@ from workflows.models import (
     workflow_id_repair,
 )
 
-log = logging.getLogger("autorepair.ingest.repairs")
+log = logging.getLogger("autorepair.api.repairs")
 
 REPAIR_WORKFLOW = "RepairWorkflow"
 """Workflow type of a repair (DESIGN §4.4)."""
@@ -847,6 +847,21 @@ def build_repairs_router(
             raise fail(e) from e
 
     return router
+
+
+def api_routers(
+    config: AutorepairConfig,
+) -> Callable[[Client], tuple[list[APIRouter], list[Callable[[], Awaitable[None]]]]]:
+    """The factory ``autorepair ingest`` hands to ``ingest.service.run_ingest``: the repair
+    router on the given Temporal client, and the intake's ``close`` for shutdown.
+
+    Raises ``ValueError`` naming the tokens file when it is malformed (at call time)."""
+
+    def build(client: Client) -> tuple[list[APIRouter], list[Callable[[], Awaitable[None]]]]:
+        router, intake = repairs_router_for(config, client)
+        return [router], [intake.close]
+
+    return build
 
 
 def repairs_router_for(config: AutorepairConfig, client: Client) -> tuple[APIRouter, LazyIntake]:

@@ -1,0 +1,91 @@
+"""autorepair_repairs_total / autorepair_breaker_open on the ingest's /metrics, read from
+Temporal (dev server with our search attributes)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+from temporalio.worker import Worker
+
+with workflow.unsafe.imports_passed_through():
+    from ingest.metrics import IngestMetrics
+    from ingest.repair_metrics import RepairMetricsPoller
+    from workflows.protocol import GuardStatus
+
+ACTION = SearchAttributeKey.for_keyword("RepairAction")
+STATE = SearchAttributeKey.for_keyword("RepairState")
+
+
+@workflow.defn(name="RepairWorkflow")
+class EndedRepair:
+    """Stands in for a repair that reached a terminal state (same type and attributes)."""
+
+    @workflow.run
+    async def run(self, outcome: str) -> str:
+        workflow.upsert_search_attributes([STATE.value_set(outcome)])
+        return outcome
+
+
+@workflow.defn(name="ClusterGuardWorkflow")
+class TrippedGuard:
+    """Stands in for a guard whose breaker is open."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    @workflow.run
+    async def run(self, cluster: str) -> None:
+        await workflow.wait_condition(lambda: self.done)
+
+    @workflow.query(name="status")
+    def status(self) -> GuardStatus:
+        return GuardStatus(cluster="c1", gpu_nodes=8, budget=1, breaker_threshold=2,
+                           breaker_window_s=600, breaker_open=True)
+
+    @workflow.signal
+    def finish(self) -> None:
+        self.done = True
+
+
+def _value(m: IngestMetrics, name: str, labels: dict[str, str]) -> float:
+    v = m.registry.get_sample_value(name, labels)
+    return 0.0 if v is None else v
+
+
+async def test_closed_repairs_counted_once_and_breaker_state(temporal_dev_env: Any) -> None:
+    client = temporal_dev_env.client
+    tq = "metrics-" + uuid.uuid4().hex[:8]
+    metrics = IngestMetrics()
+    poller = RepairMetricsPoller(client, metrics, lambda: ["c1", "c-no-guard"],
+                                 started_at=datetime.now(UTC) - timedelta(seconds=1))
+    async with Worker(client, task_queue=tq, workflows=[EndedRepair, TrippedGuard]):
+        for i, (action, outcome) in enumerate([("reboot", "succeeded"), ("reboot", "succeeded"),
+                                               ("power_cycle", "failed")]):
+            await client.execute_workflow(
+                EndedRepair.run, outcome, id=f"repair/c1/gpu-0{i}/{uuid.uuid4().hex[:6]}",
+                task_queue=tq,
+                search_attributes=TypedSearchAttributes([SearchAttributePair(ACTION, action)]),
+            )
+        guard = await client.start_workflow(TrippedGuard.run, "c1", id="guard/c1", task_queue=tq)
+        counted = 0
+        for _ in range(50):  # visibility is eventually consistent
+            counted += await poller.count_closed()
+            if counted >= 3:
+                break
+            await asyncio.sleep(0.2)
+        assert counted == 3
+        assert await poller.count_closed() == 0  # the overlap re-read counts nothing twice
+        assert _value(metrics, "autorepair_repairs_total",
+                      {"action": "reboot", "outcome": "succeeded"}) == 2
+        assert _value(metrics, "autorepair_repairs_total",
+                      {"action": "power_cycle", "outcome": "failed"}) == 1
+        assert await poller.breaker_states() == {"c1": True, "c-no-guard": False}
+        assert _value(metrics, "autorepair_breaker_open", {"cluster_id": "c1"}) == 1
+        assert _value(metrics, "autorepair_breaker_open", {"cluster_id": "c-no-guard"}) == 0
+        await guard.signal(TrippedGuard.finish)
+        await guard.result()
