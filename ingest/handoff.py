@@ -35,13 +35,19 @@ from workflows.models import (
     TASK_QUEUE,
     Alert,
     AlertDelivery,
+    AlertOutcome,
     NodeInput,
+    workflow_id_guard,
     workflow_id_node,
 )
+from workflows.protocol import GUARD_SIGNAL_CLUSTER_ALERT, GuardInput
 
 log = logging.getLogger("autorepair.ingest.handoff")
 
 NODE_WORKFLOW = "NodeWorkflow"
+GUARD_WORKFLOW = "ClusterGuardWorkflow"
+#: ``Alert.node`` of a cluster-level alert (as the guard's breaker alert uses).
+CLUSTER_NODE = "*"
 """Workflow type of the node entity (DESIGN §4.4)."""
 
 
@@ -154,9 +160,24 @@ class TemporalAlertSink:
     async def deliver(self, alert: Alert) -> AlertDelivery:
         """One update-with-start call for ``alert``; returns the workflow's answer.
 
+        A cluster-level alert (``node == "*"``, e.g. panic mode) goes to the cluster's
+        ``ClusterGuardWorkflow`` instead, by signal-with-start of ``cluster_alert``.
         Raises whatever the client raises (``RPCError`` on transport trouble,
         ``WorkflowUpdateFailedError`` when the workflow rejects the update).
         """
+        if alert.node == CLUSTER_NODE:
+            await self.client.start_workflow(
+                GUARD_WORKFLOW,
+                GuardInput(cluster=alert.cluster),
+                id=workflow_id_guard(alert.cluster),
+                task_queue=self.task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                start_signal=GUARD_SIGNAL_CLUSTER_ALERT,
+                start_signal_args=[alert],
+                rpc_timeout=timedelta(seconds=self.rpc_timeout_s),
+            )
+            return AlertDelivery(alert_id=alert.alert_id, outcome=AlertOutcome.new,
+                                 reason="cluster-level alert sent to the cluster guard")
         op: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
             NODE_WORKFLOW,
             NodeInput(cluster=alert.cluster, node=alert.node, machine_id=alert.machine_id,

@@ -48,9 +48,10 @@ KNOWN_KINDS = frozenset({
     "xid", "sxid", "gpu_lost", "pcie_aer_fatal", "pcie_aer_corrected", "xfs_shutdown",
     "ext4_readonly", "hung_task", "ib_link_down", "ib_link_up", "oom_kill", "mce_ue",
     "gsp_heartbeat", "reset_required", "gpu_init_failed", "nvsmi", "slurm_node",
-    "straggler",
+    "straggler", "straggler_panic",
 })
-"""Fault kinds of the ``classify`` vocabulary (DESIGN §4.1) plus ``straggler``; an alert of
+"""Fault kinds of the ``classify`` vocabulary (DESIGN §4.1) plus ``straggler`` and
+``straggler_panic``; an alert of
 any other kind is counted in ``autorepair_unmapped_alerts_total``."""
 
 PANIC_KIND = "straggler_panic"
@@ -326,28 +327,55 @@ class Ingestor:
         for key in [k for k, v in self.nodes.items() if v.last_seen < cutoff]:
             del self.nodes[key]
         for res in results:
-            self._panic_edges(res, now)
+            edge = self._panic_edges(res, now)
+            if edge is not None:
+                await self._panic_alert(res, edge, now)
         self.last_compute_s = now
         return results
 
-    def _panic_edges(self, res: CohortResult, now: float) -> None:
+    async def _panic_alert(self, res: CohortResult, edge: ClusterAlert, now: float) -> None:
+        """Hand the panic raise/clear to Temporal as a cluster-level alert (node ``*``),
+        delivered to the cluster's guard: recorded in the ledger, notified. A full hand-off
+        queue drops it with a warning (it stays in the snapshot and the metrics)."""
+        alert = self._builder()(
+            cluster=res.cluster, node="*", kind=PANIC_KIND, code=None, gpu=None,
+            evidence_text=edge.summary,
+            evidence={"cohort": res.cohort, "flagged": res.flagged,
+                      "active_nodes": res.active_nodes, "threshold": res.threshold},
+            observed_at=datetime.fromtimestamp(edge.at, UTC),
+            catalogue=self.config.policy.catalogue, active=edge.active, level=True,
+            source="ingest",
+        )
+        if self.alert_sink is None:
+            return
+        try:
+            await self.alert_sink.submit(alert)
+        except Exception as exc:
+            log.warning("event=panic_alert_not_delivered cluster=%s error=%s", res.cluster,
+                        type(exc).__name__)
+
+    def _panic_edges(self, res: CohortResult, now: float) -> ClusterAlert | None:
+        """Record panic start / end for ``res``; returns the new edge, if any."""
         active = [a for a in self.cluster_alerts if a.active and a.kind == PANIC_KIND
                   and a.cluster == res.cluster and a.cohort == res.cohort]
         if res.panic_started:
             summary = (f"panic: {res.flagged} of {res.active_nodes} active nodes below the "
                        f"threshold; threshold frozen at {res.threshold:.4f}")
-            self.cluster_alerts.append(
-                ClusterAlert(res.cluster, res.cohort, PANIC_KIND, summary, now, True))
+            edge = ClusterAlert(res.cluster, res.cohort, PANIC_KIND, summary, now, True)
+            self.cluster_alerts.append(edge)
             self.metrics.alerts_total.labels(PANIC_KIND, "critical", "false").inc()
             log.error("event=panic_mode cluster=%s cohort=%s flagged=%d active=%d threshold=%.4f",
                       res.cluster, res.cohort, res.flagged, res.active_nodes, res.threshold)
         elif not res.panic and active:
             for a in active:
                 a.active = False
-            self.cluster_alerts.append(ClusterAlert(
-                res.cluster, res.cohort, PANIC_KIND, "panic cleared", now, False))
+            edge = ClusterAlert(res.cluster, res.cohort, PANIC_KIND, "panic cleared", now, False)
+            self.cluster_alerts.append(edge)
             log.warning("event=panic_cleared cluster=%s cohort=%s", res.cluster, res.cohort)
+        else:
+            edge = None
         del self.cluster_alerts[:-100]
+        return edge
 
     # ------------------------------------------------------------------- views
     def threshold_view(self, cluster_id: str, cohort: str | None = None) -> dict[str, Any]:

@@ -396,6 +396,14 @@ _KINDS: dict[str, CatalogueEntry] = {
         "outage is a node problem (persistence rails decide).",
     ),
     "ib_link_up": _e(_I, "IB_LINK_UP", Action.none, "An InfiniBand/RoCE port came back up."),
+    "straggler_panic": _e(
+        Severity.critical,
+        "STRAGGLER_PANIC",
+        Action.none,
+        "More than half of a cohort's active nodes fell below the straggler threshold at "
+        "once: a fleet-wide cause (storage, network, a bad job), not many bad nodes. The "
+        "threshold is frozen and no node alerts are raised until it clears.",
+    ),
     "straggler": _e(
         _W,
         "STRAGGLER",

@@ -32,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.protocol import (
         GUARD_QUERY_STATUS,
         GUARD_SIGNAL_ACQUIRE,
+        GUARD_SIGNAL_CLUSTER_ALERT,
         GUARD_SIGNAL_RELEASE,
         GUARD_SIGNAL_RESET_BREAKER,
         REPAIR_SIGNAL_LEASE,
@@ -98,6 +99,31 @@ class ClusterGuardWorkflow:
     def reset_breaker(self, sig: ResetBreakerSignal) -> None:
         """Operator closes the breaker: ``{"by": "alice"}``."""
         self._inbox.append(sig)
+
+    @workflow.signal(name=GUARD_SIGNAL_CLUSTER_ALERT)
+    async def cluster_alert(self, alert: Alert) -> None:
+        """A cluster-level alert from outside (ingest panic mode): record and notify it.
+
+        The ledger write is idempotent on ``alert.alert_id``; nothing is tripped."""
+        await workflow.execute_activity(
+            ACT.ledger_record_alert,
+            alert,
+            result_type=bool,
+            start_to_close_timeout=_ACT_TIMEOUT,
+            retry_policy=_ACT_RETRY,
+        )
+        if alert.active:
+            await workflow.execute_activity(
+                ACT.notify,
+                Notification(
+                    cluster=self._cluster,
+                    subject=alert.summary,
+                    body=alert.description,
+                    severity=alert.severity.value,
+                ),
+                start_to_close_timeout=_ACT_TIMEOUT,
+                retry_policy=_ACT_RETRY,
+            )
 
     @workflow.query(name=GUARD_QUERY_STATUS)
     def status(self) -> GuardStatus:

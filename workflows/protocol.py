@@ -28,6 +28,10 @@ from workflows.models import Alert, RequesterKind, Stage
 GUARD_SIGNAL_ACQUIRE = "acquire"
 GUARD_SIGNAL_RELEASE = "release"
 GUARD_SIGNAL_RESET_BREAKER = "reset_breaker"
+GUARD_SIGNAL_CLUSTER_ALERT = "cluster_alert"
+"""Signal on ``guard/{cluster}`` carrying a cluster-level :class:`~workflows.models.Alert`
+(e.g. the ingest's panic-mode alert): recorded in the ledger and notified; it trips
+nothing by itself."""
 GUARD_QUERY_STATUS = "status"
 
 # --- RepairWorkflow (id repair/{cluster}/{node}/{repair_id}) ---

@@ -173,7 +173,8 @@ async def test_straggler_edge_retried_when_handoff_full() -> None:
 
 
 async def test_panic_raises_cluster_alert_and_views() -> None:
-    ing, clock = ingestor(ListSink())
+    sink = ListSink()
+    ing, clock = ingestor(sink)
     for i in range(10):
         await ing.handle_metrics(make_metrics_request("c", f"n{i}", 0.95), "t")
     await ing.compute()
@@ -194,6 +195,11 @@ async def test_panic_raises_cluster_alert_and_views() -> None:
         await ing.handle_metrics(make_metrics_request("c", f"n{i}", 0.95), "t")
     await ing.compute()
     assert ing.snapshot("c")["cluster_alerts"][-1]["summary"] == "panic cleared"
+    # both edges went to the hand-off as cluster-level alerts (node "*", for the guard)
+    panic = [a for a in sink.alerts if a.kind == PANIC_KIND]
+    assert [(a.node, a.active, a.level) for a in panic] == [("*", True, True), ("*", False, True)]
+    assert panic[0].severity.value == "critical" and panic[0].evidence["flagged"] == 10
+    assert not panic[0].actionable
 
 
 async def test_threshold_view_cohorts_and_cold_start() -> None:
