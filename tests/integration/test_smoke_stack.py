@@ -39,6 +39,23 @@ class SmokeWorkflow:
         )
 
 
+@workflow.defn(name="ParkedWorkflow")
+class ParkedWorkflow:
+    """Waits for a signal: stands in for a repair that outlives the stack."""
+
+    def __init__(self) -> None:
+        self.go = False
+
+    @workflow.run
+    async def run(self) -> str:
+        await workflow.wait_condition(lambda: self.go)
+        return "resumed"
+
+    @workflow.signal
+    def proceed(self) -> None:
+        self.go = True
+
+
 def _ports() -> StackPorts:
     return StackPorts(
         temporal=free_port(), temporal_ui=free_port(), temporal_http=free_port(),
@@ -83,6 +100,30 @@ async def test_dev_stack_round_trip(tmp_path: Path) -> None:
             await pool.close()
     finally:
         await asyncio.to_thread(stack.stop)
+
+
+async def test_second_up_on_same_data_dir_resumes_workflows(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    first = DevStack(config=AutorepairConfig(), data_dir=data, ports=_ports())
+    try:
+        await asyncio.to_thread(first.start_temporal)
+        client = await Client.connect(f"127.0.0.1:{first.ports.temporal}",
+                                      data_converter=pydantic_data_converter)
+        await client.start_workflow(ParkedWorkflow.run, id="parked-1", task_queue="parked")
+    finally:
+        await asyncio.to_thread(first.stop)
+    second = DevStack(config=AutorepairConfig(), data_dir=data, ports=_ports())
+    try:
+        await asyncio.to_thread(second.start_temporal)
+        client = await Client.connect(f"127.0.0.1:{second.ports.temporal}",
+                                      data_converter=pydantic_data_converter)
+        handle = client.get_workflow_handle("parked-1")
+        async with Worker(client, task_queue="parked", workflows=[ParkedWorkflow]):
+            await handle.signal(ParkedWorkflow.proceed)
+            assert await handle.result() == "resumed"
+    finally:
+        await asyncio.to_thread(second.stop)
 
 
 def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
