@@ -45,7 +45,7 @@ PROMQL_WORDS = {
 
 def _design_md_names() -> set[str] | None:
     """Metric names in the §4.5 section of DESIGN.md when the shared copy is reachable."""
-    for candidate in (ROOT.parent / "shared" / "DESIGN.md", Path("/work/shared/DESIGN.md")):
+    for candidate in (ROOT.parent / "shared" / "DESIGN.md",):
         if candidate.exists():
             text = candidate.read_text()
             m = re.search(r"### 4\.5 Prometheus metrics.*?\n(.*?)\n## ", text, re.S)

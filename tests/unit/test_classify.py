@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from tests import corpus
 from workers.classify import BASE_FIELDS, classify_command
 
 ROOT = Path(__file__).resolve().parents[2]
-CORPUS = Path("/work/shared/corpus/real-inputs.jsonl")
-if not CORPUS.exists():
-    CORPUS = ROOT.parent / "shared" / "corpus" / "real-inputs.jsonl"
+CORPUS = corpus.CORPUS
 
 
 def test_whole_corpus_as_one_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -71,3 +70,11 @@ def test_cli_end_to_end_subprocess(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     obj = json.loads(res.stdout)
     assert obj["kind"] == "gpu_lost" and obj["pci"] == "0000:01:00.0"
+
+
+def test_vendored_corpus_copy_is_current() -> None:
+    if not corpus.SHARED_CORPUS.exists():
+        pytest.skip("../shared/corpus is not beside this checkout; the vendored copy is used")
+    assert corpus.VENDORED_CORPUS.read_bytes() == corpus.SHARED_CORPUS.read_bytes(), (
+        "tests/data/signals/real-inputs.jsonl is stale: copy ../shared/corpus/real-inputs.jsonl"
+    )

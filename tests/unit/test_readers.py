@@ -10,12 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.readers import FaultEvent, KernelLogReader, parse_state, read_text
+from tests import corpus
 from workers.classify import classify_text
 
 ROOT = Path(__file__).resolve().parents[2]
-CORPUS = Path("/work/shared/corpus/real-inputs.jsonl")
-if not CORPUS.exists():  # the shared checkout next to the repository
-    CORPUS = ROOT.parent / "shared" / "corpus" / "real-inputs.jsonl"
+CORPUS = corpus.CORPUS
 DATA = ROOT / "tests" / "data" / "signals"
 
 REPAIR_CLASS = {
