@@ -178,6 +178,14 @@ class SlurmCluster:
         for n in self.nodes:
             self.run("scontrol", "update", f"nodename={n}", "state=resume", check=False)
 
+    def _wait_no_jobs(self, timeout_s: float) -> None:
+        """Poll ``squeue`` until no job is left (or ``timeout_s`` passes)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.run("squeue", "-h", "-o", "%i", check=False, timeout=5).strip():
+                return
+            time.sleep(0.3)
+
     def restart_slurmd(self, node: str) -> None:
         """Restart one node's slurmd (its ``SlurmdStartTime`` changes: a simulated reboot)."""
         proc = self.procs.get(f"slurmd-{node}")
@@ -197,7 +205,13 @@ class SlurmCluster:
         )
 
     def stop(self) -> None:
-        """Stop slurmds, slurmctld and munged (in that order). Idempotent."""
+        """Cancel every job (so no slurmstepd outlives its slurmd), then stop slurmds,
+        slurmctld and munged (in that order). Idempotent."""
+        if self.procs:
+            with contextlib.suppress(Exception):
+                self.run("scancel", "--full", "--partition", self.partition, check=False,
+                         timeout=10)
+                self._wait_no_jobs(10.0)
         order = sorted(self.procs, key=lambda k: (k != "slurmd" and not k.startswith("slurmd"),
                                                    k == "munged"))
         for name in order:

@@ -158,10 +158,12 @@ def demo_config(
 
 def prepare_demo(data_dir: Path, timings: DemoTimings | None = None,
                  redfish_port: int = REDFISH_PORT,
-                 slurmd_ports: tuple[int, ...] | None = None) -> DemoCluster:
+                 slurmd_ports: tuple[int, ...] | None = None,
+                 control_port: int = SIM_CONTROL_PORT) -> DemoCluster:
     """Start Slurm and the Redfish emulator; write ``DATA/demo/autorepair.yaml``.
 
     ``slurmd_ports`` default to 17001-17004 (DESIGN §3); tests pass free ports.
+    ``control_port`` is the simulator's control endpoint (checked free here).
     Raises :class:`DemoUnavailable` (not root / Slurm missing / port busy)."""
     from activities.devcluster import (
         DEFAULT_SLURMD_PORTS,
@@ -178,7 +180,7 @@ def prepare_demo(data_dir: Path, timings: DemoTimings | None = None,
             "installs slurmctld, slurmd and munge) or use `autorepair up` without --demo."
         )
     ports = tuple(slurmd_ports or DEFAULT_SLURMD_PORTS)
-    busy = [p for p in (*ports, redfish_port) if not port_free("127.0.0.1", p)]
+    busy = [p for p in (*ports, redfish_port, control_port) if not port_free("127.0.0.1", p)]
     if busy:
         raise DemoUnavailable(f"demo ports in use: {busy} (another demo running?)")
     workdir = data_dir / "demo"
@@ -238,10 +240,16 @@ def start_simulator(demo: DemoCluster, otlp_http_port: int, timings: DemoTimings
         "--fault", f"{XID79_NODE}:xid79@{timings.xid79_at:g}",
         "--fault", f"{XID13_NODE}:xid13@{timings.xid13_at:g}",
     ]
-    logf = (demo.workdir / "simulator.log").open("ab")
+    log_path = demo.workdir / "simulator.log"
+    logf = log_path.open("ab")
     proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
     logf.close()
     demo.processes.append(proc)
+    from activities.devcluster import wait_port
+
+    if not wait_port("127.0.0.1", control_port, 30) or proc.poll() is not None:
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
+        raise DemoUnavailable(f"the fleet simulator did not start (log {log_path}):\n{tail}")
     return proc
 
 
@@ -328,13 +336,18 @@ async def run_demo(stack: DevStack, demo: DemoCluster, console: Console, stop: a
 
     timings = timings or DemoTimings()
     console.print(
-        "[yellow]demo:[/yellow] short waits for a 5-minute storyline (wait-for-idle 5 min, "
+        "[yellow]demo:[/yellow] short waits for a storyline of a few minutes (wait-for-idle 5 min, "
         f"cooldown 2 min, push every {timings.push_interval_s:g} s); config in "
         f"{demo.config_path}"
     )
     job = await asyncio.to_thread(submit_job, demo, XID79_NODE, timings.job_s)
     console.print(f"demo: sbatch job {job} ('training-run', {timings.job_s:g} s) on {XID79_NODE}")
-    start_simulator(demo, stack.ports.otlp_http, timings, control_port)
+    try:
+        await asyncio.to_thread(start_simulator, demo, stack.ports.otlp_http, timings,
+                                control_port)
+    except DemoUnavailable as exc:
+        console.print(f"[red]demo stopped:[/red] {exc}")
+        return
     demo.bridge = MachineBridge(demo.redfish, machine_restarted(demo, control_port), poll_s=1.0)
     demo.bridge.start()
     console.print(

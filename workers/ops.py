@@ -91,7 +91,8 @@ def _ts(v: Any) -> str:
 def _repairs_table(rows: list[dict[str, Any]]) -> Table:
     t = Table(title="repairs")
     for col in ("repair", "cluster", "node", "action", "stage", "requester", "updated"):
-        t.add_column(col)
+        # ids and stages are copied into commands: never cut them
+        t.add_column(col, no_wrap=col in ("repair", "stage", "action"))
     for r in rows:
         t.add_row(r["repair_id"], r["cluster"], r["node"], r["action"], r["stage"],
                   f"{r['requester_kind']}:{r['requester_name']}", _ts(r["updated_at"]))

@@ -58,8 +58,10 @@ async def _count(client: Client, query: str) -> int:
 
 
 async def test_demo_storyline(tmp_path: Path) -> None:
+    control_port = free_port()
     demo = await asyncio.to_thread(
-        prepare_demo, tmp_path, SHORT, free_port(), tuple(free_port() for _ in range(4))
+        prepare_demo, tmp_path, SHORT, free_port(), tuple(free_port() for _ in range(4)),
+        control_port,
     )
     stack = DevStack(config=load_config(demo.config_path, environ={}), data_dir=tmp_path,
                      ports=_ports(), config_path=demo.config_path)
@@ -70,7 +72,7 @@ async def test_demo_storyline(tmp_path: Path) -> None:
         await stack.start()
         task = asyncio.create_task(
             run_demo(stack, demo, Console(file=narration, width=120), stop, SHORT,
-                     control_port=free_port())
+                     control_port=control_port)
         )
         client = await Client.connect(f"127.0.0.1:{stack.ports.temporal}",
                                       data_converter=pydantic_data_converter)
