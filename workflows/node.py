@@ -92,6 +92,9 @@ class NodeCarried(BaseModel):
     cooldown_until: datetime | None = None
     recommendations: int = 0
     diagnostics: list[str] = Field(default_factory=list)
+    #: Last diagnostic recommendation per fault (``repeat_key``): one recommendation per
+    #: fault and window, whichever source reports it (agent and ingest both see stragglers).
+    diagnosed: dict[str, datetime] = Field(default_factory=dict)
     history_limit: int = DEFAULT_HISTORY_LIMIT
 
 
@@ -179,6 +182,15 @@ class NodeWorkflow:
                 repair_id=s.repair_id,
             )
         if dec.diagnostic:
+            diag_key = repeat_key(alert)
+            last = s.diagnosed.get(diag_key)
+            if last is not None and (now - last).total_seconds() < cat.app_xid_repeat_window_s:
+                return AlertDelivery(
+                    alert_id=alert.alert_id,
+                    outcome=AlertOutcome.ignored,
+                    reason=f"diagnostic validation already recommended at {last.isoformat()}",
+                )
+            s.diagnosed[diag_key] = now
             s.diagnostics.append(alert.alert_id)
             await workflow.execute_activity(
                 ACT.notify,

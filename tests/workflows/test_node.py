@@ -132,6 +132,22 @@ async def test_scenario_2_repeated_app_xid_asks_for_diagnostics(harness: Harness
         assert d.outcome == AlertOutcome.ignored
     assert h.cluster.count("cordon") == 0
     assert any("diagnostic" in n.subject for n in h.cluster.notifications)
+    # a third repeat within the window does not recommend (or notify) again
+    sent = len(h.cluster.notifications)
+    d3 = await h.deliver(make_alert(h.cluster.cluster, "gpu-07", "d", **x13))
+    assert d3.outcome == AlertOutcome.ignored and "already recommended" in d3.reason
+    assert len(h.cluster.notifications) == sent
+
+
+async def test_straggler_from_two_sources_is_one_diagnostic(harness: Harness) -> None:
+    h = harness
+    slow = dict(kind="straggler", code=None, action="none", actionable=False,
+                severity="warning", level=True)
+    first = await h.deliver(make_alert(h.cluster.cluster, "gpu-11", "agent", **slow))
+    second = await h.deliver(make_alert(h.cluster.cluster, "gpu-11", "ingest", **slow))
+    assert first.outcome == AlertOutcome.recommended and "diagnostic" in first.reason
+    assert second.outcome == AlertOutcome.ignored
+    assert h.cluster.count("cordon") == 0
 
 
 async def test_scenario_6_flapping_attaches_and_cooldown_applies(harness: Harness) -> None:
