@@ -28,7 +28,7 @@ from agent.simulator import FleetSimulator, ScheduledFault, SimulatorError, load
 
 app = typer.Typer(
     name="autorepair-agent",
-    help="GPU node agent: health score, fault events and OTLP push (DESIGN §4.1).",
+    help="GPU node agent: health score, fault events and OTLP push.",
     no_args_is_help=True,
     add_completion=False,
 )
@@ -188,7 +188,7 @@ def validate(
     ] = None,
 ) -> None:
     """Local validation suite (GPU, DCGM, NCCL, InfiniBand, storage): exit 0 passed,
-    1 failed, 2 aborted (issue 8, ``agent.validation``)."""
+    1 failed, 2 aborted."""
     from agent.validation import run_validate
 
     raise typer.Exit(

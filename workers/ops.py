@@ -69,7 +69,7 @@ def _call(method: str, api: str, path: str, token: str | None,
                           params={k: v for k, v in (params or {}).items() if v is not None},
                           timeout=30.0)
     except httpx.HTTPError as e:
-        _err.print(f"error: --api {api}: {e}")
+        _err.print(f"error: --api {api}: {e} (is the stack up? `autorepair up` starts one)")
         raise typer.Exit(2) from None
     if r.status_code >= 400:
         try:
