@@ -31,6 +31,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -187,17 +188,19 @@ def prepare_demo(data_dir: Path, timings: DemoTimings | None = None,
     workdir.mkdir(parents=True, exist_ok=True)
     slurm = start_slurm_cluster(workdir / "slurm", NODES, ports=list(ports))
     try:
-        redfish = start_redfish_emulator(workdir / "redfish", NODES, port=redfish_port)
+        # a random BMC password per demo: it lives only in the secrets file (mode 0600)
+        redfish = start_redfish_emulator(workdir / "redfish", NODES, port=redfish_port,
+                                         password=secrets.token_urlsafe(16))
     except Exception:
         slurm.stop()
         raise
-    secrets = workdir / "bmc-credentials.yaml"
-    secrets.write_text(
+    secrets_file = workdir / "bmc-credentials.yaml"
+    secrets_file.write_text(
         yaml.safe_dump({"default": {"username": redfish.username, "password": redfish.password}})
     )
-    os.chmod(secrets, 0o600)
+    os.chmod(secrets_file, 0o600)
     cfg_path = workdir / "autorepair.yaml"
-    cfg = demo_config(slurm.conf_path, redfish.url, redfish.systems, secrets, timings)
+    cfg = demo_config(slurm.conf_path, redfish.url, redfish.systems, secrets_file, timings)
     cfg_path.write_text(
         "# Demo configuration written by `autorepair up --demo`: SHORT WAITS for a 5-minute\n"
         "# storyline (wait-for-idle 5 min, cooldown 2 min, persistence 0 s, quorum 3).\n"

@@ -110,6 +110,15 @@ async def test_demo_storyline(tmp_path: Path) -> None:
             assert await _count(client, f"WorkflowType = 'RepairWorkflow' AND NodeId = '{node}'") == 0
         assert await _count(client, f"WorkflowType = 'RepairWorkflow' AND NodeId = '{XID79_NODE}'"
                             " AND RepairAction = 'power_cycle' AND AlertKind = 'xid'") == 1
+        # no credential in any workflow history (DESIGN §4.4): BMC password, API token
+        token = (tmp_path / "operator.token").read_text().strip()
+        histories = 0
+        async for wf in client.list_workflows("ClusterId = 'demo' OR WorkflowId STARTS_WITH 'node/demo/'"):
+            text = (await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
+                    ).to_json()
+            assert demo.redfish.password not in text and token not in text, wf.id
+            histories += 1
+        assert histories >= 2
         # the machine came back: slurmd restarted (node usable again) after the cycle
         state = await asyncio.to_thread(demo.slurm.run, "sinfo", "-h", "-n", XID79_NODE, "-o", "%T")
         assert state.strip().rstrip("*") in {"idle", "mixed", "allocated"}, state
