@@ -314,6 +314,9 @@ class _AerRecord(_Record):
                 src = head.group("src")
                 if src:
                     details["source"] = src
+        src = details.get("source")
+        if pci is None and isinstance(src, str) and not src.startswith("id="):
+            pci = src  # "error received: 0000:01:00.0" names the device that erred
         if pci is None and devices:
             pci = devices[0]
         details["devices"] = devices

@@ -343,3 +343,13 @@ def test_fuzz_very_long_lines(chunk: bytes, copies: int) -> None:
     line = "NVRM: Xid (PCI:0000:c6:00): 79, pid=1, name=" + junk
     for text in (junk, line * copies, "NodeName=x " + junk, "    K : " + junk):
         read_text(text)
+
+
+def test_aer_head_line_names_the_device_that_erred() -> None:
+    (ev,) = read_text(
+        "[ 12.0] pcieport 0000:00:03.1: AER: Uncorrected (Fatal) error received: 0000:01:00.0"
+    )
+    assert ev.kind == "pcie_aer_fatal" and ev.pci == "0000:01:00.0"
+    assert ev.details["devices"] == ["0000:00:03.1"]  # the reporting port stays in evidence
+    (by_id,) = read_text("[1.0] pcieport 0000:00:02.0: AER: Uncorrected (Fatal) error received: id=0010")
+    assert by_id.pci == "0000:00:02.0"
