@@ -55,8 +55,8 @@ def event_to_json(ev: FaultEvent, catalogue: CatalogueConfig | None = None) -> d
         for key in ("state", "reason", "reason_user", "reason_time"):
             out[key] = ev.details.get(key)
     for key, value in ev.details.items():
-        if key in _SKIP_DETAILS:
-            continue
+        if key in _SKIP_DETAILS or (key in out and out[key] == value):
+            continue  # already printed (e.g. the slurm_node fields above)
         if key in out:
             # e.g. NVLink/SXid "severity" (fatal/nonfatal) vs the catalogue severity
             key = f"error_{key}"

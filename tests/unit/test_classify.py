@@ -78,3 +78,15 @@ def test_vendored_corpus_copy_is_current() -> None:
     assert corpus.VENDORED_CORPUS.read_bytes() == corpus.SHARED_CORPUS.read_bytes(), (
         "tests/data/signals/real-inputs.jsonl is stale: copy ../shared/corpus/real-inputs.jsonl"
     )
+
+
+def test_slurm_fields_printed_once() -> None:
+    from workers.classify import classify_text
+
+    (obj,) = classify_text(
+        "NodeName=gpu-07 Arch=x86_64\n   State=IDLE+DRAIN ThreadsPerCore=1\n"
+        "   Reason=Kill task failed [root@2024-02-03T04:05:06]\n"
+    )
+    assert obj["state"] == ["IDLE", "DRAIN"] and obj["reason"] == "Kill task failed"
+    assert obj["reason_user"] == "root" and obj["reason_time"] == "2024-02-03T04:05:06"
+    assert not any(k.startswith("error_") for k in obj), obj
