@@ -129,6 +129,7 @@ def demo_config(
                 "persistence_s": 0,
                 "cooldown_s": 120,
                 "rejoin_timeout_s": 300,
+                "rejoin_poll_s": 5,
                 "drain_deadline_s": 120,
                 "concurrency_fraction": 0.5,
                 "breaker_min": 3,

@@ -236,6 +236,8 @@ class RailsConfig(_Section):
     lease_ttl_s: float = Field(24 * 3600.0, gt=0)
     #: Bound on waiting for a node to come back healthy after the action.
     rejoin_timeout_s: float = Field(1800.0, gt=0)
+    #: How often the node's health is re-read while waiting for it to rejoin, seconds.
+    rejoin_poll_s: float = Field(30.0, gt=0)
     #: Drain deadline (pods / jobs still there after it are listed in the failure).
     drain_deadline_s: float = Field(1800.0, gt=0)
     #: Heartbeat timeout of drain and machine actions: a dead worker's attempt is

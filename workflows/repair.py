@@ -116,8 +116,6 @@ MACHINE_ACTIVITY: dict[Action, str] = {
 REBOOTING: frozenset[Action] = frozenset(
     {Action.reboot, Action.power_cycle, Action.reprovision, Action.migrate}
 )
-#: Poll interval while waiting for the node to rejoin, seconds.
-REJOIN_POLL_S = 30.0
 _PERMANENT = [ERR_AUTH, ERR_UNKNOWN_NODE, ERR_UNSUPPORTED, ERR_ACTION_FAILED, ERR_DRAIN_DEADLINE]
 _SHORT = timedelta(seconds=60)
 _RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30), non_retryable_error_types=_PERMANENT)
@@ -616,7 +614,8 @@ class RepairWorkflow:
             waited = (workflow.now() - start).total_seconds()
             if waited >= limit:
                 return False
-            await workflow.sleep(min(REJOIN_POLL_S, max(limit - waited, 1.0)))
+            poll = self._policy.rails.rejoin_poll_s
+            await workflow.sleep(min(poll, max(limit - waited, 1.0)))
 
     async def _rejoin(self) -> None:
         assert self._req is not None
