@@ -167,6 +167,9 @@ class ConsentConfig(_Section):
     automatic_actions: list[Action] = Field(default_factory=list)
     #: Xid codes whose repairs run without approval.
     automatic_xids: list[int] = Field(default_factory=list)
+    #: A recommendation nobody approves within this long ends ``timed_out`` (its evidence
+    #: is stale by then); None = wait forever. Seconds (3 days: a long weekend).
+    approval_timeout_s: float | None = Field(3 * 86400.0, gt=0)
 
     @model_validator(mode="after")
     def _remove_is_human(self) -> ConsentConfig:

@@ -116,6 +116,8 @@ MACHINE_ACTIVITY: dict[Action, str] = {
 REBOOTING: frozenset[Action] = frozenset(
     {Action.reboot, Action.power_cycle, Action.reprovision, Action.migrate}
 )
+#: ``workflow.patched`` id of the approval deadline (added after the first release).
+PATCH_APPROVAL_DEADLINE = "approval-deadline"
 _PERMANENT = [ERR_AUTH, ERR_UNKNOWN_NODE, ERR_UNSUPPORTED, ERR_ACTION_FAILED, ERR_DRAIN_DEADLINE]
 _SHORT = timedelta(seconds=60)
 _RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30), non_retryable_error_types=_PERMANENT)
@@ -343,14 +345,26 @@ class RepairWorkflow:
         await self._transition(S.awaiting_approval, "system", f"approval needed: {why}")
         await self._upsert()
         auto_resolvable = any(a.level for a in self._alerts)
-        await workflow.wait_condition(
-            lambda: (
+
+        def decided() -> bool:
+            return (
                 self._approve is not None
                 or self._reject is not None
                 or self._cancel is not None
                 or (auto_resolvable and not evidence_current(self._alerts))
             )
-        )
+
+        deadline = self._policy.consent.approval_timeout_s
+        # Histories recorded before the approval deadline existed replay without it.
+        if deadline is not None and workflow.patched(PATCH_APPROVAL_DEADLINE):
+            try:
+                await workflow.wait_condition(decided, timeout=timedelta(seconds=deadline))
+            except TimeoutError:
+                raise _Ended(
+                    S.timed_out, "system", f"no approval within {deadline:g} s; evidence is stale"
+                ) from None
+        else:
+            await workflow.wait_condition(decided)
         self._check_ended()
         if self._approve is None:
             raise _Ended(S.auto_resolved, "system", "alert cleared before approval")

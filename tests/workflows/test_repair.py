@@ -77,13 +77,25 @@ async def test_approve_before_repair_waits_for_signal(harness: Harness) -> None:
     handle = await start_repair(h, "gpu-02", Action.reboot, "r2")
     st = await wait_stage(handle, Stage.awaiting_approval)
     assert h.cluster.count("cordon") == 0
-    await h.env.sleep(timedelta(hours=5))  # approval has no deadline
+    await h.env.sleep(timedelta(hours=5))  # well inside the approval deadline (3 days)
     assert (await handle.query("status", result_type=RepairStatus)).stage == Stage.awaiting_approval
     await handle.signal("approve", ApproveSignal(by="alice"))
     st = await handle.result()
     assert st.stage == Stage.succeeded and st.approved_by == "alice"
     assert st.decided_by_rule and "approved by alice" in st.decided_by_rule
     assert h.cluster.count("reboot") == 1
+
+
+async def test_unapproved_recommendation_times_out(harness: Harness) -> None:
+    h = harness
+    h.policy.consent.mode = "approve"
+    h.policy.consent.approval_timeout_s = 3600
+    handle = await start_repair(h, "gpu-12", Action.reboot, "r12")
+    await wait_stage(handle, Stage.awaiting_approval)
+    await h.env.sleep(timedelta(hours=2))
+    st = await handle.result()
+    assert st.stage == Stage.timed_out and "no approval within 3600" in st.history[-1].reason
+    assert h.cluster.count("cordon") == 0
 
 
 async def test_approve_may_override_action_through_the_gate(harness: Harness) -> None:
