@@ -352,7 +352,8 @@ async def run_demo(stack: DevStack, demo: DemoCluster, console: Console, stop: a
     except DemoUnavailable as exc:
         console.print(f"[red]demo stopped:[/red] {exc}")
         return
-    demo.bridge = MachineBridge(demo.redfish, machine_restarted(demo, control_port), poll_s=1.0)
+    # default 0.2 s polling: the emulator's Off window can be well under a second
+    demo.bridge = MachineBridge(demo.redfish, machine_restarted(demo, control_port))
     demo.bridge.start()
     console.print(
         f"demo: 4 simulated agents pushing; {STRAGGLER} turns slow at +{timings.straggler_at:g}s,"
