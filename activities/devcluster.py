@@ -469,7 +469,9 @@ def start_redfish_emulator(
     image_url = f"http://127.0.0.1:{image_server.server_address[1]}/{image.name}"
     log = wd / "emulator.log"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sushy_tools.emulator.main", "--config", str(conf)],
+        # -P: the caller's current directory stays off sys.path (a stray module there
+        # would shadow a library)
+        [sys.executable, "-P", "-m", "sushy_tools.emulator.main", "--config", str(conf)],
         stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
     )
     emu = RedfishEmulator(

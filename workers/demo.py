@@ -33,7 +33,6 @@ import logging
 import os
 import secrets
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,7 +42,7 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from workers.devstack import DevStack, port_free
+from workers.devstack import DevStack, find_binary, port_free
 
 log = logging.getLogger("autorepair.demo")
 
@@ -232,8 +231,10 @@ def kernel_lines_file(workdir: Path) -> Path:
 def start_simulator(demo: DemoCluster, otlp_http_port: int, timings: DemoTimings,
                     control_port: int = SIM_CONTROL_PORT) -> subprocess.Popen[bytes]:
     """``autorepair-agent simulate`` for the four nodes with the storyline's faults."""
+    # the console script, not ``python -m``: -m puts the current directory first on
+    # sys.path, where any stray module (an ``h2.py`` in /tmp, say) would shadow a library
     argv = [
-        sys.executable, "-m", "agent.cli", "simulate",
+        find_binary("autorepair-agent"), "simulate",
         "--endpoint", f"http://127.0.0.1:{otlp_http_port}",
         "--cluster", CLUSTER, "--nodes", str(len(NODES)),
         "--push-interval", str(timings.push_interval_s),

@@ -256,7 +256,9 @@ class DevStack:
             await pool.close()
 
     def start_services(self) -> None:
-        exe = [sys.executable, "-m", "workers.cli"]
+        # the console script, not ``python -m``: -m would put the current directory first
+        # on sys.path, where a stray module could shadow a library
+        exe = [find_binary("autorepair")]
         cfg_args: list[str] = []
         if self.config_path is not None:
             cfg_args = ["--config", str(self.config_path)]
