@@ -201,6 +201,9 @@ class DevStack:
                 "AUTOREPAIR__INGEST__API_PORT": str(self.ports.api),
                 "AUTOREPAIR__INGEST__ADMIN_PORT": str(self.ports.admin),
                 "AUTOREPAIR__WORKER__METRICS_PORT": str(self.ports.worker_metrics),
+                # a dev stack listens on loopback only, as its endpoint table says
+                "AUTOREPAIR__INGEST__HOST": self.host,
+                "AUTOREPAIR__WORKER__METRICS_HOST": self.host,
                 "AUTOREPAIR__API__TOKENS_FILE": str(self.ensure_api_tokens()),
                 "PYTHONUNBUFFERED": "1",
             }
