@@ -105,6 +105,10 @@ class ClusterGuardWorkflow:
         """A cluster-level alert from outside (ingest panic mode): record and notify it.
 
         The ledger write is idempotent on ``alert.alert_id``; nothing is tripped."""
+        await self._record_cluster_alert(alert)
+
+    async def _record_cluster_alert(self, alert: Alert) -> None:
+        """Record a cluster-level alert in the ledger; notify while it is active."""
         await workflow.execute_activity(
             ACT.ledger_record_alert,
             alert,
@@ -364,24 +368,7 @@ class ClusterGuardWorkflow:
             source="guard",
             observed_at=now,
         )
-        await workflow.execute_activity(
-            ACT.ledger_record_alert,
-            alert,
-            result_type=bool,
-            start_to_close_timeout=_ACT_TIMEOUT,
-            retry_policy=_ACT_RETRY,
-        )
-        await workflow.execute_activity(
-            ACT.notify,
-            Notification(
-                cluster=self._cluster,
-                subject=alert.summary,
-                body=alert.description,
-                severity="critical",
-            ),
-            start_to_close_timeout=_ACT_TIMEOUT,
-            retry_policy=_ACT_RETRY,
-        )
+        await self._record_cluster_alert(alert)
 
     async def _reply(self, workflow_id: str, reply: LeaseReply) -> None:
         try:
