@@ -1,43 +1,92 @@
-"""``read_text``: any mixture of kernel log, ``nvidia-smi -q`` and ``scontrol show node`` text."""
+"""``read_text``: any mixture of kernel log, ``nvidia-smi -q``, ``scontrol show node``,
+``dcgmi diag`` tables and slurmctld log lines."""
 
 from __future__ import annotations
 
+from agent.readers.dcgm import is_dcgm_table, is_table_line, parse_dcgm_diag
 from agent.readers.events import FaultEvent
 from agent.readers.kernel import KernelLogReader
-from agent.readers.nvsmi import is_nvsmi_line, is_section_line, parse_nvsmi
-from agent.readers.slurm import is_slurm_continuation, is_slurm_start, parse_scontrol
+from agent.readers.nvsmi import (
+    is_known_section,
+    is_kv_line,
+    is_nvsmi_line,
+    is_section_line,
+    parse_nvsmi,
+)
+from agent.readers.slurm import (
+    SlurmctldReader,
+    is_slurm_continuation,
+    is_slurm_start,
+    parse_scontrol,
+)
+
+_LOOKAHEAD = 3
+"""Lines a section title may be separated from the ``Key : Value`` line that confirms it
+(blank lines between them in a paste)."""
 
 
-def _nvsmi_follows(lines: list[str], i: int) -> bool:
-    """An indented section title counts as nvidia-smi when the next non-empty line does."""
-    indent = len(lines[i]) - len(lines[i].lstrip())
-    for j in range(i + 1, min(len(lines), i + 4)):
+def _indent(line: str) -> int:
+    return len(line.expandtabs(4)) - len(line.expandtabs(4).lstrip())
+
+
+def _next_is_nvsmi(lines: list[str], i: int, deeper: bool) -> bool:
+    """A title at ``i`` is nvidia-smi output when the next non-empty line is (``deeper``:
+    and is indented further than the title)."""
+    for j in range(i + 1, min(len(lines), i + 1 + _LOOKAHEAD)):
         nxt = lines[j]
         if not nxt.strip():
             continue
-        nind = len(nxt) - len(nxt.lstrip())
-        return nind > indent and (is_nvsmi_line(nxt) or is_section_line(nxt))
+        if deeper and _indent(nxt) <= _indent(lines[i]):
+            return False
+        return (
+            is_nvsmi_line(nxt)
+            or is_kv_line(nxt)
+            or is_known_section(nxt)
+            or (is_section_line(nxt) and _indent(nxt) > _indent(lines[i]))
+        )
     return False
+
+
+def _starts_nvsmi(lines: list[str], i: int) -> bool:
+    line = lines[i]
+    if is_nvsmi_line(line):
+        return True
+    if is_known_section(line):
+        return _next_is_nvsmi(lines, i, deeper=False)
+    return line[:1].isspace() and is_section_line(line) and _next_is_nvsmi(lines, i, True)
+
+
+def _continues_nvsmi(lines: list[str], j: int) -> bool:
+    line = lines[j]
+    if is_nvsmi_line(line) or is_kv_line(line) or is_known_section(line):
+        return True
+    return is_section_line(line) and _next_is_nvsmi(lines, j, deeper=False)
 
 
 def read_text(text: str) -> list[FaultEvent]:
     """Every fault event in ``text``, in order of appearance.
 
-    Lines are routed by shape: ``NodeName=`` records (and their indented ``Key=value``
-    lines) to the Slurm reader, ``nvidia-smi -q`` blocks (``Key : Value`` lines, section
-    titles, ``GPU 0000…`` headers) to the nvidia-smi reader, everything else to
-    :class:`~agent.readers.kernel.KernelLogReader`. Never raises on any ``str``.
+    Lines are routed by shape: ``NodeName=`` records (and their ``Key=value`` lines) to
+    the Slurm reader; boxed ``dcgmi diag`` tables to :mod:`agent.readers.dcgm`; slurmctld
+    node-state lines to :class:`~agent.readers.slurm.SlurmctldReader`; ``nvidia-smi -q``
+    blocks (``Key : Value`` lines, known section titles, ``GPU 0000…`` headers; indented,
+    tab-indented or flat) to the nvidia-smi reader; everything else to
+    :class:`~agent.readers.kernel.KernelLogReader`. ``\\r\\n`` and lone ``\\r`` end lines.
+    Never raises on any ``str``; anything else gives ``[]``.
     """
     if not isinstance(text, str):
         return []
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     events: list[FaultEvent] = []
     kernel = KernelLogReader()
+    ctld = SlurmctldReader()
     i, n = 0, len(lines)
+    plain_table_end = 0  # a boxed table already found not to be dcgmi's: read line by line
     while i < n:
         line = lines[i]
         if is_slurm_start(line):
             events.extend(kernel.flush())
+            events.extend(ctld.flush())
             j = i + 1
             while j < n and is_slurm_continuation(lines[j]):
                 j += 1
@@ -46,19 +95,35 @@ def read_text(text: str) -> list[FaultEvent]:
                 events.append(ev)
             i = j
             continue
-        if is_nvsmi_line(line) or (
-            line[:1].isspace() and is_section_line(line) and _nvsmi_follows(lines, i)
-        ):
-            events.extend(kernel.flush())
+        if i >= plain_table_end and is_table_line(line):
             j = i + 1
-            while j < n and (
-                is_nvsmi_line(lines[j]) or (is_section_line(lines[j]) and _nvsmi_follows(lines, j))
-            ):
+            while j < n and is_table_line(lines[j]):
+                j += 1
+            if is_dcgm_table(lines[i:j]):
+                events.extend(kernel.flush())
+                events.extend(ctld.flush())
+                events.extend(parse_dcgm_diag(lines[i:j]))
+                i = j
+                continue
+            plain_table_end = j
+        got = ctld.feed(line)
+        if got is not None:
+            events.extend(kernel.flush())
+            events.extend(got)
+            i += 1
+            continue
+        if _starts_nvsmi(lines, i):
+            events.extend(kernel.flush())
+            events.extend(ctld.flush())
+            j = i + 1
+            while j < n and _continues_nvsmi(lines, j):
                 j += 1
             events.extend(parse_nvsmi(lines[i:j]))
             i = j
             continue
+        events.extend(ctld.flush())
         events.extend(kernel.feed(line))
         i += 1
     events.extend(kernel.flush())
+    events.extend(ctld.flush())
     return events
