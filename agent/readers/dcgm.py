@@ -95,6 +95,8 @@ DCGM 4.x plugin names (DCGM user guide, "Run Levels and Tests"). A boxed table w
 
 def is_table_line(line: str) -> bool:
     """True for a line of a boxed table: starts with ``|`` or ``+`` and ends with one."""
+    if line[:1] not in ("|", "+", " ", "\t"):
+        return False
     s = line.strip()
     return len(s) >= 2 and s[0] in "|+" and s[-1] in "|+"
 
@@ -140,17 +142,16 @@ class _Table:
 
     def _close_message(self) -> None:
         if self.message is not None and len(self.warnings) < MAX_MESSAGES:
-            # dcgmi cuts a message at the column width, mid-word: a chunk that fills its
-            # cell continues on the next row as is; a shorter one ended at a space.
+            # dcgmi cuts a message at the column width, mid-word: a chunk as long as the
+            # longest one filled the column and continues on the next row as is; a shorter
+            # one ended at a space.
+            bodies = [(c[1:] if c.startswith(" ") else c).rstrip() for c in self.message]
+            width = max(len(b) for b in bodies)
             text = ""
-            full = True
-            for chunk in self.message:
-                content = chunk[1:] if chunk.startswith(" ") else chunk
-                body = content.rstrip()
-                if text and not full:
+            for k, body in enumerate(bodies):
+                if k and len(bodies[k - 1]) < width:
                     text += " "
                 text += body
-                full = len(body) >= len(content) - 1
             self.warnings.append(" ".join(text.split())[:1000])
         self.message = None
 

@@ -1,7 +1,8 @@
 """The fault event every reader produces (stdlib only: the agent ships alone).
 
 A :class:`FaultEvent` is one detected fault as read from text: a kernel-log record, an
-``nvidia-smi -q`` GPU block or a ``scontrol show node`` record. It carries what was read,
+``nvidia-smi -q`` GPU block, a ``scontrol show node`` record or slurmctld node-state line,
+or a ``dcgmi diag`` result table. It carries what was read,
 never a decision: severity and action come from :mod:`workflows.catalogue` on the control
 plane (or in ``autorepair classify``).
 """
@@ -30,6 +31,7 @@ KINDS: frozenset[str] = frozenset(
         "gpu_init_failed",
         "nvsmi",
         "slurm_node",
+        "dcgm_diag",
     }
 )
 """The ``autorepair classify`` kinds (DESIGN §4.1)."""
@@ -62,7 +64,8 @@ class FaultEvent:
     - ``details``: kind-specific evidence (``gpc``/``tpc``/``sm`` for Xid 13,
       ``link``/``subunit``/``severity`` for NVLink, ``recovery_action`` for Xid 154,
       ``caused_by_xid`` for secondary Xids, Slurm ``state``/``reason``/..., nvidia-smi
-      counters and flags). Values are JSON-serialisable.
+      counters and flags, ``dcgmi diag`` ``failed``/``warned`` tests). Values are
+      JSON-serialisable.
     - ``level``: True for a state (raise/clear edges), False for a single observation.
     - ``active``: False marks the clear edge of a level fault.
     """

@@ -241,6 +241,8 @@ def is_kv_line(line: str) -> bool:
 
 def is_known_section(line: str) -> bool:
     """True for a section title of :data:`SECTIONS`, at any indentation."""
+    if ":" in line or "[" in line:  # cheap reject: every kernel-log prefix has one
+        return False
     s = line.strip()
     return 0 < len(s) <= 60 and _lower_title(s) in SECTIONS
 
@@ -393,10 +395,8 @@ def _read_kv(d: dict[str, Any], names: list[str], key: str, raw: str | None) -> 
         if value is not None:
             d[_THROTTLE_FLAGS[key]] = value
         return
-    if key == "product name" and isinstance(value, str):
-        d["product"] = value
-    elif key == "serial number" and isinstance(value, str):
-        d["serial"] = value
+    if key in ("product name", "serial number") and value is not None and raw is not None:
+        d["product" if key == "product name" else "serial"] = raw.strip()[:200]
 
 
 def _parse_gpu(glines: list[str]) -> dict[str, Any]:

@@ -168,17 +168,20 @@ def parse_scontrol(lines: list[str]) -> FaultEvent | None:
 
 # --- slurmctld log lines ------------------------------------------------------------------
 
-_CTLD_HINTS = (
-    "responding",
-    "state set to",
-    "reason set to",
-    "state to INVAL",
-    "returned to service",
-    "unexpectedly rebooted",
-    "draining the node",
-    "ResumeTimeout",
-)
-"""Substrings one of which every slurmctld line below contains (a cheap pre-filter)."""
+
+def _may_be_ctld(line: str) -> bool:
+    """Cheap pre-filter: every line of the table in the module docstring names a node
+    (``node``/``Node``/``Nodes``) and has one of these words."""
+    return "ode" in line and (
+        "respond" in line
+        or "set to" in line
+        or "INVAL" in line
+        or "returned to service" in line
+        or "unexpectedly rebooted" in line
+        or "draining the node" in line
+        or "ResumeTimeout" in line
+    )
+
 
 _HOST = r"(?P<node>[A-Za-z0-9][A-Za-z0-9_.\-\[\],]{0,300})"
 _CTLD: tuple[tuple[re.Pattern[str], str], ...] = tuple(
@@ -252,9 +255,9 @@ def parse_slurmctld(line: str) -> FaultEvent | None:
     with ``source="slurmctld"``, or None for any other line. ``active`` is False for the
     lines that return a node (``now responding``, ``returned to service``, a state set
     without a DOWN/DRAIN/FAIL flag)."""
-    line = line[:MAX_LINE_CHARS].rstrip("\r\n")
-    if not any(h in line for h in _CTLD_HINTS):
+    if not _may_be_ctld(line):
         return None
+    line = line[:MAX_LINE_CHARS].rstrip("\r\n")
     for pattern, what in _CTLD:
         m = pattern.search(line)
         if m is None:
@@ -365,6 +368,11 @@ class SlurmctldReader:
 
     def __init__(self) -> None:
         self._pending: FaultEvent | None = None
+
+    @property
+    def pending(self) -> bool:
+        """True while an event is held for a possible second line."""
+        return self._pending is not None
 
     def feed(self, line: str) -> list[FaultEvent] | None:
         """Events completed by ``line``; None when ``line`` is not a slurmctld line."""

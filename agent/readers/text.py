@@ -121,7 +121,8 @@ def read_text(text: str) -> list[FaultEvent]:
             events.extend(parse_nvsmi(lines[i:j]))
             i = j
             continue
-        events.extend(ctld.flush())
+        if ctld.pending:
+            events.extend(ctld.flush())
         events.extend(kernel.feed(line))
         i += 1
     events.extend(kernel.flush())

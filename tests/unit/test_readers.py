@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.readers import FaultEvent, KernelLogReader, parse_state, read_text
+from agent.readers import KINDS, FaultEvent, KernelLogReader, parse_state, read_text
 from tests import corpus
 from workers.classify import classify_text
 
@@ -317,6 +317,39 @@ JUNK = st.one_of(
             "INFO: task ",
             "EDAC MC0: ",
             "mlx5_core 0000:c1:00.0 mlx5_7: Port: ",
+            # nvidia-smi -q, flat and tab-indented, recovery fields
+            "ECC Errors",
+            "Volatile",
+            "\tAggregate",
+            "GPU Reset Status",
+            "Reset Required : ",
+            "\t\tDrain and Reset Recommended : ",
+            "GPU Recovery Action : ",
+            "Channel Repair Pending : ",
+            "DRAM Uncorrectable : ",
+            "Remapped Rows",
+            "Pending : ",
+            # dcgmi diag tables
+            "+---------------------------+-----------------------+",
+            "| Diagnostic                | Result                |",
+            "|-----  Metadata  ----------+-----------------------|",
+            "+-----  Hardware  ----------+-----------------------+",
+            "| GPU Memory                | Fail - GPU: ",
+            "| memory                    | ",
+            "|                           | GPU",
+            "| Warning                   | ",
+            "|",
+            "+",
+            # slurmctld
+            "error: Setting node ",
+            "drain_nodes: node gpu-1 state set to ",
+            "update_node: node ",
+            "update_node: node gpu-1 reason set to: ",
+            "error: Nodes gpu-[",
+            "Node gpu-1 now responding",
+            "node_did_resp: node ",
+            "State=",
+            "Reason=",
         ]
     ).flatmap(lambda s: st.text(max_size=60).map(lambda t: s + t)),
 )
@@ -336,12 +369,68 @@ def test_fuzz_readers_never_raise(lines: list[str]) -> None:
     classify_text(text)
 
 
+TOOL_SAMPLES = [
+    (DATA / "nvsmi_q_two_gpus.txt").read_text(),
+    (DATA / "dcgm_diag_3x.txt").read_text(),
+    (DATA / "dcgm_diag_4x.txt").read_text(),
+    (DATA / "slurmctld.log").read_text(),
+    "NodeName=gpu-02 Arch=x86_64\n   State=DOWN*+DRAIN Weight=1\n   Reason=Xid 79 [root@t]\n",
+]
+"""Whole tool outputs the structured fuzz cuts up and re-indents."""
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(min_value=0, max_value=len(TOOL_SAMPLES) - 1),
+            st.integers(min_value=0, max_value=120),
+            st.integers(min_value=0, max_value=40),
+            st.sampled_from(["", " ", "\t", "    ", "\t\t"]),
+        ),
+        max_size=6,
+    ),
+    st.sampled_from(["\n", "\r\n", "\r"]),
+    st.lists(JUNK, max_size=3),
+)
+def test_fuzz_tool_output_slices(
+    slices: list[tuple[int, int, int, str]], newline: str, junk: list[str]
+) -> None:
+    """Slices of real tool outputs, re-indented (kept, stripped, tabs), interleaved with
+    junk and joined by any line end: the readers never raise, events serialise, and every
+    event's evidence is text of the paste."""
+    parts: list[str] = []
+    for k, (which, start, length, indent) in enumerate(slices):
+        lines = TOOL_SAMPLES[which].splitlines()[start : start + length]
+        if indent:
+            lines = [indent + ln.strip() for ln in lines]
+        parts.extend(lines)
+        if k < len(junk):
+            parts.append(junk[k])
+    text = newline.join(parts)
+    flat = text.replace("\r\n", "\n").replace("\r", "\n")
+    for ev in read_text(text):
+        json.dumps(ev.details)
+        assert ev.kind in KINDS
+        for piece in ev.text.split("\n"):
+            assert piece.rstrip() in flat
+    classify_text(text)
+
+
 @settings(max_examples=20, deadline=None)
 @given(st.binary(min_size=1, max_size=64), st.integers(min_value=1, max_value=3))
 def test_fuzz_very_long_lines(chunk: bytes, copies: int) -> None:
     junk = chunk.decode("utf-8", errors="replace") * (200_000 // len(chunk) + 1)
     line = "NVRM: Xid (PCI:0000:c6:00): 79, pid=1, name=" + junk
-    for text in (junk, line * copies, "NodeName=x " + junk, "    K : " + junk):
+    for text in (
+        junk,
+        line * copies,
+        "NodeName=x " + junk,
+        "    K : " + junk,
+        "| GPU Memory | Fail - GPU: " + junk + " |",
+        "update_node: node gpu-[" + junk,
+        "ECC Errors\nVolatile\nDRAM Uncorrectable : " + junk,
+    ):
         read_text(text)
 
 
@@ -351,5 +440,7 @@ def test_aer_head_line_names_the_device_that_erred() -> None:
     )
     assert ev.kind == "pcie_aer_fatal" and ev.pci == "0000:01:00.0"
     assert ev.details["devices"] == ["0000:00:03.1"]  # the reporting port stays in evidence
-    (by_id,) = read_text("[1.0] pcieport 0000:00:02.0: AER: Uncorrected (Fatal) error received: id=0010")
+    (by_id,) = read_text(
+        "[1.0] pcieport 0000:00:02.0: AER: Uncorrected (Fatal) error received: id=0010"
+    )
     assert by_id.pci == "0000:00:02.0"
