@@ -125,8 +125,8 @@ SECTIONS: dict[str, frozenset[str]] = {
     "health": frozenset({"fabric"}),
 }
 """Section titles of ``nvidia-smi -q`` (lower case) → the titles they nest in (empty: directly
-under the GPU). Source: ``nvidia-smi -q`` output of drivers R450–R580 (NVIDIA nvidia-smi
-documentation, ``nvidia-smi.txt`` shipped with the driver)."""
+under the GPU). Source: ``nvidia-smi -q`` output of drivers R450–R580 as documented in the
+``nvidia-smi(1)`` manual page shipped with the driver, and the samples in the tests."""
 
 _COUNTERS: dict[tuple[str, str], str] = {
     ("volatile", "dram correctable"): "dram_correctable",
