@@ -28,8 +28,7 @@ KIND_ENTRIES: dict[str, CatalogueEntry] = {
         _C,
         "PCIE_AER_FATAL",
         Action.reboot,
-        "Uncorrected fatal PCIe error: the link or device is unusable until the host is "
-        "rebooted.",
+        "Uncorrected fatal PCIe error: the link or device is unusable until the host is rebooted.",
         "PCI Express Base Specification: uncorrectable fatal errors leave the link "
         "unreliable until reset (Linux Documentation/PCI/pcieaer-howto)",
     ),
@@ -37,8 +36,7 @@ KIND_ENTRIES: dict[str, CatalogueEntry] = {
         _I,
         "PCIE_AER_CORRECTED",
         Action.none,
-        "Corrected (or uncorrected non-fatal) PCIe error; the hardware recovered. Watch "
-        "the rate.",
+        "Corrected (or uncorrected non-fatal) PCIe error; the hardware recovered. Watch the rate.",
         "PCI Express Base Specification: correctable errors are recovered by hardware",
     ),
     "xfs_shutdown": make_entry(
@@ -158,8 +156,7 @@ KIND_ENTRIES: dict[str, CatalogueEntry] = {
         _W,
         "K8S_FREQUENT_KUBELET_RESTART",
         Action.none,
-        "node-problem-detector reports frequent kubelet restarts; an observation for the "
-        "operator.",
+        "node-problem-detector reports frequent kubelet restarts; an observation for the operator.",
         "node-problem-detector systemd monitor condition; DESIGN §1 rule zero",
     ),
     "k8s_frequent_containerd_restart": make_entry(
@@ -213,8 +210,7 @@ NVSMI_FLAG_ACTIONS: list[tuple[frozenset[str], str, Action, Severity, str, str]]
         "NVSMI_RESET_REQUIRED",
         Action.reset_gpu,
         _C,
-        "nvidia-smi reports that the GPU needs a reset (GPU Reset Status / GPU Recovery "
-        "Action).",
+        "nvidia-smi reports that the GPU needs a reset (GPU Reset Status / GPU Recovery Action).",
         "nvidia-smi -q 'GPU Reset Status' (Reset Required, Drain and Reset Recommended) and "
         "NVML recovery actions GPU_RESET / DRAIN_AND_RESET / DRAIN_P2P",
     ),

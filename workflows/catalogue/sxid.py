@@ -10,8 +10,9 @@ Decision, per occurrence: the severity the SXid's headline prints (``Fatal`` /
 ``Non-fatal``, ``details["severity"]`` — set by the readers only from the headline) wins;
 otherwise the code's list decides. A fatal SXid needs the GPUs and NVSwitches of the
 baseboard reset, which on an HGX node is a node reboot. A non-fatal SXid needs no action,
-except the three the guide lists as non-fatal while its recovery column restarts the
-system (:data:`NONFATAL_RESTART_SXIDS`). A code in no list is observed, unmapped — never a
+also for the three the guide lists as non-fatal while its recovery column restarts the
+system, where the product follows the list and an operator override can say otherwise
+(see :data:`NONFATAL_SXIDS`). A code in no list is observed, unmapped — never a
 default reboot.
 """
 
@@ -39,6 +40,13 @@ NONFATAL_SXIDS: frozenset[int] = frozenset(
         # error/timeout (may be followed by fatal SXids, which then decide) and the
         # thermal event start/end notices (ensure cooling).
         10001, 10002, 10004, 10005,
+        # Listed non-fatal, though the guide's recovery restarts: 11004 ingress invalid ACL
+        # and 12028 egress non-posted PRIV error ("Restart Guest VM"), 19084 AN1 heartbeat
+        # timeout ("Reset all GPUs and all NVSwitches"; usually accompanied by a fatal
+        # SXid, which then decides). Peers disagree on 12028 (gpud: fatal, NVSentinel:
+        # non-fatal); the product follows the list, and the driver's own "Non-fatal"
+        # headline says the same. `policy.catalogue.sxid` overrides it per site.
+        11004, 12028, 19084,
         # Not in the guide: NVSWITCH_ERR_HW_DLPL_RX_SHORT_ERROR_RATE (NVIDIA
         # open-gpu-kernel-modules, src/common/nvswitch/interface/ctrl_dev_nvswitch.h) is a
         # link error-rate threshold on a link that keeps running: non-fatal.
@@ -46,13 +54,6 @@ NONFATAL_SXIDS: frozenset[int] = frozenset(
     }
 )  # fmt: skip
 """SXids that need no node action."""
-
-NONFATAL_RESTART_SXIDS: frozenset[int] = frozenset({11004, 12028, 19084})
-"""Listed non-fatal, but the guide's recovery restarts: 11004 ingress invalid ACL and
-12028 egress non-posted PRIV error ("Restart Guest VM": the GPU's NVLink traffic stalls),
-19084 AN1 heartbeat timeout ("Reset all GPUs and all NVSwitches"). The product reboots
-the node; peers disagree on 12028 (gpud: fatal, NVSentinel: non-fatal) and the product
-follows the guide's recovery column."""
 
 FATAL_SXIDS: frozenset[int] = frozenset(
     {
@@ -83,7 +84,7 @@ def sxid_entry(code: int, details: dict[str, Any]) -> CatalogueEntry:
         fatal, why = False, "the SXid headline says Non-fatal"
     elif code in FATAL_SXIDS:
         fatal, why = True, f"{FM_GUIDE}: fatal list"
-    elif code in NONFATAL_SXIDS or code in NONFATAL_RESTART_SXIDS:
+    elif code in NONFATAL_SXIDS:
         fatal, why = False, f"{FM_GUIDE}: non-fatal list"
     else:
         return make_entry(
@@ -103,15 +104,6 @@ def sxid_entry(code: int, details: dict[str, Any]) -> CatalogueEntry:
             f"Fatal NVSwitch error (SXid {code}): the GPUs and NVSwitches of the "
             "baseboard need a reset; reboot the node.",
             why,
-        )
-    if code in NONFATAL_RESTART_SXIDS:
-        return make_entry(
-            Severity.critical,
-            "NVSWITCH_NON_FATAL",
-            Action.reboot,
-            f"Non-fatal NVSwitch error (SXid {code}) whose recovery, per NVIDIA's Fabric "
-            "Manager guide, restarts the system: the GPUs' NVLink traffic is stalled.",
-            f"{why}; {FM_GUIDE}: recovery column restarts (see NONFATAL_RESTART_SXIDS)",
         )
     return make_entry(
         Severity.warning,

@@ -23,9 +23,7 @@ from workflows.models import Action, Severity
 
 _W, _C, _I = Severity.warning, Severity.critical, Severity.info
 
-_FOLLOW_OTHER = (
-    "decided per occurrence (see workflows.catalogue.xid), not by the bucket name alone"
-)
+_FOLLOW_OTHER = "decided per occurrence (see workflows.catalogue.xid), not by the bucket name alone"
 
 BUCKET_ACTION: dict[str, tuple[Action | None, str]] = {
     "RESTART_APP": (Action.none, "DESIGN §5: RESTART_APP → none (the application restarts)"),
@@ -214,7 +212,7 @@ def unmapped_xid(code: int, why: str) -> CatalogueEntry:
         f"XID_{code}",
         Action.none,
         f"Xid {code}: {why} Recorded for an operator to review; no action decided.",
-        why,
+        f"{_NVIDIA_CITE}: {why} Observed, unmapped.",
         mapped=False,
     )
 
