@@ -26,7 +26,7 @@ from typing import Any, TextIO
 
 from agent.readers import FaultEvent, read_text
 from workflows.alerts import summarize
-from workflows.catalogue import lookup
+from workflows.catalogue import entry_for
 from workflows.config import CatalogueConfig
 
 BASE_FIELDS = ("kind", "xid", "pci", "pid", "process", "mnemonic", "severity", "action", "summary")
@@ -38,7 +38,7 @@ _SKIP_DETAILS = frozenset({"message"})
 def event_to_json(ev: FaultEvent, catalogue: CatalogueConfig | None = None) -> dict[str, Any]:
     """The classify object of one event under ``catalogue`` (default catalogue if None)."""
     cat = catalogue if catalogue is not None else CatalogueConfig()
-    entry = lookup(ev.kind, ev.xid, ev.details, cat)
+    entry = entry_for(ev.kind, ev.xid, ev.details, cat)
     evidence = {**ev.details, "pid": ev.pid, "process": ev.process}
     out: dict[str, Any] = {
         "kind": ev.kind,

@@ -15,7 +15,7 @@ import hashlib
 from datetime import UTC, datetime
 from typing import Any
 
-from workflows.catalogue import CatalogueEntry, lookup
+from workflows.catalogue import CatalogueEntry, entry_for
 from workflows.config import CatalogueConfig
 from workflows.models import Action, Alert
 
@@ -170,7 +170,8 @@ def alert_from_fault(
     result's ``evidence`` adds ``mnemonic``, ``xid``/``sxid`` (code) and ``pci`` (``gpu``).
     ``alert_id`` is :func:`make_alert_id`; ``summary`` is :func:`summarize` (stable);
     ``severity``/``actionable``/``action``/``mnemonic`` come from
-    :func:`workflows.catalogue.lookup` with ``catalogue``. A cleared level fault
+    :func:`workflows.catalogue.entry_for` with ``catalogue`` — an annotation: the
+    ``NodeWorkflow`` decides again under the worker's policy. A cleared level fault
     (``active=False``) is never actionable.
 
     Raises ``ValueError`` naming the field for an empty ``cluster``/``node``/``kind``, a
@@ -183,7 +184,7 @@ def alert_from_fault(
         raise ValueError(f"evidence: must be a dict, got {type(evidence).__name__}")
     if not isinstance(observed_at, datetime):
         raise ValueError(f"observed_at: must be a datetime, got {observed_at!r}")
-    entry = lookup(kind, code, evidence, catalogue)
+    entry = entry_for(kind, code, evidence, catalogue)
     payload: dict[str, Any] = dict(evidence)
     payload["mnemonic"] = entry.mnemonic
     if code is not None:

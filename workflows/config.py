@@ -122,6 +122,12 @@ class ThresholdConfig(_Section):
     mad_floor: float = Field(0.01, ge=0, le=0.5)
 
 
+DEFAULT_COUNT_WINDOW_S = 600.0
+"""Count window of a catalogue entry or override that names none, seconds (10 minutes:
+the operator example of DESIGN §5, "Xid 43 counts after 5 in 10 min"). Single source for
+the catalogue, the ``NodeWorkflow`` and ingest (:mod:`workflows.catalogue.vocabulary`)."""
+
+
 class CatalogueOverride(_Section):
     """Operator override for one code (scenario 9): action, severity, count in window."""
 
@@ -132,7 +138,7 @@ class CatalogueOverride(_Section):
     #: Occurrences on one node within ``window_s`` before the alert becomes actionable.
     count: int = Field(1, ge=1)
     #: Window of ``count``, seconds.
-    window_s: float = Field(600.0, gt=0)
+    window_s: float = Field(DEFAULT_COUNT_WINDOW_S, gt=0)
     #: Force actionable on/off (None = catalogue default).
     actionable: bool | None = None
 

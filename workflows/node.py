@@ -3,13 +3,13 @@
 One per node, started by the ingest service with update-with-start
 (:data:`~workflows.models.NODE_UPDATE_DELIVER_ALERT` ``deliver_alert``, input
 :class:`~workflows.models.NodeInput`). It de-duplicates alerts by ``alert_id`` (keys
-survive continue-as-new), records every alert in the ledger, applies the operator's
-catalogue overrides and count-in-window thresholds, tracks persistence per fault from
-its first observation, the cooldown after a repair and the in-flight repair, and turns
-an actionable fault that outlives its persistence window into a ``RepairWorkflow`` child
-(parent close policy ABANDON). Alerts arriving during a repair attach to it
-(scenario 6); a fault that clears before a repair starts auto-resolves the
-recommendation.
+survive continue-as-new), records every alert in the ledger, decides each one with the
+worker's catalogue (operator overrides and count-in-window thresholds included; ingest
+only annotates), tracks persistence per fault from its first observation, the cooldown
+after a repair and the in-flight repair, and turns an actionable fault that outlives its
+persistence window into a ``RepairWorkflow`` child (parent close policy ABANDON). Alerts
+arriving during a repair attach to it (scenario 6); a fault that clears before a repair
+starts auto-resolves the recommendation.
 
 Interface: update ``deliver_alert`` (Alert → AlertDelivery), signal ``repair_finished``
 (RepairFinished, from the repair), query ``status`` → NodeStatus.
@@ -28,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import BaseModel, Field
 
     from workflows.activity_api import ACT, Notification, PolicySnapshot
+    from workflows.catalogue.vocabulary import count_window_s
     from workflows.config import PolicyConfig
     from workflows.models import (
         ACTION_WEIGHT,
@@ -42,9 +43,9 @@ with workflow.unsafe.imports_passed_through():
         workflow_id_repair,
     )
     from workflows.policy import (
-        catalogue_decision,
         cooldown_until,
         count_in_window,
+        decide_node_action,
         in_cooldown,
         persistence_for,
         repeat_key,
@@ -153,8 +154,8 @@ class NodeWorkflow:
             times = [t for t in s.occurrences.get(k, []) if now - t <= timedelta(days=8)]
             times.append(now)
             s.occurrences[k] = times[-1000:]
-        window = _override_window(alert, policy)
-        dec = catalogue_decision(
+        window = count_window_s(alert.kind, alert.code, cat)
+        dec = decide_node_action(
             alert,
             cat,
             occurrences_in_window=count_in_window(s.occurrences[occ_key], now, window),
@@ -163,6 +164,13 @@ class NodeWorkflow:
             ),
         )
         if dec.actionable:
+            sev = dec.severity or alert.severity
+            if (alert.action, alert.actionable, alert.severity) != (dec.action, True, sev):
+                # The worker's catalogue decided (ingest only annotated): the repair sees
+                # the action and severity that were decided, not the annotation.
+                alert = alert.model_copy(
+                    update={"action": dec.action, "actionable": True, "severity": sev}
+                )
             prev = s.active.get(key)
             s.active[key] = ActiveFault(
                 alert=alert,
@@ -430,15 +438,3 @@ class NodeWorkflow:
         )
         workflow.set_current_details(f"repair {repair_id} ({action.value}) in flight")
 
-
-def _override_window(alert: Alert, policy: PolicyConfig) -> float:
-    """Count-in-window length (s) of the override that applies to ``alert`` (600 s default)."""
-    cat = policy.catalogue
-    o = None
-    if alert.code is not None and alert.kind == "xid":
-        o = cat.xid.get(alert.code)
-    elif alert.code is not None and alert.kind == "sxid":
-        o = cat.sxid.get(alert.code)
-    if o is None:
-        o = cat.kinds.get(alert.kind)
-    return o.window_s if o is not None else 600.0

@@ -31,10 +31,14 @@ KINDS: frozenset[str] = frozenset(
         "gpu_init_failed",
         "nvsmi",
         "slurm_node",
+        "uvm_fatal",
+        "npd_condition",
         "dcgm_diag",
     }
 )
-"""The ``autorepair classify`` kinds (DESIGN §4.1)."""
+"""The ``autorepair classify`` kinds (DESIGN §4.1): every kind the readers and the agent
+emit. The control plane's vocabulary (``workflows.catalogue.vocabulary``) re-exports this
+list, so a new kind added here must also get a catalogue entry (a test checks)."""
 
 LEVEL_KINDS: frozenset[str] = frozenset({"ib_link_down", "ib_link_up", "nvsmi", "slurm_node"})
 """Kinds that describe a state with raise/clear edges; every other kind is an event."""

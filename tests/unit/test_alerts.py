@@ -11,7 +11,7 @@ from agent.readers import read_text
 from workflows.alerts import alert_from_fault
 from workflows.config import CatalogueConfig, CatalogueOverride
 from workflows.models import Action, Alert, Severity
-from workflows.policy.lookup import catalogue_decision, count_in_window, repeat_key
+from workflows.policy import count_in_window, decide_node_action, repeat_key
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 DEFAULT = CatalogueConfig()
@@ -42,10 +42,10 @@ def test_alert_fields_stable_id_summary_and_evidence() -> None:
     b = _alert(XID79, T0)
     assert a.alert_id == b.alert_id and len(a.alert_id) == 64
     assert _alert(XID79, T0 + timedelta(seconds=1)).alert_id != a.alert_id
-    assert a.summary == "Xid 79 GPU_HAS_FALLEN_OFF_THE_BUS on gpu-01 GPU 0000:c6:00"
+    assert a.summary == "Xid 79 ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS on gpu-01 GPU 0000:c6:00"
     other_pid = XID79.replace("1101234", "42")
     assert _alert(other_pid, T0).summary == a.summary
-    assert a.evidence["xid"] == 79 and a.evidence["mnemonic"] == "GPU_HAS_FALLEN_OFF_THE_BUS"
+    assert a.evidence["xid"] == 79 and a.evidence["mnemonic"] == "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS"
     assert a.evidence["pci"] == "0000:c6:00" and a.evidence["process"] == "nvc:[driver]"
     assert a.severity is Severity.critical and a.actionable and a.action is Action.power_cycle
     assert "power-cycle" in a.description and "nvc:[driver]" in a.description
@@ -91,7 +91,7 @@ def test_unmapped_kind_is_recorded_and_marked() -> None:
         catalogue=DEFAULT,
     )
     assert a.evidence["unmapped"] is True and not a.actionable
-    d = catalogue_decision(a, DEFAULT)
+    d = decide_node_action(a, DEFAULT)
     assert not d.actionable and d.action is Action.none
 
 
@@ -102,13 +102,13 @@ def test_scenario_1_secondary_xid_storm_no_repair() -> None:
         at = T0 + timedelta(seconds=3 * i)
         times.append(at)
         n = count_in_window(times, at, DEFAULT.app_xid_repeat_window_s)
-        d = catalogue_decision(_alert(line, at), DEFAULT, occurrences_in_window=n,
+        d = decide_node_action(_alert(line, at), DEFAULT, occurrences_in_window=n,
                                repeats_same_gpu=n)
         assert not d.actionable and not d.diagnostic and d.action is Action.none
     root = "NVRM: Xid (PCI:0000:1a:00): 45, pid=1, name=p, Ch 00000010, caused by previous Xid 43"
     a = _alert(root, T0)
     assert a.evidence["caused_by_xid"] == 43
-    d = catalogue_decision(a, DEFAULT, repeats_same_gpu=5)
+    d = decide_node_action(a, DEFAULT, repeats_same_gpu=5)
     assert d.rule == "xid:45:secondary" and "root Xid 43" in d.reason and not d.actionable
 
 
@@ -124,11 +124,11 @@ def test_scenario_2_same_gpu_gpc_repeat_key() -> None:
     times = [first.observed_at, again.observed_at]
     n = count_in_window(times, again.observed_at, DEFAULT.app_xid_repeat_window_s)
     assert n == 2
-    d = catalogue_decision(again, DEFAULT, repeats_same_gpu=n)
+    d = decide_node_action(again, DEFAULT, repeats_same_gpu=n)
     assert d.diagnostic and not d.actionable
     late = T0 + timedelta(hours=25)
     assert count_in_window([T0, late], late, DEFAULT.app_xid_repeat_window_s) == 1
-    assert not catalogue_decision(first, DEFAULT, repeats_same_gpu=1).diagnostic
+    assert not decide_node_action(first, DEFAULT, repeats_same_gpu=1).diagnostic
 
 
 def test_scenario_9_xid_43_five_in_ten_minutes() -> None:
@@ -142,7 +142,7 @@ def test_scenario_9_xid_43_five_in_ten_minutes() -> None:
         at = T0 + timedelta(minutes=2 * i)
         times.append(at)
         n = count_in_window(times, at, 600)
-        results.append(catalogue_decision(_alert(line, at, cat=cat), cat, occurrences_in_window=n))
+        results.append(decide_node_action(_alert(line, at, cat=cat), cat, occurrences_in_window=n))
     assert [r.action for r in results] == [Action.none] * 4 + [Action.reset_gpu]
     assert results[-1].actionable and results[-1].rule == "xid:43:override"
     spread = [T0 + timedelta(minutes=3 * i) for i in range(10)]
@@ -153,7 +153,7 @@ def test_level_clear_is_never_actionable() -> None:
     cat = CatalogueConfig(kinds={"ib_link_down": CatalogueOverride(action=Action.reboot)})
     down = _alert("mlx5_core 0000:c1:00.0 mlx5_7: Port: 1 Link DOWN", T0, cat=cat)
     assert down.level and down.active
-    assert catalogue_decision(down, cat).action is Action.reboot
+    assert decide_node_action(down, cat).action is Action.reboot
     up = _alert("mlx5_core 0000:c1:00.0 mlx5_7: Port: 1 Link ACTIVE", T0, cat=cat)
     assert up.active is False and not up.actionable
-    assert not catalogue_decision(up, cat).actionable
+    assert not decide_node_action(up, cat).actionable

@@ -19,11 +19,11 @@ from workflows.models import Action, Alert, Requester, RequesterKind, Severity
 from workflows.policy import (
     breaker_threshold,
     breaker_trips,
-    catalogue_decision,
     choose_action,
     concurrency_budget,
     consent_decision,
     count_in_window,
+    decide_node_action,
     evidence_current,
     in_cooldown,
     ladder_decision,
@@ -74,9 +74,9 @@ def attempt(
 def test_app_xids_never_repair_but_repeats_ask_for_diagnostics() -> None:
     cat = CatalogueConfig()
     for code in (13, 31, 43, 45, 94):
-        d = catalogue_decision(alert(code=code, action="reboot"), cat)
+        d = decide_node_action(alert(code=code, action="reboot"), cat)
         assert not d.actionable and d.action == Action.none and not d.diagnostic
-    d = catalogue_decision(alert(code=13), cat, repeats_same_gpu=2)
+    d = decide_node_action(alert(code=13), cat, repeats_same_gpu=2)
     assert d.diagnostic and not d.actionable and d.rule == "xid:13:repeat"
 
 
@@ -84,24 +84,34 @@ def test_straggler_asks_for_diagnostics_never_a_repair() -> None:
     cat = CatalogueConfig()
     slow = alert(kind="straggler", code=None, severity="warning", actionable=False, action="none",
                  level=True)
-    d = catalogue_decision(slow, cat)
+    d = decide_node_action(slow, cat)
     assert d.diagnostic and not d.actionable and d.action == Action.none
     assert d.rule == "straggler:diagnose"
-    assert not catalogue_decision(slow.model_copy(update={"active": False}), cat).diagnostic
+    assert not decide_node_action(slow.model_copy(update={"active": False}), cat).diagnostic
 
 
 def test_override_counts_in_window_scenario_9() -> None:
     cat = CatalogueConfig(xid={43: CatalogueOverride(action=Action.reboot, count=5, window_s=600)})
-    assert not catalogue_decision(alert(code=43), cat, occurrences_in_window=4).actionable
-    d = catalogue_decision(alert(code=43), cat, occurrences_in_window=5)
+    assert not decide_node_action(alert(code=43), cat, occurrences_in_window=4).actionable
+    d = decide_node_action(alert(code=43), cat, occurrences_in_window=5)
     assert d.actionable and d.action == Action.reboot and d.rule == "xid:43:override"
 
 
 def test_catalogue_default_and_clear() -> None:
     cat = CatalogueConfig()
-    assert catalogue_decision(alert(), cat).action == Action.power_cycle
-    assert not catalogue_decision(alert(active=False), cat).actionable
-    assert not catalogue_decision(alert(actionable=False, action="none"), cat).actionable
+    assert decide_node_action(alert(), cat).action == Action.power_cycle
+    assert not decide_node_action(alert(active=False), cat).actionable
+    # ingest's stamp is an annotation: the NodeWorkflow decides from the catalogue
+    stale = decide_node_action(alert(actionable=False, action="none"), cat)
+    assert stale.actionable and stale.action == Action.power_cycle
+    assert not decide_node_action(alert(code=13, actionable=True, action="reboot"), cat).actionable
+    cfg = CatalogueConfig(xid={79: CatalogueOverride(actionable=False)})
+    assert not decide_node_action(alert(), cfg).actionable  # the worker's policy decides
+
+
+def test_unmapped_code_is_observed_not_decided() -> None:
+    d = decide_node_action(alert(code=9999, actionable=True, action="reboot"), CatalogueConfig())
+    assert not d.actionable and d.rule == "xid:9999:unmapped"
 
 
 def test_count_in_window() -> None:

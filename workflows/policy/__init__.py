@@ -1,4 +1,4 @@
-"""Pure repair policy: catalogue lookup, consent, ladder, migrate gate, rails.
+"""Pure repair policy: node-action decision, consent, ladder, migrate gate, rails.
 
 Every function here is deterministic and free of I/O, so the workflows call them
 directly and unit tests exercise them without Temporal. Numbers come from
@@ -15,12 +15,10 @@ from workflows.policy.ladder import (
     migrate_gate,
     next_rung,
 )
-from workflows.policy.lookup import (
-    APP_XIDS,
-    DIAGNOSTIC_XIDS,
-    CatalogueDecision,
-    catalogue_decision,
+from workflows.policy.node_action import (
+    NodeActionDecision,
     count_in_window,
+    decide_node_action,
     repeat_key,
 )
 from workflows.policy.rails import (
@@ -35,20 +33,18 @@ from workflows.policy.rails import (
 )
 
 __all__ = [
-    "APP_XIDS",
-    "DIAGNOSTIC_XIDS",
-    "CatalogueDecision",
     "ConsentDecision",
     "GateDecision",
     "LadderDecision",
+    "NodeActionDecision",
     "breaker_threshold",
     "breaker_trips",
-    "catalogue_decision",
     "choose_action",
     "concurrency_budget",
     "consent_decision",
     "cooldown_until",
     "count_in_window",
+    "decide_node_action",
     "evidence_current",
     "in_cooldown",
     "ladder_decision",

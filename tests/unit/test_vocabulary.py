@@ -1,0 +1,83 @@
+"""One vocabulary: every kind a reader or the agent emits is known to the catalogue,
+ingest and the docs; every catalogue entry cites its source."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import ingest.pipeline
+from agent.readers import KINDS as AGENT_KINDS
+from agent.readers import read_text
+from tests import corpus
+from workflows.catalogue import default_entry
+from workflows.catalogue.kinds import KIND_ENTRIES
+from workflows.catalogue.vocabulary import CONTROL_PLANE_KINDS, KNOWN_KINDS, SIGNAL_KINDS
+
+ROOT = Path(__file__).resolve().parents[2]
+SIGNALS = ROOT / "tests" / "data" / "signals"
+_EXAMPLE = {
+    "xid": (79, {}),
+    "sxid": (24007, {}),
+    "npd_condition": (None, {"condition": "KernelDeadlock"}),
+    "dcgm_diag": (None, {"failed": ["Memory"]}),
+    "nvsmi": (None, {"flags": ["remap_pending"]}),
+}
+
+
+def test_control_plane_reexports_the_agent_list() -> None:
+    assert SIGNAL_KINDS is AGENT_KINDS
+    assert KNOWN_KINDS == AGENT_KINDS | CONTROL_PLANE_KINDS
+    assert ingest.pipeline.KNOWN_KINDS is KNOWN_KINDS
+    assert "thermal" not in KNOWN_KINDS
+
+
+@pytest.mark.parametrize("kind", sorted(KNOWN_KINDS))
+def test_every_known_kind_has_a_mapped_entry_with_a_source(kind: str) -> None:
+    code, details = _EXAMPLE.get(kind, (None, {}))
+    e = default_entry(kind, code, details)
+    assert e.mapped, kind
+    assert e.source and e.description, kind
+
+
+def test_every_kind_entry_cites_its_source() -> None:
+    assert set(KIND_ENTRIES) <= KNOWN_KINDS
+    for kind, e in KIND_ENTRIES.items():
+        assert len(e.source) > 10, kind
+
+
+def _texts() -> list[str]:
+    out = [json.loads(x)["text"] for x in corpus.CORPUS.read_text().splitlines() if x.strip()]
+    for name in ("kernel_variants.jsonl", "peers.jsonl"):
+        path = SIGNALS / name
+        if path.exists():
+            out += [json.loads(x)["text"] for x in path.read_text().splitlines() if x.strip()]
+    out.append((SIGNALS / "multiline.log").read_text())
+    return out
+
+
+def test_every_kind_the_readers_emit_is_known() -> None:
+    seen = {ev.kind for text in _texts() for ev in read_text(text)}
+    assert seen and seen <= SIGNAL_KINDS, seen - SIGNAL_KINDS
+
+
+def test_every_kind_literal_in_the_agent_is_known() -> None:
+    # kind names written in the agent's code: kind="…", Fault("…", …), _single("…", …)
+    pat = re.compile(r'(?:\bkind\s*=\s*|\bFault\(\s*|_single\(\s*)"([a-z][a-z0-9_]*)"')
+    found = {
+        m.group(1)
+        for path in (ROOT / "agent").rglob("*.py")
+        for m in pat.finditer(path.read_text())
+    }
+    assert found, "the pattern found no kind literal: the agent's code changed shape"
+    assert found <= SIGNAL_KINDS, found - SIGNAL_KINDS
+
+
+@pytest.mark.parametrize("doc", ["docs/wire-contract.md", "docs/runbook.md"])
+def test_docs_list_every_kind(doc: str) -> None:
+    text = (ROOT / doc).read_text()
+    missing = sorted(k for k in KNOWN_KINDS if f"`{k}`" not in text)
+    assert not missing, f"{doc} does not list {missing}"

@@ -1,0 +1,349 @@
+"""Entries for the kinds without an Xid/SXid code: kernel, tool and control-plane kinds.
+
+Each entry names its source: the message's own words, a vendor document, or the DESIGN
+section that sets the rule. Kinds whose entry depends on what the reader found
+(``nvsmi`` flags, ``npd_condition`` condition, ``dcgm_diag`` failed tests,
+``node_not_ready`` BMC evidence) are decided per occurrence here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workflows.catalogue.entry import CatalogueEntry, make_entry
+from workflows.models import Action, Severity
+
+_W, _C, _I = Severity.warning, Severity.critical, Severity.info
+
+KIND_ENTRIES: dict[str, CatalogueEntry] = {
+    "gpu_lost": make_entry(
+        _C,
+        "GPU_LOST",
+        Action.power_cycle,
+        "The GPU has fallen off the PCIe bus (or no longer answers NVML). It must "
+        "lose power to come back: power-cycle the host.",
+        "NVIDIA Xid Catalog row 79 (same failure): RESTART_BM; DESIGN §5 → power_cycle",
+    ),
+    "pcie_aer_fatal": make_entry(
+        _C,
+        "PCIE_AER_FATAL",
+        Action.reboot,
+        "Uncorrected fatal PCIe error: the link or device is unusable until the host is rebooted.",
+        "PCI Express Base Specification: uncorrectable fatal errors leave the link "
+        "unreliable until reset (Linux Documentation/PCI/pcieaer-howto)",
+    ),
+    "pcie_aer_corrected": make_entry(
+        _I,
+        "PCIE_AER_CORRECTED",
+        Action.none,
+        "Corrected (or uncorrected non-fatal) PCIe error; the hardware recovered. Watch the rate.",
+        "PCI Express Base Specification: correctable errors are recovered by hardware",
+    ),
+    "xfs_shutdown": make_entry(
+        _C,
+        "XFS_SHUTDOWN",
+        Action.reboot,
+        "An XFS filesystem shut itself down after corruption or an I/O error; "
+        "reboot (and let the boot-time repair run).",
+        "the kernel's message: XFS refuses further I/O until unmounted (xfs_repair)",
+    ),
+    "ext4_readonly": make_entry(
+        _C,
+        "EXT4_READONLY",
+        Action.reboot,
+        "A filesystem hit an error and was remounted read-only; reboot to run the "
+        "filesystem check.",
+        "the kernel's message (EXT4/BTRFS/XFS 'remounting filesystem read-only'): "
+        "writes fail until a filesystem check and remount",
+    ),
+    "hung_task": make_entry(
+        _W,
+        "HUNG_TASK",
+        Action.reboot,
+        "A task has been blocked in the kernel for minutes (often a wedged driver "
+        "or storage); reboot the node if it persists.",
+        "the kernel's hung-task detector; persistence rails (DESIGN §5) gate the reboot",
+    ),
+    "ib_link_down": make_entry(
+        _W,
+        "IB_LINK_DOWN",
+        Action.none,
+        "An InfiniBand/RoCE port went down. Links flap; only a persistent "
+        "outage is a node problem (persistence rails decide).",
+        "DESIGN §5 rails: persistence per signal; a flap is not a node fault",
+    ),
+    "ib_link_up": make_entry(
+        _I,
+        "IB_LINK_UP",
+        Action.none,
+        "An InfiniBand/RoCE port came back up.",
+        "clear edge of ib_link_down (agent.readers.events.CLEARS)",
+    ),
+    "straggler_panic": make_entry(
+        _C,
+        "STRAGGLER_PANIC",
+        Action.none,
+        "More than half of a cohort's active nodes fell below the straggler threshold at "
+        "once: a fleet-wide cause (storage, network, a bad job), not many bad nodes. The "
+        "threshold is frozen and no node alerts are raised until it clears.",
+        "DESIGN §5 'Panic mode'",
+    ),
+    "straggler": make_entry(
+        _W,
+        "STRAGGLER",
+        Action.none,
+        "The node's health score stayed below the cluster's straggler threshold "
+        "(median - k*MAD*1.4826) for several pushes: it is slow, not failed. A "
+        "diagnostic validation run is recommended; it never drives a reboot.",
+        "DESIGN §1 step 2 and rule zero: slow is not failed",
+    ),
+    "oom_kill": make_entry(
+        _I,
+        "OOM_KILL",
+        Action.none,
+        "The kernel killed a process that ran out of memory; an application "
+        "problem, not a node fault.",
+        "the kernel's OOM killer acts on one process; the node keeps running",
+    ),
+    "mce_ue": make_entry(
+        _C,
+        "MCE_UE",
+        Action.migrate,
+        "Uncorrectable host memory/CPU error: the machine needs hardware service; "
+        "move the node to other hardware and re-validate this machine.",
+        "Linux EDAC/MCE: uncorrected errors mean failing host hardware; DESIGN §5 migrate",
+    ),
+    "gsp_heartbeat": make_entry(
+        _C,
+        "GSP_HEARTBEAT_TIMEOUT",
+        Action.reset_gpu,
+        "The GPU System Processor stopped sending heartbeats; reset the GPU.",
+        "NVIDIA Xid Catalog rows 119/120 (GSP timeout/error): RESET_GPU",
+    ),
+    "reset_required": make_entry(
+        _C,
+        "GPU_RESET_REQUIRED",
+        Action.reset_gpu,
+        "The driver reports that the GPU requires a reset.",
+        "the driver's message itself ('GPU reset required')",
+    ),
+    "gpu_init_failed": make_entry(
+        _C,
+        "GPU_INIT_FAILED",
+        Action.reboot,
+        "The driver failed to initialise the GPU (RmInitAdapter); reboot the node.",
+        "the driver's RmInitAdapter failure: the GPU is unusable until the driver "
+        "reloads (a reboot reloads it)",
+    ),
+    "uvm_fatal": make_entry(
+        _C,
+        "UVM_GLOBAL_FATAL",
+        Action.reboot,
+        "NVIDIA's unified-memory driver hit a global fatal error and says the OS must be "
+        "rebooted to recover; reboot the node.",
+        "the driver's message itself: 'uvm encountered global fatal error …, requiring "
+        "os reboot to recover' (nvGpuOpsReportFatalError)",
+    ),
+    "slurm_node": make_entry(
+        _W,
+        "SLURM_NODE_STATE",
+        Action.none,
+        "Slurm marks the node unavailable. The scheduler state alone never "
+        "repairs a node; the reason is evidence for the operator.",
+        "DESIGN §1 rule zero: no node repair without a failed health check",
+    ),
+    "k8s_frequent_kubelet_restart": make_entry(
+        _W,
+        "K8S_FREQUENT_KUBELET_RESTART",
+        Action.none,
+        "node-problem-detector reports frequent kubelet restarts; an observation for the operator.",
+        "node-problem-detector systemd monitor condition; DESIGN §1 rule zero",
+    ),
+    "k8s_frequent_containerd_restart": make_entry(
+        _W,
+        "K8S_FREQUENT_CONTAINERD_RESTART",
+        Action.none,
+        "node-problem-detector reports frequent containerd restarts; an observation for "
+        "the operator.",
+        "node-problem-detector systemd monitor condition; DESIGN §1 rule zero",
+    ),
+    "circuit_breaker": make_entry(
+        _C,
+        "CIRCUIT_BREAKER",
+        Action.none,
+        "The cluster's circuit breaker tripped: automatic repairs are paused until an "
+        "operator resets it.",
+        "DESIGN §5 rails: circuit breaker on a burst of correlated automatic repairs",
+    ),
+}
+"""Entries of the kinds that need no per-occurrence decision."""
+
+NVSMI_FLAG_ACTIONS: list[tuple[frozenset[str], str, Action, Severity, str, str]] = [
+    (
+        frozenset({"remap_failure", "sram_threshold_exceeded", "unrepairable_memory"}),
+        "NVSMI_MEMORY_FAILURE",
+        Action.remove,
+        _C,
+        "nvidia-smi reports a row-remapping failure, an SRAM error threshold exceeded or "
+        "unrepairable memory: the GPU needs hardware service.",
+        "NVIDIA A100/H100 GPU memory error management: row-remapping failure is an RMA "
+        "condition (docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt)",
+    ),
+    (
+        frozenset({"recovery_node_reboot"}),
+        "NVSMI_RECOVERY_NODE_REBOOT",
+        Action.reboot,
+        _C,
+        "nvidia-smi's GPU Recovery Action asks for a node reboot.",
+        "NVML nvmlDeviceGpuRecoveryAction_t NODE_REBOOT (nvidia-smi -q 'GPU Recovery Action')",
+    ),
+    (
+        frozenset(
+            {
+                "reset_required",
+                "drain_and_reset_recommended",
+                "recovery_reset",
+                "recovery_drain_and_reset",
+                "recovery_drain_p2p",
+            }
+        ),
+        "NVSMI_RESET_REQUIRED",
+        Action.reset_gpu,
+        _C,
+        "nvidia-smi reports that the GPU needs a reset (GPU Reset Status / GPU Recovery Action).",
+        "nvidia-smi -q 'GPU Reset Status' (Reset Required, Drain and Reset Recommended) and "
+        "NVML recovery actions GPU_RESET / DRAIN_AND_RESET / DRAIN_P2P",
+    ),
+    (
+        frozenset({"dram_uncorrectable", "sram_uncorrectable", "dbe_volatile_total"}),
+        "NVSMI_UNCORRECTABLE_ECC",
+        Action.reset_gpu,
+        _C,
+        "nvidia-smi counts uncorrectable ECC errors since the last reset; reset the GPU so "
+        "the memory is remapped.",
+        "NVIDIA GPU memory error management: uncorrectable errors are remapped at the next "
+        "GPU reset",
+    ),
+    (
+        frozenset({"remap_pending", "retired_pending", "channel_repair_pending"}),
+        "NVSMI_REPAIR_PENDING",
+        Action.reset_gpu,
+        _W,
+        "A memory row remap, page retirement or channel repair is pending; it takes effect "
+        "at the next GPU reset.",
+        "NVIDIA 'Error Recovery and Response Flags': the row-remapping pending flag means "
+        "remapping happens at the next GPU reset",
+    ),
+]
+"""nvidia-smi flags → entry, heaviest first (the first group with a raised flag wins)."""
+
+_NVSMI_FLAG_NAMES = frozenset().union(*(g[0] for g in NVSMI_FLAG_ACTIONS))
+
+NPD_CONDITION_KINDS: dict[str, str] = {
+    "kerneldeadlock": "hung_task",
+    "taskhung": "hung_task",
+    "readonlyfilesystem": "ext4_readonly",
+    "filesystemisreadonly": "ext4_readonly",
+    "xfsshutdown": "xfs_shutdown",
+    "xfsfilesystemshutdown": "xfs_shutdown",
+    "oomkilling": "oom_kill",
+}
+"""node-problem-detector condition types and event reasons (lower case, kubernetes/
+node-problem-detector config/kernel-monitor.json) → the kernel kind whose entry applies."""
+
+
+def nvsmi_flags(details: dict[str, Any]) -> set[str]:
+    """The raised nvidia-smi flags: ``details["flags"]`` plus any flag-named detail that is
+    ``True`` or a positive count (the agent's NVML path sends the counters alone)."""
+    flags = details.get("flags")
+    raised = {str(f) for f in flags} if isinstance(flags, list) else set()
+    for key in _NVSMI_FLAG_NAMES:
+        v = details.get(key)
+        if v is True or (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+            raised.add(key)
+    return raised
+
+
+def nvsmi_entry(details: dict[str, Any]) -> CatalogueEntry:
+    """Entry of an ``nvsmi`` event from its flags (see :data:`NVSMI_FLAG_ACTIONS`)."""
+    raised = nvsmi_flags(details)
+    for group, mnemonic, action, severity, text, source in NVSMI_FLAG_ACTIONS:
+        if group & raised:
+            return make_entry(severity, mnemonic, action, text, source)
+    if raised:
+        return make_entry(
+            _W,
+            "NVSMI_THROTTLE",
+            Action.none,
+            "nvidia-smi reports hardware or thermal clock slowdown (or another observed "
+            "flag); check cooling and power. Not a node repair.",
+            "nvidia-smi -q 'Clocks Event Reasons': slowdown protects the GPU; no repair",
+        )
+    return make_entry(
+        _W,
+        "NVSMI_HEALTH",
+        Action.none,
+        "nvidia-smi reports a GPU health condition the catalogue has no action for.",
+        "no flag with an action was raised",
+    )
+
+
+def npd_entry(details: dict[str, Any]) -> CatalogueEntry:
+    """Entry of an ``npd_condition`` event: the kernel kind its ``condition`` stands for;
+    an unknown condition is observed, unmapped."""
+    cond = str(details.get("condition") or "").strip()
+    kind = NPD_CONDITION_KINDS.get(cond.lower())
+    if kind is None:
+        return make_entry(
+            _W,
+            "NPD_CONDITION",
+            Action.none,
+            f"node-problem-detector reports condition {cond or '(none)'!r}, which the "
+            "catalogue does not map; recorded for an operator to review.",
+            "node-problem-detector condition without a catalogue mapping: observed, unmapped",
+            mapped=False,
+        )
+    base = KIND_ENTRIES[kind]
+    return make_entry(
+        base.severity,
+        "NPD_" + base.mnemonic,
+        base.action,
+        f"node-problem-detector reports {cond}: {base.description}",
+        f"node-problem-detector {cond} → kind {kind} ({base.source})",
+    )
+
+
+def dcgm_entry(details: dict[str, Any]) -> CatalogueEntry:
+    """Entry of a ``dcgm_diag`` result: evidence for re-validation, never a repair alone."""
+    failed = details.get("failed")
+    names = ", ".join(str(f) for f in failed) if isinstance(failed, list) and failed else ""
+    what = f"failed: {names}" if names else "no failed test named"
+    return make_entry(
+        _W if names else _I,
+        "DCGM_DIAG",
+        Action.none,
+        f"dcgmi diag result ({what}). A diagnostic failure is evidence for re-validating "
+        "the machine, not a repair by itself; the fault it found arrives as its own event.",
+        "DESIGN §1 step 5 (re-validation runs the same GPU checks) and rule zero",
+    )
+
+
+def node_not_ready_entry(details: dict[str, Any]) -> CatalogueEntry:
+    """``node_not_ready``: observed only, unless the kube watcher attached the BMC's
+    evidence of a dead host (``details["bmc"]``), which asks for a power cycle."""
+    if isinstance(details.get("bmc"), dict):
+        return make_entry(
+            _C,
+            "NODE_NOT_READY_BMC",
+            Action.power_cycle,
+            "The node is NotReady and its BMC reports it powered off or dead: power-cycle "
+            "the host through the BMC.",
+            "DESIGN §1 rule zero (a failed health check: the BMC's) and §5 power_cycle",
+        )
+    return make_entry(
+        _W,
+        "NODE_NOT_READY",
+        Action.none,
+        "Kubernetes reports the node NotReady. NotReady alone never repairs a node.",
+        "DESIGN §1 rule zero: 'Node unreachable / NotReady alone never repairs a node'",
+    )

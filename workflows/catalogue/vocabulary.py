@@ -1,0 +1,105 @@
+"""One vocabulary for the control plane: fault kinds, application-level Xids, count windows
+and the operator-override lookup.
+
+Every other module (the catalogue, the ``NodeWorkflow``, ingest's metrics, the docs test)
+takes these names from here; nothing else keeps its own copy.
+
+- Kinds a node can report come from the agent: :data:`agent.readers.events.KINDS` is the
+  agent-side list (the agent is deployed alone and imports nothing of the control plane,
+  DESIGN §2), re-exported here as :data:`SIGNAL_KINDS`. :data:`CONTROL_PLANE_KINDS` adds
+  the kinds that control-plane components raise themselves.
+- :data:`APP_LEVEL_XIDS` / :data:`DIAGNOSTIC_XIDS`: Xids that never drive a node repair by
+  themselves, and those whose repeats on one GPU/GPC recommend a diagnostic run.
+- :data:`DEFAULT_COUNT_WINDOW_S` and :func:`override_for` / :func:`count_window_s`: the
+  operator's per-code overrides (``policy.catalogue``), looked up in one place.
+
+Pure and sandbox-safe: no I/O.
+"""
+
+from __future__ import annotations
+
+from agent.readers.events import KINDS as AGENT_KINDS
+from workflows.catalogue.nvidia_xid_catalog import NVIDIA_XID_CATALOG
+from workflows.config import DEFAULT_COUNT_WINDOW_S, CatalogueConfig, CatalogueOverride
+
+__all__ = [
+    "APP_LEVEL_XIDS",
+    "CONTROL_PLANE_KINDS",
+    "DEFAULT_COUNT_WINDOW_S",
+    "DIAGNOSTIC_XIDS",
+    "KNOWN_KINDS",
+    "SIGNAL_KINDS",
+    "count_window_s",
+    "override_for",
+]
+
+SIGNAL_KINDS: frozenset[str] = AGENT_KINDS
+"""Kinds the agent and the readers emit (``autorepair classify`` kinds, DESIGN §4.1): the
+agent's own list, :data:`agent.readers.events.KINDS`."""
+
+CONTROL_PLANE_KINDS: frozenset[str] = frozenset(
+    {
+        # ingest: health score below the cohort's straggler threshold, and panic mode
+        # (DESIGN §1 step 2, §5 "Panic mode").
+        "straggler",
+        "straggler_panic",
+        # workers.watchers.kube: NotReady (DESIGN §1 rule zero: observed only, unless the
+        # BMC confirms a dead host) and node-problem-detector restart conditions.
+        "node_not_ready",
+        "k8s_frequent_kubelet_restart",
+        "k8s_frequent_containerd_restart",
+        # workflows.guard: the circuit breaker's cluster-level alert (DESIGN §5 rails).
+        "circuit_breaker",
+    }
+)
+"""Kinds raised by control-plane components rather than read from a node."""
+
+KNOWN_KINDS: frozenset[str] = SIGNAL_KINDS | CONTROL_PLANE_KINDS
+"""Every kind the catalogue maps; an alert of any other kind is recorded as unmapped and
+counted in ``autorepair_unmapped_alerts_total`` (DESIGN §4.5)."""
+
+APP_LEVEL_XIDS: frozenset[int] = frozenset(
+    {row.code for row in NVIDIA_XID_CATALOG if row.immediate == "RESTART_APP"}
+    # DESIGN §5 names 43 (bucket IGNORE: the GPU stopped processing the application's
+    # channel) and 45 (bucket WORKFLOW_XID_45: preemptive cleanup after another error).
+    | {43, 45}
+    # 109 (bucket RESET_GPU): the Kubernetes device plugin lists it among the application
+    # errors that leave the GPU healthy (NVIDIA/k8s-device-plugin, ignoredXids
+    # 13, 31, 43, 45, 68, 109), and the product follows it (see workflows.catalogue.xid).
+    | {109}
+)
+"""Xids caused by what an application did: they never drive a node repair by themselves.
+Every code whose NVIDIA immediate bucket is RESTART_APP, plus 43, 45 and 109."""
+
+DIAGNOSTIC_XIDS: frozenset[int] = frozenset({13, 31, 43, 94})
+"""Application-level Xids whose repeats on one GPU/GPC within
+``policy.catalogue.app_xid_repeat_window_s`` recommend a diagnostic validation run
+(DESIGN §5: 13/31/43/45/94 "repeats on the same GPU/GPC within a window escalate to
+diagnostics"). Xid 45 is left out: it is a secondary symptom that healthy nodes log many
+times after one job crash, so its repetition alone says nothing about the GPU."""
+
+
+def override_for(
+    kind: str, code: int | None, config: CatalogueConfig
+) -> tuple[str, CatalogueOverride] | None:
+    """The operator override that applies to a fault, with the rule name it is known by.
+
+    Precedence: ``config.xid[code]`` (kind ``xid``) or ``config.sxid[code]`` (kind
+    ``sxid``), then ``config.kinds[kind]``. Returns ``(rule, override)`` with ``rule`` e.g.
+    ``"xid:43:override"`` / ``"kind:ib_link_down:override"``, or None. Raises nothing.
+    """
+    if code is not None:
+        if kind == "xid" and code in config.xid:
+            return f"xid:{code}:override", config.xid[code]
+        if kind == "sxid" and code in config.sxid:
+            return f"sxid:{code}:override", config.sxid[code]
+    if kind in config.kinds:
+        return f"kind:{kind}:override", config.kinds[kind]
+    return None
+
+
+def count_window_s(kind: str, code: int | None, config: CatalogueConfig) -> float:
+    """Count-in-window length (seconds) for a fault: its override's ``window_s``, else
+    :data:`DEFAULT_COUNT_WINDOW_S`."""
+    found = override_for(kind, code, config)
+    return found[1].window_s if found is not None else DEFAULT_COUNT_WINDOW_S
