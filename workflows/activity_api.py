@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 
 from workflows.config import PolicyConfig
 from workflows.models import Action, Alert, Requester, Stage, ValidationResult, Verdict
+from workflows.protocol import BMC_TASK_QUEUE
 
 
 class ACT:
@@ -89,7 +90,7 @@ class PolicySnapshot(BaseModel):
     pools: dict[str, str] = Field(default_factory=dict)
     machines: dict[str, str] = Field(default_factory=dict)
     #: Task queue of the machine-side (BMC) activities (``temporal.bmc_task_queue``).
-    bmc_task_queue: str = "autorepair-bmc"
+    bmc_task_queue: str = BMC_TASK_QUEUE
 
 
 class CordonInput(BaseModel):

@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from workflows.models import Action, Severity
+from workflows.protocol import BMC_TASK_QUEUE, TASK_QUEUE
 
 
 class _Section(BaseModel):
@@ -29,11 +30,11 @@ class TemporalConfig(_Section):
     #: Temporal namespace of every workflow.
     namespace: str = "default"
     #: Task queue of workflows and activities (DESIGN §4.4: ``autorepair``).
-    task_queue: str = "autorepair"
+    task_queue: str = TASK_QUEUE
     #: Temporal Web UI port of the dev stack (DESIGN §4.2: 8233).
     ui_port: int = Field(8233, ge=1, le=65535)
-    #: Separate task queue for BMC calls so they can be rate limited (issue 6).
-    bmc_task_queue: str = "autorepair-bmc"
+    #: Separate task queue for BMC calls so they can be rate limited (``bmc_rate_per_s``).
+    bmc_task_queue: str = BMC_TASK_QUEUE
     #: Max BMC activity starts per second across the BMC queue.
     bmc_rate_per_s: float = Field(2.0, gt=0)
 

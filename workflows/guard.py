@@ -35,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
         GUARD_SIGNAL_CLUSTER_ALERT,
         GUARD_SIGNAL_RELEASE,
         GUARD_SIGNAL_RESET_BREAKER,
+        GUARD_WORKFLOW,
         REPAIR_SIGNAL_LEASE,
         GuardInput,
         GuardStatus,
@@ -72,7 +73,7 @@ class GuardCarried(BaseModel):
     history_limit: int = DEFAULT_HISTORY_LIMIT
 
 
-@workflow.defn(name="ClusterGuardWorkflow")
+@workflow.defn(name=GUARD_WORKFLOW)
 class ClusterGuardWorkflow:
     """Budget + breaker for one cluster; runs until cancelled, continuing as new."""
 

@@ -1,7 +1,7 @@
 """``NodeWorkflow`` (id ``node/{cluster}/{node}``): the node entity.
 
 One per node, started by the ingest service with update-with-start
-(:data:`~workflows.models.NODE_UPDATE_DELIVER_ALERT` ``deliver_alert``, input
+(:data:`~workflows.protocol.NODE_UPDATE_DELIVER_ALERT` ``deliver_alert``, input
 :class:`~workflows.models.NodeInput`). It de-duplicates alerts by ``alert_id`` (keys
 survive continue-as-new), records every alert in the ledger, applies the operator's
 catalogue overrides and count-in-window thresholds, tracks persistence per fault from
@@ -39,7 +39,6 @@ with workflow.unsafe.imports_passed_through():
         RepairRequest,
         Requester,
         RequesterKind,
-        workflow_id_repair,
     )
     from workflows.policy import (
         catalogue_decision,
@@ -53,10 +52,13 @@ with workflow.unsafe.imports_passed_through():
         NODE_QUERY_STATUS,
         NODE_SIGNAL_REPAIR_FINISHED,
         NODE_UPDATE_DELIVER_ALERT,
+        NODE_WORKFLOW,
         REPAIR_SIGNAL_ATTACH_ALERT,
+        REPAIR_WORKFLOW,
         NodeStatus,
         RepairFinished,
         fault_key,
+        workflow_id_repair,
     )
 
 #: History length after which the node continues as new (Temporal's suggestion also
@@ -98,7 +100,7 @@ class NodeCarried(BaseModel):
     history_limit: int = DEFAULT_HISTORY_LIMIT
 
 
-@workflow.defn(name="NodeWorkflow")
+@workflow.defn(name=NODE_WORKFLOW)
 class NodeWorkflow:
     """Node entity; see the module docstring for its interface."""
 
@@ -422,7 +424,7 @@ class NodeWorkflow:
         s.repair_alert_ids = [f.alert.alert_id for f in due]
         s.recommendations += 1
         await workflow.start_child_workflow(
-            "RepairWorkflow",
+            REPAIR_WORKFLOW,
             req,
             id=workflow_id_repair(inp.cluster, inp.node, repair_id),
             task_queue=workflow.info().task_queue,

@@ -46,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
         VerdictRecord,
     )
     from workflows.models import ValidationRequest, ValidationResult, Verdict
+    from workflows.protocol import VALIDATION_QUERY_STATUS, VALIDATION_WORKFLOW
 
 #: Non-retryable failure types of the validation activities.
 _PERMANENT = [ERR_UNKNOWN_NODE, ERR_PLACEMENT, "ConfigurationError", "ActionFailed"]
@@ -69,7 +70,7 @@ def return_target(req: ValidationRequest) -> str:
     return "pool"
 
 
-@workflow.defn(name="ValidationWorkflow")
+@workflow.defn(name=VALIDATION_WORKFLOW)
 class ValidationWorkflow:
     """Re-validation of one machine; query ``status`` → ``{"stage", "job_id", "result"}``."""
 
@@ -79,7 +80,7 @@ class ValidationWorkflow:
         self._result: ValidationResult | None = None
         self._detail = ""
 
-    @workflow.query(name="status")
+    @workflow.query(name=VALIDATION_QUERY_STATUS)
     def status(self) -> dict[str, Any]:
         """Stage (placing, running, releasing, ticketing, returning, recording, done),
         the job id, and the result once known."""

@@ -63,7 +63,8 @@ async def bench_slurm(runs: int) -> dict[str, float]:
     from activities.ledger_activities import LedgerActivities
     from activities.validation import ValidationActivities
     from workflows.config import AutorepairConfig, ClusterConfig, NodeConfig, ValidationConfig
-    from workflows.models import ValidationRequest, ValidationResult, workflow_id_validation
+    from workflows.models import ValidationRequest, ValidationResult
+    from workflows.protocol import workflow_id_validation
     from workflows.validation import ValidationWorkflow
 
     tmp = Path(tempfile.mkdtemp(prefix="valbench-"))

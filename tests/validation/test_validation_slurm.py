@@ -25,12 +25,8 @@ from temporalio.worker import Worker
 with workflow.unsafe.imports_passed_through():
     from activities.devcluster import SlurmCluster
     from workflows.config import AutorepairConfig, ClusterConfig, NodeConfig, ValidationConfig
-    from workflows.models import (
-        ValidationRequest,
-        ValidationResult,
-        Verdict,
-        workflow_id_validation,
-    )
+    from workflows.models import ValidationRequest, ValidationResult, Verdict
+    from workflows.protocol import workflow_id_validation
     from workflows.validation import ValidationWorkflow
 
 pytestmark = pytest.mark.slurm
