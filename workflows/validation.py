@@ -32,6 +32,8 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     from workflows.activity_api import (
         ACT,
+        ERR_ACTION_FAILED,
+        ERR_CONFIGURATION,
         ERR_PLACEMENT,
         ERR_UNKNOWN_NODE,
         CollectInput,
@@ -49,7 +51,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.protocol import VALIDATION_QUERY_STATUS, VALIDATION_WORKFLOW
 
 #: Non-retryable failure types of the validation activities.
-_PERMANENT = [ERR_UNKNOWN_NODE, ERR_PLACEMENT, "ConfigurationError", "ActionFailed"]
+_PERMANENT = [ERR_UNKNOWN_NODE, ERR_PLACEMENT, ERR_CONFIGURATION, ERR_ACTION_FAILED]
 _RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30), non_retryable_error_types=_PERMANENT)
 #: Bound on a short activity (placement, release, return, ledger), incl. Slurm commands.
 _SHORT = timedelta(minutes=5)

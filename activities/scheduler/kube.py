@@ -27,7 +27,6 @@ from typing import Any
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
-from temporalio.exceptions import ApplicationError
 
 from activities.scheduler.base import Heartbeat, no_heartbeat
 from workflows.activity_api import (
@@ -39,6 +38,7 @@ from workflows.activity_api import (
     IdleStatus,
     NodeHealth,
     RejoinResult,
+    permanent,
 )
 from workflows.config import ClusterConfig
 
@@ -131,15 +131,15 @@ class KubeScheduler:
 
     def _classify(self, e: ApiException, node: str) -> Exception:
         if e.status in (401, 403):
-            return ApplicationError(
+            return permanent(
+                ERR_AUTH,
                 f"cluster {self.cluster.name}: Kubernetes API refused access "
                 f"({e.status} {e.reason}) for node {node}",
-                type=ERR_AUTH, non_retryable=True,
             )
         if e.status == 404:
-            return ApplicationError(
+            return permanent(
+                ERR_UNKNOWN_NODE,
                 f"cluster {self.cluster.name}: Kubernetes has no node {node!r}",
-                type=ERR_UNKNOWN_NODE, non_retryable=True,
             )
         return e
 
@@ -278,12 +278,12 @@ class KubeScheduler:
             remaining = sorted(_pod_name(p) for p in pods if _pod_name(p) not in evicted)
             heartbeat({"remaining": remaining, "blocked": blocked})
             if time.monotonic() >= deadline and remaining:
-                raise ApplicationError(
+                raise permanent(
+                    ERR_DRAIN_DEADLINE,
                     f"cluster {self.cluster.name} node {node}: pods still there after the "
                     f"{deadline_s:.0f}s drain deadline: {', '.join(remaining)}"
                     + (f" (blocked: {blocked})" if blocked else ""),
                     DrainResult(drained=False, remaining=remaining).model_dump(),
-                    type=ERR_DRAIN_DEADLINE, non_retryable=True,
                 )
             await asyncio.sleep(DRAIN_POLL_S)
 

@@ -32,6 +32,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.scheduler.base import Heartbeat, no_heartbeat
 from workflows.activity_api import (
+    ERR_CONFIGURATION,
     ERR_DRAIN_DEADLINE,
     ERR_UNKNOWN_NODE,
     CordonResult,
@@ -39,6 +40,7 @@ from workflows.activity_api import (
     IdleStatus,
     NodeHealth,
     RejoinResult,
+    permanent,
 )
 from workflows.config import ClusterConfig
 
@@ -312,9 +314,10 @@ class SlurmScheduler:
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             )
         except FileNotFoundError as e:
-            raise ApplicationError(
+            raise permanent(
+                ERR_CONFIGURATION,
                 f"Slurm command {args[0]!r} not found (slurm_bin_dir="
-                f"{self.cluster.slurm_bin_dir!r})", type="ConfigurationError", non_retryable=True,
+                f"{self.cluster.slurm_bin_dir!r})",
             ) from e
         try:
             out, err = await asyncio.wait_for(proc.communicate(), COMMAND_TIMEOUT_S)
@@ -329,9 +332,9 @@ class SlurmScheduler:
         return rc, so, se
 
     def _unknown(self, node: str) -> ApplicationError:
-        return ApplicationError(
+        return permanent(
+            ERR_UNKNOWN_NODE,
             f"cluster {self.cluster.name}: Slurm has no node {node!r}",
-            type=ERR_UNKNOWN_NODE, non_retryable=True,
         )
 
     async def read_node(self, node: str) -> SlurmNode:
@@ -434,11 +437,11 @@ class SlurmScheduler:
                         heartbeat({"job": job, "requeue_refused": err.strip()})
             heartbeat({"running": jobs})
             if time.monotonic() >= deadline:
-                raise ApplicationError(
+                raise permanent(
+                    ERR_DRAIN_DEADLINE,
                     f"cluster {self.cluster.name} node {node}: jobs still running after the "
                     f"{deadline_s:.0f}s drain deadline: {', '.join(jobs)}",
                     DrainResult(drained=False, remaining=jobs).model_dump(),
-                    type=ERR_DRAIN_DEADLINE, non_retryable=True,
                 )
             await asyncio.sleep(DRAIN_POLL_S)
 
