@@ -9,8 +9,9 @@ limits starts per second to ``temporal.bmc_rate_per_s``):
   boot identity recorded before acting (``boot_id_before`` / ``boot_time_before``: agent
   boot id, Kubernetes ``status.nodeInfo.bootID`` or Slurm ``BootTime/SlurmdStartTime``): when
   the scheduler already reports a different boot, the host came back and nothing is done
-  (scenario 11). A retry after a crash between off and on finds the host ``Off`` with the
-  old boot identity and only powers it on; the phase reached is kept in the activity's
+  (DESIGN §5: a retry never cycles a host that already came back). A retry after a crash
+  between off and on finds the host ``Off`` with the old boot identity and only powers it
+  on; the phase reached is kept in the activity's
   heartbeat details, so a retry after ``On`` was sent never cycles again;
 - ``reset_gpu``: not possible through Redfish (it resets hosts, not single GPUs) →
   non-retryable ``ERR_UNSUPPORTED``; the GPU reset is the node agent's job.
@@ -306,7 +307,7 @@ class PowerActivities:
 
     @activity.defn(name=ACT.power_cycle_machine)
     async def power_cycle_machine(self, inp: MachineActionInput) -> ActionResult:
-        """ForceOff → wait Off → On → wait On, at most once per boot (scenario 11)."""
+        """ForceOff → wait Off → On → wait On, at most once per boot (boot-ID guard, DESIGN §5)."""
         why = await boot_changed(self.health, inp.cluster, inp.node, inp.boot_id_before,
                                  inp.boot_time_before)
         if why:

@@ -1,6 +1,6 @@
 """Validation activities: place the check job on the machine, collect its result, release
 the placement, return the machine (``ACT.place_validation`` / ``collect_validation`` /
-``release_validation`` / ``return_machine`` / ``post_ticket``, issue 8).
+``release_validation`` / ``return_machine`` / ``post_ticket``; DESIGN §1 step 5).
 
 Slurm: a maintenance reservation ``{reservation_prefix}-<run>`` on the node (``Flags=MAINT``,
 so nothing else lands there while the checks run) and an ``sbatch -w NODE
@@ -15,7 +15,7 @@ Kubernetes: a ``batch/v1`` Job pinned to the node (``nodeName``) tolerating
 Verdict handling (``return_machine``):
 
 * ``passed`` → ``pool``: drained/cordoned by autorepair (or not at all) → made
-  schedulable; a node someone else took out keeps their reason (scenario 4).
+  schedulable; a node someone else took out keeps their reason.
   ``spare``: joins the cluster's hot-spare pool (:mod:`activities.spares`) and stays out
   of scheduling until a migrate draws it.
 * ``failed`` → stays out: drained/cordoned with ``autorepair:<run> validation failed

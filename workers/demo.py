@@ -1,4 +1,4 @@
-"""The demo cluster and storyline of ``autorepair up --demo`` (issue 10).
+"""The demo cluster and storyline of ``autorepair up --demo`` (DESIGN §4.1).
 
 What it starts (besides the dev stack): a real 4-node Slurm cluster on loopback
 (slurmctld + ``slurmd -N gpu-01..gpu-04`` on ports 17001-17004, munge), the sushy-tools

@@ -124,7 +124,7 @@ class CordonResult(BaseModel):
     """``cordoned_by_us`` is true when this repair holds the cordon (set now or earlier by it).
 
     ``by_other`` is true when the node was already cordoned/drained by someone else;
-    rejoin then never uncordons it (scenario 4).
+    rejoin then never uncordons it (someone else's cordon is theirs to lift).
     """
 
     cordoned_by_us: bool
@@ -180,7 +180,7 @@ class MachineActionInput(BaseModel):
 
     ``boot_id_before`` / ``boot_time_before`` are read before acting and recorded in the
     workflow history, so a retried power cycle sees the host already came back and does
-    not cycle it again (scenario 11).
+    not cycle it again (DESIGN §5: power cycle guarded by a boot-ID check).
     """
 
     cluster: str

@@ -124,7 +124,7 @@ class ThresholdConfig(_Section):
 
 
 class CatalogueOverride(_Section):
-    """Operator override for one code (scenario 9): action, severity, count in window."""
+    """Operator override for one code: action, severity, count in window (DESIGN §5)."""
 
     #: Action for this code (None = catalogue default).
     action: Action | None = None
@@ -152,9 +152,9 @@ class CatalogueConfig(_Section):
     #: Overrides per fault kind (the ``classify`` kinds, ``straggler``, watcher kinds).
     kinds: dict[str, CatalogueOverride] = Field(default_factory=dict)
     #: Repeats of an app-level Xid on the same GPU/GPC within this window recommend a
-    #: diagnostic validation run (scenario 2; 24 h).
+    #: diagnostic validation run (DESIGN §5 catalogue; 24 h).
     app_xid_repeat_window_s: float = Field(24 * 3600.0, gt=0)
-    #: Repeats on the same GPU/GPC within the window that recommend diagnostics (scenario 2).
+    #: Repeats on the same GPU/GPC within the window that recommend diagnostics (DESIGN §5).
     app_xid_repeat_count: int = Field(2, ge=2)
 
 
@@ -245,7 +245,7 @@ class RailsConfig(_Section):
     #: Drain deadline (pods / jobs still there after it are listed in the failure).
     drain_deadline_s: float = Field(1800.0, gt=0)
     #: Heartbeat timeout of drain and machine actions: a dead worker's attempt is
-    #: retried after it (scenario 11).
+    #: retried after it, so a repair resumes where it was when a worker dies.
     heartbeat_timeout_s: float = Field(300.0, gt=0)
 
 
@@ -274,7 +274,7 @@ class NodeConfig(_Section):
 
 
 class ValidationConfig(_Section):
-    """Machine re-validation (issue 8): where and how the check job runs.
+    """Machine re-validation (DESIGN §1 step 5): where and how the check job runs.
 
     ``command`` is what the job runs on the node (the agent's suite, JSON on stdout).
     Slurm: a maintenance reservation ``{reservation_prefix}-<run>`` on the node and an
@@ -337,7 +337,7 @@ class ClusterConfig(_Section):
     provision_webhook: str | None = None
     #: Machines in the hot-spare pool.
     spares: list[str] = Field(default_factory=list)
-    #: Machine re-validation (issue 8).
+    #: Machine re-validation (DESIGN §1 step 5).
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
 
     @property

@@ -8,8 +8,8 @@ catalogue overrides and count-in-window thresholds, tracks persistence per fault
 its first observation, the cooldown after a repair and the in-flight repair, and turns
 an actionable fault that outlives its persistence window into a ``RepairWorkflow`` child
 (parent close policy ABANDON). Alerts arriving during a repair attach to it
-(scenario 6); a fault that clears before a repair starts auto-resolves the
-recommendation.
+(no second repair starts; the cooldown follows its end, DESIGN §5 rails); a fault that
+clears before a repair starts auto-resolves the recommendation.
 
 Interface: update ``deliver_alert`` (Alert → AlertDelivery), signal ``repair_finished``
 (RepairFinished, from the repair), query ``status`` → NodeStatus.

@@ -170,7 +170,7 @@ class LeaseReply(BaseModel):
 
     ``granted`` false with ``queued`` true: wait, a later reply grants it.
     ``reset_at``: set when the grant came after a breaker reset — evidence observed
-    before it is stale (scenario 7).
+    before it is stale (DESIGN §5 rails: evidence is re-checked right before acting).
     """
 
     repair_id: str

@@ -190,7 +190,8 @@ class RepairWorkflow:
 
     @workflow.signal(name=REPAIR_SIGNAL_ATTACH_ALERT)
     def attach_alert(self, alert: Alert) -> None:
-        """An alert (or a clear) on this node during the repair (scenario 6)."""
+        """An alert (or a clear) on this node during the repair: it joins this repair's evidence
+        (DESIGN §5 rails: one target per repair, no second repair on the node)."""
         if not alert.active:
             key = fault_key(alert)
             self._alerts = [
@@ -241,7 +242,7 @@ class RepairWorkflow:
                 ClaimResult,
             )
             if claim.repair_id != req.repair_id:
-                # scenario 10: the same detector request already owns a repair
+                # the same detector request already owns a repair (DESIGN §5 idempotency)
                 self._stage = S.cancelled
                 self._detail = (
                     f"duplicate of repair {claim.repair_id} "

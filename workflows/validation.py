@@ -1,4 +1,4 @@
-"""``ValidationWorkflow`` (id ``validate/{machine}/{n}``, DESIGN §4.4, issue 8).
+"""``ValidationWorkflow`` (id ``validate/{machine}/{n}``, DESIGN §4.4, §1 step 5).
 
 Input :class:`workflows.models.ValidationRequest` (JSON a person can type, e.g.
 ``{"cluster": "demo", "machine": "gpu-02"}``); result :class:`ValidationResult`.
@@ -8,7 +8,7 @@ by the cluster's ``validation.timeout_s`` (``collect_validation`` long-polls, he
 → release the placement → on ``failed`` open a hardware ticket with every check's result
 and log (ledger + optional webhook) → return the machine per the verdict
 (``return_machine``) → record the verdict (``ledger_record_verdict``; a pass closes the
-machine's open tickets, scenario 5).
+machine's open tickets, so a repaired machine returns without database edits).
 
 * passed — back to the pool (``return_to="pool"``) or into the cluster's hot-spare pool
   (``return_to="spare"``, also chosen when the request comes from a migrate);

@@ -11,7 +11,7 @@
   backoff and reported in heartbeats; after the deadline the remaining pods are listed in a
   non-retryable ``ERR_DRAIN_DEADLINE`` failure;
 - rejoin = remove only our taint and annotations; ``unschedulable`` goes back to false only
-  when ``autorepair.io/cordoned-by`` says we set it (someone else's cordon stays, scenario 4);
+  when ``autorepair.io/cordoned-by`` says we set it (someone else's cordon stays);
 - node health = the ``Ready`` condition and ``status.nodeInfo.bootID``.
 
 Errors: 401/403 → non-retryable ``ERR_AUTH``; 404 on the node → ``ERR_UNKNOWN_NODE``;
@@ -42,10 +42,11 @@ from workflows.activity_api import (
 )
 from workflows.config import ClusterConfig
 
-#: Taint key written on cordon (issue 6 contract); value = repair id, effect NoSchedule.
+#: Taint key written on cordon; value = repair id, effect NoSchedule (validation Jobs
+#: tolerate it, ``activities/validation_kube.py``).
 TAINT_KEY = "autorepair.io/repair"
 TAINT_EFFECT = "NoSchedule"
-#: Annotations naming the repair (issue 6 contract).
+#: Annotations naming the repair (read back by rejoin and by operators).
 ANN_REPAIR_ID = "autorepair.io/repair-id"
 ANN_CORDONED_BY = "autorepair.io/cordoned-by"
 ANN_REASON = "autorepair.io/reason"
@@ -288,7 +289,7 @@ class KubeScheduler:
             await asyncio.sleep(DRAIN_POLL_S)
 
     async def rejoin(self, node: str, repair_id: str) -> RejoinResult:
-        """Remove our taint/annotations; uncordon only when we cordoned (scenario 4)."""
+        """Remove our taint/annotations; uncordon only when we cordoned (a foreign cordon stays)."""
         state: dict[str, Any] = {}
 
         def build(n: k8s.V1Node) -> dict[str, Any] | None:

@@ -8,7 +8,7 @@
   eviction), wait until ``DRAINED``; after the deadline the remaining job ids are listed
   in a non-retryable ``ERR_DRAIN_DEADLINE`` failure;
 - rejoin = ``state=resume`` only while the reason still carries our repair id (a node
-  someone else drained is never resumed, scenario 4);
+  someone else drained is never resumed);
 - node health from ``sinfo --json`` (Slurm ≥ 22.05; ``scontrol`` has no ``--json`` there),
   falling back to parsing ``scontrol show node`` text on older Slurm.
 
@@ -44,7 +44,7 @@ from workflows.activity_api import (
 )
 from workflows.config import ClusterConfig
 
-#: Prefix of every reason autorepair writes (``autorepair:<repair_id> <summary>``, issue 6).
+#: Prefix of every reason autorepair writes (``autorepair:<repair_id> <summary>``).
 REASON_PREFIX = "autorepair:"
 #: Longest summary written into a Slurm reason, characters (keeps ``sinfo -R`` readable).
 MAX_SUMMARY = 200
@@ -446,7 +446,8 @@ class SlurmScheduler:
             await asyncio.sleep(DRAIN_POLL_S)
 
     async def rejoin(self, node: str, repair_id: str) -> RejoinResult:
-        """Resume ``node`` only while its reason carries ``repair_id`` (scenario 4)."""
+        """Resume ``node`` only while its reason carries ``repair_id``; someone else's drain
+        stays."""
         n = await self.read_node(node)
         if n.drain:
             if not n.owned_by(repair_id):

@@ -1,4 +1,4 @@
-"""Benchmark of machine re-validation (issue 8). Plain script, not collected by pytest.
+"""Benchmark of machine re-validation. Plain script, not collected by pytest.
 
 1. The local suite (``agent.validation.run_suite``, simulated GPU backend, storage check on
    a temp dir with 64 MiB): wall time per check and for the whole suite over N runs.

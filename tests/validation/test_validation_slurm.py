@@ -1,4 +1,4 @@
-"""ValidationWorkflow end to end on the real loopback Slurm cluster (issue 8).
+"""ValidationWorkflow end to end on the real loopback Slurm cluster.
 
 The check job really runs on the virtual node: ``sbatch -w gpu-0N --reservation=...``
 executes ``autorepair-agent validate --json`` (the venv's console script) with the

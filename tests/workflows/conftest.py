@@ -59,7 +59,7 @@ from workflows.protocol import (
 )
 from workflows.registry import WORKFLOWS
 
-#: Our workflows; issue 8's real ValidationWorkflow is replaced by the same-named fake.
+#: Our workflows; the real ValidationWorkflow is replaced by the same-named fake.
 OWN_WORKFLOWS = [w for w in WORKFLOWS if w.__name__ != "ValidationWorkflow"]
 
 
