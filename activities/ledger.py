@@ -395,7 +395,7 @@ class Ledger:
 
     # -- validation -----------------------------------------------------------------------
     async def record_verdict(self, v: VerdictRecord) -> None:
-        """Record the verdict of a run; a pass closes the machine's open tickets (scenario 5)."""
+        """Record the verdict of a run; a pass closes the machine's open tickets."""
         async with self.pool.acquire() as conn, conn.transaction():
             await conn.execute(
                 """INSERT INTO validation_verdicts (run_id, cluster, machine, verdict, result, at)

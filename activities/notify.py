@@ -17,9 +17,8 @@ import logging
 
 import httpx
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
-from workflows.activity_api import ACT, ERR_ACTION_FAILED, Notification
+from workflows.activity_api import ACT, ERR_ACTION_FAILED, Notification, permanent
 from workflows.config import NotificationsConfig
 
 log = logging.getLogger("autorepair.notify")
@@ -61,6 +60,6 @@ class NotifyActivities:
         if r.status_code >= 400:
             msg = f"notifications.webhook_url {url}: HTTP {r.status_code}"
             if r.status_code < 500 and r.status_code not in (408, 429):
-                raise ApplicationError(msg, type=ERR_ACTION_FAILED, non_retryable=True)
+                raise permanent(ERR_ACTION_FAILED, msg)
             raise RuntimeError(msg)
         return True

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import asyncpg
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
 from activities.spares import MachineBindings
-from workflows.activity_api import ACT, ERR_UNKNOWN_NODE, PolicySnapshot
+from workflows.activity_api import ACT, ERR_UNKNOWN_NODE, PolicySnapshot, permanent
 from workflows.config import AutorepairConfig
 
 
@@ -35,9 +34,7 @@ class PolicyActivities:
         ``UnknownNode`` only for an empty cluster name.
         """
         if not cluster:
-            raise ApplicationError(
-                "load_policy: cluster must not be empty", type=ERR_UNKNOWN_NODE, non_retryable=True
-            )
+            raise permanent(ERR_UNKNOWN_NODE, "load_policy: cluster must not be empty")
         try:
             c = self.config.cluster(cluster)
         except KeyError:

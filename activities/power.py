@@ -9,8 +9,9 @@ limits starts per second to ``temporal.bmc_rate_per_s``):
   boot identity recorded before acting (``boot_id_before`` / ``boot_time_before``: agent
   boot id, Kubernetes ``status.nodeInfo.bootID`` or Slurm ``BootTime/SlurmdStartTime``): when
   the scheduler already reports a different boot, the host came back and nothing is done
-  (scenario 11). A retry after a crash between off and on finds the host ``Off`` with the
-  old boot identity and only powers it on; the phase reached is kept in the activity's
+  (DESIGN §5: a retry never cycles a host that already came back). A retry after a crash
+  between off and on finds the host ``Off`` with the old boot identity and only powers it
+  on; the phase reached is kept in the activity's
   heartbeat details, so a retry after ``On`` was sent never cycles again;
 - ``reset_gpu``: not possible through Redfish (it resets hosts, not single GPUs) →
   non-retryable ``ERR_UNSUPPORTED``; the GPU reset is the node agent's job.
@@ -45,6 +46,7 @@ from workflows.activity_api import (
     ActionResult,
     MachineActionInput,
     NodeHealth,
+    permanent,
 )
 from workflows.config import AutorepairConfig, BmcConfig, NodeConfig
 
@@ -94,16 +96,17 @@ class RedfishMachine:
         self.machine = machine
         ncfg = _node_config(config, cluster, node, machine)
         if ncfg.bmc is None:
-            raise ApplicationError(
+            raise permanent(
+                ERR_UNSUPPORTED,
                 f"clusters[{cluster}].nodes[{ncfg.name}].bmc: no BMC configured for machine "
-                f"{machine}", type=ERR_UNSUPPORTED, non_retryable=True,
+                f"{machine}",
             )
         self.bmc: BmcConfig = ncfg.bmc
         self.address = self.bmc.address.rstrip("/")
         try:
             self._creds = load_bmc_credentials(config.secrets, self.address)
         except CredentialsError as e:
-            raise ApplicationError(str(e), type=ERR_AUTH, non_retryable=True) from None
+            raise permanent(ERR_AUTH, str(e)) from None
         self._conn: sushy.Sushy | None = None
 
     def _where(self) -> str:
@@ -111,20 +114,20 @@ class RedfishMachine:
 
     def _classify(self, e: Exception) -> Exception:
         if isinstance(e, sushy_exc.AccessError):
-            return ApplicationError(
+            return permanent(
+                ERR_AUTH,
                 f"{self._where()} rejected the credentials of user {self._creds.username!r} "
                 f"(HTTP {getattr(e, 'status_code', '401')})",
-                type=ERR_AUTH, non_retryable=True,
             )
         if isinstance(e, sushy_exc.ResourceNotFoundError):
-            return ApplicationError(
+            return permanent(
+                ERR_UNKNOWN_NODE,
                 f"{self._where()}: no Redfish system {self.bmc.system_id or self.machine!r}",
-                type=ERR_UNKNOWN_NODE, non_retryable=True,
             )
         if isinstance(e, sushy_exc.InvalidParameterValueError | sushy_exc.BadRequestError):
-            return ApplicationError(
+            return permanent(
+                ERR_UNSUPPORTED,
                 f"{self._where()} refused the request: {type(e).__name__}",
-                type=ERR_UNSUPPORTED, non_retryable=True,
             )
         if isinstance(e, ApplicationError):
             return e
@@ -195,18 +198,16 @@ def _node_config(config: AutorepairConfig, cluster: str, node: str, machine: str
     try:
         c = config.cluster(cluster)
     except KeyError:
-        raise ApplicationError(
-            f"clusters: no cluster named {cluster!r}", type=ERR_UNKNOWN_NODE, non_retryable=True
-        ) from None
+        raise permanent(ERR_UNKNOWN_NODE, f"clusters: no cluster named {cluster!r}") from None
     for n in c.nodes:
         if n.machine == machine or n.name == machine:
             return n
     for n in c.nodes:
         if n.name == node:
             return n
-    raise ApplicationError(
+    raise permanent(
+        ERR_UNKNOWN_NODE,
         f"clusters[{cluster}].nodes: no node {node!r} / machine {machine!r}",
-        type=ERR_UNKNOWN_NODE, non_retryable=True,
     )
 
 
@@ -272,10 +273,10 @@ class PowerActivities:
     @activity.defn(name=ACT.reset_gpu)
     async def reset_gpu(self, inp: MachineActionInput) -> ActionResult:
         """Always non-retryable ``ERR_UNSUPPORTED``: Redfish resets hosts, not single GPUs."""
-        raise ApplicationError(
+        raise permanent(
+            ERR_UNSUPPORTED,
             f"reset_gpu on {inp.machine} (GPU {inp.gpu}): a single-GPU reset needs the node "
             "agent (nvidia-smi -r); the BMC can only reset the whole host",
-            type=ERR_UNSUPPORTED, non_retryable=True,
         )
 
     @activity.defn(name=ACT.reboot_machine)
@@ -306,7 +307,7 @@ class PowerActivities:
 
     @activity.defn(name=ACT.power_cycle_machine)
     async def power_cycle_machine(self, inp: MachineActionInput) -> ActionResult:
-        """ForceOff → wait Off → On → wait On, at most once per boot (scenario 11)."""
+        """ForceOff → wait Off → On → wait On, at most once per boot (boot-ID guard, DESIGN §5)."""
         why = await boot_changed(self.health, inp.cluster, inp.node, inp.boot_id_before,
                                  inp.boot_time_before)
         if why:

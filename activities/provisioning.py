@@ -50,7 +50,6 @@ import asyncpg
 import httpx
 import sushy
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
 from activities.ledger import Ledger, connect
 from activities.power import POWER_POLL_S, HealthReader, RedfishMachine, heartbeat, last_phase
@@ -64,6 +63,7 @@ from workflows.activity_api import (
     MachineActionInput,
     MigrateResult,
     TicketInput,
+    permanent,
 )
 from workflows.config import AutorepairConfig, ClusterConfig, NodeConfig
 from workflows.models import ValidationResult, Verdict
@@ -125,10 +125,10 @@ class ProvisioningActivities:
     async def _bindings(self, what: str) -> MachineBindings:
         pool = await self.ledger_pool()
         if pool is None:
-            raise ApplicationError(
+            raise permanent(
+                ERR_UNSUPPORTED,
                 f"ledger.dsn: not set; {what} with provisioner 'redfish' keeps the spare "
                 "pool, node bindings and tickets in the ledger",
-                type=ERR_UNSUPPORTED, non_retryable=True,
             )
         return MachineBindings(pool)
 
@@ -150,14 +150,15 @@ class ProvisioningActivities:
         try:
             return self.config.cluster(name)
         except KeyError as e:
-            raise ApplicationError(str(e), type=ERR_UNSUPPORTED, non_retryable=True) from None
+            raise permanent(ERR_UNSUPPORTED, str(e)) from None
 
     # ---- redfish virtual media ------------------------------------------------------
     async def _redfish_reprovision(self, c: ClusterConfig, inp: MachineActionInput) -> ActionResult:
         if not c.provision_image:
-            raise ApplicationError(
+            raise permanent(
+                ERR_UNSUPPORTED,
                 f"clusters[{c.name}].provision_image: not set; reprovision needs the clean "
-                "image URL", type=ERR_UNSUPPORTED, non_retryable=True,
+                "image URL",
             )
         image = c.provision_image
         m = RedfishMachine(self.config, inp.cluster, inp.node, inp.machine)
@@ -175,9 +176,9 @@ class ProvisioningActivities:
                     vm.eject_media()
                 vm.insert_media(image, inserted=True, write_protected=True)
                 return f"inserted {image} in {vm.identity}"
-            raise ApplicationError(
+            raise permanent(
+                ERR_UNSUPPORTED,
                 f"BMC {m.address}: no virtual CD/DVD device on machine {inp.machine}",
-                type=ERR_UNSUPPORTED, non_retryable=True,
             )
 
         def boot_once(s: Any) -> None:
@@ -218,9 +219,9 @@ class ProvisioningActivities:
         self, c: ClusterConfig, action: str, inp: MachineActionInput
     ) -> dict[str, Any]:
         if not c.provision_webhook:
-            raise ApplicationError(
+            raise permanent(
+                ERR_UNSUPPORTED,
                 f"clusters[{c.name}].provision_webhook: not set for provisioner 'webhook'",
-                type=ERR_UNSUPPORTED, non_retryable=True,
             )
         url = c.provision_webhook.rstrip("/")
         payload = {"action": action, "cluster": inp.cluster, "node": inp.node,
@@ -230,22 +231,22 @@ class ProvisioningActivities:
 
         def check(r: httpx.Response) -> dict[str, Any]:
             if r.status_code in (401, 403):
-                raise ApplicationError(
+                raise permanent(
+                    ERR_AUTH,
                     f"provisioning webhook {url} refused access (HTTP {r.status_code})",
-                    type=ERR_AUTH, non_retryable=True,
                 )
             if 400 <= r.status_code < 500 and r.status_code not in (408, 429):
-                raise ApplicationError(
+                raise permanent(
+                    ERR_ACTION_FAILED,
                     f"provisioning webhook {url} rejected {action} of {inp.machine}: "
                     f"HTTP {r.status_code} {r.text[:300]}",
-                    type=ERR_ACTION_FAILED, non_retryable=True,
                 )
             r.raise_for_status()  # 5xx/408/429 → retried by Temporal
             body = r.json()
             if not isinstance(body, dict) or "id" not in body:
-                raise ApplicationError(
+                raise permanent(
+                    ERR_ACTION_FAILED,
                     f"provisioning webhook {url}: answer has no 'id' field: {str(body)[:200]}",
-                    type=ERR_ACTION_FAILED, non_retryable=True,
                 )
             return body
 
@@ -258,9 +259,10 @@ class ProvisioningActivities:
                 if status == "succeeded":
                     return op
                 if status == "failed":
-                    raise ApplicationError(
+                    raise permanent(
+                        ERR_ACTION_FAILED,
                         f"provisioning webhook {url}: {action} of {inp.machine} failed: "
-                        f"{op.get('detail', '')}", type=ERR_ACTION_FAILED, non_retryable=True,
+                        f"{op.get('detail', '')}",
                     )
                 if time.monotonic() >= deadline:
                     raise RuntimeError(f"provisioning webhook {url}: {action} still {status}")
@@ -314,9 +316,10 @@ class ProvisioningActivities:
             op = await self._webhook(c, "migrate", inp)
             new = op.get("new_machine")
             if not new:
-                raise ApplicationError(
+                raise permanent(
+                    ERR_ACTION_FAILED,
                     f"provisioning webhook: migrate of {inp.machine} succeeded without "
-                    "new_machine", type=ERR_ACTION_FAILED, non_retryable=True,
+                    "new_machine",
                 )
             return MigrateResult(new_machine=str(new), old_machine=inp.machine,
                                  detail=f"webhook operation {op['id']}")
@@ -325,10 +328,10 @@ class ProvisioningActivities:
         move = await bindings.migrate(c.name, inp.node, old.machine, inp.repair_id,
                                       seed=c.spares)
         if move is None:
-            raise ApplicationError(
+            raise permanent(
+                ERR_ACTION_FAILED,
                 f"cluster {c.name}: no spare machine to migrate node {inp.node} to (hot-spare "
                 f"pool empty; clusters[{c.name}].spares = {c.spares})",
-                type=ERR_ACTION_FAILED, non_retryable=True,
             )
         assert move.new_machine is not None
         heartbeat({"phase": "bound", "new_machine": move.new_machine})

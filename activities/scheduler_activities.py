@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import Any
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
 from activities.scheduler.base import Scheduler, scheduler_for
 from workflows.activity_api import (
@@ -28,6 +27,7 @@ from workflows.activity_api import (
     NodeRef,
     RejoinInput,
     RejoinResult,
+    permanent,
 )
 from workflows.config import AutorepairConfig
 
@@ -52,9 +52,9 @@ class SchedulerActivities:
             try:
                 c = self.config.cluster(cluster)
             except KeyError:
-                raise ApplicationError(
+                raise permanent(
+                    ERR_UNKNOWN_NODE,
                     f"clusters: no cluster named {cluster!r}",
-                    type=ERR_UNKNOWN_NODE, non_retryable=True,
                 ) from None
             self._schedulers[cluster] = scheduler_for(c)
         return self._schedulers[cluster]

@@ -117,7 +117,7 @@ class SparePool:
 
 
 # --------------------------------------------------------------------------------------
-# Node → machine bindings, machine moves and removed machines (migration 0003, issue 6)
+# Node → machine bindings, machine moves and removed machines (migration 0003)
 # --------------------------------------------------------------------------------------
 
 

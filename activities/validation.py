@@ -1,6 +1,6 @@
 """Validation activities: place the check job on the machine, collect its result, release
 the placement, return the machine (``ACT.place_validation`` / ``collect_validation`` /
-``release_validation`` / ``return_machine`` / ``post_ticket``, issue 8).
+``release_validation`` / ``return_machine`` / ``post_ticket``; DESIGN §1 step 5).
 
 Slurm: a maintenance reservation ``{reservation_prefix}-<run>`` on the node (``Flags=MAINT``,
 so nothing else lands there while the checks run) and an ``sbatch -w NODE
@@ -15,7 +15,7 @@ Kubernetes: a ``batch/v1`` Job pinned to the node (``nodeName``) tolerating
 Verdict handling (``return_machine``):
 
 * ``passed`` → ``pool``: drained/cordoned by autorepair (or not at all) → made
-  schedulable; a node someone else took out keeps their reason (scenario 4).
+  schedulable; a node someone else took out keeps their reason.
   ``spare``: joins the cluster's hot-spare pool (:mod:`activities.spares`) and stays out
   of scheduling until a migrate draws it.
 * ``failed`` → stays out: drained/cordoned with ``autorepair:<run> validation failed
@@ -50,6 +50,8 @@ from activities.scheduler.slurm import REASON_PREFIX, SlurmNode, SlurmScheduler
 from activities.spares import SparePool
 from workflows.activity_api import (
     ACT,
+    ERR_ACTION_FAILED,
+    ERR_CONFIGURATION,
     ERR_UNKNOWN_NODE,
     CollectInput,
     CollectResult,
@@ -58,6 +60,7 @@ from workflows.activity_api import (
     ReturnMachineResult,
     TicketPost,
     ValidationPlacement,
+    permanent,
 )
 from workflows.config import AutorepairConfig, ClusterConfig, ValidationConfig
 from workflows.models import ValidationResult, Verdict
@@ -342,8 +345,7 @@ class SlurmValidation(SlurmScheduler):
             if not (n.drain and n.reason == text):
                 await self._drain(r.node, text)
             if spares is None:
-                raise ApplicationError("return_to=spare needs the ledger (spare pool)",
-                                       type="ConfigurationError", non_retryable=True)
+                raise permanent(ERR_CONFIGURATION, "return_to=spare needs the ledger (spare pool)")
             await spares.add(self.cluster.name, r.machine, r.run_id)
             after = await self.read_node(r.node)
             return ReturnMachineResult(state=after.state, spare=True,
@@ -391,7 +393,7 @@ class ValidationActivities:
         try:
             c = self.config.cluster(cluster)
         except KeyError as e:
-            raise ApplicationError(str(e), type=ERR_UNKNOWN_NODE, non_retryable=True) from e
+            raise permanent(ERR_UNKNOWN_NODE, str(e)) from e
         if c.scheduler == "slurm":
             return SlurmValidation(c)
         from activities.validation_kube import KubeValidation
@@ -442,16 +444,16 @@ class ValidationActivities:
         try:
             url = self.config.cluster(t.cluster).validation.ticket_webhook
         except KeyError as e:
-            raise ApplicationError(str(e), type=ERR_UNKNOWN_NODE, non_retryable=True) from e
+            raise permanent(ERR_UNKNOWN_NODE, str(e)) from e
         if not url:
             return False
         async with httpx.AsyncClient(timeout=30.0) as client:
             resp = await client.post(url, json=t.model_dump(mode="json"),
                                      headers={"Idempotency-Key": t.ticket_id})
         if 400 <= resp.status_code < 500 and resp.status_code not in (408, 429):
-            raise ApplicationError(
+            raise permanent(
+                ERR_ACTION_FAILED,
                 f"ticket webhook answered {resp.status_code} for {t.ticket_id}",
-                type="ActionFailed", non_retryable=True,
             )
         resp.raise_for_status()
         return True

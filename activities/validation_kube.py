@@ -32,6 +32,7 @@ from activities.scheduler.kube import (
 )
 from activities.spares import SparePool
 from workflows.activity_api import (
+    ERR_CONFIGURATION,
     ERR_UNKNOWN_NODE,
     CollectInput,
     CollectResult,
@@ -39,6 +40,7 @@ from workflows.activity_api import (
     ReturnMachineInput,
     ReturnMachineResult,
     ValidationPlacement,
+    permanent,
 )
 from workflows.config import ClusterConfig, ValidationConfig
 from workflows.models import ValidationResult, Verdict
@@ -281,8 +283,7 @@ class KubeValidation(KubeScheduler):
             if not n.spec.unschedulable:
                 await self.cordon(r.node, r.run_id, "spare (validated)")
             if spares is None:
-                raise ApplicationError("return_to=spare needs the ledger (spare pool)",
-                                       type="ConfigurationError", non_retryable=True)
+                raise permanent(ERR_CONFIGURATION, "return_to=spare needs the ledger (spare pool)")
             await spares.add(self.cluster.name, r.machine, r.run_id)
             detail = f"joined spare pool of {self.cluster.name}"
         else:  # passed → pool

@@ -1,6 +1,6 @@
 """``autorepair-agent`` console script (DESIGN §4.1): ``run``, ``simulate`` and ``validate``.
 
-``validate`` runs the local validation suite of ``agent/validation/`` (issue 8).
+``validate`` runs the local validation suite of ``agent/validation/`` (DESIGN §1 step 5).
 
 Exit codes: 0 normal stop (SIGINT/SIGTERM or ``--duration`` elapsed); 2 bad
 configuration or an unavailable GPU backend (the message names the field/value).

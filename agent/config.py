@@ -6,8 +6,10 @@ checked here and a bad value raises :class:`ConfigError` naming the field and th
 Defaults and their sources:
 
 * ``push_interval_s`` 10 s — DESIGN §5 push interval.
-* weights 0.40 / 0.25 / 0.20 / 0.15 — issue 7 (the anchor's health score).
-* ``grace_s`` 300 s — issue 7 (cached tier lasts up to 5 minutes).
+* weights 0.40 / 0.25 / 0.20 / 0.15 — the agent's specified health score (four signals,
+  DESIGN §1 step 1; throughput weighs most).
+* ``grace_s`` 300 s — the agent's specified cached tier: the last fleet threshold is used
+  for up to 5 minutes (DESIGN §1 step 2).
 * the remaining numbers are this module's engineering choices and are documented where
   they are declared.
 """
@@ -39,7 +41,7 @@ class ScoreConfig:
     """Health-score parameters (see :mod:`agent.score`)."""
 
     #: Weights of throughput / compute efficiency / memory headroom / CPU availability
-    #: (issue 7: 0.40 / 0.25 / 0.20 / 0.15; must sum to 1).
+    #: (specified as 0.40 / 0.25 / 0.20 / 0.15; must sum to 1).
     weights: tuple[float, float, float, float] = (0.40, 0.25, 0.20, 0.15)
     #: Weakest-signal degradation zone: below it the score is penalised (design choice:
     #: 0.5 = half of nominal).
@@ -73,7 +75,7 @@ class ScoreConfig:
 class TierConfig:
     """Threshold tiers and straggler hysteresis (see :mod:`agent.tiers`)."""
 
-    #: Cached tier lifetime after the last fleet threshold (issue 7: 5 min).
+    #: Cached tier lifetime after the last fleet threshold (specified: 5 min).
     grace_s: float = 300.0
     #: A fleet threshold is fresh for this many push intervals.
     fresh_pushes: float = 3.0

@@ -4,7 +4,7 @@ Sources: ``/dev/kmsg`` (one record per ``read``; ``EPIPE`` when the ring buffer 
 records we had not read yet — counted and skipped), or any text file (e.g.
 ``/var/log/kern.log``) followed across rotation (inode change or truncation). Lines go
 through a reader with ``feed(line) -> list[event]`` / ``flush() -> list[event]``; the
-production reader is ``agent.readers.KernelLogReader`` (issue 2).
+production reader is ``agent.readers.KernelLogReader``.
 
 A source that cannot be opened (missing, permission denied) is reported through
 :attr:`KernelLogFollower.error` and a log line, and retried every ``retry_s``; the agent

@@ -1,4 +1,4 @@
-"""Threshold tiers and straggler self-classification (issue 7; DESIGN §1 step 2).
+"""Threshold tiers and straggler self-classification (DESIGN §1 step 2).
 
 Tiers, best first (exported as ``autorepair.agent.detection_mode``):
 

@@ -14,7 +14,7 @@ API app (:func:`build_api_app`):
   else 503; body names each condition.
 * ``GET /metrics`` → Prometheus text exposition of the service registry (DESIGN §4.5).
 
-Other engineers add routes (the repair API, issue 9) by passing ``routers`` or calling
+Other modules add routes (the repair API of ``workers/``) by passing ``routers`` or calling
 ``app.include_router`` on the returned app.
 
 Admin app (:func:`build_admin_app`, bound to 127.0.0.1 only): ``GET /internal/state``

@@ -30,25 +30,22 @@ import tenacity
 from temporalio.client import Client, WithStartWorkflowOperation, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy
 
-from workflows.models import (
+from workflows.models import Alert, AlertDelivery, AlertOutcome, NodeInput
+from workflows.protocol import (
+    GUARD_SIGNAL_CLUSTER_ALERT,
+    GUARD_WORKFLOW,
     NODE_UPDATE_DELIVER_ALERT,
+    NODE_WORKFLOW,
     TASK_QUEUE,
-    Alert,
-    AlertDelivery,
-    AlertOutcome,
-    NodeInput,
+    GuardInput,
     workflow_id_guard,
     workflow_id_node,
 )
-from workflows.protocol import GUARD_SIGNAL_CLUSTER_ALERT, GuardInput
 
 log = logging.getLogger("autorepair.ingest.handoff")
 
-NODE_WORKFLOW = "NodeWorkflow"
-GUARD_WORKFLOW = "ClusterGuardWorkflow"
 #: ``Alert.node`` of a cluster-level alert (as the guard's breaker alert uses).
 CLUSTER_NODE = "*"
-"""Workflow type of the node entity (DESIGN §4.4)."""
 
 
 class HandoffQueueFull(Exception):

@@ -27,8 +27,16 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from ingest.metrics import IngestMetrics
-from workflows.models import workflow_id_guard
-from workflows.protocol import GUARD_QUERY_STATUS, GuardStatus
+from workflows.protocol import (
+    GUARD_QUERY_STATUS,
+    REPAIR_WORKFLOW,
+    SA_ACTION,
+    SA_STATE,
+    STATE_AWAITING_APPROVAL,
+    STATE_IN_PROGRESS,
+    GuardStatus,
+    workflow_id_guard,
+)
 
 log = logging.getLogger("autorepair.ingest.repair_metrics")
 
@@ -76,7 +84,7 @@ class RepairMetricsPoller:
         """Count repairs closed since the last round; returns how many were new."""
         after = (self.since - OVERLAP).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         query = (
-            "WorkflowType = 'RepairWorkflow' AND ExecutionStatus != 'Running' "
+            f"WorkflowType = '{REPAIR_WORKFLOW}' AND ExecutionStatus != 'Running' "
             f"AND CloseTime > '{after}'"
         )
         new = 0
@@ -88,10 +96,10 @@ class RepairMetricsPoller:
             self._order.append(key)
             if len(self._order) > SEEN_MAX:
                 self._seen.discard(self._order.popleft())
-            outcome = _attr(wf, "RepairState")
-            if outcome in ("unknown", "in_progress", "awaiting_approval"):
+            outcome = _attr(wf, SA_STATE.name)
+            if outcome in ("unknown", STATE_IN_PROGRESS, STATE_AWAITING_APPROVAL):
                 outcome = str(wf.status.name).lower() if wf.status else "unknown"
-            self.metrics.repairs_total.labels(_attr(wf, "RepairAction"), outcome).inc()
+            self.metrics.repairs_total.labels(_attr(wf, SA_ACTION.name), outcome).inc()
             if wf.close_time is not None and wf.close_time > self.since:
                 self.since = wf.close_time
             new += 1

@@ -87,7 +87,7 @@ class IngestService:
 
     ``alert_sink``: where alerts go (``None``: alerts are logged and counted only).
     ``temporal_ready``: async check used by ``/readyz`` (``None``: not checked).
-    ``routers``: extra FastAPI routers mounted on the API app (issue 9).
+    ``routers``: extra FastAPI routers mounted on the API app (the repair API).
     ``clock``: seconds since the epoch, for tests.
     """
 

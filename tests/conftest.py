@@ -67,7 +67,7 @@ async def temporal_dev_env() -> AsyncIterator[object]:
     from temporalio.contrib.pydantic import pydantic_data_converter
     from temporalio.testing import WorkflowEnvironment
 
-    from workflows.models import SEARCH_ATTRIBUTES
+    from workflows.protocol import SEARCH_ATTRIBUTES
 
     keys = [SearchAttributeKey.for_keyword(name) for name in SEARCH_ATTRIBUTES]
     env = await WorkflowEnvironment.start_local(

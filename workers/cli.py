@@ -116,7 +116,7 @@ def classify(
     raise typer.Exit(classify_command(file))
 
 
-# --- operator commands (issue 9; implementations in workers.ops) ----------------------
+# --- operator commands (implementations in workers.ops) ---------------------------------
 from workers.ops import (  # noqa: E402
     DEFAULT_API,
     Api,

@@ -42,7 +42,7 @@ policy:
     mode: approve
   catalogue:
     xid:
-      43: {count: 5, window_s: 600}     # scenario 9: Xid 43 counts after 5 in 10 min
+      43: {count: 5, window_s: 600}     # Xid 43 counts after 5 in 10 min
   wait_for_idle:
     max_wait_s: 300
 clusters:

@@ -1,4 +1,4 @@
-"""The demo cluster and storyline of ``autorepair up --demo`` (issue 10).
+"""The demo cluster and storyline of ``autorepair up --demo`` (DESIGN §4.1).
 
 What it starts (besides the dev stack): a real 4-node Slurm cluster on loopback
 (slurmctld + ``slurmd -N gpu-01..gpu-04`` on ports 17001-17004, munge), the sushy-tools
@@ -289,8 +289,10 @@ def machine_restarted(demo: DemoCluster, control_port: int) -> Callable[[str, st
 
 async def repair_stages(client: Any, cluster: str = CLUSTER) -> dict[str, dict[str, str]]:
     """Repairs of ``cluster`` from Temporal visibility: workflow id → search attributes."""
+    from workflows.protocol import REPAIR_WORKFLOW, SA_CLUSTER
+
     out: dict[str, dict[str, str]] = {}
-    query = f"WorkflowType = 'RepairWorkflow' AND ClusterId = '{cluster}'"
+    query = f"WorkflowType = '{REPAIR_WORKFLOW}' AND {SA_CLUSTER.name} = '{cluster}'"
     async for wf in client.list_workflows(query):
         attrs = {k: (v[0] if isinstance(v, list) and v else v)
                  for k, v in (wf.search_attributes or {}).items()}
@@ -301,7 +303,9 @@ async def repair_stages(client: Any, cluster: str = CLUSTER) -> dict[str, dict[s
 async def narrate(client: Any, console: Console, stop: asyncio.Event,
                   timings: DemoTimings) -> None:
     """Print each repair's stage changes; approve the Xid 79 repair after a pause."""
-    from workflows.models import ApproveSignal
+    from workflows.models import ApproveSignal, Stage
+    from workflows.protocol import SA_ACTION, SA_STAGE
+    from workflows.repair import RepairWorkflow
 
     seen: dict[str, str] = {}
     waiting_since: dict[str, float] = {}
@@ -309,14 +313,14 @@ async def narrate(client: Any, console: Console, stop: asyncio.Event,
     while not stop.is_set():
         with contextlib.suppress(Exception):
             for wf_id, attrs in (await repair_stages(client)).items():
-                stage = attrs.get("RepairStage", "?")
+                stage = attrs.get(SA_STAGE.name, "?")
                 if seen.get(wf_id) != stage:
                     seen[wf_id] = stage
                     console.print(
                         f"[cyan]repair[/cyan] {wf_id}: [bold]{stage}[/bold] "
-                        f"(action {attrs.get('RepairAction', '?')})"
+                        f"(action {attrs.get(SA_ACTION.name, '?')})"
                     )
-                if stage == "awaiting_approval" and wf_id not in approved:
+                if stage == Stage.awaiting_approval.value and wf_id not in approved:
                     first = waiting_since.setdefault(wf_id, time.monotonic())
                     if time.monotonic() - first >= timings.approve_after_s:
                         repair_id = wf_id.rsplit("/", 1)[-1]
@@ -325,7 +329,7 @@ async def narrate(client: Any, console: Console, stop: asyncio.Event,
                             f"`autorepair repairs approve {repair_id}`)"
                         )
                         await client.get_workflow_handle(wf_id).signal(
-                            "approve", ApproveSignal(by="demo-operator")
+                            RepairWorkflow.approve, ApproveSignal(by="demo-operator")
                         )
                         approved.add(wf_id)
         with contextlib.suppress(TimeoutError):

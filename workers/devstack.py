@@ -34,7 +34,7 @@ import tenacity
 
 from activities.devcluster import free_port, wait_port
 from workflows.config import AutorepairConfig
-from workflows.models import SEARCH_ATTRIBUTES
+from workflows.protocol import SEARCH_ATTRIBUTES
 
 __all__ = ["DevStack", "StackError", "StackPorts", "free_port", "port_free"]
 

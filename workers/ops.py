@@ -332,12 +332,14 @@ async def _client(address: str, namespace: str) -> Any:
 async def start_validation(address: str, namespace: str, task_queue: str, cluster: str,
                            machine: str, by: str, reason: str) -> str:
     """Start ``ValidationWorkflow`` ``validate/{machine}/{n}``; returns the workflow id."""
-    from workflows.models import ValidationRequest, workflow_id_validation
+    from workflows.models import ValidationRequest
+    from workflows.protocol import workflow_id_validation
+    from workflows.validation import ValidationWorkflow
 
     client = await _client(address, namespace)
     wf_id = workflow_id_validation(machine, "op-" + datetime.now(UTC).strftime("%Y%m%d%H%M%S"))
     await client.start_workflow(
-        "ValidationWorkflow",
+        ValidationWorkflow.run,
         ValidationRequest(cluster=cluster, machine=machine, reason=reason, requested_by=by),
         id=wf_id, task_queue=task_queue)
     return wf_id
@@ -346,20 +348,15 @@ async def start_validation(address: str, namespace: str, task_queue: str, cluste
 async def breaker_call(address: str, namespace: str, cluster: str,
                        reset_by: str | None = None, reason: str = "") -> dict[str, Any]:
     """Query (and with ``reset_by`` first reset) ``guard/{cluster}``; the GuardStatus."""
-    from workflows.models import workflow_id_guard
-    from workflows.protocol import (
-        GUARD_QUERY_STATUS,
-        GUARD_SIGNAL_RESET_BREAKER,
-        GuardStatus,
-        ResetBreakerSignal,
-    )
+    from workflows.guard import ClusterGuardWorkflow
+    from workflows.protocol import ResetBreakerSignal, workflow_id_guard
 
     client = await _client(address, namespace)
-    h = client.get_workflow_handle(workflow_id_guard(cluster))
+    h = client.get_workflow_handle_for(ClusterGuardWorkflow.run, workflow_id_guard(cluster))
     if reset_by is not None:
-        await h.signal(GUARD_SIGNAL_RESET_BREAKER, ResetBreakerSignal(by=reset_by,
-                                                                      reason=reason))
-    st: GuardStatus = await h.query(GUARD_QUERY_STATUS, result_type=GuardStatus)
+        await h.signal(ClusterGuardWorkflow.reset_breaker,
+                       ResetBreakerSignal(by=reset_by, reason=reason))
+    st = await h.query(ClusterGuardWorkflow.status)
     return st.model_dump(mode="json")
 
 

@@ -20,9 +20,11 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, Field
+from temporalio.exceptions import ApplicationError
 
 from workflows.config import PolicyConfig
 from workflows.models import Action, Alert, Requester, Stage, ValidationResult, Verdict
+from workflows.protocol import BMC_TASK_QUEUE
 
 
 class ACT:
@@ -62,13 +64,32 @@ class ACT:
     notify = "notify"
 
 
-# Non-retryable ApplicationError types.
+# Non-retryable ApplicationError types (DESIGN §6: permanent failures are non-retryable
+# ApplicationErrors; workflows list them in their RetryPolicy.non_retryable_error_types).
+#: Credentials refused (BMC, Kubernetes API, provisioning webhook).
 ERR_AUTH = "AuthFailure"
+#: The cluster, node or machine is not known where the activity looked it up.
 ERR_UNKNOWN_NODE = "UnknownNode"
+#: The action cannot be done on this target or with this configuration.
 ERR_UNSUPPORTED = "UnsupportedAction"
+#: The peer refused or failed the action itself (4xx answer, failed operation).
 ERR_ACTION_FAILED = "ActionFailed"
+#: Work still running on the node after the drain deadline.
 ERR_DRAIN_DEADLINE = "DrainDeadline"
+#: No way to place a validation job on the machine.
 ERR_PLACEMENT = "PlacementImpossible"
+#: The worker's configuration lacks what the activity needs (a binary, the ledger).
+ERR_CONFIGURATION = "ConfigurationError"
+
+
+def permanent(err_type: str, message: str, *details: Any) -> ApplicationError:
+    """A non-retryable ``ApplicationError`` of type ``err_type`` (one of the ``ERR_*``).
+
+    Activities raise it for a failure a retry cannot fix: ``raise permanent(ERR_AUTH,
+    f"BMC {host} rejected user {user!r}")``. ``details`` travel with the failure (e.g. a
+    ``DrainResult`` dump) and must be JSON-serialisable.
+    """
+    return ApplicationError(message, *details, type=err_type, non_retryable=True)
 
 
 class NodeRef(BaseModel):
@@ -89,7 +110,7 @@ class PolicySnapshot(BaseModel):
     pools: dict[str, str] = Field(default_factory=dict)
     machines: dict[str, str] = Field(default_factory=dict)
     #: Task queue of the machine-side (BMC) activities (``temporal.bmc_task_queue``).
-    bmc_task_queue: str = "autorepair-bmc"
+    bmc_task_queue: str = BMC_TASK_QUEUE
 
 
 class CordonInput(BaseModel):
@@ -103,7 +124,7 @@ class CordonResult(BaseModel):
     """``cordoned_by_us`` is true when this repair holds the cordon (set now or earlier by it).
 
     ``by_other`` is true when the node was already cordoned/drained by someone else;
-    rejoin then never uncordons it (scenario 4).
+    rejoin then never uncordons it (someone else's cordon is theirs to lift).
     """
 
     cordoned_by_us: bool
@@ -159,7 +180,7 @@ class MachineActionInput(BaseModel):
 
     ``boot_id_before`` / ``boot_time_before`` are read before acting and recorded in the
     workflow history, so a retried power cycle sees the host already came back and does
-    not cycle it again (scenario 11).
+    not cycle it again (DESIGN §5: power cycle guarded by a boot-ID check).
     """
 
     cluster: str

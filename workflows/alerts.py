@@ -4,8 +4,8 @@ Pure and sandbox-safe: no I/O, no clock (callers pass times), no globals mutated
 :func:`alert_from_fault` gives an alert a stable id, a stable one-line summary, a
 plain-language description and an evidence payload carrying the catalogue mnemonic.
 
-What an alert means for its node — count-in-window thresholds (scenario 9), app-level
-repeats on one GPU/GPC (scenario 2), persistence from the first observation, cooldown —
+What an alert means for its node — count-in-window thresholds and app-level repeats on
+one GPU/GPC (both DESIGN §5 catalogue), persistence from the first observation, cooldown —
 is decided by the ``NodeWorkflow`` with :mod:`workflows.policy`.
 """
 

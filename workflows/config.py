@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from workflows.models import Action, Severity
+from workflows.protocol import BMC_TASK_QUEUE, TASK_QUEUE
 
 
 class _Section(BaseModel):
@@ -29,11 +30,11 @@ class TemporalConfig(_Section):
     #: Temporal namespace of every workflow.
     namespace: str = "default"
     #: Task queue of workflows and activities (DESIGN §4.4: ``autorepair``).
-    task_queue: str = "autorepair"
+    task_queue: str = TASK_QUEUE
     #: Temporal Web UI port of the dev stack (DESIGN §4.2: 8233).
     ui_port: int = Field(8233, ge=1, le=65535)
-    #: Separate task queue for BMC calls so they can be rate limited (issue 6).
-    bmc_task_queue: str = "autorepair-bmc"
+    #: Separate task queue for BMC calls so they can be rate limited (``bmc_rate_per_s``).
+    bmc_task_queue: str = BMC_TASK_QUEUE
     #: Max BMC activity starts per second across the BMC queue.
     bmc_rate_per_s: float = Field(2.0, gt=0)
 
@@ -129,7 +130,7 @@ the catalogue, the ``NodeWorkflow`` and ingest (:mod:`workflows.catalogue.vocabu
 
 
 class CatalogueOverride(_Section):
-    """Operator override for one code (scenario 9): action, severity, count in window."""
+    """Operator override for one code: action, severity, count in window (DESIGN §5)."""
 
     #: Action for this code (None = catalogue default).
     action: Action | None = None
@@ -157,9 +158,9 @@ class CatalogueConfig(_Section):
     #: Overrides per fault kind (the ``classify`` kinds, ``straggler``, watcher kinds).
     kinds: dict[str, CatalogueOverride] = Field(default_factory=dict)
     #: Repeats of an app-level Xid on the same GPU/GPC within this window recommend a
-    #: diagnostic validation run (scenario 2; 24 h).
+    #: diagnostic validation run (DESIGN §5 catalogue; 24 h).
     app_xid_repeat_window_s: float = Field(24 * 3600.0, gt=0)
-    #: Repeats on the same GPU/GPC within the window that recommend diagnostics (scenario 2).
+    #: Repeats on the same GPU/GPC within the window that recommend diagnostics (DESIGN §5).
     app_xid_repeat_count: int = Field(2, ge=2)
 
 
@@ -250,7 +251,7 @@ class RailsConfig(_Section):
     #: Drain deadline (pods / jobs still there after it are listed in the failure).
     drain_deadline_s: float = Field(1800.0, gt=0)
     #: Heartbeat timeout of drain and machine actions: a dead worker's attempt is
-    #: retried after it (scenario 11).
+    #: retried after it, so a repair resumes where it was when a worker dies.
     heartbeat_timeout_s: float = Field(300.0, gt=0)
 
 
@@ -279,7 +280,7 @@ class NodeConfig(_Section):
 
 
 class ValidationConfig(_Section):
-    """Machine re-validation (issue 8): where and how the check job runs.
+    """Machine re-validation (DESIGN §1 step 5): where and how the check job runs.
 
     ``command`` is what the job runs on the node (the agent's suite, JSON on stdout).
     Slurm: a maintenance reservation ``{reservation_prefix}-<run>`` on the node and an
@@ -342,7 +343,7 @@ class ClusterConfig(_Section):
     provision_webhook: str | None = None
     #: Machines in the hot-spare pool.
     spares: list[str] = Field(default_factory=list)
-    #: Machine re-validation (issue 8).
+    #: Machine re-validation (DESIGN §1 step 5).
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
 
     @property

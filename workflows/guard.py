@@ -8,7 +8,8 @@ circuit breaker when automatic repair/cordon requests within ``rails.breaker_win
 exceed ``max(breaker_min, ceil(breaker_fraction × GPU nodes))``. While open, automatic
 requests are queued (refused) and a cluster-level alert is raised; an operator's
 ``reset_breaker`` signal closes it and queued requests are granted with the reset time,
-so the repairs only act on evidence observed after it (scenario 7).
+so the repairs only act on evidence observed after it (DESIGN §5 rails: evidence is
+re-checked right before acting).
 
 Operator interface (the ``autorepair breaker`` CLI): query ``status`` → GuardStatus,
 signal ``reset_breaker`` ``{"by": USER, "reason": TEXT}``.
@@ -35,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
         GUARD_SIGNAL_CLUSTER_ALERT,
         GUARD_SIGNAL_RELEASE,
         GUARD_SIGNAL_RESET_BREAKER,
+        GUARD_WORKFLOW,
         REPAIR_SIGNAL_LEASE,
         GuardInput,
         GuardStatus,
@@ -72,7 +74,7 @@ class GuardCarried(BaseModel):
     history_limit: int = DEFAULT_HISTORY_LIMIT
 
 
-@workflow.defn(name="ClusterGuardWorkflow")
+@workflow.defn(name=GUARD_WORKFLOW)
 class ClusterGuardWorkflow:
     """Budget + breaker for one cluster; runs until cancelled, continuing as new."""
 

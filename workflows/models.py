@@ -5,8 +5,10 @@ signals, query results, validation results) is defined here so that `ingest`,
 `activities`, `workers` and the workflows agree on one shape. These models import
 no I/O library and are safe inside the Temporal workflow sandbox.
 
-Names and vocabularies follow ``DESIGN.md`` §4.4 (stages, terminal states, signals)
-and §5 (action vocabulary).
+Names and vocabularies follow ``DESIGN.md`` §4.4 (stages, terminal states, signal
+payloads) and §5 (action vocabulary); the Temporal names themselves (workflow types,
+ids, task queue, signal/query/update names, search attributes) are in
+:mod:`workflows.protocol`.
 """
 
 from __future__ import annotations
@@ -208,8 +210,17 @@ class RepairRequest(BaseModel):
     auto_approved_rule: str | None = None
 
 
+AUTO_APPROVED = "auto-approved"
+"""``RepairStatus.approved_by`` of a repair the consent policy approved without a person
+(DESIGN §5 consent: *fully automatic* per action and Xid code)."""
+
+
 class RepairStatus(BaseModel):
-    """Result of the ``status`` query on ``RepairWorkflow``."""
+    """Result of the ``status`` query on ``RepairWorkflow``.
+
+    ``approved_by``: the approver's name, the requester's for a user-requested repair,
+    or :data:`AUTO_APPROVED`; None until approved.
+    """
 
     repair_id: str
     cluster: str
@@ -275,40 +286,15 @@ class ValidationResult(BaseModel):
     ticket_id: str | None = None
 
 
-def workflow_id_node(cluster: str, node: str) -> str:
-    """``node/{cluster}/{node}`` (DESIGN §4.4)."""
-    return f"node/{cluster}/{node}"
-
-
 def workflow_id_repair(cluster: str, node: str, repair_id: str) -> str:
-    """``repair/{cluster}/{node}/{repair_id}`` (DESIGN §4.4)."""
-    return f"repair/{cluster}/{node}/{repair_id}"
+    """Same as :func:`workflows.protocol.workflow_id_repair` (where Temporal names live).
 
+    Kept only while ``workers/repairs_api.py`` still imports it from here; callers use
+    ``workflows.protocol``.
+    """
+    from workflows.protocol import workflow_id_repair as build
 
-def workflow_id_guard(cluster: str) -> str:
-    """``guard/{cluster}`` (DESIGN §4.4)."""
-    return f"guard/{cluster}"
-
-
-def workflow_id_validation(machine: str, n: str | int) -> str:
-    """``validate/{machine}/{n}`` (DESIGN §4.4)."""
-    return f"validate/{machine}/{n}"
-
-
-TASK_QUEUE = "autorepair"
-"""Temporal task queue of every workflow and activity (DESIGN §4.4)."""
-
-SEARCH_ATTRIBUTES: dict[str, str] = {
-    "NodeId": "Keyword",
-    "ClusterId": "Keyword",
-    "MachineId": "Keyword",
-    "RepairAction": "Keyword",
-    "RepairStage": "Keyword",
-    "RepairState": "Keyword",
-    "Requester": "Keyword",
-    "AlertKind": "Keyword",
-}
-"""Custom search attributes and their types (DESIGN §4.4)."""
+    return build(cluster, node, repair_id)
 
 
 class NodeInput(BaseModel):
@@ -324,10 +310,3 @@ class NodeInput(BaseModel):
     machine_id: str | None = None
     node_pool: str | None = None
     carried: dict[str, Any] | None = None
-
-
-NODE_UPDATE_DELIVER_ALERT = "deliver_alert"
-"""Update on ``NodeWorkflow`` taking an :class:`Alert`, returning :class:`AlertDelivery`.
-
-The ingest service and the watchers call it with update-with-start
-(``NodeWorkflow`` started with :class:`NodeInput` when not running)."""

@@ -1,15 +1,16 @@
 """``NodeWorkflow`` (id ``node/{cluster}/{node}``): the node entity.
 
 One per node, started by the ingest service with update-with-start
-(:data:`~workflows.models.NODE_UPDATE_DELIVER_ALERT` ``deliver_alert``, input
+(:data:`~workflows.protocol.NODE_UPDATE_DELIVER_ALERT` ``deliver_alert``, input
 :class:`~workflows.models.NodeInput`). It de-duplicates alerts by ``alert_id`` (keys
 survive continue-as-new), records every alert in the ledger, decides each one with the
 worker's catalogue (operator overrides and count-in-window thresholds included; ingest
 only annotates), tracks persistence per fault from its first observation, the cooldown
 after a repair and the in-flight repair, and turns an actionable fault that outlives its
 persistence window into a ``RepairWorkflow`` child (parent close policy ABANDON). Alerts
-arriving during a repair attach to it (scenario 6); a fault that clears before a repair
-starts auto-resolves the recommendation.
+arriving during a repair attach to it (no second repair starts; the cooldown follows its
+end, DESIGN §5 rails); a fault that clears before a repair starts auto-resolves the
+recommendation.
 
 Interface: update ``deliver_alert`` (Alert → AlertDelivery), signal ``repair_finished``
 (RepairFinished, from the repair), query ``status`` → NodeStatus.
@@ -40,7 +41,6 @@ with workflow.unsafe.imports_passed_through():
         RepairRequest,
         Requester,
         RequesterKind,
-        workflow_id_repair,
     )
     from workflows.policy import (
         cooldown_until,
@@ -54,10 +54,13 @@ with workflow.unsafe.imports_passed_through():
         NODE_QUERY_STATUS,
         NODE_SIGNAL_REPAIR_FINISHED,
         NODE_UPDATE_DELIVER_ALERT,
+        NODE_WORKFLOW,
         REPAIR_SIGNAL_ATTACH_ALERT,
+        REPAIR_WORKFLOW,
         NodeStatus,
         RepairFinished,
         fault_key,
+        workflow_id_repair,
     )
 
 #: History length after which the node continues as new (Temporal's suggestion also
@@ -99,7 +102,7 @@ class NodeCarried(BaseModel):
     history_limit: int = DEFAULT_HISTORY_LIMIT
 
 
-@workflow.defn(name="NodeWorkflow")
+@workflow.defn(name=NODE_WORKFLOW)
 class NodeWorkflow:
     """Node entity; see the module docstring for its interface."""
 
@@ -430,7 +433,7 @@ class NodeWorkflow:
         s.repair_alert_ids = [f.alert.alert_id for f in due]
         s.recommendations += 1
         await workflow.start_child_workflow(
-            "RepairWorkflow",
+            REPAIR_WORKFLOW,
             req,
             id=workflow_id_repair(inp.cluster, inp.node, repair_id),
             task_queue=workflow.info().task_queue,

@@ -1,4 +1,16 @@
-"""Messages between the workflows of this package (lease protocol, node ↔ repair).
+"""Every Temporal name of gpu-autorepair, and the messages between its workflows.
+
+Names (DESIGN §4.4; this module is their only home — workflows, ingest, activities and
+workers import them from here):
+
+- task queues :data:`TASK_QUEUE` (``autorepair``) and :data:`BMC_TASK_QUEUE`;
+- workflow types :data:`NODE_WORKFLOW`, :data:`REPAIR_WORKFLOW`, :data:`GUARD_WORKFLOW`,
+  :data:`VALIDATION_WORKFLOW`, and their ids (:func:`workflow_id_node`,
+  :func:`workflow_id_repair`, :func:`workflow_id_guard`, :func:`workflow_id_validation`);
+- every signal, query and update name (``*_SIGNAL_*``, ``*_QUERY_*``, ``*_UPDATE_*``);
+- the custom search attributes as typed keys (``SA_*``; :data:`SEARCH_ATTRIBUTES` maps
+  name → type for namespace setup) and the ``RepairState`` value of a stage
+  (:func:`repair_state`).
 
 Workflows cannot send updates to each other, so the lease protocol uses signals:
 
@@ -21,8 +33,44 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+from temporalio.common import SearchAttributeIndexedValueType, SearchAttributeKey
 
-from workflows.models import Alert, RequesterKind, Stage
+from workflows.models import TERMINAL_STAGES, Alert, RequesterKind, Stage
+
+# --- task queues ---
+TASK_QUEUE = "autorepair"
+"""Task queue of every workflow and activity (DESIGN §4.4)."""
+BMC_TASK_QUEUE = "autorepair-bmc"
+"""Default task queue of the machine-side (BMC) activities, kept apart so their start
+rate can be limited (``temporal.bmc_task_queue``, ``temporal.bmc_rate_per_s``)."""
+
+# --- workflow types (DESIGN §4.4) ---
+NODE_WORKFLOW = "NodeWorkflow"
+REPAIR_WORKFLOW = "RepairWorkflow"
+GUARD_WORKFLOW = "ClusterGuardWorkflow"
+VALIDATION_WORKFLOW = "ValidationWorkflow"
+
+
+# --- workflow ids (DESIGN §4.4) ---
+def workflow_id_node(cluster: str, node: str) -> str:
+    """``node/{cluster}/{node}`` (DESIGN §4.4)."""
+    return f"node/{cluster}/{node}"
+
+
+def workflow_id_repair(cluster: str, node: str, repair_id: str) -> str:
+    """``repair/{cluster}/{node}/{repair_id}`` (DESIGN §4.4)."""
+    return f"repair/{cluster}/{node}/{repair_id}"
+
+
+def workflow_id_guard(cluster: str) -> str:
+    """``guard/{cluster}`` (DESIGN §4.4)."""
+    return f"guard/{cluster}"
+
+
+def workflow_id_validation(machine: str, n: str | int) -> str:
+    """``validate/{machine}/{n}`` (DESIGN §4.4)."""
+    return f"validate/{machine}/{n}"
+
 
 # --- ClusterGuardWorkflow (id guard/{cluster}) ---
 GUARD_SIGNAL_ACQUIRE = "acquire"
@@ -44,13 +92,65 @@ REPAIR_QUERY_STATUS = "status"
 
 # --- NodeWorkflow (id node/{cluster}/{node}) ---
 NODE_UPDATE_DELIVER_ALERT = "deliver_alert"
+"""Update on ``NodeWorkflow`` taking an :class:`~workflows.models.Alert`, returning
+:class:`~workflows.models.AlertDelivery`. The ingest service and the watchers call it with
+update-with-start (``NodeWorkflow`` started with :class:`~workflows.models.NodeInput`
+when not running)."""
 NODE_SIGNAL_REPAIR_FINISHED = "repair_finished"
 NODE_QUERY_STATUS = "status"
+
+# --- ValidationWorkflow (id validate/{machine}/{n}) ---
+VALIDATION_QUERY_STATUS = "status"
+
+# --- custom search attributes (DESIGN §4.4; all Keyword) ---
+SA_NODE = SearchAttributeKey.for_keyword("NodeId")
+SA_CLUSTER = SearchAttributeKey.for_keyword("ClusterId")
+SA_MACHINE = SearchAttributeKey.for_keyword("MachineId")
+SA_ACTION = SearchAttributeKey.for_keyword("RepairAction")
+SA_STAGE = SearchAttributeKey.for_keyword("RepairStage")
+SA_STATE = SearchAttributeKey.for_keyword("RepairState")
+SA_REQUESTER = SearchAttributeKey.for_keyword("Requester")
+SA_ALERT_KIND = SearchAttributeKey.for_keyword("AlertKind")
+SEARCH_ATTRIBUTE_KEYS: tuple[SearchAttributeKey[Any], ...] = (
+    SA_NODE, SA_CLUSTER, SA_MACHINE, SA_ACTION, SA_STAGE, SA_STATE, SA_REQUESTER, SA_ALERT_KIND,
+)
+"""Every custom search attribute the workflows set; the namespace must register them."""
+
+#: Type names as ``temporal operator search-attribute create --type`` and
+#: ``temporal server start-dev --search-attribute NAME=TYPE`` spell them.
+_TYPE_NAMES: dict[SearchAttributeIndexedValueType, str] = {
+    SearchAttributeIndexedValueType.TEXT: "Text",
+    SearchAttributeIndexedValueType.KEYWORD: "Keyword",
+    SearchAttributeIndexedValueType.INT: "Int",
+    SearchAttributeIndexedValueType.DOUBLE: "Double",
+    SearchAttributeIndexedValueType.BOOL: "Bool",
+    SearchAttributeIndexedValueType.DATETIME: "Datetime",
+    SearchAttributeIndexedValueType.KEYWORD_LIST: "KeywordList",
+}
+SEARCH_ATTRIBUTES: dict[str, str] = {
+    k.name: _TYPE_NAMES[k.indexed_value_type] for k in SEARCH_ATTRIBUTE_KEYS
+}
+"""Custom search attributes and their type names, e.g. ``{"NodeId": "Keyword", ...}``
+(what the dev stack registers and ``deploy/temporal/setup-namespace.sh`` must list)."""
 
 #: RepairState search attribute values while a repair is not terminal (terminal repairs
 #: carry their terminal stage name: succeeded, failed, rejected, cancelled, ...).
 STATE_IN_PROGRESS = "in_progress"
 STATE_AWAITING_APPROVAL = "awaiting_approval"
+
+
+def repair_state(stage: Stage | str) -> str:
+    """``RepairState`` search-attribute value of a repair stage (DESIGN §4.4 stage names).
+
+    The terminal stage name once ended (``succeeded``, ``failed``, ...),
+    :data:`STATE_AWAITING_APPROVAL` while waiting for a person, :data:`STATE_IN_PROGRESS`
+    otherwise. ``stage`` is a :class:`~workflows.models.Stage` or its value; an unknown
+    string counts as in progress.
+    """
+    value = stage.value if isinstance(stage, Stage) else stage
+    if value in {s.value for s in TERMINAL_STAGES}:
+        return value
+    return STATE_AWAITING_APPROVAL if value == Stage.awaiting_approval.value else STATE_IN_PROGRESS
 
 
 class LeaseRequest(BaseModel):
@@ -70,7 +170,7 @@ class LeaseReply(BaseModel):
 
     ``granted`` false with ``queued`` true: wait, a later reply grants it.
     ``reset_at``: set when the grant came after a breaker reset — evidence observed
-    before it is stale (scenario 7).
+    before it is stale (DESIGN §5 rails: evidence is re-checked right before acting).
     """
 
     repair_id: str

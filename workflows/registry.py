@@ -1,6 +1,6 @@
 """Every workflow class the worker registers (``workers.worker`` imports ``WORKFLOWS``).
 
-``ValidationWorkflow`` (issue 8, ``workflows/validation.py``) is included when that
+``ValidationWorkflow`` (``workflows/validation.py``) is included when that
 module exists; ``RepairWorkflow`` starts it by name either way.
 """
 

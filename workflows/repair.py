@@ -23,7 +23,7 @@ from datetime import timedelta
 from typing import TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, FailureError, WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
@@ -58,7 +58,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.config import PolicyConfig
     from workflows.models import (
-        TERMINAL_STAGES,
+        AUTO_APPROVED,
         Action,
         Alert,
         ApproveSignal,
@@ -68,15 +68,14 @@ with workflow.unsafe.imports_passed_through():
         RepairStatus,
         StageTransition,
         ValidationRequest,
-        workflow_id_guard,
-        workflow_id_node,
-        workflow_id_validation,
     )
     from workflows.models import Stage as S
     from workflows.policy import choose_action, consent_decision, evidence_current
     from workflows.protocol import (
+        BMC_TASK_QUEUE,
         GUARD_SIGNAL_ACQUIRE,
         GUARD_SIGNAL_RELEASE,
+        GUARD_WORKFLOW,
         NODE_SIGNAL_REPAIR_FINISHED,
         REPAIR_QUERY_STATUS,
         REPAIR_SIGNAL_APPROVE,
@@ -84,24 +83,28 @@ with workflow.unsafe.imports_passed_through():
         REPAIR_SIGNAL_CANCEL,
         REPAIR_SIGNAL_LEASE,
         REPAIR_SIGNAL_REJECT,
-        STATE_AWAITING_APPROVAL,
-        STATE_IN_PROGRESS,
+        REPAIR_WORKFLOW,
+        SA_ACTION,
+        SA_ALERT_KIND,
+        SA_CLUSTER,
+        SA_MACHINE,
+        SA_NODE,
+        SA_REQUESTER,
+        SA_STAGE,
+        SA_STATE,
+        VALIDATION_WORKFLOW,
         GuardInput,
         LeaseRelease,
         LeaseReply,
         LeaseRequest,
         RepairFinished,
         fault_key,
+        repair_state,
+        workflow_id_guard,
+        workflow_id_node,
+        workflow_id_validation,
     )
 
-SA_NODE = SearchAttributeKey.for_keyword("NodeId")
-SA_CLUSTER = SearchAttributeKey.for_keyword("ClusterId")
-SA_MACHINE = SearchAttributeKey.for_keyword("MachineId")
-SA_ACTION = SearchAttributeKey.for_keyword("RepairAction")
-SA_STAGE = SearchAttributeKey.for_keyword("RepairStage")
-SA_STATE = SearchAttributeKey.for_keyword("RepairState")
-SA_REQUESTER = SearchAttributeKey.for_keyword("Requester")
-SA_ALERT_KIND = SearchAttributeKey.for_keyword("AlertKind")
 
 #: Machine-side activity per action (run on the BMC task queue).
 MACHINE_ACTIVITY: dict[Action, str] = {
@@ -140,7 +143,7 @@ class _Ended(Exception):
         self.stage, self.by, self.reason = stage, by, reason
 
 
-@workflow.defn(name="RepairWorkflow")
+@workflow.defn(name=REPAIR_WORKFLOW)
 class RepairWorkflow:
     """Lifecycle of one repair; see the module docstring for names and payloads."""
 
@@ -164,7 +167,7 @@ class RepairWorkflow:
         self._lease_requested = False
         self._cordoned_by_us = False
         self._policy = PolicyConfig()
-        self._bmc_queue = "autorepair-bmc"
+        self._bmc_queue = BMC_TASK_QUEUE
         self._attempts: list[AttemptRecord] = []
         self._critical: list[Alert] = []
         self._needs_human = False
@@ -187,7 +190,8 @@ class RepairWorkflow:
 
     @workflow.signal(name=REPAIR_SIGNAL_ATTACH_ALERT)
     def attach_alert(self, alert: Alert) -> None:
-        """An alert (or a clear) on this node during the repair (scenario 6)."""
+        """An alert (or a clear) on this node during the repair: it joins this repair's evidence
+        (DESIGN §5 rails: one target per repair, no second repair on the node)."""
         if not alert.active:
             key = fault_key(alert)
             self._alerts = [
@@ -238,7 +242,7 @@ class RepairWorkflow:
                 ClaimResult,
             )
             if claim.repair_id != req.repair_id:
-                # scenario 10: the same detector request already owns a repair
+                # the same detector request already owns a repair (DESIGN §5 idempotency)
                 self._stage = S.cancelled
                 self._detail = (
                     f"duplicate of repair {claim.repair_id} "
@@ -279,7 +283,7 @@ class RepairWorkflow:
         needs_human = self._needs_human
         if consent.automatic and not needs_human:
             self._approved_by = (
-                req.requester.name if consent.rule == "requested_by_user" else "auto-approved"
+                req.requester.name if consent.rule == "requested_by_user" else AUTO_APPROVED
             )
             self._rule = f"{consent.rule}; {self._rule}"
             await self._upsert()
@@ -384,7 +388,7 @@ class RepairWorkflow:
     async def _acquire_lease(self) -> None:
         assert self._req is not None
         req = self._req
-        auto = self._approved_by == "auto-approved"
+        auto = self._approved_by == AUTO_APPROVED
         lreq = LeaseRequest(
             repair_id=req.repair_id,
             workflow_id=workflow.info().workflow_id,
@@ -402,7 +406,7 @@ class RepairWorkflow:
         except FailureError:
             try:
                 await workflow.start_child_workflow(
-                    "ClusterGuardWorkflow",
+                    GUARD_WORKFLOW,
                     GuardInput(cluster=req.cluster),
                     id=gid,
                     task_queue=workflow.info().task_queue,
@@ -653,7 +657,7 @@ class RepairWorkflow:
             return
         try:
             await workflow.start_child_workflow(
-                "ValidationWorkflow",
+                VALIDATION_WORKFLOW,
                 ValidationRequest(
                     cluster=self._req.cluster,
                     machine=machine,
@@ -694,16 +698,10 @@ class RepairWorkflow:
         now = workflow.now()
         self._stage = stage
         self._history.append(StageTransition(stage=stage, at=now, by=by, reason=reason))
-        if stage in TERMINAL_STAGES:
-            state = stage.value
-        elif stage == S.awaiting_approval:
-            state = STATE_AWAITING_APPROVAL
-        else:
-            state = STATE_IN_PROGRESS
         workflow.upsert_search_attributes(
             [
                 SA_STAGE.value_set(stage.value),
-                SA_STATE.value_set(state),
+                SA_STATE.value_set(repair_state(stage)),
                 SA_ACTION.value_set(self._action.value),
             ]
         )

@@ -1,4 +1,4 @@
-"""``ValidationWorkflow`` (id ``validate/{machine}/{n}``, DESIGN §4.4, issue 8).
+"""``ValidationWorkflow`` (id ``validate/{machine}/{n}``, DESIGN §4.4, §1 step 5).
 
 Input :class:`workflows.models.ValidationRequest` (JSON a person can type, e.g.
 ``{"cluster": "demo", "machine": "gpu-02"}``); result :class:`ValidationResult`.
@@ -8,7 +8,7 @@ by the cluster's ``validation.timeout_s`` (``collect_validation`` long-polls, he
 → release the placement → on ``failed`` open a hardware ticket with every check's result
 and log (ledger + optional webhook) → return the machine per the verdict
 (``return_machine``) → record the verdict (``ledger_record_verdict``; a pass closes the
-machine's open tickets, scenario 5).
+machine's open tickets, so a repaired machine returns without database edits).
 
 * passed — back to the pool (``return_to="pool"``) or into the cluster's hot-spare pool
   (``return_to="spare"``, also chosen when the request comes from a migrate);
@@ -32,6 +32,8 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     from workflows.activity_api import (
         ACT,
+        ERR_ACTION_FAILED,
+        ERR_CONFIGURATION,
         ERR_PLACEMENT,
         ERR_UNKNOWN_NODE,
         CollectInput,
@@ -46,9 +48,10 @@ with workflow.unsafe.imports_passed_through():
         VerdictRecord,
     )
     from workflows.models import ValidationRequest, ValidationResult, Verdict
+    from workflows.protocol import VALIDATION_QUERY_STATUS, VALIDATION_WORKFLOW
 
 #: Non-retryable failure types of the validation activities.
-_PERMANENT = [ERR_UNKNOWN_NODE, ERR_PLACEMENT, "ConfigurationError", "ActionFailed"]
+_PERMANENT = [ERR_UNKNOWN_NODE, ERR_PLACEMENT, ERR_CONFIGURATION, ERR_ACTION_FAILED]
 _RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30), non_retryable_error_types=_PERMANENT)
 #: Bound on a short activity (placement, release, return, ledger), incl. Slurm commands.
 _SHORT = timedelta(minutes=5)
@@ -69,7 +72,7 @@ def return_target(req: ValidationRequest) -> str:
     return "pool"
 
 
-@workflow.defn(name="ValidationWorkflow")
+@workflow.defn(name=VALIDATION_WORKFLOW)
 class ValidationWorkflow:
     """Re-validation of one machine; query ``status`` → ``{"stage", "job_id", "result"}``."""
 
@@ -79,7 +82,7 @@ class ValidationWorkflow:
         self._result: ValidationResult | None = None
         self._detail = ""
 
-    @workflow.query(name="status")
+    @workflow.query(name=VALIDATION_QUERY_STATUS)
     def status(self) -> dict[str, Any]:
         """Stage (placing, running, releasing, ticketing, returning, recording, done),
         the job id, and the result once known."""

@@ -1,4 +1,4 @@
--- Ledger schema v2: the hot-spare pool per cluster (issue 8). Machines that pass
+-- Ledger schema v2: the hot-spare pool per cluster (DESIGN §5 migrate). Machines that pass
 -- validation after a migrate join it; migrations draw from it first.
 
 CREATE TABLE spare_machines (

@@ -1,5 +1,5 @@
 -- Ledger schema v3: which machine runs each node identity, machine moves by repair
--- (migrate / remove) and machines taken out of service (issue 6).
+-- (migrate / remove) and machines taken out of service.
 
 -- The machine under a node after a migrate; a node without a row runs on the machine
 -- of its configuration (ClusterConfig.nodes[].machine).

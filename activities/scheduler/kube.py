@@ -11,7 +11,7 @@
   backoff and reported in heartbeats; after the deadline the remaining pods are listed in a
   non-retryable ``ERR_DRAIN_DEADLINE`` failure;
 - rejoin = remove only our taint and annotations; ``unschedulable`` goes back to false only
-  when ``autorepair.io/cordoned-by`` says we set it (someone else's cordon stays, scenario 4);
+  when ``autorepair.io/cordoned-by`` says we set it (someone else's cordon stays);
 - node health = the ``Ready`` condition and ``status.nodeInfo.bootID``.
 
 Errors: 401/403 → non-retryable ``ERR_AUTH``; 404 on the node → ``ERR_UNKNOWN_NODE``;
@@ -27,7 +27,6 @@ from typing import Any
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
-from temporalio.exceptions import ApplicationError
 
 from activities.scheduler.base import Heartbeat, no_heartbeat
 from workflows.activity_api import (
@@ -39,13 +38,15 @@ from workflows.activity_api import (
     IdleStatus,
     NodeHealth,
     RejoinResult,
+    permanent,
 )
 from workflows.config import ClusterConfig
 
-#: Taint key written on cordon (issue 6 contract); value = repair id, effect NoSchedule.
+#: Taint key written on cordon; value = repair id, effect NoSchedule (validation Jobs
+#: tolerate it, ``activities/validation_kube.py``).
 TAINT_KEY = "autorepair.io/repair"
 TAINT_EFFECT = "NoSchedule"
-#: Annotations naming the repair (issue 6 contract).
+#: Annotations naming the repair (read back by rejoin and by operators).
 ANN_REPAIR_ID = "autorepair.io/repair-id"
 ANN_CORDONED_BY = "autorepair.io/cordoned-by"
 ANN_REASON = "autorepair.io/reason"
@@ -131,15 +132,15 @@ class KubeScheduler:
 
     def _classify(self, e: ApiException, node: str) -> Exception:
         if e.status in (401, 403):
-            return ApplicationError(
+            return permanent(
+                ERR_AUTH,
                 f"cluster {self.cluster.name}: Kubernetes API refused access "
                 f"({e.status} {e.reason}) for node {node}",
-                type=ERR_AUTH, non_retryable=True,
             )
         if e.status == 404:
-            return ApplicationError(
+            return permanent(
+                ERR_UNKNOWN_NODE,
                 f"cluster {self.cluster.name}: Kubernetes has no node {node!r}",
-                type=ERR_UNKNOWN_NODE, non_retryable=True,
             )
         return e
 
@@ -278,17 +279,17 @@ class KubeScheduler:
             remaining = sorted(_pod_name(p) for p in pods if _pod_name(p) not in evicted)
             heartbeat({"remaining": remaining, "blocked": blocked})
             if time.monotonic() >= deadline and remaining:
-                raise ApplicationError(
+                raise permanent(
+                    ERR_DRAIN_DEADLINE,
                     f"cluster {self.cluster.name} node {node}: pods still there after the "
                     f"{deadline_s:.0f}s drain deadline: {', '.join(remaining)}"
                     + (f" (blocked: {blocked})" if blocked else ""),
                     DrainResult(drained=False, remaining=remaining).model_dump(),
-                    type=ERR_DRAIN_DEADLINE, non_retryable=True,
                 )
             await asyncio.sleep(DRAIN_POLL_S)
 
     async def rejoin(self, node: str, repair_id: str) -> RejoinResult:
-        """Remove our taint/annotations; uncordon only when we cordoned (scenario 4)."""
+        """Remove our taint/annotations; uncordon only when we cordoned (a foreign cordon stays)."""
         state: dict[str, Any] = {}
 
         def build(n: k8s.V1Node) -> dict[str, Any] | None:

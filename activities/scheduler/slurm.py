@@ -8,7 +8,7 @@
   eviction), wait until ``DRAINED``; after the deadline the remaining job ids are listed
   in a non-retryable ``ERR_DRAIN_DEADLINE`` failure;
 - rejoin = ``state=resume`` only while the reason still carries our repair id (a node
-  someone else drained is never resumed, scenario 4);
+  someone else drained is never resumed);
 - node health from ``sinfo --json`` (Slurm ≥ 22.05; ``scontrol`` has no ``--json`` there),
   falling back to parsing ``scontrol show node`` text on older Slurm.
 
@@ -32,6 +32,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.scheduler.base import Heartbeat, no_heartbeat
 from workflows.activity_api import (
+    ERR_CONFIGURATION,
     ERR_DRAIN_DEADLINE,
     ERR_UNKNOWN_NODE,
     CordonResult,
@@ -39,10 +40,11 @@ from workflows.activity_api import (
     IdleStatus,
     NodeHealth,
     RejoinResult,
+    permanent,
 )
 from workflows.config import ClusterConfig
 
-#: Prefix of every reason autorepair writes (``autorepair:<repair_id> <summary>``, issue 6).
+#: Prefix of every reason autorepair writes (``autorepair:<repair_id> <summary>``).
 REASON_PREFIX = "autorepair:"
 #: Longest summary written into a Slurm reason, characters (keeps ``sinfo -R`` readable).
 MAX_SUMMARY = 200
@@ -312,9 +314,10 @@ class SlurmScheduler:
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             )
         except FileNotFoundError as e:
-            raise ApplicationError(
+            raise permanent(
+                ERR_CONFIGURATION,
                 f"Slurm command {args[0]!r} not found (slurm_bin_dir="
-                f"{self.cluster.slurm_bin_dir!r})", type="ConfigurationError", non_retryable=True,
+                f"{self.cluster.slurm_bin_dir!r})",
             ) from e
         try:
             out, err = await asyncio.wait_for(proc.communicate(), COMMAND_TIMEOUT_S)
@@ -329,9 +332,9 @@ class SlurmScheduler:
         return rc, so, se
 
     def _unknown(self, node: str) -> ApplicationError:
-        return ApplicationError(
+        return permanent(
+            ERR_UNKNOWN_NODE,
             f"cluster {self.cluster.name}: Slurm has no node {node!r}",
-            type=ERR_UNKNOWN_NODE, non_retryable=True,
         )
 
     async def read_node(self, node: str) -> SlurmNode:
@@ -434,16 +437,17 @@ class SlurmScheduler:
                         heartbeat({"job": job, "requeue_refused": err.strip()})
             heartbeat({"running": jobs})
             if time.monotonic() >= deadline:
-                raise ApplicationError(
+                raise permanent(
+                    ERR_DRAIN_DEADLINE,
                     f"cluster {self.cluster.name} node {node}: jobs still running after the "
                     f"{deadline_s:.0f}s drain deadline: {', '.join(jobs)}",
                     DrainResult(drained=False, remaining=jobs).model_dump(),
-                    type=ERR_DRAIN_DEADLINE, non_retryable=True,
                 )
             await asyncio.sleep(DRAIN_POLL_S)
 
     async def rejoin(self, node: str, repair_id: str) -> RejoinResult:
-        """Resume ``node`` only while its reason carries ``repair_id`` (scenario 4)."""
+        """Resume ``node`` only while its reason carries ``repair_id``; someone else's drain
+        stays."""
         n = await self.read_node(node)
         if n.drain:
             if not n.owned_by(repair_id):

@@ -24,7 +24,7 @@
 # 3 an attribute exists with a different type.
 set -euo pipefail
 
-# Custom search attributes: NAME:TYPE. Must equal workflows.models.SEARCH_ATTRIBUTES
+# Custom search attributes: NAME:TYPE. Must equal workflows.protocol.SEARCH_ATTRIBUTES
 # (tests/deploy/test_temporal_setup.py checks it).
 SEARCH_ATTRIBUTES=(
   NodeId:Keyword

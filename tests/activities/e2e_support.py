@@ -42,13 +42,8 @@ from workflows.config import (
     SecretsConfig,
     TemporalConfig,
 )
-from workflows.models import (
-    Alert,
-    RepairRequest,
-    RepairStatus,
-    Stage,
-    workflow_id_repair,
-)
+from workflows.models import Alert, RepairRequest, RepairStatus, Stage
+from workflows.protocol import workflow_id_repair
 from workflows.registry import WORKFLOWS
 
 #: The stages of an approved reboot that goes through every step, in order.

@@ -5,7 +5,7 @@ Run: ``.venv/bin/python tests/bench/agent.py [--agent-seconds 180] [--sim-second
 
 1. ``autorepair-agent run --backend simulated --push-interval 5`` as a subprocess for
    ``--agent-seconds``; CPU share = (user+sys CPU time) / wall time of that process,
-   RSS sampled every second (psutil). Targets (issue 7): < 1 % of a core, < 60 MB RSS.
+   RSS sampled every second (psutil). Targets: < 1 % of a core, < 60 MB RSS.
    The simulated backend stands in for NVML here (no GPU on CI machines).
 2. ``autorepair-agent simulate --nodes N --push-interval 5`` as a subprocess for
    ``--sim-seconds``; a receiver counts the OTLP metric pushes. N is *sustained* when the

@@ -1,4 +1,4 @@
-"""Benchmark of machine re-validation (issue 8). Plain script, not collected by pytest.
+"""Benchmark of machine re-validation. Plain script, not collected by pytest.
 
 1. The local suite (``agent.validation.run_suite``, simulated GPU backend, storage check on
    a temp dir with 64 MiB): wall time per check and for the whole suite over N runs.
@@ -63,7 +63,8 @@ async def bench_slurm(runs: int) -> dict[str, float]:
     from activities.ledger_activities import LedgerActivities
     from activities.validation import ValidationActivities
     from workflows.config import AutorepairConfig, ClusterConfig, NodeConfig, ValidationConfig
-    from workflows.models import ValidationRequest, ValidationResult, workflow_id_validation
+    from workflows.models import ValidationRequest, ValidationResult
+    from workflows.protocol import workflow_id_validation
     from workflows.validation import ValidationWorkflow
 
     tmp = Path(tempfile.mkdtemp(prefix="valbench-"))

@@ -22,7 +22,7 @@ from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from workflows.models import SEARCH_ATTRIBUTES
+from workflows.protocol import SEARCH_ATTRIBUTES
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy" / "temporal" / "setup-namespace.sh"

@@ -1,4 +1,4 @@
-"""The demo storyline end to end, headless, with shorter waits (issue 10).
+"""The demo storyline end to end, headless, with shorter waits.
 
 Everything real: Temporal dev server, embedded PostgreSQL, the worker and ingest as
 child processes (as ``autorepair up`` runs them), a 4-node Slurm cluster on loopback,

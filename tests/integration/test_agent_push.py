@@ -1,4 +1,4 @@
-"""Agent → real receivers (issue 7).
+"""Agent → real receivers.
 
 * the project's ingest service (``ingest.service.IngestService``, real OTLP/HTTP and gRPC
   receivers and threshold engine): fleet → cached → local tiers when ingest is killed,

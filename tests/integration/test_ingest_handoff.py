@@ -21,14 +21,8 @@ from ingest.handoff import HandoffQueueFull, TemporalAlertSink
 from ingest.otlp import make_fault_request, make_metrics_request
 from ingest.service import IngestService
 from workflows.config import AutorepairConfig, IngestConfig, ThresholdConfig
-from workflows.models import (
-    NODE_UPDATE_DELIVER_ALERT,
-    Alert,
-    AlertDelivery,
-    AlertOutcome,
-    NodeInput,
-    workflow_id_node,
-)
+from workflows.models import Alert, AlertDelivery, AlertOutcome, NodeInput
+from workflows.protocol import NODE_UPDATE_DELIVER_ALERT, workflow_id_node
 
 PB = {"Content-Type": "application/x-protobuf"}
 

@@ -26,7 +26,8 @@ with workflow.unsafe.imports_passed_through():
     from workers.devstack import DevStack, StackError, StackPorts, free_port
     from workflows.activity_api import ACT
     from workflows.config import AutorepairConfig
-    from workflows.models import SEARCH_ATTRIBUTES, Alert, Severity
+    from workflows.models import Alert, Severity
+    from workflows.protocol import SEARCH_ATTRIBUTES
 
 
 @workflow.defn(name="SmokeWorkflow")

@@ -1,4 +1,4 @@
-"""Health score, tiers and hysteresis against hand-computed cases (issue 7)."""
+"""Health score, tiers and hysteresis against hand-computed cases."""
 
 from __future__ import annotations
 

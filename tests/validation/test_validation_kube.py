@@ -27,12 +27,8 @@ with workflow.unsafe.imports_passed_through():
     import kmock
 
     from workflows.config import AutorepairConfig, ClusterConfig, NodeConfig, ValidationConfig
-    from workflows.models import (
-        ValidationRequest,
-        ValidationResult,
-        Verdict,
-        workflow_id_validation,
-    )
+    from workflows.models import ValidationRequest, ValidationResult, Verdict
+    from workflows.protocol import workflow_id_validation
     from workflows.validation import ValidationWorkflow
 
 ROOT = Path(__file__).resolve().parents[2]

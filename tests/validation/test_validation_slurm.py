@@ -1,4 +1,4 @@
-"""ValidationWorkflow end to end on the real loopback Slurm cluster (issue 8).
+"""ValidationWorkflow end to end on the real loopback Slurm cluster.
 
 The check job really runs on the virtual node: ``sbatch -w gpu-0N --reservation=...``
 executes ``autorepair-agent validate --json`` (the venv's console script) with the
@@ -25,12 +25,8 @@ from temporalio.worker import Worker
 with workflow.unsafe.imports_passed_through():
     from activities.devcluster import SlurmCluster
     from workflows.config import AutorepairConfig, ClusterConfig, NodeConfig, ValidationConfig
-    from workflows.models import (
-        ValidationRequest,
-        ValidationResult,
-        Verdict,
-        workflow_id_validation,
-    )
+    from workflows.models import ValidationRequest, ValidationResult, Verdict
+    from workflows.protocol import workflow_id_validation
     from workflows.validation import ValidationWorkflow
 
 pytestmark = pytest.mark.slurm

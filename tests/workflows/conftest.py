@@ -50,18 +50,16 @@ from workflows.activity_api import (
     RejoinResult,
 )
 from workflows.config import PolicyConfig
-from workflows.models import (
+from workflows.models import Alert, AlertDelivery, NodeInput
+from workflows.protocol import (
+    NODE_UPDATE_DELIVER_ALERT,
     SEARCH_ATTRIBUTES,
-    Alert,
-    AlertDelivery,
-    NodeInput,
     workflow_id_guard,
     workflow_id_node,
 )
-from workflows.protocol import NODE_UPDATE_DELIVER_ALERT
 from workflows.registry import WORKFLOWS
 
-#: Our workflows; issue 8's real ValidationWorkflow is replaced by the same-named fake.
+#: Our workflows; the real ValidationWorkflow is replaced by the same-named fake.
 OWN_WORKFLOWS = [w for w in WORKFLOWS if w.__name__ != "ValidationWorkflow"]
 
 

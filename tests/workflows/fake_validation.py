@@ -1,4 +1,4 @@
-"""Same-named stand-in for issue 8's ``ValidationWorkflow`` (kept in its own module so the
+"""Same-named stand-in for the real ``ValidationWorkflow`` (kept in its own module so the
 workflow sandbox re-imports nothing but this file and the models)."""
 
 from __future__ import annotations

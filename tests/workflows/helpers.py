@@ -11,15 +11,8 @@ from temporalio.client import WorkflowHandle
 from temporalio.service import RPCError
 
 from tests.workflows.conftest import Harness, make_alert
-from workflows.models import (
-    Action,
-    RepairRequest,
-    RepairStatus,
-    Stage,
-    workflow_id_guard,
-    workflow_id_repair,
-)
-from workflows.protocol import GuardStatus
+from workflows.models import Action, RepairRequest, RepairStatus, Stage
+from workflows.protocol import GuardStatus, workflow_id_guard, workflow_id_repair
 
 
 async def start_repair(

@@ -7,8 +7,8 @@ from datetime import timedelta
 
 from tests.workflows.conftest import Harness
 from tests.workflows.helpers import eventually, guard_status, start_repair, wait_stage
-from workflows.models import Action, Requester, RequesterKind, Stage, workflow_id_guard
-from workflows.protocol import GUARD_SIGNAL_RESET_BREAKER, ResetBreakerSignal
+from workflows.models import Action, Requester, RequesterKind, Stage
+from workflows.protocol import GUARD_SIGNAL_RESET_BREAKER, ResetBreakerSignal, workflow_id_guard
 
 USER = Requester(kind=RequesterKind.user, name="ops")
 

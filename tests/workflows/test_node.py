@@ -8,8 +8,8 @@ from datetime import timedelta
 from typing import Any
 
 from tests.workflows.conftest import Harness, make_alert
-from workflows.models import AlertOutcome, RepairStatus, Stage, workflow_id_node, workflow_id_repair
-from workflows.protocol import NodeStatus
+from workflows.models import AlertOutcome, RepairStatus, Stage
+from workflows.protocol import NodeStatus, workflow_id_node, workflow_id_repair
 
 
 async def node_status(h: Harness, node: str) -> NodeStatus:

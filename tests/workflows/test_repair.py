@@ -65,7 +65,7 @@ async def test_automatic_power_cycle_runs_every_stage(harness: Harness) -> None:
     assert row["attempts"][0]["outcome"] == "succeeded"
     desc = await handle.describe()
     sa = desc.typed_search_attributes
-    from workflows.repair import SA_ACTION, SA_NODE, SA_STAGE, SA_STATE
+    from workflows.protocol import SA_ACTION, SA_NODE, SA_STAGE, SA_STATE
 
     assert sa.get(SA_STATE) == "succeeded" and sa.get(SA_STAGE) == "succeeded"
     assert sa.get(SA_NODE) == "gpu-01" and sa.get(SA_ACTION) == "power_cycle"

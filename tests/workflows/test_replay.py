@@ -19,14 +19,8 @@ from temporalio.worker import Replayer
 from tests.workflows.conftest import OWN_WORKFLOWS, Harness, make_alert
 from tests.workflows.fake_validation import FakeValidationWorkflow
 from tests.workflows.helpers import guard_status, result_skipping, start_repair, wait_stage
-from workflows.models import (
-    Action,
-    ApproveSignal,
-    RejectSignal,
-    Stage,
-    workflow_id_guard,
-    workflow_id_node,
-)
+from workflows.models import Action, ApproveSignal, RejectSignal, Stage
+from workflows.protocol import workflow_id_guard, workflow_id_node
 
 HISTORIES = Path(__file__).parent / "histories"
 RECORD = os.environ.get("AUTOREPAIR_RECORD_HISTORIES") == "1"

@@ -33,10 +33,8 @@ from workflows.models import (
     RepairRequest,
     RepairStatus,
     Stage,
-    workflow_id_node,
-    workflow_id_repair,
 )
-from workflows.protocol import NODE_UPDATE_DELIVER_ALERT
+from workflows.protocol import NODE_UPDATE_DELIVER_ALERT, workflow_id_node, workflow_id_repair
 
 pytestmark = pytest.mark.devserver
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,9 +22,8 @@ from workflows.models import (
     Requester,
     RequesterKind,
     Stage,
-    workflow_id_guard,
 )
-from workflows.protocol import GUARD_SIGNAL_RESET_BREAKER, ResetBreakerSignal
+from workflows.protocol import GUARD_SIGNAL_RESET_BREAKER, ResetBreakerSignal, workflow_id_guard
 
 
 async def test_scenario_4_rejoin_uncordons_only_our_cordon(harness: Harness) -> None:

@@ -35,8 +35,8 @@ from workflows.models import Action, Alert
 log = logging.getLogger("autorepair.watchers.slurm")
 
 WATCHED_FLAGS: frozenset[str] = frozenset({"DOWN", "DRAIN", "NOT_RESPONDING", "FAIL"})
-"""State flags that make a node an observation (DESIGN issue 9: DOWN/DRAIN/NOT_RESPONDING;
-FAIL is Slurm's drain-on-failure)."""
+"""State flags that make a node an observation (DOWN/DRAIN/NOT_RESPONDING as
+``sinfo`` reports them; FAIL is Slurm's drain-on-failure)."""
 DEFAULT_INTERVAL_S = 15.0
 """Poll interval, seconds: well under slurmctld's default SlurmdTimeout (300 s)."""
 SOURCE = "slurm_watcher"

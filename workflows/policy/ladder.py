@@ -1,4 +1,4 @@
-"""Escalation ladder and the migrate evidence gate (DESIGN §5, scenario 8)."""
+"""Escalation ladder and the migrate evidence gate (DESIGN §5 ladder and migrate)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ NOT_COUNTED: frozenset[str] = frozenset({"cancelled", "auto_resolved"})
 @dataclass(frozen=True)
 class LadderDecision:
     """``action``: what to run; ``escalated``: moved up at least one rung;
-    ``needs_human``: the top automatic rung is exhausted (ask a person; scenario 8);
+    ``needs_human``: the top automatic rung is exhausted (ask a person; remove is never
+    automatic, DESIGN §5);
     ``rule``: e.g. ``"ladder:reboot x2 in 604800s -> reprovision"``."""
 
     action: Action

@@ -76,7 +76,7 @@ def evidence_current(alerts: Sequence[Alert], not_before: datetime | None = None
 
     A level fault is current while active (no clear received). An event fault (Xid) is
     current unless ``not_before`` is given and it was observed before it (after a breaker
-    reset only evidence seen after the reset counts; scenario 7). No alerts (an operator
+    reset only evidence seen after the reset counts; DESIGN §5 rails). No alerts (an operator
     repair) is always current.
     """
     if not alerts:
