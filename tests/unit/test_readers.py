@@ -25,6 +25,9 @@ REPAIR_CLASS = {
 }
 """``repair_class`` semantics of the corpus README."""
 
+ACTION_ORDER = ["none", "reset_gpu", "reboot", "power_cycle", "reprovision", "migrate", "remove"]
+"""Lightest first (DESIGN §5), for the corpus README's "heaviest action" of a multi record."""
+
 PREFIXES = [
     "",
     "[74889.644138] ",
@@ -51,6 +54,19 @@ def _check(objs: list[dict], expect: dict, label: str) -> None:
     kind = expect["kind"]
     if kind == "none":
         assert objs == [], f"{label}: expected no event, got {objs}"
+        return
+    if expect.get("multi"):
+        # corpus README: the named event is among them; the heaviest action is in class
+        named = [
+            o for o in objs
+            if o["kind"] == kind
+            and all(o[k] == expect[k] for k in ("xid", "pci", "pid", "process") if k in expect)
+        ]
+        assert named, f"{label}: no {kind} event with the expected fields in {objs}"
+        if "repair_class" in expect:
+            worst = max((o["action"] for o in objs), key=ACTION_ORDER.index)
+            allowed = REPAIR_CLASS[expect["repair_class"]]
+            assert worst in allowed, f"{label}: heaviest action {worst} not in {allowed}"
         return
     assert len(objs) == 1, f"{label}: expected one event, got {objs}"
     got = objs[0]
@@ -150,8 +166,12 @@ def test_streaming_reader_emits_record_once_on_next_line_or_flush() -> None:
     assert r.feed("[1.0] NVRM: The NVIDIA GPU 0000:3b:00.0\n") == []
     assert r.feed("[1.0] NVRM: (PCI ID: 10de:20b2) installed in this system has\n") == []
     assert r.feed("[1.0] NVRM: fallen off the bus and is not responding to commands.\n") == []
-    out = r.feed("[2.0] NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.")
-    assert [(e.kind, e.xid) for e in out] == [("gpu_lost", None), ("xid", 79)]
+    # the block and its own Xid 79 are one fault: the Xid 79 event carries the block
+    assert r.feed("[2.0] NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.") == []
+    (ev,) = r.flush()
+    assert (ev.kind, ev.xid, ev.pci) == ("xid", 79, "0000:3b:00")
+    assert ev.details["related_evidence"][0].count("\n") == 2
+    assert "fallen off the bus and is not" in ev.details["related_evidence"][0]
     assert r.flush() == []
     r.feed("[1.0] NVRM: The NVIDIA GPU 0000:5e:00.0")
     r.feed("[1.0] NVRM: (PCI ID: 10de:20b2) installed in this system has")
@@ -159,6 +179,9 @@ def test_streaming_reader_emits_record_once_on_next_line_or_flush() -> None:
     flushed = r.flush()
     assert len(flushed) == 1 and flushed[0].pci == "0000:5e:00.0"
     assert r.flush() == []
+    # a one-line record is complete once the next line shows it is not wrapped
+    assert r.feed("[3.0] NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=p, x") == []
+    assert [e.xid for e in r.feed("[3.1] systemd[1]: Started Session 1.")] == [13]
 
 
 def test_unsupported_gpu_block_is_not_gpu_lost() -> None:

@@ -1,0 +1,120 @@
+"""Folding: two records the kernel prints for ONE fault come out as one event.
+
+- GPU lost + Xid 79: the driver prints ``Xid (PCI:…): 79, … GPU has fallen off the bus.``
+  and a "fallen off the bus" line or block (``nv.c``) for the same GPU, in either order,
+  within a few lines. The **Xid 79 event remains** (its code drives the catalogue: power
+  cycle, per-code consent); the ``gpu_lost`` text goes to the Xid event's
+  ``details["related_evidence"]`` (list of raw texts). Two ``gpu_lost`` records for the
+  same GPU (the block and the one-line form) fold the same way into the first.
+- OOM summary + kill: ``oom-kill:constraint=…,pid=N`` and ``Killed process N (…)`` of the
+  same pid. The ``Killed process`` event remains, with the summary's ``details`` merged in
+  and its text in ``related_evidence``.
+
+The GPU is matched by ``bus:device`` (:func:`~agent.readers.kernel.common.device_key`), so
+``0000:3b:00``, ``0000:3b:00.0`` and ``3b:00.0`` are one GPU; a record without an address
+never folds. Events that can fold are held for :data:`WINDOW_LINES` lines (fewer for OOM),
+then released in input order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent.readers.events import FaultEvent
+from agent.readers.kernel.common import device_key
+from agent.readers.kernel.device_plugin import REPORTER as DEVICE_PLUGIN
+
+WINDOW_LINES = 8
+"""Lines a GPU-lost or Xid 79 event waits for its counterpart (the driver prints them
+back to back; a few lines of other output may come between)."""
+
+OOM_WINDOW_LINES = 4
+"""Lines an ``oom_kill`` event waits for the other half of the same kill."""
+
+
+def _is_xid79(ev: FaultEvent) -> bool:
+    return ev.kind == "xid" and ev.xid == 79 and ev.details.get("reporter") != DEVICE_PLUGIN
+
+
+def window(ev: FaultEvent) -> int:
+    """Lines ``ev`` is held for a counterpart (0: emitted at once)."""
+    if (ev.kind == "gpu_lost" or _is_xid79(ev)) and device_key(ev.pci):
+        return WINDOW_LINES
+    if ev.kind == "oom_kill" and ev.pid is not None and "reporter" not in ev.details:
+        return OOM_WINDOW_LINES
+    return 0
+
+
+def _related(into: FaultEvent, other: FaultEvent) -> FaultEvent:
+    rel = into.details.setdefault("related_evidence", [])
+    if isinstance(rel, list):
+        rel.append(other.text)
+    return into
+
+
+def merge(held: FaultEvent, new: FaultEvent) -> FaultEvent | None:
+    """The one event for ``held`` and ``new`` when they are one fault, else None."""
+    if held.kind == "gpu_lost" or _is_xid79(held):
+        if not (new.kind == "gpu_lost" or _is_xid79(new)):
+            return None
+        key = device_key(held.pci)
+        if key is None or key != device_key(new.pci):
+            return None
+        if _is_xid79(held) and _is_xid79(new):
+            return None  # two Xid lines are two records
+        if _is_xid79(new):  # the Xid remains, carrying every gpu_lost text held so far
+            earlier = held.details.get("related_evidence")
+            new.details["related_evidence"] = [
+                held.text,
+                *(earlier if isinstance(earlier, list) else []),
+            ]
+            return new
+        return _related(held, new)
+    if held.kind == "oom_kill" and new.kind == "oom_kill" and held.pid == new.pid:
+        summary_first = "constraint" in held.details and "constraint" not in new.details
+        summary_last = "constraint" in new.details and "constraint" not in held.details
+        if not (summary_first or summary_last):
+            return None
+        kill, summary = (new, held) if summary_first else (held, new)
+        kill.details = {**summary.details, **kill.details}
+        kill.details.pop("related_evidence", None)
+        return _related(kill, summary)
+    return None
+
+
+@dataclass
+class _Held:
+    event: FaultEvent
+    left: int
+
+
+class Folder:
+    """Holds foldable events for their window; emits everything in input order."""
+
+    def __init__(self) -> None:
+        self.held: list[_Held] = []
+
+    def add(self, ev: FaultEvent, out: list[FaultEvent]) -> None:
+        """Take one finished event; ``out`` gets what can be emitted now."""
+        for entry in self.held:
+            merged = merge(entry.event, ev)
+            if merged is not None:
+                entry.event = merged
+                return
+        w = window(ev)
+        if w == 0 and not self.held:
+            out.append(ev)
+            return
+        self.held.append(_Held(ev, w))
+
+    def tick(self, out: list[FaultEvent]) -> None:
+        """One input line has passed."""
+        for entry in self.held:
+            entry.left -= 1
+        while self.held and self.held[0].left <= 0:
+            out.append(self.held.pop(0).event)
+
+    def release(self, out: list[FaultEvent]) -> None:
+        """Everything held, in order (end of input)."""
+        out.extend(entry.event for entry in self.held)
+        self.held = []

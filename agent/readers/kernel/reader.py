@@ -1,0 +1,272 @@
+"""The streaming kernel-log reader: a table of (needle, matcher) over the family modules.
+
+Per physical line:
+
+1. **Split** (:func:`split_records`): mirrors that strip newlines put several kernel records
+   on one line; it is cut before each record head (a timestamp prefix, ``NVRM:``, an
+   SXid header) so every record is read, each once.
+2. **Assemble**: a piece that an open record takes as its own next part (an SXid
+   ``Data`` line, an AER status line, the fallen-off-bus block) joins that record; a
+   wrapped continuation (:func:`~agent.readers.kernel.common.is_continuation_shape`,
+   starting no record of its own) joins the record of the line above; anything else is
+   looked up in :data:`TABLE`. A record closes on the first line it does not take (or
+   after ``max_gap`` unrelated lines), on a blank line, or on :meth:`flush`.
+3. **Fold** (:mod:`agent.readers.kernel.fold`): the Xid 79 and fallen-off-bus records of
+   one GPU, and the two halves of one OOM kill, come out as one event.
+
+Lines may carry any timestamp prefix (``[secs.usecs]``, ``dmesg -T``, syslog
+``Mon DD HH:MM:SS host kernel:``, journald ``kernel:``, ``dmesg -x`` ``kern  :err   :``, ISO,
+the ``192.0.2.10: kern: err: [ISO]:`` forwarder prefix) or none: matchers search inside the
+line. Nothing here raises on any input.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from agent.readers.events import FaultEvent
+from agent.readers.kernel import (
+    aer,
+    device_plugin,
+    fs,
+    gpu_lost,
+    gsp,
+    hung,
+    ib,
+    mce,
+    npd,
+    oom,
+    sxid,
+    uvm,
+    xid,
+)
+from agent.readers.kernel.common import (
+    Matcher,
+    Record,
+    Single,
+    clean,
+    is_continuation_shape,
+    strip_prefix,
+)
+from agent.readers.kernel.fold import Folder
+
+_KERNEL_TABLE: list[tuple[str, Matcher]] = [
+    ("SXid", sxid.match),
+    ("XidCriticalError", device_plugin.match),
+    ("Xid", xid.match),
+    ("global fatal error", uvm.match),
+    ("The NVIDIA GPU", gpu_lost.match_block),
+    ("fallen off the bus", gpu_lost.match_fallen),
+    ("device handle", gpu_lost.match_no_handle),
+    ("NV_ERR_GPU_IS_LOST", gpu_lost.match_is_lost),
+    ("eartbeat timed out", gsp.match_heartbeat),
+    ("NV_ERR_RESET_REQUIRED", gsp.match_reset_required),
+    ("RmInitAdapter", gsp.match_rminit),
+    ("rm_init_adapter", gsp.match_rminit_follow),
+    ("AER", aer.match),
+    ("PCIe Bus Error", aer.match),
+    ("XFS", fs.match_xfs),
+    ("read-only", fs.match_readonly),
+    ("readonly", fs.match_readonly),
+    ("blocked for more than", hung.match),
+    ("Link", ib.match_mlx),
+    ("link", ib.match_mlx),
+    ("Port", ib.match_port),
+    ("port", ib.match_port),
+    ("Killed process", oom.match_killed),
+    ("Kill process", oom.match_killed),
+    ("oom-kill:", oom.match_summary),
+    ("EDAC", mce.match_edac),
+    ("mce", mce.match_mce),
+    ("Hardware Error", mce.match_mce),
+    ("Machine Check", mce.match_mce),
+]
+"""Kernel-record families, most specific first: ``(needle, matcher)``; the matcher runs
+only on lines containing its needle, and the first result wins."""
+
+
+def _kernel_event(line: str) -> FaultEvent | None:
+    """One kernel message → its event (records closed at once); used for NPD messages."""
+    found = _lookup(line, _KERNEL_TABLE)
+    if found is None:
+        return None
+    result = found[0]
+    if isinstance(result, Record):
+        events = result.finish()
+        return events[0] if events else None
+    if isinstance(result, list):
+        return result[0] if result else None
+    return result
+
+
+TABLE: list[tuple[str, Matcher]] = [
+    ("Type:", npd.make_matcher(_kernel_event)),
+    (" True ", npd.make_matcher(_kernel_event)),
+    (" False ", npd.make_matcher(_kernel_event)),
+    (" Unknown ", npd.make_matcher(_kernel_event)),
+    *_KERNEL_TABLE,
+]
+"""Every family: node-problem-detector reports first (their messages quote kernel lines),
+then :data:`_KERNEL_TABLE`."""
+
+_TS = (
+    r"\[\s*\d{1,12}\.\d{1,9}\]"
+    r"|\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\]"
+    r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d{1,9})? \S{1,64} kernel:"
+    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)? \S{1,64} kernel:"
+    r"|\S{1,64}: kern: [a-z]{2,7}: \[[^\]]{1,40}\]:"
+    r"|kern\s{0,4}:\s{0,4}[a-z]{2,7}\s{0,4}:"
+)
+_MARK = r"nvidia-nvswitch\d{0,3}:[ \t]*SXid|SXid[ \t]*\(|NVRM:"
+_HEAD = re.compile(rf"(?:(?:{_TS})[ \t]*)+(?:{_MARK})?|{_MARK}")
+
+
+def split_records(line: str) -> list[str]:
+    """``line`` cut before each kernel record head after the first; ``[line]`` when it
+    holds one record. A piece that is only a prefix stays with the piece after it."""
+    if (
+        line.count("NVRM:") + line.count("SXid") < 2
+        and line.count("] ") < 2
+        and line.count("kernel:") < 2
+        and line.count(": kern: ") < 2
+    ):
+        return [line]
+    if "New status generated" in line or "Conditions:[" in line:
+        return [line]  # node-problem-detector quotes kernel lines inside one report
+    starts = [m.start() for m in _HEAD.finditer(line) if m.end() > m.start() and m.start() > 0]
+    if not starts:
+        return [line]
+    bounds = [0, *starts, len(line)]
+    out: list[str] = []
+    carry = ""
+    for a, b in zip(bounds, bounds[1:]):
+        piece = carry + line[a:b]
+        if not strip_prefix(piece).strip():
+            carry = piece
+            continue
+        out.append(piece.rstrip())
+        carry = ""
+    if carry:
+        if out:
+            out[-1] += carry.rstrip()
+        else:
+            out.append(carry.rstrip())
+    return out
+
+
+def _lookup(
+    line: str, table: list[tuple[str, Matcher]]
+) -> tuple[FaultEvent | Record | list[FaultEvent], Matcher] | None:
+    tried: list[Matcher] = []
+    for needle, matcher in table:
+        if needle in line and matcher not in tried:
+            tried.append(matcher)
+            result = matcher(line)
+            if result is not None and result != []:
+                return result, matcher
+    return None
+
+
+def match_line(line: str) -> list[Record]:
+    """The records ``line`` starts (empty when it starts none)."""
+    found = _lookup(line, TABLE)
+    if found is None:
+        return []
+    result, matcher = found
+    if isinstance(result, Record):
+        return [result]
+    if isinstance(result, FaultEvent):
+        return [Single(result, matcher)]
+    return [Single(ev, None) for ev in result]
+
+
+class KernelLogReader:
+    """Streaming kernel-log reader.
+
+    ``feed(line)`` returns the events completed by that line; ``flush()`` returns what is
+    still open or held at end of input. A record is complete when the next line shows it
+    does not continue (a one-line record waits one line, for a wrapped continuation); a
+    GPU-lost or Xid 79 event waits up to :data:`~agent.readers.kernel.fold.WINDOW_LINES`
+    lines for its counterpart. Each record is emitted exactly once, in input order.
+    Never raises on any ``str`` input.
+    """
+
+    def __init__(self) -> None:
+        self._open: list[Record] = []
+        self._last: Record | None = None
+        self._folder = Folder()
+
+    def feed(self, line: str) -> list[FaultEvent]:
+        """Read one line (with or without its line ending); returns completed events."""
+        out: list[FaultEvent] = []
+        try:
+            for piece in split_records(clean(str(line))):
+                self._piece(piece, out)
+            self._folder.tick(out)
+        except Exception:  # a reader never takes the agent down
+            self._open, self._last = [], None
+        return out
+
+    def flush(self) -> list[FaultEvent]:
+        """Close and return every open record and held event."""
+        out: list[FaultEvent] = []
+        try:
+            for rec in self._open:
+                rec.closed = True
+            self._drain(out)
+            self._folder.release(out)
+        except Exception:
+            self._folder = Folder()
+        self._open, self._last = [], None
+        return out
+
+    def _piece(self, piece: str, out: list[FaultEvent]) -> None:
+        if not piece.strip():
+            for rec in self._open:
+                rec.closed = True
+            self._last = None
+            self._drain(out)
+            return
+        taken: Record | None = None
+        for rec in reversed(self._open):
+            if not rec.closed and len(rec.lines) < rec.max_lines and rec.accepts(piece):
+                rec.add(piece)
+                taken = rec
+                break
+        new: list[Record] = []
+        if taken is None:
+            new = match_line(piece)
+            last = self._last
+            if (
+                not new
+                and last is not None
+                and not last.closed
+                and len(last.lines) < last.max_lines
+                and is_continuation_shape(piece)
+            ):
+                last.add_continuation(piece)
+                taken = last
+        for rec in self._open:
+            if rec is not taken:
+                rec.gap += 1
+                if rec.gap > rec.max_gap:
+                    rec.closed = True
+        self._open.extend(new)
+        self._last = taken if taken is not None else (new[-1] if new else None)
+        self._drain(out)
+
+    def _drain(self, out: list[FaultEvent]) -> None:
+        while self._open and self._open[0].closed:
+            for ev in self._open.pop(0).finish():
+                self._folder.add(ev, out)
+
+
+def read_kernel_lines(lines: list[str], sink: Callable[[FaultEvent], None]) -> None:
+    """Feed ``lines`` through a fresh :class:`KernelLogReader`, passing each event to ``sink``."""
+    reader = KernelLogReader()
+    for line in lines:
+        for ev in reader.feed(line):
+            sink(ev)
+    for ev in reader.flush():
+        sink(ev)
