@@ -4,7 +4,10 @@ Sources: ``/dev/kmsg`` (one record per ``read``; ``EPIPE`` when the ring buffer 
 records we had not read yet — counted and skipped), or any text file (e.g.
 ``/var/log/kern.log``) followed across rotation (inode change or truncation). Lines go
 through a reader with ``feed(line) -> list[event]`` / ``flush() -> list[event]``; the
-production reader is ``agent.readers.KernelLogReader``.
+production reader is ``agent.readers.KernelLogReader``. The reader holds a record until the
+next line shows it is complete (a one-line record may be wrapped onto the next line), so a
+poll that reads to the end of what is available flushes it: events come out in the poll
+that read them, and a record is only cut when a poll lands between its lines.
 
 A source that cannot be opened (missing, permission denied) is reported through
 :attr:`KernelLogFollower.error` and a log line, and retried every ``retry_s``; the agent
@@ -146,11 +149,12 @@ class KernelLogFollower:
 
     def _poll_kmsg(self, events: list[Any]) -> None:
         assert self._fd is not None
-        fed = False
+        drained = False
         for _ in range(self.max_lines):
             try:
                 chunk = os.read(self._fd, 8192)
             except BlockingIOError:
+                drained = True
                 break
             except OSError as exc:
                 if exc.errno == errno.EPIPE:
@@ -160,12 +164,12 @@ class KernelLogFollower:
                 self.close()
                 break
             if not chunk:
+                drained = True
                 break
             line = kmsg_to_line(chunk.decode("utf-8", "replace"))
             if line is not None:
                 self._feed(line, events)
-                fed = True
-        if not fed:  # a quiet poll closes an open multi-line record
+        if drained:  # nothing more to read now: close what the reader still holds
             events.extend(self.reader.flush())
 
     def _poll_file(self, events: list[Any]) -> None:
@@ -198,7 +202,7 @@ class KernelLogFollower:
             if self._open_rotated():
                 self._poll_file(events)
                 return
-        if budget == start:  # a quiet poll closes an open multi-line record
+        if budget > 0:  # read to the end: close what the reader still holds
             events.extend(self.reader.flush())
 
     def _rotated(self) -> bool:

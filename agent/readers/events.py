@@ -40,7 +40,9 @@ KINDS: frozenset[str] = frozenset(
 emit. The control plane's vocabulary (``workflows.catalogue.vocabulary``) re-exports this
 list, so a new kind added here must also get a catalogue entry (a test checks)."""
 
-LEVEL_KINDS: frozenset[str] = frozenset({"ib_link_down", "ib_link_up", "nvsmi", "slurm_node"})
+LEVEL_KINDS: frozenset[str] = frozenset(
+    {"ib_link_down", "ib_link_up", "nvsmi", "slurm_node", "npd_condition"}
+)
 """Kinds that describe a state with raise/clear edges; every other kind is an event."""
 
 CLEARS: dict[str, str] = {"ib_link_up": "ib_link_down"}
@@ -65,11 +67,46 @@ class FaultEvent:
     - ``summary``: stable one-line text (no timestamps, pids or counters that change
       between re-reports of the same fault).
     - ``text``: the raw evidence, lines of a multi-line record joined with ``\\n``.
-    - ``details``: kind-specific evidence (``gpc``/``tpc``/``sm`` for Xid 13,
-      ``link``/``subunit``/``severity`` for NVLink, ``recovery_action`` for Xid 154,
-      ``caused_by_xid`` for secondary Xids, Slurm ``state``/``reason``/..., nvidia-smi
-      counters and flags, ``dcgmi diag`` ``failed``/``warned`` tests). Values are
-      JSON-serialisable.
+    - ``details``: kind-specific evidence, JSON-serialisable. Kernel-log keys by kind:
+
+      - ``xid``: ``channel``; ``gpc``/``tpc``/``sm`` (Xid 13); ``gpu_instance``/
+        ``compute_instance`` (MIG); ``caused_by_xid``; ``gsp_function`` (Xid 119);
+        ``reset_required`` (``RST: Yes``); ``message``; ``link`` (Xid 74, NVLink5).
+        Xid 154: ``recovery_action_code`` (int, the "to" code, NVML
+        ``nvmlDeviceGpuRecoveryAction_t``: 0 none, 1 GPU reset, 2 node reboot, 3 drain
+        P2P, 4 drain and reset) only when printed; ``recovery_action`` (the label text,
+        possibly cut off) only when a label is printed; neither when unreadable;
+        ``previous_recovery_action_code``/``previous_recovery_action`` likewise.
+        NVLink5 Xid 144–150: ``subunit``, ``severity`` (``fatal``/``nonfatal`` as
+        printed), ``xc``, ``instance``, ``link``, ``intr_info``, ``error_status`` and, where
+        NVIDIA's catalogue decodes them, ``nvlink5_unit``, ``nvlink5_action`` (immediate
+        bucket: ``IGNORE``/``RESET_GPU``/``XID_154_EVAL``), ``nvlink5_investigatory``,
+        ``nvlink5_severity``, ``link_down_reason`` (Xid 149 link events). Reported by the
+        Kubernetes device plugin: ``reporter`` = ``"k8s-device-plugin"``, ``device`` (GPU
+        UUID/name), ``all_devices``. Xid 79 folded with its fallen-off-the-bus record(s):
+        ``related_evidence`` (list of their raw texts; the ``gpu_lost`` event is not emitted).
+      - ``sxid``: ``severity`` (``fatal``/``nonfatal``) ONLY when the headline prints
+        Fatal/Non-fatal, absent otherwise; ``severity_level`` (the ``Severity N`` number as
+        printed, no decision); ``link``; ``nvswitch``; ``message``.
+      - ``gpu_lost``: ``record`` (``multi_line`` for the ``nv.c`` block), ``nvml_error``,
+        ``assertion``, ``gpu_index``; ``related_evidence`` when two records of one GPU fold.
+      - ``uvm_fatal``: ``error_code`` (int, e.g. ``0x60`` → 96).
+      - ``npd_condition``: ``condition`` (e.g. ``KernelDeadlock``), ``status``
+        (``True``/``False``/``Unknown`` as printed), ``reason``, ``message``, ``reporter``.
+        Kernel kinds read from node-problem-detector events carry ``reporter`` =
+        ``"node-problem-detector"`` and ``npd_reason``.
+      - ``ext4_readonly`` (any filesystem remounted read-only): ``filesystem`` (``ext4``,
+        ``btrfs``, … or None), ``device``. ``xfs_shutdown``: ``device``.
+      - ``oom_kill``: ``cgroup``; from the ``oom-kill:`` summary ``constraint``, ``uid``,
+        ``task_memcg``, ``oom_memcg``, ``global_oom``; ``related_evidence`` when the
+        summary and the ``Killed process`` line fold.
+      - ``hung_task``: ``blocked_s``; ``pcie_aer_*``: ``aer_severity``, ``type``,
+        ``source``, ``devices``, ``uncorrected_nonfatal``; ``gsp_heartbeat``:
+        ``gpu_index``, ``diff_ms``, ``timeout_ms``; ``gpu_init_failed``: ``error``,
+        ``minor``; ``mce_ue``: ``controller``, ``count``, ``location``; ``ib_link_*``:
+        ``driver``, ``device``, ``port``.
+      - ``slurm_node`` / ``nvsmi`` / ``dcgm_diag``: Slurm ``state``/``reason``/…,
+        nvidia-smi counters and flags, ``dcgmi diag`` ``failed``/``warned`` tests.
     - ``level``: True for a state (raise/clear edges), False for a single observation.
     - ``active``: False marks the clear edge of a level fault.
     """

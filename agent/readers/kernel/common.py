@@ -75,6 +75,8 @@ def is_continuation_shape(line: str) -> bool:
     ``NVRM:`` followed by two or more blanks (``NVRM:     Reported by libos …`` after an
     Xid 120). The caller still checks that the line starts no record of its own.
     """
+    if not (line[:1] in " \t" or "]  " in line or ":  " in line or "\t" in line):
+        return False  # cheap test first: the body can only start with a blank after these
     body = strip_prefix(line)
     if not body.strip():
         return False

@@ -32,6 +32,9 @@ OOM_WINDOW_LINES = 4
 """Lines an ``oom_kill`` event waits for the other half of the same kill."""
 
 
+_FOLDABLE = frozenset({"gpu_lost", "xid", "oom_kill"})
+
+
 def _is_xid79(ev: FaultEvent) -> bool:
     return ev.kind == "xid" and ev.xid == 79 and ev.details.get("reporter") != DEVICE_PLUGIN
 
@@ -96,6 +99,15 @@ class Folder:
 
     def add(self, ev: FaultEvent, out: list[FaultEvent]) -> None:
         """Take one finished event; ``out`` gets what can be emitted now."""
+        if not self.held:
+            if window(ev) == 0:
+                out.append(ev)
+            else:
+                self.held.append(_Held(ev, window(ev)))
+            return
+        if ev.kind not in _FOLDABLE:
+            self.held.append(_Held(ev, 0))
+            return
         for entry in self.held:
             merged = merge(entry.event, ev)
             if merged is not None:

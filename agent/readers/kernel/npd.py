@@ -7,9 +7,8 @@
   condition, and each event whose message is a kernel record comes out as that record's
   own kind (``hung_task``, ``oom_kill``, …) with ``details["reporter"] =
   "node-problem-detector"``.
-- A condition row of ``kubectl describe node`` (``KernelDeadlock  True  <heartbeat>
-  <transition>  DockerHung  kernel: INFO: task …``) for a condition that is not one of the
-  kubelet's own (Ready, MemoryPressure, DiskPressure, PIDPressure, NetworkUnavailable).
+- The same ``{Type:… Status:… Reason:… Message:…}`` condition text wherever it is quoted
+  (NPD's ``Conditions:[…]`` in its own status logs or an operator's paste of one).
 
 ``npd_condition`` is a level kind: ``details`` has ``condition`` (``KernelDeadlock``,
 ``ReadonlyFilesystem``, ``XfsShutdown``, a custom plugin's type …), ``status``
@@ -35,17 +34,6 @@ _EVENT = re.compile(
     r"\{Severity:(?P<sev>\w{1,16}) Timestamp:[^{}]{0,120}? Reason:(?P<reason>\S{0,128})"
     r" Message:(?P<msg>[^{}]{0,2000}?)\}(?=\s|\]|$)"
 )
-_TIME = r"[A-Z][a-z]{2}, \d{1,2} [A-Z][a-z]{2} \d{4} \d\d:\d\d:\d\d [+-]\d{4}"
-_ROW = re.compile(
-    r"^\s*(?P<type>[A-Z][A-Za-z0-9]{2,63})\s+(?P<status>True|False|Unknown)\s+"
-    + _TIME + r"\s+" + _TIME + r"\s+(?P<reason>[A-Za-z][A-Za-z0-9]{1,127})\s*(?P<msg>.*)$"
-)
-KUBELET_CONDITIONS = frozenset(
-    {"Ready", "MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable"}
-)
-"""Conditions the kubelet itself sets (Kubernetes node status), not node-problem-detector."""
-
-
 def _condition(line: str, ctype: str, status: str, reason: str, msg: str) -> FaultEvent:
     details: dict[str, object] = {
         "condition": ctype,
@@ -66,26 +54,20 @@ def make_matcher(
 
     def match(line: str) -> list[FaultEvent] | None:
         out: list[FaultEvent] = []
-        if "Type:" in line:
-            if "Events:[" in line:
-                for em in _EVENT.finditer(line):
-                    msg = em.group("msg")
-                    if msg.startswith("Node condition "):
-                        continue  # the condition itself is reported below
-                    ev = inner(msg)
-                    if ev is not None:
-                        ev.text = line
-                        ev.details["reporter"] = REPORTER
-                        ev.details["npd_reason"] = em.group("reason")
-                        out.append(ev)
-            for cm in _COND.finditer(line):
-                out.append(_condition(line, cm.group("type"), cm.group("status"),
-                                      cm.group("reason"), cm.group("msg")))
-            return out or None
-        rm = _ROW.match(line)
-        if rm and rm.group("type") not in KUBELET_CONDITIONS:
-            return [_condition(line, rm.group("type"), rm.group("status"), rm.group("reason"),
-                               rm.group("msg"))]
-        return None
+        if "Events:[" in line:
+            for em in _EVENT.finditer(line):
+                msg = em.group("msg")
+                if msg.startswith("Node condition "):
+                    continue  # the condition itself is reported below
+                ev = inner(msg)
+                if ev is not None:
+                    ev.text = line
+                    ev.details["reporter"] = REPORTER
+                    ev.details["npd_reason"] = em.group("reason")
+                    out.append(ev)
+        for cm in _COND.finditer(line):
+            out.append(_condition(line, cm.group("type"), cm.group("status"),
+                                  cm.group("reason"), cm.group("msg")))
+        return out or None
 
     return match
