@@ -67,6 +67,13 @@ def strip_prefix(line: str) -> str:
     return line[pos:]
 
 
+def maybe_continuation(line: str) -> bool:
+    """Cheap necessary test for :func:`is_continuation_shape`: a body can only start with
+    a blank (or be ``NVRM:`` plus blanks) when the line starts with one or holds ``]  ``,
+    ``:  `` or a tab."""
+    return line[:1] in " \t" or "]  " in line or ":  " in line or "\t" in line
+
+
 def is_continuation_shape(line: str) -> bool:
     """True when ``line`` looks like the wrapped tail of the record above it.
 
@@ -75,8 +82,8 @@ def is_continuation_shape(line: str) -> bool:
     ``NVRM:`` followed by two or more blanks (``NVRM:     Reported by libos …`` after an
     Xid 120). The caller still checks that the line starts no record of its own.
     """
-    if not (line[:1] in " \t" or "]  " in line or ":  " in line or "\t" in line):
-        return False  # cheap test first: the body can only start with a blank after these
+    if not maybe_continuation(line):
+        return False
     body = strip_prefix(line)
     if not body.strip():
         return False

@@ -46,7 +46,9 @@ from agent.readers.kernel.common import (
     Record,
     Single,
     clean,
+    continuation_body,
     is_continuation_shape,
+    maybe_continuation,
     strip_prefix,
 )
 from agent.readers.kernel.fold import Folder
@@ -203,6 +205,7 @@ class KernelLogReader:
     def __init__(self) -> None:
         self._open: list[Record] = []
         self._last: Record | None = None
+        self._prev: str | None = None  # the line above, when it started no record
         self._folder = Folder()
 
     def feed(self, line: str) -> list[FaultEvent]:
@@ -211,14 +214,17 @@ class KernelLogReader:
         try:
             line = clean(str(line))
             if not self._open and self._last is None and not self._folder.held:
-                if not has_needle(line):
+                if not has_needle(line) and not (
+                    self._prev is not None and maybe_continuation(line)
+                ):
+                    self._prev = line if line.strip() else None
                     return out  # nothing open, no record here
             for piece in split_records(line):
                 self._piece(piece, out)
             if self._folder.held:
                 self._folder.tick(out)
         except Exception:  # a reader never takes the agent down
-            self._open, self._last = [], None
+            self._open, self._last, self._prev = [], None, None
         return out
 
     def flush(self) -> list[FaultEvent]:
@@ -231,14 +237,14 @@ class KernelLogReader:
             self._folder.release(out)
         except Exception:
             self._folder = Folder()
-        self._open, self._last = [], None
+        self._open, self._last, self._prev = [], None, None
         return out
 
     def _piece(self, piece: str, out: list[FaultEvent]) -> None:
         if not piece.strip():
             for rec in self._open:
                 rec.closed = True
-            self._last = None
+            self._last = self._prev = None
             self._drain(out)
             return
         taken: Record | None = None
@@ -249,14 +255,18 @@ class KernelLogReader:
                 break
         new: list[Record] = []
         if taken is None:
-            new = match_line(piece) if has_needle(piece) else []
+            cont = maybe_continuation(piece) and is_continuation_shape(piece)
             last = self._last
+            if cont and last is None and self._prev is not None:
+                new = self._joined(self._prev, piece)
+            if not new:
+                new = match_line(piece) if has_needle(piece) else []
             if (
-                not new
+                cont
+                and not new
                 and last is not None
                 and not last.closed
                 and len(last.lines) < last.max_lines
-                and is_continuation_shape(piece)
             ):
                 last.add_continuation(piece)
                 taken = last
@@ -267,7 +277,24 @@ class KernelLogReader:
                     rec.closed = True
         self._open.extend(new)
         self._last = taken if taken is not None else (new[-1] if new else None)
+        self._prev = piece if self._last is None else None
         self._drain(out)
+
+    @staticmethod
+    def _joined(prev: str, piece: str) -> list[Record]:
+        """Records of a line that started none, read with its wrapped continuation (the
+        marker may sit on the continuation: ``EXT4-fs error … lblock 0;`` +
+        ``    Remounting filesystem read-only``)."""
+        joined = prev.rstrip() + " " + continuation_body(piece)
+        if not has_needle(joined):
+            return []
+        new = match_line(joined)
+        for rec in new:
+            rec.lines = [prev, piece]
+            rec.continued = []
+            if isinstance(rec, Single):
+                rec.event.text = rec.text
+        return new
 
     def _drain(self, out: list[FaultEvent]) -> None:
         while self._open and self._open[0].closed:
