@@ -27,7 +27,7 @@ from agent.readers.kernel.common import single
 REPORTER = "node-problem-detector"
 
 _COND = re.compile(
-    r"\{Type:(?P<type>\w{1,64}) Status:(?P<status>\w{1,16})(?: Transition:[^{}]{0,120}?)?"
+    r"\{?Type:(?P<type>\w{1,64}) Status:(?P<status>\w{1,16})(?: Transition:[^{}]{0,120}?)?"
     r" Reason:(?P<reason>\S{0,128}) Message:(?P<msg>[^{}]{0,2000}?)\}(?=\s|\]|$)"
 )
 _EVENT = re.compile(

@@ -125,6 +125,7 @@ _TS = (
     r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)? \S{1,64} kernel:"
     r"|\S{1,64}: kern: [a-z]{2,7}: \[[^\]]{1,40}\]:"
     r"|kern\s{0,4}:\s{0,4}[a-z]{2,7}\s{0,4}:"
+    r"|(?<!\S)kernel:"
 )
 _MARK = r"nvidia-nvswitch\d{0,3}:[ \t]*SXid|SXid[ \t]*\(|NVRM:"
 _HEAD = re.compile(rf"(?:(?:{_TS})[ \t]*)+(?:{_MARK})?|{_MARK}")
@@ -133,13 +134,15 @@ _HEAD = re.compile(rf"(?:(?:{_TS})[ \t]*)+(?:{_MARK})?|{_MARK}")
 def split_records(line: str) -> list[str]:
     """``line`` cut before each kernel record head after the first; ``[line]`` when it
     holds one record. A piece that is only a prefix stays with the piece after it."""
-    if (
-        line.count("NVRM:") + line.count("SXid") < 2
-        and line.count("] ") < 2
-        and line.count("kernel:") < 2
-        and line.count(": kern: ") < 2
-    ):
-        return [line]
+    heads = (
+        line.count("NVRM:")
+        + line.count("SXid")
+        + line.count("] ")
+        + line.count("kernel:")
+        + line.count("kern ")
+    )
+    if heads < 2:
+        return [line]  # at most one record head: nothing to cut
     if "New status generated" in line or "Conditions:[" in line:
         return [line]  # node-problem-detector quotes kernel lines inside one report
     starts = [m.start() for m in _HEAD.finditer(line) if m.end() > m.start() and m.start() > 0]

@@ -43,6 +43,14 @@ class SXidRecord(Record):
         super().__init__(line)
         self.dev, self.pci, self.code = dev, pci, code
         self.parts = {part}
+        self.last_part = part
+        self.wrapped: dict[str, str] = {}  # part → text of its wrapped continuation lines
+
+    def add_continuation(self, line: str) -> None:
+        super().add_continuation(line)
+        self.wrapped[self.last_part] = (
+            self.wrapped.get(self.last_part, "") + " " + self.continued[-1]
+        ).strip()
 
     def accepts(self, line: str) -> bool:
         if "SXid" not in line:
@@ -54,6 +62,7 @@ class SXidRecord(Record):
         if part in self.parts:
             return False  # a second headline or Data line is the next error
         self.parts.add(part)
+        self.last_part = part
         return True
 
     def finish(self) -> list[FaultEvent]:
@@ -66,6 +75,8 @@ class SXidRecord(Record):
                 continue
             rest = m.group("rest")
             part = _part(rest)
+            if part in self.wrapped:
+                rest = f"{rest} {self.wrapped.pop(part)}"
             if part == "headline":
                 hs = _HEAD_SEV.match(rest)
                 if hs and "severity" not in details:
