@@ -174,7 +174,7 @@ class KernelLogFollower:
 
     def _poll_file(self, events: list[Any]) -> None:
         assert self._fd is not None
-        budget = start = self.max_lines
+        budget = self.max_lines
         while budget > 0:
             if self._backlog:
                 take, self._backlog = self._backlog[:budget], self._backlog[budget:]

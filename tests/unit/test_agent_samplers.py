@@ -16,11 +16,10 @@ from agent.host import CpuSampler, HostReadError, IbWatcher, memory_available_fr
 from agent.kmsg import KernelLogFollower, kmsg_to_line
 from agent.nvml import BackendUnavailable, NvmlBackend, make_backend, normalise_pci
 from agent.otlp import gauge, metrics_request
-from agent.runner import Fault
-from agent.simulator import ScheduledFault, SimulatorError, load_kernel_lines
-
 from agent.readers import KernelLogReader
 from agent.readers.kernel.fold import WINDOW_LINES
+from agent.runner import Fault
+from agent.simulator import ScheduledFault, SimulatorError, load_kernel_lines
 
 XID79 = "[74889.644138] NVRM: Xid (PCI:0000:02:00): 79, GPU has fallen off the bus."
 

@@ -520,7 +520,7 @@ def test_fuzz_each_record_once(recs: list[tuple[int, str, int, int]], sep: str) 
     lines = [prefix + RECORDS[i].format(b=b, n=n) for i, prefix, b, n in recs]
     events = _kernel(sep.join(lines))
     assert len(events) == len(lines), (lines, events)
-    for line, ev in zip(lines, events):
+    for line, ev in zip(lines, events, strict=True):
         assert ev.text.split("\n")[0] == line.rstrip()
 
 

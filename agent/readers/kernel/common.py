@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Union
 
 from agent.readers.events import MAX_LINE_CHARS, FaultEvent
 
@@ -175,7 +174,7 @@ class Record:
         return "\n".join(self.lines)
 
 
-Matcher = Callable[[str], Union[FaultEvent, Record, list[FaultEvent], None]]
+Matcher = Callable[[str], FaultEvent | Record | list[FaultEvent] | None]
 """A family's matcher: one logical line → an event, an open record, several events or None."""
 
 
