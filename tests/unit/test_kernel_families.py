@@ -13,7 +13,7 @@ from agent.readers import FaultEvent, KernelLogReader, read_text
 from agent.readers.events import KINDS, LEVEL_KINDS
 from agent.readers.kernel import nvlink5, read_kernel_lines
 from agent.readers.kernel.fold import WINDOW_LINES
-from agent.readers.kernel.reader import TABLE, split_records
+from agent.readers.kernel.reader import GATE, TABLE, has_needle, split_records
 
 PREFIXES = [
     "",
@@ -483,10 +483,10 @@ def test_nvlink5_link_down_reason_and_unknown_rows() -> None:
 # --- Table, fuzz ------------------------------------------------------------------------
 
 
-def test_table_needles_appear_in_what_their_matchers_need() -> None:
-    for needle, matcher in TABLE:
-        assert needle and callable(matcher)
-        assert matcher(needle) in (None, []), needle  # a needle alone is no record
+def test_table_needles_pass_the_gate() -> None:
+    for (gate, needle), matcher in TABLE:
+        assert gate in GATE and has_needle(f"x {gate} {needle} y") and callable(matcher)
+        assert matcher(f"{gate} {needle}") in (None, []), needle  # a needle alone is no record
 
 
 RECORDS = [

@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable
 from itertools import pairwise
 
-from agent.readers.events import FaultEvent
+from agent.readers.events import MAX_LINE_CHARS, FaultEvent
 from agent.readers.kernel import (
     aer,
     device_plugin,
@@ -46,7 +46,6 @@ from agent.readers.kernel.common import (
     Matcher,
     Record,
     Single,
-    clean,
     continuation_body,
     is_continuation_shape,
     maybe_continuation,
@@ -54,38 +53,38 @@ from agent.readers.kernel.common import (
 )
 from agent.readers.kernel.fold import Folder
 
-_KERNEL_TABLE: list[tuple[str, Matcher]] = [
-    ("SXid", sxid.match),
-    ("XidCriticalError", device_plugin.match),
-    ("Xid", xid.match),
-    ("global fatal error", uvm.match),
-    ("The NVIDIA GPU", gpu_lost.match_block),
-    ("fallen off the bus", gpu_lost.match_fallen),
-    ("device handle", gpu_lost.match_no_handle),
-    ("NV_ERR_GPU_IS_LOST", gpu_lost.match_is_lost),
-    ("eartbeat timed out", gsp.match_heartbeat),
-    ("NV_ERR_RESET_REQUIRED", gsp.match_reset_required),
-    ("RmInitAdapter", gsp.match_rminit),
-    ("rm_init_adapter", gsp.match_rminit_follow),
-    ("AER", aer.match),
-    ("PCIe Bus Error", aer.match),
-    ("XFS", fs.match_xfs),
-    ("only", fs.match_readonly),  # "read-only", "readonly"
-    ("blocked for more than", hung.match),
-    ("mlx", ib.match_mlx),
-    ("port", ib.match_port),
-    ("Port", ib.match_port),
-    ("Kill", oom.match_killed),  # "Killed process", "Kill process"
-    ("oom-kill:", oom.match_summary),
-    ("EDAC", mce.match_edac),
-    ("mce:", mce.match_mce),
-    ("Hardware Error", mce.match_mce),
-    ("Machine Check", mce.match_mce),
+Needle = tuple[str, str]
+"""``(gate, needle)``: a matcher runs only on lines holding both (``gate`` is the family's
+common marker, e.g. ``NVRM``; ``""`` when the needle alone says it)."""
+
+_KERNEL_TABLE: list[tuple[Needle, Matcher]] = [
+    (("Xid", "SXid"), sxid.match),
+    (("Xid", "XidCriticalError"), device_plugin.match),
+    (("Xid", ""), xid.match),
+    (("NVRM", "global fatal error"), uvm.match),
+    (("NVRM", "The NVIDIA GPU"), gpu_lost.match_block),
+    (("NVRM", "fallen off the bus"), gpu_lost.match_fallen),
+    (("NVRM", "NV_ERR_GPU_IS_LOST"), gpu_lost.match_is_lost),
+    (("NVRM", "eartbeat timed out"), gsp.match_heartbeat),
+    (("NVRM", "NV_ERR_RESET_REQUIRED"), gsp.match_reset_required),
+    (("NVRM", "RmInitAdapter"), gsp.match_rminit),
+    (("NVRM", "rm_init_adapter"), gsp.match_rminit_follow),
+    (("device handle", ""), gpu_lost.match_no_handle),
+    (("AER", ""), aer.match),
+    (("PCIe Bus Error", ""), aer.match),
+    (("XFS", ""), fs.match_xfs),
+    (("only", ""), fs.match_readonly),  # "read-only", "readonly"
+    (("blocked for more than", ""), hung.match),
+    (("mlx", ""), ib.match_mlx),
+    (("ort", "port"), ib.match_port),
+    (("ort", "Port"), ib.match_port),
+    (("Kill", ""), oom.match_killed),  # "Killed process", "Kill process"
+    (("oom-kill:", ""), oom.match_summary),
+    (("EDAC", ""), mce.match_edac),
+    (("mce:", ""), mce.match_mce),
+    (("Hardware Error", ""), mce.match_mce),
+    (("Machine Check", ""), mce.match_mce),
 ]
-"""Kernel-record families, most specific first: ``(needle, matcher)``; the matcher runs
-only on lines containing its needle, and the first result wins."""
-
-
 def _kernel_event(line: str) -> FaultEvent | None:
     """One kernel message → its event (records closed at once); used for NPD messages."""
     found = _lookup(line, _KERNEL_TABLE)
@@ -100,24 +99,38 @@ def _kernel_event(line: str) -> FaultEvent | None:
     return result
 
 
-TABLE: list[tuple[str, Matcher]] = [
-    ("Type:", npd.make_matcher(_kernel_event)),
+TABLE: list[tuple[Needle, Matcher]] = [
+    (("Type:", ""), npd.make_matcher(_kernel_event)),
     *_KERNEL_TABLE,
 ]
 """Every family: node-problem-detector reports first (their messages quote kernel lines),
 then :data:`_KERNEL_TABLE`."""
 
 
-def _needle_test(needles: list[str]) -> Callable[[str], bool]:
-    """``line → any(needle in line)``, compiled to straight-line ``in`` tests: the reader's
-    fast path for the many lines that hold no record (a loop costs twice as much)."""
-    expr = " or ".join(f"{n!r} in line" for n in dict.fromkeys(needles))
-    test: Callable[[str], bool] = eval(f"lambda line: {expr}")
+def _table_test(table: list[tuple[Needle, Matcher]]) -> Callable[[str], bool]:
+    """``line → True`` when some entry's gate and needle are both in ``line``, compiled to
+    straight-line ``in`` tests grouped by gate: the reader's fast path for the many lines
+    that hold no record (a loop over the table costs several times as much)."""
+    groups: dict[str, list[str]] = {}
+    for (gate, needle), _ in table:
+        groups.setdefault(gate, []).append(needle)
+    terms = []
+    for gate, needles in groups.items():
+        if "" in needles:
+            terms.append(f"{gate!r} in line")
+        else:
+            inner = " or ".join(f"{n!r} in line" for n in dict.fromkeys(needles))
+            terms.append(f"({gate!r} in line and ({inner}))")
+    # eval of repr()-quoted literals from this table only
+    test: Callable[[str], bool] = eval(f"lambda line: {' or '.join(terms)}")
     return test
 
 
-has_needle = _needle_test([needle for needle, _ in TABLE])
-"""True when a line holds any :data:`TABLE` needle."""
+GATE: tuple[str, ...] = tuple(dict.fromkeys(gate for (gate, _), _m in TABLE))
+"""The distinct gates of :data:`TABLE`: a line holding none of them holds no record."""
+
+has_needle = _table_test(TABLE)
+"""True when some :data:`TABLE` entry's gate and needle are both in a line."""
 
 _TS = (
     r"\[\s*\d{1,12}\.\d{1,9}\]"
@@ -135,15 +148,10 @@ _HEAD = re.compile(rf"(?:(?:{_TS})[ \t]*)+(?:{_MARK})?|{_MARK}")
 def split_records(line: str) -> list[str]:
     """``line`` cut before each kernel record head after the first; ``[line]`` when it
     holds one record. A piece that is only a prefix stays with the piece after it."""
-    heads = (
-        line.count("NVRM:")
-        + line.count("SXid")
-        + line.count("] ")
-        + line.count("kernel:")
-        + line.count("kern ")
-    )
-    if heads < 2:
-        return [line]  # at most one record head: nothing to cut
+    if line.count("NVRM:") + line.count("SXid") < 2 and (
+        line.count("] ") + line.count("]: ") + line.count("kern") < 2
+    ):
+        return [line]  # at most one driver marker and one timestamp: nothing to cut
     if "New status generated" in line or "Conditions:[" in line:
         return [line]  # node-problem-detector quotes kernel lines inside one report
     starts = [m.start() for m in _HEAD.finditer(line) if m.end() > m.start() and m.start() > 0]
@@ -168,11 +176,11 @@ def split_records(line: str) -> list[str]:
 
 
 def _lookup(
-    line: str, table: list[tuple[str, Matcher]]
+    line: str, table: list[tuple[Needle, Matcher]]
 ) -> tuple[FaultEvent | Record | list[FaultEvent], Matcher] | None:
     tried: list[Matcher] = []
-    for needle, matcher in table:
-        if needle in line:
+    for (gate, needle), matcher in table:
+        if gate in line and needle in line:
             if matcher in tried:
                 continue
             tried.append(matcher)
@@ -216,13 +224,24 @@ class KernelLogReader:
         """Read one line (with or without its line ending); returns completed events."""
         out: list[FaultEvent] = []
         try:
-            line = clean(str(line))
-            if not self._open and self._last is None and not self._folder.held:
-                if not has_needle(line) and not (
-                    self._prev is not None and maybe_continuation(line)
-                ):
-                    self._prev = line if line.strip() else None
-                    return out  # nothing open, no record here
+            if type(line) is not str:
+                line = str(line)
+            if len(line) > MAX_LINE_CHARS:
+                line = line[:MAX_LINE_CHARS]
+            line = line.rstrip("\r\n")
+            if (
+                not self._open
+                and self._last is None
+                and not self._folder.held
+                and not has_needle(line)
+                # maybe_continuation(), inlined: this is the path of most lines
+                and not (
+                    self._prev
+                    and (line[:1] in " \t" or "]  " in line or ":  " in line or "\t" in line)
+                )
+            ):
+                self._prev = line  # may be the head of a record wrapped onto the next line
+                return out  # nothing open, no record here
             for piece in split_records(line):
                 self._piece(piece, out)
             if self._folder.held:
@@ -261,7 +280,7 @@ class KernelLogReader:
         if taken is None:
             cont = maybe_continuation(piece) and is_continuation_shape(piece)
             last = self._last
-            if cont and last is None and self._prev is not None:
+            if cont and last is None and self._prev:
                 new = self._joined(self._prev, piece)
             if not new:
                 new = match_line(piece) if has_needle(piece) else []
