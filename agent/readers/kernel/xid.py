@@ -15,8 +15,9 @@ from agent.readers.kernel import nvlink5
 from agent.readers.kernel.common import HEX, PCI_ANY, to_int
 
 _XID = re.compile(
-    r"NVRM:[ \t]{0,8}Xid[ \t]{0,8}(?:\([ \t]{0,4}(?:PCI:[ \t]{0,4})?(?P<pci>" + PCI_ANY + r")?"
-    r"(?P<extra>[^)]{0,80})\)[ \t]{0,4})?:?[ \t]{0,8}(?P<code>\d{1,6})\b[ \t]{0,8},?[ \t]{0,8}"
+    r"NVRM:[ \t]{0,8}Xid(?:[ \t]{0,8}\([ \t]{0,4}(?:PCI:[ \t]{0,4})?(?P<pci>" + PCI_ANY + r")?"
+    r"(?P<extra>[^)]{0,80})\)[ \t]{0,4}:?[ \t]{0,8}|[ \t]{1,8})"  # "(addr):" or no address
+    r"(?P<code>\d{1,6})\b[ \t]{0,8},?[ \t]{0,8}"
     r"(?P<rest>.*)"
 )
 _PID_NAME = re.compile(
