@@ -1,6 +1,8 @@
-"""``autorepair-agent`` console script (DESIGN §4.1): ``run``, ``simulate`` and ``validate``.
+"""``autorepair-agent`` console script (DESIGN §4.1): ``run``, ``simulate``, ``validate``
+and ``reset-gpu``.
 
-``validate`` runs the local validation suite of ``agent/validation/`` (DESIGN §1 step 5).
+``validate`` runs the local validation suite of ``agent/validation/`` (DESIGN §1 step 5);
+``reset-gpu`` resets one GPU in place (``agent/gpureset/``, DESIGN §5 ``reset_gpu``).
 
 Exit codes: 0 normal stop (SIGINT/SIGTERM or ``--duration`` elapsed); 2 bad
 configuration or an unavailable GPU backend (the message names the field/value).
@@ -194,6 +196,47 @@ def validate(
     raise typer.Exit(
         run_validate(json_out=json_out, config=config, machine=machine, backend=backend)
     )
+
+
+@app.command("reset-gpu")
+def reset_gpu(
+    pci: Annotated[str, typer.Option("--pci", help="GPU PCI address: 0000:c6:00, "
+                                     "0000:C6:00.0 or c6:00.0")],
+    json_out: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="run the precondition checks only: stop nothing, reset nothing")]
+    = False,
+    stop_services: Annotated[bool, typer.Option(
+        "--stop-services", help="stop NVIDIA daemons holding the GPU (nvidia-persistenced, "
+        "DCGM nv-hostengine) through systemctl and restart them afterwards; without it "
+        "they make the reset exit 2")] = False,
+    backend: Annotated[str, typer.Option(help="nvml | simulated (explicit)")] = "nvml",
+    sim_faults: Annotated[Path | None, typer.Option(
+        help="simulated backend: JSON object of SimFaults fields (gpu_processes, "
+             "mig_gpus, nvswitch, recovery_action, remap_pending, reset_outcome, …)")] = None,
+    sim_gpus: Annotated[int, typer.Option(help="simulated backend: GPU count")] = 8,
+    nvidia_smi: Annotated[str | None, typer.Option(
+        help="reset command (default nvidia-smi; with --backend simulated the simulated "
+             "reset unless given)")] = None,
+    systemctl: Annotated[str, typer.Option(help="systemctl binary")] = "systemctl",
+    reset_timeout: Annotated[float, typer.Option(
+        help="seconds the reset command may run")] = 180.0,
+    wait_timeout: Annotated[float, typer.Option(
+        help="seconds to wait for the GPU to come back after the reset")] = 60.0,
+    proc_root: Annotated[Path, typer.Option(help="procfs root (who holds /dev/nvidiaN)")]
+    = Path("/proc"),
+    sys_root: Annotated[Path, typer.Option(help="sysfs root (NVSwitch PCI devices)")]
+    = Path("/sys"),
+) -> None:
+    """Reset one GPU in place: exit 0 done, 1 reset failed, 2 cannot run (with the reason)."""
+    from agent.gpureset.cli import run_reset_gpu
+
+    raise typer.Exit(run_reset_gpu(
+        pci=pci, json_out=json_out, dry_run=dry_run, stop_services=stop_services,
+        backend=backend, sim_faults=sim_faults, sim_gpus=sim_gpus, nvidia_smi=nvidia_smi,
+        systemctl=systemctl, reset_timeout=reset_timeout, wait_timeout=wait_timeout,
+        proc_root=proc_root, sys_root=sys_root,
+    ))
 
 
 def main() -> None:

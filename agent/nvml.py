@@ -57,6 +57,83 @@ class GpuSample:
     nvlink_active: tuple[int, ...] = ()
 
 
+#: GPU recovery action codes, nvml.h ``nvmlDeviceGpuRecoveryAction_t`` (read through the
+#: field value ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``, id 230, R550+ drivers).
+RECOVERY_ACTIONS: dict[int, str] = {
+    0: "none",
+    1: "gpu_reset",
+    2: "node_reboot",
+    3: "drain_p2p",
+    4: "drain_and_reset",
+    5: "recover_imex_domain",
+    6: "bus_reset",
+    7: "system_reboot",
+}
+
+
+def recovery_action_name(code: int | None) -> str | None:
+    """``1`` → ``"gpu_reset"``; ``None`` (not reported) → ``None``; unknown → ``"code_N"``."""
+    if code is None:
+        return None
+    return RECOVERY_ACTIONS.get(code, f"code_{code}")
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """Identity of one GPU as NVML enumerates it. ``minor`` names ``/dev/nvidia{minor}``."""
+
+    index: int
+    pci: str  # kernel-log form "0000:c6:00"
+    uuid: str
+    minor: int | None
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """The state a GPU reset is meant to clear, read from NVML. ``None`` = not reported.
+
+    ``recovery_action``: nvml.h code (see :data:`RECOVERY_ACTIONS`); ``remap_pending`` /
+    ``remap_failure``: ``nvmlDeviceGetRemappedRows``; ``ecc_volatile_*``:
+    ``nvmlDeviceGetTotalEccErrors(..., NVML_VOLATILE_ECC)`` counts since the last driver
+    load or reset.
+    """
+
+    recovery_action: int | None = None
+    remap_pending: bool | None = None
+    remap_failure: bool | None = None
+    ecc_volatile_corrected: int | None = None
+    ecc_volatile_uncorrected: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form; ``recovery_action`` by name (``"none"``, ``"gpu_reset"``, …)."""
+        return {
+            "recovery_action": recovery_action_name(self.recovery_action),
+            "remap_pending": self.remap_pending,
+            "remap_failure": self.remap_failure,
+            "ecc_volatile_corrected": self.ecc_volatile_corrected,
+            "ecc_volatile_uncorrected": self.ecc_volatile_uncorrected,
+        }
+
+
+@dataclass(frozen=True)
+class NvLinkInfo:
+    """NVLink facts of one GPU: active link count and whether a link ends on an NVSwitch
+    (``nvmlDeviceGetNvLinkRemoteDeviceType`` = ``NVML_NVLINK_DEVICE_TYPE_SWITCH``)."""
+
+    active_links: int
+    to_switch: bool
+
+
+@dataclass(frozen=True)
+class ResetCommandResult:
+    """What a GPU reset command did: argv, exit status (``None`` = timed out), output."""
+
+    argv: tuple[str, ...]
+    returncode: int | None
+    output: str
+    duration_s: float
+
+
 @dataclass(frozen=True)
 class XidEvent:
     """A critical Xid reported by NVML's event API (``nvmlEventSetWait``)."""
@@ -251,6 +328,24 @@ class SimFaults:
     #: Next N sample() calls raise SampleError (a transient NVML outage).
     fail_reads: int = 0
     idle: bool = False
+    # --- state read by ``autorepair-agent reset-gpu`` (GPU 0 unless a field says) ---
+    #: GPU index → pids NVML lists as running compute processes on it.
+    gpu_processes: dict[int, list[int]] = field(default_factory=dict)
+    #: GPU indices with MIG mode enabled.
+    mig_gpus: list[int] = field(default_factory=list)
+    #: NVLinks end on NVSwitches (an HGX/DGX baseboard) instead of peer GPUs.
+    nvswitch: bool = False
+    #: GPU 0's NVML recovery action code (:data:`RECOVERY_ACTIONS`; 1 = GPU reset).
+    recovery_action: int = 0
+    #: What the simulated ``nvidia-smi -r`` does: ``clears`` (recovery action none, remap
+    #: applied, volatile ECC zeroed), ``persists`` (exit 0, state unchanged), ``fails``
+    #: (exit 3 "not supported", state unchanged), ``lost`` (exit 0, the GPU never comes
+    #: back on the bus).
+    reset_outcome: str = "clears"
+
+
+#: Outcomes :attr:`SimFaults.reset_outcome` accepts.
+SIM_RESET_OUTCOMES = ("clears", "persists", "fails", "lost")
 
 
 #: Nominal H100-SXM figures for synthetic telemetry (NVIDIA H100 datasheet: max SM clock
@@ -284,6 +379,7 @@ class SimulatedBackend:
         self._xids: list[XidEvent] = []
         self._replay = [0] * self.gpu_count
         self._opened = False
+        self._gone: set[int] = set()  # GPUs a simulated reset lost from the bus
 
     def pci_of(self, index: int) -> str:
         """Kernel-log PCI form of simulated GPU ``index``."""
@@ -308,6 +404,8 @@ class SimulatedBackend:
         rng = self._rng
         out: list[GpuSample] = []
         for i in range(max(0, self.gpu_count - f.lost_gpus)):
+            if i in self._gone:
+                continue
             if f.idle:
                 util, clk = 0.0, 345.0
             elif self.profile == "training":
@@ -355,6 +453,75 @@ class SimulatedBackend:
         """Clear every injected fault (what a reboot does to a simulated node)."""
         self.faults = replace(SimFaults())
         self._xids.clear()
+        self._gone.clear()
+
+    # --- the device interface of ``agent.gpureset`` (same methods as NvmlResetDevice) ---
+
+    def _visible(self) -> list[int]:
+        if not self._opened:
+            raise SampleError("backend simulated: not opened")
+        n = max(0, self.gpu_count - self.faults.lost_gpus)
+        return [i for i in range(n) if i not in self._gone]
+
+    def gpus(self) -> list[GpuInfo]:
+        """Every visible GPU (index, PCI, UUID, minor = index)."""
+        return [
+            GpuInfo(i, self.pci_of(i), f"GPU-sim-{self.seed or 0:08x}-{i:04d}", i)
+            for i in self._visible()
+        ]
+
+    def processes(self, index: int) -> list[int]:
+        """Pids planted in :attr:`SimFaults.gpu_processes` for GPU ``index``."""
+        procs = {int(k): v for k, v in self.faults.gpu_processes.items()}
+        return sorted(int(p) for p in procs.get(index, []))
+
+    def mig_mode(self, index: int) -> tuple[bool, bool] | None:
+        """``(current, pending)`` MIG mode; both as planted in :attr:`SimFaults.mig_gpus`."""
+        on = index in {int(i) for i in self.faults.mig_gpus}
+        return (on, on)
+
+    def nvlink(self, index: int) -> NvLinkInfo:
+        """18 active links (an H100 SXM), to NVSwitches when :attr:`SimFaults.nvswitch`."""
+        return NvLinkInfo(active_links=18, to_switch=self.faults.nvswitch)
+
+    def architecture(self, index: int) -> str | None:
+        """Always ``hopper`` (the simulated board is an H100 HGX)."""
+        return "hopper"
+
+    def gpu_state(self, index: int) -> GpuState:
+        """GPU 0 carries the planted faults; the others are clean."""
+        f = self.faults
+        if index != 0:
+            return GpuState(0, False, False, 0, 0)
+        return GpuState(f.recovery_action, f.remap_pending, f.remap_failure, 0,
+                        f.ecc_uncorrectable)
+
+    def simulate_reset(self, pci: str) -> ResetCommandResult:
+        """What ``nvidia-smi --gpu-reset -i PCI`` would do here, per
+        :attr:`SimFaults.reset_outcome`; only GPU 0 carries faults to clear. Never raises:
+        an unknown outcome comes back as exit status 2 naming the field."""
+        f = self.faults
+        argv = ("simulated-nvidia-smi", "--gpu-reset", "-i", pci)
+        if f.reset_outcome not in SIM_RESET_OUTCOMES:
+            return ResetCommandResult(
+                argv, 2,
+                f"reset_outcome: must be one of {SIM_RESET_OUTCOMES}, got {f.reset_outcome!r}",
+                0.0,
+            )
+        index = next((g.index for g in self.gpus() if g.pci == pci), None)
+        if index is None:
+            return ResetCommandResult(argv, 6, f"No devices were found matching {pci}", 0.0)
+        if f.reset_outcome == "fails":
+            return ResetCommandResult(
+                argv, 3, f"GPU Reset couldn't run because GPU {pci} is not supported.", 0.0
+            )
+        if f.reset_outcome == "lost":
+            self._gone.add(index)
+        elif f.reset_outcome == "clears" and index == 0:
+            f.recovery_action = 0
+            f.remap_pending = False
+            f.ecc_uncorrectable = 0
+        return ResetCommandResult(argv, 0, f"GPU {pci} was successfully reset.", 0.0)
 
 
 def make_backend(
