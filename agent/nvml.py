@@ -457,11 +457,14 @@ class SimulatedBackend:
 
     # --- the device interface of ``agent.gpureset`` (same methods as NvmlResetDevice) ---
 
+    def _present(self) -> list[int]:
+        n = max(0, self.gpu_count - self.faults.lost_gpus)
+        return [i for i in range(n) if i not in self._gone]
+
     def _visible(self) -> list[int]:
         if not self._opened:
             raise SampleError("backend simulated: not opened")
-        n = max(0, self.gpu_count - self.faults.lost_gpus)
-        return [i for i in range(n) if i not in self._gone]
+        return self._present()
 
     def gpus(self) -> list[GpuInfo]:
         """Every visible GPU (index, PCI, UUID, minor = index)."""
@@ -508,7 +511,7 @@ class SimulatedBackend:
                 f"reset_outcome: must be one of {SIM_RESET_OUTCOMES}, got {f.reset_outcome!r}",
                 0.0,
             )
-        index = next((g.index for g in self.gpus() if g.pci == pci), None)
+        index = next((i for i in self._present() if self.pci_of(i) == pci), None)
         if index is None:
             return ResetCommandResult(argv, 6, f"No devices were found matching {pci}", 0.0)
         if f.reset_outcome == "fails":

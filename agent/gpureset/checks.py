@@ -164,8 +164,10 @@ def check_nvlink(device: ResetDevice, target: GpuInfo, gpus: list[GpuInfo],
     board = (f"NVSwitch baseboard ({len(nvswitches)} NVSwitch(es) on PCI"
              f"{', links to NVSwitch' if link.to_switch else ''})" if on_fabric
              else f"direct-NVLink board ({link.active_links} active links)")
-    fm = {True: "running", False: "not running", None: "unknown"}[fm_active]
-    facts = f"{board}; architecture {arch or 'unknown'}; Fabric Manager {fm}"
+    facts = f"{board}; architecture {arch or 'unknown'}"
+    if on_fabric:
+        fm = {True: "running", False: "not running", None: "unknown"}[fm_active]
+        facts += f"; Fabric Manager {fm}"
     if busy:
         return Check("nvlink", False, f"{facts}; a single-GPU reset here needs every GPU of "
                      f"the baseboard idle, busy: {'; '.join(busy)}")

@@ -30,6 +30,7 @@ from agent.gpureset.checks import (
 from agent.gpureset.command import Resetter, explain_returncode
 from agent.gpureset.device import ResetDevice, find_gpu
 from agent.gpureset.host import (
+    FABRIC_MANAGER,
     FABRIC_MANAGER_UNIT,
     Systemctl,
     device_holders,
@@ -226,7 +227,7 @@ class _Run:
         if path is None:
             return []
         by_path, _ = device_holders(self.opts.proc_root, {path}, frozenset({os.getpid()}))
-        return [h.describe() for h in by_path[path]]
+        return [h.describe() for h in by_path[path] if h.daemon != FABRIC_MANAGER]
 
     def wait_back(self) -> tuple[GpuInfo | None, float]:
         """Re-initialise NVML until the GPU is enumerated at its PCI address again."""
