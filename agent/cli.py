@@ -6,6 +6,7 @@ and ``reset-gpu``.
 
 Exit codes: 0 normal stop (SIGINT/SIGTERM or ``--duration`` elapsed); 2 bad
 configuration or an unavailable GPU backend (the message names the field/value).
+``validate`` and ``reset-gpu`` have their own codes (see each command).
 """
 
 from __future__ import annotations
