@@ -11,9 +11,9 @@ import pytest
 import uvicorn
 from typer.testing import CliRunner
 
-from activities.devcluster import free_port
 from tests.detectors.conftest import Stack
 from workers.cli import app
+from workers.devpeers import free_port
 
 
 @pytest.fixture
