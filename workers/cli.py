@@ -90,7 +90,7 @@ def worker(config: ConfigOpt = None) -> None:
 def ingest(config: ConfigOpt = None) -> None:
     """Run the ingest service (OTLP receivers, threshold engine, HTTP API)."""
     from ingest.service import run_ingest
-    from workers.repairs_api import api_routers
+    from workers.repairs.router import api_routers
 
     setup_logging()
     cfg = _load(config)
