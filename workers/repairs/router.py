@@ -13,6 +13,7 @@ GET    /api/v1/repairs/{id}              viewer+   200 :class:`RepairView` (with
 POST   /api/v1/repairs/{id}/approve      operator  200 :class:`RepairView`
 POST   /api/v1/repairs/{id}/reject       operator  200 :class:`RepairView`
 POST   /api/v1/repairs/{id}/cancel       operator  200 :class:`RepairView`
+GET    /api/v1/alerts?cluster&node&limit viewer+   200 ``{"alerts": [Alert, ...]}`` newest first
 ====== ================================= ========= ==========================================
 
 Errors: 401 without or with an unknown token (or when no tokens file is configured),
