@@ -24,11 +24,14 @@ run: install slurm-deps
 test: install slurm-deps
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
+# lint-imports: the layering of DESIGN §2 (contracts in .importlinter).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench: install
 	@for f in tests/bench/*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done

@@ -3,6 +3,11 @@
 A small repository over an ``asyncpg`` pool. Every write is idempotent (primary or unique
 keys with ``ON CONFLICT``), so a retried activity never records twice.
 
+A :class:`Ledger` runs each call on its own pooled connection; :meth:`Ledger.transaction`
+yields a *connection-scoped* ledger whose calls share one transaction (optionally under
+an advisory lock), for callers whose reads and writes must see one winner (the repair
+intake's claim + cap check + record).
+
 Schema: versioned SQL files in ``activities/migrations/NNNN_name.sql``, applied in order
 by :func:`migrate` under an advisory lock (several workers may start at once) and
 recorded in ``schema_migrations``.
@@ -10,8 +15,10 @@ recorded in ``schema_migrations``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
@@ -124,15 +131,46 @@ def ticket_id_for(run_id: str) -> str:
 
 
 class Ledger:
-    """Repository over one asyncpg pool. All methods are idempotent."""
+    """Repository over one asyncpg pool. All methods are idempotent.
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    ``pool``: the asyncpg pool. ``conn``: set only on the connection-scoped ledgers that
+    :meth:`transaction` yields; every statement then runs on that connection."""
+
+    def __init__(self, pool: asyncpg.Pool, conn: asyncpg.Connection | None = None) -> None:
         self.pool = pool
+        self._conn = conn
+        # fetch/fetchrow/fetchval/execute: the pool and a connection offer the same calls.
+        self._db: Any = conn if conn is not None else pool
+
+    @contextlib.asynccontextmanager
+    async def _atomic(self) -> AsyncIterator[asyncpg.Connection]:
+        """A connection in a transaction: this ledger's own (a savepoint inside the outer
+        transaction) or a fresh one from the pool."""
+        if self._conn is not None:
+            async with self._conn.transaction():
+                yield self._conn
+        else:
+            async with self.pool.acquire() as conn, conn.transaction():
+                yield conn
+
+    @contextlib.asynccontextmanager
+    async def transaction(self, lock: tuple[int, str] | None = None) -> AsyncIterator[Ledger]:
+        """A ledger whose calls share one connection and one transaction (committed when
+        the block ends, rolled back when it raises; nested in the outer transaction when
+        called on a connection-scoped ledger).
+
+        ``lock``: ``(namespace, key)`` of a transaction-scoped PostgreSQL advisory lock
+        (``pg_advisory_xact_lock(namespace, hashtext(key))``) taken first, so blocks with
+        the same lock run one after the other across processes."""
+        async with self._atomic() as conn:
+            if lock is not None:
+                await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", *lock)
+            yield Ledger(self.pool, conn)
 
     # -- alerts -------------------------------------------------------------------------
     async def record_alert(self, alert: Alert) -> bool:
         """Insert the alert; True when new. Unmapped kinds (no action) are also counted."""
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self._atomic() as conn:
             status = await conn.execute(
                 """INSERT INTO alerts (alert_id, cluster, node, machine_id, kind, code, gpu,
                      severity, mnemonic, actionable, action, summary, description,
@@ -173,7 +211,7 @@ class Ledger:
         self, *, cluster: str | None = None, node: str | None = None, limit: int = 100
     ) -> list[Alert]:
         """Newest alerts first, optionally for one cluster / node."""
-        rows = await self.pool.fetch(
+        rows = await self._db.fetch(
             """SELECT * FROM alerts
                WHERE ($1::text IS NULL OR cluster = $1) AND ($2::text IS NULL OR node = $2)
                ORDER BY observed_at DESC LIMIT $3""",
@@ -184,17 +222,17 @@ class Ledger:
         return [_alert_from_row(r) for r in rows]
 
     async def get_alert(self, alert_id: str) -> Alert | None:
-        row = await self.pool.fetchrow("SELECT * FROM alerts WHERE alert_id = $1", alert_id)
+        row = await self._db.fetchrow("SELECT * FROM alerts WHERE alert_id = $1", alert_id)
         return _alert_from_row(row) if row else None
 
     async def unmapped_counts(self) -> dict[str, int]:
-        rows = await self.pool.fetch("SELECT kind, count FROM unmapped_alert_counts")
+        rows = await self._db.fetch("SELECT kind, count FROM unmapped_alert_counts")
         return {r["kind"]: int(r["count"]) for r in rows}
 
     # -- repairs ------------------------------------------------------------------------
     async def upsert_repair(self, rec: RepairRecord) -> None:
         """Create the repair row or update its mutable fields (stage, action, approval)."""
-        await self.pool.execute(
+        await self._db.execute(
             """INSERT INTO repairs (repair_id, cluster, node, machine_id, action, stage,
                  requester_kind, requester_name, reason, approved_by, decided_by_rule,
                  detector, request_id, alert_ids, workflow_id, created_at, updated_at)
@@ -228,7 +266,7 @@ class Ledger:
 
     async def record_transition(self, t: TransitionRecord) -> None:
         """Append a stage transition (idempotent on repair, stage and time)."""
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self._atomic() as conn:
             await conn.execute(
                 """INSERT INTO repair_transitions (repair_id, stage, at, by_whom, reason)
                    VALUES ($1,$2,$3,$4,$5) ON CONFLICT DO NOTHING""",
@@ -248,17 +286,17 @@ class Ledger:
 
     async def get_repair(self, repair_id: str) -> dict[str, Any] | None:
         """The repair row with its ``transitions`` (oldest first) and ``attempts``."""
-        row = await self.pool.fetchrow("SELECT * FROM repairs WHERE repair_id = $1", repair_id)
+        row = await self._db.fetchrow("SELECT * FROM repairs WHERE repair_id = $1", repair_id)
         if row is None:
             return None
         out = dict(row)
-        trans = await self.pool.fetch(
+        trans = await self._db.fetch(
             "SELECT stage, at, by_whom, reason FROM repair_transitions"
             " WHERE repair_id = $1 ORDER BY at, id",
             repair_id,
         )
         out["transitions"] = [dict(t) for t in trans]
-        atts = await self.pool.fetch(
+        atts = await self._db.fetch(
             "SELECT action, alert_kind, code, outcome, at FROM repair_attempts"
             " WHERE repair_id = $1 ORDER BY at, id",
             repair_id,
@@ -277,7 +315,7 @@ class Ledger:
         limit: int = 200,
     ) -> list[dict[str, Any]]:
         """Repairs newest first, filtered by any of the given fields."""
-        rows = await self.pool.fetch(
+        rows = await self._db.fetch(
             """SELECT * FROM repairs
                WHERE ($1::text IS NULL OR cluster = $1) AND ($2::text IS NULL OR node = $2)
                  AND ($3::text IS NULL OR stage = $3) AND ($4::text IS NULL OR action = $4)
@@ -293,7 +331,7 @@ class Ledger:
         return [dict(r) for r in rows]
 
     async def repair_requester(self, repair_id: str) -> Requester | None:
-        row = await self.pool.fetchrow(
+        row = await self._db.fetchrow(
             "SELECT requester_kind, requester_name FROM repairs WHERE repair_id = $1", repair_id
         )
         if row is None:
@@ -302,7 +340,7 @@ class Ledger:
 
     # -- escalation history ---------------------------------------------------------------
     async def record_attempt(self, a: AttemptRecord) -> None:
-        await self.pool.execute(
+        await self._db.execute(
             """INSERT INTO repair_attempts (repair_id, cluster, node, machine_id, action,
                  alert_kind, code, outcome, at)
                VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)
@@ -325,7 +363,7 @@ class Ledger:
             where, key = "cluster = $1 AND machine_id = $2", q.machine_id
         else:
             where, key = "cluster = $1 AND node = $2", q.node
-        rows = await self.pool.fetch(
+        rows = await self._db.fetch(
             f"SELECT * FROM repair_attempts WHERE {where} AND at >= $3 ORDER BY at",
             q.cluster,
             key,
@@ -345,7 +383,7 @@ class Ledger:
             )
             for r in rows
         ]
-        alerts = await self.pool.fetch(
+        alerts = await self._db.fetch(
             f"SELECT * FROM alerts WHERE {where} AND observed_at >= $3 AND severity = 'critical'"
             " ORDER BY observed_at",
             q.cluster,
@@ -362,7 +400,7 @@ class Ledger:
 
         Two racing claims produce one winner; the loser gets the winner's repair id.
         """
-        row = await self.pool.fetchrow(
+        row = await self._db.fetchrow(
             """INSERT INTO idempotency_keys (detector, request_id, repair_id, cluster, node)
                VALUES ($1,$2,$3,$4,$5) ON CONFLICT (detector, request_id) DO NOTHING
                RETURNING repair_id""",
@@ -374,7 +412,7 @@ class Ledger:
         )
         if row is not None:
             return ClaimResult(repair_id=row["repair_id"], created=True)
-        existing = await self.pool.fetchval(
+        existing = await self._db.fetchval(
             "SELECT repair_id FROM idempotency_keys WHERE detector = $1 AND request_id = $2",
             c.detector,
             c.request_id,
@@ -384,7 +422,7 @@ class Ledger:
     async def count_detector_repairs(self, cluster: str, open_only: bool = True) -> int:
         """Detector-requested repairs of the cluster (in flight only when ``open_only``)."""
         terminal = ("succeeded", "failed", "rejected", "cancelled", "auto_resolved", "timed_out")
-        val = await self.pool.fetchval(
+        val = await self._db.fetchval(
             """SELECT count(*) FROM repairs WHERE cluster = $1 AND requester_kind = 'detector'
                AND (NOT $2 OR stage <> ALL($3::text[]))""",
             cluster,
@@ -396,7 +434,7 @@ class Ledger:
     # -- validation -----------------------------------------------------------------------
     async def record_verdict(self, v: VerdictRecord) -> None:
         """Record the verdict of a run; a pass closes the machine's open tickets."""
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self._atomic() as conn:
             await conn.execute(
                 """INSERT INTO validation_verdicts (run_id, cluster, machine, verdict, result, at)
                    VALUES ($1,$2,$3,$4,$5,$6) ON CONFLICT (run_id) DO NOTHING""",
@@ -416,7 +454,7 @@ class Ledger:
                 )
 
     async def latest_verdict(self, machine: str) -> dict[str, Any] | None:
-        row = await self.pool.fetchrow(
+        row = await self._db.fetchrow(
             "SELECT * FROM validation_verdicts WHERE machine = $1 ORDER BY at DESC LIMIT 1",
             machine,
         )
@@ -425,7 +463,7 @@ class Ledger:
     async def open_ticket(self, t: TicketInput) -> TicketResult:
         """Open (once per run) a hardware ticket carrying every test's result."""
         ticket_id = ticket_id_for(t.run_id)
-        await self.pool.execute(
+        await self._db.execute(
             """INSERT INTO hardware_tickets (ticket_id, cluster, machine, run_id, summary, result)
                VALUES ($1,$2,$3,$4,$5,$6) ON CONFLICT (run_id) DO NOTHING""",
             ticket_id,
@@ -438,7 +476,7 @@ class Ledger:
         return TicketResult(ticket_id=ticket_id)
 
     async def open_tickets(self, machine: str | None = None) -> list[dict[str, Any]]:
-        rows = await self.pool.fetch(
+        rows = await self._db.fetch(
             """SELECT * FROM hardware_tickets WHERE status = 'open'
                AND ($1::text IS NULL OR machine = $1) ORDER BY opened_at""",
             machine,

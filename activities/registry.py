@@ -1,12 +1,12 @@
-"""What the worker registers: ``build_activities(config) -> (main_queue, bmc_queue)``.
+"""Every activity the worker registers: ``build_activities(config, pool) -> WorkerActivities``.
 
-- main task queue (``temporal.task_queue``): scheduler activities (cordon, idle, drain,
-  rejoin, node health);
+- main task queue (``temporal.task_queue``, DESIGN §4.4): ledger, ``load_policy``,
+  ``notify``, scheduler (cordon, idle, drain, rejoin, node health) and validation
+  (place, collect, release, return machine, post ticket) activities;
 - BMC task queue (``temporal.bmc_task_queue``, rate limited by the worker to
   ``temporal.bmc_rate_per_s`` starts per second): power (reset_gpu, reboot, power cycle)
   and provisioning (reprovision, migrate, remove).
 
-The ledger, policy and validation activities are registered by their own modules.
 Recommended caller settings (workflows): start-to-close 5 min and heartbeat 30 s for
 ``drain_node``/``power_cycle_machine``/``reboot_machine``/``reprovision_machine`` (they
 heartbeat every poll, ≤ 1 s), 1 min start-to-close for the others.
@@ -15,29 +15,57 @@ heartbeat every poll, ≤ 1 s), 1 min start-to-close for the others.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 
+from activities.ledger_activities import LedgerActivities
+from activities.notify import NotifyActivities
+from activities.policy_activities import PolicyActivities
 from activities.power import PowerActivities
 from activities.provisioning import ProvisioningActivities
 from activities.scheduler_activities import SchedulerActivities
+from activities.validation_activities import ValidationActivities
 from workflows.config import AutorepairConfig
 
 
-def build_activities(
-    config: AutorepairConfig, scheduler_acts: SchedulerActivities | None = None,
-    pool: asyncpg.Pool | None = None,
-) -> tuple[list[Callable[..., Any]], list[Callable[..., Any]]]:
-    """(activities for the main task queue, activities for the BMC task queue).
+@dataclass(frozen=True, slots=True)
+class WorkerActivities:
+    """The activities of each task queue, for ``Worker(activities=...)``.
 
-    ``scheduler_acts`` lets a caller pass pre-built scheduler clients (tests); the BMC
-    activities read boot identities through the same instance. ``pool`` is the ledger's
-    asyncpg pool (spare pool, node bindings, tickets of migrate/remove); when None the
-    provisioning activities open one from ``ledger.dsn`` on first use. Power actions
-    follow the node → machine bindings a migrate recorded.
+    ``main``: ``temporal.task_queue``; ``bmc``: ``temporal.bmc_task_queue``."""
+
+    main: list[Callable[..., Any]]
+    bmc: list[Callable[..., Any]]
+
+
+def build_activities(
+    config: AutorepairConfig,
+    pool: asyncpg.Pool,
+    *,
+    scheduler: SchedulerActivities | None = None,
+    kube_api_client: Any = None,
+    notify: Callable[..., Any] | None = None,
+) -> WorkerActivities:
+    """Every activity of the project, bound to ``config`` and the ledger's asyncpg ``pool``
+    (ledger records, spare pool, node → machine bindings, tickets of migrate/remove).
+
+    ``scheduler``: pre-built scheduler activities (tests pass Kubernetes clients); the
+    BMC activities read boot identities through the same instance. ``kube_api_client``:
+    the ``kubernetes_asyncio`` ``ApiClient`` of the validation Jobs (default: from the
+    cluster's kubeconfig). ``notify``: an activity named ``notify`` registered instead of
+    :class:`~activities.notify.NotifyActivities` (tests record notifications). Power
+    actions follow the node → machine bindings a migrate recorded.
     """
-    sched = scheduler_acts or SchedulerActivities(config)
+    sched = scheduler or SchedulerActivities(config)
     prov = ProvisioningActivities(config, health=sched.health, pool=pool)
     power = PowerActivities(config, health=sched.health, bindings=prov.bound_machine)
-    return sched.all(), [*power.all(), *prov.all()]
+    main: list[Callable[..., Any]] = [
+        *LedgerActivities(pool).all(),
+        PolicyActivities(config, pool).load_policy,
+        notify or NotifyActivities(config.notifications).notify,
+        *sched.all(),
+        *ValidationActivities(config, pool, kube_api_client=kube_api_client).all(),
+    ]
+    return WorkerActivities(main=main, bmc=[*power.all(), *prov.all()])

@@ -14,7 +14,7 @@ from typing import Any
 
 from temporalio import activity
 
-from activities.scheduler.base import Scheduler, scheduler_for
+from activities.scheduler import Scheduler, scheduler_for
 from workflows.activity_api import (
     ACT,
     ERR_UNKNOWN_NODE,

@@ -1,4 +1,4 @@
-"""Node agent configuration (``agent.yaml``), stdlib only.
+"""Node agent configuration (``agent.yaml``): dataclasses and PyYAML, no pydantic.
 
 The agent is deployed alone on GPU nodes, so it does not use pydantic; every field is
 checked here and a bad value raises :class:`ConfigError` naming the field and the value.

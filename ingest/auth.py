@@ -1,10 +1,13 @@
-"""Bearer-token checks and TLS material for the ingest listeners.
+"""Bearer-token checks and TLS material for the ingest listeners, and the one token-file
+reader of the project.
 
-Tokens come from a file (one a line; blank lines and ``#`` comments ignored; a line may
-carry more whitespace-separated fields, only the first is the token) and/or an
-environment variable holding comma-separated tokens. Comparison is constant time in the
-token length and visits every configured token (``hmac.compare_digest``), so neither
-timing nor early exit tells which token nearly matched. Tokens never reach logs.
+Token files hold one token a line, the token first; blank lines and ``#`` comments are
+ignored (:func:`read_token_lines`). The ingest listeners use the first field only
+(:func:`load_tokens`, which also adds an environment variable holding comma-separated
+tokens); the repair API reads ``TOKEN ROLE USER`` lines from the same format
+(``workers.repairs.auth``). Comparison is constant time in the token length and visits
+every configured token (``hmac.compare_digest``, :func:`find_token`), so neither timing
+nor early exit tells which token nearly matched. Tokens never reach logs.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import hmac
 import os
 import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,21 +27,43 @@ ADMIN_TOKEN_ENV = "AUTOREPAIR_ADMIN_TOKEN"
 """Environment variable with the admin endpoint token (adds to ``admin_token_file``)."""
 
 
+def read_token_lines(path: str | Path, field: str = "tokens file") -> list[tuple[int, list[str]]]:
+    """``(line number, whitespace-separated fields)`` of every token line of ``path``
+    (1-based numbers; blank lines and ``#`` comments skipped).
+
+    ``field``: the configuration field that named the file, for messages. Raises
+    ``ValueError`` ``"{field} '{path}': {reason}"`` when the file cannot be read.
+    """
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ValueError(f"{field} {str(path)!r}: {e.strerror}") from e
+    out: list[tuple[int, list[str]]] = []
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            out.append((n, line.split()))
+    return out
+
+
+def find_token(candidate: bytes, tokens: Sequence[bytes]) -> int | None:
+    """Index of the first of ``tokens`` equal to ``candidate``, or ``None``; compares
+    against every token (``hmac.compare_digest``, no early exit)."""
+    found: int | None = None
+    for i, t in enumerate(tokens):
+        if hmac.compare_digest(candidate, t) and found is None:
+            found = i
+    return found
+
+
 def load_tokens(path: str | None, env: str | None = None) -> list[bytes]:
-    """Tokens from ``path`` and the env var ``env``.
+    """Tokens (first field of each line) from ``path`` and the env var ``env``.
 
     Raises ``ValueError`` naming the file when it cannot be read or holds no token.
     """
     tokens: list[bytes] = []
     if path:
-        try:
-            text = Path(path).read_text()
-        except OSError as e:
-            raise ValueError(f"tokens file {path!r}: {e.strerror}") from e
-        for line in text.splitlines():
-            line = line.strip()
-            if line and not line.startswith("#"):
-                tokens.append(line.split()[0].encode())
+        tokens = [fields[0].encode() for _, fields in read_token_lines(path)]
         if not tokens:
             raise ValueError(f"tokens file {path!r}: no token in it")
     if env:
@@ -64,11 +90,7 @@ class TokenCheck:
         scheme, _, cand = raw.partition(b" ")
         if scheme.lower() != b"bearer" or not cand:
             return False
-        cand = cand.strip()
-        ok = False
-        for t in self.tokens:
-            ok |= hmac.compare_digest(cand, t)
-        return ok
+        return find_token(cand.strip(), self.tokens) is not None
 
 
 def server_ssl_context(tls: TLSConfig) -> ssl.SSLContext | None:

@@ -239,7 +239,7 @@ class IngestService:
 
 #: Builds extra API routers once the Temporal client exists; returns the routers and
 #: coroutines to await at shutdown. ``autorepair ingest`` passes the repair API's
-#: (``workers.repairs_api``): ingest itself depends only on ``workflows`` (DESIGN §2).
+#: (``workers.repairs.router``): ingest itself depends only on ``workflows`` (DESIGN §2).
 RoutersFactory = Callable[[Any], tuple[list[APIRouter], list[Callable[[], Awaitable[None]]]]]
 
 

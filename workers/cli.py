@@ -1,8 +1,16 @@
 """The ``autorepair`` command line (DESIGN §4.1), built with typer.
 
-Process entry points (``up``, ``worker``, ``ingest``), the offline reader (``classify``),
-and the operator commands (``status``, ``repairs``, ``validate``, ``breaker``), which
-talk to the HTTP API and to Temporal.
+Every command and option is declared here, in one way: a thin function that parses
+options and calls the module doing the work — the process entry points (``up`` →
+:mod:`workers.up`, ``worker`` → :mod:`workers.worker`, ``ingest`` →
+:mod:`ingest.service`), the offline reader (``classify`` → :mod:`workers.classify`) and
+the operator commands (``status``, ``repairs``, ``validate``, ``breaker`` →
+:mod:`workers.ops`), which talk to the HTTP API and to Temporal.
+
+Client commands that need an API token (``status``, ``repairs``) take ``--token`` /
+``$AUTOREPAIR_TOKEN``, else read the operator token that ``autorepair up`` wrote to
+``DATA_DIR/operator.token``, where ``DATA_DIR`` is ``--data-dir`` / ``$AUTOREPAIR_DATA_DIR``
+(default ``.autorepair``, as for ``up``).
 """
 
 from __future__ import annotations
@@ -12,11 +20,13 @@ import json
 import logging
 import os
 import sys
+import uuid
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from workers import ops
 from workers.config import ConfigError, load_config
 from workflows.config import AutorepairConfig
 
@@ -27,10 +37,28 @@ app = typer.Typer(
     add_completion=False,
 )
 
+repairs_app = typer.Typer(help="Repair API: list, show, create, approve, reject, cancel.",
+                          no_args_is_help=True)
+breaker_app = typer.Typer(help="Circuit breaker of a cluster (ClusterGuardWorkflow).",
+                          no_args_is_help=True)
+app.add_typer(repairs_app, name="repairs")
+app.add_typer(breaker_app, name="breaker")
+
 ConfigOpt = Annotated[
     Path | None,
     typer.Option("--config", "-c", help="autorepair.yaml (default: $AUTOREPAIR_CONFIG)"),
 ]
+DataDirOpt = Annotated[Path, typer.Option(
+    "--data-dir", envvar=ops.DATA_DIR_ENV,
+    help="data directory of the dev stack (`autorepair up` writes operator.token there)")]
+Api = Annotated[str, typer.Option("--api", envvar="AUTOREPAIR_API", help="API base URL")]
+Token = Annotated[str | None, typer.Option(
+    "--token", envvar=ops.TOKEN_ENV,
+    help="bearer token (api.tokens_file); default: DATA_DIR/operator.token written by "
+         "`autorepair up`")]
+AsJson = Annotated[bool, typer.Option("--json", help="print JSON")]
+TemporalOpt = Annotated[str | None, typer.Option(
+    "--temporal-address", help="Temporal frontend (default: temporal.address)")]
 
 
 def setup_logging(level: str = "INFO") -> None:
@@ -62,7 +90,7 @@ def _load(config: Path | None) -> AutorepairConfig:
 def up(
     config: ConfigOpt = None,
     demo: Annotated[bool, typer.Option("--demo", help="add the demo cluster")] = False,
-    data_dir: Annotated[Path, typer.Option("--data-dir")] = Path(".autorepair"),
+    data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
 ) -> None:
     """Start Temporal dev server, PostgreSQL, worker and ingest (Ctrl-C stops all)."""
     from workers.up import run_up
@@ -90,7 +118,7 @@ def worker(config: ConfigOpt = None) -> None:
 def ingest(config: ConfigOpt = None) -> None:
     """Run the ingest service (OTLP receivers, threshold engine, HTTP API)."""
     from ingest.service import run_ingest
-    from workers.repairs_api import api_routers
+    from workers.repairs.router import api_routers
 
     setup_logging()
     cfg = _load(config)
@@ -116,33 +144,100 @@ def classify(
     raise typer.Exit(classify_command(file))
 
 
-# --- operator commands (implementations in workers.ops) ---------------------------------
-from workers.ops import (  # noqa: E402
-    DEFAULT_API,
-    Api,
-    AsJson,
-    TemporalOpt,
-    Token,
-    breaker_app,
-    repairs_app,
-)
-
-app.add_typer(repairs_app, name="repairs")
-app.add_typer(breaker_app, name="breaker")
-
-
+# --- operator commands (implementations in workers.ops) -------------------------------
 @app.command()
 def status(
-    api: Api = DEFAULT_API,
+    api: Api = ops.DEFAULT_API,
     token: Token = None,
+    data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
     as_json: AsJson = False,
     watch: Annotated[bool, typer.Option("--watch", help="refresh every 2 s")] = False,
     cluster: Annotated[str | None, typer.Option("--cluster")] = None,
 ) -> None:
     """Nodes, scores, threshold, open alerts and repairs, as a table."""
-    from workers.ops import status_command
+    ops.status_command(api, ops.resolve_token(token, data_dir), as_json, watch, cluster)
 
-    status_command(api, token, as_json, watch, cluster)
+
+@repairs_app.command("list")
+def repairs_list(
+    api: Api = ops.DEFAULT_API, token: Token = None, data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
+    as_json: AsJson = False,
+    node: Annotated[str | None, typer.Option(help="node name")] = None,
+    cluster: Annotated[str | None, typer.Option(help="cluster name")] = None,
+    state: Annotated[str | None, typer.Option(help="stage, open, in_progress or terminal")]
+    = None,
+    action: Annotated[str | None, typer.Option(help="reboot, reprovision, ...")] = None,
+    requester: Annotated[str | None, typer.Option(help="requester name or kind")] = None,
+) -> None:
+    """Repairs, newest first."""
+    ops.repairs_list(api, ops.resolve_token(token, data_dir), as_json, {
+        "node": node, "cluster": cluster, "state": state, "action": action,
+        "requester": requester})
+
+
+@repairs_app.command("show")
+def repairs_show(
+    repair_id: str, api: Api = ops.DEFAULT_API, token: Token = None,
+    data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR, as_json: AsJson = False,
+) -> None:
+    """One repair: fields, transitions, evidence."""
+    ops.repairs_show(api, ops.resolve_token(token, data_dir), as_json, repair_id)
+
+
+@repairs_app.command("create")
+def repairs_create(
+    node: Annotated[str, typer.Option("--node", help="node name")],
+    mode: Annotated[str, typer.Option("--mode", help="reboot|reprovision|migrate|remove")],
+    reason: Annotated[str, typer.Option("--reason", help="why (evidence text)")],
+    request_id: Annotated[str | None, typer.Option(
+        "--request-id", help="idempotency key (default: a new uuid)")] = None,
+    detector: Annotated[str | None, typer.Option("--detector", help="detector name")] = None,
+    cluster: Annotated[str | None, typer.Option("--cluster")] = None,
+    evidence_alert: Annotated[str | None, typer.Option("--evidence-alert",
+                                                       help="ledger alert id cited")] = None,
+    evidence_run: Annotated[str | None, typer.Option("--evidence-run",
+                                                     help="health-check run id cited")] = None,
+    api: Api = ops.DEFAULT_API, token: Token = None, data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
+    as_json: AsJson = False,
+) -> None:
+    """Create a repair (a retried create with the same request id returns the same one)."""
+    ops.repairs_create(api, ops.resolve_token(token, data_dir), as_json, {
+        "node": node, "mode": mode, "reason": reason,
+        "request_id": request_id or str(uuid.uuid4()), "detector": detector,
+        "cluster": cluster, "evidence_alert": evidence_alert, "evidence_run": evidence_run})
+
+
+@repairs_app.command("approve")
+def repairs_approve(
+    repair_id: str, api: Api = ops.DEFAULT_API, token: Token = None,
+    data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR, as_json: AsJson = False,
+    action: Annotated[str | None, typer.Option(help="override the action")] = None,
+) -> None:
+    """Approve a repair waiting for approval."""
+    ops.repairs_decide("approve", api, ops.resolve_token(token, data_dir), as_json, repair_id,
+                       {"action": action} if action else {})
+
+
+@repairs_app.command("reject")
+def repairs_reject(
+    repair_id: str, api: Api = ops.DEFAULT_API, token: Token = None,
+    data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR, as_json: AsJson = False,
+    reason: Annotated[str, typer.Option(help="why")] = "",
+) -> None:
+    """Reject a repair (before it acts)."""
+    ops.repairs_decide("reject", api, ops.resolve_token(token, data_dir), as_json, repair_id,
+                       {"reason": reason})
+
+
+@repairs_app.command("cancel")
+def repairs_cancel(
+    repair_id: str, api: Api = ops.DEFAULT_API, token: Token = None,
+    data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR, as_json: AsJson = False,
+    reason: Annotated[str, typer.Option(help="why")] = "",
+) -> None:
+    """Cancel a repair at its next safe point."""
+    ops.repairs_decide("cancel", api, ops.resolve_token(token, data_dir), as_json, repair_id,
+                       {"reason": reason})
 
 
 @app.command()
@@ -158,15 +253,13 @@ def validate(
     by: Annotated[str, typer.Option("--by", help="operator name")] = _default_user(),
     reason: Annotated[str, typer.Option("--reason")] = "operator request",
     api: Annotated[str, typer.Option("--api", help="HTTP API (to find the cluster)")] = (
-        "http://127.0.0.1:8080"),
+        ops.DEFAULT_API),
     as_json: AsJson = False,
 ) -> None:
     """Start a ValidationWorkflow for MACHINE."""
-    from workers.ops import resolve_cluster, run_async, start_validation
-
     cfg = _load(config)
-    cluster = cluster or resolve_cluster(cfg, machine, api)
-    wf_id = run_async(start_validation(
+    cluster = cluster or ops.resolve_cluster(cfg, machine, api)
+    wf_id = ops.run_async(ops.start_validation(
         temporal_address or cfg.temporal.address, cfg.temporal.namespace,
         cfg.temporal.task_queue, cluster, machine, by, reason))
     typer.echo(json.dumps({"workflow_id": wf_id}) if as_json else f"started {wf_id}")
@@ -180,10 +273,8 @@ def breaker_status(
     as_json: AsJson = False,
 ) -> None:
     """Breaker state, budget, leases and queued repairs of a cluster."""
-    from workers.ops import breaker_call, breaker_print, run_async
-
     cfg = _load(config)
-    breaker_print(run_async(breaker_call(
+    ops.breaker_print(ops.run_async(ops.breaker_call(
         temporal_address or cfg.temporal.address, cfg.temporal.namespace, cluster)), as_json)
 
 
@@ -197,10 +288,8 @@ def breaker_reset(
     as_json: AsJson = False,
 ) -> None:
     """Close the breaker (queued repairs then act only on evidence seen after now)."""
-    from workers.ops import breaker_call, breaker_print, run_async
-
     cfg = _load(config)
-    breaker_print(run_async(breaker_call(
+    ops.breaker_print(ops.run_async(ops.breaker_call(
         temporal_address or cfg.temporal.address, cfg.temporal.namespace, cluster,
         reset_by=by, reason=reason)), as_json)
 

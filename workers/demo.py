@@ -166,7 +166,7 @@ def prepare_demo(data_dir: Path, timings: DemoTimings | None = None,
     ``slurmd_ports`` default to 17001-17004 (DESIGN §3); tests pass free ports.
     ``control_port`` is the simulator's control endpoint (checked free here).
     Raises :class:`DemoUnavailable` (not root / Slurm missing / port busy)."""
-    from activities.devcluster import (
+    from workers.devpeers import (
         DEFAULT_SLURMD_PORTS,
         slurm_unavailable_reason,
         start_redfish_emulator,
@@ -250,7 +250,7 @@ def start_simulator(demo: DemoCluster, otlp_http_port: int, timings: DemoTimings
     proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
     logf.close()
     demo.processes.append(proc)
-    from activities.devcluster import wait_port
+    from workers.devpeers import wait_port
 
     if not wait_port("127.0.0.1", control_port, 30) or proc.poll() is not None:
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
@@ -340,7 +340,7 @@ async def run_demo(stack: DevStack, demo: DemoCluster, console: Console, stop: a
                    timings: DemoTimings | None = None,
                    control_port: int = SIM_CONTROL_PORT) -> None:
     """Start the simulator, the workload and the bridge; narrate until ``stop``."""
-    from activities.devcluster import MachineBridge
+    from workers.devpeers import MachineBridge
     from workers.worker import connect_temporal
 
     timings = timings or DemoTimings()

@@ -32,7 +32,7 @@ from typing import Any
 
 import tenacity
 
-from activities.devcluster import free_port, wait_port
+from workers.devpeers import free_port, wait_port
 from workflows.config import AutorepairConfig
 from workflows.protocol import SEARCH_ATTRIBUTES
 

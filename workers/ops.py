@@ -1,8 +1,9 @@
-"""Operator commands of the ``autorepair`` CLI (DESIGN §4.1): ``status``, ``repairs``,
-``validate``, ``breaker``.
+"""Operator commands of the ``autorepair`` CLI (DESIGN §4.1): what ``status``, ``repairs``,
+``validate`` and ``breaker`` do. The commands themselves (options, help) are declared in
+:mod:`workers.cli`.
 
 ``status`` and ``repairs`` talk to the HTTP API (``--api``, default
-``http://127.0.0.1:8080``; bearer token from ``--token`` or ``AUTOREPAIR_TOKEN``);
+``http://127.0.0.1:8080``) with a bearer token found by :func:`resolve_token`;
 ``validate`` and ``breaker`` talk to Temporal directly (``--temporal-address``, default
 ``temporal.address`` of the config). Every read command takes ``--json``; people get
 rich tables. Exit codes: 0 ok, 1 the server refused (message printed), 2 bad usage or
@@ -14,10 +15,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import httpx
 import typer
@@ -25,45 +26,71 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-repairs_app = typer.Typer(help="Repair API: list, show, create, approve, reject, cancel.",
-                          no_args_is_help=True)
-breaker_app = typer.Typer(help="Circuit breaker of a cluster (ClusterGuardWorkflow).",
-                          no_args_is_help=True)
-
 DEFAULT_API = "http://127.0.0.1:8080"
 """Default API address: the API port of DESIGN §4.2 on loopback."""
-Api = Annotated[str, typer.Option("--api", envvar="AUTOREPAIR_API", help="API base URL")]
-Token = Annotated[str | None, typer.Option(
-    "--token", envvar="AUTOREPAIR_TOKEN",
-    help="bearer token (api.tokens_file); default: .autorepair/operator.token written by "
-         "`autorepair up`")]
+TOKEN_ENV = "AUTOREPAIR_TOKEN"
+"""Environment variable holding the API bearer token (``--token``)."""
+DATA_DIR_ENV = "AUTOREPAIR_DATA_DIR"
+"""Environment variable naming the dev stack's data directory (``--data-dir``)."""
+DEFAULT_DATA_DIR = Path(".autorepair")
+"""Default data directory of ``autorepair up`` and of the client commands (DESIGN §4.1)."""
+OPERATOR_TOKEN_FILE = "operator.token"
+"""File in the data directory where ``autorepair up`` leaves its operator token (DESIGN §4.2)."""
 
-#: Where ``autorepair up`` leaves the dev stack's operator token (``--data-dir``).
-DEV_TOKEN_FILE = Path(".autorepair") / "operator.token"
+
+@dataclass(frozen=True, slots=True)
+class ApiToken:
+    """The bearer token a client command sends, and where it came from.
+
+    ``token``: ``None`` when none was found. ``source``: ``"--token"`` (the option or
+    ``$AUTOREPAIR_TOKEN``) or the token file read. ``token_file``: the data directory's
+    operator token file that was (or would have been) read, as an absolute path."""
+
+    token: str | None
+    source: str
+    token_file: Path
+
+    def help_401(self) -> str:
+        """What to tell a user whose request was refused with 401 with this token."""
+        if self.token is None:
+            return (f"no API token found: looked at --token, ${TOKEN_ENV} and "
+                    f"{self.token_file} (--data-dir / ${DATA_DIR_ENV}, default "
+                    f"{DEFAULT_DATA_DIR}); pass --token TOKEN or set {TOKEN_ENV} to a token "
+                    "of api.tokens_file, or point --data-dir at the directory given to "
+                    "`autorepair up --data-dir`")
+        if self.source == "--token":
+            return f"the token from --token / ${TOKEN_ENV} was refused"
+        return (f"the token in {self.source} was refused; is {self.token_file.parent} the "
+                f"data directory of the running stack? (--data-dir / ${DATA_DIR_ENV}, or "
+                "pass --token)")
 
 
-def resolve_token(token: str | None) -> str | None:
-    """``--token`` / ``$AUTOREPAIR_TOKEN``, else the dev stack's operator token file in the
-    current directory, else None."""
+def resolve_token(token: str | None, data_dir: Path | str = DEFAULT_DATA_DIR) -> ApiToken:
+    """``--token`` / ``$AUTOREPAIR_TOKEN`` (``token``), else the operator token that
+    ``autorepair up --data-dir DATA_DIR`` wrote to ``DATA_DIR/operator.token``, else none.
+
+    ``data_dir``: relative paths are taken from the current directory. Never raises: an
+    unreadable or empty token file counts as no token."""
+    token_file = (Path(data_dir) / OPERATOR_TOKEN_FILE).absolute()
     if token:
-        return token
-    if DEV_TOKEN_FILE.is_file():
-        return DEV_TOKEN_FILE.read_text(encoding="utf-8").strip() or None
-    return None
-AsJson = Annotated[bool, typer.Option("--json", help="print JSON")]
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="autorepair.yaml")]
-TemporalOpt = Annotated[str | None, typer.Option(
-    "--temporal-address", help="Temporal frontend (default: temporal.address)")]
+        return ApiToken(token, "--token", token_file)
+    try:
+        found = token_file.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        found = ""
+    return ApiToken(found or None, str(token_file), token_file)
+
 
 _out = Console()
 _err = Console(stderr=True)
 
 
-def _call(method: str, api: str, path: str, token: str | None,
+def _call(method: str, api: str, path: str, auth: ApiToken | None,
           body: dict[str, Any] | None = None, params: dict[str, Any] | None = None) -> Any:
-    """One API request; prints the server's error and exits 1 (2 when unreachable)."""
-    token = resolve_token(token)
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    """One API request (``auth``: the bearer token, ``None`` for public endpoints); prints
+    the server's error and exits 1 (2 when unreachable). A 401 also says where the token
+    was looked for and how to pass one."""
+    headers = {"Authorization": f"Bearer {auth.token}"} if auth and auth.token else {}
     try:
         r = httpx.request(method, api.rstrip("/") + path, json=body, headers=headers,
                           params={k: v for k, v in (params or {}).items() if v is not None},
@@ -80,6 +107,8 @@ def _call(method: str, api: str, path: str, token: str | None,
             detail = "; ".join(f"{'.'.join(str(x) for x in d.get('loc', [])[1:])}: {d.get('msg')}"
                                for d in detail)
         _err.print(f"error: HTTP {r.status_code}: {detail}")
+        if r.status_code == 401 and auth is not None:
+            _err.print(auth.help_401())
         raise typer.Exit(1)
     return r.json()
 
@@ -99,20 +128,10 @@ def _repairs_table(rows: list[dict[str, Any]]) -> Table:
     return t
 
 
-@repairs_app.command("list")
-def repairs_list(
-    api: Api = DEFAULT_API, token: Token = None, as_json: AsJson = False,
-    node: Annotated[str | None, typer.Option(help="node name")] = None,
-    cluster: Annotated[str | None, typer.Option(help="cluster name")] = None,
-    state: Annotated[str | None, typer.Option(help="stage, open, in_progress or terminal")]
-    = None,
-    action: Annotated[str | None, typer.Option(help="reboot, reprovision, ...")] = None,
-    requester: Annotated[str | None, typer.Option(help="requester name or kind")] = None,
-) -> None:
-    """Repairs, newest first."""
-    doc = _call("GET", api, "/api/v1/repairs", token, params={
-        "node": node, "cluster": cluster, "state": state, "action": action,
-        "requester": requester})
+def repairs_list(api: str, auth: ApiToken, as_json: bool, filters: dict[str, Any]) -> None:
+    """``repairs list``: repairs newest first; ``filters``: node, cluster, state, action,
+    requester, limit (``None`` values are left out)."""
+    doc = _call("GET", api, "/api/v1/repairs", auth, params=filters)
     if as_json:
         typer.echo(json.dumps(doc["repairs"], indent=2))
     else:
@@ -144,37 +163,19 @@ def _show(r: dict[str, Any]) -> None:
         _out.print(e)
 
 
-@repairs_app.command("show")
-def repairs_show(repair_id: str, api: Api = DEFAULT_API, token: Token = None,
-                 as_json: AsJson = False) -> None:
-    """One repair: fields, transitions, evidence."""
-    r = _call("GET", api, f"/api/v1/repairs/{repair_id}", token)
+def repairs_show(api: str, auth: ApiToken, as_json: bool, repair_id: str) -> None:
+    """``repairs show ID``: fields, transitions, evidence."""
+    r = _call("GET", api, f"/api/v1/repairs/{repair_id}", auth)
     if as_json:
         typer.echo(json.dumps(r, indent=2))
     else:
         _show(r)
 
 
-@repairs_app.command("create")
-def repairs_create(
-    node: Annotated[str, typer.Option("--node", help="node name")],
-    mode: Annotated[str, typer.Option("--mode", help="reboot|reprovision|migrate|remove")],
-    reason: Annotated[str, typer.Option("--reason", help="why (evidence text)")],
-    request_id: Annotated[str | None, typer.Option(
-        "--request-id", help="idempotency key (default: a new uuid)")] = None,
-    detector: Annotated[str | None, typer.Option("--detector", help="detector name")] = None,
-    cluster: Annotated[str | None, typer.Option("--cluster")] = None,
-    evidence_alert: Annotated[str | None, typer.Option("--evidence-alert",
-                                                       help="ledger alert id cited")] = None,
-    evidence_run: Annotated[str | None, typer.Option("--evidence-run",
-                                                     help="health-check run id cited")] = None,
-    api: Api = DEFAULT_API, token: Token = None, as_json: AsJson = False,
-) -> None:
-    """Create a repair (a retried create with the same request id returns the same one)."""
-    body = {"node": node, "mode": mode, "reason": reason,
-            "request_id": request_id or str(uuid.uuid4()), "detector": detector,
-            "cluster": cluster, "evidence_alert": evidence_alert, "evidence_run": evidence_run}
-    res = _call("POST", api, "/api/v1/repairs", token,
+def repairs_create(api: str, auth: ApiToken, as_json: bool, body: dict[str, Any]) -> None:
+    """``repairs create``: POST ``body`` (``None`` values left out); exits 1 when the
+    request was recorded as refused."""
+    res = _call("POST", api, "/api/v1/repairs", auth,
                 body={k: v for k, v in body.items() if v is not None})
     if as_json:
         typer.echo(json.dumps(res, indent=2))
@@ -188,55 +189,27 @@ def repairs_create(
         raise typer.Exit(1)
 
 
-def _decide(verb: str, repair_id: str, api: str, token: str | None, as_json: bool,
-            body: dict[str, Any]) -> None:
-    r = _call("POST", api, f"/api/v1/repairs/{repair_id}/{verb}", token, body=body)
+def repairs_decide(verb: str, api: str, auth: ApiToken, as_json: bool, repair_id: str,
+                   body: dict[str, Any]) -> None:
+    """``repairs approve|reject|cancel ID``: POST the decision ``verb`` with ``body``."""
+    r = _call("POST", api, f"/api/v1/repairs/{repair_id}/{verb}", auth, body=body)
     if as_json:
         typer.echo(json.dumps(r, indent=2))
     else:
         _out.print(f"{verb} sent: {repair_id} (stage {r['stage']})")
 
 
-@repairs_app.command("approve")
-def repairs_approve(
-    repair_id: str, api: Api = DEFAULT_API, token: Token = None, as_json: AsJson = False,
-    action: Annotated[str | None, typer.Option(help="override the action")] = None,
-) -> None:
-    """Approve a repair waiting for approval."""
-    _decide("approve", repair_id, api, token, as_json,
-            {"action": action} if action else {})
-
-
-@repairs_app.command("reject")
-def repairs_reject(
-    repair_id: str, api: Api = DEFAULT_API, token: Token = None, as_json: AsJson = False,
-    reason: Annotated[str, typer.Option(help="why")] = "",
-) -> None:
-    """Reject a repair (before it acts)."""
-    _decide("reject", repair_id, api, token, as_json, {"reason": reason})
-
-
-@repairs_app.command("cancel")
-def repairs_cancel(
-    repair_id: str, api: Api = DEFAULT_API, token: Token = None, as_json: AsJson = False,
-    reason: Annotated[str, typer.Option(help="why")] = "",
-) -> None:
-    """Cancel a repair at its next safe point."""
-    _decide("cancel", repair_id, api, token, as_json, {"reason": reason})
-
-
 # ------------------------------------------------------------------------ status
-def status_doc(api: str, token: str | None, cluster: str | None) -> dict[str, Any]:
+def status_doc(api: str, auth: ApiToken, cluster: str | None) -> dict[str, Any]:
     """``{"state": GET /api/v1/state, "alerts": recent alerts, "repairs": recent repairs}``
     (alerts and repairs need a token; empty without one)."""
     state = _call("GET", api, "/api/v1/state", None, params={"cluster_id": cluster})
     repairs: list[dict[str, Any]] = []
     alerts: list[dict[str, Any]] = []
-    token = resolve_token(token)
-    if token:
-        repairs = _call("GET", api, "/api/v1/repairs", token,
+    if auth.token:
+        repairs = _call("GET", api, "/api/v1/repairs", auth,
                         params={"cluster": cluster, "limit": 20})["repairs"]
-        alerts = _call("GET", api, "/api/v1/alerts", token,
+        alerts = _call("GET", api, "/api/v1/alerts", auth,
                        params={"cluster": cluster, "limit": 20})["alerts"]
     return {"state": state, "alerts": alerts, "repairs": repairs}
 
@@ -279,20 +252,23 @@ def status_tables(doc: dict[str, Any]) -> Table:
     return grid
 
 
-def status_command(api: str, token: str | None, as_json: bool, watch: bool,
+def status_command(api: str, auth: ApiToken, as_json: bool, watch: bool,
                    cluster: str | None, interval_s: float = 2.0) -> None:
-    """``autorepair status``: print once, or refresh every ``interval_s`` with ``watch``."""
+    """``autorepair status``: print once, or refresh every ``interval_s`` with ``watch``.
+    Without a token the tables show no alerts or repairs, and stderr says why."""
     if as_json:
-        typer.echo(json.dumps(status_doc(api, token, cluster), indent=2))
+        typer.echo(json.dumps(status_doc(api, auth, cluster), indent=2))
         return
+    if auth.token is None:
+        _err.print(f"note: alerts and repairs left out: {auth.help_401()}")
     if not watch:
-        _out.print(status_tables(status_doc(api, token, cluster)))
+        _out.print(status_tables(status_doc(api, auth, cluster)))
         return
-    with Live(status_tables(status_doc(api, token, cluster)), console=_out) as live:
+    with Live(status_tables(status_doc(api, auth, cluster)), console=_out) as live:
         try:
             while True:
                 time.sleep(interval_s)
-                live.update(status_tables(status_doc(api, token, cluster)))
+                live.update(status_tables(status_doc(api, auth, cluster)))
         except KeyboardInterrupt:
             pass
 

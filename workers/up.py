@@ -14,9 +14,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from activities.devcluster import PeerStartError
 from workers.config import load_config
 from workers.demo import DemoCluster, DemoUnavailable, prepare_demo, run_demo
+from workers.devpeers import PeerStartError
 from workers.devstack import DevStack, StackError, StackPorts
 from workflows.config import AutorepairConfig
 

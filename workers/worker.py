@@ -2,10 +2,12 @@
 
 Two Temporal workers share one client:
 
-- task queue ``autorepair`` (DESIGN §4.4): every workflow, the ledger and policy
-  activities, and the scheduler / validation activities;
+- task queue ``autorepair`` (DESIGN §4.4): every workflow and the main-queue activities;
 - task queue ``temporal.bmc_task_queue``: machine-side (BMC) activities, limited to
   ``temporal.bmc_rate_per_s`` activity starts per second across all workers.
+
+Which activity runs on which queue is :func:`activities.registry.build_activities`'s
+business; this module only builds the Workers.
 
 It also runs the cluster watchers (Slurm / Kubernetes, annotation intake) unless
 ``worker.watchers`` is false, and serves its Prometheus registry (spare-pool size) on
@@ -20,8 +22,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import asyncpg
 from prometheus_client import start_http_server
@@ -30,10 +31,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
 from activities.ledger import connect, migrate
-from activities.ledger_activities import LedgerActivities
-from activities.notify import NotifyActivities
-from activities.policy_activities import PolicyActivities
-from activities.validation import ValidationActivities
+from activities.registry import build_activities
 from workflows.config import AutorepairConfig
 
 log = logging.getLogger("autorepair.worker")
@@ -62,48 +60,32 @@ def workflow_classes() -> list[type]:
     return list(WORKFLOWS)
 
 
-def side_effect_activities(
-    config: AutorepairConfig, pool: asyncpg.Pool
-) -> tuple[list[Callable[..., Any]], list[Callable[..., Any]]]:
-    """(main-queue, BMC-queue) activities from ``activities.registry.build_activities``."""
-    from activities.registry import build_activities
-
-    return build_activities(config, pool=pool)
-
-
 def build_workers(
     client: Client,
     config: AutorepairConfig,
     pool: asyncpg.Pool,
     *,
     workflows: Sequence[type] | None = None,
-    extra_activities: Sequence[Callable[..., Any]] = (),
 ) -> list[Worker]:
-    """The two workers of this process (not yet running)."""
-    main_acts, bmc_acts = side_effect_activities(config, pool)
-    activities: list[Callable[..., Any]] = [
-        *LedgerActivities(pool).all(),
-        PolicyActivities(config, pool).load_policy,
-        NotifyActivities(config.notifications).notify,
-        *ValidationActivities(config, pool).all(),
-        *main_acts,
-        *extra_activities,
-    ]
+    """The two workers of this process (not yet running): every workflow (default
+    ``workflows.registry.WORKFLOWS``) and the activities of
+    :func:`activities.registry.build_activities` on their task queues."""
+    acts = build_activities(config, pool)
     wfs = list(workflows) if workflows is not None else workflow_classes()
     workers = [
         Worker(
             client,
             task_queue=config.temporal.task_queue,
             workflows=wfs,
-            activities=activities,
+            activities=acts.main,
         )
     ]
-    if bmc_acts:
+    if acts.bmc:
         workers.append(
             Worker(
                 client,
                 task_queue=config.temporal.bmc_task_queue,
-                activities=bmc_acts,
+                activities=acts.bmc,
                 max_task_queue_activities_per_second=config.temporal.bmc_rate_per_s,
             )
         )

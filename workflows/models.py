@@ -286,17 +286,6 @@ class ValidationResult(BaseModel):
     ticket_id: str | None = None
 
 
-def workflow_id_repair(cluster: str, node: str, repair_id: str) -> str:
-    """Same as :func:`workflows.protocol.workflow_id_repair` (where Temporal names live).
-
-    Kept only while ``workers/repairs_api.py`` still imports it from here; callers use
-    ``workflows.protocol``.
-    """
-    from workflows.protocol import workflow_id_repair as build
-
-    return build(cluster, node, repair_id)
-
-
 class NodeInput(BaseModel):
     """Input of ``NodeWorkflow`` (id ``node/{cluster}/{node}``).
 

@@ -1,6 +1,7 @@
 """The scheduler interface behind ``cordon_node``/``check_idle``/``drain_node``/``rejoin_node``.
 
-Two implementations, chosen by ``ClusterConfig.scheduler``:
+Two implementations, chosen by ``ClusterConfig.scheduler``
+(:func:`activities.scheduler.scheduler_for`):
 :class:`activities.scheduler.slurm.SlurmScheduler` and
 :class:`activities.scheduler.kube.KubeScheduler`.
 
@@ -18,7 +19,6 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from workflows.activity_api import CordonResult, DrainResult, IdleStatus, NodeHealth, RejoinResult
-from workflows.config import ClusterConfig
 
 #: Called with progress details during long operations (drain); activities pass
 #: ``temporalio.activity.heartbeat``, tests pass a recorder.
@@ -58,20 +58,3 @@ class Scheduler(Protocol):
     async def close(self) -> None:
         """Release clients (idempotent)."""
         ...
-
-
-def scheduler_for(cluster: ClusterConfig, **kwargs: Any) -> Scheduler:
-    """The scheduler implementation ``cluster.scheduler`` names.
-
-    ``kwargs`` go to the implementation (e.g. ``api_client=`` for Kubernetes tests).
-    Raises ``ValueError`` naming the field and value for an unknown scheduler.
-    """
-    if cluster.scheduler == "slurm":
-        from activities.scheduler.slurm import SlurmScheduler
-
-        return SlurmScheduler(cluster, **kwargs)
-    if cluster.scheduler == "kubernetes":
-        from activities.scheduler.kube import KubeScheduler
-
-        return KubeScheduler(cluster, **kwargs)
-    raise ValueError(f"clusters[{cluster.name}].scheduler: unknown scheduler {cluster.scheduler!r}")

@@ -43,7 +43,7 @@ from workflows.activity_api import (
 from workflows.config import ClusterConfig
 
 #: Taint key written on cordon; value = repair id, effect NoSchedule (validation Jobs
-#: tolerate it, ``activities/validation_kube.py``).
+#: tolerate it, ``activities/validation/kube.py``).
 TAINT_KEY = "autorepair.io/repair"
 TAINT_EFFECT = "NoSchedule"
 #: Annotations naming the repair (read back by rejoin and by operators).

@@ -1,4 +1,5 @@
-"""Configuration of the local validation suite (``autorepair-agent validate``), stdlib only.
+"""Configuration of the local validation suite (``autorepair-agent validate``): dataclasses
+and PyYAML, no pydantic.
 
 Read from a YAML file (``--config``, or ``AUTOREPAIR_VALIDATE_CONFIG``) whose top level is
 the mapping below; every field is optional. A bad value raises

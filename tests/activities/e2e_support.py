@@ -4,7 +4,8 @@ The real ``RepairWorkflow`` (and the guard it leases from) on the Temporal dev s
 with the real activities: scheduler (Slurm or Kubernetes), Redfish power through the
 sushy-tools emulator, provisioning, ledger (embedded PostgreSQL) and policy — wired like
 ``workers.worker.build_workers`` (two workers; the BMC one rate limited), built with
-``activities.registry.build_activities`` so a pre-built Kubernetes client can be passed.
+``activities.registry.build_activities`` so a pre-built Kubernetes client can be passed
+and notifications are recorded instead of logged.
 
 The BMC worker listens on the default ``autorepair-bmc`` queue: ``load_policy`` hands
 workflows ``PolicySnapshot.bmc_task_queue``'s default, not ``temporal.bmc_task_queue``.
@@ -26,12 +27,10 @@ from temporalio import activity
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
-from activities.devcluster import RedfishEmulator
 from activities.ledger import Ledger
-from activities.ledger_activities import LedgerActivities
-from activities.policy_activities import PolicyActivities
 from activities.registry import build_activities
 from activities.scheduler_activities import SchedulerActivities
+from workers.devpeers import RedfishEmulator
 from workflows.activity_api import ACT, Notification
 from workflows.config import (
     AutorepairConfig,
@@ -83,7 +82,7 @@ def e2e_config(
 
 @dataclass
 class Notifications:
-    """Sink of the ``notify`` activity (no notifier exists in activities/ yet)."""
+    """Sink of the ``notify`` activity: records what the workflows would have sent."""
 
     sent: list[Notification] = field(default_factory=list)
 
@@ -98,12 +97,11 @@ async def running_workers(
     sched: SchedulerActivities, notes: Notifications,
 ) -> AsyncIterator[None]:
     """The main and BMC workers with the real activities, running for the block."""
-    main_acts, bmc_acts = build_activities(config, sched, pool=pool)
+    acts = build_activities(config, pool, scheduler=sched, notify=notes.notify)
     workers = [
         Worker(client, task_queue=config.temporal.task_queue, workflows=list(WORKFLOWS),
-               activities=[*LedgerActivities(pool).all(), PolicyActivities(config).load_policy,
-                           *main_acts, notes.notify]),
-        Worker(client, task_queue=config.temporal.bmc_task_queue, activities=bmc_acts,
+               activities=acts.main),
+        Worker(client, task_queue=config.temporal.bmc_task_queue, activities=acts.bmc,
                max_task_queue_activities_per_second=config.temporal.bmc_rate_per_s),
     ]
     async with contextlib.AsyncExitStack() as stack:

@@ -16,11 +16,11 @@ from temporalio.activity import Info
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.devcluster import RedfishEmulator
 from activities.ledger import Ledger
 from activities.power import PowerActivities
 from activities.provisioning import ProvisioningActivities
 from activities.spares import MachineBindings, SparePool
+from workers.devpeers import RedfishEmulator
 from workflows.activity_api import ERR_ACTION_FAILED, MachineActionInput
 from workflows.config import AutorepairConfig, BmcConfig, ClusterConfig, NodeConfig, SecretsConfig
 

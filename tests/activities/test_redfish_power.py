@@ -10,11 +10,11 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.devcluster import RedfishEmulator
 from activities.power import PowerActivities, RedfishMachine
 from activities.provisioning import ProvisioningActivities
 from activities.scheduler.kube import KubeScheduler
 from tests.fixtures.kube import KubeApi
+from workers.devpeers import RedfishEmulator
 from workflows.activity_api import ERR_AUTH, ERR_UNSUPPORTED, MachineActionInput
 from workflows.config import (
     AutorepairConfig,

@@ -6,7 +6,7 @@ the sushy-tools Redfish emulator; ledger in embedded PostgreSQL. A GPU training 
 on the node, so the repair cordons (unschedulable + taint + annotations), waits for the
 pod to finish, evicts the rest (a PodDisruptionBudget answers 429 until the disruption
 controller allows one), reboots the machine through Redfish, waits for a new
-``status.nodeInfo.bootID`` and uncordons. :class:`activities.devcluster.MachineBridge`
+``status.nodeInfo.bootID`` and uncordons. :class:`workers.devpeers.MachineBridge`
 plays the kubelet: on the machine's power-on edge it reports a new boot id.
 """
 
@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from activities.devcluster import MachineBridge, RedfishEmulator
 from activities.scheduler.kube import ANN_REPAIR_ID, TAINT_KEY, KubeScheduler
 from activities.scheduler_activities import SchedulerActivities
 from tests.activities.e2e_support import (
@@ -33,6 +32,7 @@ from tests.activities.e2e_support import (
     wait_stage,
 )
 from tests.fixtures.kube import PODS, KubeApi
+from workers.devpeers import MachineBridge, RedfishEmulator
 from workflows.models import ApproveSignal, RepairStatus, Stage
 
 pytestmark = [pytest.mark.devserver, pytest.mark.timeout(300)]

@@ -6,7 +6,7 @@ PostgreSQL. A real ``sbatch`` job runs on the node, so the repair cordons (drain
 our reason), waits for the job to finish (DRAINING → DRAINED), reboots the machine
 through Redfish, waits for the node to come back with a new boot identity and resumes
 it. In the dev cluster a Redfish power action does not restart slurmd, so
-:class:`activities.devcluster.MachineBridge` restarts the node's slurmd on the machine's
+:class:`workers.devpeers.MachineBridge` restarts the node's slurmd on the machine's
 power-on edge, as the demo does.
 """
 
@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-from activities.devcluster import MachineBridge, RedfishEmulator, SlurmCluster
 from activities.scheduler.slurm import SlurmScheduler
 from activities.scheduler_activities import SchedulerActivities
 from tests.activities.e2e_support import (
@@ -33,6 +32,7 @@ from tests.activities.e2e_support import (
     start_reboot,
     wait_stage,
 )
+from workers.devpeers import MachineBridge, RedfishEmulator, SlurmCluster
 from workflows.models import ApproveSignal, RepairStatus, Stage
 
 pytestmark = [pytest.mark.slurm, pytest.mark.devserver, pytest.mark.timeout(300)]

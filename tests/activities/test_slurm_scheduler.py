@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.devcluster import SlurmCluster
 from activities.scheduler.slurm import (
     SlurmScheduler,
     parse_scontrol_show_node,
     parse_slurm_state,
 )
+from workers.devpeers import SlurmCluster
 from workflows.activity_api import ERR_DRAIN_DEADLINE, ERR_UNKNOWN_NODE
 from workflows.config import ClusterConfig
 

@@ -58,10 +58,10 @@ async def bench_slurm(runs: int) -> dict[str, float]:
     from temporalio.testing import WorkflowEnvironment
     from temporalio.worker import Worker
 
-    from activities.devcluster import start_slurm_cluster
     from activities.ledger import connect, migrate
     from activities.ledger_activities import LedgerActivities
-    from activities.validation import ValidationActivities
+    from activities.validation_activities import ValidationActivities
+    from workers.devpeers import start_slurm_cluster
     from workflows.config import AutorepairConfig, ClusterConfig, NodeConfig, ValidationConfig
     from workflows.models import ValidationRequest, ValidationResult
     from workflows.protocol import workflow_id_validation
@@ -126,7 +126,7 @@ def main() -> None:
     args = ap.parse_args()
     figures: dict[str, Any] = {"runs": args.runs}
     figures.update(bench_suite(args.runs))
-    from activities.devcluster import slurm_unavailable_reason
+    from workers.devpeers import slurm_unavailable_reason
 
     reason = slurm_unavailable_reason()
     if reason is None:

@@ -145,7 +145,7 @@ def _rules_of(docs: list[dict[str, Any]], sa: str) -> set[tuple[str, str, str, s
 #: (read_node, patch_node, list_pod_for_all_namespaces, create_namespaced_pod_eviction),
 #: workers/watchers/kube.py (list_node, patch_node; watch for a watch-based watcher),
 #: events create for repair steps, validation Jobs in one namespace (and their pods' logs:
-#: activities/validation_kube.py).
+#: activities/validation/kube.py).
 WORKER_RIGHTS = {
     ("*", "", "nodes", "get"), ("*", "", "nodes", "list"), ("*", "", "nodes", "watch"),
     ("*", "", "nodes", "patch"),

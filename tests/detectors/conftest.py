@@ -16,7 +16,9 @@ from fastapi import FastAPI
 from activities.ledger import Ledger
 from activities.ledger_activities import LedgerActivities
 from activities.policy_activities import PolicyActivities
-from workers.repairs_api import ApiTokens, RepairIntake, build_repairs_router
+from workers.repairs.auth import ApiTokens
+from workers.repairs.intake import RepairIntake
+from workers.repairs.router import build_repairs_router
 from workflows.config import AutorepairConfig, ClusterConfig, NodeConfig
 from workflows.registry import WORKFLOWS
 

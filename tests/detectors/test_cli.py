@@ -5,15 +5,16 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import uvicorn
 from typer.testing import CliRunner
 
-from activities.devcluster import free_port
 from tests.detectors.conftest import Stack
 from workers.cli import app
+from workers.devpeers import free_port
 
 
 @pytest.fixture
@@ -33,9 +34,16 @@ async def api_url(stack: Stack) -> AsyncIterator[str]:
         await task
 
 
-async def cli(*args: str, token: str | None = "op-token") -> Any:
-    env = {"COLUMNS": "200", **({"AUTOREPAIR_TOKEN": token} if token else {})}
+async def cli(*args: str, token: str | None = "op-token", data_dir: str | None = None) -> Any:
+    # None removes the variable for the call, so the runner's own environment cannot leak in.
+    env: dict[str, str | None] = {"COLUMNS": "200", "AUTOREPAIR_TOKEN": token,
+                                  "AUTOREPAIR_DATA_DIR": data_dir}
     return await asyncio.to_thread(CliRunner().invoke, app, list(args), env=env)
+
+
+def flat(text: str) -> str:
+    """``text`` with rich's line wrapping undone (one space between words)."""
+    return " ".join(text.split())
 
 
 async def test_repairs_cli_round_trip(stack: Stack, api_url: str) -> None:
@@ -74,3 +82,40 @@ async def test_repairs_cli_round_trip(stack: Stack, api_url: str) -> None:
     assert r.exit_code == 1 and "422" in r.output and "mode" in r.output
     r = await cli("repairs", "list", "--api", "http://127.0.0.1:1")
     assert r.exit_code == 2
+
+
+async def test_repairs_cli_finds_the_stack_token_through_data_dir(
+    stack: Stack, api_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`autorepair up --data-dir X` then `autorepair repairs list --data-dir X` (or with
+    AUTOREPAIR_DATA_DIR=X) finds X/operator.token; without one, the 401 says where the CLI
+    looked and how to pass a token."""
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)  # no .autorepair here
+    data = tmp_path / "stack-data"
+    data.mkdir()
+    (data / "operator.token").write_text("op-token\n")
+
+    r = await cli("repairs", "list", "--api", api_url, "--json", token=None)
+    out = flat(r.output)
+    assert r.exit_code == 1 and "401" in out
+    assert str(work / ".autorepair" / "operator.token") in out
+    assert "--token" in out and "AUTOREPAIR_TOKEN" in out and "--data-dir" in out
+
+    r = await cli("repairs", "list", "--api", api_url, "--json", "--data-dir", str(data),
+                  token=None)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output) == []
+    r = await cli("repairs", "list", "--api", api_url, "--json", token=None, data_dir=str(data))
+    assert r.exit_code == 0, r.output
+    # --token wins over the data directory's file
+    r = await cli("repairs", "list", "--api", api_url, "--json", "--token", "view-token",
+                  "--data-dir", str(tmp_path / "nowhere"), token=None)
+    assert r.exit_code == 0, r.output
+
+    (data / "operator.token").write_text("stale-token")
+    r = await cli("repairs", "list", "--api", api_url, "--data-dir", str(data), token=None)
+    out = flat(r.output)
+    assert r.exit_code == 1 and "401" in out
+    assert f"the token in {data / 'operator.token'} was refused" in out

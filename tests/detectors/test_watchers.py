@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from activities.devcluster import RedfishEmulator, SlurmCluster
 from ingest.handoff import TemporalAlertSink
 from tests.detectors.conftest import NODES, Stack, make_config, start_stack
+from workers.devpeers import RedfishEmulator, SlurmCluster
 from workers.watchers.kube import (
     REQUEST_ANNOTATION,
     REQUEST_LABEL,

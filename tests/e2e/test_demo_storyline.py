@@ -22,7 +22,6 @@ from rich.console import Console
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from activities.devcluster import free_port, slurm_unavailable_reason
 from activities.ledger import Ledger, connect
 from workers.config import load_config
 from workers.demo import (
@@ -33,6 +32,7 @@ from workers.demo import (
     prepare_demo,
     run_demo,
 )
+from workers.devpeers import free_port, slurm_unavailable_reason
 from workers.devstack import DevStack, StackPorts
 
 pytestmark = pytest.mark.skipif(

@@ -145,3 +145,66 @@ async def test_detector_repairs_counted_open_only(ledger_pool: asyncpg.Pool) -> 
         ))
     assert await ledger.count_detector_repairs("c1") == 1
     assert await ledger.count_detector_repairs("c1", open_only=False) == 2
+
+
+def _repair(repair_id: str) -> RepairRecord:
+    return RepairRecord(
+        repair_id=repair_id, cluster="c1", node="gpu-01", action=Action.reboot,
+        stage=Stage.rejected, requester=Requester(kind=RequesterKind.detector, name="scan"),
+        updated_at=T0,
+    )
+
+
+async def test_connection_scoped_ledger_commits_or_rolls_back_as_one(
+    ledger_pool: asyncpg.Pool,
+) -> None:
+    ledger = Ledger(ledger_pool)
+    async with ledger.transaction() as tx:
+        await tx.upsert_repair(_repair("tx-1"))
+        await tx.record_transition(TransitionRecord(
+            repair_id="tx-1", stage=Stage.rejected, at=T0, by="autorepair", reason="cap"))
+        assert (await tx.get_repair("tx-1")) is not None  # its own writes are visible
+    row = await ledger.get_repair("tx-1")
+    assert row is not None and [t["reason"] for t in row["transitions"]] == ["cap"]
+
+    class Boom(Exception):
+        pass
+
+    try:
+        async with ledger.transaction() as tx:
+            await tx.upsert_repair(_repair("tx-2"))
+            await tx.record_transition(TransitionRecord(
+                repair_id="tx-2", stage=Stage.rejected, at=T0, by="autorepair"))
+            raise Boom
+    except Boom:
+        pass
+    assert await ledger.get_repair("tx-2") is None
+    assert await ledger_pool.fetchval(
+        "SELECT count(*) FROM repair_transitions WHERE repair_id = 'tx-2'") == 0
+
+
+async def test_transactions_with_the_same_lock_run_one_after_the_other(
+    ledger_pool: asyncpg.Pool,
+) -> None:
+    ledger = Ledger(ledger_pool)
+    order: list[str] = []
+    first_in = asyncio.Event()
+
+    async def first() -> None:
+        async with ledger.transaction(lock=(7, "c1")):
+            order.append("first in")
+            first_in.set()
+            await asyncio.sleep(0.3)
+            order.append("first out")
+
+    async def second(key: str) -> None:
+        await first_in.wait()
+        async with ledger.transaction(lock=(7, key)):
+            order.append(f"second in ({key})")
+
+    await asyncio.gather(first(), second("c1"))
+    assert order == ["first in", "first out", "second in (c1)"]
+    order.clear()
+    first_in.clear()
+    await asyncio.gather(first(), second("other"))  # another key does not wait
+    assert order == ["first in", "second in (other)", "first out"]

@@ -26,11 +26,7 @@ HOME = Path("workflows/protocol.py")
 #: Files still allowed to spell names, each with the reason. Non-Python places (docs,
 #: deploy/temporal/setup-namespace.sh, checked by tests/deploy/test_temporal_setup.py)
 #: are outside the scan.
-ALLOWED: dict[Path, str] = {
-    # Being split into intake / auth / router; its literals switch to workflows.protocol
-    # in that change.
-    Path("workers/repairs_api.py"): "repair API split in progress",
-}
+ALLOWED: dict[Path, str] = {}
 
 WORKFLOW_TYPES = {
     protocol.NODE_WORKFLOW,

@@ -15,7 +15,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.spares import SparePool
-from activities.validation import ValidationActivities, parse_result_text, run_slug
+from activities.validation import parse_result_text, run_slug
+from activities.validation_activities import ValidationActivities
 from workflows.activity_api import TicketPost
 from workflows.config import AutorepairConfig, ClusterConfig, ValidationConfig
 from workflows.models import ValidationResult, Verdict

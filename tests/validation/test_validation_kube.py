@@ -95,7 +95,7 @@ async def _kubelet(kube: Any, stop: asyncio.Event, created: list[dict[str, Any]]
 async def kenv(temporal_env: Any, ledger_pool: Any, kube_api: Any,
                tmp_path: Path) -> AsyncIterator[tuple[Any, Any, Path, str, list[Any]]]:
     from activities.ledger_activities import LedgerActivities
-    from activities.validation import ValidationActivities
+    from activities.validation_activities import ValidationActivities
 
     kube_api.server.resources[JOBS] = kmock.ResourceInfo(kind="Job", namespaced=True)
     cfg, faults = _config(tmp_path)

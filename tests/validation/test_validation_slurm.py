@@ -23,7 +23,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 with workflow.unsafe.imports_passed_through():
-    from activities.devcluster import SlurmCluster
+    from workers.devpeers import SlurmCluster
     from workflows.config import AutorepairConfig, ClusterConfig, NodeConfig, ValidationConfig
     from workflows.models import ValidationRequest, ValidationResult, Verdict
     from workflows.protocol import workflow_id_validation
@@ -97,7 +97,7 @@ def _config(slurm: SlurmCluster, tmp: Path, command: list[str] | None = None,
 async def env(temporal_env: Any, ledger_pool: Any, slurm_cluster: SlurmCluster,
               tmp_path: Path) -> AsyncIterator[Env]:
     from activities.ledger_activities import LedgerActivities
-    from activities.validation import ValidationActivities
+    from activities.validation_activities import ValidationActivities
 
     config = _config(slurm_cluster, tmp_path)
     tq = f"validation-{uuid.uuid4().hex[:8]}"
@@ -239,7 +239,7 @@ async def test_timeout_aborts_and_cancels_job(temporal_env: Any, ledger_pool: An
                                               tmp_path: Path) -> None:
     from activities.ledger import Ledger
     from activities.ledger_activities import LedgerActivities
-    from activities.validation import ValidationActivities
+    from activities.validation_activities import ValidationActivities
 
     config = _config(slurm_cluster, tmp_path, command=["sleep", "600"], timeout_s=8.0)
     tq = f"validation-{uuid.uuid4().hex[:8]}"

@@ -4,7 +4,7 @@
 (:mod:`workers.watchers.slurm`) or the Kubernetes watcher (:mod:`workers.watchers.kube`:
 annotation requests, node-problem-detector conditions, NotReady + BMC check). Alerts go
 through the same path as ingest (``ingest.handoff.TemporalAlertSink`` → NodeWorkflow
-update ``deliver_alert``); annotation requests through ``workers.repairs_api.RepairIntake``
+update ``deliver_alert``); annotation requests through ``workers.repairs.intake.RepairIntake``
 (the ledger at ``ledger.dsn``).
 """
 
@@ -49,7 +49,7 @@ async def _run_all(config: AutorepairConfig, client: Client, stop: asyncio.Event
             api_client = k8s.ApiClient(conf)
             closers.append(api_client)
             if intake is None and config.ledger.dsn:
-                from workers.repairs_api import LazyIntake
+                from workers.repairs.intake import LazyIntake
 
                 lazy = LazyIntake(config, client)
                 closers.append(lazy)

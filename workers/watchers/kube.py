@@ -5,7 +5,7 @@ and NotReady combined with a BMC power check.
 patch node metadata sets the label :data:`REQUEST_LABEL` = ``"true"`` and the annotation
 :data:`REQUEST_ANNOTATION` = JSON ``{"detector", "request_id", "mode", "detected_at",
 "reason"[, "evidence_alert", "evidence_run"]}``. The watcher records it through
-:class:`workers.repairs_api.RepairIntake` with the detector as an external requester
+:class:`workers.repairs.intake.RepairIntake` with the detector as an external requester
 (never a user), skipping the approval queue but not the evidence gate, the guard lease or
 the budgets; ``remove`` is refused (human-only); detector + request id is the idempotency
 key forever and the per-cluster detector cap applies. It then removes the label and
@@ -44,7 +44,8 @@ from kubernetes_asyncio import client as k8s
 from pydantic import ValidationError
 
 from ingest.handoff import AlertSink
-from workers.repairs_api import IntakeError, RepairCreate, RepairIntake
+from workers.repairs.intake import IntakeError, RepairIntake
+from workers.repairs.models import RepairCreate
 from workflows.alerts import alert_from_fault
 from workflows.config import AutorepairConfig, ClusterConfig
 from workflows.models import Action, Alert, Requester, RequesterKind, Severity

@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from activities.devcluster import (
+from activities.power import PowerActivities
+from activities.provisioning import ProvisioningActivities
+from workers.devpeers import (
     EVENT_POWER_ON,
     EVENT_REPROVISION,
     MachineBridge,
     RedfishEmulator,
     SlurmCluster,
 )
-from activities.power import PowerActivities
-from activities.provisioning import ProvisioningActivities
 from workflows.activity_api import MachineActionInput
 from workflows.config import AutorepairConfig, BmcConfig, ClusterConfig, NodeConfig, SecretsConfig
 

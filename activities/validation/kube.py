@@ -1,4 +1,4 @@
-"""Kubernetes side of the validation activities (see :mod:`activities.validation`).
+"""Kubernetes side of the validation activities (verdict rules: :mod:`activities.validation.base`).
 
 Placement: the node is cordoned with the repair taint ``autorepair.io/repair:NoSchedule``
 (value = the run id; an existing cordon is kept as it is), then a ``batch/v1`` Job
@@ -7,6 +7,9 @@ Placement: the node is cordoned with the repair taint ``autorepair.io/repair:NoS
 repair taint, ``backoffLimit: 0`` and ``activeDeadlineSeconds`` = the run's bound. The
 node's prior state is kept in the Job's ``autorepair.io/prior-state`` annotation, so a
 retried placement finds it. The result is the last JSON line of the pod's log.
+
+Verdicts: ``failed`` and ``spare`` keep the node cordoned (``failed`` also annotates it
+with :data:`ANN_TICKET`); ``aborted`` uncordons only a cordon this run placed.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ from typing import Any
 
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
-from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.scheduler.kube import (
@@ -30,20 +32,23 @@ from activities.scheduler.kube import (
     KubeScheduler,
     _requests_gpu,
 )
-from activities.spares import SparePool
+from activities.validation.base import (
+    COLLECT_POLL_S,
+    ValidationBackend,
+    aborted,
+    heartbeat,
+    parse_result_text,
+    run_slug,
+)
 from workflows.activity_api import (
-    ERR_CONFIGURATION,
     ERR_UNKNOWN_NODE,
     CollectInput,
     CollectResult,
     PlacementResult,
     ReturnMachineInput,
-    ReturnMachineResult,
     ValidationPlacement,
-    permanent,
 )
 from workflows.config import ClusterConfig, ValidationConfig
-from workflows.models import ValidationResult, Verdict
 
 #: Annotation on the Job holding the node's state before placement (JSON).
 ANN_PRIOR = "autorepair.io/prior-state"
@@ -52,17 +57,9 @@ ANN_RUN = "autorepair.io/validation-run"
 LABEL_RUN = "autorepair.io/validation"
 #: Annotation on the node naming the hardware ticket of a failed run.
 ANN_TICKET = "autorepair.io/validation-ticket"
-#: Poll interval while waiting for the Job, seconds.
-POLL_S = 1.0
 
 
-def _slug(run_id: str) -> str:
-    from activities.validation import run_slug
-
-    return run_slug(run_id)
-
-
-class KubeValidation(KubeScheduler):
+class KubeValidation(KubeScheduler, ValidationBackend):
     """Validation placement on one Kubernetes cluster (pinned Job tolerating our taint)."""
 
     def __init__(self, cluster: ClusterConfig, api_client: k8s.ApiClient | None = None) -> None:
@@ -75,7 +72,7 @@ class KubeValidation(KubeScheduler):
 
     def job_name(self, run_id: str) -> str:
         """``autorepair-validate-<slug>`` (≤ 63 characters, DNS-1123)."""
-        return f"autorepair-validate-{_slug(run_id)}"
+        return f"autorepair-validate-{run_slug(run_id)}"
 
     @staticmethod
     def snapshot(n: k8s.V1Node) -> dict[str, Any]:
@@ -109,7 +106,7 @@ class KubeValidation(KubeScheduler):
         }
         if self.v.gpus:
             container["resources"] = {"limits": {"nvidia.com/gpu": str(self.v.gpus)}}
-        labels = {LABEL_RUN: _slug(p.run_id), "app.kubernetes.io/name": "autorepair-validate"}
+        labels = {LABEL_RUN: run_slug(p.run_id), "app.kubernetes.io/name": "autorepair-validate"}
         return {
             "apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": name, "namespace": self.v.namespace, "labels": labels,
@@ -153,7 +150,7 @@ class KubeValidation(KubeScheduler):
                                    reason=f"node {p.node} not Ready", **timing)
         gpu_pods = [f"{q.metadata.namespace}/{q.metadata.name}" for q in await self._pods_on(p.node)
                     if _requests_gpu(q)
-                    and (q.metadata.labels or {}).get(LABEL_RUN) != _slug(p.run_id)]
+                    and (q.metadata.labels or {}).get(LABEL_RUN) != run_slug(p.run_id)]
         if gpu_pods:
             return PlacementResult(
                 placed=False, prior_state=prior,
@@ -201,34 +198,29 @@ class KubeValidation(KubeScheduler):
 
     async def collect(self, c: CollectInput) -> CollectResult:
         """Wait up to ``c.wait_s`` for the Job to finish, then read the pod's result."""
-        from activities.validation import parse_result_text
-
         deadline = time.monotonic() + c.wait_s
         while True:
             job = await self._read_job(c.job_id)
             if job is None:
-                return CollectResult(finished=True, result=ValidationResult(
-                    machine=c.machine, verdict=Verdict.aborted,
-                    reason=f"validation Job {c.job_id} was deleted (machine taken away)"))
+                return CollectResult(finished=True, result=aborted(
+                    c.machine, f"validation Job {c.job_id} was deleted (machine taken away)"))
             st = job.status
             conds = {x.type: x for x in (st.conditions if st else None) or [] if x.status == "True"}
             done = bool(st and ((st.succeeded or 0) > 0 or (st.failed or 0) > 0)) or bool(
                 {"Complete", "Failed"} & set(conds))
             if done:
                 break
-            if activity.in_activity():
-                activity.heartbeat({"job": c.job_id, "active": st.active if st else None})
+            heartbeat({"job": c.job_id, "active": st.active if st else None})
             if time.monotonic() >= deadline:
                 return CollectResult(finished=False)
-            await asyncio.sleep(POLL_S)
+            await asyncio.sleep(COLLECT_POLL_S)
         failed = conds.get("Failed")
-        text = await self._pod_log(_slug(c.run_id))
+        text = await self._pod_log(run_slug(c.run_id))
         result = parse_result_text(text, c.machine)
         if result is None:
             why = f"{failed.reason}: {failed.message}" if failed else "no result printed"
-            return CollectResult(finished=True, result=ValidationResult(
-                machine=c.machine, verdict=Verdict.aborted,
-                reason=f"validation Job {c.job_id} ended without a result ({why}): "
+            return CollectResult(finished=True, result=aborted(
+                c.machine, f"validation Job {c.job_id} ended without a result ({why}): "
                 f"{text[-2000:]!r}"))
         return CollectResult(finished=True, result=result)
 
@@ -253,53 +245,45 @@ class KubeValidation(KubeScheduler):
 
         await self._patch(node, build)
 
-    async def return_machine(self, r: ReturnMachineInput, spares: SparePool | None
-                             ) -> ReturnMachineResult:
-        """Apply the verdict to the node (see :mod:`activities.validation`)."""
-        try:
-            n = await self._read(r.node)
-        except ApplicationError as e:
-            if e.type == ERR_UNKNOWN_NODE:
-                return ReturnMachineResult(detail=str(e))
-            raise
+    # -- verdict hooks (ValidationBackend.return_machine) --------------------------------
+    async def _read_target(self, node: str) -> k8s.V1Node:
+        return await self._read(node)
+
+    async def _restore_prior(self, r: ReturnMachineInput, n: k8s.V1Node) -> str:
+        prior = r.prior_state or {}
+        holder = (n.metadata.annotations or {}).get(ANN_REPAIR_ID)
+        if not prior.get("unschedulable") and holder == r.run_id:
+            await self.rejoin(r.node, r.run_id)
+            return "restored: schedulable"
+        return "restored: cordon as before"
+
+    async def _keep_out(self, r: ReturnMachineInput, n: k8s.V1Node) -> str:
+        if not n.spec.unschedulable:
+            await self.cordon(r.node, r.run_id, f"validation failed ticket {r.ticket_id}")
+        await self._annotate(r.node, {ANN_TICKET: r.ticket_id or r.run_id})
+        return f"kept out (cordoned), ticket {r.ticket_id}"
+
+    async def _hold_as_spare(self, r: ReturnMachineInput, n: k8s.V1Node) -> None:
+        if not n.spec.unschedulable:
+            await self.cordon(r.node, r.run_id, "spare (validated)")
+
+    async def _return_to_pool(self, r: ReturnMachineInput, n: k8s.V1Node) -> str:
         prior = r.prior_state or {}
         ann = n.metadata.annotations or {}
         holder = ann.get(ANN_REPAIR_ID)
         ours = ann.get(ANN_CORDONED_BY) == CORDONED_BY_US
-        if r.verdict == Verdict.aborted:
-            if not prior.get("unschedulable") and holder == r.run_id:
-                await self.rejoin(r.node, r.run_id)
-                detail = "restored: schedulable"
-            else:
-                detail = "restored: cordon as before"
-        elif r.verdict == Verdict.failed:
-            if not n.spec.unschedulable:
-                await self.cordon(r.node, r.run_id, f"validation failed ticket {r.ticket_id}")
-            await self._annotate(r.node, {ANN_TICKET: r.ticket_id or r.run_id})
-            if spares is not None:
-                await spares.remove(self.cluster.name, r.machine)
-            detail = f"kept out (cordoned), ticket {r.ticket_id}"
-        elif r.return_to == "spare":
-            if not n.spec.unschedulable:
-                await self.cordon(r.node, r.run_id, "spare (validated)")
-            if spares is None:
-                raise permanent(ERR_CONFIGURATION, "return_to=spare needs the ledger (spare pool)")
-            await spares.add(self.cluster.name, r.machine, r.run_id)
-            detail = f"joined spare pool of {self.cluster.name}"
-        else:  # passed → pool
-            foreign = prior.get("unschedulable") and prior.get("cordoned_by") != CORDONED_BY_US
-            if foreign or (n.spec.unschedulable and not ours):
-                detail = "kept out: cordoned by someone else"
-            elif holder:
-                await self.rejoin(r.node, holder)
-                detail = "returned to pool: uncordoned"
-            else:
-                detail = "returned to pool: already schedulable"
-            await self._annotate(r.node, {ANN_TICKET: None})
-        after = await self._read(r.node)
-        return ReturnMachineResult(
-            state=["SchedulingDisabled"] if after.spec.unschedulable else ["Schedulable"],
-            schedulable=not after.spec.unschedulable,
-            spare=r.verdict == Verdict.passed and r.return_to == "spare",
-            detail=detail,
-        )
+        foreign = prior.get("unschedulable") and prior.get("cordoned_by") != CORDONED_BY_US
+        if foreign or (n.spec.unschedulable and not ours):
+            detail = "kept out: cordoned by someone else"
+        elif holder:
+            await self.rejoin(r.node, holder)
+            detail = "returned to pool: uncordoned"
+        else:
+            detail = "returned to pool: already schedulable"
+        await self._annotate(r.node, {ANN_TICKET: None})
+        return detail
+
+    async def _placement_state(self, node: str) -> tuple[list[str], bool]:
+        after = await self._read(node)
+        unschedulable = bool(after.spec.unschedulable)
+        return (["SchedulingDisabled"] if unschedulable else ["Schedulable"]), not unschedulable

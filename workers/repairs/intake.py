@@ -1,4 +1,4 @@
-"""The repair API (``/api/v1/repairs`` on the API port) and the intake behind it.
+"""The repair intake: how a repair that the platform did not detect itself enters.
 
 Every repair that does not come from the platform's own detection — an operator's, an
 HTTP detector's, a Kubernetes node annotation's (``workers.watchers.kube``) — enters
@@ -24,49 +24,36 @@ Intake rules (DESIGN §5):
   approval under the default *approve before repair*; an operator's own request counts
   as approved by its creator, except ``remove``, which always waits for a person).
 
-HTTP (JSON; ``Authorization: Bearer TOKEN``; OpenAPI at ``/api/v1/openapi.json``):
-
-====== ================================= ========= ==========================================
-method path                              role      answer
-====== ================================= ========= ==========================================
-POST   /api/v1/repairs                   detector+ 201 new / 200 existing :class:`CreateResult`
-GET    /api/v1/repairs?node&cluster&...  viewer+   200 ``{"repairs": [RepairView, ...]}``
-GET    /api/v1/repairs/{id}              viewer+   200 :class:`RepairView` (with live status)
-POST   /api/v1/repairs/{id}/approve      operator  200 :class:`RepairView`
-POST   /api/v1/repairs/{id}/reject       operator  200 :class:`RepairView`
-POST   /api/v1/repairs/{id}/cancel       operator  200 :class:`RepairView`
-====== ================================= ========= ==========================================
-
-Errors: 401 without or with an unknown token (or when no tokens file is configured),
-403 for a role that may not do it, 404 unknown repair, 409 decision on a finished
-repair or a request id reused for another node, 422 malformed body naming the field
-(FastAPI's ``{"detail": [{"loc": ["body", FIELD], "msg": ...}]}`` shape).
+Errors: :class:`IntakeError` carries the HTTP status the API answers with (404 unknown
+repair, 409 decision on a finished repair or a request id reused for another node, 422
+naming the field at fault). The HTTP side is :mod:`workers.repairs.router`.
 """
 
-# No ``from __future__ import annotations``: FastAPI resolves the dependency annotations
-# of the route closures at definition time.
+from __future__ import annotations
+
 import asyncio
 import hashlib
-import hmac
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from enum import StrEnum
-from pathlib import Path
-from typing import Annotated, Any, cast
+from typing import Any
 
 import asyncpg
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.ledger import Ledger, connect
-from workflows.activity_api import ClaimInput, RepairRecord
+from workers.repairs.models import (
+    CreateResult,
+    RepairCreate,
+    RepairMode,
+    RepairView,
+    TransitionView,
+)
+from workflows.activity_api import ClaimInput, RepairRecord, TransitionRecord
 from workflows.config import AutorepairConfig, ClusterConfig
 from workflows.models import (
     TERMINAL_STAGES,
@@ -81,202 +68,28 @@ from workflows.models import (
     RequesterKind,
     Severity,
     Stage,
+)
+from workflows.protocol import (
+    REPAIR_QUERY_STATUS,
+    REPAIR_SIGNAL_APPROVE,
+    REPAIR_SIGNAL_CANCEL,
+    REPAIR_SIGNAL_REJECT,
+    REPAIR_WORKFLOW,
+    STATE_IN_PROGRESS,
+    repair_state,
     workflow_id_repair,
 )
 
 log = logging.getLogger("autorepair.api.repairs")
 
-REPAIR_WORKFLOW = "RepairWorkflow"
-"""Workflow type of a repair (DESIGN §4.4)."""
-SIGNAL_APPROVE, SIGNAL_REJECT, SIGNAL_CANCEL, QUERY_STATUS = "approve", "reject", "cancel", "status"
-"""Signal and query names on ``RepairWorkflow`` (DESIGN §4.4)."""
 DETECTOR_RULE = "detector_request"
 """``RepairRequest.auto_approved_rule`` of detector requests: they skip the approval queue."""
 REQUEST_ALERT_KIND = "repair_request"
 """Alert kind of the evidence record an external request carries."""
-ROLES: frozenset[str] = frozenset({"operator", "detector", "viewer"})
-"""Token roles (``workflows.config.ApiConfig.tokens_file``)."""
 _QUERY_TIMEOUT = timedelta(seconds=2)
 _CAP_LOCK_NS = 0x6172_6361  # advisory lock namespace for the per-cluster detector cap
 
 
-# ------------------------------------------------------------------------- auth
-@dataclass(frozen=True, slots=True)
-class Principal:
-    """Who called: ``user`` and ``role`` (operator | detector | viewer)."""
-
-    user: str
-    role: str
-
-
-class ApiTokens:
-    """Bearer tokens of the repair API, from a file of ``TOKEN ROLE USER`` lines.
-
-    Blank lines and ``#`` comments are ignored. Lookup compares the presented token
-    against *every* configured token with ``hmac.compare_digest`` (constant time, no
-    early exit). Tokens never reach logs or error messages.
-    """
-
-    def __init__(self, entries: list[tuple[bytes, Principal]]) -> None:
-        self._entries = tuple(entries)
-
-    @property
-    def enabled(self) -> bool:
-        """True when at least one token is configured."""
-        return bool(self._entries)
-
-    @classmethod
-    def load(cls, path: str | Path | None) -> "ApiTokens":
-        """Read ``path`` (``None`` → no tokens: every request is refused with 401).
-
-        Raises ``ValueError`` naming the file and line for an unreadable file, a line
-        without three fields, or an unknown role.
-        """
-        if not path:
-            return cls([])
-        try:
-            text = Path(path).read_text()
-        except OSError as e:
-            raise ValueError(f"api.tokens_file {str(path)!r}: {e.strerror}") from e
-        entries: list[tuple[bytes, Principal]] = []
-        for n, raw in enumerate(text.splitlines(), 1):
-            line = raw.strip()
-            if not line or line.startswith("#"):
-                continue
-            parts = line.split()
-            if len(parts) != 3:
-                raise ValueError(
-                    f"api.tokens_file {str(path)!r} line {n}: expected 'TOKEN ROLE USER', "
-                    f"got {len(parts)} fields"
-                )
-            token, role, user = parts
-            if role not in ROLES:
-                raise ValueError(
-                    f"api.tokens_file {str(path)!r} line {n}: role {role!r} is not one of "
-                    f"{sorted(ROLES)}"
-                )
-            entries.append((token.encode(), Principal(user=user, role=role)))
-        return cls(entries)
-
-    def authenticate(self, token: str | None) -> Principal | None:
-        """The principal of ``token``, or ``None`` (constant time over all tokens)."""
-        if not token:
-            return None
-        cand = token.encode()
-        found: Principal | None = None
-        for t, p in self._entries:
-            if hmac.compare_digest(cand, t) and found is None:
-                found = p
-        return found
-
-
-# ----------------------------------------------------------------------- models
-class RepairMode(StrEnum):
-    """What an external request may ask for (DESIGN §4.1 ``--mode``)."""
-
-    reboot = "reboot"
-    reprovision = "reprovision"
-    migrate = "migrate"
-    remove = "remove"
-
-
-_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$"
-
-
-class RepairCreate(BaseModel):
-    """Body of ``POST /api/v1/repairs``.
-
-    ``request_id`` with ``detector`` is the idempotency key (forever). ``detector``
-    defaults to the token's user for the detector role and to ``user:<name>`` for an
-    operator. ``evidence_alert`` cites a ledger alert id; ``evidence_run`` names a
-    health-check run of the detector. ``detected_at``: when the fault was detected
-    (default: now). ``cluster`` may be left out when the node belongs to exactly one
-    configured cluster (or only one is configured).
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    node: str = Field(min_length=1, max_length=253, pattern=_NAME)
-    mode: RepairMode
-    request_id: str = Field(min_length=1, max_length=256)
-    reason: str = Field(min_length=1, max_length=4000)
-    detector: str | None = Field(None, min_length=1, max_length=128, pattern=_NAME)
-    cluster: str | None = Field(None, min_length=1, max_length=253)
-    evidence_alert: str | None = Field(None, min_length=1, max_length=256)
-    evidence_run: str | None = Field(None, min_length=1, max_length=256)
-    detected_at: datetime | None = None
-
-
-class DecisionBody(BaseModel):
-    """Body of approve / reject / cancel: a reason and, for approve, an action override."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    reason: str = Field("", max_length=4000)
-    action: Action | None = None
-
-
-class TransitionView(BaseModel):
-    """One recorded stage transition."""
-
-    stage: str
-    at: datetime
-    by: str
-    reason: str = ""
-
-
-class RepairView(BaseModel):
-    """A repair as the API shows it (ledger row, transitions, live workflow status).
-
-    ``state``: ``awaiting_approval``, ``in_progress`` or the terminal stage name
-    (the ``RepairState`` search attribute values).
-    """
-
-    repair_id: str
-    cluster: str
-    node: str
-    machine_id: str | None = None
-    action: str
-    stage: str
-    state: str
-    requester_kind: str
-    requester_name: str
-    detector: str | None = None
-    request_id: str | None = None
-    reason: str = ""
-    approved_by: str | None = None
-    decided_by_rule: str | None = None
-    alert_ids: list[str] = Field(default_factory=list)
-    workflow_id: str | None = None
-    created_at: datetime
-    updated_at: datetime
-    transitions: list[TransitionView] = Field(default_factory=list)
-    live: RepairStatus | None = None
-
-
-class CreateResult(BaseModel):
-    """Answer of a create: ``created`` false for a retried key; ``refused`` with
-    ``refused_reason`` when the request was recorded as refused (detector cap, remove)."""
-
-    created: bool
-    refused: bool = False
-    refused_reason: str = ""
-    repair: RepairView
-
-
-class RepairList(BaseModel):
-    """Answer of ``GET /api/v1/repairs``."""
-
-    repairs: list[RepairView]
-
-
-class AlertList(BaseModel):
-    """Answer of ``GET /api/v1/alerts``: recorded alerts, newest first."""
-
-    alerts: list[Alert]
-
-
-# ------------------------------------------------------------------------ errors
 class IntakeError(Exception):
     """A request the intake cannot take; ``status`` is the HTTP status, ``field`` the
     body field at fault (or ``None``)."""
@@ -294,20 +107,11 @@ class IntakeError(Exception):
         return self.message
 
 
-# ------------------------------------------------------------------------ intake
 def repair_id_for_request(detector: str, request_id: str) -> str:
     """Repair id of an external request: ``req-`` + 16 hex digits of
     sha256(detector NUL request_id). Deterministic, so racing creates agree."""
     digest = hashlib.sha256(f"{detector}\0{request_id}".encode()).hexdigest()
     return f"req-{digest[:16]}"
-
-
-def repair_state(stage: str) -> str:
-    """``RepairState`` value of a stage: terminal name, ``awaiting_approval`` or
-    ``in_progress``."""
-    if stage in {s.value for s in TERMINAL_STAGES}:
-        return stage
-    return "awaiting_approval" if stage == Stage.awaiting_approval.value else "in_progress"
 
 
 def _view(row: dict[str, Any], live: RepairStatus | None = None) -> RepairView:
@@ -495,13 +299,9 @@ class RepairIntake:
         for a in alerts:
             await self.ledger.record_alert(a)
         wf_id = workflow_id_repair(cluster, req.node, repair_id)
-        async with self.ledger.pool.acquire() as conn, conn.transaction():
-            # One transaction under a per-cluster lock: claim the key, check the cap and
-            # record the repair, so racing requests see one winner and cannot overshoot
-            # the cap. A Ledger over this connection runs the ledger's own statements.
-            await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))",
-                               _CAP_LOCK_NS, cluster)
-            locked = Ledger(cast(asyncpg.Pool, conn))
+        # One transaction under a per-cluster lock: claim the key, check the cap and
+        # record the repair, so racing requests see one winner and cannot overshoot the cap.
+        async with self.ledger.transaction(lock=(_CAP_LOCK_NS, cluster)) as locked:
             claim = await locked.claim_request(
                 ClaimInput(detector=detector, request_id=req.request_id, repair_id=repair_id,
                            cluster=cluster, node=req.node)
@@ -538,11 +338,9 @@ class RepairIntake:
                     )
                 )
                 if refusal:
-                    await locked.pool.execute(
-                        """INSERT INTO repair_transitions (repair_id, stage, at, by_whom, reason)
-                           VALUES ($1, $2, $3, 'autorepair', $4) ON CONFLICT DO NOTHING""",
-                        repair_id, Stage.rejected.value, now, refusal,
-                    )
+                    await locked.record_transition(TransitionRecord(
+                        repair_id=repair_id, stage=Stage.rejected, at=now, by="autorepair",
+                        reason=refusal))
         if existing is not None and existing["stage"] != Stage.recommended.value:
             log.info("event=repair_request_replayed repair_id=%s detector=%s request_id=%s",
                      repair_id, detector, req.request_id)
@@ -596,7 +394,7 @@ class RepairIntake:
         if live and row.get("workflow_id"):
             try:
                 status = await self._handle(row).query(
-                    QUERY_STATUS, result_type=RepairStatus, rpc_timeout=_QUERY_TIMEOUT
+                    REPAIR_QUERY_STATUS, result_type=RepairStatus, rpc_timeout=_QUERY_TIMEOUT
                 )
             except Exception as e:  # live status is best effort; the ledger answers
                 log.debug("event=repair_query_failed repair_id=%s error=%s", repair_id,
@@ -612,7 +410,7 @@ class RepairIntake:
 
         Raises :class:`IntakeError` 422 naming ``state`` or ``action`` when unknown."""
         stages = {s.value for s in Stage}
-        if state is not None and state not in stages | {"open", "in_progress"}:
+        if state is not None and state not in stages | {"open", STATE_IN_PROGRESS}:
             raise IntakeError(422, f"state {state!r} is not a stage, 'open' or 'in_progress'",
                               "state")
         if action is not None and action not in {a.value for a in Action}:
@@ -625,8 +423,8 @@ class RepairIntake:
         out = [_view(r) for r in rows]
         if state == "open":
             out = [v for v in out if v.stage not in {s.value for s in TERMINAL_STAGES}]
-        elif state == "in_progress":
-            out = [v for v in out if v.state == "in_progress"]
+        elif state == STATE_IN_PROGRESS:
+            out = [v for v in out if v.state == STATE_IN_PROGRESS]
         return out
 
     # -- decisions -------------------------------------------------------------------
@@ -653,15 +451,18 @@ class RepairIntake:
 
     async def approve(self, repair_id: str, by: str, action: Action | None = None) -> RepairView:
         """Signal ``approve {"by", "action"}``. Raises :class:`IntakeError` 404/409."""
-        return await self._decide(repair_id, SIGNAL_APPROVE, ApproveSignal(by=by, action=action))
+        return await self._decide(repair_id, REPAIR_SIGNAL_APPROVE,
+                                  ApproveSignal(by=by, action=action))
 
     async def reject(self, repair_id: str, by: str, reason: str = "") -> RepairView:
         """Signal ``reject {"by", "reason"}``. Raises :class:`IntakeError` 404/409."""
-        return await self._decide(repair_id, SIGNAL_REJECT, RejectSignal(by=by, reason=reason))
+        return await self._decide(repair_id, REPAIR_SIGNAL_REJECT,
+                                  RejectSignal(by=by, reason=reason))
 
     async def cancel(self, repair_id: str, by: str, reason: str = "") -> RepairView:
         """Signal ``cancel {"by", "reason"}``. Raises :class:`IntakeError` 404/409."""
-        return await self._decide(repair_id, SIGNAL_CANCEL, CancelSignal(by=by, reason=reason))
+        return await self._decide(repair_id, REPAIR_SIGNAL_CANCEL,
+                                  CancelSignal(by=by, reason=reason))
 
 
 class LazyIntake:
@@ -697,178 +498,3 @@ class LazyIntake:
         if self._intake is not None:
             await self._intake.ledger.pool.close()
             self._intake = None
-
-
-# ------------------------------------------------------------------------ router
-_PERMS: dict[str, frozenset[str]] = {
-    "viewer": frozenset({"read"}),
-    "detector": frozenset({"read", "create"}),
-    "operator": frozenset({"read", "create", "remove", "decide"}),
-}
-
-
-def build_repairs_router(
-    intake: Callable[[], Awaitable[RepairIntake]],
-    tokens: ApiTokens,
-) -> APIRouter:
-    """The ``/api/v1/repairs`` router (routes and errors in the module docstring).
-
-    ``intake``: returns the :class:`RepairIntake` (e.g. ``LazyIntake(config,
-    client).get``). ``tokens``: :meth:`ApiTokens.load` of ``api.tokens_file``.
-    Also serves the app's OpenAPI document at ``/api/v1/openapi.json``.
-    """
-    bearer = HTTPBearer(auto_error=False, description="TOKEN from api.tokens_file")
-    router = APIRouter(prefix="/api/v1", tags=["repairs"])
-
-    def need(perm: str) -> Callable[..., Principal]:
-        def dep(
-            creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-        ) -> Principal:
-            who = tokens.authenticate(creds.credentials if creds else None)
-            if who is None:
-                msg = ("missing or invalid bearer token" if tokens.enabled
-                       else "api.tokens_file is not configured; the repair API needs tokens")
-                raise HTTPException(401, msg, headers={"WWW-Authenticate": "Bearer"})
-            if perm not in _PERMS[who.role]:
-                raise HTTPException(403, f"role {who.role!r} may not {perm} repairs")
-            return who
-
-        return dep
-
-    async def get_intake() -> RepairIntake:
-        try:
-            return await intake()
-        except RuntimeError as e:
-            raise HTTPException(503, str(e)) from e
-
-    def fail(e: IntakeError) -> HTTPException:
-        return HTTPException(e.status, e.detail())
-
-    Intake = Annotated[RepairIntake, Depends(get_intake)]
-
-    @router.get("/openapi.json", include_in_schema=False)
-    async def openapi(request: Request) -> dict[str, Any]:
-        return cast(dict[str, Any], request.app.openapi())
-
-    @router.post("/repairs", response_model=CreateResult, status_code=201,
-                 responses={200: {"model": CreateResult, "description": "existing repair"}})
-    async def create(
-        body: RepairCreate, response: Response, ix: Intake,
-        who: Annotated[Principal, Depends(need("create"))],
-    ) -> CreateResult:
-        """Create a repair (idempotent on detector + request_id)."""
-        if body.mode == RepairMode.remove and "remove" not in _PERMS[who.role]:
-            raise HTTPException(403, f"role {who.role!r} may not request remove "
-                                "(human-only, DESIGN §5)")
-        if who.role == "detector":
-            if body.detector is not None and body.detector != who.user:
-                raise HTTPException(403, f"detector {body.detector!r}: this token belongs to "
-                                    f"detector {who.user!r}")
-            requester = Requester(kind=RequesterKind.detector, name=who.user)
-        else:
-            requester = Requester(kind=RequesterKind.user, name=who.user)
-        try:
-            result = await ix.create(body, requester, skip_approval=False)
-        except IntakeError as e:
-            raise fail(e) from e
-        if not result.created:
-            response.status_code = 200
-        return result
-
-    @router.get("/repairs", response_model=RepairList)
-    async def list_repairs(
-        ix: Intake, _: Annotated[Principal, Depends(need("read"))],
-        node: str | None = Query(None, max_length=253),
-        cluster: str | None = Query(None, max_length=253),
-        state: str | None = Query(None, max_length=64),
-        action: str | None = Query(None, max_length=64),
-        requester: str | None = Query(None, max_length=256),
-        limit: int = Query(200, ge=1, le=1000),
-    ) -> RepairList:
-        """Repairs newest first, filtered by node, cluster, state, action, requester."""
-        try:
-            views = await ix.list(cluster=cluster, node=node, state=state, action=action,
-                                  requester=requester, limit=limit)
-        except IntakeError as e:
-            if e.status == 422 and e.field:
-                raise HTTPException(422, [{"loc": ["query", e.field], "msg": e.message,
-                                           "type": "value_error"}]) from e
-            raise fail(e) from e
-        return RepairList(repairs=views)
-
-    @router.get("/alerts", response_model=AlertList)
-    async def list_alerts(
-        ix: Intake, _: Annotated[Principal, Depends(need("read"))],
-        cluster: str | None = Query(None, max_length=253),
-        node: str | None = Query(None, max_length=253),
-        limit: int = Query(50, ge=1, le=1000),
-    ) -> AlertList:
-        """Alerts recorded in the ledger (observed and actionable), newest first."""
-        return AlertList(alerts=await ix.ledger.list_alerts(cluster=cluster, node=node,
-                                                            limit=limit))
-
-    @router.get("/repairs/{repair_id}", response_model=RepairView)
-    async def show(repair_id: str, ix: Intake,
-                   _: Annotated[Principal, Depends(need("read"))]) -> RepairView:
-        """One repair with transitions and live workflow status."""
-        try:
-            return await ix.get(repair_id)
-        except IntakeError as e:
-            raise fail(e) from e
-
-    @router.post("/repairs/{repair_id}/approve", response_model=RepairView)
-    async def approve(repair_id: str, ix: Intake,
-                      who: Annotated[Principal, Depends(need("decide"))],
-                      body: DecisionBody | None = None) -> RepairView:
-        """Approve (optionally overriding the action)."""
-        try:
-            return await ix.approve(repair_id, who.user, body.action if body else None)
-        except IntakeError as e:
-            raise fail(e) from e
-
-    @router.post("/repairs/{repair_id}/reject", response_model=RepairView)
-    async def reject(repair_id: str, ix: Intake,
-                     who: Annotated[Principal, Depends(need("decide"))],
-                     body: DecisionBody | None = None) -> RepairView:
-        """Reject with a reason."""
-        try:
-            return await ix.reject(repair_id, who.user, body.reason if body else "")
-        except IntakeError as e:
-            raise fail(e) from e
-
-    @router.post("/repairs/{repair_id}/cancel", response_model=RepairView)
-    async def cancel(repair_id: str, ix: Intake,
-                     who: Annotated[Principal, Depends(need("decide"))],
-                     body: DecisionBody | None = None) -> RepairView:
-        """Cancel with a reason."""
-        try:
-            return await ix.cancel(repair_id, who.user, body.reason if body else "")
-        except IntakeError as e:
-            raise fail(e) from e
-
-    return router
-
-
-def api_routers(
-    config: AutorepairConfig,
-) -> Callable[[Client], tuple[list[APIRouter], list[Callable[[], Awaitable[None]]]]]:
-    """The factory ``autorepair ingest`` hands to ``ingest.service.run_ingest``: the repair
-    router on the given Temporal client, and the intake's ``close`` for shutdown.
-
-    Raises ``ValueError`` naming the tokens file when it is malformed (at call time)."""
-
-    def build(client: Client) -> tuple[list[APIRouter], list[Callable[[], Awaitable[None]]]]:
-        router, intake = repairs_router_for(config, client)
-        return [router], [intake.close]
-
-    return build
-
-
-def repairs_router_for(config: AutorepairConfig, client: Client) -> tuple[APIRouter, LazyIntake]:
-    """Router wired to ``config`` (tokens from ``api.tokens_file``, falling back to
-    ``secrets.api_tokens_file``) and a :class:`LazyIntake`; close the intake on shutdown.
-
-    Raises ``ValueError`` naming the tokens file when it is malformed."""
-    tokens = ApiTokens.load(config.api.tokens_file or config.secrets.api_tokens_file)
-    lazy = LazyIntake(config, client)
-    return build_repairs_router(lazy.get, tokens), lazy

@@ -1,0 +1,298 @@
+"""Slurm side of the validation activities (verdict rules: :mod:`activities.validation.base`).
+
+Placement: a maintenance reservation ``{reservation_prefix}-<run>`` on the node
+(``Flags=MAINT``, so nothing else lands there while the checks run) and an ``sbatch -w
+NODE --reservation=...`` job running ``ValidationConfig.command`` (the agent's
+``autorepair-agent validate --json``); the result is the last JSON object of the job's
+output file in ``ValidationConfig.output_dir``. A node drained for the repair is resumed
+for the run (the reservation keeps other jobs off) and put back afterwards.
+
+Idempotency: placement records the node's prior state and the job id in a marker
+``<output_dir>/<run>.json``, so a retried placement never submits twice and never
+records a state it changed itself. Verdicts: ``failed`` and ``spare`` drain the node with
+a reason starting ``autorepair:`` (:data:`~activities.scheduler.slurm.REASON_PREFIX`);
+``aborted`` restores the drain flag and reason exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shlex
+import time
+from pathlib import Path
+from typing import Any
+
+from temporalio.exceptions import ApplicationError
+
+from activities.scheduler.slurm import REASON_PREFIX, SlurmNode, SlurmScheduler
+from activities.validation.base import (
+    COLLECT_POLL_S,
+    ValidationBackend,
+    aborted,
+    heartbeat,
+    parse_result_text,
+    run_slug,
+)
+from workflows.activity_api import (
+    ERR_UNKNOWN_NODE,
+    CollectInput,
+    CollectResult,
+    PlacementResult,
+    ReturnMachineInput,
+    ValidationPlacement,
+)
+from workflows.config import ClusterConfig, ValidationConfig
+
+#: How long placement waits for jobs that are only COMPLETING on the node (epilog,
+#: KillWait) before calling the machine busy, seconds (Slurm KillWait default is 30 s;
+#: the epilog of a finished job normally ends within seconds).
+COMPLETING_WAIT_S = 20.0
+#: Slurm job states in which the job is still queued or running (squeue(1) JOB STATE CODES).
+SLURM_ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED",
+                          "RESV_DEL_HOLD", "REQUEUED", "REQUEUE_HOLD", "RESIZING", "SIGNALING",
+                          "STAGE_OUT", "STOPPED"})
+#: Slurm job states meaning someone else took the node or the job away (→ aborted).
+SLURM_TAKEN = frozenset({"CANCELLED", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE",
+                         "REVOKED"})
+
+
+class SlurmValidation(SlurmScheduler, ValidationBackend):
+    """Validation placement on one Slurm cluster (reservation + pinned ``sbatch`` job)."""
+
+    def __init__(self, cluster: ClusterConfig) -> None:
+        super().__init__(cluster)
+        self.v: ValidationConfig = cluster.validation
+
+    def _reservation(self, run_id: str) -> str:
+        return f"{self.v.reservation_prefix}-{run_slug(run_id)}"
+
+    def _paths(self, run_id: str) -> tuple[Path, Path]:
+        d = Path(self.v.output_dir)
+        slug = run_slug(run_id)
+        return d / f"{slug}.json", d / f"{slug}.out"
+
+    @staticmethod
+    def snapshot(n: SlurmNode) -> dict[str, Any]:
+        """The restorable part of a node's state."""
+        return {"scheduler": "slurm", "state": n.state, "drain": n.drain, "reason": n.reason}
+
+    async def _sbatch(self, args: list[str]) -> tuple[int, str, str]:
+        env = dict(os.environ)
+        env.update(self.v.env)
+        if self.cluster.slurm_conf:
+            env["SLURM_CONF"] = self.cluster.slurm_conf
+        proc = await asyncio.create_subprocess_exec(
+            self._bin("sbatch"), *args, env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 60.0)
+        return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
+
+    async def _reservation_exists(self, name: str) -> bool:
+        rc, out, _err = await self._run("scontrol", "show", "reservation", name, check=False)
+        return rc == 0 and f"ReservationName={name}" in out
+
+    async def job_state(self, job_id: str) -> str | None:
+        """``JobState`` of ``job_id``; ``None`` once Slurm forgot the job (after MinJobAge)."""
+        rc, out, err = await self._run("scontrol", "-o", "show", "job", job_id, check=False)
+        if rc != 0:
+            if "Invalid job id" in (out + err):
+                return None
+            raise RuntimeError(f"scontrol show job {job_id} rc={rc}: {(err or out).strip()}")
+        m = re.search(r"\bJobState=(\S+)", out)
+        return m.group(1) if m else None
+
+    async def _settled_jobs(self, node: str, n: SlurmNode) -> tuple[list[str], SlurmNode]:
+        """Jobs on ``node`` once jobs merely COMPLETING there have finished (waits at most
+        ``COMPLETING_WAIT_S``); a running, suspended or configuring job is returned at once."""
+        deadline = time.monotonic() + COMPLETING_WAIT_S
+        while True:
+            rc, out, err = await self._run(
+                "squeue", "--noheader", f"--nodelist={node}", "--states=R,CG,S,CF",
+                "--format=%i %T", check=False,
+            )
+            if rc != 0:
+                raise RuntimeError(f"squeue -w {node} rc={rc}: {err.strip()}")
+            rows = [line.split() for line in out.splitlines() if line.strip()]
+            busy = [r[0] for r in rows if len(r) < 2 or r[1] != "COMPLETING"]
+            if busy or (not rows and not n.allocated) or time.monotonic() >= deadline:
+                return busy or [r[0] for r in rows], n
+            await asyncio.sleep(0.5)
+            n = await self.read_node(node)
+
+    async def place(self, p: ValidationPlacement) -> PlacementResult:
+        """Reservation + pinned job; ``placed=False`` with the reason when impossible."""
+        v = self.v
+        marker, out_file = self._paths(p.run_id)
+        res = self._reservation(p.run_id)
+        timing = {"timeout_s": v.timeout_s, "poll_s": v.poll_s}
+        state: dict[str, Any] = {}
+        if marker.exists():
+            state = json.loads(marker.read_text())
+            if state.get("job_id"):
+                return PlacementResult(placed=True, job_id=state["job_id"],
+                                       prior_state=state["prior_state"], **timing)
+        try:
+            node = await self.read_node(p.node)
+        except ApplicationError as e:
+            if e.type == ERR_UNKNOWN_NODE:
+                return PlacementResult(placed=False, reason=str(e), **timing)
+            raise
+        prior = state.get("prior_state") or self.snapshot(node)
+        settle = time.monotonic() + COMPLETING_WAIT_S
+        while (not node.ready and "NOT_RESPONDING" in node.flags
+               and set(node.flags) <= {"NOT_RESPONDING", "DRAIN"}
+               and time.monotonic() < settle):
+            # slurmctld flags a just-resumed node NOT_RESPONDING until slurmd answers its
+            # next ping (about a second on loopback); only a lasting one is a real fault.
+            await asyncio.sleep(0.5)
+            node = await self.read_node(p.node)
+        if not node.ready:
+            return PlacementResult(
+                placed=False, prior_state=prior,
+                reason=f"node {p.node} not ready ({'+'.join(node.state)})", **timing,
+            )
+        jobs, node = await self._settled_jobs(p.node, node)
+        if jobs or node.allocated:
+            return PlacementResult(
+                placed=False, prior_state=prior,
+                reason=f"machine reallocated: jobs {', '.join(jobs) or '(completing)'} on "
+                f"{p.node}", **timing,
+            )
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps({"prior_state": prior, "job_id": None}))
+        minutes = max(1, int(v.timeout_s // 60) + 1)
+        if not await self._reservation_exists(res):
+            rc, out, err = await self._run(
+                "scontrol", "create", "reservation", f"ReservationName={res}",
+                f"Nodes={p.node}", "StartTime=now", f"Duration={minutes}",
+                f"Users={v.reservation_user}", "Flags=MAINT", check=False,
+            )
+            if rc != 0:
+                text = (err or out).strip()
+                if "busy" in text.lower() or "not available" in text.lower():
+                    marker.unlink(missing_ok=True)
+                    return PlacementResult(
+                        placed=False, prior_state=prior,
+                        reason=f"maintenance reservation refused: {text}", **timing,
+                    )
+                raise RuntimeError(f"scontrol create reservation {res} rc={rc}: {text}")
+        if node.drain:
+            await self._update(p.node, "state=resume")
+        args = [
+            "--parsable", f"--job-name={res}", f"--nodelist={p.node}",
+            f"--reservation={res}", f"--time={minutes}", f"--output={out_file}",
+            "--ntasks=1", "--export=ALL",
+        ]
+        if v.partition:
+            args.append(f"--partition={v.partition}")
+        args.append("--wrap=" + shlex.join(v.command))
+        rc, out, err = await self._sbatch(args)
+        if rc != 0:
+            raise RuntimeError(f"sbatch for {p.run_id} on {p.node} rc={rc}: {err.strip()}")
+        job_id = out.strip().split(";", 1)[0]
+        marker.write_text(json.dumps({"prior_state": prior, "job_id": job_id}))
+        return PlacementResult(placed=True, job_id=job_id, prior_state=prior, **timing)
+
+    async def collect(self, c: CollectInput) -> CollectResult:
+        """Wait up to ``c.wait_s`` for the job to end, then read its result."""
+        deadline = time.monotonic() + c.wait_s
+        while True:
+            state = await self.job_state(c.job_id)
+            base = (state or "").split("+")[0]
+            if base in SLURM_ACTIVE:
+                heartbeat({"job": c.job_id, "state": state})
+                if time.monotonic() >= deadline:
+                    return CollectResult(finished=False)
+                await asyncio.sleep(COLLECT_POLL_S)
+                continue
+            break
+        _, out_file = self._paths(c.run_id)
+        try:
+            text = out_file.read_text(errors="replace")
+        except FileNotFoundError:
+            text = ""
+        if base in SLURM_TAKEN:
+            return CollectResult(finished=True, result=aborted(
+                c.machine, f"check job {c.job_id} ended {state} (machine taken away)"))
+        result = parse_result_text(text, c.machine)
+        if result is None:
+            tail = text[-2000:]
+            return CollectResult(finished=True, result=aborted(
+                c.machine, f"check job {c.job_id} ended {state or 'GONE'} without a result: "
+                f"{tail!r}"))
+        return CollectResult(finished=True, result=result)
+
+    async def release(self, c: CollectInput) -> None:
+        """Cancel the job if it still runs and delete the reservation (both idempotent)."""
+        if c.job_id:
+            state = await self.job_state(c.job_id)
+            if state is not None and state.split("+")[0] in SLURM_ACTIVE:
+                await self._run("scancel", c.job_id, check=False)
+                for _ in range(30):
+                    st = await self.job_state(c.job_id)
+                    if st is None or st.split("+")[0] not in SLURM_ACTIVE:
+                        break
+                    await asyncio.sleep(0.5)
+        res = self._reservation(c.run_id)
+        if await self._reservation_exists(res):
+            rc, out, err = await self._run("scontrol", "delete", f"ReservationName={res}",
+                                           check=False)
+            if rc != 0 and await self._reservation_exists(res):
+                raise RuntimeError(f"scontrol delete reservation {res}: {(err or out).strip()}")
+
+    async def _drain(self, node: str, reason: str) -> None:
+        await self._update(node, "state=drain", f"reason={reason}")
+
+
+    # -- verdict hooks (ValidationBackend.return_machine) --------------------------------
+    async def _read_target(self, node: str) -> SlurmNode:
+        return await self.read_node(node)
+
+    async def _restore_prior(self, r: ReturnMachineInput, n: SlurmNode) -> str:
+        prior = r.prior_state or {}
+        prior_drain = bool(prior.get("drain"))
+        prior_reason = str(prior.get("reason") or "")
+        if prior_drain:
+            if not n.drain or n.reason != prior_reason:
+                await self._drain(r.node, prior_reason or f"{REASON_PREFIX}restored")
+            return f"restored: drained ({prior_reason})"
+        if n.drain and n.reason.startswith(REASON_PREFIX):
+            await self._update(r.node, "state=resume")
+            return "restored: schedulable"
+        return "unchanged" if not n.drain else f"kept foreign drain: {n.reason}"
+
+    async def _keep_out(self, r: ReturnMachineInput, n: SlurmNode) -> str:
+        text = f"{REASON_PREFIX}{r.run_id} validation failed" + (
+            f" ticket {r.ticket_id}" if r.ticket_id else "")
+        if n.drain and not n.reason.startswith(REASON_PREFIX):
+            return f"kept out (drained by someone else: {n.reason})"
+        if not (n.drain and n.reason == text):
+            await self._drain(r.node, text)
+        return f"kept out: {text}"
+
+    async def _hold_as_spare(self, r: ReturnMachineInput, n: SlurmNode) -> None:
+        text = f"{REASON_PREFIX}{r.run_id} spare (validated)"
+        if not (n.drain and n.reason == text):
+            await self._drain(r.node, text)
+
+    async def _return_to_pool(self, r: ReturnMachineInput, n: SlurmNode) -> str:
+        prior = r.prior_state or {}
+        prior_reason = str(prior.get("reason") or "")
+        if prior.get("drain") and not prior_reason.startswith(REASON_PREFIX):
+            if not n.drain or n.reason != prior_reason:
+                await self._drain(r.node, prior_reason)
+            return f"kept out: drained by someone else before validation ({prior_reason})"
+        if n.drain and n.reason.startswith(REASON_PREFIX):
+            await self._update(r.node, "state=resume")
+            return "returned to pool: resumed"
+        if n.drain:
+            return f"kept out: drained by someone else meanwhile ({n.reason})"
+        return "returned to pool: already schedulable"
+
+    async def _placement_state(self, node: str) -> tuple[list[str], bool]:
+        after = await self.read_node(node)
+        return after.state, not after.drain and after.ready

@@ -1,0 +1,120 @@
+"""Request and response bodies of the repair intake and its HTTP API (``/api/v1/repairs``).
+
+Field rules are enforced by pydantic (a malformed body answers 422 naming the field);
+``extra="forbid"`` on request bodies, so a misspelt field is an error, not ignored.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from workflows.models import Action, Alert, RepairStatus
+
+
+class RepairMode(StrEnum):
+    """What an external request may ask for (DESIGN §4.1 ``--mode``)."""
+
+    reboot = "reboot"
+    reprovision = "reprovision"
+    migrate = "migrate"
+    remove = "remove"
+
+
+#: Node and detector names: Kubernetes node names, Slurm host names and ``user:NAME``.
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$"
+
+
+class RepairCreate(BaseModel):
+    """Body of ``POST /api/v1/repairs``.
+
+    ``request_id`` with ``detector`` is the idempotency key (forever). ``detector``
+    defaults to the token's user for the detector role and to ``user:<name>`` for an
+    operator. ``evidence_alert`` cites a ledger alert id; ``evidence_run`` names a
+    health-check run of the detector. ``detected_at``: when the fault was detected
+    (default: now). ``cluster`` may be left out when the node belongs to exactly one
+    configured cluster (or only one is configured).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    node: str = Field(min_length=1, max_length=253, pattern=_NAME)
+    mode: RepairMode
+    request_id: str = Field(min_length=1, max_length=256)
+    reason: str = Field(min_length=1, max_length=4000)
+    detector: str | None = Field(None, min_length=1, max_length=128, pattern=_NAME)
+    cluster: str | None = Field(None, min_length=1, max_length=253)
+    evidence_alert: str | None = Field(None, min_length=1, max_length=256)
+    evidence_run: str | None = Field(None, min_length=1, max_length=256)
+    detected_at: datetime | None = None
+
+
+class DecisionBody(BaseModel):
+    """Body of approve / reject / cancel: a reason and, for approve, an action override."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field("", max_length=4000)
+    action: Action | None = None
+
+
+class TransitionView(BaseModel):
+    """One recorded stage transition."""
+
+    stage: str
+    at: datetime
+    by: str
+    reason: str = ""
+
+
+class RepairView(BaseModel):
+    """A repair as the API shows it (ledger row, transitions, live workflow status).
+
+    ``state``: ``awaiting_approval``, ``in_progress`` or the terminal stage name
+    (the ``RepairState`` search attribute values).
+    """
+
+    repair_id: str
+    cluster: str
+    node: str
+    machine_id: str | None = None
+    action: str
+    stage: str
+    state: str
+    requester_kind: str
+    requester_name: str
+    detector: str | None = None
+    request_id: str | None = None
+    reason: str = ""
+    approved_by: str | None = None
+    decided_by_rule: str | None = None
+    alert_ids: list[str] = Field(default_factory=list)
+    workflow_id: str | None = None
+    created_at: datetime
+    updated_at: datetime
+    transitions: list[TransitionView] = Field(default_factory=list)
+    live: RepairStatus | None = None
+
+
+class CreateResult(BaseModel):
+    """Answer of a create: ``created`` false for a retried key; ``refused`` with
+    ``refused_reason`` when the request was recorded as refused (detector cap, remove)."""
+
+    created: bool
+    refused: bool = False
+    refused_reason: str = ""
+    repair: RepairView
+
+
+class RepairList(BaseModel):
+    """Answer of ``GET /api/v1/repairs``."""
+
+    repairs: list[RepairView]
+
+
+class AlertList(BaseModel):
+    """Answer of ``GET /api/v1/alerts``: recorded alerts, newest first."""
+
+    alerts: list[Alert]

@@ -1,0 +1,213 @@
+"""The repair API router: ``/api/v1/repairs`` (and ``/api/v1/alerts``) on the API port,
+over :class:`workers.repairs.intake.RepairIntake` and the tokens of
+:mod:`workers.repairs.auth`.
+
+HTTP (JSON; ``Authorization: Bearer TOKEN``; OpenAPI at ``/api/v1/openapi.json``):
+
+====== ================================= ========= ==========================================
+method path                              role      answer
+====== ================================= ========= ==========================================
+POST   /api/v1/repairs                   detector+ 201 new / 200 existing :class:`CreateResult`
+GET    /api/v1/repairs?node&cluster&...  viewer+   200 ``{"repairs": [RepairView, ...]}``
+GET    /api/v1/repairs/{id}              viewer+   200 :class:`RepairView` (with live status)
+POST   /api/v1/repairs/{id}/approve      operator  200 :class:`RepairView`
+POST   /api/v1/repairs/{id}/reject       operator  200 :class:`RepairView`
+POST   /api/v1/repairs/{id}/cancel       operator  200 :class:`RepairView`
+GET    /api/v1/alerts?cluster&node&limit viewer+   200 ``{"alerts": [Alert, ...]}`` newest first
+====== ================================= ========= ==========================================
+
+Errors: 401 without or with an unknown token (or when no tokens file is configured),
+403 for a role that may not do it, 404 unknown repair, 409 decision on a finished
+repair or a request id reused for another node, 422 malformed body naming the field
+(FastAPI's ``{"detail": [{"loc": ["body", FIELD], "msg": ...}]}`` shape).
+"""
+
+# No ``from __future__ import annotations``: FastAPI resolves the dependency annotations
+# of the route closures at definition time.
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, cast
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from temporalio.client import Client
+
+from workers.repairs.auth import ApiTokens, Principal
+from workers.repairs.intake import IntakeError, LazyIntake, RepairIntake
+from workers.repairs.models import (
+    AlertList,
+    CreateResult,
+    DecisionBody,
+    RepairCreate,
+    RepairList,
+    RepairMode,
+    RepairView,
+)
+from workflows.config import AutorepairConfig
+from workflows.models import Requester, RequesterKind
+
+
+def build_repairs_router(
+    intake: Callable[[], Awaitable[RepairIntake]],
+    tokens: ApiTokens,
+) -> APIRouter:
+    """The ``/api/v1/repairs`` router (routes and errors in the module docstring).
+
+    ``intake``: returns the :class:`RepairIntake` (e.g. ``LazyIntake(config,
+    client).get``). ``tokens``: :meth:`ApiTokens.load` of ``api.tokens_file``.
+    Also serves the app's OpenAPI document at ``/api/v1/openapi.json``.
+    """
+    bearer = HTTPBearer(auto_error=False, description="TOKEN from api.tokens_file")
+    router = APIRouter(prefix="/api/v1", tags=["repairs"])
+
+    def need(perm: str) -> Callable[..., Principal]:
+        def dep(
+            creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+        ) -> Principal:
+            who = tokens.authenticate(creds.credentials if creds else None)
+            if who is None:
+                msg = ("missing or invalid bearer token" if tokens.enabled
+                       else "api.tokens_file is not configured; the repair API needs tokens")
+                raise HTTPException(401, msg, headers={"WWW-Authenticate": "Bearer"})
+            if not who.may(perm):
+                raise HTTPException(403, f"role {who.role!r} may not {perm} repairs")
+            return who
+
+        return dep
+
+    async def get_intake() -> RepairIntake:
+        try:
+            return await intake()
+        except RuntimeError as e:
+            raise HTTPException(503, str(e)) from e
+
+    def fail(e: IntakeError) -> HTTPException:
+        return HTTPException(e.status, e.detail())
+
+    Intake = Annotated[RepairIntake, Depends(get_intake)]
+
+    @router.get("/openapi.json", include_in_schema=False)
+    async def openapi(request: Request) -> dict[str, Any]:
+        return cast(dict[str, Any], request.app.openapi())
+
+    @router.post("/repairs", response_model=CreateResult, status_code=201,
+                 responses={200: {"model": CreateResult, "description": "existing repair"}})
+    async def create(
+        body: RepairCreate, response: Response, ix: Intake,
+        who: Annotated[Principal, Depends(need("create"))],
+    ) -> CreateResult:
+        """Create a repair (idempotent on detector + request_id)."""
+        if body.mode == RepairMode.remove and not who.may("remove"):
+            raise HTTPException(403, f"role {who.role!r} may not request remove "
+                                "(human-only, DESIGN §5)")
+        if who.role == "detector":
+            if body.detector is not None and body.detector != who.user:
+                raise HTTPException(403, f"detector {body.detector!r}: this token belongs to "
+                                    f"detector {who.user!r}")
+            requester = Requester(kind=RequesterKind.detector, name=who.user)
+        else:
+            requester = Requester(kind=RequesterKind.user, name=who.user)
+        try:
+            result = await ix.create(body, requester, skip_approval=False)
+        except IntakeError as e:
+            raise fail(e) from e
+        if not result.created:
+            response.status_code = 200
+        return result
+
+    @router.get("/repairs", response_model=RepairList)
+    async def list_repairs(
+        ix: Intake, _: Annotated[Principal, Depends(need("read"))],
+        node: str | None = Query(None, max_length=253),
+        cluster: str | None = Query(None, max_length=253),
+        state: str | None = Query(None, max_length=64),
+        action: str | None = Query(None, max_length=64),
+        requester: str | None = Query(None, max_length=256),
+        limit: int = Query(200, ge=1, le=1000),
+    ) -> RepairList:
+        """Repairs newest first, filtered by node, cluster, state, action, requester."""
+        try:
+            views = await ix.list(cluster=cluster, node=node, state=state, action=action,
+                                  requester=requester, limit=limit)
+        except IntakeError as e:
+            if e.status == 422 and e.field:
+                raise HTTPException(422, [{"loc": ["query", e.field], "msg": e.message,
+                                           "type": "value_error"}]) from e
+            raise fail(e) from e
+        return RepairList(repairs=views)
+
+    @router.get("/alerts", response_model=AlertList)
+    async def list_alerts(
+        ix: Intake, _: Annotated[Principal, Depends(need("read"))],
+        cluster: str | None = Query(None, max_length=253),
+        node: str | None = Query(None, max_length=253),
+        limit: int = Query(50, ge=1, le=1000),
+    ) -> AlertList:
+        """Alerts recorded in the ledger (observed and actionable), newest first."""
+        return AlertList(alerts=await ix.ledger.list_alerts(cluster=cluster, node=node,
+                                                            limit=limit))
+
+    @router.get("/repairs/{repair_id}", response_model=RepairView)
+    async def show(repair_id: str, ix: Intake,
+                   _: Annotated[Principal, Depends(need("read"))]) -> RepairView:
+        """One repair with transitions and live workflow status."""
+        try:
+            return await ix.get(repair_id)
+        except IntakeError as e:
+            raise fail(e) from e
+
+    @router.post("/repairs/{repair_id}/approve", response_model=RepairView)
+    async def approve(repair_id: str, ix: Intake,
+                      who: Annotated[Principal, Depends(need("decide"))],
+                      body: DecisionBody | None = None) -> RepairView:
+        """Approve (optionally overriding the action)."""
+        try:
+            return await ix.approve(repair_id, who.user, body.action if body else None)
+        except IntakeError as e:
+            raise fail(e) from e
+
+    @router.post("/repairs/{repair_id}/reject", response_model=RepairView)
+    async def reject(repair_id: str, ix: Intake,
+                     who: Annotated[Principal, Depends(need("decide"))],
+                     body: DecisionBody | None = None) -> RepairView:
+        """Reject with a reason."""
+        try:
+            return await ix.reject(repair_id, who.user, body.reason if body else "")
+        except IntakeError as e:
+            raise fail(e) from e
+
+    @router.post("/repairs/{repair_id}/cancel", response_model=RepairView)
+    async def cancel(repair_id: str, ix: Intake,
+                     who: Annotated[Principal, Depends(need("decide"))],
+                     body: DecisionBody | None = None) -> RepairView:
+        """Cancel with a reason."""
+        try:
+            return await ix.cancel(repair_id, who.user, body.reason if body else "")
+        except IntakeError as e:
+            raise fail(e) from e
+
+    return router
+
+
+def api_routers(
+    config: AutorepairConfig,
+) -> Callable[[Client], tuple[list[APIRouter], list[Callable[[], Awaitable[None]]]]]:
+    """The factory ``autorepair ingest`` hands to ``ingest.service.run_ingest``: the repair
+    router on the given Temporal client, and the intake's ``close`` for shutdown.
+
+    Raises ``ValueError`` naming the tokens file when it is malformed (at call time)."""
+
+    def build(client: Client) -> tuple[list[APIRouter], list[Callable[[], Awaitable[None]]]]:
+        router, intake = repairs_router_for(config, client)
+        return [router], [intake.close]
+
+    return build
+
+
+def repairs_router_for(config: AutorepairConfig, client: Client) -> tuple[APIRouter, LazyIntake]:
+    """Router wired to ``config`` (tokens from ``api.tokens_file``, falling back to
+    ``secrets.api_tokens_file``) and a :class:`LazyIntake`; close the intake on shutdown.
+
+    Raises ``ValueError`` naming the tokens file when it is malformed."""
+    tokens = ApiTokens.load(config.api.tokens_file or config.secrets.api_tokens_file)
+    lazy = LazyIntake(config, client)
+    return build_repairs_router(lazy.get, tokens), lazy
