@@ -48,6 +48,7 @@ on bad points: they are rejected with a reason (returned and counted in
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 from collections import Counter, OrderedDict, deque
@@ -56,6 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from workflows.config import NcclConfig
 
@@ -239,10 +241,10 @@ class NcclEngine:
         return bad[0][0] if bad else None
 
     def observe_batch(
-        self, cluster: str, node: str, comm: str, nranks: int, op_seq: np.ndarray,
-        rank: np.ndarray, duration_ms: np.ndarray, op_type: Sequence[str] | str, now: float,
+        self, cluster: str, node: str, comm: str, nranks: int, op_seq: ArrayLike,
+        rank: ArrayLike, duration_ms: ArrayLike, op_type: Sequence[str] | str, now: float,
     ) -> list[tuple[str, int]]:
-        """Points of one node for one communicator: aligned arrays ``op_seq`` (int),
+        """Points of one node for one communicator: aligned arrays (or lists) ``op_seq`` (int),
         ``rank`` (int), ``duration_ms`` (float) and ``op_type`` (one per point, or one
         for all). Returns ``[(reason, count), ...]`` for the rejected points (counted in
         :attr:`rejected`); never raises on bad values."""
@@ -296,7 +298,7 @@ class NcclEngine:
             if not isinstance(op_type, str):
                 op_type = [op_type[int(i)] for i in order]
         cuts = [0, *(np.flatnonzero(seq[1:] != seq[:-1]) + 1).tolist(), m] if m > 1 else [0, 1]
-        for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+        for a, b in itertools.pairwise(cuts):
             t = op_type if isinstance(op_type, str) else op_type[a]
             self._put(c, int(seq[a]), t, rk[a:b], dur[a:b], now)
         return self._count(out)
@@ -469,13 +471,13 @@ class NcclEngine:
         c.noise_at = c.ops_total
         return c.noise_ms
 
-    def _node_lag(self, c: _Comm, nid: int) -> tuple[float, np.ndarray]:
-        """Median over the window of the node's largest rank lag per op; its ranks."""
+    def _node_lag(self, c: _Comm, nid: int) -> float:
+        """Median over the window of the node's largest rank lag per op (ms)."""
         ranks = np.flatnonzero(c.rank_node == nid)
         sub = c.lags[: c.filled][:, ranks]
         per_op = np.where(np.isnan(sub), -np.inf, sub).max(axis=1)
         per_op = per_op[np.isfinite(per_op)]
-        return (float(np.median(per_op)) if per_op.size else -math.inf), ranks
+        return float(np.median(per_op)) if per_op.size else -math.inf
 
     def _attribute(self, c: _Comm, now: float) -> None:
         ops = c.filled
@@ -491,7 +493,7 @@ class NcclEngine:
         bound = max(self.cfg.min_lag_ms, self.cfg.noise_multiplier * self._noise(c))
         for nid in cands:
             share = float(counts[nid]) / ops if nid < counts.shape[0] else 0.0
-            med, ranks = self._node_lag(c, nid)
+            med = self._node_lag(c, nid)
             a = c.attributed.get(nid)
             if a is None:
                 if share >= self.cfg.min_share and med >= bound:
