@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ingest.otlp import any_value
+
 METRIC_NCCL = "autorepair.nccl.collective.duration_ms"
 ATTR_COMM = "nccl.comm_id_hash"
 ATTR_OP_TYPE = "nccl.op_type"
@@ -100,7 +102,7 @@ def decode_nccl(metric: Any, reject: Callable[[str], None]) -> list[NcclColumns]
             elif k in _INT_KEYS:
                 i = _integer(kv.value)
                 if i is None:
-                    bad = f"{k}: {str(kv.value).strip()[:60]!r} is not an integer"
+                    bad = f"{k}: {str(any_value(kv.value))[:60]!r} is not an integer"
                 ints[_INT_KEYS[k]] = i
         if bad is None:
             missing = [name for name, v in ((ATTR_COMM, comm), (ATTR_OP_SEQ, ints[0]),
