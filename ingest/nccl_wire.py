@@ -84,46 +84,65 @@ def decode_nccl(metric: Any, reject: Callable[[str], None]) -> list[NcclColumns]
             reject(f"{METRIC_NCCL}: must be a gauge or histogram, got {kind}")
         return []
     groups: dict[tuple[str, int], NcclColumns] = {}
+    histogram = kind == "histogram"
+    # Hot loop (one pass per point, ~10k points/s for a 1,000-rank communicator at
+    # 10 ops/s): read the expected field first, ask WhichOneof only when it is empty.
     for dp in getattr(metric, kind).data_points:
         comm: str | None = None
         op_type: str | None = None
-        ints: list[int | None] = [None, None, None]
+        seq: int | None = None
+        rank: int | None = None
+        nranks: int | None = None
         bad: str | None = None
         for kv in dp.attributes:
             k = kv.key
-            if k == ATTR_COMM:
-                comm = _text(kv.value)
-                if comm is None:
-                    bad = f"{ATTR_COMM}: not a string of 1..{MAX_TEXT} characters"
-            elif k == ATTR_OP_TYPE:
-                op_type = _text(kv.value)
-                if op_type is None:
-                    bad = f"{ATTR_OP_TYPE}: not a string of 1..{MAX_TEXT} characters"
+            v = kv.value
+            if k == ATTR_COMM or k == ATTR_OP_TYPE:
+                text = v.string_value
+                if not text or len(text) > MAX_TEXT:
+                    text = _text(v)
+                if text is None:
+                    bad = f"{k}: not a string of 1..{MAX_TEXT} characters"
+                elif k == ATTR_COMM:
+                    comm = text
+                else:
+                    op_type = text
             elif k in _INT_KEYS:
-                i = _integer(kv.value)
-                if i is None:
-                    bad = f"{k}: {str(any_value(kv.value))[:60]!r} is not an integer"
-                ints[_INT_KEYS[k]] = i
-        if bad is None:
-            missing = [name for name, v in ((ATTR_COMM, comm), (ATTR_OP_SEQ, ints[0]),
-                                            (ATTR_RANK, ints[1]), (ATTR_NRANKS, ints[2]))
-                       if v is None]
-            if missing:
-                bad = f"{METRIC_NCCL}: data point without {', '.join(missing)}"
-        value = _value(kind, dp)
+                i: int | None = v.int_value
+                if not i and v.WhichOneof("value") != "int_value":
+                    i = _integer(v)
+                    if i is None:
+                        bad = f"{k}: {str(any_value(v))[:60]!r} is not an integer"
+                if k == ATTR_RANK:
+                    rank = i
+                elif k == ATTR_OP_SEQ:
+                    seq = i
+                else:
+                    nranks = i
+        if bad is None and (comm is None or seq is None or rank is None or nranks is None):
+            missing = [name for name, val in ((ATTR_COMM, comm), (ATTR_OP_SEQ, seq),
+                                              (ATTR_RANK, rank), (ATTR_NRANKS, nranks))
+                       if val is None]
+            bad = f"{METRIC_NCCL}: data point without {', '.join(missing)}"
+        if histogram:
+            value = float(dp.sum) / dp.count if dp.count > 0 and dp.HasField("sum") else None
+        else:
+            value = dp.as_double
+            if not value:
+                value = _value(kind, dp)
         if bad is None and value is None:
             bad = f"{METRIC_NCCL}: data point without a value"
         if bad is not None:
             reject(bad)
             continue
-        assert comm is not None and value is not None
-        seq, rank, nranks = ints
-        key = (comm, int(nranks))  # type: ignore[arg-type]
+        assert comm is not None and value is not None and nranks is not None
+        assert seq is not None and rank is not None
+        key = (comm, nranks)
         cols = groups.get(key)
         if cols is None:
-            cols = groups[key] = NcclColumns(comm, int(nranks))  # type: ignore[arg-type]
-        cols.seq.append(int(seq))  # type: ignore[arg-type]
-        cols.rank.append(int(rank))  # type: ignore[arg-type]
+            cols = groups[key] = NcclColumns(comm, nranks)
+        cols.seq.append(seq)
+        cols.rank.append(rank)
         cols.dur.append(value)
         cols.op_type.append(op_type or "unknown")
     return list(groups.values())
