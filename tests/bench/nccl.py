@@ -38,14 +38,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (  # noqa: E402
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from agent.nccl import TraceModel, nccl_metric  # noqa: E402
-from agent.otlp import metrics_request  # noqa: E402
-from ingest.nccl import NcclEngine, peer_median  # noqa: E402
-from workflows.config import AutorepairConfig  # noqa: E402
+from agent.nccl import TraceModel, nccl_metric
+from agent.otlp import metrics_request
+from ingest.nccl import NcclEngine, peer_median
+from workflows.config import AutorepairConfig
 
 BATCH = 10
 NOW = 1_800_000_000.0
