@@ -27,7 +27,13 @@ from agent.host import HostReadError, boot_id, machine_id
 from agent.kmsg import KernelLogFollower
 from agent.nvml import BackendUnavailable, make_backend
 from agent.runner import Agent
-from agent.simulator import FleetSimulator, ScheduledFault, SimulatorError, load_kernel_lines
+from agent.simulator import (
+    FleetSimulator,
+    ScheduledFault,
+    SimulatorError,
+    load_kernel_lines,
+    parse_slow_rank,
+)
 
 app = typer.Typer(
     name="autorepair-agent",
@@ -83,6 +89,9 @@ def run(
     = None,
     workload_type: Annotated[str | None, typer.Option(help="training | inference")] = None,
     node_pool: Annotated[str | None, typer.Option(help="autorepair.node_pool")] = None,
+    nccl_trace: Annotated[str | None, typer.Option(
+        help="JSON-lines file of NCCL collective timings written by an NCCL profiler "
+             "plugin or wrapper (docs/wire-contract.md)")] = None,
     duration: Annotated[float | None, typer.Option(help="Stop after this many seconds")] = None,
     log_level: Annotated[str, typer.Option(help="debug|info|warning")] = "info",
 ) -> None:
@@ -93,7 +102,7 @@ def run(
         "push_interval_s": push_interval, "sample_interval_s": sample_interval,
         "expected_gpus": expected_gpus, "state_dir": state_dir, "kernel_log": kernel_log,
         "infiniband_root": infiniband_root, "rail_owner": rail_owner,
-        "workload_type": workload_type, "node_pool": node_pool,
+        "workload_type": workload_type, "node_pool": node_pool, "nccl_trace": nccl_trace,
         "push": {"transport": transport} if transport else None,
     }
     try:
@@ -151,6 +160,13 @@ def simulate(
              "/nodes/N/reprovision")] = None,
     duration: Annotated[float | None, typer.Option(help="Stop after this many seconds")] = None,
     seed: Annotated[int, typer.Option(help="Random seed (reproducible telemetry)")] = 1,
+    nccl_comm: Annotated[int | None, typer.Option(
+        help="Also run one NCCL communicator of RANKS ranks (GPUs per node ranks per node) "
+             "and push its collective timings")] = None,
+    nccl_ops_per_s: Annotated[float, typer.Option(help="Collectives per second")] = 10.0,
+    slow_rank: Annotated[list[str] | None, typer.Option(
+        help="NODE[:MS], repeatable: NODE's ranks arrive MS late (default 2) at every "
+             "collective")] = None,
     log_level: Annotated[str, typer.Option(help="debug|info|warning")] = "info",
 ) -> None:
     """Run N simulated agents in one process, pushing real OTLP, with injected faults."""
@@ -158,9 +174,11 @@ def simulate(
     try:
         schedule = [ScheduledFault.parse(f) for f in fault or []]
         lines = load_kernel_lines(kernel_lines) if kernel_lines else None
+        late = dict(parse_slow_rank(s) for s in slow_rank or [])
         sim = FleetSimulator(
             endpoint, cluster, nodes, node_prefix=node_prefix, gpus_per_node=gpus_per_node,
             push_interval_s=push_interval, state_dir=state_dir, kernel_lines=lines, seed=seed,
+            nccl_ranks=nccl_comm, nccl_ops_per_s=nccl_ops_per_s, slow_ranks=late or None,
         )
         for f in schedule:
             sim._node(f.node)

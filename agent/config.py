@@ -140,6 +140,11 @@ class AgentConfig:
     #: Node that owns the IB rails (host mode); defaults to ``node``.
     rail_owner: str | None = None
     proc_root: str = "/proc"
+    #: JSON-lines file of NCCL collective timings an NCCL profiler plugin or a wrapper
+    #: appends to (agent.nccl; docs/wire-contract.md); None = off.
+    nccl_trace: str | None = None
+    #: NCCL points waiting for the next push; beyond it the oldest are dropped and counted.
+    nccl_max_points: int = 100_000
     score: ScoreConfig = field(default_factory=ScoreConfig)
     tiers: TierConfig = field(default_factory=TierConfig)
     push: PushConfig = field(default_factory=PushConfig)
@@ -156,6 +161,10 @@ class AgentConfig:
             raise ConfigError(f"backend: must be 'nvml' or 'simulated', got {self.backend!r}")
         _check_positive("push_interval_s", self.push_interval_s)
         _check_positive("sample_interval_s", self.sample_interval_s)
+        if self.nccl_max_points < 1:
+            raise ConfigError(f"nccl_max_points: must be >= 1, got {self.nccl_max_points!r}")
+        if self.nccl_trace is not None and not self.nccl_trace.strip():
+            raise ConfigError("nccl_trace: must be a file path or unset, got ''")
         if self.expected_gpus is not None and self.expected_gpus < 0:
             raise ConfigError(f"expected_gpus: must be >= 0, got {self.expected_gpus!r}")
         if self.workload_type not in (None, "training", "inference"):

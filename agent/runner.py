@@ -27,7 +27,8 @@ from typing import Any
 
 from agent.config import AgentConfig
 from agent.host import CpuSampler, HostReadError, IbWatcher, memory_available_fraction
-from agent.kmsg import KernelSource
+from agent.kmsg import KernelLogFollower, KernelSource
+from agent.nccl import NcclBuffer, NcclLineReader, nccl_metric
 from agent.nvml import GpuBackend, GpuSample, SampleError
 from agent.otlp import (
     SEVERITY_INFO,
@@ -122,7 +123,9 @@ class Agent:
 
     Parameters let the simulator and tests plug in the parts: ``backend`` (GPU),
     ``transport`` (default from config: HTTP or gRPC), ``cpu``/``memory`` readers returning
-    [0, 1] or None, ``kernel`` (a follower, or None for no kernel log), ``boot_id``.
+    [0, 1] or None, ``kernel`` (a follower, or None for no kernel log), ``boot_id``,
+    ``nccl`` (a source of :class:`agent.nccl.NcclRecord`; default: a follower of
+    ``cfg.nccl_trace`` when set).
     """
 
     def __init__(
@@ -139,6 +142,7 @@ class Agent:
         persist: bool = True,
         clock: Callable[[], float] = time.monotonic,
         seed: int | None = None,
+        nccl: KernelSource | None = None,
     ) -> None:
         self.cfg = cfg
         self.backend = backend
@@ -168,6 +172,12 @@ class Agent:
         self.cpu = cpu or _safe(CpuSampler(cfg.proc_root).read)
         self.memory = memory or _safe(lambda: memory_available_fraction(cfg.proc_root))
         self.kernel = kernel
+        if nccl is None and cfg.nccl_trace:
+            # the kernel log's file follower (rotation, bounded reads) with the NCCL reader
+            nccl = KernelLogFollower(cfg.nccl_trace, reader_factory=NcclLineReader,
+                                     max_lines=50_000)
+        self.nccl = nccl
+        self.nccl_buffer = NcclBuffer(cfg.nccl_max_points)
         self.ib = IbWatcher(cfg.infiniband_root) if cfg.infiniband_root else None
         self.boot_id = boot_id
         self.host_id = host_id or cfg.host_id
@@ -222,6 +232,8 @@ class Agent:
         await self.pusher.transport.aclose()
         if self.kernel is not None:
             self.kernel.close()
+        if self.nccl is not None:
+            self.nccl.close()
         self.backend.close()
         self._opened = False
 
@@ -295,6 +307,7 @@ class Agent:
             self._check_levels(gpus)
         self._check_degraded(result)
         self._poll_faults()
+        self._poll_nccl()
         if self.persist and self.clock() - self._last_save >= SAVE_EVERY_S:
             self._last_save = self.clock()
             self.save_state()
@@ -333,6 +346,14 @@ class Agent:
                     "phys_state": port.phys_state, "link_downed": port.link_downed,
                     "flaps": flaps, "node": owner, "source": "sysfs",
                 }))
+
+    def _poll_nccl(self) -> None:
+        if self.nccl is None:
+            return
+        try:
+            self.nccl_buffer.extend(self.nccl.poll())
+        except Exception as exc:  # a reader bug: report, keep sampling
+            log.error("event=nccl_reader_crashed error=%r", repr(exc))
 
     def _set_level(self, key: tuple[str, str], on: bool, fault: Fault) -> None:
         prev = self._level.get(key, False)
@@ -402,12 +423,15 @@ class Agent:
 
     def build_metrics(self) -> list[Any]:
         """Metrics for one push from the samples since the last push (means of known
-        values; state of the latest known sample). Clears the window."""
+        values; state of the latest known sample) and the NCCL timings read since. Clears
+        the window."""
         window = [r for r in self._window if r.state != UNKNOWN]
         self._window = []
         now_ns = time.time_ns()
         metrics = [gauge("autorepair.agent.detection_mode", MODE_CODES[self.mode], now_ns,
                          {"autorepair.agent.detection_mode": self.mode})]
+        if len(self.nccl_buffer):
+            metrics.append(nccl_metric(self.nccl_buffer.take(), now_ns))
         if self.threshold is not None:
             metrics.append(gauge("autorepair.agent.threshold", self.threshold, now_ns,
                                  {"autorepair.agent.detection_mode": self.mode}))

@@ -22,6 +22,14 @@ Fault kinds (:data:`FAULT_KINDS`), injected by schedule (``NODE:KIND@SECONDS``),
 ``silent``      the agent stops pushing (process gone)
 ==============  ==========================================================================
 
+With ``nccl_ranks`` (``--nccl-comm RANKS``) the fleet also runs one NCCL communicator of
+that many ranks, ``gpus_per_node`` ranks per node in node order, at ``nccl_ops_per_s``
+collectives a second: each node's agent receives its ranks' timings (as from a
+``--nccl-trace`` file) and pushes them as ``autorepair.nccl.collective.duration_ms``
+(:class:`agent.nccl.TraceModel`). ``slow_ranks`` (``--slow-rank NODE[:MS]``) plants nodes
+whose ranks arrive MS late at every collective; a ``slow`` fault does the same for its node
+(:data:`NCCL_LATE_MS`).
+
 ``clear`` removes every fault. ``reboot`` = agent restarts with a new boot id, faults
 cleared, baseline kept (state file survives). ``reprovision`` = same, baseline reset.
 
@@ -53,6 +61,7 @@ import httpx
 
 from agent.config import AgentConfig, PushConfig
 from agent.kmsg import LineReader, default_reader
+from agent.nccl import NcclRecord, TraceModel
 from agent.nvml import SimFaults, SimulatedBackend
 from agent.otlp import HttpTransport, Transport
 from agent.runner import Agent
@@ -64,6 +73,11 @@ _CODE_KIND = re.compile(r"^(xid|sxid)(\d+)$")
 #: Work-rate multiplier of a ``slow`` node (design choice: a 40 % slowdown, the size of a
 #: thermally throttled or PCIe-degraded node in a synchronous training job).
 SLOW_FACTOR = 0.6
+
+#: How late (ms) the NCCL ranks of a ``slow`` or ``--slow-rank`` node arrive at each
+#: collective: ten times the trace model's default arrival jitter (0.2 ms), about 10 % of a
+#: 25 MiB AllGather on 40 GB/s — a node that drags a synchronous job visibly.
+NCCL_LATE_MS = 2.0
 
 #: Real kernel lines (from the project corpus /work/shared/corpus/real-inputs.jsonl; the
 #: public source of each is given) used when no ``--kernel-lines`` file is supplied.
@@ -180,6 +194,33 @@ class InjectedKernelLog:
         self._lines.clear()
 
 
+class InjectedNccl:
+    """In-memory NCCL trace of a simulated node (same interface as the trace follower)."""
+
+    def __init__(self) -> None:
+        self.error: str | None = None
+        self._records: list[NcclRecord] = []
+
+    def push(self, records: list[NcclRecord]) -> None:
+        self._records.extend(records)
+
+    def poll(self) -> list[Any]:
+        out, self._records = self._records, []
+        return out
+
+    def close(self) -> None:
+        self._records.clear()
+
+
+def parse_slow_rank(spec: str) -> tuple[str, float]:
+    """``NODE[:MS]`` → ``(node, ms)`` (default :data:`NCCL_LATE_MS`); raises
+    :class:`SimulatorError` naming ``spec``."""
+    m = re.fullmatch(r"([^:\s]+)(?::(\d+(?:\.\d+)?))?", spec.strip())
+    if not m:
+        raise SimulatorError(f"--slow-rank {spec!r}: expected NODE or NODE:MS, e.g. gpu-03:2.5")
+    return m.group(1), float(m.group(2)) if m.group(2) else NCCL_LATE_MS
+
+
 @dataclass
 class SimNode:
     """One simulated node and its running agent."""
@@ -194,6 +235,7 @@ class SimNode:
     agent: Agent | None = None
     backend: SimulatedBackend | None = None
     kernel: InjectedKernelLog | None = None
+    nccl: InjectedNccl | None = None
     task: asyncio.Task[None] | None = None
     stop: asyncio.Event | None = None
     boots: int = 0
@@ -225,9 +267,18 @@ class FleetSimulator:
         reader_factory: Callable[[], LineReader] = default_reader,
         push: PushConfig | None = None,
         agent_overrides: dict[str, Any] | None = None,
+        nccl_ranks: int | None = None,
+        nccl_ops_per_s: float = 10.0,
+        slow_ranks: dict[str, float] | None = None,
     ) -> None:
         if nodes < 1:
             raise SimulatorError(f"--nodes: must be >= 1, got {nodes!r}")
+        if nccl_ranks is not None and nccl_ranks < 2:
+            raise SimulatorError(f"--nccl-comm: must be >= 2 ranks, got {nccl_ranks!r}")
+        if not (nccl_ops_per_s > 0 and nccl_ops_per_s <= 10_000):
+            raise SimulatorError(f"--nccl-ops-per-s: must be in (0, 10000], got {nccl_ops_per_s!r}")
+        if slow_ranks and nccl_ranks is None:
+            raise SimulatorError("--slow-rank: needs --nccl-comm RANKS")
         self.endpoint = endpoint
         self.cluster = cluster
         self.gpus_per_node = gpus_per_node
@@ -247,6 +298,16 @@ class FleetSimulator:
             name = f"{node_prefix}{i:0{width}d}"
             profile = "inference" if inference_every and i % inference_every == 0 else "training"
             self.nodes[name] = SimNode(name, profile, seed * 1000 + i, self.state_root / name)
+        self.nccl_model: TraceModel | None = None
+        self.nccl_ops_per_s = nccl_ops_per_s
+        if nccl_ranks is not None:
+            try:
+                self.nccl_model = TraceModel(
+                    nccl_ranks, list(self.nodes), ranks_per_node=gpus_per_node,
+                    comm=f"{seed:08x}c0ffee01", late=slow_ranks, seed=seed)
+            except ValueError as exc:
+                raise SimulatorError(f"--nccl-comm {nccl_ranks} / --slow-rank: {exc}") from None
+        self._nccl_task: asyncio.Task[None] | None = None
         self._client: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: ThreadingHTTPServer | None = None
@@ -272,6 +333,7 @@ class FleetSimulator:
         backend = SimulatedBackend(self.gpus_per_node, node.profile, seed=node.seed + node.boots)
         node.backend = backend
         node.kernel = InjectedKernelLog(self.reader_factory)
+        node.nccl = InjectedNccl() if self.nccl_model is not None else None
         rng = random.Random(node.seed)
         transport: Transport
         if self.transport_factory is not None:
@@ -285,7 +347,7 @@ class FleetSimulator:
             memory=lambda: max(0.0, rng.gauss(0.45, 0.02)),
             kernel=node.kernel,
             boot_id=node.boot_id, host_id=f"sim-{self.cluster}-{node.name}",
-            seed=node.seed,
+            seed=node.seed, nccl=node.nccl,
         )
 
     def _start(self, node: SimNode, delay_s: float = 0.0) -> None:
@@ -348,6 +410,7 @@ class FleetSimulator:
         f = node.backend.faults
         if kind == "slow":
             f.slow_factor = SLOW_FACTOR
+            self._set_late(name, NCCL_LATE_MS)
         elif kind == "ecc":
             f.ecc_uncorrectable = 2
         elif kind == "remap":
@@ -368,6 +431,7 @@ class FleetSimulator:
         """Remove every fault of ``name`` (a silent node starts pushing again)."""
         node = self._node(name)
         node.faults.clear()
+        self._set_late(name, 0.0)
         if node.backend is not None:
             node.backend.faults = replace(SimFaults())
         if node.silent:
@@ -393,6 +457,29 @@ class FleetSimulator:
         await self._stop(node)
         shutil.rmtree(node.state_dir, ignore_errors=True)
         return await self.reboot(name, downtime_s)
+
+    def _set_late(self, name: str, ms: float) -> None:
+        m = self.nccl_model
+        if m is not None and name in m.node_ranks:
+            m.set_late(name, ms)
+
+    async def _nccl_loop(self) -> None:
+        """Generate the communicator's ops at ``nccl_ops_per_s`` and hand every running
+        node its ranks' timings (a silent node's ranks go missing, as with a dead rank)."""
+        m = self.nccl_model
+        assert m is not None
+        start, made = time.monotonic(), 0
+        while True:
+            due = int((time.monotonic() - start) * self.nccl_ops_per_s) - made
+            if due > 0:
+                due = min(due, 1000)
+                seqs, types, nbytes, durations = m.next_ops(due)
+                made += due
+                now_ns = time.time_ns()
+                for name, node in self.nodes.items():
+                    if node.nccl is not None and not node.silent and name in m.node_ranks:
+                        node.nccl.push(m.records(name, seqs, types, nbytes, durations, now_ns))
+            await asyncio.sleep(0.1)
 
     def status(self) -> list[dict[str, Any]]:
         """One dict per node: node, boot_id, profile, faults, silent, state, score, mode,
@@ -425,9 +512,16 @@ class FleetSimulator:
         self.started_at = time.monotonic()
         for i, node in enumerate(self.nodes.values()):
             self._start(node, delay_s=self.push_interval_s * i / len(self.nodes))
+        if self.nccl_model is not None and self._nccl_task is None:
+            self._nccl_task = asyncio.create_task(self._nccl_loop(), name="sim-nccl")
 
     async def stop(self) -> None:
         """Stop every agent (each saves its baseline) and the control endpoint."""
+        if self._nccl_task is not None:
+            self._nccl_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._nccl_task
+            self._nccl_task = None
         await asyncio.gather(*(self._stop(n) for n in self.nodes.values()))
         self.stop_control()
         if self._client is not None:

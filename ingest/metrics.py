@@ -12,8 +12,18 @@ they are registered here because DESIGN §4.5 serves every series on the API por
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from collections.abc import Iterator
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from ingest.nccl import NcclEngine
 from ingest.threshold import CohortResult
 
 #: Handler latency buckets, seconds: 0.5 ms … 1 s (the ingest's target is p99 ≤ 20 ms,
@@ -97,6 +107,52 @@ class IngestMetrics:
                     pass
         self._cohorts = seen
 
+    def watch_nccl(self, engine: NcclEngine) -> None:
+        """Serve the NCCL engine's series (:class:`NcclCollector`) from this registry."""
+        self.registry.register(NcclCollector(engine))
+
     def render(self) -> bytes:
         """Prometheus text exposition (``text/plain; version=0.0.4``) of the registry."""
         return generate_latest(self.registry)
+
+
+class NcclCollector(Collector):
+    """Series of :class:`ingest.nccl.NcclEngine`, read from the engine on each scrape.
+
+    - ``autorepair_nccl_rank_lag_ms{cluster,comm}`` (histogram, DESIGN §4.5): every rank's
+      lag behind its peers' median per completed op (ms; early ranks in ``le="0"``). One
+      series set per live communicator: communicators expire, so the label set is bounded
+      by ``nccl.max_ranks`` / 3.
+    - ``autorepair_nccl_slow_rank_info{cluster,comm,node}`` (DESIGN §4.5): 1 per node
+      currently attributed as hosting a late rank.
+    - ``autorepair_nccl_ops_total{outcome}``: ops closed ``complete``, ``aged`` (closed with
+      missing ranks) or ``dropped`` (too few ranks); ``autorepair_nccl_communicators``.
+    """
+
+    def __init__(self, engine: NcclEngine) -> None:
+        self.engine = engine
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        e = self.engine
+        lag = HistogramMetricFamily(
+            "autorepair_nccl_rank_lag_ms", "Rank lag behind its peers' median per NCCL op (ms)",
+            labels=["cluster", "comm"])
+        for cluster, comm, buckets, total in e.histograms():
+            lag.add_metric([cluster, comm], buckets, total)
+        yield lag
+        info = GaugeMetricFamily(
+            "autorepair_nccl_slow_rank_info", "1 per node attributed as hosting a late NCCL rank",
+            labels=["cluster", "comm", "node"])
+        for cluster, comm, node, _a in e.attributions():
+            info.add_metric([cluster, comm, node], 1.0)
+        yield info
+        ops = CounterMetricFamily("autorepair_nccl_ops", "NCCL ops closed by outcome",
+                                  labels=["outcome"])
+        for outcome in ("complete", "aged", "dropped"):
+            ops.add_metric([outcome], float(e.ops.get(outcome, 0)))
+        yield ops
+        yield GaugeMetricFamily("autorepair_nccl_communicators", "Live NCCL communicators",
+                                value=float(len(e.comms)))

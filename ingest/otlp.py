@@ -46,6 +46,8 @@ INGERO_CLUSTER = "ingero.cluster.id"
 INGERO_SCORE = "ingero.node.health_score"
 INGERO_STATE = "ingero.node.state"
 METRIC_SCORE = "autorepair.node.health_score"
+#: NCCL collective timings (DESIGN §4.5), decoded by ingest.nccl_wire.
+METRIC_NCCL = "autorepair.nccl.collective.duration_ms"
 SIGNAL_METRICS: dict[str, str] = {
     "autorepair.node.throughput_ratio": "throughput_ratio",
     "autorepair.node.compute_efficiency": "compute_efficiency",
@@ -124,6 +126,8 @@ class Decoded:
     scores: list[ScorePoint] = field(default_factory=list)
     signals: list[SignalPoint] = field(default_factory=list)
     faults: list[FaultRecord] = field(default_factory=list)
+    #: ``autorepair.nccl.collective.duration_ms`` metrics with their resource, undecoded.
+    nccl: list[tuple[Resource, Any]] = field(default_factory=list)
     rejected: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
     ignored_metrics: int = 0
@@ -250,6 +254,9 @@ def decode_metrics(
                 name = m.name
                 if name == METRIC_SCORE or name == INGERO_SCORE:
                     _decode_scores(out, res, m, now, max_future_s, ttl_s)
+                    continue
+                if name == METRIC_NCCL:
+                    out.nccl.append((res, m))
                     continue
                 short = SIGNAL_METRICS.get(name)
                 if short is None:

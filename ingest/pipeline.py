@@ -31,6 +31,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from ingest.forward import OtlpForwarder
 from ingest.handoff import AlertSink, HandoffQueueFull
 from ingest.metrics import IngestMetrics
+from ingest.nccl import NcclEdge, NcclEngine
+from ingest.nccl_wire import decode_nccl
 from ingest.otlp import Decoded, FaultRecord, Resource, decode_logs, decode_metrics
 from ingest.threshold import (
     DEFAULT_COHORT,
@@ -48,6 +50,8 @@ log = logging.getLogger("autorepair.ingest")
 
 PANIC_KIND = "straggler_panic"
 """Kind of the cluster-level alert raised when a cohort enters panic mode (DESIGN §5)."""
+NCCL_KIND = "nccl_slow_rank"
+"""Kind of the alert naming the node that hosts a persistently late NCCL rank."""
 
 
 @dataclass(slots=True)
@@ -135,6 +139,8 @@ class Ingestor:
         self.alerts_refused = 0
         self.last_compute_s: float | None = None
         self.max_future_s = config.ingest.max_future_s
+        self.nccl = NcclEngine(config.nccl)
+        self.metrics.watch_nccl(self.nccl)
 
     # ------------------------------------------------------------------ alerts
     def _builder(self) -> Callable[..., Alert]:
@@ -198,6 +204,8 @@ class Ingestor:
                 await self._straggler_alert(r, p.score, obs.event, now)
         for s in d.signals:
             self._info(s.resource, now).signals.update(s.values)
+        if d.nccl:
+            await self._nccl_points(d, now)
         if not hint_set:
             hint = self._hint_for_request(d, req)
         self._count_rejected(d, transport, "metrics")
@@ -208,6 +216,49 @@ class Ingestor:
             resp.partial_success.CopyFrom(ExportMetricsPartialSuccess(
                 rejected_data_points=d.rejected, error_message=d.error_message()))
         return resp, hint
+
+    async def _nccl_points(self, d: Decoded, now: float) -> None:
+        """Feed NCCL timing points to the engine; rejections join the request's."""
+        for res, m in d.nccl:
+            if not self.config.nccl.enabled:
+                d.ignored_metrics += len(getattr(m, m.WhichOneof("data") or "gauge").data_points)
+                continue
+            for cols in decode_nccl(m, d.reject):
+                for reason, k in self.nccl.observe_batch(
+                        res.cluster, res.node, cols.comm, cols.nranks, cols.seq, cols.rank,
+                        cols.dur, cols.op_type, now):
+                    d.reject(reason, k)
+        await self._nccl_alerts()
+
+    async def _nccl_alerts(self) -> None:
+        """Hand the engine's ``nccl_slow_rank`` raise/clear edges to the node's workflow,
+        through the same path as stragglers. A full hand-off queue defers a raise (the next
+        op raises it again)."""
+        for edge in self.nccl.drain():
+            log.info("event=nccl_slow_rank_%s cluster=%s comm=%s node=%s share=%.2f "
+                     "median_lag_ms=%.3f", "raised" if edge.active else "cleared",
+                     edge.cluster, edge.comm, edge.node, edge.share, edge.median_lag_ms)
+            alert = self._nccl_alert(edge)
+            try:
+                await self._submit(alert)
+            except HandoffQueueFull:
+                self.alerts_refused += 1
+                self.nccl.defer(edge)
+                log.warning("event=nccl_alert_deferred cluster=%s node=%s", edge.cluster,
+                            edge.node)
+
+    def _nccl_alert(self, edge: NcclEdge) -> Alert:
+        info = self.nodes.get((edge.cluster, edge.node))
+        r = info.resource if info is not None else None
+        return self._builder()(
+            cluster=edge.cluster, node=edge.node, kind=NCCL_KIND, code=None, gpu=None,
+            evidence_text=edge.text(), evidence=edge.evidence(),
+            observed_at=datetime.fromtimestamp(edge.at, UTC),
+            catalogue=self.config.policy.catalogue,
+            machine_id=r.machine_id if r is not None else None,
+            node_pool=r.node_pool if r is not None else None,
+            active=edge.active, level=True, source="ingest",
+        )
 
     def _hint_for_request(self, d: Decoded, req: Any) -> ThresholdHint:
         """Hint when the request had no accepted score: from its first identified resource."""
@@ -320,6 +371,8 @@ class Ingestor:
         cutoff = now - self.scores.ttl_s
         for key in [k for k, v in self.nodes.items() if v.last_seen < cutoff]:
             del self.nodes[key]
+        self.nccl.sweep(now)
+        await self._nccl_alerts()
         for res in results:
             edge = self._panic_edges(res, now)
             if edge is not None:
@@ -401,10 +454,12 @@ class Ingestor:
         return body
 
     def snapshot(self, cluster_id: str | None = None) -> dict[str, Any]:
-        """Read-only state: cohorts, nodes (score, state, signals, straggler), cluster alerts.
+        """Read-only state: cohorts, nodes (score, state, signals, straggler), cluster alerts,
+        NCCL slow ranks.
 
         Shape: ``{"computed_at", "cohorts": [...], "nodes": [...], "cluster_alerts": [...],
-        "alerts": {"submitted", "refused", "queue_depth"}}``; times in epoch seconds.
+        "alerts": {"submitted", "refused", "queue_depth"}, "nccl": {"communicators",
+        "pending_ops", "slow_ranks": [...]}}``; times in epoch seconds.
         """
         strag: set[tuple[str, str]] = set()
         for (cl, _), c in self.scores.cohorts.items():
@@ -439,6 +494,15 @@ class Ingestor:
             ],
             "alerts": {"submitted": self.alerts_submitted, "refused": self.alerts_refused,
                        "queue_depth": depth},
+            "nccl": {
+                "communicators": len(self.nccl.comms), "pending_ops": self.nccl.pending_ops(),
+                "slow_ranks": [
+                    {"cluster_id": cl, "comm": comm, "node": node, "ranks": list(a.ranks),
+                     "share": a.share, "median_lag_ms": a.median_lag_ms, "alerted": a.alerted}
+                    for cl, comm, node, a in self.nccl.attributions()
+                    if cluster_id is None or cl == cluster_id
+                ],
+            },
         }
 
     async def readiness(self) -> tuple[bool, dict[str, bool]]:

@@ -111,6 +111,8 @@ def summarize(
         extra.append(f"killed {ev['process']}")
     if kind in ("gsp_heartbeat", "reset_required") and "gpu_index" in ev and not gpu:
         extra.append(f"GPU{ev['gpu_index']}")
+    if kind == "nccl_slow_rank" and ev.get("comm"):
+        extra.append(f"NCCL communicator {ev['comm']}")
     if kind == "slurm_node" and not node and ev.get("node"):
         where = f" on {ev['node']}"
     line = head + where

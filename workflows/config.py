@@ -129,6 +129,56 @@ the operator example of DESIGN §5, "Xid 43 counts after 5 in 10 min"). Single s
 the catalogue, the ``NodeWorkflow`` and ingest (:mod:`workflows.catalogue.vocabulary`)."""
 
 
+
+class NcclConfig(_Section):
+    """NCCL collective health: per-op peer lag and slow-rank attribution (ingest.nccl).
+
+    Memory is bounded by ``max_ranks`` × 4 bytes × (``max_pending_ops`` + ``window_ops``)
+    plus a few hundred bytes per communicator (see docs/scaling.md).
+    """
+
+    #: Read ``autorepair.nccl.collective.duration_ms`` points (DESIGN §4.5); false ignores them.
+    enabled: bool = True
+    #: Sliding window of completed ops per communicator for the attribution.
+    window_ops: int = Field(64, ge=8, le=4096)
+    #: Ops the window must hold before any rank is attributed.
+    min_ops: int = Field(16, ge=4)
+    #: Share of the window's ops in which a node's rank must have arrived last.
+    min_share: float = Field(0.5, gt=0, le=1)
+    #: Attribution clears when the share falls below this (hysteresis).
+    clear_share: float = Field(0.25, ge=0, le=1)
+    #: Smallest median lag (ms) that can be attributed, whatever the noise.
+    min_lag_ms: float = Field(0.25, ge=0)
+    #: Median lag must be at least this many noise scales (1.4826·MAD of each rank's lag).
+    noise_multiplier: float = Field(4.0, gt=0)
+    #: Ops an attribution must hold before the ``nccl_slow_rank`` alert is raised.
+    alert_ops: int = Field(16, ge=1)
+    #: Ops waiting for ranks per communicator; the oldest is closed early beyond it.
+    max_pending_ops: int = Field(128, ge=2, le=65536)
+    #: An op still missing ranks after this long is closed with the ranks it has, seconds.
+    op_timeout_s: float = Field(30.0, gt=0)
+    #: An op closed early needs at least this fraction of its ranks, else it is dropped.
+    min_present_fraction: float = Field(0.5, gt=0, le=1)
+    #: A communicator with no point for this long is forgotten (job ended), seconds.
+    comm_ttl_s: float = Field(600.0, gt=0)
+    #: Ranks kept across all communicators; the least recently updated ones go first.
+    max_ranks: int = Field(131_072, ge=2)
+    #: Largest accepted ``nccl.nranks``.
+    max_nranks: int = Field(65_536, ge=2)
+
+    @model_validator(mode="after")
+    def _check(self) -> NcclConfig:
+        if self.min_ops > self.window_ops:
+            raise ValueError(
+                f"nccl.min_ops: {self.min_ops} exceeds nccl.window_ops {self.window_ops}")
+        if self.clear_share > self.min_share:
+            raise ValueError(f"nccl.clear_share: {self.clear_share} exceeds nccl.min_share "
+                             f"{self.min_share}")
+        if self.max_nranks > self.max_ranks:
+            raise ValueError(f"nccl.max_nranks: {self.max_nranks} exceeds nccl.max_ranks "
+                             f"{self.max_ranks}")
+        return self
+
 class CatalogueOverride(_Section):
     """Operator override for one code: action, severity, count in window (DESIGN §5)."""
 
@@ -410,6 +460,7 @@ class AutorepairConfig(_Section):
     ledger: LedgerConfig = Field(default_factory=LedgerConfig)
     ingest: IngestConfig = Field(default_factory=IngestConfig)
     threshold: ThresholdConfig = Field(default_factory=ThresholdConfig)
+    nccl: NcclConfig = Field(default_factory=NcclConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     clusters: list[ClusterConfig] = Field(default_factory=list)
     secrets: SecretsConfig = Field(default_factory=SecretsConfig)

@@ -97,6 +97,17 @@ KIND_ENTRIES: dict[str, CatalogueEntry] = {
         "diagnostic validation run is recommended; it never drives a reboot.",
         "DESIGN §1 step 2 and rule zero: slow is not failed",
     ),
+    "nccl_slow_rank": make_entry(
+        _W,
+        "NCCL_SLOW_RANK",
+        Action.none,
+        "A rank hosted on this node arrived last at most of its NCCL communicator's recent "
+        "collectives, well beyond its peers' jitter: the whole job waits for it. Slow is "
+        "not failed: a diagnostic validation run is recommended; timing alone never "
+        "drives a reboot.",
+        "DESIGN §1 step 2 and rule zero: slow is not failed; lag behind the peers' median "
+        "per collective, DESIGN §4.5 (ingest.nccl)",
+    ),
     "oom_kill": make_entry(
         _I,
         "OOM_KILL",

@@ -43,6 +43,9 @@ CONTROL_PLANE_KINDS: frozenset[str] = frozenset(
         # (DESIGN §1 step 2, §5 "Panic mode").
         "straggler",
         "straggler_panic",
+        # ingest: a node hosting a rank that persistently arrives last at its NCCL
+        # communicator's collectives (DESIGN §4.5 NCCL timings; ingest.nccl).
+        "nccl_slow_rank",
         # workers.watchers.kube: NotReady (DESIGN §1 rule zero: observed only, unless the
         # BMC confirms a dead host) and node-problem-detector restart conditions.
         "node_not_ready",

@@ -3,9 +3,9 @@
 :func:`decide_node_action` looks the alert's fault up in the catalogue
 (:func:`workflows.catalogue.entry_for`) under the *worker's* policy — operator overrides
 and count-in-window thresholds included — and applies the node-level rules: a clear is
-never actionable, a secondary Xid follows its root, a straggler asks for diagnostics,
-application-level Xids never repair a node (their repeats on one GPU/GPC recommend a
-diagnostic run). The ``action``/``actionable`` ingest stamped on the alert are an
+never actionable, a secondary Xid follows its root, a straggler (or a late NCCL rank) asks
+for diagnostics, application-level Xids never repair a node (their repeats on one GPU/GPC
+recommend a diagnostic run). The ``action``/``actionable`` ingest stamped on the alert are an
 annotation only and are not read here.
 """
 
@@ -19,6 +19,13 @@ from workflows.catalogue import entry_for
 from workflows.catalogue.vocabulary import APP_LEVEL_XIDS, DIAGNOSTIC_XIDS, override_for
 from workflows.config import CatalogueConfig
 from workflows.models import Action, Alert, Severity
+
+SLOW_KINDS: dict[str, str] = {
+    "straggler": "health score below the straggler threshold",
+    "nccl_slow_rank": "a rank on this node persistently arrives last at its NCCL collectives",
+}
+"""Kinds that say a node is slow (DESIGN §1 rule zero: slow is not failed), with the reason
+text of their diagnostic recommendation."""
 
 
 @dataclass(frozen=True)
@@ -72,8 +79,9 @@ def decide_node_action(
     the same GPU/GPC within ``cat.app_xid_repeat_window_s``.
 
     Order: clear → operator override (action/actionable/count) → secondary Xid →
-    straggler → application-level Xid (:data:`APP_LEVEL_XIDS` never repair a node;
-    repeats of :data:`DIAGNOSTIC_XIDS` recommend diagnostics) → the catalogue's entry for
+    straggler or late NCCL rank (:data:`SLOW_KINDS`) → application-level Xid
+    (:data:`APP_LEVEL_XIDS` never repair a node; repeats of :data:`DIAGNOSTIC_XIDS`
+    recommend diagnostics) → the catalogue's entry for
     the fault. Raises nothing for a valid :class:`Alert`.
     """
     if not alert.active:
@@ -112,13 +120,14 @@ def decide_node_action(
             f"secondary Xid: attached to root Xid {root}",
             severity=sev,
         )
-    if alert.kind == "straggler":
-        # Slow is not failed: a straggler asks for diagnostics, never a node repair.
+    if alert.kind in SLOW_KINDS:
+        # Slow is not failed: a straggler or a late NCCL rank asks for diagnostics, never
+        # a node repair.
         return NodeActionDecision(
             Action.none,
             False,
-            "straggler:diagnose",
-            "health score below the straggler threshold: diagnostic validation recommended",
+            f"{alert.kind}:diagnose",
+            f"{SLOW_KINDS[alert.kind]}: diagnostic validation recommended",
             diagnostic=True,
             severity=sev,
         )
