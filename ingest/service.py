@@ -217,6 +217,7 @@ class IngestService:
             s.should_exit = True
         await asyncio.gather(*self._serve_tasks, return_exceptions=True)
         self._servers, self._serve_tasks = [], []
+        self.http_app.close()
         if self.forwarder is not None:
             await self.forwarder.stop()
         if isinstance(self.alert_sink, ManagedAlertSink):
@@ -269,8 +270,9 @@ async def _serve(config: AutorepairConfig, routers_for: RoutersFactory | None = 
     service = IngestService(config, sink, temporal_ready=temporal_ready, routers=routers)
     poller = RepairMetricsPoller(
         client, service.metrics,
-        lambda: [c.name for c in config.clusters]
-        + [n["cluster"] for n in service.ingestor.snapshot()["nodes"]],
+        # configured clusters plus those admitted as metric labels: a bounded set however
+        # many cluster ids senders make up (ingest.max_label_values)
+        lambda: [c.name for c in config.clusters] + sorted(service.metrics.clusters.admitted),
     )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
