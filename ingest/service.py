@@ -70,7 +70,10 @@ class _Server(uvicorn.Server):
 
 def _bind(host: str, port: int, field: str) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets whose proto says
+    # TCP (accepted sockets inherit it); without it a response written as headers + body
+    # waits for the client's delayed ACK, 40 ms on Linux
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
