@@ -172,10 +172,10 @@ class RedfishMachine:
 
     def _no_system(self, why: str, members: Any) -> ApplicationError:
         listed = ", ".join(sorted(str(m) for m in members)[:20]) or "none"
-        return ApplicationError(
+        return permanent(
+            ERR_UNKNOWN_NODE,
             f"{self._where()}: {why}; /redfish/v1/Systems lists: {listed} "
             f"(set bmc.system_id of node {self.node} to one of them)",
-            type=ERR_UNKNOWN_NODE, non_retryable=True,
         )
 
     async def call(self, fn: Callable[[System], T]) -> T:

@@ -295,6 +295,8 @@ async def _plain(send: Send, status: int, text: bytes,
 
 async def _status(send: Send, http_status: int, code: int, message: str, as_json: bool,
                   extra: list[tuple[bytes, bytes]]) -> None:
+    # the message may quote undecodable input (a lone surrogate from JSON): keep it printable
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     st = status_pb2.Status(code=code, message=message)
     if as_json:
         body = json.dumps({"code": code, "message": message}).encode()
