@@ -10,7 +10,10 @@ Answers as the OTLP/HTTP specification says:
   agents, DESIGN §4.3).
 * 400 with a ``google.rpc.Status`` body for a payload that does not decode (truncated
   protobuf, bad JSON, corrupt gzip).
-* 401 when bearer-token auth is on and the token is missing or wrong.
+* 401 when authentication is on and neither a known bearer token nor (with mTLS) a client
+  certificate naming a node identifies the sender.
+* 403 when the sender's identity may not report for a node the request names
+  (:class:`ingest.auth.Identity`; counted as ``reason="identity"``).
 * 413 when the body exceeds ``ingest.max_body_bytes`` or decompresses beyond
   ``ingest.max_decompressed_bytes`` (gzip bomb guard: decompression stops at the limit), or
   a JSON body decodes beyond ``ingest.max_json_bytes``.
@@ -43,8 +46,9 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from ingest.auth import TokenCheck
+from ingest.auth import Identity, ReceiverAuth, identity_from_peercert
 from ingest.handoff import HandoffQueueFull
+from ingest.otlp import identity_violation
 from ingest.pipeline import Ingestor, ThresholdHint
 
 log = logging.getLogger("autorepair.ingest.http")
@@ -81,7 +85,7 @@ class _Reject(Exception):
 class OtlpHttpApp:
     """ASGI app of the OTLP/HTTP receiver (see module docstring)."""
 
-    def __init__(self, ingestor: Ingestor, *, auth: TokenCheck | None = None) -> None:
+    def __init__(self, ingestor: Ingestor, *, auth: ReceiverAuth | None = None) -> None:
         cfg = ingestor.config.ingest
         self.ingestor = ingestor
         self.auth = auth if auth is not None and auth.enabled else None
@@ -143,7 +147,7 @@ class OtlpHttpApp:
         self.inflight += 1
         try:
             status, body, out_headers, outcome = await self._handle(
-                signal, ctype, headers, receive)
+                signal, ctype, headers, receive, scope)
         except _Reject as e:
             self._count(_OUTCOME.get(e.status, "error"))
             await _status(send, e.status, e.code, e.message, as_json, e.extra)
@@ -155,12 +159,24 @@ class OtlpHttpApp:
         await send({"type": "http.response.start", "status": status, "headers": out_headers})
         await send({"type": "http.response.body", "body": body})
 
-    async def _handle(
-        self, signal: str, ctype: str, headers: dict[bytes, bytes], receive: Receive
-    ) -> tuple[int, bytes, list[tuple[bytes, bytes]], str]:
-        if self.auth is not None and not self.auth.check_header(headers.get(b"authorization")):
-            raise _Reject(401, code_pb2.UNAUTHENTICATED, "missing or invalid bearer token",
+    def _identify(self, headers: dict[bytes, bytes], scope: Scope) -> Identity | None:
+        """The sender's identity (``None`` when authentication is off); raises 401."""
+        if self.auth is None:
+            return None
+        ident = self.auth.from_header(headers.get(b"authorization"))
+        if ident is None and self.auth.mtls:
+            ident = identity_from_peercert(scope.get("state", {}).get(PEERCERT))
+        if ident is None:
+            raise _Reject(401, code_pb2.UNAUTHENTICATED,
+                          "missing or invalid bearer token or client certificate",
                           [(b"www-authenticate", b"Bearer")])
+        return ident
+
+    async def _handle(
+        self, signal: str, ctype: str, headers: dict[bytes, bytes], receive: Receive,
+        scope: Scope,
+    ) -> tuple[int, bytes, list[tuple[bytes, bytes]], str]:
+        ident = self._identify(headers, scope)
         if ctype not in (PROTOBUF, JSON):
             raise _Reject(415, code_pb2.INVALID_ARGUMENT,
                           f"Content-Type: {ctype!r} is not {PROTOBUF} or {JSON}")
@@ -182,6 +198,15 @@ class OtlpHttpApp:
             loop = asyncio.get_running_loop()
             req, raw = await loop.run_in_executor(
                 self._pool, self._decode, signal, ctype, gzipped, body)
+        if ident is not None:
+            bad = identity_violation(req, ident.may_report,  # type: ignore[arg-type]
+                                     self.ingestor.limits)
+            if bad is not None:
+                n, why = bad
+                self.ingestor.metrics.otlp_rejected_total.labels("http", signal, "identity").inc(n)
+                log.warning("event=otlp_identity_rejected transport=http identity=%r %s",
+                            ident.label, why)
+                raise _Reject(403, code_pb2.PERMISSION_DENIED, f"{ident.label}: {why}")
         hint: ThresholdHint
         try:
             if isinstance(req, ExportMetricsServiceRequest):
@@ -278,8 +303,27 @@ class OtlpHttpApp:
         return b"".join(out)
 
 
-_OUTCOME = {400: "bad_request", 401: "unauthorized", 413: "too_large", 415: "unsupported",
-            429: "overloaded", 503: "unavailable"}
+_OUTCOME = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 413: "too_large",
+            415: "unsupported", 429: "overloaded", 503: "unavailable"}
+PEERCERT = "autorepair.peercert"
+"""Key of the verified client certificate (``getpeercert()`` dict) in the ASGI scope's
+``state``, set by :func:`peercert_protocol`."""
+
+
+def peercert_protocol(base: type) -> type:
+    """A uvicorn HTTP protocol class (``base``: httptools' or h11's) that puts the TLS
+    client certificate into every request's ``scope["state"][PEERCERT]`` (uvicorn itself
+    does not expose it; mTLS identities need it)."""
+
+    class _PeerCert(base):  # type: ignore[misc,valid-type]
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            cert = transport.get_extra_info("peercert")
+            if cert:
+                self.app_state = {**self.app_state, PEERCERT: cert}  # type: ignore[has-type]
+
+    _PeerCert.__name__ = f"PeerCert{base.__name__}"
+    return _PeerCert
 
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 
 from ingest.threshold import DEFAULT_COHORT, NodeState
 from workflows.config import IngestConfig
@@ -659,3 +661,33 @@ def make_fault_request(
         attrs[FAULT_PREFIX + k] = v
     lr.attributes.extend(_kv(k, v) for k, v in attrs.items())
     return req
+
+
+def identity_violation(
+    req: ExportMetricsServiceRequest | ExportLogsServiceRequest,
+    may_report: Callable[[str, str], bool], limits: Limits = DEFAULT_LIMITS,
+) -> tuple[int, str] | None:
+    """``(points or records concerned, message)`` when a resource block of ``req`` names a
+    node that ``may_report(cluster, node)`` refuses; ``None`` when all may be reported.
+    Blocks without a valid identity are left to the decoder (rejected there)."""
+    if isinstance(req, ExportMetricsServiceRequest):
+        blocks: Any = req.resource_metrics
+    else:
+        blocks = req.resource_logs
+    bad = 0
+    first: tuple[str, str] | None = None
+    for i, b in enumerate(blocks):
+        if i >= limits.resources:
+            break
+        res = _resource_of(b.resource.attributes, limits)
+        if isinstance(res, tuple) or may_report(res.cluster, res.node):
+            continue
+        if isinstance(b, ResourceMetrics):
+            bad += sum(_count_points(m) for sm in b.scope_metrics for m in sm.metrics)
+        else:
+            bad += sum(len(sl.log_records) for sl in b.scope_logs)
+        first = first or (res.cluster, res.node)
+    if first is None:
+        return None
+    return max(bad, 1), (f"may not report for node {first[1][:MAX_KIND_LEN]!r} of cluster "
+                         f"{first[0][:MAX_KIND_LEN]!r}")

@@ -82,8 +82,14 @@ class IngestConfig(_Section):
     max_inflight: int = Field(512, gt=0)
     #: TLS / mTLS of both OTLP receivers.
     tls: TLSConfig = Field(default_factory=TLSConfig)
-    #: File with bearer tokens, one a line; empty = no auth on the receivers.
+    #: Receiver tokens file, one per line: ``TOKEN node CLUSTER/NODE`` (may report for
+    #: that node only), ``TOKEN collector CLUSTER[,CLUSTER…]`` or ``… collector *`` (for any
+    #: node of those clusters), or a bare ``TOKEN`` (collector of every cluster); ``TOKEN``
+    #: may be ``sha256:<hex>``. See docs/security.md.
     tokens_file: str | None = None
+    #: Serve the OTLP receivers without authentication (no tokens, no mTLS):
+    #: ``autorepair ingest`` refuses to start so unless this is true (logged loudly).
+    insecure_allow_unauthenticated: bool = False
     #: Admin endpoint token file (required to serve /internal/state).
     admin_token_file: str | None = None
     #: Optional downstream OTLP/HTTP endpoint (the site's collector).
