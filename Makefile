@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench install slurm-deps clean
+.PHONY: run test lint bench fuzz install slurm-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -35,6 +35,12 @@ lint: install
 
 bench: install
 	@for f in tests/bench/*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
+
+# 100,000+ hostile OTLP requests over both transports (tests/fuzz/otlp_fuzz.py); the last
+# line gives cases/s, failures and the server's peak RSS. CI runs a short slice
+# (tests/integration/test_otlp_fuzz.py).
+fuzz: install
+	$(BIN)/python tests/fuzz/otlp_fuzz.py --cases 100000
 
 clean:
 	rm -rf $(VENV) .autorepair

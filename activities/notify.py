@@ -7,7 +7,9 @@ is sent as ``Idempotency-Key`` so a retried activity does not page twice at a re
 that honours it.
 
 Errors: a 4xx answer (except 408/429) raises non-retryable ``ActionFailed`` naming the
-URL and status; network errors and 5xx are retried by Temporal.
+webhook's scheme and host (never its path or query: the credential of most chat and paging
+webhooks, which would otherwise reach the workflow history) and the status; network errors
+and 5xx raise ``RuntimeError`` the same way and are retried by Temporal.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import logging
 import httpx
 from temporalio import activity
 
+from activities.secrets import redact_url
 from workflows.activity_api import ACT, ERR_ACTION_FAILED, Notification, permanent
 from workflows.config import NotificationsConfig
 
@@ -56,9 +59,10 @@ class NotifyActivities:
                     headers={"Idempotency-Key": idempotency_key(n)},
                 )
         except httpx.HTTPError as exc:
-            raise RuntimeError(f"notifications.webhook_url {url}: {type(exc).__name__}") from None
+            raise RuntimeError(
+                f"notifications.webhook_url {redact_url(url)}: {type(exc).__name__}") from None
         if r.status_code >= 400:
-            msg = f"notifications.webhook_url {url}: HTTP {r.status_code}"
+            msg = f"notifications.webhook_url {redact_url(url)}: HTTP {r.status_code}"
             if r.status_code < 500 and r.status_code not in (408, 429):
                 raise permanent(ERR_ACTION_FAILED, msg)
             raise RuntimeError(msg)

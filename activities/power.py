@@ -16,6 +16,13 @@ limits starts per second to ``temporal.bmc_rate_per_s``):
 - ``reset_gpu``: not possible through Redfish (it resets hosts, not single GPUs) →
   non-retryable ``ERR_UNSUPPORTED``; the GPU reset is the node agent's job.
 
+System selection: the node's ``bmc.system_id`` (an id such as ``System.Embedded.1`` or a
+path under ``/redfish/v1/Systems``), else the only member of ``/redfish/v1/Systems``.
+Real BMCs name their system ``System.Embedded.1`` (Dell iDRAC), ``1`` (HPE iLO,
+Supermicro) or ``Self`` (OpenBMC), never after the host, so the host name is never used to
+pick one; a BMC listing several systems (a chassis manager, an emulator) needs
+``system_id``, and the error lists its members.
+
 Credentials come from :mod:`activities.secrets` inside the worker; error messages name
 the BMC address and user, never the password. Error classes: 401/403 → ``ERR_AUTH``,
 unknown system → ``ERR_UNKNOWN_NODE``, reset type refused → ``ERR_UNSUPPORTED`` (all
@@ -144,15 +151,32 @@ class RedfishMachine:
         return self._conn
 
     def _system_sync(self) -> System:
+        """The system to act on (see module docstring). Raises non-retryable
+        ``ApplicationError`` (``ERR_UNKNOWN_NODE``) naming the members when there is no
+        such system or no single one; sushy errors otherwise."""
         conn = self._connect()
         if self.bmc.system_id:
             sid = self.bmc.system_id
             path = sid if sid.startswith("/") else f"/redfish/v1/Systems/{sid}"
-            return conn.get_system(path)
-        for s in conn.get_system_collection().get_members():
-            if s.name == self.machine or s.identity == self.machine:
-                return s
-        raise sushy_exc.ResourceNotFoundError(method="GET", url=self.address, response=None)
+            try:
+                return conn.get_system(path)
+            except sushy_exc.ResourceNotFoundError:
+                raise self._no_system(
+                    f"bmc.system_id {sid!r} is not a system of this BMC",
+                    conn.get_system_collection().members_identities) from None
+        members = conn.get_system_collection().members_identities
+        if len(members) == 1:
+            return conn.get_system(members[0])
+        raise self._no_system(
+            "bmc.system_id is not set and the BMC does not list exactly one system", members)
+
+    def _no_system(self, why: str, members: Any) -> ApplicationError:
+        listed = ", ".join(sorted(str(m) for m in members)[:20]) or "none"
+        return permanent(
+            ERR_UNKNOWN_NODE,
+            f"{self._where()}: {why}; /redfish/v1/Systems lists: {listed} "
+            f"(set bmc.system_id of node {self.node} to one of them)",
+        )
 
     async def call(self, fn: Callable[[System], T]) -> T:
         """Run ``fn(system)`` in a thread with errors classified (auth/unknown/unsupported)."""

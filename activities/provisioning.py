@@ -53,6 +53,7 @@ from temporalio import activity
 
 from activities.ledger import Ledger, connect
 from activities.power import POWER_POLL_S, HealthReader, RedfishMachine, heartbeat, last_phase
+from activities.secrets import redact_url, scrub_url
 from activities.spares import MachineBindings
 from workflows.activity_api import (
     ACT,
@@ -224,6 +225,7 @@ class ProvisioningActivities:
                 f"clusters[{c.name}].provision_webhook: not set for provisioner 'webhook'",
             )
         url = c.provision_webhook.rstrip("/")
+        shown = redact_url(url)  # the path/query may hold the endpoint's credential
         payload = {"action": action, "cluster": inp.cluster, "node": inp.node,
                    "machine": inp.machine, "repair_id": inp.repair_id,
                    "image": c.provision_image}
@@ -233,25 +235,37 @@ class ProvisioningActivities:
             if r.status_code in (401, 403):
                 raise permanent(
                     ERR_AUTH,
-                    f"provisioning webhook {url} refused access (HTTP {r.status_code})",
+                    f"provisioning webhook {shown} refused access (HTTP {r.status_code})",
                 )
             if 400 <= r.status_code < 500 and r.status_code not in (408, 429):
                 raise permanent(
                     ERR_ACTION_FAILED,
-                    f"provisioning webhook {url} rejected {action} of {inp.machine}: "
-                    f"HTTP {r.status_code} {r.text[:300]}",
+                    f"provisioning webhook {shown} rejected {action} of {inp.machine}: "
+                    f"HTTP {r.status_code} {scrub_url(r.text[:300], url)}",
                 )
-            r.raise_for_status()  # 5xx/408/429 → retried by Temporal
-            body = r.json()
+            if r.status_code >= 400:  # 5xx/408/429 → retried by Temporal
+                raise RuntimeError(f"provisioning webhook {shown}: HTTP {r.status_code}")
+            try:
+                body = r.json()
+            except ValueError:
+                body = None
             if not isinstance(body, dict) or "id" not in body:
                 raise permanent(
                     ERR_ACTION_FAILED,
-                    f"provisioning webhook {url}: answer has no 'id' field: {str(body)[:200]}",
+                    f"provisioning webhook {shown}: answer has no 'id' field: "
+                    f"{scrub_url(str(body)[:200], url)}",
                 )
             return body
 
+        async def call(method: str, target: str, **kw: Any) -> httpx.Response:
+            try:
+                return await http.request(method, target, **kw)
+            except httpx.HTTPError as exc:  # its text and cause may quote the URL
+                raise RuntimeError(
+                    f"provisioning webhook {shown}: {type(exc).__name__}") from None
+
         async with httpx.AsyncClient(timeout=WEBHOOK_HTTP_TIMEOUT_S) as http:
-            op = check(await http.post(url, json=payload, headers={"Idempotency-Key": key}))
+            op = check(await call("POST", url, json=payload, headers={"Idempotency-Key": key}))
             deadline = time.monotonic() + WEBHOOK_WAIT_S
             while True:
                 status = str(op.get("status", "")).lower()
@@ -261,13 +275,13 @@ class ProvisioningActivities:
                 if status == "failed":
                     raise permanent(
                         ERR_ACTION_FAILED,
-                        f"provisioning webhook {url}: {action} of {inp.machine} failed: "
-                        f"{op.get('detail', '')}",
+                        f"provisioning webhook {shown}: {action} of {inp.machine} failed: "
+                        f"{scrub_url(str(op.get('detail', ''))[:300], url)}",
                     )
                 if time.monotonic() >= deadline:
-                    raise RuntimeError(f"provisioning webhook {url}: {action} still {status}")
+                    raise RuntimeError(f"provisioning webhook {shown}: {action} still {status}")
                 await asyncio.sleep(POWER_POLL_S)
-                op = check(await http.get(f"{url}/{op['id']}"))
+                op = check(await call("GET", f"{url}/{op['id']}"))
 
     # ---- activities --------------------------------------------------------------------
     @activity.defn(name=ACT.reprovision_machine)

@@ -17,6 +17,9 @@ are used.
 
 Errors: ``CredentialsError`` (a ``ValueError``) naming the file/field or env var, never
 the secret value.
+
+Webhook URLs are secrets too (their path or query is the credential):
+:func:`redact_url` gives what may be shown of one, :func:`scrub_url` cleans quoted text.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, SecretStr, ValidationError
@@ -84,3 +88,38 @@ def load_bmc_credentials(secrets: SecretsConfig, bmc_address: str) -> BmcCredent
             f"vars {secrets.bmc_username_env}/{secrets.bmc_password_env}"
         )
     return BmcCredentials(username=user, password=SecretStr(password))
+
+
+def redact_url(url: str) -> str:
+    """``scheme://host[:port]`` of ``url``: what errors, logs and workflow histories may
+    show of a webhook URL. Chat and paging webhooks carry their credential in the path or
+    query (Slack ``/services/T…/B…/<secret>``, ``?token=…``) or the userinfo, so all three
+    are dropped. Never raises: text that does not parse as a URL gives ``<url>``."""
+    try:
+        parts = urlsplit(url.strip())
+        host = parts.hostname
+        port = parts.port
+    except ValueError:
+        return "<url>"
+    if not parts.scheme or not host:
+        return "<url>"
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None:
+        netloc += f":{port}"
+    return f"{parts.scheme}://{netloc}"
+
+
+def scrub_url(text: str, url: str) -> str:
+    """``text`` with ``url`` and its path/query/userinfo parts replaced by
+    :func:`redact_url` / ``…``: for messages that quote what a webhook answered, which
+    may echo the request URL back."""
+    shown = redact_url(url)
+    text = text.replace(url, shown)
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return text
+    for secret in (parts.path, parts.query, parts.username or "", parts.password or ""):
+        if len(secret) > 1:
+            text = text.replace(secret, "…")
+    return text

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -179,6 +180,8 @@ def simulate(
             endpoint, cluster, nodes, node_prefix=node_prefix, gpus_per_node=gpus_per_node,
             push_interval_s=push_interval, state_dir=state_dir, kernel_lines=lines, seed=seed,
             nccl_ranks=nccl_comm, nccl_ops_per_s=nccl_ops_per_s, slow_ranks=late or None,
+            # one credential for the whole fleet: a collector token (docs/security.md)
+            token=os.environ.get("AUTOREPAIR_AGENT_TOKEN") or None,
         )
         for f in schedule:
             sim._node(f.node)

@@ -246,7 +246,8 @@ class FleetSimulator:
 
     ``transport_factory`` (node name → Transport) overrides the default shared-pool
     OTLP/HTTP transport. ``reader_factory`` is the kernel-log reader (production:
-    ``agent.readers.KernelLogReader``).
+    ``agent.readers.KernelLogReader``). ``token``: bearer token of every push (one sender
+    for many nodes: a collector token of the ingest service; ``None`` = none).
     """
 
     def __init__(
@@ -270,6 +271,7 @@ class FleetSimulator:
         nccl_ranks: int | None = None,
         nccl_ops_per_s: float = 10.0,
         slow_ranks: dict[str, float] | None = None,
+        token: str | None = None,
     ) -> None:
         if nodes < 1:
             raise SimulatorError(f"--nodes: must be >= 1, got {nodes!r}")
@@ -280,6 +282,7 @@ class FleetSimulator:
         if slow_ranks and nccl_ranks is None:
             raise SimulatorError("--slow-rank: needs --nccl-comm RANKS")
         self.endpoint = endpoint
+        self.token = token
         self.cluster = cluster
         self.gpus_per_node = gpus_per_node
         self.push_interval_s = push_interval_s
@@ -340,7 +343,7 @@ class FleetSimulator:
             transport = self.transport_factory(node.name)
         else:
             assert self._client is not None
-            transport = HttpTransport(self.endpoint, client=self._client)
+            transport = HttpTransport(self.endpoint, token=self.token, client=self._client)
         return Agent(
             cfg, backend, transport=transport,
             cpu=lambda: min(1.0, rng.gauss(0.97, 0.01)),

@@ -1,5 +1,10 @@
-"""Bearer-token checks and TLS material for the ingest listeners, and the one token-file
-reader of the project.
+"""Bearer-token checks, receiver identities and TLS material for the ingest listeners,
+and the one token-file reader of the project.
+
+Receiver identities (:class:`Identity`, :class:`ReceiverAuth`): a per-node token, a
+collector token or a client certificate says which node(s) a request may report for; the
+receivers reject data about any other node (DESIGN §4.2). The admin endpoint keeps plain
+bearer tokens (:class:`TokenCheck`).
 
 Token files hold one token a line, the token first; blank lines and ``#`` comments are
 ignored (:func:`read_token_lines`). The ingest listeners use the first field only
@@ -12,12 +17,15 @@ nor early exit tells which token nearly matched. Tokens never reach logs.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
+import re
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from workflows.config import TLSConfig
 
@@ -119,3 +127,160 @@ def grpc_tls_material(tls: TLSConfig) -> tuple[bytes, bytes, bytes | None] | Non
     assert tls.cert and tls.key
     ca = Path(tls.client_ca).read_bytes() if tls.client_ca else None
     return Path(tls.key).read_bytes(), Path(tls.cert).read_bytes(), ca
+
+
+# --------------------------------------------------------------------- receiver identities
+ROLE_NODE = "node"
+ROLE_COLLECTOR = "collector"
+HASH_PREFIX = "sha256:"
+"""A tokens-file entry ``sha256:<64 hex>`` holds the token's SHA-256, not the token."""
+SPIFFE_PATH = re.compile(r"spiffe://[^/]+/cluster/([^/]+)/(?:node/([^/]+)|(collector))")
+"""SPIFFE-style URI SAN: ``spiffe://<trust domain>/cluster/<cluster>/node/<node>`` (a node)
+or ``spiffe://<trust domain>/cluster/<cluster>/collector`` (a collector of that cluster)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who an OTLP request comes from, and what it may report for.
+
+    ``role`` ``node``: only ``node`` (of ``cluster``; ``None`` = the node name binds alone,
+    as a certificate whose CN names the node). ``collector``: any node of ``clusters``
+    (``None`` = every cluster). ``label`` names it in logs and errors (never the token).
+    """
+
+    role: str
+    label: str
+    cluster: str | None = None
+    node: str | None = None
+    clusters: frozenset[str] | None = None
+
+    def may_report(self, cluster: str, node: str) -> bool:
+        """True when this identity may send data about ``node`` of ``cluster``."""
+        if self.role == ROLE_COLLECTOR:
+            return self.clusters is None or cluster in self.clusters
+        return node == self.node and (self.cluster is None or cluster == self.cluster)
+
+
+def parse_identity_line(line: str, where: str) -> tuple[bytes, bool, Identity]:
+    """One tokens-file line → ``(token or its SHA-256, hashed, identity)``.
+
+    Format ``TOKEN ROLE SUBJECT`` (the repair API's ``TOKEN ROLE USER`` shape): ``TOKEN
+    node CLUSTER/NODE`` or ``TOKEN collector CLUSTER[,CLUSTER…]`` (``*`` = every cluster);
+    a line with the token alone is a collector of every cluster (one token shared by all
+    senders, the pre-identity format). ``TOKEN`` may be ``sha256:<hex>``. Raises
+    ``ValueError`` naming ``where`` (file and line) and the bad field, never the token.
+    """
+    fields = line.split()
+    token = fields[0]
+    hashed = token.startswith(HASH_PREFIX)
+    if hashed:
+        digest = token[len(HASH_PREFIX):]
+        if not re.fullmatch(r"[0-9a-fA-F]{64}", digest):
+            raise ValueError(f"{where}: {HASH_PREFIX} must be followed by 64 hex digits")
+        secret = bytes.fromhex(digest)
+    else:
+        secret = token.encode()
+    if len(fields) == 1:
+        return secret, hashed, Identity(ROLE_COLLECTOR, "shared token")
+    if len(fields) != 3:
+        raise ValueError(f"{where}: expected 'TOKEN node CLUSTER/NODE' or "
+                         f"'TOKEN collector CLUSTERS', got {len(fields)} fields")
+    role, subject = fields[1], fields[2]
+    if role == ROLE_NODE:
+        cluster, sep, node = subject.partition("/")
+        if not sep or not cluster or not node or "/" in node:
+            raise ValueError(f"{where}: node identity {subject!r} is not CLUSTER/NODE")
+        return secret, hashed, Identity(ROLE_NODE, f"node {cluster}/{node}", cluster, node)
+    if role == ROLE_COLLECTOR:
+        clusters = None if subject == "*" else frozenset(
+            c for c in subject.split(",") if c)
+        if clusters is not None and not clusters:
+            raise ValueError(f"{where}: collector {subject!r} names no cluster")
+        return secret, hashed, Identity(ROLE_COLLECTOR, f"collector of {subject}",
+                                        clusters=clusters)
+    raise ValueError(f"{where}: role {role!r} is not 'node' or 'collector'")
+
+
+def load_identities(path: str | None, env: str | None = None
+                    ) -> list[tuple[bytes, bool, Identity]]:
+    """Entries of the receivers' tokens file (:func:`parse_identity_line`) plus the bare
+    tokens of the env var ``env`` (shared collector tokens). Raises ``ValueError`` naming
+    the file when it cannot be read, holds no token, or a line is malformed."""
+    out: list[tuple[bytes, bool, Identity]] = []
+    if path:
+        for i, fields in read_token_lines(path):
+            out.append(parse_identity_line(" ".join(fields), f"tokens file {path!r} line {i}"))
+        if not out:
+            raise ValueError(f"tokens file {path!r}: no token in it")
+    if env:
+        for t in os.environ.get(env, "").split(","):
+            if t.strip():
+                out.append((t.strip().encode(), False, Identity(ROLE_COLLECTOR, "shared token")))
+    return out
+
+
+class ReceiverAuth:
+    """Authenticates OTLP requests: bearer tokens (per node, per collector, hashed or not)
+    and client certificates (mTLS). ``enabled``: some credential is required."""
+
+    def __init__(self, entries: list[tuple[bytes, bool, Identity]], *, mtls: bool = False
+                 ) -> None:
+        self.entries = entries
+        self.mtls = mtls
+
+    @property
+    def enabled(self) -> bool:
+        """True when requests must carry a token or a client certificate."""
+        return bool(self.entries) or self.mtls
+
+    def from_header(self, value: str | bytes | None) -> Identity | None:
+        """The identity of ``Authorization: Bearer <token>``, or ``None``. Visits every
+        entry and compares in constant time (plain tokens) or compares SHA-256 digests."""
+        if value is None:
+            return None
+        raw = value.encode("latin-1", "replace") if isinstance(value, str) else value
+        scheme, _, cand = raw.partition(b" ")
+        cand = cand.strip()
+        if scheme.lower() != b"bearer" or not cand:
+            return None
+        digest = hashlib.sha256(cand).digest()
+        found: Identity | None = None
+        for secret, hashed, ident in self.entries:
+            if hmac.compare_digest(digest if hashed else cand, secret) and found is None:
+                found = ident
+        return found
+
+
+def identity_from_cert(uris: list[str], common_name: str | None) -> Identity | None:
+    """Identity of a verified client certificate: a SPIFFE-style URI SAN
+    (:data:`SPIFFE_PATH`), else the subject CN as the node name (any cluster)."""
+    for uri in uris:
+        m = SPIFFE_PATH.fullmatch(uri)
+        if m:
+            cluster, node, collector = m.groups()
+            if collector:
+                return Identity(ROLE_COLLECTOR, f"collector of {cluster} (certificate)",
+                                clusters=frozenset({cluster}))
+            return Identity(ROLE_NODE, f"node {cluster}/{node} (certificate)", cluster, node)
+    if common_name:
+        return Identity(ROLE_NODE, f"node {common_name} (certificate CN)", None, common_name)
+    return None
+
+
+def identity_from_peercert(cert: dict[str, Any] | None) -> Identity | None:
+    """:func:`identity_from_cert` of an ``ssl`` ``getpeercert()`` dict (HTTP receiver)."""
+    if not cert:
+        return None
+    uris = [v for k, v in cert.get("subjectAltName", ()) if k == "URI"]
+    cn = next((v for rdn in cert.get("subject", ()) for k, v in rdn if k == "commonName"),
+              None)
+    return identity_from_cert(uris, cn)
+
+
+def identity_from_auth_context(ctx: dict[str, list[bytes]]) -> Identity | None:
+    """:func:`identity_from_cert` of a gRPC ``auth_context()`` (gRPC receiver)."""
+    sans = [v.decode("utf-8", "replace") for v in ctx.get("x509_subject_alternative_name", [])]
+    uris = [s for s in sans if s.startswith("spiffe://")]
+    cn_raw = ctx.get("x509_common_name", [])
+    cn = cn_raw[0].decode("utf-8", "replace") if cn_raw else None
+    return identity_from_cert(uris, cn)

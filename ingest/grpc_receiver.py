@@ -6,12 +6,15 @@ threshold travels back in the initial metadata (``autorepair-threshold``,
 Limits: ``max_receive_message_length = ingest.max_body_bytes`` (grpc answers
 RESOURCE_EXHAUSTED above it); ``maximum_concurrent_rpcs = ingest.max_inflight`` (grpc
 answers RESOURCE_EXHAUSTED beyond it — retryable per OTLP). A payload that does not decode
-gets INVALID_ARGUMENT; a missing/wrong bearer token UNAUTHENTICATED; a full alert
-hand-off queue UNAVAILABLE (retryable). gzip request compression is handled by grpc.
+gets INVALID_ARGUMENT; a missing/wrong bearer token (and, with mTLS, no client
+certificate naming a node) UNAUTHENTICATED; data about a node the sender's identity may
+not report for PERMISSION_DENIED (counted as ``reason="identity"``); a full alert hand-off
+queue UNAVAILABLE (retryable). gzip request compression is handled by grpc.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -26,16 +29,19 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from ingest.auth import TokenCheck, grpc_tls_material
+from ingest.auth import Identity, ReceiverAuth, grpc_tls_material, identity_from_auth_context
 from ingest.handoff import HandoffQueueFull
+from ingest.otlp import identity_violation
 from ingest.pipeline import Ingestor
+
+log = logging.getLogger("autorepair.ingest.grpc")
 
 METRICS_SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
 LOGS_SERVICE = "opentelemetry.proto.collector.logs.v1.LogsService"
 
 
 class _Common:
-    def __init__(self, ingestor: Ingestor, auth: TokenCheck | None) -> None:
+    def __init__(self, ingestor: Ingestor, auth: ReceiverAuth | None) -> None:
         self.ingestor = ingestor
         self.auth = auth if auth is not None and auth.enabled else None
         m = ingestor.metrics
@@ -45,16 +51,39 @@ class _Common:
         self.unauth = m.otlp_requests_total.labels("grpc", "unauthorized")
         self.unavailable = m.otlp_requests_total.labels("grpc", "unavailable")
         self.bad = m.otlp_requests_total.labels("grpc", "bad_request")
+        self.forbidden = m.otlp_requests_total.labels("grpc", "forbidden")
 
-    async def check_auth(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    async def check_auth(self, context: grpc.aio.ServicerContext[Any, Any]) -> Identity | None:
+        """The caller's identity (``None`` when authentication is off); aborts
+        UNAUTHENTICATED when there is none."""
         if self.auth is None:
-            return
+            return None
         md = context.invocation_metadata() or ()
         value = next((v for k, v in md if k == "authorization"), None)
-        if not self.auth.check_header(value):
+        ident = self.auth.from_header(value)
+        if ident is None and self.auth.mtls:
+            ident = identity_from_auth_context(dict(context.auth_context()))
+        if ident is None:
             self.unauth.inc()
             await context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                                "missing or invalid bearer token")
+                                "missing or invalid bearer token or client certificate")
+        return ident
+
+    async def check_identity(self, ident: Identity | None, request: Any, signal: str,
+                             context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        """Aborts PERMISSION_DENIED when ``request`` names a node ``ident`` may not
+        report for (counted in ``autorepair_otlp_rejected_total{reason="identity"}``)."""
+        if ident is None:
+            return
+        bad = identity_violation(request, ident.may_report, self.ingestor.limits)
+        if bad is None:
+            return
+        n, why = bad
+        self.ingestor.metrics.otlp_rejected_total.labels("grpc", signal, "identity").inc(n)
+        self.forbidden.inc()
+        log.warning("event=otlp_identity_rejected transport=grpc identity=%r %s",
+                    ident.label, why)
+        await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{ident.label}: {why}")
 
 
 class MetricsServicer(_Common):
@@ -64,7 +93,7 @@ class MetricsServicer(_Common):
         self, raw: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> ExportMetricsServiceResponse:
         t0 = time.perf_counter()
-        await self.check_auth(context)
+        ident = await self.check_auth(context)
         request = ExportMetricsServiceRequest()
         try:
             request.ParseFromString(raw)
@@ -72,6 +101,7 @@ class MetricsServicer(_Common):
             self.bad.inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"request: not a valid ExportMetricsServiceRequest: {e}")
+        await self.check_identity(ident, request, "metrics", context)
         resp, hint = await self.ingestor.handle_metrics(request, "grpc", raw)
         await context.send_initial_metadata(hint.grpc_metadata())
         (self.partial if resp.partial_success.rejected_data_points else self.ok).inc()
@@ -86,7 +116,7 @@ class LogsServicer(_Common):
         self, raw: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> ExportLogsServiceResponse:
         t0 = time.perf_counter()
-        await self.check_auth(context)
+        ident = await self.check_auth(context)
         request = ExportLogsServiceRequest()
         try:
             request.ParseFromString(raw)
@@ -94,6 +124,7 @@ class LogsServicer(_Common):
             self.bad.inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"request: not a valid ExportLogsServiceRequest: {e}")
+        await self.check_identity(ident, request, "logs", context)
         try:
             resp, hint = await self.ingestor.handle_logs(request, "grpc", raw)
         except HandoffQueueFull as e:
@@ -120,7 +151,7 @@ def _handler(service: str, export: Any) -> grpc.GenericRpcHandler:
 
 
 async def start_grpc_server(
-    ingestor: Ingestor, host: str, port: int, *, auth: TokenCheck | None = None
+    ingestor: Ingestor, host: str, port: int, *, auth: ReceiverAuth | None = None
 ) -> tuple[grpc.aio.Server, int]:
     """Start the OTLP/gRPC server; returns it and the bound port (``port`` 0 = ephemeral).
 

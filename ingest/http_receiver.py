@@ -10,21 +10,32 @@ Answers as the OTLP/HTTP specification says:
   agents, DESIGN §4.3).
 * 400 with a ``google.rpc.Status`` body for a payload that does not decode (truncated
   protobuf, bad JSON, corrupt gzip).
-* 401 when bearer-token auth is on and the token is missing or wrong.
+* 401 when authentication is on and neither a known bearer token nor (with mTLS) a client
+  certificate naming a node identifies the sender.
+* 403 when the sender's identity may not report for a node the request names
+  (:class:`ingest.auth.Identity`; counted as ``reason="identity"``).
 * 413 when the body exceeds ``ingest.max_body_bytes`` or decompresses beyond
-  ``ingest.max_decompressed_bytes`` (gzip bomb guard: decompression stops at the limit).
+  ``ingest.max_decompressed_bytes`` (gzip bomb guard: decompression stops at the limit), or
+  a JSON body decodes beyond ``ingest.max_json_bytes``.
 * 415 for other content types or content encodings than gzip/identity.
 * 429 + ``Retry-After`` when ``ingest.max_inflight`` requests are already being handled;
   503 + ``Retry-After`` when the alert hand-off queue is full (retryable; nothing lost).
+
+Decoding (gunzip, then protobuf or JSON parsing) of anything but a small uncompressed
+protobuf body runs in a pool of :data:`DECODE_THREADS` threads, so that a large JSON
+document (≈10× the CPU of the same protobuf) does not stall the event loop and the other
+pushes on it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 import zlib
 from collections.abc import Awaitable, Callable, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from google.protobuf import json_format
@@ -35,8 +46,9 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from ingest.auth import TokenCheck
+from ingest.auth import Identity, ReceiverAuth, identity_from_peercert
 from ingest.handoff import HandoffQueueFull
+from ingest.otlp import identity_violation
 from ingest.pipeline import Ingestor, ThresholdHint
 
 log = logging.getLogger("autorepair.ingest.http")
@@ -50,6 +62,14 @@ PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 RETRY_AFTER_S = 1
 """``Retry-After`` seconds on 429/503: one second, well under the 5–10 s push interval."""
+INLINE_DECODE_BYTES = 64 * 1024
+"""Uncompressed protobuf bodies up to this size are parsed on the event loop (upb parses
+64 KiB in well under a millisecond; a thread hop would cost more than it saves)."""
+DECODE_THREADS = 2
+"""Decode threads: parsing holds the GIL, so more threads would not decode faster; two
+keep one large body from queueing every other large body behind it."""
+GUNZIP_CHUNK = 256 * 1024
+"""Output bytes produced per ``decompress`` call while gunzipping."""
 
 
 class _Reject(Exception):
@@ -65,18 +85,26 @@ class _Reject(Exception):
 class OtlpHttpApp:
     """ASGI app of the OTLP/HTTP receiver (see module docstring)."""
 
-    def __init__(self, ingestor: Ingestor, *, auth: TokenCheck | None = None) -> None:
+    def __init__(self, ingestor: Ingestor, *, auth: ReceiverAuth | None = None) -> None:
         cfg = ingestor.config.ingest
         self.ingestor = ingestor
         self.auth = auth if auth is not None and auth.enabled else None
         self.max_body = cfg.max_body_bytes
         self.max_decompressed = cfg.max_decompressed_bytes
+        self.max_json = cfg.max_json_bytes
+        self._pool: ThreadPoolExecutor | None = None
         self.max_inflight = cfg.max_inflight
         self.inflight = 0
         m = ingestor.metrics
         self._hist = m.otlp_request_seconds.labels("http")
         self._outcomes: dict[str, Any] = {}
         self._requests = m.otlp_requests_total
+
+    def close(self) -> None:
+        """Stop the decode threads (after the server stopped taking requests)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
     def _count(self, outcome: str) -> None:
         c = self._outcomes.get(outcome)
@@ -119,7 +147,7 @@ class OtlpHttpApp:
         self.inflight += 1
         try:
             status, body, out_headers, outcome = await self._handle(
-                signal, ctype, headers, receive)
+                signal, ctype, headers, receive, scope)
         except _Reject as e:
             self._count(_OUTCOME.get(e.status, "error"))
             await _status(send, e.status, e.code, e.message, as_json, e.extra)
@@ -131,12 +159,24 @@ class OtlpHttpApp:
         await send({"type": "http.response.start", "status": status, "headers": out_headers})
         await send({"type": "http.response.body", "body": body})
 
-    async def _handle(
-        self, signal: str, ctype: str, headers: dict[bytes, bytes], receive: Receive
-    ) -> tuple[int, bytes, list[tuple[bytes, bytes]], str]:
-        if self.auth is not None and not self.auth.check_header(headers.get(b"authorization")):
-            raise _Reject(401, code_pb2.UNAUTHENTICATED, "missing or invalid bearer token",
+    def _identify(self, headers: dict[bytes, bytes], scope: Scope) -> Identity | None:
+        """The sender's identity (``None`` when authentication is off); raises 401."""
+        if self.auth is None:
+            return None
+        ident = self.auth.from_header(headers.get(b"authorization"))
+        if ident is None and self.auth.mtls:
+            ident = identity_from_peercert(scope.get("state", {}).get(PEERCERT))
+        if ident is None:
+            raise _Reject(401, code_pb2.UNAUTHENTICATED,
+                          "missing or invalid bearer token or client certificate",
                           [(b"www-authenticate", b"Bearer")])
+        return ident
+
+    async def _handle(
+        self, signal: str, ctype: str, headers: dict[bytes, bytes], receive: Receive,
+        scope: Scope,
+    ) -> tuple[int, bytes, list[tuple[bytes, bytes]], str]:
+        ident = self._identify(headers, scope)
         if ctype not in (PROTOBUF, JSON):
             raise _Reject(415, code_pb2.INVALID_ARGUMENT,
                           f"Content-Type: {ctype!r} is not {PROTOBUF} or {JSON}")
@@ -149,20 +189,24 @@ class OtlpHttpApp:
             raise _Reject(413, code_pb2.RESOURCE_EXHAUSTED,
                           f"Content-Length: {int(clen)} exceeds {self.max_body} bytes")
         body = await self._read_body(receive)
-        if encoding == b"gzip":
-            body = self._gunzip(body)
-        req: Message
-        req = ExportMetricsServiceRequest() if signal == "metrics" else ExportLogsServiceRequest()
-        try:
-            if ctype == JSON:
-                json_format.Parse(body, req, ignore_unknown_fields=True)
-            else:
-                req.ParseFromString(body)
-        except (DecodeError, json_format.ParseError, UnicodeDecodeError, ValueError) as e:
-            raise _Reject(400, code_pb2.INVALID_ARGUMENT,
-                          f"body: not a valid {type(req).__name__} ({ctype}): {str(e)[:200]}"
-                          ) from e
-        raw = body if ctype == PROTOBUF else None
+        gzipped = encoding == b"gzip"
+        if ctype == PROTOBUF and not gzipped and len(body) <= INLINE_DECODE_BYTES:
+            req, raw = self._decode(signal, ctype, gzipped, body)
+        else:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="otlp-decode")
+            loop = asyncio.get_running_loop()
+            req, raw = await loop.run_in_executor(
+                self._pool, self._decode, signal, ctype, gzipped, body)
+        if ident is not None:
+            bad = identity_violation(req, ident.may_report,  # type: ignore[arg-type]
+                                     self.ingestor.limits)
+            if bad is not None:
+                n, why = bad
+                self.ingestor.metrics.otlp_rejected_total.labels("http", signal, "identity").inc(n)
+                log.warning("event=otlp_identity_rejected transport=http identity=%r %s",
+                            ident.label, why)
+                raise _Reject(403, code_pb2.PERMISSION_DENIED, f"{ident.label}: {why}")
         hint: ThresholdHint
         try:
             if isinstance(req, ExportMetricsServiceRequest):
@@ -184,6 +228,33 @@ class OtlpHttpApp:
         hdrs += hint.http_headers()
         return 200, out, hdrs, "partial" if partial else "ok"
 
+    def _decode(self, signal: str, ctype: str, gzipped: bool, body: bytes
+                ) -> tuple[Message, bytes | None]:
+        """Gunzip (when ``gzipped``) and parse; returns the request and, for protobuf, its
+        serialized bytes. Raises :class:`_Reject` (400/413). Runs in a decode thread for
+        all but small protobuf bodies."""
+        limit = self.max_decompressed if ctype == PROTOBUF else min(
+            self.max_decompressed, self.max_json)
+        if gzipped:
+            body = self._gunzip(body, limit)
+        if ctype == JSON and len(body) > self.max_json:
+            raise _Reject(413, code_pb2.RESOURCE_EXHAUSTED,
+                          f"body: JSON of {len(body)} bytes exceeds ingest.max_json_bytes "
+                          f"({self.max_json})")
+        req: Message
+        req = ExportMetricsServiceRequest() if signal == "metrics" else ExportLogsServiceRequest()
+        try:
+            if ctype == JSON:
+                json_format.Parse(body, req, ignore_unknown_fields=True)
+            else:
+                req.ParseFromString(body)
+        except (DecodeError, json_format.ParseError, UnicodeDecodeError, ValueError,
+                RecursionError, TypeError, OverflowError) as e:
+            raise _Reject(400, code_pb2.INVALID_ARGUMENT,
+                          f"body: not a valid {type(req).__name__} ({ctype}): "
+                          f"{type(e).__name__}: {str(e)[:200]}") from e
+        return req, (body if ctype == PROTOBUF else None)
+
     async def _read_body(self, receive: Receive) -> bytes:
         chunks: list[bytes] = []
         size = 0
@@ -201,22 +272,58 @@ class OtlpHttpApp:
             more = msg.get("more_body", False)
         return b"".join(chunks)
 
-    def _gunzip(self, body: bytes) -> bytes:
+    @staticmethod
+    def _gunzip(body: bytes, limit: int) -> bytes:
+        """Decompress ``body`` :data:`GUNZIP_CHUNK` bytes at a time, stopping (413) as soon
+        as the output passes ``limit``: a gzip bomb never costs more than ``limit`` bytes."""
         d = zlib.decompressobj(wbits=31)
+        out: list[bytes] = []
+        size = 0
+        data = body
         try:
-            out = d.decompress(body, self.max_decompressed + 1)
+            while data and not d.eof:
+                chunk = d.decompress(data, GUNZIP_CHUNK)
+                size += len(chunk)
+                if size > limit:
+                    raise _Reject(413, code_pb2.RESOURCE_EXHAUSTED,
+                                  f"body: decompresses beyond {limit} bytes")
+                out.append(chunk)
+                data = d.unconsumed_tail
+            if not d.eof:
+                chunk = d.flush()
+                size += len(chunk)
+                if size > limit:
+                    raise _Reject(413, code_pb2.RESOURCE_EXHAUSTED,
+                                  f"body: decompresses beyond {limit} bytes")
+                out.append(chunk)
         except zlib.error as e:
             raise _Reject(400, code_pb2.INVALID_ARGUMENT, f"body: bad gzip data ({e})") from e
-        if len(out) > self.max_decompressed or d.unconsumed_tail:
-            raise _Reject(413, code_pb2.RESOURCE_EXHAUSTED,
-                          f"body: decompresses beyond {self.max_decompressed} bytes")
         if not d.eof:
             raise _Reject(400, code_pb2.INVALID_ARGUMENT, "body: truncated gzip stream")
-        return out
+        return b"".join(out)
 
 
-_OUTCOME = {400: "bad_request", 401: "unauthorized", 413: "too_large", 415: "unsupported",
-            429: "overloaded", 503: "unavailable"}
+_OUTCOME = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 413: "too_large",
+            415: "unsupported", 429: "overloaded", 503: "unavailable"}
+PEERCERT = "autorepair.peercert"
+"""Key of the verified client certificate (``getpeercert()`` dict) in the ASGI scope's
+``state``, set by :func:`peercert_protocol`."""
+
+
+def peercert_protocol(base: type) -> type:
+    """A uvicorn HTTP protocol class (``base``: httptools' or h11's) that puts the TLS
+    client certificate into every request's ``scope["state"][PEERCERT]`` (uvicorn itself
+    does not expose it; mTLS identities need it)."""
+
+    class _PeerCert(base):  # type: ignore[misc,valid-type]
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            cert = transport.get_extra_info("peercert")
+            if cert:
+                self.app_state = {**self.app_state, PEERCERT: cert}  # type: ignore[has-type]
+
+    _PeerCert.__name__ = f"PeerCert{base.__name__}"
+    return _PeerCert
 
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:
@@ -232,6 +339,8 @@ async def _plain(send: Send, status: int, text: bytes,
 
 async def _status(send: Send, http_status: int, code: int, message: str, as_json: bool,
                   extra: list[tuple[bytes, bytes]]) -> None:
+    # the message may quote undecodable input (a lone surrogate from JSON): keep it printable
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     st = status_pb2.Status(code=code, message=message)
     if as_json:
         body = json.dumps({"code": code, "message": message}).encode()

@@ -8,11 +8,22 @@ service's own and documented here.
 ``autorepair_repairs_total`` and ``autorepair_breaker_open`` belong to the repair path;
 they are registered here because DESIGN §4.5 serves every series on the API port's
 ``/metrics``, and kept current from Temporal by :mod:`ingest.repair_metrics`.
+
+Bounded cardinality: label values chosen by whoever pushes (fault kinds, cluster ids,
+cohorts) pass through a :class:`LabelGuard` so that no sender can create unbounded series
+(each series costs memory here and in Prometheus). Kinds outside the known vocabulary are
+counted as ``other`` in ``autorepair_alerts_total``; ``autorepair_unmapped_alerts_total``
+names the first ``max_label_values`` unknown kinds, then ``other``. Per-cluster gauges
+exist for the configured clusters and the first ``max_label_values`` others, with at most
+:data:`MAX_COHORTS_PER_CLUSTER` cohorts each; the rest are not exported and counted in
+``autorepair_metric_series_capped``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import (
@@ -29,13 +40,90 @@ from ingest.threshold import CohortResult
 #: Handler latency buckets, seconds: 0.5 ms … 1 s (the ingest's target is p99 ≤ 20 ms,
 #: measured by tests/bench/ingest.py).
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
+#: Default distinct sender-chosen label values (``ingest.max_label_values``).
+DEFAULT_MAX_LABEL_VALUES = 64
+#: Cohorts exported per cluster: DESIGN §4.3 names two workload types (training,
+#: inference); sixteen leaves room for site-defined pools without unbounded series.
+MAX_COHORTS_PER_CLUSTER = 16
+#: Label value substituted for values outside the guard's budget.
+OTHER = "other"
+_LABEL_SHAPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,62}")
+
+
+class LabelGuard:
+    """Bounds the values of one label.
+
+    ``known`` values always pass. Up to ``budget`` further values pass, first come first
+    served, when they look like identifiers (letters, digits, ``_.:/-``, at most 63
+    characters); every other value maps to ``None`` (the caller exports ``other`` or
+    nothing). Admitted values stay admitted for the life of the process.
+    """
+
+    def __init__(self, known: Iterable[str] = (), budget: int = DEFAULT_MAX_LABEL_VALUES
+                 ) -> None:
+        self.known = frozenset(known)
+        self.budget = budget
+        self.admitted: set[str] = set()
+
+    def admit(self, value: str) -> str | None:
+        """``value`` when it may be a label value, else ``None``."""
+        if value in self.known or value in self.admitted:
+            return value
+        if len(self.admitted) < self.budget and _LABEL_SHAPE.fullmatch(value):
+            self.admitted.add(value)
+            return value
+        return None
+
+
+class _NoSeries:
+    """Child of a refused gauge label set: setting it does nothing."""
+
+    def set(self, value: float) -> None:
+        pass
+
+    def inc(self, amount: float = 1) -> None:
+        pass
+
+
+class BoundedLabels:
+    """A labelled metric whose label at position ``index`` goes through ``guard``.
+
+    ``labels(*values)`` returns the child for the guarded value, or: the ``other`` child
+    (``refused="other"``, for counters: nothing is lost from totals) or a child that
+    records nothing (``refused="drop"``, for gauges: a value of ``other`` would mean
+    nothing). Every other attribute is the wrapped metric's.
+    """
+
+    def __init__(self, metric: Any, index: int, guard: LabelGuard, refused: str) -> None:
+        self.metric = metric
+        self.index = index
+        self.guard = guard
+        self.refused = refused
+
+    def labels(self, *values: str) -> Any:
+        """The child of ``values`` after the guard (see class docstring)."""
+        v = list(values)
+        ok = self.guard.admit(str(v[self.index]))
+        if ok is None:
+            if self.refused == "drop":
+                return _NoSeries()
+            v[self.index] = OTHER
+        return self.metric.labels(*v)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.metric, name)
 
 
 class IngestMetrics:
     """All series of one ingest service. ``render()`` gives the text exposition."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, known_kinds: Iterable[str] = (), known_clusters: Iterable[str] = (),
+                 max_label_values: int = DEFAULT_MAX_LABEL_VALUES) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
+        self.kinds = LabelGuard(known_kinds, 0)
+        self.unmapped_kinds = LabelGuard((), max_label_values)
+        self.clusters = LabelGuard(known_clusters, max_label_values)
+        self._cohorts_of: dict[str, LabelGuard] = {}
         cc = ["cluster_id", "cohort"]
         self.threshold = Gauge("autorepair_threshold", "Published straggler threshold", cc,
                                registry=r)
@@ -52,23 +140,29 @@ class IngestMetrics:
                                 "1 while the threshold is frozen (panic)", cc, registry=r)
         self.stragglers = Gauge("autorepair_stragglers",
                                 "Nodes classified as stragglers (server side)", cc, registry=r)
-        self.alerts_total = Counter("autorepair_alerts_total", "Alerts produced",
-                                    ["kind", "severity", "actionable"], registry=r)
-        self.unmapped_alerts_total = Counter(
-            "autorepair_unmapped_alerts_total", "Alerts of a kind outside the catalogue",
-            ["kind"], registry=r)
+        self.alerts_total = BoundedLabels(
+            Counter("autorepair_alerts_total", "Alerts produced",
+                    ["kind", "severity", "actionable"], registry=r), 0, self.kinds, OTHER)
+        self.unmapped_alerts_total = BoundedLabels(
+            Counter("autorepair_unmapped_alerts_total", "Alerts of a kind outside the catalogue",
+                    ["kind"], registry=r), 0, self.unmapped_kinds, OTHER)
         self.repairs_total = Counter("autorepair_repairs_total", "Repairs by outcome",
                                      ["action", "outcome"], registry=r)
-        self.breaker_open = Gauge("autorepair_breaker_open", "1 while the breaker is open",
-                                  ["cluster_id"], registry=r)
+        self.breaker_open = BoundedLabels(
+            Gauge("autorepair_breaker_open", "1 while the breaker is open", ["cluster_id"],
+                  registry=r), 0, self.clusters, "drop")
         self.otlp_requests_total = Counter("autorepair_otlp_requests_total", "OTLP requests",
                                            ["transport", "outcome"], registry=r)
         self.otlp_request_seconds = Histogram("autorepair_otlp_request_seconds",
                                               "OTLP handler latency", ["transport"],
                                               buckets=LATENCY_BUCKETS, registry=r)
         self.otlp_rejected_total = Counter(
-            "autorepair_otlp_rejected_total", "Rejected data points and log records",
-            ["transport", "signal"], registry=r)
+            "autorepair_otlp_rejected_total",
+            "Rejected data points and log records by reason (ingest.otlp.REASONS)",
+            ["transport", "signal", "reason"], registry=r)
+        self.series_capped = Gauge(
+            "autorepair_metric_series_capped",
+            "Cohorts whose gauges are not exported (label cardinality cap)", registry=r)
         self.alert_handoff_total = Counter(
             "autorepair_alert_handoff_total", "Alert hand-off to Temporal by outcome",
             ["outcome"], registry=r)
@@ -84,11 +178,24 @@ class IngestMetrics:
             buckets=LATENCY_BUCKETS, registry=r)
         self._cohorts: set[tuple[str, str]] = set()
 
+    def configure_labels(self, *, known_kinds: Iterable[str], known_clusters: Iterable[str],
+                         max_label_values: int) -> None:
+        """Set the always-allowed kinds and clusters and the budget of other values
+        (``ingest.max_label_values``); values admitted so far stay admitted."""
+        self.kinds.known = frozenset(known_kinds)
+        self.unmapped_kinds.budget = max_label_values
+        self.clusters.known = frozenset(known_clusters)
+        self.clusters.budget = max_label_values
+
     def publish(self, results: list[CohortResult]) -> None:
         """Set the per-cohort gauges from a recompute; drop series of vanished cohorts."""
         seen: set[tuple[str, str]] = set()
+        capped = 0
         for res in results:
             key = (res.cluster, res.cohort)
+            if not self._exported(res.cluster, res.cohort):
+                capped += 1
+                continue
             seen.add(key)
             self.threshold.labels(*key).set(res.threshold)
             self.median.labels(*key).set(res.median)
@@ -106,6 +213,15 @@ class IngestMetrics:
                 except KeyError:
                     pass
         self._cohorts = seen
+        self.series_capped.set(capped)
+
+    def _exported(self, cluster: str, cohort: str) -> bool:
+        if self.clusters.admit(cluster) is None:
+            return False
+        guard = self._cohorts_of.get(cluster)
+        if guard is None:
+            guard = self._cohorts_of[cluster] = LabelGuard((), MAX_COHORTS_PER_CLUSTER)
+        return guard.admit(cohort) is not None
 
     def watch_nccl(self, engine: NcclEngine) -> None:
         """Serve the NCCL engine's series (:class:`NcclCollector`) from this registry."""

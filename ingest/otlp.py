@@ -15,12 +15,20 @@ Rejected and counted, never stored: points of a resource without a node or clust
 (or with one longer than :data:`MAX_ID_LEN`), NaN/Inf scores, scores outside ``[0, 1]``,
 unknown node states, timestamps more than ``max_future_s`` in the future or older than
 the score TTL. Metrics with other names are valid OTLP and are ignored (not rejected).
+
+Per-request limits (:class:`Limits`, from the ``ingest.max_*`` config keys): resource
+blocks beyond ``max_resources_per_request`` and points / records beyond the per-request
+caps are rejected; a resource, point or record whose attributes exceed the count, size or
+nesting limits is rejected. Each rejection carries a reason code from :data:`REASONS` (the
+``reason`` label of ``autorepair_otlp_rejected_total``) and a message for
+``partial_success.error_message``.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,8 +37,10 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 
 from ingest.threshold import DEFAULT_COHORT, NodeState
+from workflows.config import IngestConfig
 
 # Wire contract names (DESIGN §4.3).
 ATTR_HOST_NAME = "host.name"
@@ -69,6 +79,48 @@ MAX_EVIDENCE_LEN = 64 * 1024
 """Longest kept fault body (bytes of text); longer bodies are truncated, marked so."""
 MAX_REASONS = 5
 """Distinct rejection reasons quoted in ``partial_success.error_message``."""
+MAX_KIND_LEN = 64
+"""Longest accepted ``autorepair.fault.kind`` (the catalogue's kinds are under 20)."""
+
+REASONS = frozenset({
+    "resource", "value", "timestamp", "state", "fault", "attributes", "too_many_resources",
+    "too_many_records", "identity",
+})
+"""Reason codes of rejected points / records (bounded: the ``reason`` label of
+``autorepair_otlp_rejected_total``). ``resource``: no or bad node / cluster id;
+``value``: score or signal not a finite number in range; ``timestamp``: too far in the
+future or older than the TTL; ``state``: unknown node state; ``fault``: malformed fault
+record; ``attributes``: attribute count, size or nesting over the limits;
+``too_many_resources`` / ``too_many_records``: per-request caps; ``identity``: reported
+for a node the credential may not report for."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-request decode limits (defaults and meaning: the ``ingest.max_*`` config keys)."""
+
+    resources: int
+    data_points: int
+    log_records: int
+    attributes: int
+    value_len: int
+    depth: int
+
+    @classmethod
+    def from_config(cls, cfg: IngestConfig) -> Limits:
+        """Limits of ``cfg`` (an ``ingest`` config section)."""
+        return cls(
+            resources=cfg.max_resources_per_request,
+            data_points=cfg.max_data_points_per_request,
+            log_records=cfg.max_log_records_per_request,
+            attributes=cfg.max_attributes,
+            value_len=cfg.max_attribute_value_bytes,
+            depth=cfg.max_attribute_depth,
+        )
+
+
+DEFAULT_LIMITS = Limits.from_config(IngestConfig())
+"""The limits of a default ``ingest`` config section."""
 
 
 @dataclass(slots=True)
@@ -130,13 +182,18 @@ class Decoded:
     nccl: list[tuple[Resource, Any]] = field(default_factory=list)
     rejected: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
+    codes: Counter[str] = field(default_factory=Counter)
     ignored_metrics: int = 0
 
-    def reject(self, reason: str, count: int = 1) -> None:
-        """Count ``count`` rejected points/records for ``reason``."""
+    def reject(self, code: str, reason: str, count: int = 1) -> None:
+        """Count ``count`` rejected points/records for ``reason`` (a message) under
+        ``code`` (one of :data:`REASONS`; ``ValueError`` otherwise)."""
+        if code not in REASONS:
+            raise ValueError(f"reject: code {code!r} is not one of {sorted(REASONS)}")
         if count > 0:
             self.rejected += count
             self.reasons[reason] += count
+            self.codes[code] += count
 
     def error_message(self) -> str:
         """``partial_success.error_message``: the most frequent reasons with counts."""
@@ -167,11 +224,73 @@ def any_value(v: AnyValue) -> Any:
 
 
 def attributes(kvs: Any) -> dict[str, Any]:
-    """``repeated KeyValue`` → dict."""
+    """``repeated KeyValue`` → dict (no limits: for trusted, already checked input)."""
     out: dict[str, Any] = {}
     kv: KeyValue
     for kv in kvs:
         out[kv.key] = any_value(kv.value)
+    return out
+
+
+class _OverLimit(Exception):
+    pass
+
+
+def _bounded_value(v: AnyValue, depth: int, budget: list[int], lim: Limits) -> Any:
+    which = v.WhichOneof("value")
+    if which == "string_value":
+        s = v.string_value
+        if len(s) > lim.value_len:
+            raise _OverLimit(f"string value longer than {lim.value_len} characters")
+        return s
+    if which == "bytes_value":
+        b = v.bytes_value
+        if len(b) > lim.value_len:
+            raise _OverLimit(f"bytes value longer than {lim.value_len} bytes")
+        return b.hex()
+    if which in ("array_value", "kvlist_value"):
+        if depth >= lim.depth:
+            raise _OverLimit(f"values nested deeper than {lim.depth} levels")
+        if which == "array_value":
+            values = v.array_value.values
+            _spend(budget, len(values), lim)
+            return [_bounded_value(x, depth + 1, budget, lim) for x in values]
+        kvs = v.kvlist_value.values
+        _spend(budget, len(kvs), lim)
+        out: dict[str, Any] = {}
+        for kv in kvs:
+            if len(kv.key) > lim.value_len:
+                raise _OverLimit(f"key longer than {lim.value_len} characters")
+            out[kv.key] = _bounded_value(kv.value, depth + 1, budget, lim)
+        return out
+    return any_value(v)
+
+
+def _spend(budget: list[int], n: int, lim: Limits) -> None:
+    budget[0] -= n
+    if budget[0] < 0:
+        raise _OverLimit(f"more than {lim.attributes} attributes (nested values included)")
+
+
+def bounded_attributes(kvs: Any, lim: Limits) -> dict[str, Any] | str:
+    """``repeated KeyValue`` → dict, or the rejection message when ``kvs`` has more than
+    ``lim.attributes`` entries (nested array / key-value list elements included), a key or
+    value longer than ``lim.value_len``, or nesting deeper than ``lim.depth``."""
+    budget = [lim.attributes]
+    out: dict[str, Any] = {}
+    try:
+        _spend(budget, len(kvs), lim)
+        kv: KeyValue
+        for kv in kvs:
+            key = kv.key
+            if len(key) > lim.value_len:
+                raise _OverLimit(f"key {key[:64]!r}… longer than {lim.value_len} characters")
+            try:
+                out[key] = _bounded_value(kv.value, 0, budget, lim)
+            except _OverLimit as e:
+                raise _OverLimit(f"{key[:64]!r}: {e}") from None
+    except _OverLimit as e:
+        return f"attributes: {e}"
     return out
 
 
@@ -238,36 +357,68 @@ def _count_points(m: Any) -> int:
     return len(getattr(m, which).data_points)
 
 
+def _resource_of(attrs: Any, lim: Limits) -> tuple[str, str] | Resource:
+    """The resource, or ``(code, message)`` of its rejection."""
+    d = bounded_attributes(attrs, lim)
+    if isinstance(d, str):
+        return "attributes", f"resource {d}"
+    res = decode_resource(d)
+    if isinstance(res, str):
+        return "resource", res
+    return res
+
+
 def decode_metrics(
-    req: ExportMetricsServiceRequest, now: float, *, max_future_s: float, ttl_s: float
+    req: ExportMetricsServiceRequest, now: float, *, max_future_s: float, ttl_s: float,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> Decoded:
     """Decode a metrics export; ``now`` in seconds (epoch). See the module docstring."""
     out = Decoded()
-    for rm in req.resource_metrics:
-        res = decode_resource(attributes(rm.resource.attributes))
-        if isinstance(res, str):
-            out.reject(res, sum(_count_points(m) for sm in rm.scope_metrics for m in sm.metrics))
+    budget = limits.data_points
+    for i, rm in enumerate(req.resource_metrics):
+        n_points = sum(_count_points(m) for sm in rm.scope_metrics for m in sm.metrics)
+        if i >= limits.resources:
+            out.reject("too_many_resources",
+                       f"request: more than {limits.resources} resource blocks", n_points)
+            continue
+        res = _resource_of(rm.resource.attributes, limits)
+        if isinstance(res, tuple):
+            out.reject(*res, n_points)
             continue
         signals: dict[str, float] = {}
         for sm in rm.scope_metrics:
             for m in sm.metrics:
                 name = m.name
-                if name == METRIC_SCORE or name == INGERO_SCORE:
-                    _decode_scores(out, res, m, now, max_future_s, ttl_s)
-                    continue
-                if name == METRIC_NCCL:
-                    out.nccl.append((res, m))
-                    continue
-                short = SIGNAL_METRICS.get(name)
-                if short is None:
+                is_score = name == METRIC_SCORE or name == INGERO_SCORE
+                is_nccl = name == METRIC_NCCL
+                short = None if is_score or is_nccl else SIGNAL_METRICS.get(name)
+                if not is_score and not is_nccl and short is None:
                     out.ignored_metrics += _count_points(m)
                     continue
-                for dp in _gauge_points(m):
+                n = _count_points(m)
+                if n > budget:
+                    out.reject("too_many_records",
+                               f"request: more than {limits.data_points} data points",
+                               n - max(budget, 0))
+                budget -= n
+                if budget + n <= 0:
+                    continue
+                take = n if budget >= 0 else n + budget
+                if is_nccl:
+                    # decoded by ingest.nccl_wire; a metric cut by the point budget was
+                    # counted as rejected above and is handed over only when whole
+                    if take == n:
+                        out.nccl.append((res, m))
+                    continue
+                if is_score:
+                    _decode_scores(out, res, m, now, max_future_s, ttl_s, limits, take)
+                    continue
+                for dp in list(_gauge_points(m))[:take]:
                     v = _point_value(dp)
                     if v is None or not math.isfinite(v):
-                        out.reject(f"{name}: value {v!r} is not a finite number")
+                        out.reject("value", f"{name}: value {v!r} is not a finite number")
                         continue
-                    signals[short] = v
+                    signals[short or name] = v
         if signals:
             out.signals.append(SignalPoint(res, signals))
     return out
@@ -281,35 +432,43 @@ def _gauge_points(m: Any) -> Any:
 
 
 def _decode_scores(
-    out: Decoded, res: Resource, m: Any, now: float, max_future_s: float, ttl_s: float
+    out: Decoded, res: Resource, m: Any, now: float, max_future_s: float, ttl_s: float,
+    lim: Limits, take: int,
 ) -> None:
     which = m.WhichOneof("data")
     if which not in ("gauge", "sum"):
-        out.reject(f"{m.name}: must be a gauge, got {which}", _count_points(m))
+        out.reject("value", f"{m.name}: must be a gauge, got {which}", take)
         return
-    for dp in getattr(m, which).data_points:
+    points = getattr(m, which).data_points
+    for dp in points if take >= len(points) else list(points)[:take]:
         v = _point_value(dp)
         if v is None or not math.isfinite(v):
-            out.reject(f"{m.name}: value {v!r} is not a finite number")
+            out.reject("value", f"{m.name}: value {v!r} is not a finite number")
             continue
         if not 0.0 <= v <= 1.0:
-            out.reject(f"{m.name}: value {v!r} outside [0, 1]")
+            out.reject("value", f"{m.name}: value {v!r} outside [0, 1]")
             continue
         t = _time_check(dp.time_unix_nano, now, max_future_s, ttl_s)
         if isinstance(t, str):
-            out.reject(t)
+            out.reject("timestamp", t)
+            continue
+        if len(dp.attributes) > lim.attributes:
+            out.reject("attributes", f"data point attributes: more than {lim.attributes}")
             continue
         state_raw: Any = None
         for kv in dp.attributes:
             if kv.key == ATTR_STATE or kv.key == INGERO_STATE:
-                state_raw = any_value(kv.value)
+                if kv.value.WhichOneof("value") in ("array_value", "kvlist_value"):
+                    state_raw = "(array or key-value list)"
+                else:
+                    state_raw = any_value(kv.value)
                 break
         if state_raw is None:
             state_raw = res.attrs.get(ATTR_STATE, res.attrs.get(INGERO_STATE, "active"))
         try:
-            state = NodeState.parse(str(state_raw))
+            state = NodeState.parse(str(state_raw)[:MAX_KIND_LEN])
         except ValueError as e:
-            out.reject(str(e)[:200])
+            out.reject("state", str(e)[:200])
             continue
         out.scores.append(ScorePoint(res, v, state, t))
 
@@ -325,58 +484,83 @@ def _as_bool(v: Any) -> bool | None:
 
 
 def decode_logs(
-    req: ExportLogsServiceRequest, now: float, *, max_future_s: float
+    req: ExportLogsServiceRequest, now: float, *, max_future_s: float,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> Decoded:
     """Decode a logs export: fault and straggler records; other records are ignored."""
     out = Decoded()
-    for rl in req.resource_logs:
+    budget = limits.log_records
+    for i, rl in enumerate(req.resource_logs):
         n_records = sum(len(sl.log_records) for sl in rl.scope_logs)
-        res = decode_resource(attributes(rl.resource.attributes))
-        if isinstance(res, str):
-            out.reject(res, n_records)
+        if i >= limits.resources:
+            out.reject("too_many_resources",
+                       f"request: more than {limits.resources} resource blocks", n_records)
+            continue
+        res = _resource_of(rl.resource.attributes, limits)
+        if isinstance(res, tuple):
+            out.reject(*res, n_records)
             continue
         for sl in rl.scope_logs:
             for lr in sl.log_records:
-                attrs = attributes(lr.attributes)
+                budget -= 1
+                if budget < 0:
+                    out.reject("too_many_records",
+                               f"request: more than {limits.log_records} log records")
+                    continue
+                attrs = bounded_attributes(lr.attributes, limits)
+                if isinstance(attrs, str):
+                    out.reject("attributes", f"log record {attrs}")
+                    continue
                 event = lr.event_name or str(attrs.get(EVENT_NAME, ""))
                 if event not in (EVENT_FAULT, EVENT_STRAGGLER):
                     out.ignored_metrics += 1
                     continue
-                rec = _decode_fault(res, event, attrs, lr, now, max_future_s)
-                if isinstance(rec, str):
-                    out.reject(rec)
+                rec = _decode_fault(res, event, attrs, lr, now, max_future_s, limits)
+                if isinstance(rec, tuple):
+                    out.reject(*rec)
                 else:
                     out.faults.append(rec)
     return out
 
 
 def _decode_fault(
-    res: Resource, event: str, attrs: dict[str, Any], lr: Any, now: float, max_future_s: float
-) -> FaultRecord | str:
+    res: Resource, event: str, attrs: dict[str, Any], lr: Any, now: float,
+    max_future_s: float, lim: Limits,
+) -> FaultRecord | tuple[str, str]:
     if event == EVENT_STRAGGLER:
         kind: str | None = "straggler"
     else:
         kind = _str_attr(attrs, ATTR_FAULT_KIND)
         if kind is None:
-            return f"log record: {EVENT_FAULT} without {ATTR_FAULT_KIND}"
-        if len(kind) > 64:
-            return f"{ATTR_FAULT_KIND}: {kind[:64]!r}… longer than 64 characters"
+            return "fault", f"log record: {EVENT_FAULT} without {ATTR_FAULT_KIND}"
+        if len(kind) > MAX_KIND_LEN:
+            return "fault", (f"{ATTR_FAULT_KIND}: {kind[:MAX_KIND_LEN]!r}… longer than "
+                             f"{MAX_KIND_LEN} characters")
     code_raw = attrs.get(ATTR_FAULT_CODE)
     code: int | None = None
     if code_raw is not None and code_raw != "":
         try:
+            if isinstance(code_raw, str) and len(code_raw) > 20:
+                raise ValueError(code_raw)
             code = int(code_raw)
-        except (TypeError, ValueError):
-            return f"{ATTR_FAULT_CODE}: {str(code_raw)[:64]!r} is not an integer"
+        except (TypeError, ValueError, OverflowError):
+            return "fault", f"{ATTR_FAULT_CODE}: {str(code_raw)[:64]!r} is not an integer"
     active_raw = attrs.get(ATTR_FAULT_ACTIVE, True)
     active = _as_bool(active_raw)
     if active is None:
-        return f"{ATTR_FAULT_ACTIVE}: {str(active_raw)[:64]!r} is not a boolean"
+        return "fault", f"{ATTR_FAULT_ACTIVE}: {str(active_raw)[:64]!r} is not a boolean"
     t_ns = lr.time_unix_nano or lr.observed_time_unix_nano
     t = _time_check(t_ns, now, max_future_s, math.inf)
     if isinstance(t, str):
-        return t
-    body = any_value(lr.body)
+        return "timestamp", t
+    if lr.body.WhichOneof("value") == "string_value":
+        body: Any = lr.body.string_value
+    else:
+        budget = [lim.attributes]
+        try:
+            body = _bounded_value(lr.body, 0, budget, lim)
+        except _OverLimit as e:
+            return "attributes", f"log record body: {e}"
     text = body if isinstance(body, str) else ("" if body is None else str(body))
     if len(text) > MAX_EVIDENCE_LEN:
         text = text[:MAX_EVIDENCE_LEN] + "\n[truncated by ingest]"
@@ -488,3 +672,33 @@ def make_fault_request(
         attrs[FAULT_PREFIX + k] = v
     lr.attributes.extend(_kv(k, v) for k, v in attrs.items())
     return req
+
+
+def identity_violation(
+    req: ExportMetricsServiceRequest | ExportLogsServiceRequest,
+    may_report: Callable[[str, str], bool], limits: Limits = DEFAULT_LIMITS,
+) -> tuple[int, str] | None:
+    """``(points or records concerned, message)`` when a resource block of ``req`` names a
+    node that ``may_report(cluster, node)`` refuses; ``None`` when all may be reported.
+    Blocks without a valid identity are left to the decoder (rejected there)."""
+    if isinstance(req, ExportMetricsServiceRequest):
+        blocks: Any = req.resource_metrics
+    else:
+        blocks = req.resource_logs
+    bad = 0
+    first: tuple[str, str] | None = None
+    for i, b in enumerate(blocks):
+        if i >= limits.resources:
+            break
+        res = _resource_of(b.resource.attributes, limits)
+        if isinstance(res, tuple) or may_report(res.cluster, res.node):
+            continue
+        if isinstance(b, ResourceMetrics):
+            bad += sum(_count_points(m) for sm in b.scope_metrics for m in sm.metrics)
+        else:
+            bad += sum(len(sl.log_records) for sl in b.scope_logs)
+        first = first or (res.cluster, res.node)
+    if first is None:
+        return None
+    return max(bad, 1), (f"may not report for node {first[1][:MAX_KIND_LEN]!r} of cluster "
+                         f"{first[0][:MAX_KIND_LEN]!r}")

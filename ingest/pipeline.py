@@ -33,7 +33,7 @@ from ingest.handoff import AlertSink, HandoffQueueFull
 from ingest.metrics import IngestMetrics
 from ingest.nccl import NcclEdge, NcclEngine
 from ingest.nccl_wire import decode_nccl
-from ingest.otlp import Decoded, FaultRecord, Resource, decode_logs, decode_metrics
+from ingest.otlp import Decoded, FaultRecord, Limits, Resource, decode_logs, decode_metrics
 from ingest.threshold import (
     DEFAULT_COHORT,
     CohortResult,
@@ -124,6 +124,11 @@ class Ingestor:
     ) -> None:
         self.config = config
         self.metrics = metrics or IngestMetrics()
+        self.metrics.configure_labels(
+            known_kinds=KNOWN_KINDS | set(config.policy.catalogue.kinds),
+            known_clusters=[c.name for c in config.clusters],
+            max_label_values=config.ingest.max_label_values)
+        self.limits = Limits.from_config(config.ingest)
         self.alert_sink = alert_sink
         self.forwarder = forwarder
         self.clock = clock
@@ -187,7 +192,8 @@ class Ingestor:
         (saves re-serializing for forwarding). Returns the response (with
         ``partial_success`` when anything was rejected) and the threshold hint."""
         now = self.clock()
-        d = decode_metrics(req, now, max_future_s=self.max_future_s, ttl_s=self.scores.ttl_s)
+        d = decode_metrics(req, now, max_future_s=self.max_future_s, ttl_s=self.scores.ttl_s,
+                           limits=self.limits)
         hint = ThresholdHint()
         hint_set = False
         for p in d.scores:
@@ -285,7 +291,8 @@ class Ingestor:
 
     def _count_rejected(self, d: Decoded, transport: str, signal: str) -> None:
         if d.rejected:
-            self.metrics.otlp_rejected_total.labels(transport, signal).inc(d.rejected)
+            for code, n in d.codes.items():
+                self.metrics.otlp_rejected_total.labels(transport, signal, code).inc(n)
             log.info("event=otlp_rejected transport=%s signal=%s count=%d reasons=%r",
                      transport, signal, d.rejected, dict(d.reasons.most_common(3)))
 
@@ -335,7 +342,7 @@ class Ingestor:
         re-sent by the agent and de-duplicated by their stable ``alert_id``.
         """
         now = self.clock()
-        d = decode_logs(req, now, max_future_s=self.max_future_s)
+        d = decode_logs(req, now, max_future_s=self.max_future_s, limits=self.limits)
         for f in d.faults:
             await self._fault_alert(f)
         self._count_rejected(d, transport, "logs")

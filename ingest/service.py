@@ -35,14 +35,16 @@ from ingest.api import build_admin_app, build_api_app
 from ingest.auth import (
     ADMIN_TOKEN_ENV,
     INGEST_TOKENS_ENV,
+    ReceiverAuth,
     TokenCheck,
+    load_identities,
     load_tokens,
     server_ssl_context,
 )
 from ingest.forward import OtlpForwarder
 from ingest.grpc_receiver import start_grpc_server
 from ingest.handoff import AlertSink, ManagedAlertSink
-from ingest.http_receiver import OtlpHttpApp
+from ingest.http_receiver import OtlpHttpApp, peercert_protocol
 from ingest.metrics import IngestMetrics
 from ingest.pipeline import Ingestor
 from ingest.repair_metrics import RepairMetricsPoller
@@ -54,10 +56,19 @@ LOOPBACK = "127.0.0.1"
 
 try:  # httptools is uvicorn's fast HTTP/1.1 parser (uvicorn[standard]); h11 otherwise.
     import httptools  # noqa: F401
-
-    _HTTP_IMPL = "httptools"
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _Proto
 except ImportError:  # pragma: no cover - depends on the environment
-    _HTTP_IMPL = "h11"
+    from uvicorn.protocols.http.h11_impl import H11Protocol as _Proto  # type: ignore[assignment]
+#: uvicorn protocol of every listener: the fast parser, with the TLS client certificate
+#: in each request's scope (mTLS identities, :func:`ingest.http_receiver.peercert_protocol`).
+_HTTP_IMPL = peercert_protocol(_Proto)
+
+UNAUTHENTICATED_REFUSAL = (
+    "ingest: the OTLP receivers would accept data from anyone: set ingest.tokens_file "
+    "(per-node or collector tokens; or $AUTOREPAIR_INGEST_TOKENS) or ingest.tls.client_ca "
+    "(mTLS), or set ingest.insecure_allow_unauthenticated: true to run without "
+    "authentication"
+)
 
 
 class _Server(uvicorn.Server):
@@ -70,7 +81,10 @@ class _Server(uvicorn.Server):
 
 def _bind(host: str, port: int, field: str) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets whose proto says
+    # TCP (accepted sockets inherit it); without it a response written as headers + body
+    # waits for the client's delayed ACK, 40 ms on Linux
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -89,6 +103,9 @@ class IngestService:
     ``temporal_ready``: async check used by ``/readyz`` (``None``: not checked).
     ``routers``: extra FastAPI routers mounted on the API app (the repair API).
     ``clock``: seconds since the epoch, for tests.
+    ``require_auth``: refuse (``RuntimeError`` naming the settings) to serve the receivers
+    without authentication unless ``ingest.insecure_allow_unauthenticated`` is set, which
+    is then logged loudly (``autorepair ingest`` passes True; DESIGN §4.2).
     """
 
     def __init__(
@@ -99,6 +116,7 @@ class IngestService:
         temporal_ready: Callable[[], Awaitable[bool]] | None = None,
         routers: Sequence[APIRouter] = (),
         clock: Callable[[], float] | None = None,
+        require_auth: bool = False,
     ) -> None:
         self.config = config
         cfg = config.ingest
@@ -118,7 +136,14 @@ class IngestService:
             config, alert_sink=alert_sink, forwarder=self.forwarder, metrics=self.metrics,
             temporal_ready=temporal_ready, **kwargs,
         )
-        self.receiver_auth = TokenCheck(tuple(load_tokens(cfg.tokens_file, INGEST_TOKENS_ENV)))
+        self.receiver_auth = ReceiverAuth(load_identities(cfg.tokens_file, INGEST_TOKENS_ENV),
+                                          mtls=bool(cfg.tls.client_ca))
+        if require_auth and not self.receiver_auth.enabled:
+            if not cfg.insecure_allow_unauthenticated:
+                raise RuntimeError(UNAUTHENTICATED_REFUSAL)
+            log.warning("event=INSECURE_RECEIVERS ingest.insecure_allow_unauthenticated is "
+                        "true: anyone who reaches the OTLP ports can report faults for any "
+                        "node (and, with automatic repairs, power-cycle it)")
         self.admin_auth = TokenCheck(tuple(load_tokens(cfg.admin_token_file, ADMIN_TOKEN_ENV)))
         self.ssl_context: ssl.SSLContext | None = server_ssl_context(cfg.tls)
         self.api_app: FastAPI = build_api_app(self.ingestor, routers=routers)
@@ -217,6 +242,7 @@ class IngestService:
             s.should_exit = True
         await asyncio.gather(*self._serve_tasks, return_exceptions=True)
         self._servers, self._serve_tasks = [], []
+        self.http_app.close()
         if self.forwarder is not None:
             await self.forwarder.stop()
         if isinstance(self.alert_sink, ManagedAlertSink):
@@ -266,11 +292,13 @@ async def _serve(config: AutorepairConfig, routers_for: RoutersFactory | None = 
         on_outcome=lambda o: service.metrics.alert_handoff_total.labels(o).inc(),
     )
     routers, closers = routers_for(client) if routers_for is not None else ([], [])
-    service = IngestService(config, sink, temporal_ready=temporal_ready, routers=routers)
+    service = IngestService(config, sink, temporal_ready=temporal_ready, routers=routers,
+                            require_auth=True)
     poller = RepairMetricsPoller(
         client, service.metrics,
-        lambda: [c.name for c in config.clusters]
-        + [n["cluster"] for n in service.ingestor.snapshot()["nodes"]],
+        # configured clusters plus those admitted as metric labels: a bounded set however
+        # many cluster ids senders make up (ingest.max_label_values)
+        lambda: [c.name for c in config.clusters] + sorted(service.metrics.clusters.admitted),
     )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

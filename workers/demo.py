@@ -229,8 +229,10 @@ def kernel_lines_file(workdir: Path) -> Path:
 
 
 def start_simulator(demo: DemoCluster, otlp_http_port: int, timings: DemoTimings,
-                    control_port: int = SIM_CONTROL_PORT) -> subprocess.Popen[bytes]:
-    """``autorepair-agent simulate`` for the four nodes with the storyline's faults."""
+                    control_port: int = SIM_CONTROL_PORT, token: str | None = None
+                    ) -> subprocess.Popen[bytes]:
+    """``autorepair-agent simulate`` for the four nodes with the storyline's faults;
+    ``token``: the dev stack's collector token (``AUTOREPAIR_AGENT_TOKEN``)."""
     # the console script, not ``python -m``: -m puts the current directory first on
     # sys.path, where any stray module (an ``h2.py`` in /tmp, say) would shadow a library
     argv = [
@@ -247,7 +249,11 @@ def start_simulator(demo: DemoCluster, otlp_http_port: int, timings: DemoTimings
     ]
     log_path = demo.workdir / "simulator.log"
     logf = log_path.open("ab")
-    proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+    env = dict(os.environ)
+    if token:
+        env["AUTOREPAIR_AGENT_TOKEN"] = token
+    proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
+                            env=env)
     logf.close()
     demo.processes.append(proc)
     from workers.devpeers import wait_port
@@ -353,7 +359,7 @@ async def run_demo(stack: DevStack, demo: DemoCluster, console: Console, stop: a
     console.print(f"demo: sbatch job {job} ('training-run', {timings.job_s:g} s) on {XID79_NODE}")
     try:
         await asyncio.to_thread(start_simulator, demo, stack.ports.otlp_http, timings,
-                                control_port)
+                                control_port, stack.collector_token())
     except DemoUnavailable as exc:
         console.print(f"[red]demo stopped:[/red] {exc}")
         return

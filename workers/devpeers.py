@@ -427,11 +427,13 @@ def start_redfish_emulator(
     port: int | None = None,
     username: str = "admin",
     password: str = "password",
+    system_ids: dict[str, str] | None = None,
 ) -> RedfishEmulator:
     """Start ``sushy-emulator --config`` with the fake driver, one system per node (``On``).
 
-    System ids are UUIDs derived from the node names (stable across restarts of the same
-    workdir). The emulator's fake driver applies power changes 1–11 s after the request
+    System ids are ``system_ids[node]`` when given (e.g. ``System.Embedded.1``, as real
+    BMCs name them), else UUIDs derived from the node names (stable across restarts of the
+    same workdir). The emulator's fake driver applies power changes 1–11 s after the request
     (its model of "hardware actions are not immediate"). Raises ``PeerStartError`` with
     the emulator log when it does not answer within ``START_TIMEOUT_S``.
     """
@@ -444,7 +446,9 @@ def start_redfish_emulator(
     if not image.exists():
         image.write_bytes(b"autorepair clean node image\n" * 64)
     port = port or free_port()
-    systems = {n: str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{n}.autorepair.dev")) for n in nodes}
+    systems = {n: (system_ids or {}).get(n) or str(uuid.uuid5(uuid.NAMESPACE_DNS,
+                                                                f"{n}.autorepair.dev"))
+               for n in nodes}
     htpasswd = wd / "htpasswd"
     digest = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
     htpasswd.write_text(f"{username}:{digest}\n")

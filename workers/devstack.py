@@ -190,6 +190,33 @@ class DevStack:
                 os.chmod(path, 0o600)
         return tokens
 
+    def ensure_ingest_tokens(self) -> Path:
+        """The dev stack's OTLP receiver tokens file, written once with a random
+        collector token for the configured clusters (every cluster when none is
+        configured); the token alone also goes to ``DATA/collector.token`` (mode 0600) for
+        the simulator, local tools and OTel Collectors (``Authorization: Bearer …``).
+        Returns the tokens file. A configured ``ingest.tokens_file`` wins."""
+        if self.config.ingest.tokens_file:
+            return Path(self.config.ingest.tokens_file)
+        tokens = self.data_dir / "ingest-tokens"
+        token_file = self.data_dir / "collector.token"
+        clusters = ",".join(c.name for c in self.config.clusters) or "*"
+        if not tokens.exists() or not token_file.exists():
+            token = secrets.token_urlsafe(24)
+            for path, text in ((tokens, f"{token} collector {clusters}\n"),
+                               (token_file, token)):
+                path.write_text(text)
+                os.chmod(path, 0o600)
+        return tokens
+
+    def collector_token(self) -> str | None:
+        """The dev stack's collector token (``None`` when ``ingest.tokens_file`` is the
+        operator's own)."""
+        path = self.data_dir / "collector.token"
+        if self.config.ingest.tokens_file or not path.exists():
+            return None
+        return path.read_text().strip() or None
+
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update(
@@ -205,6 +232,7 @@ class DevStack:
                 "AUTOREPAIR__INGEST__HOST": self.host,
                 "AUTOREPAIR__WORKER__METRICS_HOST": self.host,
                 "AUTOREPAIR__API__TOKENS_FILE": str(self.ensure_api_tokens()),
+                "AUTOREPAIR__INGEST__TOKENS_FILE": str(self.ensure_ingest_tokens()),
                 "PYTHONUNBUFFERED": "1",
             }
         )
@@ -293,6 +321,8 @@ class DevStack:
     # -- run ----------------------------------------------------------------------
     def endpoints(self) -> list[tuple[str, str]]:
         h = self.host
+        collector = ([] if self.config.ingest.tokens_file else
+                     [("Collector token (OTLP)", str(self.data_dir / "collector.token"))])
         return [
             ("Temporal UI", f"http://{h}:{self.ports.temporal_ui}"),
             ("Temporal frontend", f"{h}:{self.ports.temporal}"),
@@ -303,6 +333,7 @@ class DevStack:
             ("Worker metrics", f"http://{h}:{self.ports.worker_metrics}/metrics"),
             ("PostgreSQL ledger", self.pg_dsn),
             ("Operator token", str(self.data_dir / "operator.token")),
+            *collector,
             ("Logs", str(self.data_dir)),
         ]
 

@@ -82,8 +82,14 @@ class IngestConfig(_Section):
     max_inflight: int = Field(512, gt=0)
     #: TLS / mTLS of both OTLP receivers.
     tls: TLSConfig = Field(default_factory=TLSConfig)
-    #: File with bearer tokens, one a line; empty = no auth on the receivers.
+    #: Receiver tokens file, one per line: ``TOKEN node CLUSTER/NODE`` (may report for
+    #: that node only), ``TOKEN collector CLUSTER[,CLUSTER…]`` or ``… collector *`` (for any
+    #: node of those clusters), or a bare ``TOKEN`` (collector of every cluster); ``TOKEN``
+    #: may be ``sha256:<hex>``. See docs/security.md.
     tokens_file: str | None = None
+    #: Serve the OTLP receivers without authentication (no tokens, no mTLS):
+    #: ``autorepair ingest`` refuses to start so unless this is true (logged loudly).
+    insecure_allow_unauthenticated: bool = False
     #: Admin endpoint token file (required to serve /internal/state).
     admin_token_file: str | None = None
     #: Optional downstream OTLP/HTTP endpoint (the site's collector).
@@ -94,6 +100,27 @@ class IngestConfig(_Section):
     max_future_s: float = Field(300.0, gt=0)
     #: Bounded alert hand-off queue to Temporal; when full, log pushes get 503.
     alert_queue: int = Field(10_000, gt=0)
+    #: Largest decoded OTLP/JSON body, bytes (after gzip). JSON costs ~10x the CPU of the
+    #: same protobuf and is parsed in a worker thread; an agent's push is a few KB.
+    max_json_bytes: int = Field(4 * 1024 * 1024, gt=0)
+    #: Most resource blocks taken from one request; the rest are rejected and reported in
+    #: the response's ``partial_success`` (OTLP).
+    max_resources_per_request: int = Field(1000, gt=0)
+    #: Most metric data points taken from one request (the rest rejected, as above).
+    max_data_points_per_request: int = Field(100_000, gt=0)
+    #: Most log records taken from one request (the rest rejected, as above).
+    max_log_records_per_request: int = Field(10_000, gt=0)
+    #: Most attributes on one resource, data point or log record, nested array and
+    #: key-value list elements included; more rejects that resource, point or record.
+    max_attributes: int = Field(128, gt=0)
+    #: Longest attribute key or value: characters of a string, bytes of a bytes value.
+    max_attribute_value_bytes: int = Field(16 * 1024, gt=0)
+    #: Deepest nesting of array / key-value list attribute values.
+    max_attribute_depth: int = Field(8, gt=0)
+    #: Distinct values a label chosen by senders (fault kind outside the catalogue, cluster
+    #: id outside ``clusters``, cohort) may take in Prometheus series; further fault kinds
+    #: are counted as ``other``, further clusters' and cohorts' gauges are not exported.
+    max_label_values: int = Field(64, gt=0)
 
 
 class ThresholdConfig(_Section):

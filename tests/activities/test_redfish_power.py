@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,13 @@ from activities.power import PowerActivities, RedfishMachine
 from activities.provisioning import ProvisioningActivities
 from activities.scheduler.kube import KubeScheduler
 from tests.fixtures.kube import KubeApi
-from workers.devpeers import RedfishEmulator
-from workflows.activity_api import ERR_AUTH, ERR_UNSUPPORTED, MachineActionInput
+from workers.devpeers import RedfishEmulator, start_redfish_emulator
+from workflows.activity_api import (
+    ERR_AUTH,
+    ERR_UNKNOWN_NODE,
+    ERR_UNSUPPORTED,
+    MachineActionInput,
+)
 from workflows.config import (
     AutorepairConfig,
     BmcConfig,
@@ -152,3 +159,72 @@ async def test_redfish_migrate_without_ledger_names_the_setting(
             await ActivityEnvironment().run(act, _inp("gpu-01"))
         assert ei.value.type == ERR_UNSUPPORTED and ei.value.non_retryable
         assert "ledger.dsn" in str(ei.value)
+
+
+@pytest.fixture(scope="module")
+def idrac_like_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedfishEmulator]:
+    """An emulator with one system named as a Dell iDRAC names it, not after the host."""
+    emu = start_redfish_emulator(tmp_path_factory.mktemp("idrac"), ("gpu-09",),
+                                 password="pw-" + secrets.token_hex(8),
+                                 system_ids={"gpu-09": "System.Embedded.1"})
+    try:
+        yield emu
+    finally:
+        emu.stop()
+
+
+def _one_node(emu: RedfishEmulator, secrets_file: Path, node: str,
+              system_id: str | None) -> AutorepairConfig:
+    return AutorepairConfig(
+        clusters=[ClusterConfig(name="rf", scheduler="kubernetes", nodes=[NodeConfig(
+            name=node, machine=node, bmc=BmcConfig(address=emu.url, system_id=system_id))])],
+        secrets=SecretsConfig(bmc_credentials_file=str(secrets_file)),
+    )
+
+
+async def test_single_system_is_used_without_system_id(
+    idrac_like_emulator: RedfishEmulator, tmp_path: Path
+) -> None:
+    emu = idrac_like_emulator
+    creds = tmp_path / "bmc.yaml"
+    creds.write_text(f"default: {{username: {emu.username}, password: {emu.password}}}\n")
+    cfg = _one_node(emu, creds, "gpu-09", None)
+    m = RedfishMachine(cfg, "rf", "gpu-09", "gpu-09")
+    ident = await m.call(lambda s: s.identity)
+    assert ident == "System.Embedded.1"
+    res = await ActivityEnvironment().run(PowerActivities(cfg).reboot_machine, MachineActionInput(
+        cluster="rf", node="gpu-09", machine="gpu-09", repair_id="r-9"))
+    assert res.done
+    # the configured id is used as given
+    cfg = _one_node(emu, creds, "gpu-09", "System.Embedded.1")
+    assert await RedfishMachine(cfg, "rf", "gpu-09", "gpu-09").call(
+        lambda s: s.identity) == "System.Embedded.1"
+
+
+async def test_several_systems_without_system_id_lists_them(
+    redfish_emulator: RedfishEmulator, bmc_secrets_file: Path
+) -> None:
+    # the node is named like one of the systems: the host name is still not used to pick
+    cfg = _one_node(redfish_emulator, bmc_secrets_file, "gpu-01", None)
+    with pytest.raises(ApplicationError) as ei:
+        await RedfishMachine(cfg, "rf", "gpu-01", "gpu-01").power_state()
+    err = ei.value
+    assert err.type == ERR_UNKNOWN_NODE and err.non_retryable
+    assert "bmc.system_id is not set" in str(err)
+    for sid in redfish_emulator.systems.values():
+        assert f"/redfish/v1/Systems/{sid}" in str(err)
+    assert "set bmc.system_id of node gpu-01" in str(err)
+
+
+async def test_unknown_system_id_lists_the_members(
+    idrac_like_emulator: RedfishEmulator, tmp_path: Path
+) -> None:
+    emu = idrac_like_emulator
+    creds = tmp_path / "bmc.yaml"
+    creds.write_text(f"default: {{username: {emu.username}, password: {emu.password}}}\n")
+    cfg = _one_node(emu, creds, "gpu-09", "System.Embedded.2")
+    with pytest.raises(ApplicationError) as ei:
+        await RedfishMachine(cfg, "rf", "gpu-09", "gpu-09").power_state()
+    assert ei.value.type == ERR_UNKNOWN_NODE
+    assert "bmc.system_id 'System.Embedded.2' is not a system of this BMC" in str(ei.value)
+    assert "/redfish/v1/Systems/System.Embedded.1" in str(ei.value)

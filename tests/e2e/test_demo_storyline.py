@@ -17,7 +17,9 @@ import io
 import time
 from pathlib import Path
 
+import aiohttp.web
 import pytest
+import yaml
 from rich.console import Console
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -57,12 +59,39 @@ async def _count(client: Client, query: str) -> int:
     return (await client.count_workflows(query)).count
 
 
+WEBHOOK_SECRET = "hook-s3cr3t-7f3a"
+
+
+async def _flaky_webhook() -> tuple[aiohttp.web.AppRunner, str, list[int]]:
+    """A notification receiver whose URL carries a secret; its first answer is 503 so a
+    retried attempt's failure (with the URL, were it not redacted) enters the history."""
+    seen: list[int] = []
+
+    async def hook(request: aiohttp.web.Request) -> aiohttp.web.Response:
+        await request.read()
+        seen.append(len(seen))
+        return aiohttp.web.Response(status=503 if len(seen) == 1 else 200)
+
+    app = aiohttp.web.Application()
+    app.router.add_post(f"/hook/{WEBHOOK_SECRET}", hook)
+    runner = aiohttp.web.AppRunner(app)
+    await runner.setup()
+    await aiohttp.web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = runner.addresses[0][1]
+    return runner, f"http://127.0.0.1:{port}/hook/{WEBHOOK_SECRET}?token={WEBHOOK_SECRET}q", seen
+
+
 async def test_demo_storyline(tmp_path: Path) -> None:
     control_port = free_port()
     demo = await asyncio.to_thread(
         prepare_demo, tmp_path, SHORT, free_port(), tuple(free_port() for _ in range(4)),
         control_port,
     )
+    hook_runner, hook_url, hook_calls = await _flaky_webhook()
+    cfg_text = demo.config_path.read_text()
+    cfg_data = yaml.safe_load(cfg_text)
+    cfg_data["notifications"] = {"webhook_url": hook_url, "timeout_s": 5}
+    demo.config_path.write_text(yaml.safe_dump(cfg_data, sort_keys=False))
     stack = DevStack(config=load_config(demo.config_path, environ={}), data_dir=tmp_path,
                      ports=_ports(), config_path=demo.config_path)
     stop = asyncio.Event()
@@ -110,13 +139,17 @@ async def test_demo_storyline(tmp_path: Path) -> None:
             assert await _count(client, f"WorkflowType = 'RepairWorkflow' AND NodeId = '{node}'") == 0
         assert await _count(client, f"WorkflowType = 'RepairWorkflow' AND NodeId = '{XID79_NODE}'"
                             " AND RepairAction = 'power_cycle' AND AlertKind = 'xid'") == 1
-        # no credential in any workflow history (DESIGN §4.4): BMC password, API token
+        # no credential in any workflow history (DESIGN §4.4): BMC password, API token,
+        # the notification webhook's URL (its first answer failed: the retried attempt's
+        # failure is in the history, naming the webhook by scheme and host only)
+        assert len(hook_calls) >= 2, "the Xid 13 diagnostic notification never arrived"
         token = (tmp_path / "operator.token").read_text().strip()
         histories = 0
         async for wf in client.list_workflows("ClusterId = 'demo' OR WorkflowId STARTS_WITH 'node/demo/'"):
             text = (await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
                     ).to_json()
             assert demo.redfish.password not in text and token not in text, wf.id
+            assert WEBHOOK_SECRET not in text, wf.id
             histories += 1
         assert histories >= 2
         # the machine came back: slurmd restarted (node usable again) after the cycle
@@ -130,3 +163,4 @@ async def test_demo_storyline(tmp_path: Path) -> None:
                 await task
         await asyncio.to_thread(stack.stop)
         await asyncio.to_thread(demo.stop)
+        await hook_runner.cleanup()

@@ -7,6 +7,7 @@ import gzip
 import math
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import httpx
@@ -29,7 +30,8 @@ async def svc() -> AsyncIterator[IngestService]:
     cfg = AutorepairConfig(
         ingest=IngestConfig(host="127.0.0.1", otlp_grpc_port=0, otlp_http_port=0, api_port=0,
                             admin_port=0, max_body_bytes=4 * 1024 * 1024,
-                            max_decompressed_bytes=8 * 1024 * 1024),
+                            max_decompressed_bytes=8 * 1024 * 1024,
+                            max_json_bytes=1024 * 1024),
         threshold=ThresholdConfig(push_interval_s=3600),
     )
     s = IngestService(cfg)
@@ -96,6 +98,51 @@ async def test_gzip_bomb_413(svc: IngestService) -> None:
     await still_healthy(svc)
 
 
+async def test_json_decoded_size_cap_413(svc: IngestService) -> None:
+    js = {"Content-Type": "application/json"}
+    doc = b'{"resourceMetrics": []' + b" " * (2 * 1024 * 1024) + b"}"
+    r = await http(svc, gzip.compress(doc), {**js, "Content-Encoding": "gzip"})
+    assert r.status_code == 413 and "decompresses beyond 1048576" in r.json()["message"]
+    r = await http(svc, doc, js)
+    assert r.status_code == 413 and "ingest.max_json_bytes" in r.json()["message"]
+    # the same bytes as protobuf are under the 8 MiB cap: the JSON cap is JSON's own
+    r = await http(svc, gzip.compress(b"\0" * (2 * 1024 * 1024)), {**PB, "Content-Encoding": "gzip"})
+    assert r.status_code == 400
+    await still_healthy(svc)
+
+
+async def test_deeply_nested_json_400(svc: IngestService) -> None:
+    js = {"Content-Type": "application/json"}
+    for doc in (b'{"resourceMetrics": ' + b"[" * 200_000,
+                b'{"resourceMetrics": [' + b'{"resource": ' * 5000 + b"{}" + b"}" * 5000 + b"]}",
+                b'{"resourceMetrics": "not a list"}', b'{"resourceMetrics": [{"resource": 7}]}',
+                b"\xff\xfe{}"):
+        r = await http(svc, doc, js)
+        assert r.status_code == 400, (doc[:40], r.text)
+    await still_healthy(svc)
+
+
+async def test_json_is_parsed_off_the_event_loop(svc: IngestService,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from google.protobuf import json_format
+
+    threads: list[str] = []
+    real = json_format.Parse
+
+    def spy(*a: Any, **kw: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(json_format, "Parse", spy)
+    body = json_format.MessageToJson(make_metrics_request("bad", "j2", 0.9)).encode()
+    r = await http(svc, body, {"Content-Type": "application/json"})
+    assert r.status_code == 200
+    assert threads and threads[0].startswith("otlp-decode")
+    assert threading.current_thread().name not in threads
+
+
 async def test_body_over_limit_413(svc: IngestService) -> None:
     r = await http(svc, b"\0" * (5 * 1024 * 1024), PB)
     assert r.status_code == 413
@@ -103,12 +150,17 @@ async def test_body_over_limit_413(svc: IngestService) -> None:
 
 
 async def test_huge_attribute_strings_rejected_and_counted(svc: IngestService) -> None:
-    req = make_metrics_request("bad", "h" * 1_000_000, 0.5)
+    req = make_metrics_request("bad", "h" * 1000, 0.5)
     r = await http(svc, req.SerializeToString(), PB)
     assert r.status_code == 200
     resp = ExportMetricsServiceResponse.FromString(r.content)
     assert resp.partial_success.rejected_data_points == 1
     assert "longer than 253" in resp.partial_success.error_message
+    req = make_metrics_request("bad", "h" * 1_000_000, 0.5)
+    r = await http(svc, req.SerializeToString(), PB)
+    resp = ExportMetricsServiceResponse.FromString(r.content)
+    assert r.status_code == 200 and resp.partial_success.rejected_data_points == 1
+    assert "'host.name': string value longer than 16384" in resp.partial_success.error_message
     await still_healthy(svc)
 
 
@@ -130,7 +182,9 @@ async def test_invalid_points_rejected_never_stored(svc: IngestService) -> None:
     assert "okay" in nodes and not nodes & {"nan", "inf", "neg", "big", "future", "nocluster"}
     async with httpx.AsyncClient() as c:
         m = (await c.get(f"http://127.0.0.1:{svc.api_port}/metrics")).text
-    assert 'autorepair_otlp_rejected_total{signal="metrics",transport="http"} 6.0' in m
+    assert 'autorepair_otlp_rejected_total{reason="value",signal="metrics",transport="http"} 4.0' in m
+    assert 'autorepair_otlp_rejected_total{reason="timestamp",signal="metrics",transport="http"} 1.0' in m
+    assert 'autorepair_otlp_rejected_total{reason="resource",signal="metrics",transport="http"} 1.0' in m
 
 
 async def test_100k_points_in_one_request(svc: IngestService) -> None:

@@ -33,7 +33,7 @@ def body(node: str = "n1", cluster: str = "sec") -> bytes:
 
 async def test_bearer_tokens_http_and_grpc(tmp_path: Path) -> None:
     tokens = tmp_path / "tokens"
-    tokens.write_text("# agents\nsecret-one\nsecret-two extra-field\n")
+    tokens.write_text("# agents\nsecret-one\nsecret-two collector sec\n")
     svc = IngestService(cfg(tokens_file=str(tokens)))
     await svc.start()
     try:
@@ -108,18 +108,28 @@ def pki(tmp_path: Path) -> dict[str, str]:
     d = tmp_path
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=ca",
              "-keyout", str(d / "ca.key"), "-out", str(d / "ca.pem"))
-    ext = d / "ext.cnf"
-    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for name in ("server", "client"):
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+    # the client is an OTel Collector of cluster "sec" (SPIFFE-style URI SAN); the node
+    # certificates name their node by URI SAN or by CN alone (docs/security.md)
+    certs = {
+        "server": ("server", "IP:127.0.0.1,DNS:localhost"),
+        "client": ("client", "URI:spiffe://test/cluster/sec/collector"),
+        "node1": ("ignored", "URI:spiffe://test/cluster/sec/node/n1"),
+        "cn": ("n1", "DNS:n1.example"),
+    }
+    for name, (cn, san) in certs.items():
+        ext = d / f"{name}.cnf"
+        ext.write_text(f"subjectAltName={san}\n")
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={cn}",
                  "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.csr"))
         _openssl("x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / "ca.pem"),
                  "-CAkey", str(d / "ca.key"), "-CAcreateserial", "-days", "2",
                  "-extfile", str(ext), "-out", str(d / f"{name}.pem"))
-    out = {k: str(d / k) for k in ("ca.pem", "server.pem", "server.key", "client.pem",
-                                   "client.key")}
-    for k in ("ca.pem", "client.pem", "client.key"):
-        out[k + ".bytes"] = (d / k).read_text()
+    out = {k: str(d / k) for k in ("ca.pem", "server.pem", "server.key")}
+    out["ca.pem.bytes"] = (d / "ca.pem").read_text()
+    for name in ("client", "node1", "cn"):
+        for ext_ in ("pem", "key"):
+            out[f"{name}.{ext_}"] = str(d / f"{name}.{ext_}")
+            out[f"{name}.{ext_}.bytes"] = (d / f"{name}.{ext_}").read_text()
     return out
 
 
@@ -190,3 +200,147 @@ async def test_forwarding_to_downstream_and_drop_oldest() -> None:
         assert "autorepair_forward_dropped_total" in m
     finally:
         await up.stop()
+
+
+# ------------------------------------------------------------------ identities (DESIGN §4.2)
+LOGS_EXPORT = "/opentelemetry.proto.collector.logs.v1.LogsService/Export"
+
+
+def fault(node: str, cluster: str = "sec") -> bytes:
+    from ingest.otlp import make_fault_request
+
+    return make_fault_request(cluster, node, kind="xid", code=79,
+                              body="NVRM: Xid (PCI:0000:3b:00): 79").SerializeToString()
+
+
+async def _metrics_text(svc: IngestService) -> str:
+    async with httpx.AsyncClient() as c:
+        return (await c.get(f"http://127.0.0.1:{svc.api_port}/metrics")).text
+
+
+def _rejected(text: str, transport: str, signal: str) -> float:
+    import re
+
+    m = re.search(rf'autorepair_otlp_rejected_total\{{reason="identity",signal="{signal}",'
+                  rf'transport="{transport}"\}} (\S+)', text)
+    return float(m.group(1)) if m else 0.0
+
+
+async def test_node_tokens_report_only_for_their_node(tmp_path: Path) -> None:
+    import hashlib
+
+    hashed = hashlib.sha256(b"tok-n2").hexdigest()
+    tokens = tmp_path / "tokens"
+    tokens.write_text("tok-n1 node sec/n1\n"
+                      f"sha256:{hashed} node sec/n2\n"
+                      "tok-col collector sec,sec2\n")
+    svc = IngestService(cfg(tokens_file=str(tokens)))
+    await svc.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.http_port}") as c:
+            def as_(tok: str) -> dict[str, str]:
+                return {**PB, "Authorization": f"Bearer {tok}"}
+
+            assert (await c.post("/v1/metrics", headers=as_("tok-n1"),
+                                 content=body("n1"))).status_code == 200
+            # forged: another node, the same node name in another cluster, a fault record
+            for path, content in (("/v1/metrics", body("n2")), ("/v1/metrics", body("n1", "x")),
+                                  ("/v1/logs", fault("n3"))):
+                r = await c.post(path, headers=as_("tok-n1"), content=content)
+                assert r.status_code == 403, (path, r.status_code)
+            assert "node sec/n1: may not report for node 'n3'" in \
+                (await c.post("/v1/logs", headers=as_("tok-n1"), content=fault("n3"))).text
+            # hashed token: its own node only; the hash itself is no credential
+            assert (await c.post("/v1/logs", headers=as_("tok-n2"),
+                                 content=fault("n2"))).status_code == 200
+            assert (await c.post("/v1/metrics", headers=as_(hashed),
+                                 content=body("n2"))).status_code == 401
+            # collector: any node of its clusters, none of another cluster
+            assert (await c.post("/v1/metrics", headers=as_("tok-col"),
+                                 content=body("n7", "sec2"))).status_code == 200
+            assert (await c.post("/v1/metrics", headers=as_("tok-col"),
+                                 content=body("n7", "prod"))).status_code == 403
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{svc.grpc_port}") as ch:
+            export = ch.unary_unary(EXPORT, request_serializer=None,
+                                    response_deserializer=None)
+            logs = ch.unary_unary(LOGS_EXPORT, request_serializer=None,
+                                  response_deserializer=None)
+            md = (("authorization", "Bearer tok-n1"),)
+            await export(body("n1"), metadata=md)
+            for call, content in ((export, body("n2")), (logs, fault("n2"))):
+                with pytest.raises(grpc.aio.AioRpcError) as ei:
+                    await call(content, metadata=md)
+                assert ei.value.code() == grpc.StatusCode.PERMISSION_DENIED
+                assert "may not report for node 'n2'" in (ei.value.details() or "")
+        nodes = {(n["cluster"], n["node"]) for n in svc.ingestor.snapshot()["nodes"]}
+        assert nodes == {("sec", "n1"), ("sec2", "n7")}
+        assert svc.ingestor.alerts_submitted == 1  # the n2 fault from n2's own token
+        text = await _metrics_text(svc)
+        assert _rejected(text, "http", "metrics") == 3
+        assert _rejected(text, "http", "logs") == 2
+        assert _rejected(text, "grpc", "metrics") == 1 and _rejected(text, "grpc", "logs") == 1
+    finally:
+        await svc.stop()
+
+
+async def test_mtls_identities_bind_the_node(pki: dict[str, str]) -> None:
+    import ssl
+
+    tls = TLSConfig(cert=pki["server.pem"], key=pki["server.key"], client_ca=pki["ca.pem"])
+    svc = IngestService(cfg(tls=tls))
+    await svc.start()
+    try:
+        url = f"https://127.0.0.1:{svc.http_port}/v1/metrics"
+        for cert, ok, forged in (("node1", body("n1"), [body("n2"), body("n1", "other")]),
+                                 ("cn", body("n1", "any-cluster"), [body("n2")])):
+            ctx = ssl.create_default_context(cafile=pki["ca.pem"])
+            ctx.load_cert_chain(pki[f"{cert}.pem"], pki[f"{cert}.key"])
+            async with httpx.AsyncClient(verify=ctx) as c:
+                assert (await c.post(url, headers=PB, content=ok)).status_code == 200, cert
+                for f in forged:
+                    assert (await c.post(url, headers=PB, content=f)).status_code == 403, cert
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=pki["ca.pem.bytes"].encode(),
+                private_key=pki[f"{cert}.key.bytes"].encode(),
+                certificate_chain=pki[f"{cert}.pem.bytes"].encode())
+            async with grpc.aio.secure_channel(f"127.0.0.1:{svc.grpc_port}", creds) as ch:
+                export = ch.unary_unary(EXPORT, request_serializer=None,
+                                        response_deserializer=None)
+                await export(ok, timeout=10)
+                with pytest.raises(grpc.aio.AioRpcError) as ei:
+                    await export(forged[0], timeout=10)
+                assert ei.value.code() == grpc.StatusCode.PERMISSION_DENIED, cert
+    finally:
+        await svc.stop()
+
+
+async def test_production_refuses_receivers_without_auth(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.delenv("AUTOREPAIR_INGEST_TOKENS", raising=False)
+    with pytest.raises(RuntimeError, match=r"ingest\.insecure_allow_unauthenticated: true"):
+        IngestService(cfg(), require_auth=True)
+    caplog.set_level("WARNING", logger="autorepair.ingest")
+    IngestService(cfg(insecure_allow_unauthenticated=True), require_auth=True)
+    assert any("INSECURE_RECEIVERS" in r.getMessage() for r in caplog.records)
+    tokens = tmp_path / "tokens"
+    tokens.write_text("t node sec/n1\n")
+    IngestService(cfg(tokens_file=str(tokens)), require_auth=True)  # authenticated: starts
+    monkeypatch.setenv("AUTOREPAIR_INGEST_TOKENS", "shared")
+    IngestService(cfg(), require_auth=True)
+
+
+@pytest.mark.parametrize(("line", "error"), [
+    ("tok admin sec/n1", "role 'admin' is not 'node' or 'collector'"),
+    ("tok node n1", "node identity 'n1' is not CLUSTER/NODE"),
+    ("tok node sec/a/b", "is not CLUSTER/NODE"),
+    ("sha256:abc node sec/n1", "64 hex digits"),
+    ("tok node", "expected 'TOKEN node CLUSTER/NODE'"),
+    ("tok collector ,", "names no cluster"),
+])
+def test_tokens_file_lines_are_checked(tmp_path: Path, line: str, error: str) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"# header\n{line}\n")
+    with pytest.raises(ValueError, match="line 2") as ei:
+        IngestService(cfg(tokens_file=str(tokens)))
+    assert error in str(ei.value) and "tok " not in str(ei.value)

@@ -266,3 +266,32 @@ async def test_sdk_log_exporters_fault_records_become_alerts(transport: str) -> 
         assert a.evidence_text == line and a.evidence["pid"] == 2211
     finally:
         await svc.stop()
+
+
+async def test_http_answers_are_not_held_back_by_delayed_acks(service: IngestService) -> None:
+    """Keep-alive requests from a blocking client (as agents send them) answer in a few ms
+    when the answer has a body (a ``partial_success``, the threshold API). The listeners'
+    sockets must get TCP_NODELAY: headers and body go out as two writes, and with Nagle the
+    body waits for the client's delayed ACK, 40 ms on Linux, on every such request."""
+    import time
+
+    from ingest.otlp import make_metrics_request
+
+    rejected = make_metrics_request("alpha", "nagle-0", 1.5).SerializeToString()  # > 1
+
+    def median_s(port: int, method: str, path: str, **kw: Any) -> float:
+        times = []
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as c:
+            for _ in range(21):
+                t0 = time.perf_counter()
+                r = c.request(method, path, **kw)
+                times.append(time.perf_counter() - t0)
+                assert r.status_code == 200 and r.content
+        return sorted(times)[10]
+
+    push = await asyncio.to_thread(median_s, service.http_port, "POST", "/v1/metrics",
+                                   content=rejected,
+                                   headers={"Content-Type": "application/x-protobuf"})
+    api = await asyncio.to_thread(median_s, service.api_port, "GET", "/api/v1/threshold",
+                                  params={"cluster_id": "alpha"})
+    assert push < 0.02 and api < 0.02, f"median round trips {push * 1e3:.1f} / {api * 1e3:.1f} ms"

@@ -155,3 +155,28 @@ def test_dev_stack_writes_operator_token_once(tmp_path: Path) -> None:
     assert stat.S_IMODE(tokens.stat().st_mode) == 0o600
     assert stack.ensure_api_tokens() == tokens
     assert (tmp_path / "operator.token").read_text() == token  # stable across restarts
+
+
+def test_dev_stack_writes_collector_token_once(tmp_path: Path) -> None:
+    import stat
+
+    from ingest.auth import load_identities
+    from workflows.config import ClusterConfig, IngestConfig
+
+    cfg = AutorepairConfig(clusters=[ClusterConfig(name="c1"), ClusterConfig(name="c2")])
+    stack = DevStack(config=cfg, data_dir=tmp_path, ports=_ports())
+    tokens = stack.ensure_ingest_tokens()
+    token = (tmp_path / "collector.token").read_text()
+    assert tokens.read_text() == f"{token} collector c1,c2\n" and len(token) >= 32
+    for path in (tokens, tmp_path / "collector.token"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stack.ensure_ingest_tokens() == tokens and stack.collector_token() == token
+    assert ("Collector token (OTLP)", str(tmp_path / "collector.token")) in stack.endpoints()
+    (_, _, ident), = load_identities(str(tokens))
+    assert ident.may_report("c2", "any-node") and not ident.may_report("other", "n")
+    # the environment of the ingest child points at it: the receivers require it
+    assert stack._env()["AUTOREPAIR__INGEST__TOKENS_FILE"] == str(tokens)
+    # an operator's own tokens file wins; no dev collector token then
+    own = DevStack(config=AutorepairConfig(ingest=IngestConfig(tokens_file="/etc/t")),
+                   data_dir=tmp_path / "own", ports=_ports())
+    assert own.ensure_ingest_tokens().as_posix() == "/etc/t" and own.collector_token() is None
