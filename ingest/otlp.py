@@ -84,7 +84,7 @@ MAX_KIND_LEN = 64
 
 REASONS = frozenset({
     "resource", "value", "timestamp", "state", "fault", "attributes", "too_many_resources",
-    "too_many_records", "identity",
+    "too_many_records", "identity", "nccl",
 })
 """Reason codes of rejected points / records (bounded: the ``reason`` label of
 ``autorepair_otlp_rejected_total``). ``resource``: no or bad node / cluster id;
@@ -92,7 +92,8 @@ REASONS = frozenset({
 future or older than the TTL; ``state``: unknown node state; ``fault``: malformed fault
 record; ``attributes``: attribute count, size or nesting over the limits;
 ``too_many_resources`` / ``too_many_records``: per-request caps; ``identity``: reported
-for a node the credential may not report for."""
+for a node the credential may not report for; ``nccl``: a malformed NCCL timing point
+(``ingest.nccl_wire``)."""
 
 
 @dataclass(frozen=True, slots=True)

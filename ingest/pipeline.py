@@ -229,11 +229,11 @@ class Ingestor:
             if not self.config.nccl.enabled:
                 d.ignored_metrics += len(getattr(m, m.WhichOneof("data") or "gauge").data_points)
                 continue
-            for cols in decode_nccl(m, d.reject):
+            for cols in decode_nccl(m, lambda why: d.reject("nccl", why)):
                 for reason, k in self.nccl.observe_batch(
                         res.cluster, res.node, cols.comm, cols.nranks, cols.seq, cols.rank,
                         cols.dur, cols.op_type, now):
-                    d.reject(reason, k)
+                    d.reject("nccl", reason, k)
         await self._nccl_alerts()
 
     async def _nccl_alerts(self) -> None:

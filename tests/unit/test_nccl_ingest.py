@@ -189,7 +189,7 @@ async def test_malformed_points_get_partial_success() -> None:
     for part in ("without nccl.rank", "nccl.rank: 7 outside [0, nranks 4)", "duration_ms: -2.0"):
         assert part in ps.error_message
     text = ing.metrics.render().decode()
-    assert 'autorepair_otlp_rejected_total{signal="metrics",transport="grpc"} 3.0' in text
+    assert 'autorepair_otlp_rejected_total{reason="nccl",signal="metrics",transport="grpc"} 3.0' in text
 
 
 async def test_disabled_engine_ignores_points() -> None:
