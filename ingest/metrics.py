@@ -3,7 +3,9 @@
 Each :class:`IngestMetrics` owns its own ``CollectorRegistry`` so several services in one
 process (tests) never collide. Names of DESIGN §4.5 are kept exactly; the extra series
 (``autorepair_otlp_rejected_total``, ``autorepair_alert_handoff_total``, …) are this
-service's own and documented here.
+service's own and documented here. ``autorepair_unknown_nodes_limited_total{cluster}`` and
+``autorepair_unknown_node_alerts_total{cluster}`` count alerts about nodes outside the
+inventory (:mod:`ingest.inventory`), labelled by configured cluster or ``other``.
 
 ``autorepair_repairs_total`` and ``autorepair_breaker_open`` belong to the repair path;
 they are registered here because DESIGN §4.5 serves every series on the API port's
@@ -166,6 +168,15 @@ class IngestMetrics:
         self.alert_handoff_total = Counter(
             "autorepair_alert_handoff_total", "Alert hand-off to Temporal by outcome",
             ["outcome"], registry=r)
+        # cluster label: a configured cluster or "other" (ingest.inventory.OTHER_CLUSTERS)
+        self.unknown_nodes_limited_total = Counter(
+            "autorepair_unknown_nodes_limited_total",
+            "Alerts about nodes outside the inventory dropped by the per-cluster start limit",
+            ["cluster"], registry=r)
+        self.unknown_node_alerts_total = Counter(
+            "autorepair_unknown_node_alerts_total",
+            "Alerts about nodes outside the inventory passed on as observations",
+            ["cluster"], registry=r)
         self.alert_queue_depth = Gauge("autorepair_alert_queue_depth",
                                        "Alerts waiting for hand-off", registry=r)
         self.forward_total = Counter("autorepair_forward_total",

@@ -30,6 +30,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 
 from ingest.forward import OtlpForwarder
 from ingest.handoff import AlertSink, HandoffQueueFull
+from ingest.inventory import NodeInventory, UnknownNodeGate
 from ingest.metrics import IngestMetrics
 from ingest.nccl import NcclEdge, NcclEngine
 from ingest.nccl_wire import decode_nccl
@@ -139,6 +140,11 @@ class Ingestor:
             expected_nodes={c.name: c.gpu_node_count for c in config.clusters},
         )
         self.nodes: dict[tuple[str, str], NodeInfo] = {}
+        #: Nodes of each cluster (config + scheduler lists, :meth:`NodeInventory.update`).
+        self.inventory = NodeInventory(config.clusters)
+        self.unknown_nodes = UnknownNodeGate(
+            self.inventory, burst=config.ingest.unknown_node_burst,
+            per_minute=config.ingest.unknown_nodes_per_minute)
         self.cluster_alerts: list[ClusterAlert] = []
         self.alerts_submitted = 0
         self.alerts_refused = 0
@@ -170,6 +176,21 @@ class Ingestor:
         )
 
     async def _submit(self, alert: Alert) -> None:
+        # A node outside the inventory is observed, not repaired, and the workflows
+        # started for such nodes are rate-limited per cluster (ingest.inventory).
+        gated = self.unknown_nodes.admit(alert, self.clock())
+        if gated is None:
+            label = self.unknown_nodes.label(alert.cluster)
+            self.metrics.unknown_nodes_limited_total.labels(label).inc()
+            n = self.unknown_nodes.limited[label]
+            if n & (n - 1) == 0:  # 1, 2, 4, 8, …: a flood cannot flood the log
+                log.warning("event=unknown_node_limited cluster=%s node=%s alert_id=%s "
+                            "dropped=%d", alert.cluster, alert.node, alert.alert_id, n)
+            return
+        if gated is not alert:
+            self.metrics.unknown_node_alerts_total.labels(
+                self.unknown_nodes.label(alert.cluster)).inc()
+            alert = gated
         if self.alert_sink is None:
             log.info("event=alert_no_sink cluster=%s node=%s kind=%s alert_id=%s",
                      alert.cluster, alert.node, alert.kind, alert.alert_id)

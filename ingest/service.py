@@ -11,6 +11,8 @@
   bearer tokens from ``ingest.tokens_file`` and ``$AUTOREPAIR_INGEST_TOKENS`` on the
   receivers; the admin token from ``ingest.admin_token_file`` / ``$AUTOREPAIR_ADMIN_TOKEN``.
 * The threshold recompute every ``threshold.push_interval_s`` seconds.
+* The node inventory (:mod:`ingest.inventory`) refreshed from ``inventory_source`` every
+  ``ingest.inventory_refresh_s`` seconds, first before the receivers start.
 * Alerts to ``alert_sink`` (started/stopped here when it is a managed sink), optional
   forwarding to ``ingest.forward_endpoint``.
 
@@ -45,6 +47,7 @@ from ingest.forward import OtlpForwarder
 from ingest.grpc_receiver import start_grpc_server
 from ingest.handoff import AlertSink, ManagedAlertSink
 from ingest.http_receiver import OtlpHttpApp, peercert_protocol
+from ingest.inventory import InventorySource
 from ingest.metrics import IngestMetrics
 from ingest.pipeline import Ingestor
 from ingest.repair_metrics import RepairMetricsPoller
@@ -53,6 +56,9 @@ from workflows.config import AutorepairConfig
 log = logging.getLogger("autorepair.ingest")
 
 LOOPBACK = "127.0.0.1"
+INVENTORY_TIMEOUT_S = 30.0
+"""Bound on one read of the schedulers' node lists, seconds (``scontrol`` gets 30 s in
+the Slurm watcher too)."""
 
 try:  # httptools is uvicorn's fast HTTP/1.1 parser (uvicorn[standard]); h11 otherwise.
     import httptools  # noqa: F401
@@ -106,6 +112,8 @@ class IngestService:
     ``require_auth``: refuse (``RuntimeError`` naming the settings) to serve the receivers
     without authentication unless ``ingest.insecure_allow_unauthenticated`` is set, which
     is then logged loudly (``autorepair ingest`` passes True; DESIGN §4.2).
+    ``inventory_source``: reads the schedulers' node lists (``None``: the inventory is
+    ``clusters[].nodes`` only).
     """
 
     def __init__(
@@ -117,8 +125,11 @@ class IngestService:
         routers: Sequence[APIRouter] = (),
         clock: Callable[[], float] | None = None,
         require_auth: bool = False,
+        inventory_source: InventorySource | None = None,
     ) -> None:
         self.config = config
+        self.inventory_source = inventory_source
+        self._inventory_task: asyncio.Task[None] | None = None
         cfg = config.ingest
         self.metrics = IngestMetrics()
         self.alert_sink = alert_sink
@@ -197,6 +208,9 @@ class IngestService:
         if self._started:
             return
         cfg = self.config.ingest
+        if self.inventory_source is not None:
+            await self.refresh_inventory()
+            self._inventory_task = asyncio.create_task(self._inventory_loop())
         if isinstance(self.alert_sink, ManagedAlertSink):
             await self.alert_sink.start()
         if self.forwarder is not None:
@@ -225,6 +239,26 @@ class IngestService:
             except Exception:
                 log.exception("event=threshold_compute_failed")
 
+    async def refresh_inventory(self, timeout_s: float = INVENTORY_TIMEOUT_S) -> bool:
+        """Read the schedulers' node lists once into the inventory; False (logged) when
+        the source failed or took longer than ``timeout_s`` (the previous lists stay)."""
+        if self.inventory_source is None:
+            return False
+        try:
+            lists = await asyncio.wait_for(self.inventory_source(), timeout_s)
+        except Exception as e:
+            log.warning("event=inventory_refresh_failed error=%s", type(e).__name__)
+            return False
+        self.ingestor.inventory.update(lists)
+        log.info("event=inventory_refreshed %s", " ".join(
+            f"{c}={self.ingestor.inventory.size(c)}" for c in sorted(lists)))
+        return True
+
+    async def _inventory_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.ingest.inventory_refresh_s)
+            await self.refresh_inventory()
+
     async def compute_now(self) -> None:
         """Run one recompute immediately (tests, operators)."""
         await self.ingestor.compute()
@@ -235,6 +269,10 @@ class IngestService:
             self._compute_task.cancel()
             await asyncio.gather(self._compute_task, return_exceptions=True)
             self._compute_task = None
+        if self._inventory_task is not None:
+            self._inventory_task.cancel()
+            await asyncio.gather(self._inventory_task, return_exceptions=True)
+            self._inventory_task = None
         if self._grpc is not None:
             await self._grpc.stop(grace=2.0)
             self._grpc = None
@@ -269,7 +307,8 @@ class IngestService:
 RoutersFactory = Callable[[Any], tuple[list[APIRouter], list[Callable[[], Awaitable[None]]]]]
 
 
-async def _serve(config: AutorepairConfig, routers_for: RoutersFactory | None = None) -> None:
+async def _serve(config: AutorepairConfig, routers_for: RoutersFactory | None = None,
+                 inventory_source: InventorySource | None = None) -> None:
     from temporalio.client import Client
     from temporalio.contrib.pydantic import pydantic_data_converter
 
@@ -293,7 +332,7 @@ async def _serve(config: AutorepairConfig, routers_for: RoutersFactory | None = 
     )
     routers, closers = routers_for(client) if routers_for is not None else ([], [])
     service = IngestService(config, sink, temporal_ready=temporal_ready, routers=routers,
-                            require_auth=True)
+                            require_auth=True, inventory_source=inventory_source)
     poller = RepairMetricsPoller(
         client, service.metrics,
         # configured clusters plus those admitted as metric labels: a bounded set however
@@ -322,12 +361,14 @@ async def _serve(config: AutorepairConfig, routers_for: RoutersFactory | None = 
             await close()
 
 
-def run_ingest(config: AutorepairConfig, routers_for: RoutersFactory | None = None) -> None:
+def run_ingest(config: AutorepairConfig, routers_for: RoutersFactory | None = None,
+               inventory_source: InventorySource | None = None) -> None:
     """Blocking entry point of ``autorepair ingest``: serve until SIGINT/SIGTERM.
 
     Connects lazily to Temporal at ``config.temporal.address`` (ingest starts and buffers
     alerts even while Temporal is down; ``/readyz`` reports it). ``routers_for`` adds API
     routers built on the Temporal client (the repair API). Raises ``RuntimeError``
-    naming the port field when a listener cannot bind.
+    naming the port field when a listener cannot bind. ``inventory_source`` reads the
+    schedulers' node lists (:mod:`ingest.inventory`).
     """
-    asyncio.run(_serve(config, routers_for))
+    asyncio.run(_serve(config, routers_for, inventory_source))

@@ -121,6 +121,18 @@ class IngestConfig(_Section):
     #: id outside ``clusters``, cohort) may take in Prometheus series; further fault kinds
     #: are counted as ``other``, further clusters' and cohorts' gauges are not exported.
     max_label_values: int = Field(64, gt=0)
+    #: NodeWorkflows started per cluster for nodes outside the inventory (``clusters[].nodes``
+    #: and the scheduler's node list): a token bucket of this many, refilled at
+    #: ``unknown_nodes_per_minute``. 32: one DGX SuperPOD scalable unit, so a whole new
+    #: unit whose agents report before the inventory lists it still gets its alerts
+    #: recorded; every cluster id outside ``clusters`` shares one bucket.
+    unknown_node_burst: int = Field(32, ge=0)
+    #: Refill rate of the unknown-node bucket, NodeWorkflows per minute (1: a forger
+    #: inventing names creates at most 1440 entities a day per cluster).
+    unknown_nodes_per_minute: float = Field(1.0, ge=0)
+    #: How often ``autorepair ingest`` re-reads each cluster's node list from its scheduler
+    #: (``scontrol show node`` / the Kubernetes node list), seconds.
+    inventory_refresh_s: float = Field(60.0, gt=0)
 
 
 class ThresholdConfig(_Section):
@@ -395,6 +407,38 @@ class ValidationConfig(_Section):
     ticket_webhook: str | None = None
 
 
+class AllowedDetector(_Section):
+    """A detector whose Kubernetes annotation requests are taken as repair requests."""
+
+    #: Repairs this detector may have in flight in the cluster (also bounded by
+    #: ``policy.rails.detector_cap`` for all detectors together).
+    cap: int = Field(1, ge=0)
+
+
+class DetectorsConfig(_Section):
+    """Which external detectors a cluster trusts (docs/detectors.md, docs/security.md).
+
+    Annotation requests name their detector themselves, and ``nodes/patch`` is held by many
+    cluster components (the kubelet for its own Node among them): a request is a repair
+    request only when its detector is listed in ``allowed``; any other is recorded as an
+    observed alert for an operator to act on.
+    """
+
+    #: Detector name → its settings. Empty (the default): no annotation opens a repair.
+    allowed: dict[str, AllowedDetector] = Field(default_factory=dict)
+    #: Repairs in flight per detector not listed in ``allowed`` (repair-API detectors, who
+    #: authenticate with a token): one, so no single detector takes the cluster's whole
+    #: ``policy.rails.detector_cap``.
+    default_cap: int = Field(1, ge=0)
+
+    def cap_of(self, detector: str) -> tuple[int, str]:
+        """``(cap, config key that set it)`` of ``detector`` in this cluster."""
+        entry = self.allowed.get(detector)
+        if entry is not None:
+            return entry.cap, f"detectors.allowed.{detector}.cap"
+        return self.default_cap, "detectors.default_cap"
+
+
 class ClusterConfig(_Section):
     """A cluster: its scheduler, its GPU nodes and how to reach them."""
 
@@ -422,6 +466,8 @@ class ClusterConfig(_Section):
     spares: list[str] = Field(default_factory=list)
     #: Machine re-validation (DESIGN §1 step 5).
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
+    #: External detectors this cluster trusts, and their caps.
+    detectors: DetectorsConfig = Field(default_factory=DetectorsConfig)
 
     @property
     def gpu_node_count(self) -> int:

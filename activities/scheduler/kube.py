@@ -325,6 +325,16 @@ class KubeScheduler:
             uncordoned=bool(state.get("uncordoned")), kept_reason=state.get("kept", "")
         )
 
+    async def node_names(self) -> list[str]:
+        """Names of every Node of the cluster (its inventory). Raises ``ApiException``
+        (or a non-retryable ``ERR_AUTH`` when the API refuses access)."""
+        api = await self._api()
+        try:
+            nodes = await api.list_node()
+        except ApiException as e:
+            raise self._classify(e, "*") from e
+        return sorted(n.metadata.name for n in nodes.items)
+
     async def node_health(self, node: str) -> NodeHealth:
         """Ready condition, ``[Ready|NotReady, SchedulingDisabled?]``, bootID."""
         n = await self._read(node)

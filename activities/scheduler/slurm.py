@@ -473,6 +473,12 @@ class SlurmScheduler:
             reason=n.reason,
         )
 
+    async def node_names(self) -> list[str]:
+        """Names of every node ``scontrol show node`` lists (the cluster's inventory).
+        Raises :class:`SlurmCommandError` when the command fails."""
+        _, out, _ = await self._run("scontrol", "show", "node")
+        return sorted(parse_scontrol_show_node(out))
+
     async def close(self) -> None:
         """Nothing to release (commands are one-shot)."""
         return None

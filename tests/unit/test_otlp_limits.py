@@ -149,7 +149,8 @@ def _series(text: str, name: str) -> list[str]:
 
 
 async def test_fault_kinds_never_become_unbounded_labels() -> None:
-    cfg = AutorepairConfig(ingest=IngestConfig(max_label_values=5))
+    # 301 made-up nodes: a bucket big enough that the unknown-node limit drops none
+    cfg = AutorepairConfig(ingest=IngestConfig(max_label_values=5, unknown_node_burst=301))
     ing = Ingestor(cfg, clock=lambda: NOW)
     for i in range(300):
         req = make_fault_request("c", f"n{i}", kind=f"made_up_{i}", body="x")

@@ -1,0 +1,172 @@
+"""Which nodes a cluster has, and what happens to alerts about nodes it does not have.
+
+A fault report names its node itself (``host.name``). An authenticated collector can name
+any node of its clusters, and a compromised one can invent names; each new name would
+start a ``NodeWorkflow`` (``node/{cluster}/{node}``) and, with the catalogue's action, a
+repair recommendation. So ingest checks every alert against the **inventory**:
+
+* :class:`NodeInventory`: per cluster, the nodes of ``clusters[].nodes`` plus the node
+  list its scheduler reported last (``scontrol show node`` / the Kubernetes node list,
+  refreshed every ``ingest.inventory_refresh_s`` by ``autorepair ingest``).
+* :class:`UnknownNodeGate`: an alert about a node outside the inventory is **observed,
+  not repaired** — passed on with ``actionable=False``, ``action=none`` and
+  ``evidence["inventory"] = "unknown"`` — and the ``NodeWorkflow``\\ s started for such
+  nodes are rate-limited per cluster by a token bucket (``ingest.unknown_node_burst``,
+  ``ingest.unknown_nodes_per_minute``). An alert that finds the bucket empty is dropped
+  and counted (``autorepair_unknown_nodes_limited_total{cluster}``); alerts for an unknown
+  node already let through pass without taking a token (its workflow exists).
+
+Bounded memory whatever senders make up: one bucket per configured cluster plus one
+shared by every other cluster id (label :data:`OTHER_CLUSTERS`), and at most
+:data:`MAX_ADMITTED` unknown nodes remembered (least recently seen forgotten first; a
+forgotten node takes a token again).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from workflows.config import ClusterConfig
+from workflows.models import Action, Alert
+
+log = logging.getLogger("autorepair.ingest.inventory")
+
+OTHER_CLUSTERS = "other"
+"""Bucket and metric label of every cluster id outside ``clusters`` (bounded labels)."""
+MAX_ADMITTED = 10_000
+"""Unknown nodes remembered as already started (an entry is ~200 bytes: ~2 MB at most)."""
+UNKNOWN = "unknown"
+"""``Alert.evidence["inventory"]`` of an alert about a node outside the inventory."""
+
+#: Reads the schedulers' node lists: ``{cluster: node names}`` for every cluster it could
+#: read (a cluster missing from the answer keeps its previous list). ``autorepair ingest``
+#: passes ``workers.inventory.scheduler_inventory``; ingest itself does no scheduler I/O.
+InventorySource = Callable[[], Awaitable[Mapping[str, Iterable[str]]]]
+
+
+class NodeInventory:
+    """Nodes of each cluster: ``clusters[].nodes`` plus the scheduler's last node list.
+
+    ``clusters``: the configured clusters. A cluster id outside them has no nodes.
+    """
+
+    def __init__(self, clusters: Iterable[ClusterConfig]) -> None:
+        self._configured: dict[str, frozenset[str]] = {
+            c.name: frozenset(n.name for n in c.nodes) for c in clusters}
+        self._listed: dict[str, frozenset[str]] = {}
+
+    @property
+    def clusters(self) -> frozenset[str]:
+        """Names of the configured clusters."""
+        return frozenset(self._configured)
+
+    def replace(self, cluster: str, nodes: Iterable[str]) -> None:
+        """Take ``nodes`` as the scheduler's current node list of ``cluster`` (replacing
+        the previous one). A cluster outside the configuration is ignored."""
+        if cluster in self._configured:
+            self._listed[cluster] = frozenset(nodes)
+
+    def update(self, lists: Mapping[str, Iterable[str]]) -> None:
+        """:meth:`replace` for every cluster in ``lists`` (clusters absent keep theirs)."""
+        for cluster, nodes in lists.items():
+            self.replace(cluster, nodes)
+
+    def known(self, cluster: str, node: str) -> bool:
+        """True when ``node`` is configured in ``cluster`` or its scheduler lists it."""
+        return node in self._configured.get(cluster, ()) or node in self._listed.get(
+            cluster, ())
+
+    def size(self, cluster: str) -> int:
+        """Nodes known in ``cluster`` (configured and listed together)."""
+        return len(self._configured.get(cluster, frozenset()) | self._listed.get(
+            cluster, frozenset()))
+
+
+@dataclass(slots=True)
+class TokenBucket:
+    """``capacity`` tokens, refilled at ``rate_per_s``; :meth:`take` spends one.
+
+    Times are seconds on any monotonic-enough clock (the caller's)."""
+
+    capacity: float
+    rate_per_s: float
+    tokens: float
+    last: float
+
+    def take(self, now: float) -> bool:
+        """Spend one token if there is one (after refilling up to ``now``)."""
+        if now > self.last:
+            self.tokens = min(self.capacity, self.tokens + (now - self.last) * self.rate_per_s)
+            self.last = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+
+class UnknownNodeGate:
+    """Observed-only handling and the per-cluster start limit of unknown nodes (see the
+    module docstring).
+
+    ``burst``: bucket capacity (``ingest.unknown_node_burst``); ``per_minute``: refill
+    (``ingest.unknown_nodes_per_minute``). ``limited`` counts dropped alerts and
+    ``observed`` the alerts passed on as observations, by cluster label.
+    """
+
+    def __init__(self, inventory: NodeInventory, *, burst: int, per_minute: float,
+                 max_admitted: int = MAX_ADMITTED) -> None:
+        self.inventory = inventory
+        self.burst = burst
+        self.rate_per_s = per_minute / 60.0
+        self.max_admitted = max_admitted
+        self._buckets: dict[str, TokenBucket] = {}
+        self._admitted: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self.limited: dict[str, int] = {}
+        self.observed: dict[str, int] = {}
+
+    def label(self, cluster: str) -> str:
+        """Bucket / metric label of ``cluster``: its name when configured, else
+        :data:`OTHER_CLUSTERS`."""
+        return cluster if cluster in self.inventory.clusters else OTHER_CLUSTERS
+
+    def _bucket(self, label: str, now: float) -> TokenBucket:
+        b = self._buckets.get(label)
+        if b is None:
+            b = self._buckets[label] = TokenBucket(float(self.burst), self.rate_per_s,
+                                                   float(self.burst), now)
+        return b
+
+    def admit(self, alert: Alert, now: float) -> Alert | None:
+        """``alert`` unchanged for a known node; an observed copy for an unknown node
+        whose workflow may start (or already did); ``None`` when the cluster's bucket is
+        empty (the caller drops the alert and counts it)."""
+        if self.inventory.known(alert.cluster, alert.node):
+            return alert
+        key = (alert.cluster, alert.node)
+        label = self.label(alert.cluster)
+        if key in self._admitted:
+            self._admitted.move_to_end(key)
+        elif self._bucket(label, now).take(now):
+            self._admitted[key] = None
+            if len(self._admitted) > self.max_admitted:
+                self._admitted.popitem(last=False)
+            log.warning("event=unknown_node_admitted cluster=%s node=%s", alert.cluster,
+                        alert.node)
+        else:
+            self.limited[label] = self.limited.get(label, 0) + 1
+            return None
+        self.observed[label] = self.observed.get(label, 0) + 1
+        return observed(alert)
+
+
+def observed(alert: Alert) -> Alert:
+    """``alert`` as an observation: not actionable, action ``none``, marked
+    ``evidence["inventory"] = "unknown"`` (DESIGN §1 rule zero: no repair without a
+    trusted failed check; a node outside the inventory is not trusted)."""
+    return alert.model_copy(update={
+        "actionable": False, "action": Action.none,
+        "evidence": {**alert.evidence, "inventory": UNKNOWN},
+    })
