@@ -15,12 +15,19 @@ import httpx
 import pytest
 from temporalio import workflow
 from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from ingest.handoff import HandoffQueueFull, TemporalAlertSink
 from ingest.otlp import make_fault_request, make_metrics_request
 from ingest.service import IngestService
-from workflows.config import AutorepairConfig, IngestConfig, ThresholdConfig
+from workflows.config import (
+    AutorepairConfig,
+    ClusterConfig,
+    IngestConfig,
+    NodeConfig,
+    ThresholdConfig,
+)
 from workflows.models import Alert, AlertDelivery, AlertOutcome, NodeInput
 from workflows.protocol import NODE_UPDATE_DELIVER_ALERT, workflow_id_node
 
@@ -167,3 +174,47 @@ async def test_full_handoff_queue_answers_503(client: Client, queue: str) -> Non
         assert sink.counts["queue_full"] >= 2
     finally:
         await asyncio.wait_for(svc.stop(), timeout=15)
+
+
+async def test_unknown_nodes_are_observed_and_their_workflows_rate_limited(
+    client: Client, queue: str
+) -> None:
+    """A node outside the inventory gets an observed alert (no repair action); beyond the
+    cluster's bucket no NodeWorkflow starts for further made-up names, and the drop is
+    counted on /metrics."""
+    cluster = f"inv-{uuid.uuid4().hex[:6]}"
+    config = AutorepairConfig(
+        ingest=IngestConfig(host="127.0.0.1", otlp_grpc_port=0, otlp_http_port=0, api_port=0,
+                            admin_port=0, unknown_node_burst=1, unknown_nodes_per_minute=0.001),
+        threshold=ThresholdConfig(push_interval_s=3600),
+        clusters=[ClusterConfig(name=cluster, nodes=[NodeConfig(name="gpu-01")])],
+    )
+    sink = TemporalAlertSink(client, queue)
+    svc = IngestService(config, sink)
+    line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus."
+    async with Worker(client, task_queue=queue, workflows=[FakeNodeWorkflow]):
+        await svc.start()
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.http_port}") as c:
+                for node in ("gpu-01", "gpu-66", "gpu-67"):
+                    body = make_fault_request(cluster, node, kind="xid", code=79,
+                                              gpu="0000:3b:00.0", body=line,
+                                              time_ns=1_700_000_000 * 10**9)
+                    r = await c.post("/v1/logs", headers=PB, content=body.SerializeToString())
+                    assert r.status_code == 200, r.content
+            (known,) = await delivered(client, cluster, "gpu-01", 1)
+            assert known.actionable and known.action.value == "power_cycle"
+            (unknown,) = await delivered(client, cluster, "gpu-66", 1)
+            assert not unknown.actionable and unknown.action.value == "none"
+            assert unknown.evidence["inventory"] == "unknown"
+            with pytest.raises(RPCError) as e:
+                await client.get_workflow_handle(workflow_id_node(cluster, "gpu-67")).describe()
+            assert e.value.status == RPCStatusCode.NOT_FOUND
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.api_port}") as c:
+                text = (await c.get("/metrics")).text
+            assert f'autorepair_unknown_nodes_limited_total{{cluster="{cluster}"}} 1.0' in text
+            assert f'autorepair_unknown_node_alerts_total{{cluster="{cluster}"}} 1.0' in text
+        finally:
+            await svc.stop()
+            for node in ("gpu-01", "gpu-66"):
+                await client.get_workflow_handle(workflow_id_node(cluster, node)).terminate()
