@@ -8,9 +8,12 @@ API app (:func:`build_api_app`):
   (DESIGN §4.3); before quorum ``threshold`` is 0 and ``quorum_met`` false; an unknown
   cluster gets that cold-start shape too. ``cluster_id`` missing → 422 naming the field.
 * ``GET /api/v1/state[?cluster_id=C]`` → read-only snapshot (scores, thresholds,
-  stragglers, cluster alerts; no credentials) for ``autorepair status``.
-* ``GET /healthz`` → 200 ``{"status": "ok"}`` while the process serves.
-* ``GET /readyz`` → 200 once the first threshold computation ran and Temporal is reachable,
+  stragglers, cluster alerts; no credentials) for ``autorepair status``. Needs
+  ``Authorization: Bearer <token of api.tokens_file>`` (any role: viewer, detector and
+  operator may all read): the node list, machine ids and scores map the fleet for whoever
+  reads them. 401 without a valid token or when no API token is configured.
+* ``GET /healthz`` (open, for probes) → 200 ``{"status": "ok"}`` while the process serves.
+* ``GET /readyz`` (open, for probes) → 200 once the first threshold computation ran and Temporal is reachable,
   else 503; body names each condition.
 * ``GET /metrics`` → Prometheus text exposition of the service registry (DESIGN §4.5).
 
@@ -40,8 +43,14 @@ def build_api_app(
     *,
     routers: Sequence[APIRouter] = (),
     title: str = "autorepair",
+    state_auth: TokenCheck | None = None,
 ) -> FastAPI:
-    """The FastAPI app of port 8080 (routes in the module docstring) plus ``routers``."""
+    """The FastAPI app of port 8080 (routes in the module docstring) plus ``routers``.
+
+    ``state_auth``: the API tokens (``api.tokens_file``) that may read ``/api/v1/state``;
+    ``None`` or no token: the snapshot answers 401 to everyone.
+    """
+    auth = state_auth or TokenCheck(())
     app = FastAPI(title=title, docs_url="/api/docs", openapi_url="/api/openapi.json")
     app.state.ingestor = ingestor
 
@@ -52,8 +61,16 @@ def build_api_app(
     ) -> dict[str, Any]:
         return ingestor.threshold_view(cluster_id, cohort)
 
-    @app.get("/api/v1/state")
-    async def state(cluster_id: str | None = Query(None, max_length=253)) -> dict[str, Any]:
+    @app.get("/api/v1/state", response_model=None)
+    async def state(
+        request: Request, cluster_id: str | None = Query(None, max_length=253),
+    ) -> dict[str, Any] | JSONResponse:
+        if not auth.check_header(request.headers.get("authorization")):
+            detail = ("missing or invalid bearer token (a token of api.tokens_file)"
+                      if auth.enabled else "api.tokens_file is not configured; "
+                      "/api/v1/state needs a viewer token")
+            return JSONResponse({"detail": detail}, status_code=401,
+                                headers={"WWW-Authenticate": "Bearer"})
         return ingestor.snapshot(cluster_id)
 
     @app.get("/healthz")

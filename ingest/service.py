@@ -157,7 +157,11 @@ class IngestService:
                         "node (and, with automatic repairs, power-cycle it)")
         self.admin_auth = TokenCheck(tuple(load_tokens(cfg.admin_token_file, ADMIN_TOKEN_ENV)))
         self.ssl_context: ssl.SSLContext | None = server_ssl_context(cfg.tls)
-        self.api_app: FastAPI = build_api_app(self.ingestor, routers=routers)
+        # /api/v1/state: any token of the repair API's tokens file (every role may read)
+        self.api_auth = TokenCheck(tuple(load_tokens(
+            config.api.tokens_file or config.secrets.api_tokens_file)))
+        self.api_app: FastAPI = build_api_app(self.ingestor, routers=routers,
+                                              state_auth=self.api_auth)
         self.admin_app: FastAPI = build_admin_app(self.ingestor, self.admin_auth)
         self.http_app = OtlpHttpApp(self.ingestor, auth=self.receiver_auth)
         self.grpc_port = 0

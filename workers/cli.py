@@ -255,11 +255,14 @@ def validate(
     reason: Annotated[str, typer.Option("--reason")] = "operator request",
     api: Annotated[str, typer.Option("--api", help="HTTP API (to find the cluster)")] = (
         ops.DEFAULT_API),
+    token: Token = None,
+    data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
     as_json: AsJson = False,
 ) -> None:
     """Start a ValidationWorkflow for MACHINE."""
     cfg = _load(config)
-    cluster = cluster or ops.resolve_cluster(cfg, machine, api)
+    cluster = cluster or ops.resolve_cluster(cfg, machine, api,
+                                             ops.resolve_token(token, data_dir))
     wf_id = ops.run_async(ops.start_validation(
         temporal_address or cfg.temporal.address, cfg.temporal.namespace,
         cfg.temporal.task_queue, cluster, machine, by, reason))

@@ -202,8 +202,9 @@ def repairs_decide(verb: str, api: str, auth: ApiToken, as_json: bool, repair_id
 # ------------------------------------------------------------------------ status
 def status_doc(api: str, auth: ApiToken, cluster: str | None) -> dict[str, Any]:
     """``{"state": GET /api/v1/state, "alerts": recent alerts, "repairs": recent repairs}``
-    (alerts and repairs need a token; empty without one)."""
-    state = _call("GET", api, "/api/v1/state", None, params={"cluster_id": cluster})
+    (every one needs a token of any role; exits 1 with where the token was looked for
+    when it is refused)."""
+    state = _call("GET", api, "/api/v1/state", auth, params={"cluster_id": cluster})
     repairs: list[dict[str, Any]] = []
     alerts: list[dict[str, Any]] = []
     if auth.token:
@@ -255,12 +256,10 @@ def status_tables(doc: dict[str, Any]) -> Table:
 def status_command(api: str, auth: ApiToken, as_json: bool, watch: bool,
                    cluster: str | None, interval_s: float = 2.0) -> None:
     """``autorepair status``: print once, or refresh every ``interval_s`` with ``watch``.
-    Without a token the tables show no alerts or repairs, and stderr says why."""
+    Without a token the API answers 401 and stderr says where the token was looked for."""
     if as_json:
         typer.echo(json.dumps(status_doc(api, auth, cluster), indent=2))
         return
-    if auth.token is None:
-        _err.print(f"note: alerts and repairs left out: {auth.help_401()}")
     if not watch:
         _out.print(status_tables(status_doc(api, auth, cluster)))
         return
@@ -273,10 +272,11 @@ def status_command(api: str, auth: ApiToken, as_json: bool, watch: bool,
             pass
 
 
-def resolve_cluster(cfg: Any, machine: str, api: str) -> str:
+def resolve_cluster(cfg: Any, machine: str, api: str, auth: ApiToken | None = None) -> str:
     """Cluster of ``machine``: the only configured cluster, or the configured cluster that
     lists it as a node or machine, else the cluster whose agents report a node of that
-    name to the ingest API. Exits 2 naming the machine when none or several match."""
+    name to the ingest API (read with ``auth``: ``/api/v1/state`` needs a token). Exits 2
+    naming the machine when none or several match."""
     clusters = [c for c in cfg.clusters
                 if any(machine in (n.name, n.machine) for n in c.nodes) or machine in c.spares]
     if not clusters and len(cfg.clusters) == 1:
@@ -284,7 +284,7 @@ def resolve_cluster(cfg: Any, machine: str, api: str) -> str:
     names = sorted({c.name for c in clusters})
     if not names:
         try:
-            state = _call("GET", api, "/api/v1/state", None)
+            state = _call("GET", api, "/api/v1/state", auth)
             names = sorted({n["cluster"] for n in state.get("nodes", []) if n["node"] == machine})
         except typer.Exit:
             names = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+from fastapi import APIRouter
 
 from ingest.otlp import make_metrics_request
 from ingest.service import IngestService
@@ -344,3 +346,57 @@ def test_tokens_file_lines_are_checked(tmp_path: Path, line: str, error: str) ->
     with pytest.raises(ValueError, match="line 2") as ei:
         IngestService(cfg(tokens_file=str(tokens)))
     assert error in str(ei.value) and "tok " not in str(ei.value)
+
+
+async def test_state_needs_an_api_token_probes_stay_open(tmp_path: Path) -> None:
+    """``/api/v1/state`` maps the fleet: any token of api.tokens_file (viewer and up) reads
+    it, nobody else; ``/healthz`` and ``/readyz`` answer probes without a token; the CLI's
+    ``status`` sends the dev stack's operator token."""
+    from typer.testing import CliRunner
+
+    from workers.cli import app
+
+    api_tokens = tmp_path / "api-tokens"
+    api_tokens.write_text("view-1 viewer bob\nop-1 operator alice\n")
+    config = cfg()
+    config.api.tokens_file = str(api_tokens)
+    # stand-ins for the repair API's read routes, which `status` also calls
+    reads = APIRouter(prefix="/api/v1")
+    reads.get("/repairs")(lambda: {"repairs": []})
+    reads.get("/alerts")(lambda: {"alerts": []})
+    svc = IngestService(config, routers=[reads])
+    unconfigured = IngestService(cfg())
+    await svc.start()
+    await unconfigured.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.api_port}") as c:
+            await c.get("/api/v1/threshold", params={"cluster_id": "sec"})
+            r = await c.get("/api/v1/state")
+            assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+            assert "bearer token" in r.json()["detail"]
+            bad = await c.get("/api/v1/state", headers={"Authorization": "Bearer view-2"})
+            assert bad.status_code == 401
+            for tok in ("view-1", "op-1"):
+                r = await c.get("/api/v1/state", headers={"Authorization": f"Bearer {tok}"})
+                assert r.status_code == 200 and "nodes" in r.json()
+            assert (await c.get("/healthz")).status_code == 200
+            assert (await c.get("/readyz")).status_code == 200
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{unconfigured.api_port}") as c:
+            r = await c.get("/api/v1/state", headers={"Authorization": "Bearer view-1"})
+            assert r.status_code == 401 and "api.tokens_file" in r.json()["detail"]
+        data = tmp_path / "data"
+        data.mkdir()
+        (data / "operator.token").write_text("op-1\n")
+        url = f"http://127.0.0.1:{svc.api_port}"
+        env: dict[str, str | None] = {"AUTOREPAIR_TOKEN": None, "COLUMNS": "200"}
+        r = await asyncio.to_thread(CliRunner().invoke, app, [
+            "status", "--api", url, "--data-dir", str(tmp_path / "nowhere"), "--json"],
+            env=env)
+        assert r.exit_code == 1 and "HTTP 401" in r.output and "no API token" in r.output
+        r = await asyncio.to_thread(CliRunner().invoke, app, [
+            "status", "--api", url, "--data-dir", str(data), "--json"], env=env)
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.output)["state"]["nodes"] == []
+    finally:
+        await svc.stop()
+        await unconfigured.stop()
