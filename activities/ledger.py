@@ -419,15 +419,19 @@ class Ledger:
         )
         return ClaimResult(repair_id=str(existing), created=False)
 
-    async def count_detector_repairs(self, cluster: str, open_only: bool = True) -> int:
-        """Detector-requested repairs of the cluster (in flight only when ``open_only``)."""
+    async def count_detector_repairs(self, cluster: str, open_only: bool = True,
+                                     detector: str | None = None) -> int:
+        """Detector-requested repairs of the cluster (in flight only when ``open_only``; of
+        ``detector`` only when given)."""
         terminal = ("succeeded", "failed", "rejected", "cancelled", "auto_resolved", "timed_out")
         val = await self._db.fetchval(
             """SELECT count(*) FROM repairs WHERE cluster = $1 AND requester_kind = 'detector'
-               AND (NOT $2 OR stage <> ALL($3::text[]))""",
+               AND (NOT $2 OR stage <> ALL($3::text[]))
+               AND ($4::text IS NULL OR detector = $4)""",
             cluster,
             open_only,
             list(terminal),
+            detector,
         )
         return int(val or 0)
 

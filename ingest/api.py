@@ -13,8 +13,8 @@ API app (:func:`build_api_app`):
   operator may all read): the node list, machine ids and scores map the fleet for whoever
   reads them. 401 without a valid token or when no API token is configured.
 * ``GET /healthz`` (open, for probes) → 200 ``{"status": "ok"}`` while the process serves.
-* ``GET /readyz`` (open, for probes) → 200 once the first threshold computation ran and Temporal is reachable,
-  else 503; body names each condition.
+* ``GET /readyz`` (open, for probes) → 200 once the first threshold computation ran and
+  Temporal is reachable, else 503; body names each condition.
 * ``GET /metrics`` → Prometheus text exposition of the service registry (DESIGN §4.5).
 
 Other modules add routes (the repair API of ``workers/``) by passing ``routers`` or calling

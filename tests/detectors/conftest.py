@@ -96,6 +96,8 @@ async def start_stack(config: AutorepairConfig, pool: Any, env: Any, tokens: Pat
 @pytest.fixture
 async def stack(cluster_name: str, ledger_pool: Any, temporal_dev_env: Any,
                 tokens_file: Path) -> AsyncIterator[Stack]:
-    async for s in start_stack(make_config(cluster_name, detector_cap=2), ledger_pool,
-                               temporal_dev_env, tokens_file):
+    # the token's detector may hold the whole cluster cap: the cluster cap is what bites
+    cfg = make_config(cluster_name, detector_cap=2,
+                      detectors={"allowed": {"scanner": {"cap": 2}}})
+    async for s in start_stack(cfg, ledger_pool, temporal_dev_env, tokens_file):
         yield s

@@ -8,6 +8,8 @@ import asyncio
 from typing import Any
 
 from tests.detectors.conftest import Stack
+from workers.repairs.models import RepairCreate
+from workflows.models import Requester, RequesterKind
 
 OP = {"Authorization": "Bearer op-token"}
 DET = {"Authorization": "Bearer det-token"}
@@ -166,6 +168,30 @@ async def test_detector_cap_refused_and_recorded(stack: Stack) -> None:
                      headers=OP)
     assert r.status_code == 201 and not r.json()["refused"]
     assert r.json()["repair"]["requester_kind"] == "user"
+
+
+async def test_one_detector_cannot_take_the_cluster_cap_from_the_others(
+    stack: Stack
+) -> None:
+    """Per-detector caps below the per-cluster cap (2 here): a detector the cluster does
+    not list gets ``detectors.default_cap`` (1), the listed ``scanner`` its own."""
+    noisy = Requester(kind=RequesterKind.detector, name="noisy")
+    first = await stack.intake.create(RepairCreate(node="gpu-01", request_id="n-1",
+                                                   mode="reboot", reason="r"), noisy)
+    assert not first.refused
+    second = await stack.intake.create(RepairCreate(node="gpu-02", request_id="n-2",
+                                                    mode="reboot", reason="r"), noisy)
+    assert second.refused and "per-detector cap" in second.refused_reason
+    assert f"clusters[{stack.cluster}].detectors.default_cap=1" in second.refused_reason
+    assert second.repair.stage == "rejected" and second.repair.workflow_id is None
+    # the cluster has room for one more: another detector gets it
+    r = await stack.http.post("/api/v1/repairs", json=body(node="gpu-03", request_id="s-1"),
+                              headers=DET)
+    assert r.status_code == 201 and not r.json()["refused"]
+    # and now the cluster cap is what refuses, whoever asks
+    r = await stack.http.post("/api/v1/repairs", json=body(node="gpu-04", request_id="s-2"),
+                              headers=DET)
+    assert r.json()["refused"] and "policy.rails.detector_cap=2" in r.json()["refused_reason"]
 
 
 async def test_racing_creates_make_one_repair(stack: Stack) -> None:

@@ -17,6 +17,7 @@ import pytest
 from ingest.handoff import TemporalAlertSink
 from tests.detectors.conftest import NODES, Stack, make_config, start_stack
 from workers.devpeers import RedfishEmulator, SlurmCluster
+from workers.repairs.models import RepairCreate
 from workers.watchers.kube import (
     REQUEST_ANNOTATION,
     REQUEST_LABEL,
@@ -26,7 +27,7 @@ from workers.watchers.kube import (
 )
 from workers.watchers.slurm import SlurmWatcher
 from workflows.config import BmcConfig
-from workflows.models import Action, Alert, AlertDelivery, AlertOutcome
+from workflows.models import Action, Alert, AlertDelivery, AlertOutcome, Requester, RequesterKind
 
 
 class DeliveringSink:
@@ -91,7 +92,8 @@ async def test_slurm_admin_drain_is_observed_not_repaired(
 async def kube_stack(kube_api: Any, redfish_emulator: RedfishEmulator, bmc_secrets_file: Path,
                      ledger_pool: Any, temporal_dev_env: Any, tokens_file: Path
                      ) -> AsyncIterator[tuple[Stack, Any, KubeWatcher, DeliveringSink]]:
-    cfg = make_config("k-" + uuid.uuid4().hex[:8], detector_cap=1, scheduler="kubernetes")
+    cfg = make_config("k-" + uuid.uuid4().hex[:8], detector_cap=1, scheduler="kubernetes",
+                      detectors={"allowed": {"dcgm-scanner": {"cap": 2}}})
     c = cfg.clusters[0]
     for n in c.nodes:
         n.bmc = BmcConfig(address=redfish_emulator.url, system_id=redfish_emulator.systems[n.name],
@@ -106,8 +108,9 @@ async def kube_stack(kube_api: Any, redfish_emulator: RedfishEmulator, bmc_secre
         yield s, kube_api, w, sink
 
 
-def request(kube_api: Any, node: str, mode: str, request_id: str) -> None:
-    doc = {"detector": "dcgm-scanner", "request_id": request_id, "mode": mode,
+def request(kube_api: Any, node: str, mode: str, request_id: str,
+            detector: str = "dcgm-scanner") -> None:
+    doc = {"detector": detector, "request_id": request_id, "mode": mode,
            "detected_at": "2026-01-05T10:00:00Z", "reason": "DCGM diag r3 failed on GPU 3"}
     kube_api.server.objects[kmock_nodes(), None, node].patch(
         {"metadata": {"labels": {REQUEST_LABEL: "true"},
@@ -179,6 +182,37 @@ async def test_annotation_exactly_one_repair_cap_and_remove(
         assert again["repair_id"] == r2["repair_id"] and again["stage"] == "rejected"
     rows = await s.ledger.list_repairs(cluster=s.cluster)
     assert sorted(r["node"] for r in rows) == ["gpu-01", "gpu-02", "gpu-03"]
+
+
+async def test_annotation_from_a_detector_not_allowed_is_observed_only(
+    kube_stack: tuple[Stack, Any, KubeWatcher, DeliveringSink]
+) -> None:
+    """Whoever holds nodes/patch (here: a kubelet writing on its own Node, naming itself)
+    opens no repair: the request becomes an observed alert for an operator."""
+    s, kube, w, _ = kube_stack
+    for _ in range(2):  # re-asserted: the same observation, nothing new
+        request(kube, "gpu-02", "reboot", "k-1", detector="kubelet")
+        await w.scan_once()
+        r = result(kube, "gpu-02")
+        assert r["observed"] and r["refused"] and r["repair_id"] is None
+        assert "detectors.allowed" in r["reason"] and r["alert_id"] in r["reason"]
+    assert await s.ledger.list_repairs(cluster=s.cluster) == []
+    (alert,) = [a for a in await s.ledger.list_alerts(cluster=s.cluster, node="gpu-02",
+                                                      limit=10)
+                if a.alert_id == r["alert_id"]]
+    assert not alert.actionable and alert.action == Action.none
+    assert alert.evidence["requested_action"] == "reboot"
+    assert alert.evidence["detector"] == "kubelet"
+    # an operator acts on it: a person's repair citing the observed alert
+    made = await s.intake.create(
+        RepairCreate(node="gpu-02", request_id="op-k-1", mode="reboot", reason="checked",
+                     evidence_alert=alert.alert_id),
+        Requester(kind=RequesterKind.user, name="alice"))
+    assert not made.refused and alert.alert_id in made.repair.alert_ids
+    # the allowed detector still opens its repair the usual way
+    request(kube, "gpu-03", "reboot", "d-1")
+    await w.scan_once()
+    assert not result(kube, "gpu-03")["refused"]
 
 
 def set_conditions(kube: Any, node: str, conds: list[dict[str, Any]]) -> None:

@@ -13,9 +13,18 @@ Intake rules (DESIGN §5):
   (``idempotency_keys``); the repair id is derived from that key
   (:func:`repair_id_for_request`), so a retried or racing create returns the one
   existing repair, also after it finished.
-* **Detector cap.** At most ``policy.rails.detector_cap`` detector-requested repairs in
-  flight per cluster; a request beyond it is *refused and recorded*: a repair row in
-  stage ``rejected`` whose transition reason names the cap.
+* **Detector caps.** At most ``policy.rails.detector_cap`` detector-requested repairs in
+  flight per cluster, and at most the detector's own cap (``clusters[].detectors.allowed.
+  NAME.cap``, else ``clusters[].detectors.default_cap``) per detector, so one detector
+  cannot take the whole cluster budget from the others; a request beyond either is
+  *refused and recorded*: a repair row in stage ``rejected`` whose transition reason names
+  the cap. Both are counted here, from the ledger, under one per-cluster lock (the
+  cluster guard counts detector leases per cluster too, not per detector).
+* **Annotation requests from detectors outside ``detectors.allowed``** open no repair:
+  :meth:`RepairIntake.observe_request` records them as an observed alert (not
+  actionable) for an operator, who may open the repair citing it. A node annotation
+  names its detector itself, and ``nodes/patch`` is held by many cluster components (the
+  kubelet for its own Node among them).
 * **Remove is human-only.** A detector asking for ``remove`` is refused (HTTP: 403;
   annotation: recorded refusal).
 * **Approval.** Node-annotation requests skip the approval queue
@@ -54,7 +63,7 @@ from workers.repairs.models import (
     TransitionView,
 )
 from workflows.activity_api import ClaimInput, RepairRecord, TransitionRecord
-from workflows.config import AutorepairConfig, ClusterConfig
+from workflows.config import AutorepairConfig, ClusterConfig, DetectorsConfig
 from workflows.models import (
     TERMINAL_STAGES,
     Action,
@@ -321,11 +330,20 @@ class RepairIntake:
                 if not refusal and requester.kind == RequesterKind.detector:
                     cap = self.config.policy.rails.detector_cap
                     in_flight = await locked.count_detector_repairs(cluster)
+                    own_cap, key = (cfg.detectors if cfg is not None
+                                    else DetectorsConfig()).cap_of(detector)
+                    own = await locked.count_detector_repairs(cluster, detector=detector)
                     if in_flight >= cap:
                         refusal = (
                             f"refused: detector cap reached — {in_flight} detector-requested "
                             f"repairs in flight in cluster {cluster!r} "
                             f"(policy.rails.detector_cap={cap})"
+                        )
+                    elif own >= own_cap:
+                        refusal = (
+                            f"refused: per-detector cap reached — {own} repairs of detector "
+                            f"{detector!r} in flight in cluster {cluster!r} "
+                            f"(clusters[{cluster}].{key}={own_cap})"
                         )
                 await locked.upsert_repair(
                     RepairRecord(
@@ -381,6 +399,39 @@ class RepairIntake:
         assert row is not None
         return CreateResult(created=claim.created, refused=bool(refusal),
                             refused_reason=refusal, repair=_view(row))
+
+    async def observe_request(self, req: RepairCreate, detector: str, why: str) -> Alert:
+        """Record ``req`` as an **observed** alert (kind ``repair_request``, not actionable,
+        action ``none``; the requested mode in ``evidence["requested_action"]``) and open no
+        repair: the request of a detector the cluster does not trust (``why`` says so). The
+        alert id is ``ob-`` + the hash of detector and request id, so re-reading the same
+        request records nothing new. An operator acts on it with ``autorepair repairs
+        create --evidence-alert ALERT_ID``.
+
+        Raises :class:`IntakeError` 422 naming ``cluster``, ``node`` or ``evidence_alert``.
+        """
+        cfg = self.resolve_cluster(req.cluster, req.node)
+        cluster = cfg.name if cfg is not None else str(req.cluster)
+        node_cfg = next((n for n in cfg.nodes if n.name == req.node), None) if cfg else None
+        repair_id = repair_id_for_request(detector, req.request_id)
+        (*_, request) = await self._evidence(
+            req, cluster, Requester(kind=RequesterKind.detector, name=detector), detector,
+            repair_id, node_cfg.machine if node_cfg else None,
+            node_cfg.pool if node_cfg else None, self.clock(),
+        )
+        alert = request.model_copy(update={
+            "alert_id": "ob-" + repair_id.removeprefix("req-"),
+            "actionable": False, "action": Action.none,
+            "summary": f"{detector} asks for {req.mode.value} of {req.node} (observed: not "
+                       "an allowed detector)",
+            "evidence": {**request.evidence, "requested_action": req.mode.value,
+                         "observed_because": why},
+        })
+        await self.ledger.record_alert(alert)
+        log.warning("event=repair_request_observed cluster=%s node=%s detector=%s "
+                    "request_id=%s alert_id=%s why=%r", cluster, req.node, detector,
+                    req.request_id, alert.alert_id, why)
+        return alert
 
     # -- read ------------------------------------------------------------------------
     async def get(self, repair_id: str, *, live: bool = True) -> RepairView:

@@ -8,7 +8,11 @@ patch node metadata sets the label :data:`REQUEST_LABEL` = ``"true"`` and the an
 :class:`workers.repairs.intake.RepairIntake` with the detector as an external requester
 (never a user), skipping the approval queue but not the evidence gate, the guard lease or
 the budgets; ``remove`` is refused (human-only); detector + request id is the idempotency
-key forever and the per-cluster detector cap applies. It then removes the label and
+key forever and the per-cluster and per-detector caps apply. Only detectors listed in the
+cluster's ``detectors.allowed`` open repairs this way: the annotation names its detector
+itself and ``nodes/patch`` is held by many components (the kubelet for its own Node), so
+any other request is recorded as an observed alert (``RepairIntake.observe_request``)
+and the result says ``"observed": true`` with its ``alert_id``. It then removes the label and
 writes :data:`RESULT_ANNOTATION` = JSON ``{"repair_id", "request_id", "stage", "refused",
 "reason", "recorded_at"}`` (or ``{"error", "request_id", "recorded_at"}`` for a malformed
 request). A request re-asserted on every scan maps to the same repair.
@@ -247,12 +251,27 @@ class KubeWatcher:
                 raise ValueError(f"annotation {REQUEST_ANNOTATION}: field 'detector' missing")
             req = RepairCreate.model_validate(
                 {**doc, "node": meta.name, "cluster": self.cluster.name})
-            res = await self.intake.create(
-                req, Requester(kind=RequesterKind.detector, name=str(doc["detector"])),
-                skip_approval=True, refuse_remove=True,
-            )
-            result.update({"repair_id": res.repair.repair_id, "stage": res.repair.stage,
-                           "refused": res.refused, "reason": res.refused_reason})
+            detector = str(doc["detector"])
+            if detector not in self.cluster.detectors.allowed:
+                # Anyone holding nodes/patch (the kubelet for its own Node too) can write
+                # this annotation: only the cluster's allowed detectors open repairs.
+                why = (f"detector {detector!r} is not in clusters[{self.cluster.name}]"
+                       ".detectors.allowed")
+                seen = await self.intake.observe_request(req, detector, why)
+                result.update({
+                    "observed": True, "alert_id": seen.alert_id, "repair_id": None,
+                    "refused": True,
+                    "reason": (f"{why}: recorded as observed alert {seen.alert_id}; an "
+                               "operator may open the repair citing it (autorepair repairs "
+                               f"create --evidence-alert {seen.alert_id})"),
+                })
+            else:
+                res = await self.intake.create(
+                    req, Requester(kind=RequesterKind.detector, name=detector),
+                    skip_approval=True, refuse_remove=True,
+                )
+                result.update({"repair_id": res.repair.repair_id, "stage": res.repair.stage,
+                               "refused": res.refused, "reason": res.refused_reason})
         except (ValueError, ValidationError) as e:
             result["error"] = str(e)[:1000]
         except IntakeError as e:
