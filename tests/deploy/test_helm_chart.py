@@ -33,9 +33,11 @@ FULL = "ar-autorepair"
 #: kubernetes-validate ships.
 KUBE_VERSIONS = ("1.27.0", kubernetes_validate.latest_version())
 
+RECEIVER_TOKENS = "tok-017 node gpu-east/gpu-017\ntok-col collector gpu-east\n"
 BASE: dict[str, Any] = {
     "agent": {"cluster": "gpu-east"},
-    "secrets": {"create": True, "ledgerDsn": "postgresql://ar:pw@pg:5432/ar"},
+    "secrets": {"create": True, "ledgerDsn": "postgresql://ar:pw@pg:5432/ar",
+                "ingestTokensFile": RECEIVER_TOKENS},
 }
 
 
@@ -385,3 +387,89 @@ def test_worker_probe_command_really_checks_the_temporal_frontend() -> None:
     bad = subprocess.run(argv, env={"TEMPORAL_ADDRESS": f"127.0.0.1:{closed}"},
                          capture_output=True, timeout=10)
     assert bad.returncode != 0
+
+
+def test_receiver_tokens_file_is_wired_to_ingest_only(tmp_path: Path) -> None:
+    """The Secret's ``ingest-tokens-file`` is mounted in ingest as ``ingest.tokens_file``:
+    the rendered config plus the container's environment load into identities that bind
+    each node token to its node."""
+    from ingest.auth import ReceiverAuth, load_identities
+    from workers.config import load_config
+
+    docs = render()
+    secret = by_kind(docs, "Secret")[f"{FULL}-secrets"]
+    assert secret["stringData"]["ingest-tokens-file"] == RECEIVER_TOKENS
+    deps = by_kind(docs, "Deployment")
+    ingest, worker = deps[f"{FULL}-ingest"], deps[f"{FULL}-worker"]
+    c = _container(ingest)
+    mount = {m["name"]: m for m in c["volumeMounts"]}["receiver-tokens"]
+    assert mount["readOnly"] and mount["mountPath"] == "/etc/autorepair/receiver-tokens"
+    vol = {v["name"]: v for v in ingest["spec"]["template"]["spec"]["volumes"]}[
+        "receiver-tokens"]["secret"]
+    assert vol["items"] == [{"key": "ingest-tokens-file", "path": "tokens"}]
+    assert vol["secretName"] == f"{FULL}-secrets" and not vol.get("optional")
+    assert "receiver-tokens" not in {
+        v["name"] for v in worker["spec"]["template"]["spec"]["volumes"]}
+    env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+    tokens = tmp_path / "tokens"
+    tokens.write_text(secret["stringData"]["ingest-tokens-file"])
+    assert env["AUTOREPAIR__INGEST__TOKENS_FILE"] == "/etc/autorepair/receiver-tokens/tokens"
+    env["AUTOREPAIR__INGEST__TOKENS_FILE"] = str(tokens)  # where the kubelet would put it
+    path = tmp_path / "autorepair.yaml"
+    path.write_text(by_kind(docs, "ConfigMap")[f"{FULL}-config"]["data"]["autorepair.yaml"])
+    cfg = load_config(path, environ={k: v for k, v in env.items()
+                                     if k.startswith("AUTOREPAIR__")})
+    assert cfg.ingest.tokens_file == str(tokens) and not cfg.ingest.insecure_allow_unauthenticated
+    auth = ReceiverAuth(load_identities(cfg.ingest.tokens_file))
+    who = auth.from_header("Bearer tok-017")
+    assert who is not None and who.may_report("gpu-east", "gpu-017")
+    assert not who.may_report("gpu-east", "gpu-018")
+
+
+@pytest.mark.parametrize(
+    ("values", "needle"),
+    [
+        ({"secrets": {"ingestTokensFile": ""}}, "secrets.ingestTokensFile is required"),
+        ({"secrets": {"ingestTokensFile": ""}, "ingest": {"auth": {"tokensFile": False}}},
+         "ingest.auth.insecureAllowUnauthenticated"),
+    ],
+)
+def test_chart_refuses_receivers_without_auth(values: dict[str, Any], needle: str) -> None:
+    with pytest.raises(helm.HelmError) as err:
+        render(values)
+    assert needle in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"ingest": {"auth": {"tokensFile": False}}, "secrets": {"ingestTokens": "shared"}},
+        {"ingest": {"auth": {"tokensFile": False}},
+         "config": {"ingest": {"tls": {"cert": "/c", "key": "/k", "client_ca": "/ca"}}}},
+        {"secrets": {"create": False, "existingSecret": "site"}},  # the pod needs the key
+    ],
+)
+def test_other_receiver_auth_renders(values: dict[str, Any]) -> None:
+    c = _container(by_kind(render(values), "Deployment")[f"{FULL}-ingest"])
+    assert "AUTOREPAIR__INGEST__INSECURE_ALLOW_UNAUTHENTICATED" not in {
+        e["name"] for e in c["env"]}
+
+
+def test_insecure_receivers_only_when_asked_and_said() -> None:
+    docs = render({"secrets": {"ingestTokensFile": ""},
+                   "ingest": {"auth": {"tokensFile": False,
+                                       "insecureAllowUnauthenticated": True}}})
+    c = _container(by_kind(docs, "Deployment")[f"{FULL}-ingest"])
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["AUTOREPAIR__INGEST__INSECURE_ALLOW_UNAUTHENTICATED"] == "true"
+    assert "AUTOREPAIR__INGEST__TOKENS_FILE" not in env
+
+
+def test_kubernetes_clusters_give_ingest_the_node_list() -> None:
+    """Ingest reads a Kubernetes cluster's node list (the inventory: unknown nodes are
+    observed, not repaired); list only, and only when such a cluster is configured."""
+    docs = render({"config": {"clusters": [{"name": "gpu-east", "scheduler": "kubernetes"}]}})
+    assert _rules_of(docs, f"{FULL}-ingest") == {("*", "", "nodes", "list")}
+    assert by_kind(docs, "ServiceAccount")[f"{FULL}-ingest"]["automountServiceAccountToken"]
+    slurm = render({"config": {"clusters": [{"name": "gpu-east", "scheduler": "slurm"}]}})
+    assert _rules_of(slurm, f"{FULL}-ingest") == set()

@@ -131,3 +131,30 @@ Call with (dict "root" $ "component" "ingest"|"worker"). */}}
 - name: tmp
   mountPath: /tmp
 {{- end -}}
+
+{{/* "true" when a configured cluster runs Kubernetes: ingest then reads its node list
+(the inventory of ingest/inventory.py, through workers/inventory.py: list_node). */}}
+{{- define "autorepair.kubeInventory" -}}
+{{- $kube := false -}}
+{{- range (default list .Values.config.clusters) -}}
+{{- if eq (default "slurm" .scheduler) "kubernetes" -}}
+{{- $kube = true -}}
+{{- end -}}
+{{- end -}}
+{{- if $kube -}}true{{- end -}}
+{{- end -}}
+
+{{/* Refuses to render OTLP receivers nobody authenticates (docs/security.md), as
+`autorepair ingest` refuses to start them (ingest.service.UNAUTHENTICATED_REFUSAL). */}}
+{{- define "autorepair.receiverAuthCheck" -}}
+{{- $auth := .Values.ingest.auth -}}
+{{- $mtls := dig "ingest" "tls" "client_ca" "" (default dict .Values.config) -}}
+{{- $tokensFile := dig "ingest" "tokens_file" "" (default dict .Values.config) -}}
+{{- $insecure := or $auth.insecureAllowUnauthenticated (dig "ingest" "insecure_allow_unauthenticated" false (default dict .Values.config)) -}}
+{{- if and $auth.tokensFile .Values.secrets.create (not .Values.secrets.existingSecret) (not .Values.secrets.ingestTokensFile) -}}
+{{- fail "secrets.ingestTokensFile is required when ingest.auth.tokensFile is true and the chart creates the Secret: the receivers' per-node / collector tokens ('TOKEN ROLE SUBJECT' lines, docs/security.md); or set ingest.auth.tokensFile: false and authenticate otherwise" -}}
+{{- end -}}
+{{- if not (or $auth.tokensFile .Values.secrets.ingestTokens $mtls $tokensFile $insecure) -}}
+{{- fail "ingest.auth: the OTLP receivers would accept data from anyone: set ingest.auth.tokensFile (per-node / collector tokens), secrets.ingestTokens or config.ingest.tls.client_ca (mTLS), or set ingest.auth.insecureAllowUnauthenticated: true to run without authentication" -}}
+{{- end -}}
+{{- end -}}
