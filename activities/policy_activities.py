@@ -27,7 +27,8 @@ class PolicyActivities:
 
     @activity.defn(name=ACT.load_policy)
     async def load_policy(self, cluster: str) -> PolicySnapshot:
-        """Policy + GPU node count, scheduler, pools and machines of ``cluster``.
+        """Policy + GPU node count, scheduler, pools and machines of ``cluster``; the
+        cluster's ``reset_gpu.policy`` replaces ``policy.reset_gpu`` when set.
 
         An unconfigured cluster gets the global policy with ``gpu_nodes=0`` (rails then
         size budgets from the nodes they have seen). Raises non-retryable
@@ -45,12 +46,15 @@ class PolicyActivities:
                 scheduler="slurm",
                 bmc_task_queue=self.config.temporal.bmc_task_queue,
             )
+        policy = self.config.policy
+        if c.reset_gpu.policy is not None:
+            policy = policy.model_copy(update={"reset_gpu": c.reset_gpu.policy})
         machines = {n.name: (n.machine or n.name) for n in c.nodes}
         if self.pool is not None:
             machines.update(await MachineBindings(self.pool).bindings(cluster))
         return PolicySnapshot(
             cluster=cluster,
-            policy=self.config.policy,
+            policy=policy,
             gpu_nodes=c.gpu_node_count,
             scheduler=c.scheduler,
             pools={n.name: n.pool for n in c.nodes},

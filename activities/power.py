@@ -13,8 +13,9 @@ limits starts per second to ``temporal.bmc_rate_per_s``):
   between off and on finds the host ``Off`` with the old boot identity and only powers it
   on; the phase reached is kept in the activity's
   heartbeat details, so a retry after ``On`` was sent never cycles again;
-- ``reset_gpu``: not possible through Redfish (it resets hosts, not single GPUs) →
-  non-retryable ``ERR_UNSUPPORTED``; the GPU reset is the node agent's job.
+
+``reset_gpu`` is not here: Redfish resets hosts, not single GPUs; the GPU reset runs on
+the node (:mod:`activities.reset`).
 
 System selection: the node's ``bmc.system_id`` (an id such as ``System.Embedded.1`` or a
 path under ``/redfish/v1/Systems``), else the only member of ``/redfish/v1/Systems``.
@@ -264,7 +265,7 @@ BindingReader = Callable[[str, str], Awaitable[str | None]]
 
 
 class PowerActivities:
-    """``reboot_machine``, ``power_cycle_machine``, ``reset_gpu`` (BMC task queue).
+    """``reboot_machine``, ``power_cycle_machine`` (BMC task queue).
 
     ``bindings`` (e.g. ``ProvisioningActivities.bound_machine``) makes the actions hit
     the machine a node was migrated to, even when the caller still names the node's
@@ -293,15 +294,6 @@ class PowerActivities:
                      inp.node, inp.machine, bound)
             return inp.model_copy(update={"machine": bound})
         return inp
-
-    @activity.defn(name=ACT.reset_gpu)
-    async def reset_gpu(self, inp: MachineActionInput) -> ActionResult:
-        """Always non-retryable ``ERR_UNSUPPORTED``: Redfish resets hosts, not single GPUs."""
-        raise permanent(
-            ERR_UNSUPPORTED,
-            f"reset_gpu on {inp.machine} (GPU {inp.gpu}): a single-GPU reset needs the node "
-            "agent (nvidia-smi -r); the BMC can only reset the whole host",
-        )
 
     @activity.defn(name=ACT.reboot_machine)
     async def reboot_machine(self, inp: MachineActionInput) -> ActionResult:
@@ -361,4 +353,4 @@ class PowerActivities:
 
     def all(self) -> list[Callable[..., Any]]:
         """The activity methods of this class."""
-        return [self.reset_gpu, self.reboot_machine, self.power_cycle_machine]
+        return [self.reboot_machine, self.power_cycle_machine]

@@ -4,8 +4,9 @@
   ``notify``, scheduler (cordon, idle, drain, rejoin, node health) and validation
   (place, collect, release, return machine, post ticket) activities;
 - BMC task queue (``temporal.bmc_task_queue``, rate limited by the worker to
-  ``temporal.bmc_rate_per_s`` starts per second): power (reset_gpu, reboot, power cycle)
-  and provisioning (reprovision, migrate, remove).
+  ``temporal.bmc_rate_per_s`` starts per second): the machine actions — ``reset_gpu``
+  (a job on the node, :mod:`activities.reset`), power (reboot, power cycle) and
+  provisioning (reprovision, migrate, remove).
 
 Recommended caller settings (workflows): start-to-close 5 min and heartbeat 30 s for
 ``drain_node``/``power_cycle_machine``/``reboot_machine``/``reprovision_machine`` (they
@@ -25,6 +26,7 @@ from activities.notify import NotifyActivities
 from activities.policy_activities import PolicyActivities
 from activities.power import PowerActivities
 from activities.provisioning import ProvisioningActivities
+from activities.reset import ResetActivities
 from activities.scheduler_activities import SchedulerActivities
 from activities.validation_activities import ValidationActivities
 from workflows.config import AutorepairConfig
@@ -68,4 +70,5 @@ def build_activities(
         *sched.all(),
         *ValidationActivities(config, pool, kube_api_client=kube_api_client).all(),
     ]
-    return WorkerActivities(main=main, bmc=[*power.all(), *prov.all()])
+    reset = ResetActivities(config, kube_api_client=kube_api_client)
+    return WorkerActivities(main=main, bmc=[*reset.all(), *power.all(), *prov.all()])

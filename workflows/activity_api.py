@@ -181,6 +181,10 @@ class MachineActionInput(BaseModel):
     ``boot_id_before`` / ``boot_time_before`` are read before acting and recorded in the
     workflow history, so a retried power cycle sees the host already came back and does
     not cycle it again (DESIGN §5: power cycle guarded by a boot-ID check).
+
+    ``gpu``: the GPU of the first alert; ``gpus``: every GPU the active evidence names
+    (:func:`workflows.policy.reset_targets`: PCI ``0000:bb:dd`` or index), the targets of
+    ``reset_gpu`` (``gpu`` alone when empty).
     """
 
     cluster: str
@@ -188,15 +192,21 @@ class MachineActionInput(BaseModel):
     machine: str
     repair_id: str
     gpu: str | None = None
+    gpus: list[str] = Field(default_factory=list)
     boot_id_before: str | None = None
     boot_time_before: datetime | None = None
 
 
 class ActionResult(BaseModel):
+    """Outcome of a machine action. ``not_run``: the action could not run and touched
+    nothing (e.g. ``autorepair-agent reset-gpu`` exit 2, with its reason); the repair
+    moves to the policy's fallback without counting a failed attempt."""
+
     done: bool
     skipped_reason: str = ""
     detail: str = ""
     ticket_id: str | None = None
+    not_run: str = ""
 
 
 class MigrateResult(BaseModel):

@@ -439,6 +439,95 @@ class DetectorsConfig(_Section):
         return self.default_cap, "detectors.default_cap"
 
 
+class ResetGpuPlatform(_Section):
+    """What a node pool's platform allows for ``reset_gpu`` (DESIGN §5: "GPU reset on the
+    node, where the platform allows it"). Anything it forbids moves the repair to
+    ``reboot`` before acting, with the reason in the repair's rule.
+
+    Sources: nvidia-smi(1), ``-r/--gpu-reset`` (docs.nvidia.com/deploy/nvidia-smi): the
+    GPU must not be in use; on NVLink systems a single GPU can be reset alone only from
+    Ampere on, on Ampere NVSwitch systems with Fabric Manager running; MIG must be off.
+    """
+
+    #: Attempt ``reset_gpu`` on these nodes at all (false: every reset becomes a reboot).
+    allowed: bool = True
+    #: One GPU can be reset while its NVLink/NVSwitch peers stay up: standalone PCIe GPUs,
+    #: Hopper and later, Ampere NVSwitch boards with Fabric Manager running. False for
+    #: pre-Ampere NVLink boards (DGX-1/DGX-2) and Ampere NVSwitch boards without Fabric
+    #: Manager: every peer would have to be reset in the same command.
+    single_gpu: bool = True
+    #: NVSwitch baseboard (HGX/DGX): a single-GPU reset needs every GPU of the baseboard
+    #: idle, so the reset runs only after the whole node was drained, with nothing else
+    #: placed there (Slurm maintenance reservation / Kubernetes cordon with the repair taint).
+    nvswitch: bool = False
+    #: MIG mode is enabled on these GPUs: a reset needs every GPU/compute instance
+    #: destroyed and MIG disabled first, which autorepair never changes.
+    mig: bool = False
+
+
+class ResetGpuPolicy(ResetGpuPlatform):
+    """``reset_gpu`` preconditions (the platform fields apply to every node pool unless
+    ``pools`` names it) and when a failed reset moves up the ladder."""
+
+    #: Per node pool platform, replacing the fields above for that pool.
+    pools: dict[str, ResetGpuPlatform] = Field(default_factory=dict)
+    #: Failed resets of the same fault on the machine within the ladder window after which
+    #: the next repair goes to the next rung at once (1: a reset that did not clear the
+    #: fault is not repeated; nvidia-smi(1): "If any GPU is not healthy a complete reset
+    #: should be instigated by power cycling the node").
+    failed_attempts: int = Field(1, ge=1)
+
+    def for_pool(self, pool: str | None) -> ResetGpuPlatform:
+        """The platform of node pool ``pool`` (the top-level fields when not listed)."""
+        if pool is not None and pool in self.pools:
+            return self.pools[pool]
+        return ResetGpuPlatform(allowed=self.allowed, single_gpu=self.single_gpu,
+                                nvswitch=self.nvswitch, mig=self.mig)
+
+
+class ResetGpuConfig(_Section):
+    """How ``reset_gpu`` runs on a cluster's drained node (the machinery of
+    ``validation``): Slurm — a maintenance reservation ``{reservation_prefix}-<run>`` and
+    an ``sbatch -w NODE`` job; Kubernetes — a privileged Job pinned to the node, tolerating
+    ``autorepair.io/repair:NoSchedule``, with ``hostPID`` (the agent's ``/proc`` check).
+
+    ``command`` runs once per GPU named by the evidence; ``{gpu}`` is replaced by the GPU
+    as the evidence names it (PCI address, normalised to ``0000:bb:dd``, or index) and
+    ``{pci}`` by its PCI address (a GPU named only by index cannot fill ``{pci}``: the
+    reset does not run and the repair moves to reboot). Exit 0 done, 1 failed, 2 cannot
+    run (``autorepair-agent reset-gpu``); the agent's JSON line is the evidence.
+    """
+
+    #: Reset command per GPU (``nvidia-smi --gpu-reset -i {gpu}`` also works, without
+    #: the agent's preconditions and read-back).
+    command: list[str] = Field(
+        default_factory=lambda: ["autorepair-agent", "reset-gpu", "--pci", "{pci}", "--json"]
+    )
+    #: Extra environment for the reset job.
+    env: dict[str, str] = Field(default_factory=dict)
+    #: Bound on one reset job from placement to result, seconds (10 min: the agent's
+    #: reset command timeout 180 s plus its 60 s wait per GPU, for two GPUs, plus queueing).
+    timeout_s: float = Field(600.0, gt=0, le=24 * 3600.0)
+    #: Slurm: job output directory (must be readable by the worker).
+    output_dir: str = "/var/lib/autorepair/reset"
+    #: Slurm: name prefix of the maintenance reservation of a reset.
+    reservation_prefix: str = "autorepair-reset"
+    #: Slurm: user the maintenance reservation admits (the user submitting the job; the
+    #: reset needs root on the node).
+    reservation_user: str = "root"
+    #: Slurm: partition of the reset job (None = the cluster default).
+    partition: str | None = None
+    #: Kubernetes: namespace of the reset Job (its pods are privileged: the namespace's
+    #: Pod Security level must be ``privileged``).
+    namespace: str = "autorepair"
+    #: Kubernetes: container image of the reset Job (the agent image, with ``/bin/sh``).
+    image: str = "ghcr.io/autorepair/agent:latest"
+    #: Kubernetes: RuntimeClass that injects the NVIDIA driver tools (None = default).
+    runtime_class: str | None = "nvidia"
+    #: Replaces ``policy.reset_gpu`` for this cluster (None = the fleet-wide policy).
+    policy: ResetGpuPolicy | None = None
+
+
 class ClusterConfig(_Section):
     """A cluster: its scheduler, its GPU nodes and how to reach them."""
 
@@ -468,6 +557,8 @@ class ClusterConfig(_Section):
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
     #: External detectors this cluster trusts, and their caps.
     detectors: DetectorsConfig = Field(default_factory=DetectorsConfig)
+    #: ``reset_gpu`` on this cluster's nodes: how the reset job runs, optional policy.
+    reset_gpu: ResetGpuConfig = Field(default_factory=ResetGpuConfig)
 
     @property
     def gpu_node_count(self) -> int:
@@ -524,6 +615,8 @@ class PolicyConfig(_Section):
     ladder: LadderConfig = Field(default_factory=LadderConfig)
     migrate_gate: MigrateGateConfig = Field(default_factory=MigrateGateConfig)
     rails: RailsConfig = Field(default_factory=RailsConfig)
+    #: ``reset_gpu`` preconditions; a cluster's ``reset_gpu.policy`` replaces it there.
+    reset_gpu: ResetGpuPolicy = Field(default_factory=ResetGpuPolicy)
 
 
 class AutorepairConfig(_Section):

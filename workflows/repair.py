@@ -70,7 +70,12 @@ with workflow.unsafe.imports_passed_through():
         ValidationRequest,
     )
     from workflows.models import Stage as S
-    from workflows.policy import choose_action, consent_decision, evidence_current
+    from workflows.policy import (
+        choose_action,
+        consent_decision,
+        evidence_current,
+        reset_targets,
+    )
     from workflows.protocol import (
         BMC_TASK_QUEUE,
         GUARD_SIGNAL_ACQUIRE,
@@ -133,6 +138,10 @@ _MACHINE_RETRY = RetryPolicy(
 )
 _MACHINE_TIMEOUT = timedelta(minutes=30)
 T = TypeVar("T")
+
+
+class _NotRun(Exception):
+    """Internal: the machine action could not run and touched nothing (``not_run``)."""
 
 
 class _Ended(Exception):
@@ -303,8 +312,11 @@ class RepairWorkflow:
         await self._act_with_ladder()
 
     # ---- decisions -----------------------------------------------------------------
-    async def _decide(self, requested: Action, approver: str | None) -> None:
-        """Ladder + migrate gate on ``requested`` (recorded as the deciding rule)."""
+    async def _decide(
+        self, requested: Action, approver: str | None, reset_blocked: str | None = None
+    ) -> None:
+        """Reset preconditions + ladder + migrate gate on ``requested`` (recorded as the
+        deciding rule); ``reset_blocked``: why the node said a reset cannot run."""
         assert self._req is not None
         now = workflow.now()
         if not self._attempts and not self._critical:
@@ -330,6 +342,9 @@ class RepairWorkflow:
             now,
             self._policy.ladder,
             self._policy.migrate_gate,
+            reset=self._policy.reset_gpu,
+            pool=self._pool,
+            reset_blocked=reset_blocked,
         )
         action = dec.action
         rule = dec.rule
@@ -546,11 +561,25 @@ class RepairWorkflow:
                 machine=self._machine or req.node,
                 repair_id=req.repair_id,
                 gpu=self._alerts[0].gpu if self._alerts else None,
+                gpus=reset_targets(self._alerts),
                 boot_id_before=before.boot_id,
                 boot_time_before=before.boot_time,
             )
             try:
                 new_machine = await self._machine_action(action, minput)
+            except _NotRun as nr:
+                # nothing was touched: not an attempt; the policy picks the fallback
+                await self._note(f"{action.value} cannot run, nothing touched: {nr}")
+                await self._decide(action, approver=None, reset_blocked=str(nr))
+                await self._upsert()
+                consent = consent_decision(
+                    self._action, self._alerts, req.requester, self._policy.consent
+                )
+                if not consent.automatic:
+                    await self._await_approval(
+                        f"{action.value} cannot run; moves to {self._action.value}"
+                    )
+                continue
             except ActivityError as err:
                 await self._attempt(action, "failed")
                 await self._note(f"{action.value} failed: {_cause(err)}")
@@ -614,6 +643,8 @@ class RepairWorkflow:
             heartbeat_timeout=timedelta(seconds=self._policy.rails.heartbeat_timeout_s),
             retry_policy=_MACHINE_RETRY,
         )
+        if done.not_run:
+            raise _NotRun(done.not_run)
         self._detail = done.detail or done.skipped_reason
         return None
 

@@ -24,6 +24,7 @@ import hashlib
 import json
 import re
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any
 
 from temporalio import activity
@@ -72,6 +73,19 @@ def parse_result_text(text: str, machine: str) -> ValidationResult | None:
         except ValueError:
             continue
     return None
+
+
+@dataclass(frozen=True)
+class JobOutput:
+    """A finished check job as its scheduler reports it: ``state`` (Slurm ``JobState`` or
+    ``GONE``; Kubernetes ``Complete``/``Failed``), ``text`` (its whole output), ``taken``
+    (the scheduler took the job or the machine away: cancelled, preempted, Job deleted)
+    and ``why`` (the scheduler's failure reason, empty when none)."""
+
+    state: str
+    text: str
+    taken: bool = False
+    why: str = ""
 
 
 def aborted(machine: str, reason: str) -> ValidationResult:

@@ -34,6 +34,7 @@ from activities.scheduler.kube import (
 )
 from activities.validation.base import (
     COLLECT_POLL_S,
+    JobOutput,
     ValidationBackend,
     aborted,
     heartbeat,
@@ -60,7 +61,14 @@ ANN_TICKET = "autorepair.io/validation-ticket"
 
 
 class KubeValidation(KubeScheduler, ValidationBackend):
-    """Validation placement on one Kubernetes cluster (pinned Job tolerating our taint)."""
+    """Validation placement on one Kubernetes cluster (pinned Job tolerating our taint).
+
+    ``JOB_PREFIX`` / ``CONTAINER`` / ``APP`` name the Job, its container and its
+    ``app.kubernetes.io/name`` label (the GPU reset Job reuses this class with its own)."""
+
+    JOB_PREFIX = "autorepair-validate"
+    CONTAINER = "validate"
+    APP = "autorepair-validate"
 
     def __init__(self, cluster: ClusterConfig, api_client: k8s.ApiClient | None = None) -> None:
         super().__init__(cluster, api_client=api_client)
@@ -71,8 +79,8 @@ class KubeValidation(KubeScheduler, ValidationBackend):
         return k8s.BatchV1Api(self._client)
 
     def job_name(self, run_id: str) -> str:
-        """``autorepair-validate-<slug>`` (≤ 63 characters, DNS-1123)."""
-        return f"autorepair-validate-{run_slug(run_id)}"
+        """``{JOB_PREFIX}-<slug>`` (≤ 63 characters, DNS-1123)."""
+        return f"{self.JOB_PREFIX}-{run_slug(run_id)}"
 
     @staticmethod
     def snapshot(n: k8s.V1Node) -> dict[str, Any]:
@@ -101,12 +109,12 @@ class KubeValidation(KubeScheduler, ValidationBackend):
         ]
         env.append({"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
         container: dict[str, Any] = {
-            "name": "validate", "image": self.v.image, "command": list(self.v.command),
+            "name": self.CONTAINER, "image": self.v.image, "command": list(self.v.command),
             "env": env, "terminationMessagePolicy": "FallbackToLogsOnError",
         }
         if self.v.gpus:
             container["resources"] = {"limits": {"nvidia.com/gpu": str(self.v.gpus)}}
-        labels = {LABEL_RUN: run_slug(p.run_id), "app.kubernetes.io/name": "autorepair-validate"}
+        labels = {LABEL_RUN: run_slug(p.run_id), "app.kubernetes.io/name": self.APP}
         return {
             "apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": name, "namespace": self.v.namespace, "labels": labels,
@@ -180,7 +188,7 @@ class KubeValidation(KubeScheduler, ValidationBackend):
             # Raw body: with preloading the client json-decodes a log that is one JSON
             # object and hands back its Python repr (kubernetes-client deserialisation).
             resp: Any = await api.read_namespaced_pod_log(pod.metadata.name, self.v.namespace,
-                                                     container="validate",
+                                                     container=self.CONTAINER,
                                                      _preload_content=False)
             try:
                 raw = await resp.read()
@@ -196,14 +204,15 @@ class KubeValidation(KubeScheduler, ValidationBackend):
                 return str(term.message)
         return ""
 
-    async def collect(self, c: CollectInput) -> CollectResult:
-        """Wait up to ``c.wait_s`` for the Job to finish, then read the pod's result."""
+    async def job_output(self, c: CollectInput) -> JobOutput | None:
+        """Wait up to ``c.wait_s`` for the Job to finish; its pod's log, or ``None`` while
+        it runs. A deleted Job is ``taken``."""
         deadline = time.monotonic() + c.wait_s
         while True:
             job = await self._read_job(c.job_id)
             if job is None:
-                return CollectResult(finished=True, result=aborted(
-                    c.machine, f"validation Job {c.job_id} was deleted (machine taken away)"))
+                return JobOutput(state="Deleted", text="", taken=True,
+                                 why=f"Job {c.job_id} was deleted")
             st = job.status
             conds = {x.type: x for x in (st.conditions if st else None) or [] if x.status == "True"}
             done = bool(st and ((st.succeeded or 0) > 0 or (st.failed or 0) > 0)) or bool(
@@ -212,16 +221,27 @@ class KubeValidation(KubeScheduler, ValidationBackend):
                 break
             heartbeat({"job": c.job_id, "active": st.active if st else None})
             if time.monotonic() >= deadline:
-                return CollectResult(finished=False)
+                return None
             await asyncio.sleep(COLLECT_POLL_S)
         failed = conds.get("Failed")
         text = await self._pod_log(run_slug(c.run_id))
-        result = parse_result_text(text, c.machine)
+        return JobOutput(state="Failed" if failed else "Complete", text=text,
+                         why=f"{failed.reason}: {failed.message}" if failed else "")
+
+    async def collect(self, c: CollectInput) -> CollectResult:
+        """Wait up to ``c.wait_s`` for the Job to finish, then read the pod's result."""
+        out = await self.job_output(c)
+        if out is None:
+            return CollectResult(finished=False)
+        if out.taken:
+            return CollectResult(finished=True, result=aborted(
+                c.machine, f"validation Job {c.job_id} was deleted (machine taken away)"))
+        result = parse_result_text(out.text, c.machine)
         if result is None:
-            why = f"{failed.reason}: {failed.message}" if failed else "no result printed"
+            why = out.why or "no result printed"
             return CollectResult(finished=True, result=aborted(
                 c.machine, f"validation Job {c.job_id} ended without a result ({why}): "
-                f"{text[-2000:]!r}"))
+                f"{out.text[-2000:]!r}"))
         return CollectResult(finished=True, result=result)
 
     async def release(self, c: CollectInput) -> None:

@@ -30,6 +30,7 @@ from temporalio.exceptions import ApplicationError
 from activities.scheduler.slurm import REASON_PREFIX, SlurmNode, SlurmScheduler
 from activities.validation.base import (
     COLLECT_POLL_S,
+    JobOutput,
     ValidationBackend,
     aborted,
     heartbeat,
@@ -197,33 +198,38 @@ class SlurmValidation(SlurmScheduler, ValidationBackend):
         marker.write_text(json.dumps({"prior_state": prior, "job_id": job_id}))
         return PlacementResult(placed=True, job_id=job_id, prior_state=prior, **timing)
 
-    async def collect(self, c: CollectInput) -> CollectResult:
-        """Wait up to ``c.wait_s`` for the job to end, then read its result."""
+    async def job_output(self, c: CollectInput) -> JobOutput | None:
+        """Wait up to ``c.wait_s`` for the job to end; its output, or ``None`` while it runs."""
         deadline = time.monotonic() + c.wait_s
         while True:
             state = await self.job_state(c.job_id)
             base = (state or "").split("+")[0]
-            if base in SLURM_ACTIVE:
-                heartbeat({"job": c.job_id, "state": state})
-                if time.monotonic() >= deadline:
-                    return CollectResult(finished=False)
-                await asyncio.sleep(COLLECT_POLL_S)
-                continue
-            break
+            if base not in SLURM_ACTIVE:
+                break
+            heartbeat({"job": c.job_id, "state": state})
+            if time.monotonic() >= deadline:
+                return None
+            await asyncio.sleep(COLLECT_POLL_S)
         _, out_file = self._paths(c.run_id)
         try:
             text = out_file.read_text(errors="replace")
         except FileNotFoundError:
             text = ""
-        if base in SLURM_TAKEN:
+        return JobOutput(state=state or "GONE", text=text, taken=base in SLURM_TAKEN)
+
+    async def collect(self, c: CollectInput) -> CollectResult:
+        """Wait up to ``c.wait_s`` for the job to end, then read its result."""
+        out = await self.job_output(c)
+        if out is None:
+            return CollectResult(finished=False)
+        if out.taken:
             return CollectResult(finished=True, result=aborted(
-                c.machine, f"check job {c.job_id} ended {state} (machine taken away)"))
-        result = parse_result_text(text, c.machine)
+                c.machine, f"check job {c.job_id} ended {out.state} (machine taken away)"))
+        result = parse_result_text(out.text, c.machine)
         if result is None:
-            tail = text[-2000:]
             return CollectResult(finished=True, result=aborted(
-                c.machine, f"check job {c.job_id} ended {state or 'GONE'} without a result: "
-                f"{tail!r}"))
+                c.machine, f"check job {c.job_id} ended {out.state} without a result: "
+                f"{out.text[-2000:]!r}"))
         return CollectResult(finished=True, result=result)
 
     async def release(self, c: CollectInput) -> None:

@@ -121,15 +121,6 @@ async def test_wrong_credentials_non_retryable_without_password(
     assert redfish_emulator.password not in repr(err)
 
 
-async def test_reset_gpu_is_unsupported(
-    redfish_emulator: RedfishEmulator, bmc_secrets_file: Path
-) -> None:
-    acts = PowerActivities(_config(redfish_emulator, bmc_secrets_file))
-    with pytest.raises(ApplicationError) as ei:
-        await ActivityEnvironment().run(acts.reset_gpu, _inp("gpu-01", gpu="0000:3b:00.0"))
-    assert ei.value.type == ERR_UNSUPPORTED and ei.value.non_retryable
-
-
 async def test_virtual_media_reprovision(
     redfish_emulator: RedfishEmulator, bmc_secrets_file: Path
 ) -> None:

@@ -1,4 +1,5 @@
-"""Pure repair policy: node-action decision, consent, ladder, migrate gate, rails.
+"""Pure repair policy: node-action decision, consent, reset preconditions, ladder,
+migrate gate, rails.
 
 Every function here is deterministic and free of I/O, so the workflows call them
 directly and unit tests exercise them without Temporal. Numbers come from
@@ -31,12 +32,20 @@ from workflows.policy.rails import (
     persistence_for,
     recent_events,
 )
+from workflows.policy.reset import (
+    ResetDecision,
+    gpu_pci,
+    platform_blocker,
+    reset_decision,
+    reset_targets,
+)
 
 __all__ = [
     "ConsentDecision",
     "GateDecision",
     "LadderDecision",
     "NodeActionDecision",
+    "ResetDecision",
     "breaker_threshold",
     "breaker_trips",
     "choose_action",
@@ -46,11 +55,15 @@ __all__ = [
     "count_in_window",
     "decide_node_action",
     "evidence_current",
+    "gpu_pci",
     "in_cooldown",
     "ladder_decision",
     "migrate_gate",
     "next_rung",
     "persistence_for",
+    "platform_blocker",
     "recent_events",
     "repeat_key",
+    "reset_decision",
+    "reset_targets",
 ]

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from workflows.activity_api import AttemptRecord
-from workflows.config import LadderConfig, MigrateGateConfig
+from workflows.config import LadderConfig, MigrateGateConfig, ResetGpuPolicy
 from workflows.models import ACTION_WEIGHT, Action, Alert, Severity
+from workflows.policy.reset import reset_decision
 
 #: Attempt outcomes that never count for the ladder (DESIGN §5).
 NOT_COUNTED: frozenset[str] = frozenset({"cancelled", "auto_resolved"})
@@ -131,12 +132,28 @@ def choose_action(
     now: datetime,
     ladder: LadderConfig,
     gate: MigrateGateConfig,
+    reset: ResetGpuPolicy | None = None,
+    pool: str | None = None,
+    reset_blocked: str | None = None,
 ) -> LadderDecision:
-    """Ladder then migrate gate for ``requested``; returns the final action and the rule
-    string of both steps. The ladder key is the first alert's kind/code (``"manual"``
-    with no code when the repair has no alert behind it)."""
+    """Reset preconditions, ladder, then migrate gate for ``requested``; returns the final
+    action and the rule string of every step. The ladder key is the first alert's
+    kind/code (``"manual"`` with no code when the repair has no alert behind it).
+
+    ``reset``: the cluster's ``reset_gpu`` policy; with it a requested ``reset_gpu`` goes
+    through :func:`workflows.policy.reset.reset_decision` (node ``pool``, and
+    ``reset_blocked``: why the node said the reset cannot run) before the ladder, so a
+    reset the platform forbids becomes ``reboot`` before acting. ``None``: no such step."""
     kind = alerts[0].kind if alerts else "manual"
     code = alerts[0].code if alerts else None
+    steps: list[str] = []
+    if reset is not None:
+        rd = reset_decision(requested, alerts, attempts, machine_id, now, ladder.window_s,
+                            reset, pool, reset_blocked)
+        requested = rd.action
+        if rd.rule:
+            steps.append(rd.rule)
     lad = ladder_decision(requested, attempts, kind, code, machine_id, now, ladder)
     g = migrate_gate(lad.action, alerts, critical_history, now, gate)
-    return LadderDecision(g.action, lad.escalated, lad.needs_human, f"{lad.rule}; {g.rule}")
+    steps += [lad.rule, g.rule]
+    return LadderDecision(g.action, lad.escalated, lad.needs_human, "; ".join(steps))
