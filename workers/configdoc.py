@@ -60,7 +60,17 @@ This reference is generated from the models (`python -m workers.configdoc`).
 
 
 def _field_comments(cls: type) -> dict[str, str]:
-    """``#:`` comments written above each field in the class source."""
+    """``#:`` comments written above each field in the class source and in its model base
+    classes (a subclass's comment wins)."""
+    out: dict[str, str] = {}
+    for base in reversed(cls.__mro__):
+        if isinstance(base, type) and issubclass(base, BaseModel) and base is not BaseModel:
+            out.update(_own_comments(base))
+    return out
+
+
+def _own_comments(cls: type) -> dict[str, str]:
+    """``#:`` comments written above each field in ``cls``'s own source."""
     try:
         source = inspect.getsource(cls)
     except (OSError, TypeError):
