@@ -20,7 +20,7 @@ reset (exit 2, no GPU named, no PCI address for ``{pci}``, the job could not be 
 ``ActionResult(done=False, not_run=reason)``: nothing was touched and the repair moves to
 ``reboot`` without counting an attempt.
 
-Idempotency: the run id is ``reset-<repair id>``; a retry after a worker crash finds the
+Idempotency: the run id is the repair id; a retry after a worker crash finds the
 placement (Slurm marker, Kubernetes Job) and waits for the same job. Finished runs are
 released and forgotten, so a later reset of the same repair places a new job.
 """
@@ -65,8 +65,9 @@ log = logging.getLogger(__name__)
 
 
 def run_id_for(repair_id: str) -> str:
-    """``reset-<repair id>``: the placement's run id (reservation / Job name source)."""
-    return f"reset-{repair_id}"
+    """The placement's run id: the repair id (the reservation / Job name carry the
+    ``reset`` prefix; one reset job of a repair at a time)."""
+    return repair_id
 
 
 class ResetActivities:
