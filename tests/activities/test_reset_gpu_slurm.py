@@ -10,7 +10,8 @@ the test sees where it ran and whether it ran at all.
 Activity level: placement on the drained node only, output parsed, the repair's drain put
 back. Workflow level (``RepairWorkflow`` on the Temporal dev server, real activities, the
 reboot through the sushy-tools Redfish emulator, :class:`workers.devpeers.MachineBridge`
-restarting slurmd on power-on): a reset that does not clear the fault escalates to reboot
+restarting slurmd on power-on): a clean reset ends the repair without a reboot; a reset
+that does not clear the fault escalates to reboot
 with the agent's evidence; a GPU held by a process (exit 2) and a platform that forbids a
 single-GPU reset move to reboot without a failed attempt — the latter before any job.
 """
@@ -177,8 +178,8 @@ def _reset_alert(cluster: str, rid: str) -> Alert:
 
 
 @pytest.mark.devserver
-@pytest.mark.parametrize("case", ["persists", "held", "forbidden"])
-async def test_repair_moves_to_reboot(
+@pytest.mark.parametrize("case", ["clears", "persists", "held", "forbidden"])
+async def test_repair_resets_or_moves_to_reboot(
     case: str, temporal_dev_env: Any, ledger_pool: Any, slurm_cluster: SlurmCluster,
     redfish_emulator: RedfishEmulator, bmc_secrets_file: Path, tmp_path: Path,
 ) -> None:
@@ -191,7 +192,8 @@ async def test_repair_moves_to_reboot(
     if case == "forbidden":  # an Ampere NVSwitch pool without Fabric Manager, say
         cluster.reset_gpu.policy = ResetGpuPolicy(
             pools={f"pool-{NODE}": ResetGpuPlatform(single_gpu=False, nvswitch=True)})
-    faults = {"persists": dict(recovery_action=1, reset_outcome="persists"),
+    faults = {"clears": dict(recovery_action=1, reset_outcome="clears"),
+              "persists": dict(recovery_action=1, reset_outcome="persists"),
               "held": dict(recovery_action=1, gpu_processes={"0": [4242]}),
               "forbidden": dict(recovery_action=1)}[case]
     _plant(tmp_path, **faults)
@@ -212,12 +214,18 @@ async def test_repair_moves_to_reboot(
             final: RepairStatus = await asyncio.wait_for(handle.result(), 240)
 
     assert final.stage == Stage.succeeded, final.detail
-    assert final.action.value == "reboot"
+    assert final.action.value == ("reset_gpu" if case == "clears" else "reboot")
+    assert bool(bridge.edges) == (case != "clears"), bridge.edges
     rec = await ledger_record(ledger_pool, rid)
     attempts = [(a["action"], a["outcome"]) for a in rec["attempts"]]
     notes_text = " | ".join(t["reason"] for t in rec["transitions"])
     ran = (tmp_path / f"ran-{PCI}").exists()
-    if case == "persists":
+    if case == "clears":
+        # exit 0 + clean read-back: the ladder's attempt succeeded, no reboot
+        assert attempts == [("reset_gpu", "succeeded")]
+        assert "reset:allowed for GPU 0000:18:00" in rec["decided_by_rule"]
+        assert ran
+    elif case == "persists":
         # a failed attempt with the agent's evidence, then the next rung
         assert attempts == [("reset_gpu", "failed"), ("reboot", "succeeded")]
         assert "recovery_action: still gpu_reset" in notes_text, notes_text
@@ -232,8 +240,8 @@ async def test_repair_moves_to_reboot(
     else:
         # decided before acting: no reset job ever ran
         assert attempts == [("reboot", "succeeded")]
-        assert rec["decided_by_rule"].startswith(
-            f"reset:pool pool-{NODE} cannot reset one GPU while its NVLink peers stay up")
+        assert (f"reset:pool pool-{NODE} cannot reset one GPU while its NVLink peers stay up "
+                "(reset_gpu.single_gpu=false) -> reboot") in rec["decided_by_rule"]
         assert not ran and not (tmp_path / "out").exists()
         assert "reset_gpu" not in notes_text
     n = await sched.read_node(NODE)
