@@ -141,6 +141,12 @@ def demo_config(
                 "gpu_nodes": len(NODES),
                 "slurm_conf": str(slurm_conf),
                 "validation": {"output_dir": str(slurm_conf.parent.parent / "validation")},
+                # the loopback nodes have no GPU: the agent's reset on its simulated NVML
+                "reset_gpu": {
+                    "output_dir": str(slurm_conf.parent.parent / "reset"),
+                    "command": ["autorepair-agent", "reset-gpu", "--pci", "{pci}", "--json",
+                                "--backend", "simulated"],
+                },
                 "nodes": [
                     {
                         "name": n,
