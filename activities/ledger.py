@@ -38,6 +38,7 @@ from workflows.activity_api import (
     VerdictRecord,
 )
 from workflows.models import Action, Alert, Requester, RequesterKind, Severity
+from workflows.providers import ATTR_PROVIDER, ATTRS, ProviderResolver
 
 #: Arbitrary but fixed advisory-lock key serialising migrations across processes.
 _MIGRATION_LOCK = 0x6770_7561_7574
@@ -134,11 +135,16 @@ class Ledger:
     """Repository over one asyncpg pool. All methods are idempotent.
 
     ``pool``: the asyncpg pool. ``conn``: set only on the connection-scoped ledgers that
-    :meth:`transaction` yields; every statement then runs on that connection."""
+    :meth:`transaction` yields; every statement then runs on that connection.
+    ``providers``: stamps each recorded alert's evidence with the node's provider facts
+    (``autorepair.provider…``) unless the alert already carries them (ingest stamps
+    alerts with what it knows of the node: IP, labels)."""
 
-    def __init__(self, pool: asyncpg.Pool, conn: asyncpg.Connection | None = None) -> None:
+    def __init__(self, pool: asyncpg.Pool, conn: asyncpg.Connection | None = None,
+                 providers: ProviderResolver | None = None) -> None:
         self.pool = pool
         self._conn = conn
+        self.providers = providers
         # fetch/fetchrow/fetchval/execute: the pool and a connection offer the same calls.
         self._db: Any = conn if conn is not None else pool
 
@@ -165,11 +171,21 @@ class Ledger:
         async with self._atomic() as conn:
             if lock is not None:
                 await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", *lock)
-            yield Ledger(self.pool, conn)
+            yield Ledger(self.pool, conn, self.providers)
+
+    @property
+    def db(self) -> Any:
+        """The pool, or the connection of a connection-scoped ledger (``fetch``,
+        ``fetchrow``, ``fetchval``, ``execute``): for query modules beside this one."""
+        return self._db
 
     # -- alerts -------------------------------------------------------------------------
     async def record_alert(self, alert: Alert) -> bool:
         """Insert the alert; True when new. Unmapped kinds (no action) are also counted."""
+        evidence = alert.evidence
+        if self.providers is not None and ATTRS["gpus_per_node"] not in evidence:
+            info = self.providers.for_node(alert.cluster, alert.node)
+            evidence = {**evidence, ATTR_PROVIDER: None, **info.attributes()}
         async with self._atomic() as conn:
             status = await conn.execute(
                 """INSERT INTO alerts (alert_id, cluster, node, machine_id, kind, code, gpu,
@@ -191,7 +207,7 @@ class Ledger:
                 alert.summary,
                 alert.description,
                 alert.evidence_text,
-                alert.evidence,
+                evidence,
                 alert.level,
                 alert.active,
                 alert.source,
@@ -224,6 +240,15 @@ class Ledger:
     async def get_alert(self, alert_id: str) -> Alert | None:
         row = await self._db.fetchrow("SELECT * FROM alerts WHERE alert_id = $1", alert_id)
         return _alert_from_row(row) if row else None
+
+    async def get_alerts(self, alert_ids: list[str]) -> list[Alert]:
+        """The recorded alerts among ``alert_ids``, in the order given (unknown ids left out)."""
+        if not alert_ids:
+            return []
+        rows = await self._db.fetch("SELECT * FROM alerts WHERE alert_id = ANY($1::text[])",
+                                    alert_ids)
+        by_id = {r["alert_id"]: _alert_from_row(r) for r in rows}
+        return [by_id[a] for a in alert_ids if a in by_id]
 
     async def unmapped_counts(self) -> dict[str, int]:
         rows = await self._db.fetch("SELECT kind, count FROM unmapped_alert_counts")
@@ -284,6 +309,21 @@ class Ledger:
                 t.at,
             )
 
+    async def claim_notice(self, repair_id: str, stage: str) -> dict[str, Any] | None:
+        """Claim the newest ``stage`` transition of the repair for notification: returns it
+        (``stage``, ``at``, ``by_whom``, ``reason``) the first time, ``None`` when it was
+        claimed before or does not exist. One winner across retries and workers."""
+        row = await self._db.fetchrow(
+            """UPDATE repair_transitions SET notified_at = now()
+               WHERE id = (SELECT id FROM repair_transitions WHERE repair_id = $1
+                           AND stage = $2 ORDER BY at DESC, id DESC LIMIT 1)
+                 AND notified_at IS NULL
+               RETURNING stage, at, by_whom, reason""",
+            repair_id,
+            stage,
+        )
+        return dict(row) if row is not None else None
+
     async def get_repair(self, repair_id: str) -> dict[str, Any] | None:
         """The repair row with its ``transitions`` (oldest first) and ``attempts``."""
         row = await self._db.fetchrow("SELECT * FROM repairs WHERE repair_id = $1", repair_id)
@@ -302,6 +342,9 @@ class Ledger:
             repair_id,
         )
         out["attempts"] = [dict(a) for a in atts]
+        down = await self._db.fetchrow(
+            "SELECT * FROM repair_downtime WHERE repair_id = $1", repair_id)
+        out["downtime"] = dict(down) if down is not None else None
         return out
 
     async def list_repairs(
@@ -314,9 +357,12 @@ class Ledger:
         requester: str | None = None,
         limit: int = 200,
     ) -> list[dict[str, Any]]:
-        """Repairs newest first, filtered by any of the given fields."""
+        """Repairs newest first, filtered by any of the given fields; ``downtime``: the
+        repair's ``repair_downtime`` row as a dict (JSON types) once it finished."""
         rows = await self._db.fetch(
-            """SELECT * FROM repairs
+            """SELECT repairs.*, (SELECT to_jsonb(d) FROM repair_downtime d
+                                  WHERE d.repair_id = repairs.repair_id) AS downtime
+               FROM repairs
                WHERE ($1::text IS NULL OR cluster = $1) AND ($2::text IS NULL OR node = $2)
                  AND ($3::text IS NULL OR stage = $3) AND ($4::text IS NULL OR action = $4)
                  AND ($5::text IS NULL OR requester_name = $5 OR requester_kind = $5)

@@ -2,10 +2,25 @@
 
 Each activity is a thin, idempotent call into :class:`activities.ledger.Ledger`;
 database errors propagate as retryable failures.
+
+The repair records also drive what follows from them, so no workflow needs a hook:
+
+- a repair's terminal transition and its final ``upsert_repair`` record its downtime and
+  cost (:func:`activities.ledger_reports.record_downtime`; the last call wins, so the
+  row carries the repair's final action);
+- notifications (:class:`~activities.notifications.Notifier`): ``approval_needed`` when
+  the repair row is written at ``awaiting_approval`` (after the ladder's decision, so the
+  action is the one awaiting approval), ``repair_started`` at ``cordoning``,
+  ``repair_finished`` at a terminal ``succeeded`` / ``auto_resolved`` / ``cancelled`` /
+  ``rejected`` row (``failed`` / ``timed_out`` are notified by the workflow itself), and
+  ``validation_failed`` with a failed verdict. Each transition is notified once across
+  retries and workers (:meth:`Ledger.claim_notice`); a notification problem is logged,
+  never raised.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +28,9 @@ import asyncpg
 from temporalio import activity
 
 from activities.ledger import Ledger
+from activities.ledger_reports import record_downtime
+from activities.notifications import NotificationEvent, Notifier
+from activities.notifications.event import repair_event
 from workflows.activity_api import (
     ACT,
     AttemptHistory,
@@ -26,14 +44,28 @@ from workflows.activity_api import (
     TransitionRecord,
     VerdictRecord,
 )
-from workflows.models import Alert
+from workflows.config import NotifyEvent, ProvidersConfig
+from workflows.models import TERMINAL_STAGES, Alert, Stage, Verdict
+from workflows.providers import ProviderResolver
+
+log = logging.getLogger("autorepair.ledger")
+
+#: Terminal stages notified by the workflow itself (``RepairWorkflow`` sends the failure).
+_WORKFLOW_NOTIFIED = frozenset({Stage.failed, Stage.timed_out})
 
 
 class LedgerActivities:
-    """Bound methods are the ledger activities; register ``.all()`` on a worker."""
+    """Bound methods are the ledger activities; register ``.all()`` on a worker.
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
-        self.ledger = Ledger(pool)
+    ``providers``: provider rules for alert stamping and repair cost (default: none, so
+    only GPUs per node = 8). ``notifier``: where repair and validation events go (None:
+    not notified)."""
+
+    def __init__(self, pool: asyncpg.Pool, *, providers: ProvidersConfig | None = None,
+                 notifier: Notifier | None = None) -> None:
+        self.resolver = ProviderResolver(providers or ProvidersConfig())
+        self.ledger = Ledger(pool, providers=self.resolver)
+        self.notifier = notifier
 
     @activity.defn(name=ACT.ledger_record_alert)
     async def record_alert(self, alert: Alert) -> bool:
@@ -43,10 +75,38 @@ class LedgerActivities:
     @activity.defn(name=ACT.ledger_upsert_repair)
     async def upsert_repair(self, rec: RepairRecord) -> None:
         await self.ledger.upsert_repair(rec)
+        if rec.stage in TERMINAL_STAGES:
+            await record_downtime(self.ledger, rec.repair_id, self.resolver)
+            if rec.stage not in _WORKFLOW_NOTIFIED:
+                await self._notice(rec.repair_id, rec.stage, NotifyEvent.repair_finished)
+        elif rec.stage == Stage.awaiting_approval:
+            await self._notice(rec.repair_id, rec.stage, NotifyEvent.approval_needed)
 
     @activity.defn(name=ACT.ledger_record_transition)
     async def record_transition(self, t: TransitionRecord) -> None:
         await self.ledger.record_transition(t)
+        if t.stage in TERMINAL_STAGES:
+            await record_downtime(self.ledger, t.repair_id, self.resolver)
+        elif t.stage == Stage.cordoning:
+            await self._notice(t.repair_id, t.stage, NotifyEvent.repair_started)
+
+    async def _notice(self, repair_id: str, stage: Stage, event: NotifyEvent) -> None:
+        """Notify ``event`` for the newest ``stage`` transition of the repair, once."""
+        if self.notifier is None:
+            return
+        try:
+            claimed = await self.ledger.claim_notice(repair_id, stage.value)
+            if claimed is None:
+                return
+            row = await self.ledger.get_repair(repair_id)
+            if row is None:
+                return
+            alerts = await self.ledger.get_alerts(list(row.get("alert_ids") or []))
+            self.notifier.publish(repair_event(event, row, stage.value, claimed["reason"],
+                                               alerts))
+        except Exception as exc:
+            log.warning("event=notification_error repair=%s kind=%s error=%s", repair_id,
+                        event.value, type(exc).__name__)
 
     @activity.defn(name=ACT.ledger_record_attempt)
     async def record_attempt(self, a: AttemptRecord) -> None:
@@ -62,7 +122,25 @@ class LedgerActivities:
 
     @activity.defn(name=ACT.ledger_record_verdict)
     async def record_verdict(self, v: VerdictRecord) -> None:
+        """Record a verdict; a failed one is notified (``validation_failed``) the first
+        time it is recorded."""
+        known = await self.ledger.latest_verdict(v.machine)
         await self.ledger.record_verdict(v)
+        if (v.verdict == Verdict.failed and self.notifier is not None
+                and (known is None or known["run_id"] != v.run_id)):
+            r = v.result
+            ticket = r.ticket_id or "-"
+            self.notifier.publish(NotificationEvent(
+                event=NotifyEvent.validation_failed, cluster=v.cluster, node=v.machine,
+                severity="critical",
+                subject=f"{v.machine}: validation failed — {r.reason}",
+                body=f"hardware ticket {ticket}; run {v.run_id}",
+                summary=f"{v.machine}: validation failed — {r.reason}",
+                description="; ".join(f"{c.name}: {c.outcome.value} {c.detail}".strip()
+                                      for c in r.checks if c.outcome.value != "passed")[:4000],
+                dedup_key=f"validation/{v.machine}/{v.run_id}",
+                hints=[f"autorepair validate {v.machine}"],
+            ))
 
     @activity.defn(name=ACT.ledger_open_ticket)
     async def open_ticket(self, t: TicketInput) -> TicketResult:

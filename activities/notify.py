@@ -1,69 +1,67 @@
-"""The ``notify`` activity: tell people about diagnostics, failed repairs and the breaker.
+"""The ``notify`` activity: a workflow's notification, handed to the :class:`Notifier`.
 
-Every notification is logged as one structured event line. When
-``notifications.webhook_url`` is set it is also POSTed there as JSON (a chat or paging
-bridge); the subject and body are the workflow's own strings, untouched. The repair id
-is sent as ``Idempotency-Key`` so a retried activity does not page twice at a receiver
-that honours it.
+Workflows notify about diagnostics (``NodeWorkflow``), failed repairs
+(``RepairWorkflow``) and cluster alerts such as a tripped breaker (``ClusterGuardWorkflow``).
+A notification that names a repair is completed from the ledger (action, stage, the
+alerts behind it as evidence, the Temporal UI's detail line) so every channel shows the
+same facts as ``autorepair repairs show``.
 
-Errors: a 4xx answer (except 408/429) raises non-retryable ``ActionFailed`` naming the
-webhook's scheme and host (never its path or query: the credential of most chat and paging
-webhooks, which would otherwise reach the workflow history) and the status; network errors
-and 5xx raise ``RuntimeError`` the same way and are retried by Temporal.
+Delivery is best effort (:mod:`activities.notifications.dispatch`): this activity only
+queues, so it returns at once, never raises, and never blocks or fails the workflow —
+a dead webhook costs log lines, not repairs.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 
-import httpx
 from temporalio import activity
 
-from activities.secrets import redact_url
-from workflows.activity_api import ACT, ERR_ACTION_FAILED, Notification, permanent
+from activities.ledger import Ledger
+from activities.notifications import Notifier
+from activities.notifications.event import (
+    NotificationEvent,
+    event_of,
+    plain_event,
+    repair_event,
+)
+from workflows.activity_api import ACT, Notification
 from workflows.config import NotificationsConfig
 
 log = logging.getLogger("autorepair.notify")
 
 
-def idempotency_key(n: Notification) -> str:
-    """Stable key of one notification (sha256 of cluster, node, repair, subject)."""
-    raw = "\x1f".join((n.cluster, n.node or "", n.repair_id or "", n.subject))
-    return hashlib.sha256(raw.encode()).hexdigest()[:32]
-
-
 class NotifyActivities:
-    """Holds the notification settings; ``notify`` is the activity."""
+    """``notify`` over one :class:`Notifier` (default: built from ``config``);
+    ``ledger``: completes repair notifications from the ledger (None: sent as they are)."""
 
-    def __init__(self, config: NotificationsConfig) -> None:
+    def __init__(self, config: NotificationsConfig, *, notifier: Notifier | None = None,
+                 ledger: Ledger | None = None) -> None:
         self.config = config
+        self.notifier = notifier or Notifier(config)
+        self.ledger = ledger
+
+    async def event_for(self, n: Notification) -> NotificationEvent:
+        """``n`` as a :class:`NotificationEvent`, with the ledger's facts when it names a
+        known repair. Never raises (a ledger error leaves the notification as it is)."""
+        if n.repair_id is None or self.ledger is None:
+            return plain_event(n)
+        try:
+            row = await self.ledger.get_repair(n.repair_id)
+            if row is None:
+                return plain_event(n)
+            alerts = await self.ledger.get_alerts(list(row.get("alert_ids") or []))
+        except Exception as exc:
+            log.warning("event=notification_ledger_error repair=%s error=%s", n.repair_id,
+                        type(exc).__name__)
+            return plain_event(n)
+        stage = str(row["stage"])
+        ev = repair_event(event_of(n), row, stage, n.body, alerts, subject=n.subject,
+                          body=n.body)
+        return ev.model_copy(update={"severity": n.severity})
 
     @activity.defn(name=ACT.notify)
     async def notify(self, n: Notification) -> bool:
-        """Log ``n`` and deliver it to the webhook when configured; True when delivered
-        to a webhook, False when only logged."""
-        log.log(
-            logging.WARNING if n.severity in ("warning", "critical") else logging.INFO,
-            "event=notification cluster=%s node=%s repair=%s severity=%s subject=%r",
-            n.cluster, n.node or "-", n.repair_id or "-", n.severity, n.subject,
-        )
-        url = self.config.webhook_url
-        if not url:
-            return False
-        try:
-            async with httpx.AsyncClient(timeout=self.config.timeout_s) as http:
-                r = await http.post(
-                    url,
-                    json=n.model_dump(mode="json"),
-                    headers={"Idempotency-Key": idempotency_key(n)},
-                )
-        except httpx.HTTPError as exc:
-            raise RuntimeError(
-                f"notifications.webhook_url {redact_url(url)}: {type(exc).__name__}") from None
-        if r.status_code >= 400:
-            msg = f"notifications.webhook_url {redact_url(url)}: HTTP {r.status_code}"
-            if r.status_code < 500 and r.status_code not in (408, 429):
-                raise permanent(ERR_ACTION_FAILED, msg)
-            raise RuntimeError(msg)
-        return True
+        """Queue ``n`` for every channel that takes it; True when at least one does.
+        Never raises."""
+        return self.notifier.publish(await self.event_for(n)) > 0

@@ -21,7 +21,9 @@ from typing import Any
 
 import asyncpg
 
+from activities.ledger import Ledger
 from activities.ledger_activities import LedgerActivities
+from activities.notifications import Notifier
 from activities.notify import NotifyActivities
 from activities.policy_activities import PolicyActivities
 from activities.power import PowerActivities
@@ -40,6 +42,9 @@ class WorkerActivities:
 
     main: list[Callable[..., Any]]
     bmc: list[Callable[..., Any]]
+    #: The notifier behind ``notify`` and the ledger's notifications (close it at
+    #: shutdown: :meth:`Notifier.aclose` gives pending deliveries a moment).
+    notifier: Notifier | None = None
 
 
 def build_activities(
@@ -59,16 +64,22 @@ def build_activities(
     cluster's kubeconfig). ``notify``: an activity named ``notify`` registered instead of
     :class:`~activities.notify.NotifyActivities` (tests record notifications). Power
     actions follow the node → machine bindings a migrate recorded.
+
+    Raises ``ValueError`` naming the channel when a notification secret cannot be read.
     """
     sched = scheduler or SchedulerActivities(config)
     prov = ProvisioningActivities(config, health=sched.health, pool=pool)
     power = PowerActivities(config, health=sched.health, bindings=prov.bound_machine)
+    notifier = Notifier(config.notifications)
+    ledger_acts = LedgerActivities(pool, providers=config.providers, notifier=notifier)
     main: list[Callable[..., Any]] = [
-        *LedgerActivities(pool).all(),
+        *ledger_acts.all(),
         PolicyActivities(config, pool).load_policy,
-        notify or NotifyActivities(config.notifications).notify,
+        notify or NotifyActivities(config.notifications, notifier=notifier,
+                                   ledger=Ledger(pool)).notify,
         *sched.all(),
         *ValidationActivities(config, pool, kube_api_client=kube_api_client).all(),
     ]
     reset = ResetActivities(config, kube_api_client=kube_api_client)
-    return WorkerActivities(main=main, bmc=[*reset.all(), *power.all(), *prov.all()])
+    return WorkerActivities(main=main, bmc=[*reset.all(), *power.all(), *prov.all()],
+                            notifier=notifier)

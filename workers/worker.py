@@ -31,7 +31,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
 from activities.ledger import connect, migrate
-from activities.registry import build_activities
+from activities.registry import WorkerActivities, build_activities
 from workflows.config import AutorepairConfig
 
 log = logging.getLogger("autorepair.worker")
@@ -66,11 +66,12 @@ def build_workers(
     pool: asyncpg.Pool,
     *,
     workflows: Sequence[type] | None = None,
+    acts: WorkerActivities | None = None,
 ) -> list[Worker]:
     """The two workers of this process (not yet running): every workflow (default
     ``workflows.registry.WORKFLOWS``) and the activities of
-    :func:`activities.registry.build_activities` on their task queues."""
-    acts = build_activities(config, pool)
+    :func:`activities.registry.build_activities` (or ``acts``) on their task queues."""
+    acts = acts or build_activities(config, pool)
     wfs = list(workflows) if workflows is not None else workflow_classes()
     workers = [
         Worker(
@@ -113,7 +114,11 @@ async def run_worker(config: AutorepairConfig, stop: asyncio.Event | None = None
         if applied:
             log.info("event=ledger_migrated applied=%s", ",".join(applied))
         client = await connect_temporal(config)
-        workers = build_workers(client, config, pool)
+        try:
+            acts = build_activities(config, pool)
+        except ValueError as exc:
+            raise RuntimeError(str(exc)) from exc
+        workers = build_workers(client, config, pool, acts=acts)
         if config.worker.metrics_port:
             # The default registry holds the worker-side gauges (spare-pool size).
             start_http_server(config.worker.metrics_port, addr=config.worker.metrics_host)
@@ -135,6 +140,8 @@ async def run_worker(config: AutorepairConfig, stop: asyncio.Event | None = None
             for t in watcher_tasks:
                 t.cancel()
             await asyncio.gather(*watcher_tasks, return_exceptions=True)
+        if acts.notifier is not None:
+            await acts.notifier.aclose()
         log.info("event=worker_stopped")
     finally:
         await pool.close()

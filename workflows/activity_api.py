@@ -378,9 +378,16 @@ class TicketPost(BaseModel):
 
 
 class Notification(BaseModel):
+    """Input of ``notify``. ``event``: a ``workflows.config.NotifyEvent`` value (None:
+    inferred, see ``activities.notifications.event.event_of``); ``dedup_key``: what
+    groups repeats of the same matter at a receiver (PagerDuty ``dedup_key``; default:
+    the repair id, else a hash of the notification)."""
+
     cluster: str
     node: str | None = None
     repair_id: str | None = None
     subject: str
     body: str = ""
     severity: str = "info"
+    event: str | None = None
+    dedup_key: str | None = None

@@ -10,6 +10,8 @@ Errors: constructing :class:`AutorepairConfig` from bad data raises
 
 from __future__ import annotations
 
+import ipaddress
+from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -586,13 +588,159 @@ class ApiConfig(_Section):
     tokens_file: str | None = None
 
 
-class NotificationsConfig(_Section):
-    """Where notifications go (diagnostics, failed repairs, breaker trips)."""
+class NotifyEvent(StrEnum):
+    """What a notification is about (per-channel ``events`` filter).
 
-    #: JSON webhook receiving every notification (None = log only).
+    Repair events come from the ledger's stage records (``activities.ledger_activities``);
+    the others from the workflow that raised them (guard, node entity, validation)."""
+
+    #: A repair recommendation waits for an operator's approve / reject.
+    approval_needed = "approval_needed"
+    #: The node was cordoned: the repair is under way.
+    repair_started = "repair_started"
+    #: The repair ended ``succeeded``, ``auto_resolved``, ``cancelled`` or ``rejected``.
+    repair_finished = "repair_finished"
+    #: The repair ended ``failed`` or ``timed_out`` (the node may be left cordoned).
+    repair_failed = "repair_failed"
+    #: The cluster's circuit breaker opened; automatic repairs are paused.
+    breaker_tripped = "breaker_tripped"
+    #: A machine failed re-validation; a hardware ticket was opened.
+    validation_failed = "validation_failed"
+    #: Repeated application-level Xids: a diagnostic validation is recommended.
+    diagnostic_recommended = "diagnostic_recommended"
+    #: Any other cluster-level alert (ingest panic mode).
+    cluster_alert = "cluster_alert"
+
+
+class NotificationChannel(_Section):
+    """One place notifications go, with its own filters.
+
+    The URL (and a PagerDuty routing key) is a secret: give it inline, or better by
+    ``url_env`` / ``url_file`` (read by the worker when it starts); errors and logs show
+    only its scheme and host."""
+
+    #: ``webhook``: generic JSON POST; ``slack``: Slack-compatible incoming webhook
+    #: (Block Kit); ``pagerduty``: PagerDuty Events API v2 (trigger / acknowledge / resolve,
+    #: dedup key = repair id).
+    type: Literal["webhook", "slack", "pagerduty"]
+    #: Channel name in logs (default: the type and its position, e.g. ``slack#0``).
+    name: str | None = None
+    #: Endpoint URL (pagerduty default: ``https://events.pagerduty.com/v2/enqueue``).
+    url: str | None = None
+    #: Environment variable holding the URL instead of ``url``.
+    url_env: str | None = None
+    #: File holding the URL (first line) instead of ``url``.
+    url_file: str | None = None
+    #: PagerDuty: environment variable holding the integration's routing key.
+    routing_key_env: str | None = None
+    #: PagerDuty: file holding the routing key (first line).
+    routing_key_file: str | None = None
+    #: Only these severities (empty = all).
+    severities: list[Severity] = Field(default_factory=list)
+    #: Only these clusters (empty = all).
+    clusters: list[str] = Field(default_factory=list)
+    #: Only these events (empty = all).
+    events: list[NotifyEvent] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> NotificationChannel:
+        sources = [x for x in (self.url, self.url_env, self.url_file) if x]
+        if len(sources) > 1:
+            raise ValueError(f"notifications.channels[{self.type}]: give one of url, url_env, "
+                             "url_file")
+        if not sources and self.type != "pagerduty":
+            raise ValueError(f"notifications.channels[{self.type}]: url, url_env or url_file "
+                             "is required")
+        if self.url and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"notifications.channels[{self.type}].url: not an http(s) URL")
+        if self.type == "pagerduty" and not (self.routing_key_env or self.routing_key_file):
+            raise ValueError("notifications.channels[pagerduty]: routing_key_env or "
+                             "routing_key_file is required")
+        if self.type != "pagerduty" and (self.routing_key_env or self.routing_key_file):
+            raise ValueError(f"notifications.channels[{self.type}]: routing_key_* is only for "
+                             "pagerduty")
+        return self
+
+
+class NotificationsConfig(_Section):
+    """Where notifications go: repair lifecycle, breaker trips, failed validations,
+    diagnostics. Delivery is best effort: queued in the worker, retried, never blocking
+    or failing a workflow."""
+
+    #: Generic JSON webhook receiving every notification (kept for older configs; the same
+    #: as a ``webhook`` channel without filters). None = none.
     webhook_url: str | None = None
-    #: Timeout of one webhook call, seconds.
+    #: Channels with their filters.
+    channels: list[NotificationChannel] = Field(default_factory=list)
+    #: Timeout of one delivery call, seconds.
     timeout_s: float = Field(10.0, gt=0)
+    #: Tries per delivery (first call included) on network errors, 408, 429 and 5xx.
+    attempts: int = Field(4, ge=1, le=20)
+    #: First retry delay, doubled each retry (capped at 60 s; a 429's Retry-After is
+    #: honoured up to that cap), seconds.
+    backoff_s: float = Field(2.0, gt=0)
+    #: Deliveries queued or in flight at most; beyond it new ones are dropped and logged.
+    max_pending: int = Field(1000, ge=1)
+
+
+class ProviderMatch(_Section):
+    """Which nodes a provider rule covers; every key given must match (at least one)."""
+
+    #: Node-name glob (``fnmatch``: ``gpu-a*``, ``node-[0-3]?``).
+    node: str | None = None
+    #: Node IP address or CIDR (``10.1.0.0/16``); matched against the agent's ``host.ip``.
+    cidr: str | None = None
+    #: Kubernetes node labels that must all be equal (agent attributes
+    #: ``k8s.node.label.<key>``).
+    labels: dict[str, str] = Field(default_factory=dict)
+    #: Cluster id.
+    cluster: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ProviderMatch:
+        if not (self.node or self.cidr or self.labels or self.cluster):
+            raise ValueError("providers.rules[].match: give node, cidr, labels or cluster")
+        if self.cidr is not None:
+            try:
+                ipaddress.ip_network(self.cidr, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"providers.rules[].match.cidr: {self.cidr!r} is not an IP address or CIDR"
+                ) from None
+        return self
+
+
+class ProviderRule(_Section):
+    """Facts about the nodes a rule matches. Unset facts fall through to later rules."""
+
+    #: Which nodes.
+    match: ProviderMatch
+    #: Provider name (``aws``, ``coreweave``, ``onprem-dc1``), exported as
+    #: ``autorepair.provider``.
+    provider: str | None = None
+    #: Region or site.
+    region: str | None = None
+    #: GPU model (``H100-SXM``).
+    gpu_type: str | None = None
+    #: GPUs in one node.
+    gpus_per_node: int | None = Field(None, ge=1, le=1024)
+    #: Price of one GPU for one hour, in ``providers.currency``.
+    hourly_rate: float | None = Field(None, ge=0)
+
+
+class ProvidersConfig(_Section):
+    """Node → provider facts (provider, region, GPU type, GPUs per node, hourly rate).
+
+    For each fact, the first rule (in file order) that matches the node and sets it wins;
+    the mapping wins over what agents report (``cloud.provider``, ``cloud.region``).
+    Downtime and cost of repairs use ``gpus_per_node`` and ``hourly_rate``."""
+
+    #: ISO 4217 code of ``hourly_rate`` and every cost figure.
+    currency: str = Field("USD", min_length=3, max_length=3, pattern=r"^[A-Z]{3}$")
+    #: GPUs per node when no rule sets it (8: the HGX/DGX baseboard).
+    default_gpus_per_node: int = Field(8, ge=1, le=1024)
+    #: Rules, first match per fact.
+    rules: list[ProviderRule] = Field(default_factory=list)
 
 
 class WorkerConfig(_Section):
@@ -633,6 +781,7 @@ class AutorepairConfig(_Section):
     api: ApiConfig = Field(default_factory=ApiConfig)
     worker: WorkerConfig = Field(default_factory=WorkerConfig)
     notifications: NotificationsConfig = Field(default_factory=NotificationsConfig)
+    providers: ProvidersConfig = Field(default_factory=ProvidersConfig)
 
     def cluster(self, name: str) -> ClusterConfig:
         """The cluster called ``name``. Raises ``KeyError`` naming it when unknown."""

@@ -126,6 +126,10 @@ class ClusterGuardWorkflow:
                     subject=alert.summary,
                     body=alert.description,
                     severity=alert.severity.value,
+                    event="breaker_tripped" if alert.kind == "circuit_breaker"
+                    else "cluster_alert",
+                    dedup_key=f"breaker/{self._cluster}" if alert.kind == "circuit_breaker"
+                    else alert.alert_id,
                 ),
                 start_to_close_timeout=_ACT_TIMEOUT,
                 retry_policy=_ACT_RETRY,

@@ -211,6 +211,7 @@ class NodeWorkflow:
                     subject=f"diagnostic validation recommended for {alert.node}",
                     body=dec.reason,
                     severity="warning",
+                    event="diagnostic_recommended",
                 ),
                 start_to_close_timeout=_ACT_TIMEOUT,
                 retry_policy=_ACT_RETRY,

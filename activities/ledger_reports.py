@@ -1,0 +1,176 @@
+"""Downtime records and the fleet report over the ledger (``repair_downtime``).
+
+- :func:`record_downtime`: when a repair ends, compute its downtime and cost from its
+  recorded stage transitions (:func:`workflows.downtime.compute_downtime`) and upsert its
+  ``repair_downtime`` row (idempotent: the last call wins, so the row follows the final
+  ``repairs`` row, whose action may have changed on the ladder).
+- :func:`fleet_report`: repairs that ended in a window, by outcome; MTTR; GPU-hours lost
+  and cost by cluster, action and fault kind; top fault kinds and machines.
+
+Provider facts of a repair (GPUs per node, hourly rate) come from its first alert's
+evidence when ingest stamped them there (the node's IP and labels were known), else from
+the ``providers`` rules by cluster and node name (:func:`workflows.providers.info_for`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from datetime import datetime
+from typing import Any
+
+from activities.ledger import Ledger
+from workflows.downtime import Downtime, compute_downtime
+from workflows.models import TERMINAL_STAGES
+from workflows.providers import ProviderResolver, info_for
+
+MANUAL_KIND = "manual"
+"""Fault kind of a repair with no alert behind it (the ``AlertKind`` search attribute's
+value for such repairs)."""
+REPORT_ROWS_MAX = 100_000
+"""Most repairs one report reads (a week of a very large fleet fits many times)."""
+TOP_N = 10
+"""Rows of the "top fault kinds" and "top machines" lists."""
+
+_TERMINAL = sorted(s.value for s in TERMINAL_STAGES)
+_FAILURES = ("failed", "timed_out")
+
+
+async def record_downtime(
+    ledger: Ledger, repair_id: str, resolver: ProviderResolver
+) -> Downtime | None:
+    """Compute and upsert the downtime of ``repair_id``; ``None`` (nothing written) while
+    the repair has no terminal transition or is unknown."""
+    db = ledger.db
+    row = await db.fetchrow("SELECT * FROM repairs WHERE repair_id = $1", repair_id)
+    if row is None:
+        return None
+    trans = await db.fetch(
+        "SELECT stage, at FROM repair_transitions WHERE repair_id = $1 ORDER BY at, id",
+        repair_id,
+    )
+    first = None
+    if row["alert_ids"]:
+        first = await db.fetchrow(
+            "SELECT kind, evidence FROM alerts WHERE alert_id = $1", row["alert_ids"][0])
+    evidence = (first["evidence"] or {}) if first is not None else {}
+    info = info_for(resolver, row["cluster"], row["node"], [evidence])
+    down = compute_downtime([(t["stage"], t["at"]) for t in trans], info)
+    if down is None:
+        return None
+    terminal = {s.value for s in TERMINAL_STAGES}
+    ended = next(t["at"] for t in trans if t["stage"] in terminal)
+    outcome = next(t["stage"] for t in trans if t["stage"] in terminal)
+    await db.execute(
+        """INSERT INTO repair_downtime (repair_id, cluster, node, machine_id, action,
+             fault_kind, outcome, started_at, ended_at, gpus, cordoned_at, rejoined_at,
+             duration_s, idle_wait_s, out_of_service_s, gpu_hours, idle_wait_gpu_hours,
+             out_of_service_gpu_hours, hourly_rate, cost, currency, provider, region,
+             gpu_type)
+           VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,
+                   $21,$22,$23,$24)
+           ON CONFLICT (repair_id) DO UPDATE SET
+             machine_id = EXCLUDED.machine_id, action = EXCLUDED.action,
+             fault_kind = EXCLUDED.fault_kind, outcome = EXCLUDED.outcome,
+             ended_at = EXCLUDED.ended_at, gpus = EXCLUDED.gpus,
+             cordoned_at = EXCLUDED.cordoned_at, rejoined_at = EXCLUDED.rejoined_at,
+             duration_s = EXCLUDED.duration_s, idle_wait_s = EXCLUDED.idle_wait_s,
+             out_of_service_s = EXCLUDED.out_of_service_s, gpu_hours = EXCLUDED.gpu_hours,
+             idle_wait_gpu_hours = EXCLUDED.idle_wait_gpu_hours,
+             out_of_service_gpu_hours = EXCLUDED.out_of_service_gpu_hours,
+             hourly_rate = EXCLUDED.hourly_rate, cost = EXCLUDED.cost,
+             currency = EXCLUDED.currency, provider = EXCLUDED.provider,
+             region = EXCLUDED.region, gpu_type = EXCLUDED.gpu_type,
+             recorded_at = now()""",
+        repair_id, row["cluster"], row["node"], row["machine_id"], row["action"],
+        first["kind"] if first is not None else MANUAL_KIND, outcome,
+        trans[0]["at"] if trans else ended, ended, down.gpus, down.cordoned_at,
+        down.rejoined_at, down.duration_s, down.idle_wait_s, down.out_of_service_s,
+        down.gpu_hours, down.idle_wait_gpu_hours, down.out_of_service_gpu_hours,
+        down.hourly_rate, down.cost, down.currency, down.provider, down.region,
+        down.gpu_type,
+    )
+    return down
+
+
+def _group(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        g = out.setdefault(str(r[key]), {key: str(r[key]), "repairs": 0, "gpu_hours": 0.0,
+                                          "cost": 0.0, "failed": 0})
+        g["repairs"] += 1
+        g["gpu_hours"] += r["gpu_hours"] or 0.0
+        g["cost"] += r["cost"] or 0.0
+        g["failed"] += r["outcome"] in _FAILURES
+    return sorted(out.values(), key=lambda g: (-g["repairs"], -g["gpu_hours"], g[key]))
+
+
+async def fleet_report(
+    ledger: Ledger, since: datetime, until: datetime, *, cluster: str | None = None,
+    currency: str = "USD",
+) -> dict[str, Any]:
+    """What repairs cost between ``since`` and ``until`` (repairs whose terminal
+    transition falls in the window), JSON-ready.
+
+    Shape: ``{"since", "until", "cluster", "currency", "repairs": N, "open": N,
+    "outcomes": {stage: N}, "mttr_s", "mttr_p50_s", "gpu_hours", "idle_wait_gpu_hours",
+    "out_of_service_gpu_hours", "cost", "unpriced_repairs", "by_cluster": [...],
+    "by_action": [...], "by_fault_kind": [...], "top_fault_kinds": [...],
+    "top_machines": [...], "daily": [{"day", "repairs", "gpu_hours", "cost"}]}``.
+    MTTR: mean time from the repair's first record (the recommendation) to its end, over
+    ``succeeded`` repairs; ``None`` without any. ``cost`` sums the priced repairs;
+    ``unpriced_repairs`` counts those with no hourly rate. Group rows:
+    ``{KEY, "repairs", "gpu_hours", "cost", "failed"}``, most repairs first.
+    """
+    rows = await ledger.db.fetch(
+        """SELECT r.repair_id, r.cluster, r.node, COALESCE(r.machine_id, r.node) AS machine,
+                  r.action, r.stage, r.created_at, e.ended_at,
+                  COALESCE(d.fault_kind, (SELECT a.kind FROM alerts a
+                                          WHERE a.alert_id = r.alert_ids[1]), $5) AS fault_kind,
+                  d.gpu_hours, d.idle_wait_gpu_hours, d.out_of_service_gpu_hours, d.cost,
+                  d.started_at
+           FROM repairs r
+           JOIN LATERAL (SELECT min(at) AS ended_at FROM repair_transitions t
+                         WHERE t.repair_id = r.repair_id AND t.stage = ANY($3::text[])) e
+             ON e.ended_at IS NOT NULL
+           LEFT JOIN repair_downtime d ON d.repair_id = r.repair_id
+           WHERE e.ended_at >= $1 AND e.ended_at < $2 AND ($4::text IS NULL OR r.cluster = $4)
+           ORDER BY e.ended_at LIMIT $6""",
+        since, until, _TERMINAL, cluster, MANUAL_KIND, REPORT_ROWS_MAX,
+    )
+    open_n = await ledger.db.fetchval(
+        "SELECT count(*) FROM repairs WHERE stage <> ALL($1::text[])"
+        " AND ($2::text IS NULL OR cluster = $2)", _TERMINAL, cluster)
+    recs: list[dict[str, Any]] = []
+    for r in rows:
+        d = dict(r)
+        d["outcome"] = d["stage"]
+        recs.append(d)
+    ttr = sorted((r["ended_at"] - (r["started_at"] or r["created_at"])).total_seconds()
+                  for r in recs if r["outcome"] == "succeeded")
+    by_day: dict[str, dict[str, Any]] = defaultdict(
+        lambda: {"repairs": 0, "gpu_hours": 0.0, "cost": 0.0})
+    for r in recs:
+        day = by_day[r["ended_at"].date().isoformat()]
+        day["repairs"] += 1
+        day["gpu_hours"] += r["gpu_hours"] or 0.0
+        day["cost"] += r["cost"] or 0.0
+    kinds = _group(recs, "fault_kind")
+    return {
+        "since": since.isoformat(), "until": until.isoformat(), "cluster": cluster,
+        "currency": currency, "repairs": len(recs), "open": int(open_n or 0),
+        "outcomes": dict(sorted(Counter(r["outcome"] for r in recs).items())),
+        "mttr_s": statistics.fmean(ttr) if ttr else None,
+        "mttr_p50_s": statistics.median(ttr) if ttr else None,
+        "gpu_hours": sum(r["gpu_hours"] or 0.0 for r in recs),
+        "idle_wait_gpu_hours": sum(r["idle_wait_gpu_hours"] or 0.0 for r in recs),
+        "out_of_service_gpu_hours": sum(r["out_of_service_gpu_hours"] or 0.0 for r in recs),
+        "cost": sum(r["cost"] or 0.0 for r in recs),
+        "unpriced_repairs": sum(1 for r in recs if r["cost"] is None),
+        "by_cluster": _group(recs, "cluster"),
+        "by_action": _group(recs, "action"),
+        "by_fault_kind": kinds,
+        "top_fault_kinds": kinds[:TOP_N],
+        "top_machines": _group(recs, "machine")[:TOP_N],
+        "daily": [{"day": k, **v} for k, v in sorted(by_day.items())],
+    }
