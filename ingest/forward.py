@@ -10,6 +10,10 @@ exponential backoff (tenacity, capped at ``max_backoff_s``); other 4xx drop the 
 (``rejected``). The queue is bounded: when it is full the oldest payload is dropped and
 counted (``dropped``), so a dead downstream costs at most ``queue_size`` payloads of
 memory and never slows the agents' pushes.
+
+With ``providers`` rules configured, each forwarded resource carries the node's provider
+facts as resource attributes (:func:`stamp_providers`), so downstream cost dashboards
+can group by ``autorepair.provider``.
 """
 
 from __future__ import annotations
@@ -18,10 +22,13 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import httpx
 import tenacity
+
+from ingest.otlp import _kv, attributes, decode_resource
+from workflows.providers import ATTRS, NodeFacts, ProviderResolver
 
 log = logging.getLogger("autorepair.ingest.forward")
 
@@ -149,3 +156,26 @@ class OtlpForwarder:
                 await retrying(self._post, signal, body)
             except Exception:
                 log.exception("event=forward_error signal=%s payloads=%d", signal, n)
+
+
+def stamp_providers(req: Any, resolver: ProviderResolver) -> int:
+    """Set the provider facts (``autorepair.provider``, ``autorepair.provider.region`` …,
+    :data:`workflows.providers.ATTRS`) on every identified resource of an OTLP metrics
+    or logs export request, in place, replacing any the sender set (the configured
+    mapping wins). Returns the resources stamped; unidentified resources are left alone.
+    Never raises on odd attributes."""
+    names = set(ATTRS.values())
+    blocks = getattr(req, "resource_metrics", None) or getattr(req, "resource_logs", None) or []
+    n = 0
+    for block in blocks:
+        attrs = attributes(block.resource.attributes)
+        res = decode_resource(attrs)
+        if isinstance(res, str):
+            continue
+        info = resolver.resolve(NodeFacts.from_resource(res.cluster, res.node, attrs))
+        keep = [kv for kv in block.resource.attributes if kv.key not in names]
+        del block.resource.attributes[:]
+        block.resource.attributes.extend(keep)
+        block.resource.attributes.extend(_kv(k, v) for k, v in info.attributes().items())
+        n += 1
+    return n

@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsPartialSuccess,
@@ -28,7 +28,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from ingest.forward import OtlpForwarder
+from ingest.forward import OtlpForwarder, stamp_providers
 from ingest.handoff import AlertSink, HandoffQueueFull
 from ingest.inventory import NodeInventory, UnknownNodeGate
 from ingest.metrics import IngestMetrics
@@ -45,6 +45,7 @@ from ingest.threshold import (
 from workflows.catalogue.vocabulary import KNOWN_KINDS
 from workflows.config import AutorepairConfig
 from workflows.models import Alert
+from workflows.providers import ATTR_PROVIDER, NodeFacts, ProviderInfo, ProviderResolver
 
 log = logging.getLogger("autorepair.ingest")
 
@@ -152,6 +153,7 @@ class Ingestor:
         self.max_future_s = config.ingest.max_future_s
         self.nccl = NcclEngine(config.nccl)
         self.metrics.watch_nccl(self.nccl)
+        self.providers = ProviderResolver(config.providers)
 
     # ------------------------------------------------------------------ alerts
     def _builder(self) -> Callable[..., Alert]:
@@ -161,15 +163,30 @@ class Ingestor:
             self._alert_from_fault = alert_from_fault
         return self._alert_from_fault
 
+    def provider_of(self, res: Resource) -> ProviderInfo:
+        """Provider facts of the node behind ``res`` (rules, then its agent's attributes)."""
+        return self.providers.resolve(NodeFacts.from_resource(res.cluster, res.node, res.attrs))
+
+    def _stamped(self, res: Resource, evidence: dict[str, Any]) -> dict[str, Any]:
+        return {**evidence, ATTR_PROVIDER: None, **self.provider_of(res).attributes()}
+
+    def _forward(self, signal: Literal["metrics", "logs"], req: Any, raw: bytes | None) -> None:
+        """Queue ``req`` for forwarding, with provider resource attributes when rules exist."""
+        assert self.forwarder is not None
+        if self.providers.enabled and stamp_providers(req, self.providers):
+            raw = None
+        self.forwarder.enqueue(signal, raw if raw is not None else req.SerializeToString())
+
     def build_alert(
         self, res: Resource, *, kind: str, code: int | None, gpu: str | None,
         evidence_text: str, evidence: dict[str, Any], observed_at: float, active: bool,
         level: bool, source: str,
     ) -> Alert:
-        """An :class:`Alert` through ``workflows.alerts.alert_from_fault`` (catalogue applied)."""
+        """An :class:`Alert` through ``workflows.alerts.alert_from_fault`` (catalogue
+        applied); its evidence carries the node's provider facts (``autorepair.provider``…)."""
         return self._builder()(
             cluster=res.cluster, node=res.node, kind=kind, code=code, gpu=gpu,
-            evidence_text=evidence_text, evidence=evidence,
+            evidence_text=evidence_text, evidence=self._stamped(res, evidence),
             observed_at=datetime.fromtimestamp(observed_at, UTC),
             catalogue=self.config.policy.catalogue, machine_id=res.machine_id,
             node_pool=res.node_pool, active=active, level=level, source=source,
@@ -237,7 +254,7 @@ class Ingestor:
             hint = self._hint_for_request(d, req)
         self._count_rejected(d, transport, "metrics")
         if self.forwarder is not None:
-            self.forwarder.enqueue("metrics", raw if raw is not None else req.SerializeToString())
+            self._forward("metrics", req, raw)
         resp = ExportMetricsServiceResponse()
         if d.rejected:
             resp.partial_success.CopyFrom(ExportMetricsPartialSuccess(
@@ -279,7 +296,8 @@ class Ingestor:
         r = info.resource if info is not None else None
         return self._builder()(
             cluster=edge.cluster, node=edge.node, kind=NCCL_KIND, code=None, gpu=None,
-            evidence_text=edge.text(), evidence=edge.evidence(),
+            evidence_text=edge.text(),
+            evidence=self._stamped(r, edge.evidence()) if r is not None else edge.evidence(),
             observed_at=datetime.fromtimestamp(edge.at, UTC),
             catalogue=self.config.policy.catalogue,
             machine_id=r.machine_id if r is not None else None,
@@ -368,7 +386,7 @@ class Ingestor:
             await self._fault_alert(f)
         self._count_rejected(d, transport, "logs")
         if self.forwarder is not None:
-            self.forwarder.enqueue("logs", raw if raw is not None else req.SerializeToString())
+            self._forward("logs", req, raw)
         resp = ExportLogsServiceResponse()
         if d.rejected:
             resp.partial_success.CopyFrom(ExportLogsPartialSuccess(
@@ -482,8 +500,9 @@ class Ingestor:
         return body
 
     def snapshot(self, cluster_id: str | None = None) -> dict[str, Any]:
-        """Read-only state: cohorts, nodes (score, state, signals, straggler), cluster alerts,
-        NCCL slow ranks.
+        """Read-only state: cohorts, nodes (score, state, signals, straggler, provider facts
+        ``{"provider", "region", "gpu_type", "gpus_per_node", "hourly_rate", "currency"}``),
+        cluster alerts, NCCL slow ranks.
 
         Shape: ``{"computed_at", "cohorts": [...], "nodes": [...], "cluster_alerts": [...],
         "alerts": {"submitted", "refused", "queue_depth"}, "nccl": {"communicators",
@@ -502,6 +521,7 @@ class Ingestor:
                 "boot_id": r.boot_id, "node_pool": r.node_pool, "k8s_node": r.k8s_node,
                 "score": info.score, "state": info.state, "signals": dict(info.signals),
                 "straggler": (cl, node) in strag, "last_seen": info.last_seen,
+                "provider": self.provider_of(r).model_dump(),
             })
         depth = 0
         if self.alert_sink is not None and hasattr(self.alert_sink, "depth"):
