@@ -7,7 +7,10 @@ service's own and documented here. ``autorepair_unknown_nodes_limited_total{clus
 ``autorepair_unknown_node_alerts_total{cluster}`` count alerts about nodes outside the
 inventory (:mod:`ingest.inventory`), labelled by configured cluster or ``other``.
 
-``autorepair_repairs_total`` and ``autorepair_breaker_open`` belong to the repair path;
+``autorepair_repairs_total``, ``autorepair_breaker_open`` and the downtime series
+(``autorepair_repair_downtime_gpu_hours_total``,
+``autorepair_repair_idle_wait_gpu_hours_total``, ``autorepair_repair_cost_total``, labels
+``cluster``, ``action``, ``fault_kind``) belong to the repair path;
 they are registered here because DESIGN §4.5 serves every series on the API port's
 ``/metrics``, and kept current from Temporal by :mod:`ingest.repair_metrics`.
 
@@ -125,6 +128,8 @@ class IngestMetrics:
         self.kinds = LabelGuard(known_kinds, 0)
         self.unmapped_kinds = LabelGuard((), max_label_values)
         self.clusters = LabelGuard(known_clusters, max_label_values)
+        #: fault kinds of repairs (``manual``: a repair with no alert behind it)
+        self.fault_kinds = LabelGuard([*known_kinds, "manual"], max_label_values)
         self._cohorts_of: dict[str, LabelGuard] = {}
         cc = ["cluster_id", "cohort"]
         self.threshold = Gauge("autorepair_threshold", "Published straggler threshold", cc,
@@ -150,6 +155,22 @@ class IngestMetrics:
                     ["kind"], registry=r), 0, self.unmapped_kinds, OTHER)
         self.repairs_total = Counter("autorepair_repairs_total", "Repairs by outcome",
                                      ["action", "outcome"], registry=r)
+        dk = ["cluster", "action", "fault_kind"]
+
+        def downtime_counter(name: str, doc: str) -> BoundedLabels:
+            # cluster and fault kind bounded like the other sender-influenced labels
+            inner = BoundedLabels(Counter(name, doc, dk, registry=r), 0, self.clusters, OTHER)
+            return BoundedLabels(inner, 2, self.fault_kinds, OTHER)
+
+        self.repair_downtime_gpu_hours_total = downtime_counter(
+            "autorepair_repair_downtime_gpu_hours_total",
+            "GPU-hours lost to finished repairs, cordon to rejoin")
+        self.repair_idle_wait_gpu_hours_total = downtime_counter(
+            "autorepair_repair_idle_wait_gpu_hours_total",
+            "Part of the GPU-hours lost spent waiting for the workload to finish")
+        self.repair_cost_total = downtime_counter(
+            "autorepair_repair_cost_total",
+            "Cost of the GPU-hours lost to finished repairs (providers.currency)")
         self.breaker_open = BoundedLabels(
             Gauge("autorepair_breaker_open", "1 while the breaker is open", ["cluster_id"],
                   registry=r), 0, self.clusters, "drop")

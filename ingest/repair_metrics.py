@@ -7,6 +7,13 @@ This poller keeps two of them current from Temporal itself, the system of record
   this process started, counted once (visibility query on ``CloseTime``; labels from the
   ``RepairAction`` / ``RepairState`` search attributes). A counter: it starts at zero with
   the process, as Prometheus counters do.
+- ``autorepair_repair_downtime_gpu_hours_total{cluster,action,fault_kind}``,
+  ``autorepair_repair_idle_wait_gpu_hours_total{…}`` and ``autorepair_repair_cost_total{…}``
+  (DESIGN §4.5): for each of those closed repairs that completed, its result (the final
+  ``RepairStatus``: stage history and evidence) gives its downtime through
+  :func:`workflows.downtime.compute_downtime` — the same computation the ledger records
+  — priced by the ``providers`` rules. ``fault_kind`` is the first alert's kind
+  (``manual`` without one). A repair with no rate adds GPU-hours but no cost.
 - ``autorepair_breaker_open{cluster_id}``: 1 while ``guard/{cluster}`` reports its breaker
   open (``status`` query), 0 otherwise or when the cluster has no guard yet.
 
@@ -23,10 +30,13 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from ingest.metrics import IngestMetrics
+from workflows.config import ProvidersConfig
+from workflows.downtime import compute_downtime
+from workflows.models import RepairStatus
 from workflows.protocol import (
     GUARD_QUERY_STATUS,
     REPAIR_WORKFLOW,
@@ -37,6 +47,7 @@ from workflows.protocol import (
     GuardStatus,
     workflow_id_guard,
 )
+from workflows.providers import ProviderResolver, info_for
 
 log = logging.getLogger("autorepair.ingest.repair_metrics")
 
@@ -61,6 +72,7 @@ class RepairMetricsPoller:
 
     ``clusters``: returns the cluster ids to ask the guard of (called each round).
     ``started_at``: repairs closed before it are not counted (default: now).
+    ``providers``: prices the downtime (default: no rules, 8 GPUs per node, no cost).
     """
 
     def __init__(
@@ -71,11 +83,13 @@ class RepairMetricsPoller:
         *,
         started_at: datetime | None = None,
         interval_s: float = POLL_S,
+        providers: ProviderResolver | None = None,
     ) -> None:
         self.client = client
         self.metrics = metrics
         self.clusters = clusters
         self.interval_s = interval_s
+        self.providers = providers or ProviderResolver(ProvidersConfig())
         self.since = started_at or datetime.now(UTC)
         self._seen: set[tuple[str, str]] = set()
         self._order: deque[tuple[str, str]] = deque()
@@ -100,10 +114,37 @@ class RepairMetricsPoller:
             if outcome in ("unknown", STATE_IN_PROGRESS, STATE_AWAITING_APPROVAL):
                 outcome = str(wf.status.name).lower() if wf.status else "unknown"
             self.metrics.repairs_total.labels(_attr(wf, SA_ACTION.name), outcome).inc()
+            if wf.status == WorkflowExecutionStatus.COMPLETED:
+                await self._count_downtime(wf.id, wf.run_id)
             if wf.close_time is not None and wf.close_time > self.since:
                 self.since = wf.close_time
             new += 1
         return new
+
+    async def _count_downtime(self, workflow_id: str, run_id: str | None) -> None:
+        """Add the downtime of one completed repair (its result) to the counters; a result
+        that is not a ``RepairStatus`` or cannot be read is skipped (logged)."""
+        try:
+            handle = self.client.get_workflow_handle(workflow_id, run_id=run_id,
+                                                     result_type=RepairStatus)
+            st = await handle.result(rpc_timeout=timedelta(seconds=5))
+        except Exception as exc:
+            log.debug("event=repair_result_unreadable workflow_id=%s error=%s", workflow_id,
+                      type(exc).__name__)
+            return
+        if not isinstance(st, RepairStatus):
+            return
+        info = info_for(self.providers, st.cluster, st.node, [a.evidence for a in st.evidence])
+        down = compute_downtime([(h.stage, h.at) for h in st.history], info)
+        if down is None:
+            return
+        kind = st.evidence[0].kind if st.evidence else "manual"
+        labels = (st.cluster, st.action.value, kind)
+        self.metrics.repair_downtime_gpu_hours_total.labels(*labels).inc(down.gpu_hours)
+        self.metrics.repair_idle_wait_gpu_hours_total.labels(*labels).inc(
+            down.idle_wait_gpu_hours)
+        if down.cost is not None:
+            self.metrics.repair_cost_total.labels(*labels).inc(down.cost)
 
     async def breaker_states(self) -> dict[str, bool]:
         """Ask each cluster's guard whether its breaker is open; sets the gauge."""

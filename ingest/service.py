@@ -342,6 +342,7 @@ async def _serve(config: AutorepairConfig, routers_for: RoutersFactory | None = 
         # configured clusters plus those admitted as metric labels: a bounded set however
         # many cluster ids senders make up (ingest.max_label_values)
         lambda: [c.name for c in config.clusters] + sorted(service.metrics.clusters.admitted),
+        providers=service.ingestor.providers,
     )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

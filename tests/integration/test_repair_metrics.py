@@ -15,7 +15,10 @@ from temporalio.worker import Worker
 with workflow.unsafe.imports_passed_through():
     from ingest.metrics import IngestMetrics
     from ingest.repair_metrics import RepairMetricsPoller
+    from workflows.config import ProvidersConfig
+    from workflows.models import RepairStatus
     from workflows.protocol import GuardStatus
+    from workflows.providers import ProviderResolver
 
 ACTION = SearchAttributeKey.for_keyword("RepairAction")
 STATE = SearchAttributeKey.for_keyword("RepairState")
@@ -29,6 +32,16 @@ class EndedRepair:
     async def run(self, outcome: str) -> str:
         workflow.upsert_search_attributes([STATE.value_set(outcome)])
         return outcome
+
+
+@workflow.defn(name="RepairWorkflow")
+class CostedRepair:
+    """Stands in for a finished repair: returns the final status it is given."""
+
+    @workflow.run
+    async def run(self, status: RepairStatus) -> RepairStatus:
+        workflow.upsert_search_attributes([STATE.value_set(status.stage.value)])
+        return status
 
 
 @workflow.defn(name="ClusterGuardWorkflow")
@@ -89,3 +102,49 @@ async def test_closed_repairs_counted_once_and_breaker_state(temporal_dev_env: A
         assert _value(metrics, "autorepair_breaker_open", {"cluster_id": "c-no-guard"}) == 0
         await guard.signal(TrippedGuard.finish)
         await guard.result()
+
+
+async def test_downtime_and_cost_of_completed_repairs(temporal_dev_env: Any) -> None:
+    client = temporal_dev_env.client
+    tq = "cost-" + uuid.uuid4().hex[:8]
+    metrics = IngestMetrics()
+    providers = ProviderResolver(ProvidersConfig.model_validate({"rules": [
+        {"match": {"cluster": "cost-c"}, "gpus_per_node": 4, "hourly_rate": 2.0}]}))
+    poller = RepairMetricsPoller(client, metrics, lambda: [], providers=providers,
+                                 started_at=datetime.now(UTC) - timedelta(seconds=1))
+    t0 = datetime(2026, 11, 2, 8, 0, tzinfo=UTC)
+
+    def status(rid: str, stages: list[tuple[str, float]], kind: str | None) -> RepairStatus:
+        alerts = [] if kind is None else [{
+            "alert_id": f"a-{rid}", "cluster": "cost-c", "node": "gpu-1", "kind": kind,
+            "summary": "s", "observed_at": t0.isoformat()}]
+        return RepairStatus.model_validate({
+            "repair_id": rid, "cluster": "cost-c", "node": "gpu-1", "stage": stages[-1][0],
+            "action": "reboot", "requester": {"kind": "system", "name": "autorepair"},
+            "evidence": alerts,
+            "history": [{"stage": st, "at": (t0 + timedelta(hours=h)).isoformat()}
+                        for st, h in stages]})
+
+    async with Worker(client, task_queue=tq, workflows=[CostedRepair]):
+        for st in (
+            status("r1", [("recommended", 0), ("cordoning", 0), ("waiting_for_idle", 0.25),
+                          ("draining", 1.25), ("running", 3), ("succeeded", 3)], "xid"),
+            status("r2", [("recommended", 0), ("cordoning", 1), ("failed", 2)], None),
+        ):
+            await client.execute_workflow(CostedRepair.run, st, task_queue=tq,
+                                          id=f"repair/cost-c/gpu-1/{st.repair_id}-{tq}")
+        for _ in range(50):  # visibility is eventually consistent
+            await poller.count_closed()
+            if all(_value(metrics, "autorepair_repair_downtime_gpu_hours_total",
+                          {"cluster": "cost-c", "action": "reboot", "fault_kind": k})
+                   for k in ("xid", "manual")):
+                break
+            await asyncio.sleep(0.2)
+    xid = {"cluster": "cost-c", "action": "reboot", "fault_kind": "xid"}
+    manual = {**xid, "fault_kind": "manual"}
+    assert _value(metrics, "autorepair_repair_downtime_gpu_hours_total", xid) == 12.0  # 4 × 3 h
+    assert _value(metrics, "autorepair_repair_idle_wait_gpu_hours_total", xid) == 4.0
+    assert _value(metrics, "autorepair_repair_cost_total", xid) == 24.0
+    assert _value(metrics, "autorepair_repair_downtime_gpu_hours_total", manual) == 4.0
+    assert _value(metrics, "autorepair_repair_cost_total", manual) == 8.0
+    assert "autorepair_repair_cost_total{" in metrics.render().decode()
