@@ -93,16 +93,18 @@ async def record_downtime(
     return down
 
 
-def _group(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
+def _group(rows: list[dict[str, Any]], *keys: str) -> list[dict[str, Any]]:
+    out: dict[tuple[str, ...], dict[str, Any]] = {}
     for r in rows:
-        g = out.setdefault(str(r[key]), {key: str(r[key]), "repairs": 0, "gpu_hours": 0.0,
-                                          "cost": 0.0, "failed": 0})
+        k = tuple(str(r[x]) for x in keys)
+        g = out.setdefault(k, {**dict(zip(keys, k, strict=True)), "repairs": 0,
+                               "gpu_hours": 0.0, "cost": 0.0, "failed": 0})
         g["repairs"] += 1
         g["gpu_hours"] += r["gpu_hours"] or 0.0
         g["cost"] += r["cost"] or 0.0
         g["failed"] += r["outcome"] in _FAILURES
-    return sorted(out.values(), key=lambda g: (-g["repairs"], -g["gpu_hours"], g[key]))
+    return sorted(out.values(), key=lambda g: (-g["repairs"], -g["gpu_hours"],
+                                               [g[x] for x in keys]))
 
 
 async def fleet_report(
@@ -112,15 +114,20 @@ async def fleet_report(
     """What repairs cost between ``since`` and ``until`` (repairs whose terminal
     transition falls in the window), JSON-ready.
 
-    Shape: ``{"since", "until", "cluster", "currency", "repairs": N, "open": N,
+    Shape: ``{"since", "until", "cluster", "currency", "cost_by_currency", "repairs": N, "open": N,
     "outcomes": {stage: N}, "mttr_s", "mttr_p50_s", "gpu_hours", "idle_wait_gpu_hours",
     "out_of_service_gpu_hours", "cost", "unpriced_repairs", "by_cluster": [...],
-    "by_action": [...], "by_fault_kind": [...], "top_fault_kinds": [...],
+    "by_action": [...], "by_fault_kind": [...], "breakdown": [...], "top_fault_kinds": [...],
     "top_machines": [...], "daily": [{"day", "repairs", "gpu_hours", "cost"}]}``.
     MTTR: mean time from the repair's first record (the recommendation) to its end, over
-    ``succeeded`` repairs; ``None`` without any. ``cost`` sums the priced repairs;
+    ``succeeded`` repairs; ``None`` without any. ``currency``: that of the recorded costs
+    (``currency`` argument when none is priced, ``mixed`` when the providers' currency
+    changed inside the window; ``cost_by_currency`` then splits them). ``cost`` sums the
+    priced repairs;
     ``unpriced_repairs`` counts those with no hourly rate. Group rows:
-    ``{KEY, "repairs", "gpu_hours", "cost", "failed"}``, most repairs first.
+    ``{KEY, "repairs", "gpu_hours", "cost", "failed"}``, most repairs first;
+    ``breakdown`` rows are keyed by cluster, action and fault kind together (the labels of
+    ``autorepair_repair_downtime_gpu_hours_total``).
     """
     rows = await ledger.db.fetch(
         """SELECT r.repair_id, r.cluster, r.node, COALESCE(r.machine_id, r.node) AS machine,
@@ -128,7 +135,7 @@ async def fleet_report(
                   COALESCE(d.fault_kind, (SELECT a.kind FROM alerts a
                                           WHERE a.alert_id = r.alert_ids[1]), $5) AS fault_kind,
                   d.gpu_hours, d.idle_wait_gpu_hours, d.out_of_service_gpu_hours, d.cost,
-                  d.started_at
+                  d.currency, d.started_at
            FROM repairs r
            JOIN LATERAL (SELECT min(at) AS ended_at FROM repair_transitions t
                          WHERE t.repair_id = r.repair_id AND t.stage = ANY($3::text[])) e
@@ -156,9 +163,17 @@ async def fleet_report(
         day["gpu_hours"] += r["gpu_hours"] or 0.0
         day["cost"] += r["cost"] or 0.0
     kinds = _group(recs, "fault_kind")
+    by_cur: dict[str, float] = defaultdict(float)
+    for r in recs:
+        if r["cost"] is not None:
+            by_cur[r["currency"]] += r["cost"]
+    if len(by_cur) == 1:
+        currency = next(iter(by_cur))
+    elif len(by_cur) > 1:
+        currency = "mixed"
     return {
         "since": since.isoformat(), "until": until.isoformat(), "cluster": cluster,
-        "currency": currency, "repairs": len(recs), "open": int(open_n or 0),
+        "currency": currency, "cost_by_currency": dict(sorted(by_cur.items())), "repairs": len(recs), "open": int(open_n or 0),
         "outcomes": dict(sorted(Counter(r["outcome"] for r in recs).items())),
         "mttr_s": statistics.fmean(ttr) if ttr else None,
         "mttr_p50_s": statistics.median(ttr) if ttr else None,
@@ -170,6 +185,7 @@ async def fleet_report(
         "by_cluster": _group(recs, "cluster"),
         "by_action": _group(recs, "action"),
         "by_fault_kind": kinds,
+        "breakdown": _group(recs, "cluster", "action", "fault_kind"),
         "top_fault_kinds": kinds[:TOP_N],
         "top_machines": _group(recs, "machine")[:TOP_N],
         "daily": [{"day": k, **v} for k, v in sorted(by_day.items())],

@@ -5,9 +5,10 @@ options and calls the module doing the work — the process entry points (``up``
 :mod:`workers.up`, ``worker`` → :mod:`workers.worker`, ``ingest`` →
 :mod:`ingest.service`), the offline reader (``classify`` → :mod:`workers.classify`) and
 the operator commands (``status``, ``repairs``, ``validate``, ``breaker`` →
-:mod:`workers.ops`), which talk to the HTTP API and to Temporal.
+:mod:`workers.ops`; ``report`` → :mod:`workers.report`), which talk to the HTTP API and
+to Temporal.
 
-Client commands that need an API token (``status``, ``repairs``) take ``--token`` /
+Client commands that need an API token (``status``, ``repairs``, ``report``) take ``--token`` /
 ``$AUTOREPAIR_TOKEN``, else read the operator token that ``autorepair up`` wrote to
 ``DATA_DIR/operator.token``, where ``DATA_DIR`` is ``--data-dir`` / ``$AUTOREPAIR_DATA_DIR``
 (default ``.autorepair``, as for ``up``).
@@ -157,6 +158,24 @@ def status(
 ) -> None:
     """Nodes, scores, threshold, open alerts and repairs, as a table."""
     ops.status_command(api, ops.resolve_token(token, data_dir), as_json, watch, cluster)
+
+
+@app.command()
+def report(
+    api: Api = ops.DEFAULT_API, token: Token = None, data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
+    as_json: AsJson = False,
+    since: Annotated[str, typer.Option(
+        help="window: a duration back from now (90m, 24h, 7d, 2w) or an ISO 8601 time")] = "7d",
+    cluster: Annotated[str | None, typer.Option(help="one cluster only")] = None,
+    plot: Annotated[Path | None, typer.Option(
+        help="also write a PNG chart (GPU-hours and cost per day, outcomes, fault kinds)")
+    ] = None,
+) -> None:
+    """Repairs that ended in the window: outcomes, MTTR, GPU-hours lost, cost, top fault
+    kinds and machines."""
+    from workers.report import report_command
+
+    report_command(api, ops.resolve_token(token, data_dir), as_json, since, cluster, plot)
 
 
 @repairs_app.command("list")

@@ -34,6 +34,8 @@ DATA_DIR_ENV = "AUTOREPAIR_DATA_DIR"
 """Environment variable naming the dev stack's data directory (``--data-dir``)."""
 DEFAULT_DATA_DIR = Path(".autorepair")
 """Default data directory of ``autorepair up`` and of the client commands (DESIGN §4.1)."""
+STATUS_WINDOW = "7d"
+"""Window of the downtime table of ``autorepair status`` (a week, as ``report``'s default)."""
 OPERATOR_TOKEN_FILE = "operator.token"
 """File in the data directory where ``autorepair up`` leaves its operator token (DESIGN §4.2)."""
 
@@ -113,18 +115,58 @@ def _call(method: str, api: str, path: str, auth: ApiToken | None,
     return r.json()
 
 
+call_api = _call
+"""Public name of the API call helper, for the report command (:mod:`workers.report`)."""
+
+
 def _ts(v: Any) -> str:
     return str(v)[:19].replace("T", " ") if v else ""
 
 
+def _cost(d: dict[str, Any] | None) -> tuple[str, str]:
+    """(GPU-hours, cost) cells of a repair's downtime; empty while it runs."""
+    if not d:
+        return "", ""
+    cost = "-" if d.get("cost") is None else f"{d['cost']:.2f} {d.get('currency', '')}"
+    return f"{d['gpu_hours']:.2f}", cost.strip()
+
+
 def _repairs_table(rows: list[dict[str, Any]]) -> Table:
     t = Table(title="repairs")
-    for col in ("repair", "cluster", "node", "action", "stage", "requester", "updated"):
+    for col in ("repair", "cluster", "node", "action", "stage", "requester", "updated",
+                "GPU-h lost", "cost"):
         # ids and stages are copied into commands: never cut them
         t.add_column(col, no_wrap=col in ("repair", "stage", "action"))
     for r in rows:
         t.add_row(r["repair_id"], r["cluster"], r["node"], r["action"], r["stage"],
-                  f"{r['requester_kind']}:{r['requester_name']}", _ts(r["updated_at"]))
+                  f"{r['requester_kind']}:{r['requester_name']}", _ts(r["updated_at"]),
+                  *_cost(r.get("downtime")))
+    return t
+
+
+def _downtime_table(d: dict[str, Any]) -> Table:
+    """A finished repair's downtime: GPUs, times, GPU-hours (waiting / out of service), cost."""
+    t = Table(title="downtime", show_header=False)
+    t.add_column("field")
+    t.add_column("value")
+    gpu_h, cost = _cost(d)
+    rows = [
+        ("GPUs", str(d["gpus"])), ("cordoned", _ts(d.get("cordoned_at"))),
+        ("back in service", _ts(d.get("rejoined_at"))),
+        ("out of the pool", f"{d['duration_s'] / 60:.1f} min"),
+        ("  waiting for idle", f"{d['idle_wait_s'] / 60:.1f} min"),
+        ("  out of service", f"{d['out_of_service_s'] / 60:.1f} min"),
+        ("GPU-hours lost", gpu_h),
+        ("  waiting for idle", f"{d['idle_wait_gpu_hours']:.2f}"),
+        ("  out of service", f"{d['out_of_service_gpu_hours']:.2f}"),
+        ("hourly rate (per GPU)", "-" if d.get("hourly_rate") is None
+         else f"{d['hourly_rate']:.2f} {d.get('currency', '')}"),
+        ("cost", cost),
+        ("provider", " / ".join(str(d[k]) for k in ("provider", "region", "gpu_type")
+                                if d.get(k)) or "-"),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
     return t
 
 
@@ -153,6 +195,8 @@ def _show(r: dict[str, Any]) -> None:
     for tr in r.get("transitions", []):
         h.add_row(_ts(tr["at"]), tr["stage"], tr["by"], tr["reason"])
     _out.print(h)
+    if r.get("downtime"):
+        _out.print(_downtime_table(r["downtime"]))
     live = r.get("live") or {}
     if live.get("evidence"):
         e = Table(title="evidence")
@@ -201,18 +245,21 @@ def repairs_decide(verb: str, api: str, auth: ApiToken, as_json: bool, repair_id
 
 # ------------------------------------------------------------------------ status
 def status_doc(api: str, auth: ApiToken, cluster: str | None) -> dict[str, Any]:
-    """``{"state": GET /api/v1/state, "alerts": recent alerts, "repairs": recent repairs}``
-    (every one needs a token of any role; exits 1 with where the token was looked for
-    when it is refused)."""
+    """``{"state": GET /api/v1/state, "alerts": recent alerts, "repairs": recent repairs,
+    "downtime": GET /api/v1/report?since=7d}`` (every one needs a token of any role; exits
+    1 with where the token was looked for when it is refused)."""
     state = _call("GET", api, "/api/v1/state", auth, params={"cluster_id": cluster})
     repairs: list[dict[str, Any]] = []
     alerts: list[dict[str, Any]] = []
+    downtime: dict[str, Any] | None = None
     if auth.token:
         repairs = _call("GET", api, "/api/v1/repairs", auth,
                         params={"cluster": cluster, "limit": 20})["repairs"]
         alerts = _call("GET", api, "/api/v1/alerts", auth,
                        params={"cluster": cluster, "limit": 20})["alerts"]
-    return {"state": state, "alerts": alerts, "repairs": repairs}
+        downtime = _call("GET", api, "/api/v1/report", auth,
+                         params={"since": STATUS_WINDOW, "cluster": cluster})
+    return {"state": state, "alerts": alerts, "repairs": repairs, "downtime": downtime}
 
 
 def status_tables(doc: dict[str, Any]) -> Table:
@@ -248,7 +295,20 @@ def status_tables(doc: dict[str, Any]) -> Table:
         al.add_row(_ts(r.get("observed_at")), r["node"], r["kind"],
                    "" if r.get("code") is None else str(r["code"]), r["severity"],
                    r["action"] if r.get("actionable") else f"({r['action']})", r["summary"])
-    for t in (c, n, a, al, _repairs_table(doc["repairs"])):
+    tables = [c, n, a, al, _repairs_table(doc["repairs"])]
+    rep = doc.get("downtime")
+    if rep:
+        cur = rep["currency"]
+        d = Table(title=f"downtime and cost, last {STATUS_WINDOW} "
+                  f"({rep['gpu_hours']:.2f} GPU-h, {rep['cost']:.2f} {cur})")
+        for col in ("cluster", "action", "fault kind", "repairs", "failed", "GPU-h lost",
+                    f"cost ({cur})"):
+            d.add_column(col)
+        for r in rep["breakdown"]:
+            d.add_row(r["cluster"], r["action"], r["fault_kind"], str(r["repairs"]),
+                      str(r["failed"]), f"{r['gpu_hours']:.2f}", f"{r['cost']:.2f}")
+        tables.append(d)
+    for t in tables:
         grid.add_row(t)
     return grid
 

@@ -64,6 +64,7 @@ from workers.repairs.models import (
 )
 from workflows.activity_api import ClaimInput, RepairRecord, TransitionRecord
 from workflows.config import AutorepairConfig, ClusterConfig, DetectorsConfig
+from workflows.downtime import Downtime
 from workflows.models import (
     TERMINAL_STAGES,
     Action,
@@ -88,6 +89,7 @@ from workflows.protocol import (
     repair_state,
     workflow_id_repair,
 )
+from workflows.providers import ProviderResolver
 
 log = logging.getLogger("autorepair.api.repairs")
 
@@ -148,6 +150,7 @@ def _view(row: dict[str, Any], live: RepairStatus | None = None) -> RepairView:
             for t in row.get("transitions", [])
         ],
         live=live,
+        downtime=Downtime.model_validate(row["downtime"]) if row.get("downtime") else None,
     )
 
 
@@ -541,7 +544,8 @@ class LazyIntake:
                                          max_size=max(2, self.config.ledger.max_pool))
                 except (OSError, asyncpg.PostgresError) as e:
                     raise RuntimeError(f"ledger.dsn: cannot reach PostgreSQL: {e}") from e
-                self._intake = RepairIntake(self.config, Ledger(pool), self.client)
+                ledger = Ledger(pool, providers=ProviderResolver(self.config.providers))
+                self._intake = RepairIntake(self.config, ledger, self.client)
         return self._intake
 
     async def close(self) -> None:

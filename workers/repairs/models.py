@@ -6,11 +6,12 @@ Field rules are enforced by pydantic (a malformed body answers 422 naming the fi
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from workflows.downtime import Downtime
 from workflows.models import Action, Alert, RepairStatus
 
 
@@ -96,6 +97,8 @@ class RepairView(BaseModel):
     updated_at: datetime
     transitions: list[TransitionView] = Field(default_factory=list)
     live: RepairStatus | None = None
+    #: Downtime and cost once the repair ended (``repair_downtime``); None before.
+    downtime: Downtime | None = None
 
 
 class CreateResult(BaseModel):
@@ -118,3 +121,26 @@ class AlertList(BaseModel):
     """Answer of ``GET /api/v1/alerts``: recorded alerts, newest first."""
 
     alerts: list[Alert]
+
+
+_UNITS = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_since(text: str, now: datetime) -> datetime:
+    """Start of a report window: a duration back from ``now`` (``90m``, ``24h``, ``7d``,
+    ``2w``; at most 366 days) or an ISO 8601 time (UTC when it names no zone).
+
+    Raises ``ValueError`` naming the value when it is neither."""
+    raw = text.strip()
+    unit = raw[-1:].lower()
+    if unit in _UNITS and raw[:-1].isdigit():
+        seconds = int(raw[:-1]) * _UNITS[unit]
+        if not 0 < seconds <= 366 * 86400:
+            raise ValueError(f"since: {text!r} must be between 1m and 366d")
+        return now - timedelta(seconds=seconds)
+    try:
+        at = datetime.fromisoformat(raw)
+    except ValueError:
+        raise ValueError(f"since: {text!r} is neither a duration (7d, 24h, 90m, 2w) nor an "
+                         "ISO 8601 time") from None
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)

@@ -14,6 +14,7 @@ POST   /api/v1/repairs/{id}/approve      operator  200 :class:`RepairView`
 POST   /api/v1/repairs/{id}/reject       operator  200 :class:`RepairView`
 POST   /api/v1/repairs/{id}/cancel       operator  200 :class:`RepairView`
 GET    /api/v1/alerts?cluster&node&limit viewer+   200 ``{"alerts": [Alert, ...]}`` newest first
+GET    /api/v1/report?since&until&...  viewer+   200 fleet report: repairs, MTTR, downtime, cost
 ====== ================================= ========= ==========================================
 
 Errors: 401 without or with an unknown token (or when no tokens file is configured),
@@ -25,12 +26,14 @@ repair or a request id reused for another node, 422 malformed body naming the fi
 # No ``from __future__ import annotations``: FastAPI resolves the dependency annotations
 # of the route closures at definition time.
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from temporalio.client import Client
 
+from activities.ledger_reports import fleet_report
 from workers.repairs.auth import ApiTokens, Principal
 from workers.repairs.intake import IntakeError, LazyIntake, RepairIntake
 from workers.repairs.models import (
@@ -41,6 +44,7 @@ from workers.repairs.models import (
     RepairList,
     RepairMode,
     RepairView,
+    parse_since,
 )
 from workflows.config import AutorepairConfig
 from workflows.models import Requester, RequesterKind
@@ -145,6 +149,25 @@ def build_repairs_router(
         """Alerts recorded in the ledger (observed and actionable), newest first."""
         return AlertList(alerts=await ix.ledger.list_alerts(cluster=cluster, node=node,
                                                             limit=limit))
+
+    @router.get("/report")
+    async def report(
+        ix: Intake, _: Annotated[Principal, Depends(need("read"))],
+        since: str = Query("7d", max_length=64),
+        until: datetime | None = Query(None),
+        cluster: str | None = Query(None, max_length=253),
+    ) -> dict[str, Any]:
+        """Repairs that ended in the window: by outcome, MTTR, GPU-hours lost, cost, top
+        fault kinds and machines (shape: ``activities.ledger_reports.fleet_report``)."""
+        now = datetime.now(UTC)
+        end = until if until is None or until.tzinfo else until.replace(tzinfo=UTC)
+        try:
+            start = parse_since(since, end or now)
+        except ValueError as e:
+            raise HTTPException(422, [{"loc": ["query", "since"], "msg": str(e),
+                                       "type": "value_error"}]) from e
+        return await fleet_report(ix.ledger, start, end or now, cluster=cluster,
+                                  currency=ix.config.providers.currency)
 
     @router.get("/repairs/{repair_id}", response_model=RepairView)
     async def show(repair_id: str, ix: Intake,
