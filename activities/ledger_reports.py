@@ -173,7 +173,8 @@ async def fleet_report(
         currency = "mixed"
     return {
         "since": since.isoformat(), "until": until.isoformat(), "cluster": cluster,
-        "currency": currency, "cost_by_currency": dict(sorted(by_cur.items())), "repairs": len(recs), "open": int(open_n or 0),
+        "currency": currency, "cost_by_currency": dict(sorted(by_cur.items())),
+        "repairs": len(recs), "open": int(open_n or 0),
         "outcomes": dict(sorted(Counter(r["outcome"] for r in recs).items())),
         "mttr_s": statistics.fmean(ttr) if ttr else None,
         "mttr_p50_s": statistics.median(ttr) if ttr else None,
