@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from activities.ledger import Ledger
 from activities.scheduler.kube import ANN_REPAIR_ID, TAINT_KEY, KubeScheduler
 from activities.scheduler_activities import SchedulerActivities
 from tests.activities.e2e_support import (
@@ -131,3 +132,14 @@ async def test_reboot_repair_end_to_end_on_kubernetes(
         s.value for s in REBOOT_STAGES]
     assert [(a["action"], a["outcome"]) for a in rec["attempts"]] == [("reboot", "succeeded")]
     assert notes.sent == []
+    # downtime recorded by the ledger activities when the repair ended: cordon → running,
+    # with the seconds the GPU job kept the node busy counted as waiting for idle
+    down = await Ledger(ledger_pool).get_repair(rid)
+    assert down is not None and down["downtime"] is not None
+    d = down["downtime"]
+    at = {t.stage.value: t.at for t in final.history}
+    assert d["outcome"] == "succeeded" and d["action"] == "reboot" and d["gpus"] == 8
+    assert d["cordoned_at"] == at["cordoning"] and d["rejoined_at"] == at["running"]
+    assert d["duration_s"] == (at["running"] - at["cordoning"]).total_seconds()
+    assert d["idle_wait_s"] >= 2 and d["idle_wait_s"] < d["duration_s"]
+    assert d["gpu_hours"] == 8 * d["duration_s"] / 3600 and d["cost"] is None
