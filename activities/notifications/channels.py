@@ -22,7 +22,6 @@ from __future__ import annotations
 from typing import Any
 
 from activities.notifications.event import NotificationEvent
-from activities.secrets import redact_url
 from workflows.config import NotifyEvent
 
 PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
