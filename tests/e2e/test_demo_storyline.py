@@ -140,8 +140,8 @@ async def test_demo_storyline(tmp_path: Path) -> None:
         assert await _count(client, f"WorkflowType = 'RepairWorkflow' AND NodeId = '{XID79_NODE}'"
                             " AND RepairAction = 'power_cycle' AND AlertKind = 'xid'") == 1
         # no credential in any workflow history (DESIGN §4.4): BMC password, API token,
-        # the notification webhook's URL (its first answer failed: the retried attempt's
-        # failure is in the history, naming the webhook by scheme and host only)
+        # the notification webhook's URL (its first answer failed: the worker's background
+        # delivery retried it; the notify activity itself never failed)
         assert len(hook_calls) >= 2, "the Xid 13 diagnostic notification never arrived"
         token = (tmp_path / "operator.token").read_text().strip()
         histories = 0

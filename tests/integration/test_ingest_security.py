@@ -364,6 +364,8 @@ async def test_state_needs_an_api_token_probes_stay_open(tmp_path: Path) -> None
     reads = APIRouter(prefix="/api/v1")
     reads.get("/repairs")(lambda: {"repairs": []})
     reads.get("/alerts")(lambda: {"alerts": []})
+    reads.get("/report")(lambda: {"currency": "USD", "gpu_hours": 0.0, "cost": 0.0,
+                                  "breakdown": []})
     svc = IngestService(config, routers=[reads])
     unconfigured = IngestService(cfg())
     await svc.start()
