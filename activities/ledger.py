@@ -242,13 +242,13 @@ class Ledger:
         return _alert_from_row(row) if row else None
 
     async def get_alerts(self, alert_ids: list[str]) -> list[Alert]:
-        """The recorded alerts among ``alert_ids``, in the order given (unknown ids left out)."""
+        """The recorded alerts among ``alert_ids``, oldest observation first (unknown ids
+        left out)."""
         if not alert_ids:
             return []
-        rows = await self._db.fetch("SELECT * FROM alerts WHERE alert_id = ANY($1::text[])",
-                                    alert_ids)
-        by_id = {r["alert_id"]: _alert_from_row(r) for r in rows}
-        return [by_id[a] for a in alert_ids if a in by_id]
+        rows = await self._db.fetch("SELECT * FROM alerts WHERE alert_id = ANY($1::text[])"
+                                    " ORDER BY observed_at, alert_id", alert_ids)
+        return [_alert_from_row(r) for r in rows]
 
     async def unmapped_counts(self) -> dict[str, int]:
         rows = await self._db.fetch("SELECT kind, count FROM unmapped_alert_counts")

@@ -51,8 +51,11 @@ async def record_downtime(
     )
     first = None
     if row["alert_ids"]:
+        # the repair's first alert: the oldest observation (the ledger keeps alert_ids as
+        # a set, the workflow keeps the triggering alert first)
         first = await db.fetchrow(
-            "SELECT kind, evidence FROM alerts WHERE alert_id = $1", row["alert_ids"][0])
+            "SELECT kind, evidence FROM alerts WHERE alert_id = ANY($1::text[])"
+            " ORDER BY observed_at, alert_id LIMIT 1", row["alert_ids"])
     evidence = (first["evidence"] or {}) if first is not None else {}
     info = info_for(resolver, row["cluster"], row["node"], [evidence])
     down = compute_downtime([(t["stage"], t["at"]) for t in trans], info)
@@ -133,7 +136,9 @@ async def fleet_report(
         """SELECT r.repair_id, r.cluster, r.node, COALESCE(r.machine_id, r.node) AS machine,
                   r.action, r.stage, r.created_at, e.ended_at,
                   COALESCE(d.fault_kind, (SELECT a.kind FROM alerts a
-                                          WHERE a.alert_id = r.alert_ids[1]), $5) AS fault_kind,
+                                          WHERE a.alert_id = ANY(r.alert_ids)
+                                          ORDER BY a.observed_at, a.alert_id LIMIT 1),
+                           $5) AS fault_kind,
                   d.gpu_hours, d.idle_wait_gpu_hours, d.out_of_service_gpu_hours, d.cost,
                   d.currency, d.started_at
            FROM repairs r
