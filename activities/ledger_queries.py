@@ -77,20 +77,59 @@ async def find_alerts(
 
 async def occurrence_times(
     pool: asyncpg.Pool, cluster: str, node: str, kind: str, code: int | None,
-    since: datetime, *, limit: int = 1000,
+    since: datetime, until: datetime, *, same_gpu: tuple[str | None, str] | None = None,
+    limit: int = 1000,
 ) -> list[datetime]:
-    """Observation times of raised (``active``) alerts of ``kind``/``code`` on the node since
-    ``since``, oldest first (at most ``limit``, the newest kept): what the NodeWorkflow
-    counts for count-in-window thresholds."""
+    """Observation times of raised (``active``) alerts of ``kind``/``code`` on the node in
+    ``[since, until]``, oldest first (at most ``limit``, the newest kept): what the
+    NodeWorkflow counts for count-in-window thresholds. ``same_gpu``: ``(gpu, gpc)`` to
+    count only repeats on that GPU and GPC (``evidence.gpc``, else ``evidence.tpc``, else
+    empty: the key of :func:`workflows.policy.repeat_key`)."""
+    gpu, gpc = same_gpu if same_gpu is not None else (None, "")
     rows = await pool.fetch(
         """SELECT observed_at FROM (
              SELECT observed_at FROM alerts
              WHERE cluster = $1 AND node = $2 AND kind = $3 AND code IS NOT DISTINCT FROM $4
-               AND active AND observed_at >= $5
-             ORDER BY observed_at DESC LIMIT $6) t ORDER BY observed_at""",
-        cluster, node, kind, code, since, limit,
+               AND active AND observed_at >= $5 AND observed_at <= $6
+               AND (NOT $7 OR (coalesce(gpu, '') = coalesce($8, '')
+                    AND coalesce(evidence->>'gpc', evidence->>'tpc', '') = $9))
+             ORDER BY observed_at DESC LIMIT $10) t ORDER BY observed_at""",
+        cluster, node, kind, code, since, until, same_gpu is not None, gpu, gpc, limit,
     )
     return [r["observed_at"] for r in rows]
+
+
+async def find_repairs(
+    pool: asyncpg.Pool,
+    *,
+    cluster: str | None = None,
+    node: str | None = None,
+    stages: list[str] | None = None,
+    action: str | None = None,
+    requester: str | None = None,
+    limit: int = 50,
+) -> list[dict[str, Any]]:
+    """Repair rows newest first (``created_at``), filtered by every argument that is not
+    None; ``stages``: any of these stage names; ``requester``: its name or its kind. At
+    most ``limit`` rows."""
+    rows = await pool.fetch(
+        """SELECT * FROM repairs
+           WHERE ($1::text IS NULL OR cluster = $1) AND ($2::text IS NULL OR node = $2)
+             AND ($3::text[] IS NULL OR stage = ANY($3)) AND ($4::text IS NULL OR action = $4)
+             AND ($5::text IS NULL OR requester_name = $5 OR requester_kind = $5)
+           ORDER BY created_at DESC, repair_id LIMIT $6""",
+        cluster, node, stages, action, requester, limit,
+    )
+    return [dict(r) for r in rows]
+
+
+async def clusters_of_node(pool: asyncpg.Pool, node: str, *, limit: int = 20) -> list[str]:
+    """Clusters in which the ledger has an alert or a repair of ``node``, sorted."""
+    rows = await pool.fetch(
+        """SELECT cluster FROM (SELECT DISTINCT cluster FROM alerts WHERE node = $1
+                                UNION SELECT DISTINCT cluster FROM repairs WHERE node = $1) c
+           ORDER BY cluster LIMIT $2""", node, limit)
+    return [r["cluster"] for r in rows]
 
 
 async def alert_counts(
