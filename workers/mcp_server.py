@@ -29,7 +29,7 @@ run it can read the configuration, so no token) and streamable HTTP at ``/mcp``,
 demands ``Authorization: Bearer TOKEN`` for a token of the API tokens file with a role
 that may read (``viewer`` or higher, :mod:`workers.repairs.auth`) — 401 without or with an
 unknown token — and binds loopback unless told otherwise. ``autorepair mcp`` ends with
-exit 0 on Ctrl-C, SIGTERM or the end of its standard input (stdio).
+exit 0 on Ctrl-C, at the end of its standard input (stdio) and on SIGTERM (HTTP).
 
 Where things are (first found wins): the ledger DSN — ``--ledger-dsn``, ``ledger.dsn`` of
 the configuration (``AUTOREPAIR__LEDGER__DSN``), the running dev stack's PostgreSQL in
