@@ -317,6 +317,34 @@ def breaker_reset(
         reset_by=by, reason=reason)), as_json)
 
 
+@app.command()
+def mcp(
+    transport: Annotated[str, typer.Option(
+        "--transport", help="stdio (an assistant starts this command) or http")] = "stdio",
+    host: Annotated[str, typer.Option("--host", help="HTTP bind address")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="HTTP port (path /mcp)")] = 8082,
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
+    ledger_dsn: Annotated[str | None, typer.Option(
+        "--ledger-dsn", help="ledger DSN (default: ledger.dsn, else the dev stack's in "
+        "DATA_DIR/pg)")] = None,
+    temporal_address: TemporalOpt = None,
+    no_temporal: Annotated[bool, typer.Option(
+        "--no-temporal", help="answer from the ledger only")] = False,
+    tokens_file: Annotated[Path | None, typer.Option(
+        "--tokens-file", help="API tokens file for HTTP clients (default: api.tokens_file, "
+        "else DATA_DIR/api-tokens)")] = None,
+) -> None:
+    """Read-only MCP query server (alerts, repairs, node status, explanations)."""
+    from workers.mcp_server import run_mcp
+
+    setup_logging("WARNING")
+    raise typer.Exit(run_mcp(
+        _load(config), transport=transport, data_dir=data_dir, ledger_dsn=ledger_dsn,
+        temporal_address=temporal_address, tokens_file=tokens_file, host=host, port=port,
+        no_temporal=no_temporal))
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

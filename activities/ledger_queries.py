@@ -1,0 +1,191 @@
+"""Read-only queries over the ledger for the query layer (``autorepair mcp``).
+
+:func:`connect_read_only` opens an asyncpg pool whose sessions run with PostgreSQL's
+``default_transaction_read_only = on``, so every statement sent through it is refused by
+the server if it would write (SQLSTATE 25006 ``read_only_sql_transaction``), whatever the
+caller does. The functions here only ``SELECT``; they take such a pool (or any pool) and
+return plain values, pydantic models of :mod:`workflows.models`, or dicts of JSON types.
+
+Filters are bound parameters (never interpolated); ``limit`` arguments are applied in SQL,
+so an answer never holds more rows than asked for.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from workflows.models import TERMINAL_STAGES, Alert
+
+#: Terminal stage names (DESIGN §4.4), as stored in ``repairs.stage``.
+_TERMINAL = tuple(sorted(s.value for s in TERMINAL_STAGES))
+
+
+async def _init_conn(conn: asyncpg.Connection) -> None:
+    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
+
+async def connect_read_only(
+    dsn: str, *, schema: str | None = None, max_size: int = 4
+) -> asyncpg.Pool:
+    """A pool on ``dsn`` whose transactions are read-only (see module docstring).
+
+    ``schema``: search path (tests use one schema per test); ``max_size``: connections.
+    Raises ``asyncpg.PostgresError`` / ``OSError`` when PostgreSQL is unreachable or
+    refuses the login."""
+    settings = {"default_transaction_read_only": "on"}
+    if schema:
+        settings["search_path"] = schema
+    pool = await asyncpg.create_pool(
+        dsn, min_size=1, max_size=max_size, init=_init_conn, server_settings=settings
+    )
+    assert pool is not None
+    return pool
+
+
+def _alert(row: asyncpg.Record) -> Alert:
+    return Alert.model_validate({k: row[k] for k in row.keys() if k != "recorded_at"})
+
+
+async def find_alerts(
+    pool: asyncpg.Pool,
+    *,
+    cluster: str | None = None,
+    node: str | None = None,
+    kind: str | None = None,
+    severity: str | None = None,
+    active: bool | None = None,
+    since: datetime | None = None,
+    limit: int = 50,
+) -> list[Alert]:
+    """Alerts newest first (``observed_at``), filtered by every argument that is not None;
+    ``since``: observed at or after it. At most ``limit`` rows."""
+    rows = await pool.fetch(
+        """SELECT * FROM alerts
+           WHERE ($1::text IS NULL OR cluster = $1) AND ($2::text IS NULL OR node = $2)
+             AND ($3::text IS NULL OR kind = $3) AND ($4::text IS NULL OR severity = $4)
+             AND ($5::boolean IS NULL OR active = $5)
+             AND ($6::timestamptz IS NULL OR observed_at >= $6)
+           ORDER BY observed_at DESC, alert_id LIMIT $7""",
+        cluster, node, kind, severity, active, since, limit,
+    )
+    return [_alert(r) for r in rows]
+
+
+async def occurrence_times(
+    pool: asyncpg.Pool, cluster: str, node: str, kind: str, code: int | None,
+    since: datetime, until: datetime, *, same_gpu: tuple[str | None, str] | None = None,
+    limit: int = 1000,
+) -> list[datetime]:
+    """Observation times of raised (``active``) alerts of ``kind``/``code`` on the node in
+    ``[since, until]``, oldest first (at most ``limit``, the newest kept): what the
+    NodeWorkflow counts for count-in-window thresholds. ``same_gpu``: ``(gpu, gpc)`` to
+    count only repeats on that GPU and GPC (``evidence.gpc``, else ``evidence.tpc``, else
+    empty: the key of :func:`workflows.policy.repeat_key`)."""
+    gpu, gpc = same_gpu if same_gpu is not None else (None, "")
+    rows = await pool.fetch(
+        """SELECT observed_at FROM (
+             SELECT observed_at FROM alerts
+             WHERE cluster = $1 AND node = $2 AND kind = $3 AND code IS NOT DISTINCT FROM $4
+               AND active AND observed_at >= $5 AND observed_at <= $6
+               AND (NOT $7 OR (coalesce(gpu, '') = coalesce($8, '')
+                    AND coalesce(evidence->>'gpc', evidence->>'tpc', '') = $9))
+             ORDER BY observed_at DESC LIMIT $10) t ORDER BY observed_at""",
+        cluster, node, kind, code, since, until, same_gpu is not None, gpu, gpc, limit,
+    )
+    return [r["observed_at"] for r in rows]
+
+
+async def find_repairs(
+    pool: asyncpg.Pool,
+    *,
+    cluster: str | None = None,
+    node: str | None = None,
+    stages: list[str] | None = None,
+    action: str | None = None,
+    requester: str | None = None,
+    limit: int = 50,
+) -> list[dict[str, Any]]:
+    """Repair rows newest first (``created_at``), filtered by every argument that is not
+    None; ``stages``: any of these stage names; ``requester``: its name or its kind. At
+    most ``limit`` rows."""
+    rows = await pool.fetch(
+        """SELECT * FROM repairs
+           WHERE ($1::text IS NULL OR cluster = $1) AND ($2::text IS NULL OR node = $2)
+             AND ($3::text[] IS NULL OR stage = ANY($3)) AND ($4::text IS NULL OR action = $4)
+             AND ($5::text IS NULL OR requester_name = $5 OR requester_kind = $5)
+           ORDER BY created_at DESC, repair_id LIMIT $6""",
+        cluster, node, stages, action, requester, limit,
+    )
+    return [dict(r) for r in rows]
+
+
+async def clusters_of_node(pool: asyncpg.Pool, node: str, *, limit: int = 20) -> list[str]:
+    """Clusters in which the ledger has an alert or a repair of ``node``, sorted."""
+    rows = await pool.fetch(
+        """SELECT cluster FROM (SELECT DISTINCT cluster FROM alerts WHERE node = $1
+                                UNION SELECT DISTINCT cluster FROM repairs WHERE node = $1) c
+           ORDER BY cluster LIMIT $2""", node, limit)
+    return [r["cluster"] for r in rows]
+
+
+async def alert_counts(
+    pool: asyncpg.Pool, *, cluster: str | None, since: datetime, top: int = 10
+) -> dict[str, Any]:
+    """Alert counts observed since ``since`` (of ``cluster`` or all): ``{"total",
+    "by_severity": {severity: n}, "actionable", "top_kinds": [{"kind", "count"}],
+    "top_nodes": [{"cluster", "node", "count", "critical"}]}`` (``top`` of each, most
+    first)."""
+    args = (cluster, since)
+    where = "($1::text IS NULL OR cluster = $1) AND observed_at >= $2"
+    sev = await pool.fetch(
+        f"SELECT severity, count(*) AS n, count(*) FILTER (WHERE actionable) AS act"
+        f" FROM alerts WHERE {where} GROUP BY severity", *args)
+    kinds = await pool.fetch(
+        f"SELECT kind, count(*) AS n FROM alerts WHERE {where}"
+        f" GROUP BY kind ORDER BY n DESC, kind LIMIT $3", *args, top)
+    nodes = await pool.fetch(
+        f"SELECT cluster, node, count(*) AS n,"
+        f" count(*) FILTER (WHERE severity = 'critical') AS crit FROM alerts WHERE {where}"
+        f" GROUP BY cluster, node ORDER BY n DESC, cluster, node LIMIT $3", *args, top)
+    return {
+        "total": sum(int(r["n"]) for r in sev),
+        "by_severity": {r["severity"]: int(r["n"]) for r in sev},
+        "actionable": sum(int(r["act"]) for r in sev),
+        "top_kinds": [{"kind": r["kind"], "count": int(r["n"])} for r in kinds],
+        "top_nodes": [{"cluster": r["cluster"], "node": r["node"], "count": int(r["n"]),
+                       "critical": int(r["crit"])} for r in nodes],
+    }
+
+
+async def repair_counts(
+    pool: asyncpg.Pool, *, cluster: str | None, since: datetime
+) -> dict[str, int]:
+    """Repairs by stage: every repair not yet terminal (whenever created) plus the
+    repairs created since ``since``; ``terminal``: the terminal stage names."""
+    rows = await pool.fetch(
+        """SELECT stage, count(*) AS n FROM repairs
+           WHERE ($1::text IS NULL OR cluster = $1)
+             AND (created_at >= $2 OR stage <> ALL($3::text[]))
+           GROUP BY stage""",
+        cluster, since, list(_TERMINAL),
+    )
+    return {r["stage"]: int(r["n"]) for r in rows}
+
+
+async def clusters_seen(pool: asyncpg.Pool, *, limit: int = 100) -> list[str]:
+    """Cluster names found in alerts or repairs, sorted (at most ``limit``)."""
+    rows = await pool.fetch(
+        """SELECT cluster FROM (SELECT DISTINCT cluster FROM alerts
+                                UNION SELECT DISTINCT cluster FROM repairs) c
+           ORDER BY cluster LIMIT $1""", limit)
+    return [r["cluster"] for r in rows]
+
+
+async def open_tickets_count(pool: asyncpg.Pool) -> int:
+    """Open hardware tickets."""
+    return int(await pool.fetchval(
+        "SELECT count(*) FROM hardware_tickets WHERE status = 'open'") or 0)
