@@ -17,6 +17,7 @@ import asyncpg
 import httpx
 from temporalio import activity
 
+from activities.secrets import redact_url
 from activities.spares import SparePool
 from activities.validation import ValidationBackend, validation_backend_for
 from workflows.activity_api import (
@@ -105,15 +106,20 @@ class ValidationActivities:
             raise permanent(ERR_UNKNOWN_NODE, str(e)) from e
         if not url:
             return False
-        async with httpx.AsyncClient(timeout=30.0) as client:
-            resp = await client.post(url, json=t.model_dump(mode="json"),
-                                     headers={"Idempotency-Key": t.ticket_id})
+        shown = redact_url(url)  # the path/query may hold the endpoint's credential
+        try:
+            async with httpx.AsyncClient(timeout=30.0) as client:
+                resp = await client.post(url, json=t.model_dump(mode="json"),
+                                         headers={"Idempotency-Key": t.ticket_id})
+        except httpx.HTTPError as exc:  # its text and cause may quote the URL
+            raise RuntimeError(f"ticket webhook {shown}: {type(exc).__name__}") from None
         if 400 <= resp.status_code < 500 and resp.status_code not in (408, 429):
             raise permanent(
                 ERR_ACTION_FAILED,
-                f"ticket webhook answered {resp.status_code} for {t.ticket_id}",
+                f"ticket webhook {shown} answered {resp.status_code} for {t.ticket_id}",
             )
-        resp.raise_for_status()
+        if resp.status_code >= 400:  # 5xx/408/429: retried by Temporal
+            raise RuntimeError(f"ticket webhook {shown} answered {resp.status_code}")
         return True
 
     def all(self) -> list[Callable[..., Any]]:

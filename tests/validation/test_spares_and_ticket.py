@@ -84,6 +84,32 @@ async def test_ticket_webhook_posts_result(webhook: str) -> None:
         await env.run(acts.post_ticket, t)
 
 
+async def test_ticket_webhook_errors_never_quote_the_url_path(webhook: str) -> None:
+    """The path and query of a ticket webhook may carry its credential: errors (and so
+    workflow histories) show scheme and host only."""
+    secret_url = webhook.replace("/tickets", "/hooks/s3cr3t-token?key=k3y")
+    cfg = AutorepairConfig(clusters=[
+        ClusterConfig(name="c", validation=ValidationConfig(ticket_webhook=secret_url))])
+    acts = ValidationActivities(cfg)
+    result = ValidationResult(machine="gpu-02", verdict=Verdict.failed, reason="gpu: remap")
+    t = TicketPost(ticket_id="HW-2", cluster="c", machine="gpu-02", run_id="validate/gpu-02/2",
+                   summary="gpu-02: validation failed", result=result)
+    env = ActivityEnvironment()
+    for status in (403, 503):
+        _Hook.status = status
+        with pytest.raises(Exception) as err:
+            await env.run(acts.post_ticket, t)
+        text = str(err.value)
+        assert f"answered {status}" in text
+        assert "s3cr3t" not in text and "k3y" not in text and "/hooks" not in text
+    dead = "http://127.0.0.1:9/hooks/s3cr3t-token"  # discard port: connection refused
+    acts = ValidationActivities(AutorepairConfig(clusters=[
+        ClusterConfig(name="c", validation=ValidationConfig(ticket_webhook=dead))]))
+    with pytest.raises(RuntimeError) as err2:
+        await env.run(acts.post_ticket, t)
+    assert "s3cr3t" not in str(err2.value) and err2.value.__cause__ is None
+
+
 def test_run_slug_and_result_parsing() -> None:
     a, b = run_slug("validate/gpu-02/1"), run_slug("validate/gpu-02/2")
     assert a != b and len(a) <= 40 and a.replace("-", "").isalnum()
