@@ -50,14 +50,16 @@ class TrippedGuard:
 
     def __init__(self) -> None:
         self.done = False
+        self.cluster = ""
 
     @workflow.run
     async def run(self, cluster: str) -> None:
+        self.cluster = cluster
         await workflow.wait_condition(lambda: self.done)
 
     @workflow.query(name="status")
     def status(self) -> GuardStatus:
-        return GuardStatus(cluster="c1", gpu_nodes=8, budget=1, breaker_threshold=2,
+        return GuardStatus(cluster=self.cluster, gpu_nodes=8, budget=1, breaker_threshold=2,
                            breaker_window_s=600, breaker_open=True)
 
     @workflow.signal
@@ -73,18 +75,21 @@ def _value(m: IngestMetrics, name: str, labels: dict[str, str]) -> float:
 async def test_closed_repairs_counted_once_and_breaker_state(temporal_dev_env: Any) -> None:
     client = temporal_dev_env.client
     tq = "metrics-" + uuid.uuid4().hex[:8]
+    # a cluster of its own: the dev server is shared by the session and other tests'
+    # repairs of "c1" close while this one counts
+    c1 = "cm-" + uuid.uuid4().hex[:8]
     metrics = IngestMetrics()
-    poller = RepairMetricsPoller(client, metrics, lambda: ["c1", "c-no-guard"],
+    poller = RepairMetricsPoller(client, metrics, lambda: [c1, "c-no-guard"],
                                  started_at=datetime.now(UTC) - timedelta(seconds=1))
     async with Worker(client, task_queue=tq, workflows=[EndedRepair, TrippedGuard]):
         for i, (action, outcome) in enumerate([("reboot", "succeeded"), ("reboot", "succeeded"),
                                                ("power_cycle", "failed")]):
             await client.execute_workflow(
-                EndedRepair.run, outcome, id=f"repair/c1/gpu-0{i}/{uuid.uuid4().hex[:6]}",
+                EndedRepair.run, outcome, id=f"repair/{c1}/gpu-0{i}/{uuid.uuid4().hex[:6]}",
                 task_queue=tq,
                 search_attributes=TypedSearchAttributes([SearchAttributePair(ACTION, action)]),
             )
-        guard = await client.start_workflow(TrippedGuard.run, "c1", id="guard/c1", task_queue=tq)
+        guard = await client.start_workflow(TrippedGuard.run, c1, id=f"guard/{c1}", task_queue=tq)
         counted = 0
         for _ in range(50):  # visibility is eventually consistent
             counted += await poller.count_closed()
@@ -97,8 +102,8 @@ async def test_closed_repairs_counted_once_and_breaker_state(temporal_dev_env: A
                       {"action": "reboot", "outcome": "succeeded"}) == 2
         assert _value(metrics, "autorepair_repairs_total",
                       {"action": "power_cycle", "outcome": "failed"}) == 1
-        assert await poller.breaker_states() == {"c1": True, "c-no-guard": False}
-        assert _value(metrics, "autorepair_breaker_open", {"cluster_id": "c1"}) == 1
+        assert await poller.breaker_states() == {c1: True, "c-no-guard": False}
+        assert _value(metrics, "autorepair_breaker_open", {"cluster_id": c1}) == 1
         assert _value(metrics, "autorepair_breaker_open", {"cluster_id": "c-no-guard"}) == 0
         await guard.signal(TrippedGuard.finish)
         await guard.result()
