@@ -301,8 +301,14 @@ async def test_node_action_cap_asks_a_human(harness: Harness) -> None:
     st = await wait_stage(h, "gpu-16", "icap", Stage.awaiting_approval)
     assert "node cap: 4 disruptive actions" in st.detail
     assert h.cluster.count("cordon") == 0
-    row = await ledger_row(h, "icap")
-    assert row["stage"] == "awaiting_approval" and "node cap" in row["transitions"][-1]["reason"]
+
+    async def recorded() -> bool:
+        row = await ledger_row(h, "icap")
+        return row["stage"] == "awaiting_approval" and "node cap" in row["transitions"][-1][
+            "reason"
+        ]
+
+    await eventually(recorded, "the ledger to show the cap")
     await handle.signal("approve", ApproveSignal(by="oncall"))
     st = await handle.result()
     assert st.stage == Stage.succeeded and h.cluster.power_cycles == 1
