@@ -403,16 +403,20 @@ class Ledger:
         )
 
     async def attempt_history(self, q: AttemptQuery) -> AttemptHistory:
-        """Attempts on the machine (or the node when no machine id) since ``q.since``, and
-        critical alerts seen there in the same period (for the migrate evidence gate)."""
+        """Attempts on the machine or on the node since ``q.since`` (the ladder follows a
+        node's fault episode across a migrate, and the per-node action cap counts the node),
+        and critical alerts seen on the machine (the node when no machine id) in the same
+        period (for the migrate evidence gate)."""
         if q.machine_id:
             where, key = "cluster = $1 AND machine_id = $2", q.machine_id
         else:
             where, key = "cluster = $1 AND node = $2", q.node
         rows = await self._db.fetch(
-            f"SELECT * FROM repair_attempts WHERE {where} AND at >= $3 ORDER BY at",
+            "SELECT * FROM repair_attempts WHERE cluster = $1 AND (node = $2 OR machine_id = $3)"
+            " AND at >= $4 ORDER BY at",
             q.cluster,
-            key,
+            q.node,
+            q.machine_id,
             q.since,
         )
         attempts = [
@@ -483,7 +487,8 @@ class Ledger:
 
     # -- validation -----------------------------------------------------------------------
     async def record_verdict(self, v: VerdictRecord) -> None:
-        """Record the verdict of a run; a pass closes the machine's open tickets."""
+        """Record the verdict of a run; a pass closes the machine's open tickets (unless
+        ``v.close_tickets`` is false: a removed machine keeps its RMA ticket)."""
         async with self._atomic() as conn:
             await conn.execute(
                 """INSERT INTO validation_verdicts (run_id, cluster, machine, verdict, result, at)
@@ -495,7 +500,7 @@ class Ledger:
                 v.result.model_dump(mode="json"),
                 v.at,
             )
-            if v.verdict.value == "passed":
+            if v.verdict.value == "passed" and v.close_tickets:
                 await conn.execute(
                     """UPDATE hardware_tickets SET status = 'closed', closed_at = $2
                        WHERE machine = $1 AND status = 'open'""",

@@ -287,12 +287,16 @@ class ClaimResult(BaseModel):
 
 
 class VerdictRecord(BaseModel):
+    """A validation verdict; a pass closes the machine's open tickets unless
+    ``close_tickets`` is false (a machine removed for RMA keeps its ticket)."""
+
     run_id: str
     cluster: str
     machine: str
     verdict: Verdict
     result: ValidationResult
     at: datetime
+    close_tickets: bool = True
 
 
 class TicketInput(BaseModel):

@@ -285,8 +285,20 @@ class WaitForIdleConfig(_Section):
     max_wait_s: float = Field(2 * 3600.0, gt=0, le=24 * 3600.0)
     #: Wait without bound for the workload to finish (never interrupt it).
     do_not_interrupt: bool = False
-    #: Idle re-check interval, seconds.
+    #: First idle re-check interval, seconds; it doubles after every busy answer up to
+    #: ``poll_max_s`` so a wait of days keeps its Temporal history short.
     poll_s: float = Field(30.0, gt=0)
+    #: Longest idle re-check interval after backing off, seconds (10 min: the end of a
+    #: job is noticed within 10 minutes; a day of waiting costs at most 144 checks).
+    poll_max_s: float = Field(600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _poll_bounds(self) -> WaitForIdleConfig:
+        if self.poll_max_s < self.poll_s:
+            raise ValueError(
+                f"wait_for_idle.poll_max_s: {self.poll_max_s:g} is below poll_s {self.poll_s:g}"
+            )
+        return self
 
 
 class LadderConfig(_Section):
@@ -344,6 +356,19 @@ class RailsConfig(_Section):
     #: Heartbeat timeout of drain and machine actions: a dead worker's attempt is
     #: retried after it, so a repair resumes where it was when a worker dies.
     heartbeat_timeout_s: float = Field(300.0, gt=0)
+    #: How long a machine action (power cycle, reboot, reprovision, migrate, remove) that
+    #: fails with a transient error (BMC connection refused, HTTP 5xx, timeout) is retried,
+    #: with exponential backoff, before the failure counts as a ladder attempt, seconds
+    #: (15 min: a BMC cold reset or firmware update keeps it unreachable for minutes).
+    #: A permanent error (credentials refused, 4xx) counts at once.
+    action_retry_max_s: float = Field(900.0, gt=0)
+    #: Disruptive actions (every executed action, failed ones included; cancelled and
+    #: auto-resolved ones excluded) allowed on one node within ``max_actions_window_s``;
+    #: the next one waits for a person (stage ``awaiting_approval``). Default 6: one full
+    #: climb of the default ladder (3 rungs × 2 attempts, DESIGN §5 ladder).
+    max_actions_per_node: int = Field(6, ge=1)
+    #: Window of ``max_actions_per_node``, seconds (7 days, the ladder's window).
+    max_actions_window_s: float = Field(7 * 86400.0, gt=0)
 
 
 class BmcConfig(_Section):

@@ -208,6 +208,8 @@ class RepairRequest(BaseModel):
     detector: str | None = None
     request_id: str | None = None
     auto_approved_rule: str | None = None
+    #: State carried across continue-as-new (owned by the workflow; leave it out).
+    carried: dict[str, Any] | None = None
 
 
 AUTO_APPROVED = "auto-approved"

@@ -10,27 +10,63 @@ is recorded in the ledger (``ledger_record_transition``), in the ``RepairStage``
 for a person, and ``in_progress`` otherwise.
 
 Signals (JSON a person can type in the Temporal UI): ``approve`` ``{"by": "alice",
-"action": "reprovision"}`` (action optional; ladder and migrate gate still apply),
-``reject`` ``{"by", "reason"}``, ``cancel`` ``{"by", "reason"}``; internal signals
-``attach_alert`` (:class:`Alert`, from the NodeWorkflow) and ``lease``
-(:class:`LeaseReply`, from the guard). Query ``status`` → :class:`RepairStatus`.
-Returns the final :class:`RepairStatus`.
+"action": "reprovision"}`` (action optional; ladder and migrate gate still apply; an
+approval sent before the repair asks for one is kept), ``reject`` ``{"by", "reason"}``,
+``cancel`` ``{"by", "reason"}``; internal signals ``attach_alert`` (:class:`Alert`, from
+the NodeWorkflow) and ``lease`` (:class:`LeaseReply`, from the guard). Query ``status`` →
+:class:`RepairStatus`. Returns the final :class:`RepairStatus`.
+
+Every ending cleans up (DESIGN §5 rule zero and rails): whether the repair succeeds, is
+rejected or cancelled at any stage (signal, or workflow cancellation from the Temporal UI
+or CLI), times out, or an activity fails for good (Kubernetes 403/404, a missing ``slurm``
+binary, a configuration error), the node this repair cordoned is uncordoned, the lease is
+released, the ledger row gets its terminal stage with the cause and the NodeWorkflow is
+told (``repair_finished``). The node stays cordoned — with the reason in the ledger and a
+critical notification — only when: the action was ``remove`` (pulled for RMA; its
+re-validation never returns it), the node did not come back healthy after the action, or
+a disruptive action ran and the repair ended without a verified recovery (the fault
+stands and the machine's state is unknown). A cleanup step that keeps failing is retried,
+then noted; it never keeps the ledger row from its terminal stage.
+
+Evidence is re-checked before every disruptive step (before cordon, before drain, before
+each action); a machine action's transient failure is retried for up to
+``rails.action_retry_max_s`` before it counts as a ladder attempt; at most
+``rails.max_actions_per_node`` actions run on a node per window before a person decides;
+and success needs the fault not to recur after the action.
+
+Every long wait goes through :meth:`RepairWorkflow._wait`. The wait for idle backs its
+polling off (``wait_for_idle.poll_s`` doubling up to ``poll_max_s``) and continues as new,
+carrying the repair's state, once the run's history passes :data:`HISTORY_EVENTS_MAX`
+events, so a *do not interrupt* wait of any length stays far below Temporal's limit.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
-from typing import TypeVar
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
 
+from pydantic import BaseModel, Field
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, FailureError, WorkflowAlreadyStartedError
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    FailureError,
+    WorkflowAlreadyStartedError,
+    is_cancelled_exception,
+)
+from temporalio.exceptions import (
+    TimeoutError as TemporalTimeoutError,
+)
 
 with workflow.unsafe.imports_passed_through():
     from workflows.activity_api import (
         ACT,
         ERR_ACTION_FAILED,
         ERR_AUTH,
+        ERR_CONFIGURATION,
         ERR_DRAIN_DEADLINE,
         ERR_UNKNOWN_NODE,
         ERR_UNSUPPORTED,
@@ -74,6 +110,7 @@ with workflow.unsafe.imports_passed_through():
         choose_action,
         consent_decision,
         evidence_current,
+        node_actions_in_window,
         reset_targets,
     )
     from workflows.protocol import (
@@ -126,17 +163,42 @@ REBOOTING: frozenset[Action] = frozenset(
 )
 #: ``workflow.patched`` id of the approval deadline (added after the first release).
 PATCH_APPROVAL_DEADLINE = "approval-deadline"
-_PERMANENT = [ERR_AUTH, ERR_UNKNOWN_NODE, ERR_UNSUPPORTED, ERR_ACTION_FAILED, ERR_DRAIN_DEADLINE]
+#: ``workflow.patched`` id of the rails added after the first release: cleanup on every
+#: ending, evidence before every disruptive step, kept early approvals, the per-node action
+#: cap, the recurrence check, idle back-off and continue-as-new. Histories recorded
+#: before it replay the old command sequence.
+PATCH_RAILS = "repair-rails-v2"
+#: Events in one run's history after which a long wait for idle continues as new: a fifth
+#: of Temporal's 51,200-event hard limit, below its 10,240-event warning.
+HISTORY_EVENTS_MAX = 10_000
+_PERMANENT = [
+    ERR_AUTH,
+    ERR_UNKNOWN_NODE,
+    ERR_UNSUPPORTED,
+    ERR_ACTION_FAILED,
+    ERR_DRAIN_DEADLINE,
+    ERR_CONFIGURATION,
+]
 _SHORT = timedelta(seconds=60)
 _RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30), non_retryable_error_types=_PERMANENT)
-#: Machine actions: 3 tries, then the failure is an attempt for the ladder.
-_MACHINE_RETRY = RetryPolicy(
+#: Machine actions (history recorded before :data:`PATCH_RAILS`): 3 tries, then the
+#: failure is an attempt for the ladder.
+_MACHINE_RETRY_V1 = RetryPolicy(
     initial_interval=timedelta(seconds=10),
     maximum_interval=timedelta(minutes=2),
     maximum_attempts=3,
     non_retryable_error_types=_PERMANENT,
 )
+#: Machine actions: one try per activity; the workflow retries transient failures itself
+#: (:meth:`RepairWorkflow._machine_action`) so the bound is ``rails.action_retry_max_s``.
+_MACHINE_ONCE = RetryPolicy(maximum_attempts=1, non_retryable_error_types=_PERMANENT)
+#: Back-off between tries of a machine action after a transient failure: 10 s doubling to
+#: 2 min (the retry interval of the first release's machine actions).
+_ACTION_BACKOFF_S = (10.0, 120.0)
 _MACHINE_TIMEOUT = timedelta(minutes=30)
+#: Bound on retrying one cleanup activity (uncordon, ledger, notification) before the
+#: failure is noted and the ending goes on.
+_CLEANUP_TOTAL = timedelta(minutes=30)
 T = TypeVar("T")
 
 
@@ -150,6 +212,34 @@ class _Ended(Exception):
     def __init__(self, stage: S, by: str, reason: str) -> None:
         super().__init__(reason)
         self.stage, self.by, self.reason = stage, by, reason
+
+
+class Carried(BaseModel):
+    """State of a repair carried across continue-as-new (``RepairRequest.carried``).
+
+    Only ``history_limit`` may be set by a caller (tests bound the history with it); the
+    rest is written by the workflow itself when a long wait for idle continues as new.
+    """
+
+    history_limit: int | None = Field(None, ge=100)
+    stage: S | None = None
+    action: Action | None = None
+    machine: str | None = None
+    pool: str | None = None
+    history: list[StageTransition] = Field(default_factory=list)
+    alerts: list[Alert] = Field(default_factory=list)
+    approved_by: str | None = None
+    rule: str | None = None
+    lease: LeaseReply | None = None
+    lease_requested: bool = False
+    cordoned_by_us: bool = False
+    policy: PolicyConfig | None = None
+    bmc_queue: str = BMC_TASK_QUEUE
+    attempts: list[AttemptRecord] = Field(default_factory=list)
+    critical: list[Alert] = Field(default_factory=list)
+    idle_since: datetime | None = None
+    idle_poll_s: float | None = None
+    continued: int = 0
 
 
 @workflow.defn(name=REPAIR_WORKFLOW)
@@ -180,11 +270,19 @@ class RepairWorkflow:
         self._attempts: list[AttemptRecord] = []
         self._critical: list[Alert] = []
         self._needs_human = False
+        self._human_reason = ""
+        self._rails = False
+        self._history_limit = HISTORY_EVENTS_MAX
+        self._continued = 0
+        self._acted: list[Action] = []
+        self._hold: str | None = None
+        self._last_ticket: str | None = None
+        self._done = "node back in service"
 
     # ---- signals / query -----------------------------------------------------
     @workflow.signal(name=REPAIR_SIGNAL_APPROVE)
     def approve(self, sig: ApproveSignal) -> None:
-        """``{"by": USER, "action": optional override}``."""
+        """``{"by": USER, "action": optional override}``; kept until the repair asks."""
         self._approve = sig
 
     @workflow.signal(name=REPAIR_SIGNAL_REJECT)
@@ -237,37 +335,72 @@ class RepairWorkflow:
     # ---- run -------------------------------------------------------------------
     @workflow.run
     async def run(self, req: RepairRequest) -> RepairStatus:
-        """Run the repair to a terminal stage and return its final status."""
-        if req.detector and req.request_id:
-            claim = await self._act(
-                ACT.ledger_claim_request,
-                ClaimInput(
-                    detector=req.detector,
-                    request_id=req.request_id,
-                    repair_id=req.repair_id,
-                    cluster=req.cluster,
-                    node=req.node,
-                ),
-                ClaimResult,
-            )
-            if claim.repair_id != req.repair_id:
-                # the same detector request already owns a repair (DESIGN §5 idempotency)
-                self._stage = S.cancelled
-                self._detail = (
-                    f"duplicate of repair {claim.repair_id} "
-                    f"(detector {req.detector}, request {req.request_id})"
-                )
-                workflow.set_current_details(self._detail)
-                return self.status()
+        """Run the repair to a terminal stage and return its final status.
+
+        Raises ``asyncio.CancelledError`` after the cleanup when the workflow itself was
+        cancelled (Temporal UI / CLI), so Temporal records it as cancelled too."""
+        self._rails = workflow.patched(PATCH_RAILS)
+        carried = Carried.model_validate(req.carried or {})
+        self._history_limit = carried.history_limit or HISTORY_EVENTS_MAX
+        cancelled = False
         try:
-            await self._lifecycle(req)
-            stage, by, reason = S.succeeded, "system", "node back in service"
+            if carried.stage is None and req.detector and req.request_id:
+                claim = await self._act(
+                    ACT.ledger_claim_request,
+                    ClaimInput(
+                        detector=req.detector,
+                        request_id=req.request_id,
+                        repair_id=req.repair_id,
+                        cluster=req.cluster,
+                        node=req.node,
+                    ),
+                    ClaimResult,
+                )
+                if claim.repair_id != req.repair_id:
+                    # the same detector request already owns a repair (DESIGN §5 idempotency)
+                    self._stage = S.cancelled
+                    self._detail = (
+                        f"duplicate of repair {claim.repair_id} "
+                        f"(detector {req.detector}, request {req.request_id})"
+                    )
+                    workflow.set_current_details(self._detail)
+                    return self.status()
+            await self._lifecycle(req, carried)
+            stage, by, reason = S.succeeded, "system", self._done
         except _Ended as end:
             stage, by, reason = end.stage, end.by, end.reason
+        except (ActivityError, asyncio.CancelledError) as err:
+            if not self._rails:
+                raise
+            if is_cancelled_exception(err):
+                cancelled = True
+                stage, by = S.cancelled, "temporal"
+                reason = f"workflow cancelled from Temporal (UI or CLI) at {self._stage.value}"
+            else:
+                assert isinstance(err, ActivityError)
+                stage, by = S.failed, "system"
+                reason = f"{err.activity_type} failed at stage {self._stage.value}: {_cause(err)}"
         await self._finish(stage, by, reason)
+        if cancelled:
+            raise asyncio.CancelledError(reason)
         return self.status()
 
-    async def _lifecycle(self, req: RepairRequest) -> None:
+    async def _lifecycle(self, req: RepairRequest, carried: Carried) -> None:
+        if carried.stage is not None:
+            self._restore(carried)
+        else:
+            await self._prepare(req)
+        await self._wait_for_idle(carried)
+        if self._rails and not self._evidence_ok():
+            # re-checked before draining (DESIGN §5 rails); the cleanup uncordons
+            raise _Ended(
+                S.auto_resolved, "system", "every alert behind the repair cleared before draining"
+            )
+        await self._drain()
+        await self._act_with_ladder()
+
+    async def _prepare(self, req: RepairRequest) -> None:
+        """From ``recommended`` through consent, lease and cordon."""
         snap = await self._act(ACT.load_policy, req.cluster, PolicySnapshot)
         self._policy = snap.policy
         self._bmc_queue = snap.bmc_task_queue
@@ -297,30 +430,52 @@ class RepairWorkflow:
             self._rule = f"{consent.rule}; {self._rule}"
             await self._upsert()
         else:
-            why = "ladder exhausted: a human must decide" if needs_human else consent.rule
+            why = self._human_reason if needs_human else consent.rule
             await self._await_approval(why)
         self._check_ended()
         await self._acquire_lease()
-        await self._cordon()
-        await self._wait_for_idle()
-        await self._drain()
-        if not evidence_current(self._alerts):
-            await self._rejoin()
+        if self._rails and not self._evidence_ok():
+            # re-checked before cordoning (DESIGN §5 rails): nothing was touched yet
             raise _Ended(
-                S.auto_resolved, "system", "every alert behind the repair cleared before acting"
+                S.auto_resolved, "system", "every alert behind the repair cleared before cordoning"
             )
-        await self._act_with_ladder()
+        await self._cordon()
+
+    def _evidence_ok(self) -> bool:
+        """Whether the evidence still stands; after a breaker reset only evidence observed
+        after the reset counts (DESIGN §5 rails; ``LeaseReply.reset_at``)."""
+        since = self._lease.reset_at if self._lease is not None else None
+        return evidence_current(self._alerts, since)
+
+    # ---- waiting -------------------------------------------------------------------
+    async def _wait(self, cond: Callable[[], bool], limit_s: float | None) -> bool:
+        """Every long wait of the repair goes through here (approval, wait for idle, rejoin
+        polling, action retry back-off), so a lease held meanwhile can be renewed in one
+        place. Returns True when ``cond()`` became true, False after ``limit_s`` seconds
+        (None: no bound)."""
+        if limit_s is None:
+            await workflow.wait_condition(cond)
+            return True
+        try:
+            await workflow.wait_condition(cond, timeout=timedelta(seconds=limit_s))
+        except TimeoutError:
+            return False
+        return True
 
     # ---- decisions -----------------------------------------------------------------
     async def _decide(
         self, requested: Action, approver: str | None, reset_blocked: str | None = None
     ) -> None:
-        """Reset preconditions + ladder + migrate gate on ``requested`` (recorded as the
-        deciding rule); ``reset_blocked``: why the node said a reset cannot run."""
+        """Reset preconditions + ladder + migrate gate + per-node action cap on
+        ``requested`` (recorded as the deciding rule); sets ``_needs_human`` and its reason.
+        ``reset_blocked``: why the node said a reset cannot run."""
         assert self._req is not None
         now = workflow.now()
+        rails = self._policy.rails
         if not self._attempts and not self._critical:
             days = max(self._policy.ladder.window_s, self._policy.migrate_gate.window_s)
+            if self._rails:
+                days = max(days, rails.max_actions_window_s)
             hist = await self._act(
                 ACT.ledger_attempt_history,
                 AttemptQuery(
@@ -345,22 +500,44 @@ class RepairWorkflow:
             reset=self._policy.reset_gpu,
             pool=self._pool,
             reset_blocked=reset_blocked,
+            node=self._req.node if self._rails else None,
+            legacy_active=not self._rails,
         )
         action = dec.action
         rule = dec.rule
-        if approver is not None and dec.needs_human:
+        needs_human = dec.needs_human
+        self._human_reason = "ladder exhausted: a human must decide"
+        if self._rails and action not in (Action.none, Action.remove):
+            n = node_actions_in_window(
+                self._attempts, self._req.node, now, rails.max_actions_window_s
+            )
+            if n >= rails.max_actions_per_node:
+                cap = (
+                    f"node cap: {n} disruptive actions on {self._req.node} within "
+                    f"{rails.max_actions_window_s:g} s (max {rails.max_actions_per_node})"
+                )
+                rule = f"{rule}; {cap}"
+                if not needs_human:
+                    self._human_reason = f"{cap}: a human must decide"
+                needs_human = True
+        if approver is not None and needs_human:
             rule = f"{rule}; approved by {approver} beyond the ladder"
         self._set_action(action)
         self._rule = rule
-        self._needs_human = dec.needs_human and approver is None
+        self._needs_human = needs_human and approver is None
 
     def _set_action(self, action: Action) -> None:
         self._action = action
         workflow.upsert_search_attributes([SA_ACTION.value_set(action.value)])
 
     async def _await_approval(self, why: str) -> None:
-        """Wait for approve / reject / cancel (or the evidence clearing)."""
-        self._approve = None
+        """Wait for approve / reject / cancel (or the evidence clearing).
+
+        An approval that arrived before this point is kept (operator intent is never
+        dropped); the escalation path clears it first, since an approval of one action
+        does not cover a heavier one."""
+        if not self._rails:
+            self._approve = None
         await self._transition(S.awaiting_approval, "system", f"approval needed: {why}")
         await self._upsert()
         auto_resolvable = any(a.level for a in self._alerts)
@@ -370,24 +547,24 @@ class RepairWorkflow:
                 self._approve is not None
                 or self._reject is not None
                 or self._cancel is not None
-                or (auto_resolvable and not evidence_current(self._alerts))
+                or (auto_resolvable and not self._evidence_ok())
             )
 
         deadline = self._policy.consent.approval_timeout_s
         # Histories recorded before the approval deadline existed replay without it.
         if deadline is not None and workflow.patched(PATCH_APPROVAL_DEADLINE):
-            try:
-                await workflow.wait_condition(decided, timeout=timedelta(seconds=deadline))
-            except TimeoutError:
+            if not await self._wait(decided, deadline):
                 raise _Ended(
                     S.timed_out, "system", f"no approval within {deadline:g} s; evidence is stale"
-                ) from None
+                )
         else:
-            await workflow.wait_condition(decided)
+            await self._wait(decided, None)
         self._check_ended()
         if self._approve is None:
             raise _Ended(S.auto_resolved, "system", "alert cleared before approval")
         sig = self._approve
+        if self._rails:
+            self._approve = None  # consumed
         self._approved_by = sig.by
         await self._decide(sig.action or self._action, approver=sig.by)
         self._rule = f"approved by {sig.by}; {self._rule}"
@@ -475,15 +652,22 @@ class RepairWorkflow:
         if res.by_other:
             self._detail = f"node already cordoned by someone else: {res.detail}"
 
-    async def _wait_for_idle(self) -> None:
+    async def _wait_for_idle(self, carried: Carried) -> None:
+        """Poll ``check_idle`` until idle, the bound expires (recorded), a reject/cancel
+        arrives or the evidence clears. The poll interval doubles from ``poll_s`` up to
+        ``poll_max_s``; past :data:`HISTORY_EVENTS_MAX` events the wait continues as new."""
         assert self._req is not None
         wfi = self._policy.wait_for_idle
         bound = "do not interrupt" if wfi.do_not_interrupt else f"max {wfi.max_wait_s:g} s"
-        await self._transition(S.waiting_for_idle, "system", bound)
-        start = workflow.now()
+        if carried.idle_since is None:
+            await self._transition(S.waiting_for_idle, "system", bound)
+        start = carried.idle_since or workflow.now()
+        poll = carried.idle_poll_s or wfi.poll_s
         ref = NodeRef(cluster=self._req.cluster, node=self._req.node, repair_id=self._req.repair_id)
         while True:
             self._check_cancel_before_act()
+            if self._rails and not self._evidence_ok():
+                return  # the caller ends the repair auto_resolved before draining
             idle = await self._act(ACT.check_idle, ref, IdleStatus)
             if idle.idle:
                 return
@@ -496,16 +680,77 @@ class RepairWorkflow:
                 return
             self._detail = f"waiting for idle ({bound}): running {', '.join(idle.running)}"
             workflow.set_current_details(self._detail)
-            timeout = wfi.poll_s
+            if self._rails and self._history_full():
+                self._continue_as_new(start, poll)
+            timeout = poll if self._rails else wfi.poll_s
             if not wfi.do_not_interrupt:
                 timeout = min(timeout, max(wfi.max_wait_s - waited, 1.0))
-            try:
-                await workflow.wait_condition(
-                    lambda: self._cancel is not None or self._reject is not None,
-                    timeout=timedelta(seconds=timeout),
+
+            def stop() -> bool:
+                return (
+                    self._cancel is not None
+                    or self._reject is not None
+                    or (self._rails and not self._evidence_ok())
                 )
-            except TimeoutError:
-                pass
+
+            await self._wait(stop, timeout)
+            poll = min(poll * 2, max(wfi.poll_max_s, wfi.poll_s))
+
+    def _history_full(self) -> bool:
+        info = workflow.info()
+        return (
+            info.is_continue_as_new_suggested()
+            or info.get_current_history_length() >= self._history_limit
+        )
+
+    def _continue_as_new(self, idle_since: datetime, poll_s: float) -> None:
+        """Continue as new in ``waiting_for_idle``, carrying everything the rest of the
+        repair needs (raises ``ContinueAsNewError``; the cleanup does not run)."""
+        assert self._req is not None
+        state = Carried(
+            history_limit=self._history_limit,
+            stage=self._stage,
+            action=self._action,
+            machine=self._machine,
+            pool=self._pool,
+            history=self._history,
+            alerts=self._alerts,
+            approved_by=self._approved_by,
+            rule=self._rule,
+            lease=self._lease,
+            lease_requested=self._lease_requested,
+            cordoned_by_us=self._cordoned_by_us,
+            policy=self._policy,
+            bmc_queue=self._bmc_queue,
+            attempts=self._attempts,
+            critical=self._critical,
+            idle_since=idle_since,
+            idle_poll_s=poll_s,
+            continued=self._continued + 1,
+        )
+        workflow.continue_as_new(
+            self._req.model_copy(update={"carried": state.model_dump(mode="json")})
+        )
+
+    def _restore(self, c: Carried) -> None:
+        """The state a previous run carried over (see :meth:`_continue_as_new`)."""
+        assert c.stage is not None and c.action is not None
+        self._stage = c.stage
+        self._action = c.action
+        self._machine, self._pool = c.machine, c.pool
+        self._history = list(c.history)
+        # evidence attached meanwhile (a signal that raced the hand-over) is merged in
+        known = {a.alert_id for a in c.alerts}
+        self._alerts = list(c.alerts) + [a for a in self._alerts if a.alert_id not in known]
+        self._approved_by, self._rule = c.approved_by, c.rule
+        self._lease = self._lease or c.lease
+        self._lease_requested = c.lease_requested
+        self._cordoned_by_us = c.cordoned_by_us
+        self._policy = c.policy or PolicyConfig()
+        self._bmc_queue = c.bmc_queue
+        self._attempts, self._critical = list(c.attempts), list(c.critical)
+        self._continued = c.continued
+        self._detail = f"waiting for idle (continued as new {c.continued}x)"
 
     def _check_cancel_before_act(self) -> None:
         if self._cancel is not None or self._reject is not None:
@@ -533,6 +778,8 @@ class RepairWorkflow:
                 heartbeat=timedelta(seconds=self._policy.rails.heartbeat_timeout_s),
             )
         except ActivityError as err:
+            if is_cancelled_exception(err):
+                raise
             raise _Ended(S.failed, "system", f"drain failed: {_cause(err)}") from err
         if not res.drained:
             raise _Ended(
@@ -544,10 +791,19 @@ class RepairWorkflow:
             self._check_cancel_before_act()
 
     async def _act_with_ladder(self) -> None:
-        """Run the action; on failure record the attempt and let the ladder decide."""
+        """Run the action; on a definitive failure, or when the fault recurs after it,
+        record the attempt and let the ladder (and the per-node cap) decide the next."""
         assert self._req is not None
         req = self._req
+        first = True
         while True:
+            # evidence re-checked right before every action (DESIGN §5 rails)
+            if (first or self._rails) and not self._evidence_ok():
+                await self._rejoin()
+                raise _Ended(
+                    S.auto_resolved, "system", "every alert behind the repair cleared before acting"
+                )
+            first = False
             action = self._action
             stage = S.migrating if action == Action.migrate else S.repairing
             await self._transition(
@@ -555,6 +811,7 @@ class RepairWorkflow:
             )
             ref = NodeRef(cluster=req.cluster, node=req.node, repair_id=req.repair_id)
             before = await self._act(ACT.node_health, ref, NodeHealth)
+            faulty = self._machine
             minput = MachineActionInput(
                 cluster=req.cluster,
                 node=req.node,
@@ -565,90 +822,173 @@ class RepairWorkflow:
                 boot_id_before=before.boot_id,
                 boot_time_before=before.boot_time,
             )
+            self._acted.append(action)
             try:
                 new_machine = await self._machine_action(action, minput)
             except _NotRun as nr:
                 # nothing was touched: not an attempt; the policy picks the fallback
+                self._acted.pop()
                 await self._note(f"{action.value} cannot run, nothing touched: {nr}")
                 await self._decide(action, approver=None, reset_blocked=str(nr))
                 await self._upsert()
                 consent = consent_decision(
                     self._action, self._alerts, req.requester, self._policy.consent
                 )
-                if not consent.automatic:
+                if not consent.automatic or (self._rails and self._needs_human):
+                    self._approve = None  # an approval of the last action does not cover it
                     await self._await_approval(
                         f"{action.value} cannot run; moves to {self._action.value}"
                     )
                 continue
             except ActivityError as err:
+                if is_cancelled_exception(err):
+                    raise
                 await self._attempt(action, "failed")
                 await self._note(f"{action.value} failed: {_cause(err)}")
-                await self._decide(action, approver=None)
-                if self._needs_human or self._action == Action.remove:
-                    await self._await_approval(
-                        f"{action.value} failed; ladder exhausted, a human must decide"
-                    )
-                elif self._action != action:
-                    consent = consent_decision(
-                        self._action, self._alerts, req.requester, self._policy.consent
-                    )
-                    if not consent.automatic:
-                        await self._await_approval(
-                            f"{action.value} failed; ladder escalates to {self._action.value}"
-                        )
+                await self._escalate(action, f"{action.value} failed")
                 continue
-            break
-        old_machine = self._machine
-        if action == Action.remove:
-            await self._attempt(action, "succeeded")
-            await self._revalidate(old_machine, "removed for RMA")
+            if action == Action.remove:
+                await self._attempt(action, "succeeded")
+                ticket = self._last_ticket or "none"
+                self._hold = f"machine removed for RMA (ticket {ticket}); it stays out"
+                if self._rails:
+                    self._done = f"machine {faulty or req.node} removed for RMA"
+                await self._revalidate(faulty, "removed for RMA", "hold" if self._rails else "pool")
+                return
+            if new_machine is not None:
+                self._machine = new_machine
+                workflow.upsert_search_attributes([SA_MACHINE.value_set(new_machine)])
+            acted_at = workflow.now()
+            await self._transition(S.joining, "system", "waiting for the node to come back healthy")
+            healthy = await self._wait_healthy(action, before, acted_at)
+            recurred = self._recurrence(acted_at, before) if self._rails else None
+            if recurred is not None:
+                # success needs the fault not to come back after the action
+                await self._attempt(action, "failed", machine=faulty)
+                await self._note(
+                    f"fault recurred after {action.value}: {recurred.summary} "
+                    f"(alert {recurred.alert_id})"
+                )
+                await self._escalate(action, f"fault recurred after {action.value}")
+                continue
+            if not healthy:
+                await self._attempt(action, "failed", machine=faulty)
+                self._hold = (
+                    f"node not healthy within {self._policy.rails.rejoin_timeout_s:g} s after "
+                    f"{action.value}; left cordoned for a human"
+                )
+                raise _Ended(
+                    S.timed_out,
+                    "system",
+                    f"node not healthy within {self._policy.rails.rejoin_timeout_s:g} s "
+                    "after the action; left cordoned for a human",
+                )
+            await self._rejoin()
+            await self._attempt(action, "succeeded", machine=faulty if self._rails else None)
+            if action == Action.migrate and faulty:
+                await self._revalidate(faulty, "node migrated off this machine", "spare")
+            await self._transition(S.running, "system", "node back in service")
             return
-        if new_machine is not None:
-            self._machine = new_machine
-            workflow.upsert_search_attributes([SA_MACHINE.value_set(new_machine)])
-        await self._transition(S.joining, "system", "waiting for the node to come back healthy")
-        if not await self._wait_healthy(action, before):
-            await self._attempt(action, "failed")
-            raise _Ended(
-                S.timed_out,
-                "system",
-                f"node not healthy within {self._policy.rails.rejoin_timeout_s:g} s "
-                "after the action; left cordoned for a human",
+
+    async def _escalate(self, action: Action, why: str) -> None:
+        """After ``action`` failed or did not hold: ladder (and per-node cap) decide the
+        next action; a person approves it where the consent policy or the cap asks."""
+        assert self._req is not None
+        await self._decide(action, approver=None)
+        if self._needs_human or self._action == Action.remove:
+            self._approve = None  # an approval of the last action does not cover the next
+            reason = (
+                f"{why}; {self._human_reason}"
+                if self._rails
+                else f"{action.value} failed; ladder exhausted, a human must decide"
             )
-        await self._rejoin()
-        await self._attempt(action, "succeeded")
-        if action == Action.migrate and old_machine:
-            await self._revalidate(old_machine, "node migrated off this machine", "spare")
-        await self._transition(S.running, "system", "node back in service")
+            await self._await_approval(reason)
+        elif self._action != action:
+            consent = consent_decision(
+                self._action, self._alerts, self._req.requester, self._policy.consent
+            )
+            if not consent.automatic:
+                self._approve = None
+                await self._await_approval(f"{why}; ladder escalates to {self._action.value}")
+
+    def _recurrence(self, acted_at: datetime, before: NodeHealth) -> Alert | None:
+        """An active alert of the same fault (kind and code of the repair's evidence)
+        observed at or after the action completed — and, when its evidence names the
+        ``boot_id``, from another boot than the one before the action."""
+        faults = {(a.kind, a.code) for a in self._alerts if a.observed_at < acted_at}
+        for a in self._alerts:
+            if not a.active or a.observed_at < acted_at or (a.kind, a.code) not in faults:
+                continue
+            boot = a.evidence.get("boot_id")
+            if boot is not None and before.boot_id is not None and boot == before.boot_id:
+                continue  # a late report from the boot before the action
+            return a
+        return None
 
     async def _machine_action(self, action: Action, minput: MachineActionInput) -> str | None:
+        """Run ``action`` on the BMC queue; returns the new machine of a migrate.
+
+        A transient failure (any retryable error: BMC connection refused, HTTP 5xx, a
+        timeout) is retried with back-off for up to ``rails.action_retry_max_s``; raises
+        ``ActivityError`` for a permanent failure or once that bound is spent."""
         name = MACHINE_ACTIVITY[action]
-        if action == Action.migrate:
+        rtype: type[Any] = MigrateResult if action == Action.migrate else ActionResult
+        hb = timedelta(seconds=self._policy.rails.heartbeat_timeout_s)
+        if not self._rails:
             res = await workflow.execute_activity(
                 name,
                 minput,
-                result_type=MigrateResult,
+                result_type=rtype,
                 task_queue=self._bmc_queue,
                 start_to_close_timeout=_MACHINE_TIMEOUT,
-                heartbeat_timeout=timedelta(seconds=self._policy.rails.heartbeat_timeout_s),
-                retry_policy=_MACHINE_RETRY,
+                heartbeat_timeout=hb,
+                retry_policy=_MACHINE_RETRY_V1,
             )
+        else:
+            bound = self._policy.rails.action_retry_max_s
+            first_failure: datetime | None = None
+            backoff, backoff_max = _ACTION_BACKOFF_S
+            tries = 0
+            while True:
+                tries += 1
+                try:
+                    res = await workflow.execute_activity(
+                        name,
+                        minput,
+                        result_type=rtype,
+                        task_queue=self._bmc_queue,
+                        start_to_close_timeout=_MACHINE_TIMEOUT,
+                        heartbeat_timeout=hb,
+                        retry_policy=_MACHINE_ONCE,
+                    )
+                    break
+                except ActivityError as err:
+                    if is_cancelled_exception(err) or not _transient(err):
+                        raise
+                    now = workflow.now()
+                    first_failure = first_failure or now
+                    spent = (now - first_failure).total_seconds()
+                    if spent >= bound:
+                        raise
+                    self._detail = (
+                        f"{action.value}: transient failure (try {tries}, retrying for up to "
+                        f"{bound:g} s): {_cause(err)}"
+                    )
+                    workflow.set_current_details(self._detail)
+                    await self._wait(lambda: False, min(backoff, bound - spent))
+                    backoff = min(backoff * 2, backoff_max)
+        if isinstance(res, MigrateResult):
             return res.new_machine
-        done = await workflow.execute_activity(
-            name,
-            minput,
-            result_type=ActionResult,
-            task_queue=self._bmc_queue,
-            start_to_close_timeout=_MACHINE_TIMEOUT,
-            heartbeat_timeout=timedelta(seconds=self._policy.rails.heartbeat_timeout_s),
-            retry_policy=_MACHINE_RETRY,
-        )
-        if done.not_run:
-            raise _NotRun(done.not_run)
-        self._detail = done.detail or done.skipped_reason
+        assert isinstance(res, ActionResult)
+        if res.not_run:
+            raise _NotRun(res.not_run)
+        self._detail = res.detail or res.skipped_reason
+        self._last_ticket = res.ticket_id
         return None
 
-    async def _wait_healthy(self, action: Action, before: NodeHealth) -> bool:
+    async def _wait_healthy(
+        self, action: Action, before: NodeHealth, acted_at: datetime | None = None
+    ) -> bool:
         assert self._req is not None
         ref = NodeRef(cluster=self._req.cluster, node=self._req.node, repair_id=self._req.repair_id)
         limit = self._policy.rails.rejoin_timeout_s
@@ -664,7 +1004,16 @@ class RepairWorkflow:
             if waited >= limit:
                 return False
             poll = self._policy.rails.rejoin_poll_s
-            await workflow.sleep(min(poll, max(limit - waited, 1.0)))
+
+            def recurred() -> bool:
+                return (
+                    self._rails
+                    and acted_at is not None
+                    and self._recurrence(acted_at, before) is not None
+                )
+
+            if await self._wait(recurred, min(poll, max(limit - waited, 1.0))):
+                return False
 
     async def _rejoin(self) -> None:
         assert self._req is not None
@@ -675,6 +1024,7 @@ class RepairWorkflow:
             ),
             RejoinResult,
         )
+        self._cordoned_by_us = False
         if not res.uncordoned:
             await self._note(f"node left cordoned: {res.kept_reason or 'not cordoned by us'}")
 
@@ -682,7 +1032,8 @@ class RepairWorkflow:
         """Start ``ValidationWorkflow`` on the machine the node left (abandoned child).
 
         ``return_to``: where a machine that passes goes — ``spare`` after a migrate (the
-        hot-spare pool), ``pool`` otherwise."""
+        hot-spare pool), ``hold`` after a remove (it stays out whatever the verdict),
+        ``pool`` otherwise."""
         assert self._req is not None
         if not machine:
             return
@@ -707,14 +1058,16 @@ class RepairWorkflow:
             await self._note(f"re-validation of {machine} already running")
 
     # ---- records -------------------------------------------------------------------
-    async def _attempt(self, action: Action, outcome: str) -> None:
+    async def _attempt(self, action: Action, outcome: str, machine: str | None = None) -> None:
+        """Record an executed action for the ladder and the per-node cap, against
+        ``machine`` (the machine that had the fault; default the current one)."""
         assert self._req is not None
         first = self._alerts[0] if self._alerts else None
         rec = AttemptRecord(
             repair_id=self._req.repair_id,
             cluster=self._req.cluster,
             node=self._req.node,
-            machine_id=self._machine,
+            machine_id=machine or self._machine,
             action=action,
             alert_kind=first.kind if first else "manual",
             code=first.code if first else None,
@@ -775,21 +1128,35 @@ class RepairWorkflow:
             ),
         )
 
+    # ---- ending ------------------------------------------------------------------
     async def _finish(self, stage: S, by: str, reason: str) -> None:
+        """Clean up whatever way the repair ended (see the module docstring): uncordon
+        unless held, terminal ledger row with the cause, lease released, NodeWorkflow
+        told, a critical notification for failures and held nodes."""
         assert self._req is not None
         req = self._req
-        if not self._history:
-            await self._upsert()
-            await self._transition(S.recommended, req.requester.name, req.reason)
-        await self._transition(stage, by, reason)
-        await self._upsert()
-        if self._lease_requested:
-            try:
-                await workflow.get_external_workflow_handle(workflow_id_guard(req.cluster)).signal(
-                    GUARD_SIGNAL_RELEASE, LeaseRelease(repair_id=req.repair_id, outcome=stage.value)
+        held: str | None = None
+        if self._rails and self._cordoned_by_us:
+            held = self._hold
+            if held is None and self._acted and stage != S.succeeded:
+                tried = ", ".join(a.value for a in self._acted)
+                held = (
+                    f"{tried} ran and the node was not verified healthy; the fault stands, "
+                    "left cordoned for a human"
                 )
-            except FailureError:
-                pass
+            if held is None:
+                held = await self._cleanup_uncordon()
+            if held is not None:
+                reason = f"{reason}; node left cordoned: {held}"
+        if not self._history:
+            await self._safely("ledger upsert", self._upsert)
+            await self._safely(
+                "ledger transition",
+                lambda: self._transition(S.recommended, req.requester.name, req.reason),
+            )
+        await self._safely("ledger transition", lambda: self._transition(stage, by, reason))
+        await self._safely("ledger upsert", self._upsert)
+        await self._release_lease(stage)
         try:
             await workflow.get_external_workflow_handle(
                 workflow_id_node(req.cluster, req.node)
@@ -804,18 +1171,88 @@ class RepairWorkflow:
             )
         except FailureError:
             pass  # repair not driven by a NodeWorkflow (operator / detector request)
-        if stage in (S.failed, S.timed_out):
-            await self._act0(
-                ACT.notify,
-                Notification(
-                    cluster=req.cluster,
-                    node=req.node,
-                    repair_id=req.repair_id,
-                    subject=f"repair {req.repair_id} {stage.value}",
-                    body=reason,
-                    severity="critical",
+        except asyncio.CancelledError:
+            if not self._rails:
+                raise
+        if stage in (S.failed, S.timed_out) or held is not None:
+            subject = f"repair {req.repair_id} {stage.value}"
+            if held is not None:
+                subject += f": node {req.node} left cordoned"
+            await self._safely(
+                "notification",
+                lambda: self._act0(
+                    ACT.notify,
+                    Notification(
+                        cluster=req.cluster,
+                        node=req.node,
+                        repair_id=req.repair_id,
+                        subject=subject,
+                        body=reason,
+                        severity="critical",
+                    ),
                 ),
             )
+
+    async def _cleanup_uncordon(self) -> str | None:
+        """Uncordon the node we cordoned; returns why it stays cordoned, or None."""
+        assert self._req is not None
+        rin = RejoinInput(
+            cluster=self._req.cluster, node=self._req.node, repair_id=self._req.repair_id
+        )
+        err: BaseException | None = None
+        for _ in range(2):  # a workflow cancellation interrupts at most one try
+            try:
+                res = await workflow.execute_activity(
+                    ACT.rejoin_node,
+                    rin,
+                    result_type=RejoinResult,
+                    start_to_close_timeout=_SHORT,
+                    schedule_to_close_timeout=_CLEANUP_TOTAL,
+                    retry_policy=_RETRY,
+                )
+            except (ActivityError, asyncio.CancelledError) as e:
+                err = e
+                if is_cancelled_exception(e):
+                    continue
+                break
+            self._cordoned_by_us = False
+            if res.uncordoned:
+                return None
+            await self._safely("ledger transition", _bind(self._note, res.kept_reason))
+            return None
+        cause = _cause(err) if err is not None else "cancelled"
+        return f"uncordon failed ({cause}); a human must uncordon it"
+
+    async def _safely(self, what: str, step: Callable[[], Awaitable[Any]]) -> None:
+        """Run one cleanup step; a failure after its retries is logged and the ending
+        goes on (a workflow cancellation arriving meanwhile interrupts one try only)."""
+        if not self._rails:
+            await step()
+            return
+        for _ in range(2):
+            try:
+                await step()
+                return
+            except (ActivityError, asyncio.CancelledError) as err:
+                if is_cancelled_exception(err):
+                    continue
+                workflow.logger.warning("cleanup step %s failed: %s", what, _cause(err))
+                return
+
+    async def _release_lease(self, stage: S) -> None:
+        """Hand the lease back to the cluster guard (if one was requested)."""
+        assert self._req is not None
+        req = self._req
+        if self._lease_requested:
+            try:
+                await workflow.get_external_workflow_handle(workflow_id_guard(req.cluster)).signal(
+                    GUARD_SIGNAL_RELEASE, LeaseRelease(repair_id=req.repair_id, outcome=stage.value)
+                )
+            except FailureError:
+                pass
+            except asyncio.CancelledError:
+                if not self._rails:
+                    raise
 
     async def _act(
         self,
@@ -841,6 +1278,21 @@ class RepairWorkflow:
         await workflow.execute_activity(
             name, arg, start_to_close_timeout=_SHORT, retry_policy=_RETRY
         )
+
+
+def _bind(note: Callable[[str], Awaitable[None]], kept: str) -> Callable[[], Awaitable[None]]:
+    """A cleanup step noting that the node stays cordoned (someone else's cordon)."""
+    return lambda: note(f"node left cordoned: {kept or 'not cordoned by us'}")
+
+
+def _transient(err: ActivityError) -> bool:
+    """A failure a retry may fix: a timeout, or a retryable (non-permanent) error."""
+    cause = err.cause
+    if isinstance(cause, TemporalTimeoutError):
+        return True
+    if isinstance(cause, ApplicationError):
+        return not cause.non_retryable and cause.type not in _PERMANENT
+    return False
 
 
 def _cause(err: BaseException) -> str:

@@ -11,7 +11,9 @@ and log (ledger + optional webhook) → return the machine per the verdict
 machine's open tickets, so a repaired machine returns without database edits).
 
 * passed — back to the pool (``return_to="pool"``) or into the cluster's hot-spare pool
-  (``return_to="spare"``, also chosen when the request comes from a migrate);
+  (``return_to="spare"``, also chosen when the request comes from a migrate); with
+  ``return_to="hold"`` (after a ``remove``) the machine only gets its pre-run state back
+  and its RMA ticket stays open — a remove stays removed;
 * failed — ticket; the machine stays out until it passes again;
 * aborted — no placement, machine reallocated, timeout, or the checks could not run: the
   prior state is restored and nothing is condemned. Only an explicit failure opens a
@@ -66,7 +68,11 @@ _SUMMARY_CHARS = 500
 
 
 def return_target(req: ValidationRequest) -> str:
-    """``spare`` when asked or when the node migrated off this machine, else ``pool``."""
+    """``hold`` when asked (a machine removed for RMA: whatever the verdict it stays out,
+    and a pass closes no ticket), ``spare`` when asked or when the node migrated off this
+    machine, else ``pool``."""
+    if req.return_to == "hold":
+        return "hold"
     if req.return_to == "spare" or "migrat" in req.reason.lower():
         return "spare"
     return "pool"
@@ -146,11 +152,16 @@ class ValidationWorkflow:
                 bool,
             )
         self._stage = "returning"
-        if placement.prior_state or result.verdict != Verdict.aborted:
+        # A held machine (removed for RMA) that passes only gets back the state it had
+        # before the run: return_machine's "aborted" branch restores exactly that.
+        applied = result.verdict
+        if target == "hold" and result.verdict == Verdict.passed:
+            applied = Verdict.aborted
+        if placement.prior_state or applied != Verdict.aborted:
             back: ReturnMachineResult = await self._short(
                 ACT.return_machine,
                 ReturnMachineInput(cluster=req.cluster, machine=req.machine, node=node,
-                                   run_id=run_id, verdict=result.verdict,
+                                   run_id=run_id, verdict=applied,
                                    prior_state=placement.prior_state, return_to=target,
                                    ticket_id=result.ticket_id),
                 ReturnMachineResult,
@@ -160,7 +171,8 @@ class ValidationWorkflow:
         await self._short(
             ACT.ledger_record_verdict,
             VerdictRecord(run_id=run_id, cluster=req.cluster, machine=req.machine,
-                          verdict=result.verdict, result=result, at=workflow.now()),
+                          verdict=result.verdict, result=result, at=workflow.now(),
+                          close_tickets=target != "hold"),
         )
         self._result = result
         self._stage = "done"

@@ -95,6 +95,16 @@ async def test_repair_transitions_and_attempt_history(ledger_pool: asyncpg.Pool)
         AttemptQuery(cluster="c1", node="gpu-01", machine_id="m-01", since=T0 + timedelta(days=1))
     )
     assert later.attempts == [] and later.critical_alerts == []
+    # the node moved to a spare: attempts on the node and on the machine both come back
+    moved = att.model_copy(update={"repair_id": "r2", "machine_id": "spare-1",
+                                   "at": T0 + timedelta(hours=1)})
+    await ledger.record_attempt(moved)
+    await ledger.record_attempt(att.model_copy(update={"repair_id": "r3", "node": "gpu-09",
+                                                       "machine_id": "m-09"}))
+    both = await ledger.attempt_history(
+        AttemptQuery(cluster="c1", node="gpu-01", machine_id="spare-1", since=T0 - timedelta(days=7))
+    )
+    assert sorted(a.repair_id for a in both.attempts) == ["r1", "r2"]
 
 
 async def test_racing_claims_produce_one_repair(ledger_pool: asyncpg.Pool) -> None:

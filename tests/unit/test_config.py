@@ -71,3 +71,12 @@ def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
     f.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(f, environ={})
+
+
+def test_repair_rail_keys_and_poll_bounds() -> None:
+    p = load_config(None, environ={}).policy
+    assert p.rails.action_retry_max_s == 900.0
+    assert (p.rails.max_actions_per_node, p.rails.max_actions_window_s) == (6, 7 * 86400.0)
+    assert (p.wait_for_idle.poll_s, p.wait_for_idle.poll_max_s) == (30.0, 600.0)
+    with pytest.raises(ConfigError, match=r"poll_max_s: 10 is below poll_s 30"):
+        load_config(None, environ={"AUTOREPAIR__POLICY__WAIT_FOR_IDLE__POLL_MAX_S": "10"})

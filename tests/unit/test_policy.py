@@ -29,6 +29,7 @@ from workflows.policy import (
     ladder_decision,
     migrate_gate,
     next_rung,
+    node_actions_in_window,
     persistence_for,
 )
 
@@ -209,6 +210,54 @@ def test_migrate_gate() -> None:
         g,
     )
     assert d.action == Action.reprovision and "gate:no critical" in d.rule
+
+
+def test_migrate_gate_looks_at_age_not_at_still_active() -> None:
+    g = MigrateGateConfig()
+    warn = alert(severity="warning")
+    # an Xid event is never cleared: "active" says nothing about whether it is recent
+    stale_xid = alert(observed_at=NOW - timedelta(days=11))
+    assert migrate_gate(Action.migrate, [stale_xid], [], NOW, g).action == Action.reprovision
+    assert migrate_gate(
+        Action.migrate, [stale_xid], [], NOW, g, legacy_active=True
+    ).action == Action.migrate
+    # a critical level fault that cleared 2 days ago still counts (within 10 days)
+    cleared = alert(level=True, active=False, observed_at=NOW - timedelta(days=2))
+    d = migrate_gate(Action.migrate, [cleared], [], NOW, g)
+    assert d.action == Action.migrate and "within" in d.rule
+    # a critical level fault still raised is "now", however old its first observation
+    raised = alert(level=True, observed_at=NOW - timedelta(days=30))
+    assert migrate_gate(Action.migrate, [raised], [], NOW, g).rule == "gate:critical alert now"
+    assert migrate_gate(Action.migrate, [warn], [stale_xid], NOW, g).action == Action.reprovision
+
+
+def test_ladder_counts_the_node_across_machines() -> None:
+    lad = LadderConfig()
+    moved = [
+        attempt(Action.migrate, machine_id="m-old-a"),
+        attempt(Action.migrate, machine_id="m-old-b"),
+    ]
+    # by machine only, the spare "m" has no history; by node, the fault climbed the ladder
+    assert not ladder_decision(Action.migrate, moved, "xid", 79, "m", NOW, lad).needs_human
+    d = ladder_decision(Action.migrate, moved, "xid", 79, "m", NOW, lad, node="n")
+    assert d.needs_human and d.action == Action.migrate
+    other_node = [a.model_copy(update={"node": "n2"}) for a in moved]
+    assert not ladder_decision(Action.migrate, other_node, "xid", 79, "m", NOW, lad, "n").needs_human
+
+
+def test_node_actions_in_window_counts_every_executed_action() -> None:
+    atts = [
+        attempt(Action.reboot, "succeeded"),
+        attempt(Action.power_cycle, "failed", alert_kind="ib_link_down", code=None),
+        attempt(Action.migrate, "succeeded", machine_id="spare-1"),
+        attempt(Action.reboot, "cancelled"),
+        attempt(Action.reboot, "auto_resolved"),
+        attempt(Action.reboot, "succeeded", days=8),
+        attempt(Action.reboot, "succeeded", node="n2"),
+    ]
+    assert node_actions_in_window(atts, "n", NOW, 7 * 86400.0) == 3
+    assert node_actions_in_window(atts, "n", NOW, 9 * 86400.0) == 4
+    assert node_actions_in_window([], "n", NOW, 7 * 86400.0) == 0
 
 
 # ---- rails -------------------------------------------------------------------------

@@ -77,9 +77,23 @@ class FakeCluster:
     unhealthy: set[str] = field(default_factory=set)
     power_cycles: int = 0
     notifications: list[Notification] = field(default_factory=list)
+    # call name -> ERR_* type raised (non-retryable) on every call, e.g. a Kubernetes 403
+    broken: dict[str, str] = field(default_factory=dict)
+    # call name -> retryable failures left (BMC connection refused, HTTP 5xx)
+    transient: dict[str, int] = field(default_factory=dict)
 
     def _log(self, name: str, node: str) -> None:
         self.calls.append((name, node))
+        if name in self.broken:
+            raise ApplicationError(
+                f"{name} on {node}: injected {self.broken[name]}",
+                type=self.broken[name],
+                non_retryable=True,
+            )
+        left = self.transient.get(name, 0)
+        if left > 0:
+            self.transient[name] = left - 1
+            raise ApplicationError(f"{name} on {node}: connection refused (injected)")
 
     def count(self, name: str, node: str | None = None) -> int:
         return sum(1 for n, nd in self.calls if n == name and (node is None or nd == node))

@@ -111,7 +111,9 @@ async def test_scenario_8_ladder_then_human(harness: Harness) -> None:
     h = harness
     for act in ("reboot", "reprovision", "migrate"):
         h.cluster.fail_actions[act] = 100
-    handle = await start_repair(h, "gpu-04", Action.reboot, "s8")
+    # migrate needs critical evidence within 10 days (DESIGN §5): the fault is fresh
+    fresh = make_alert(h.cluster.cluster, "gpu-04", "s8", observed_at=await h.env.get_current_time())
+    handle = await start_repair(h, "gpu-04", Action.reboot, "s8", alerts=[fresh])
     await wait_stage(h, "gpu-04", "s8", Stage.awaiting_approval)
     calls = [c for c, n in h.cluster.calls if c in ("reboot", "reprovision", "migrate")]
     assert calls == ["reboot", "reboot", "reprovision", "reprovision", "migrate", "migrate"]
@@ -123,7 +125,7 @@ async def test_scenario_8_ladder_then_human(harness: Harness) -> None:
     assert row is not None and [a["outcome"] for a in row["attempts"]] == ["failed"] * 6
     # a new repair for the same fault on the same machine starts at the top rung
     h.policy.consent.mode = "approve"
-    nxt = await start_repair(h, "gpu-04", Action.reboot, "s8b")
+    nxt = await start_repair(h, "gpu-04", Action.reboot, "s8b", alerts=[fresh])
     st2 = await wait_stage(h, "gpu-04", "s8b", Stage.awaiting_approval)
     assert st2.action == Action.migrate and "exhausted" in (st2.decided_by_rule or "")
     await nxt.signal("reject", RejectSignal(by="oncall"))

@@ -15,6 +15,7 @@ from workflows.policy.ladder import (
     ladder_decision,
     migrate_gate,
     next_rung,
+    node_actions_in_window,
 )
 from workflows.policy.node_action import (
     NodeActionDecision,
@@ -60,6 +61,7 @@ __all__ = [
     "ladder_decision",
     "migrate_gate",
     "next_rung",
+    "node_actions_in_window",
     "persistence_for",
     "platform_blocker",
     "recent_events",

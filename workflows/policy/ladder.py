@@ -47,6 +47,16 @@ def next_rung(action: Action, ladder: LadderConfig) -> Action | None:
     return min(heavier, key=lambda r: ACTION_WEIGHT[r]) if heavier else None
 
 
+def _same_target(a: AttemptRecord, machine_id: str | None, node: str | None) -> bool:
+    """``a`` ran on the machine ``machine_id`` or on the node ``node`` (None = any).
+
+    Counting the node as well as the machine keeps the ladder climbing for a node's fault
+    episode after a migrate moved it onto a spare: the fault followed the node."""
+    if machine_id is None:
+        return True
+    return a.machine_id in (None, machine_id) or (node is not None and a.node == node)
+
+
 def counted_attempts(
     attempts: Sequence[AttemptRecord],
     action: Action,
@@ -55,9 +65,11 @@ def counted_attempts(
     machine_id: str | None,
     now: datetime,
     window_s: float,
+    node: str | None = None,
 ) -> int:
-    """Attempts of ``action`` on the same machine for the same alert kind (and code)
-    within ``window_s`` seconds before ``now``; cancelled and self-resolved excluded."""
+    """Attempts of ``action`` on the same machine (or, when ``node`` is given, on the same
+    node) for the same alert kind (and code) within ``window_s`` seconds before ``now``;
+    cancelled and self-resolved excluded."""
     since = now - timedelta(seconds=window_s)
     return sum(
         1
@@ -65,7 +77,24 @@ def counted_attempts(
         if a.action == action
         and a.alert_kind == alert_kind
         and a.code == code
-        and (machine_id is None or a.machine_id in (None, machine_id))
+        and _same_target(a, machine_id, node)
+        and a.outcome not in NOT_COUNTED
+        and since <= a.at <= now
+    )
+
+
+def node_actions_in_window(
+    attempts: Sequence[AttemptRecord], node: str, now: datetime, window_s: float
+) -> int:
+    """Disruptive actions executed on ``node`` (any machine, action, fault or outcome but
+    cancelled / self-resolved) within ``window_s`` seconds before ``now``: the count that
+    ``rails.max_actions_per_node`` caps (DESIGN §5 rails)."""
+    since = now - timedelta(seconds=window_s)
+    return sum(
+        1
+        for a in attempts
+        if a.node == node
+        and a.action != Action.none
         and a.outcome not in NOT_COUNTED
         and since <= a.at <= now
     )
@@ -79,17 +108,20 @@ def ladder_decision(
     machine_id: str | None,
     now: datetime,
     ladder: LadderConfig,
+    node: str | None = None,
 ) -> LadderDecision:
     """Apply the ladder: while ``action`` already ran ``ladder.attempts`` times (default 2)
-    on this machine for this alert kind/code within ``ladder.window_s`` (default 7 days),
-    move one rung up. Past the top rung (default ``migrate``) a human is needed.
-    ``none`` and ``remove`` are returned unchanged."""
+    on this machine (or on ``node``, when given) for this alert kind/code within
+    ``ladder.window_s`` (default 7 days), move one rung up. Past the top rung (default
+    ``migrate``) a human is needed. ``none`` and ``remove`` are returned unchanged."""
     if action in (Action.none, Action.remove):
         return LadderDecision(action, False, False, "ladder:not applicable")
     current: Action = action
     steps: list[str] = []
     while True:
-        n = counted_attempts(attempts, current, alert_kind, code, machine_id, now, ladder.window_s)
+        n = counted_attempts(
+            attempts, current, alert_kind, code, machine_id, now, ladder.window_s, node
+        )
         if n < ladder.attempts:
             break
         up = next_rung(current, ladder)
@@ -109,16 +141,29 @@ def migrate_gate(
     critical_history: Sequence[Alert],
     now: datetime,
     gate: MigrateGateConfig,
+    legacy_active: bool = False,
 ) -> GateDecision:
-    """Migrate needs a critical alert firing now (in ``alerts``, active) or one on the
-    same machine within ``gate.window_s`` (default 10 days) in ``critical_history``;
-    otherwise it runs as a quick ``reprovision``. Other actions pass unchanged."""
+    """Migrate needs a critical alert firing now or one on the same machine within
+    ``gate.window_s`` (default 10 days, DESIGN §5 migrate); otherwise it runs as a quick
+    ``reprovision``. Other actions pass unchanged.
+
+    "Firing now" is a critical level fault still raised; every other critical alert — the
+    repair's own ``alerts`` (an Xid event, a level fault cleared since) or the machine's
+    ``critical_history`` — counts by its age (``observed_at`` within the window), never by
+    whether it is still active. ``legacy_active``: the first release's rule (any active
+    critical alert counts as firing now), kept so repairs recorded under it replay."""
     if action != Action.migrate:
         return GateDecision(action, "gate:not applicable")
-    if any(a.severity == Severity.critical and a.active for a in alerts):
+    if any(
+        a.severity == Severity.critical and a.active and (a.level or legacy_active)
+        for a in alerts
+    ):
         return GateDecision(Action.migrate, "gate:critical alert now")
     since = now - timedelta(seconds=gate.window_s)
-    if any(a.severity == Severity.critical and a.observed_at >= since for a in critical_history):
+    if any(
+        a.severity == Severity.critical and since <= a.observed_at
+        for a in [*alerts, *critical_history]
+    ):
         return GateDecision(Action.migrate, f"gate:critical alert within {gate.window_s:g}s")
     return GateDecision(Action.reprovision, "gate:no critical evidence -> reprovision")
 
@@ -135,6 +180,8 @@ def choose_action(
     reset: ResetGpuPolicy | None = None,
     pool: str | None = None,
     reset_blocked: str | None = None,
+    node: str | None = None,
+    legacy_active: bool = False,
 ) -> LadderDecision:
     """Reset preconditions, ladder, then migrate gate for ``requested``; returns the final
     action and the rule string of every step. The ladder key is the first alert's
@@ -143,7 +190,9 @@ def choose_action(
     ``reset``: the cluster's ``reset_gpu`` policy; with it a requested ``reset_gpu`` goes
     through :func:`workflows.policy.reset.reset_decision` (node ``pool``, and
     ``reset_blocked``: why the node said the reset cannot run) before the ladder, so a
-    reset the platform forbids becomes ``reboot`` before acting. ``None``: no such step."""
+    reset the platform forbids becomes ``reboot`` before acting. ``None``: no such step.
+    ``node`` makes attempts on the node count as well as those on ``machine_id`` (see
+    :func:`counted_attempts`); ``legacy_active`` as in :func:`migrate_gate`."""
     kind = alerts[0].kind if alerts else "manual"
     code = alerts[0].code if alerts else None
     steps: list[str] = []
@@ -153,7 +202,7 @@ def choose_action(
         requested = rd.action
         if rd.rule:
             steps.append(rd.rule)
-    lad = ladder_decision(requested, attempts, kind, code, machine_id, now, ladder)
-    g = migrate_gate(lad.action, alerts, critical_history, now, gate)
+    lad = ladder_decision(requested, attempts, kind, code, machine_id, now, ladder, node)
+    g = migrate_gate(lad.action, alerts, critical_history, now, gate, legacy_active)
     steps += [lad.rule, g.rule]
     return LadderDecision(g.action, lad.escalated, lad.needs_human, "; ".join(steps))

@@ -1,0 +1,399 @@
+"""RepairWorkflow safety rails on the unhappy paths (time-skipping server, real ledger).
+
+Every ending cleans up (uncordon unless held, terminal ledger row with the cause, lease
+released, NodeWorkflow told); evidence is re-checked before every disruptive step; an
+early approval is kept; transient action failures are retried before they count; the
+per-node action cap and the recurrence check hand the node to a person or the ladder;
+a remove stays removed; a wait of days keeps each run's history bounded.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from temporalio.client import WorkflowFailureError, WorkflowHandle
+from temporalio.exceptions import CancelledError
+from temporalio.service import RPCError
+
+from tests.workflows.conftest import Harness, make_alert
+from tests.workflows.helpers import eventually, guard_status, start_repair, wait_stage
+from workflows.activity_api import ERR_AUTH, ERR_CONFIGURATION, AttemptRecord
+from workflows.models import (
+    Action,
+    AlertOutcome,
+    ApproveSignal,
+    CancelSignal,
+    RejectSignal,
+    RepairRequest,
+    RepairStatus,
+    Stage,
+)
+from workflows.protocol import (
+    REPAIR_SIGNAL_APPROVE,
+    NodeStatus,
+    workflow_id_node,
+    workflow_id_repair,
+)
+
+
+async def ledger_row(h: Harness, rid: str) -> dict[str, Any]:
+    row = await h.ledger.get_repair(rid)
+    assert row is not None, rid
+    return row
+
+
+async def assert_ended_cleanly(h: Harness, node: str, rid: str, stage: Stage) -> dict[str, Any]:
+    """I1: terminal ledger row with a cause, node not cordoned by us, lease released."""
+    row = await ledger_row(h, rid)
+    assert row["stage"] == stage.value, row["transitions"][-1]
+    last = row["transitions"][-1]
+    assert last["stage"] == stage.value and last["reason"]
+    assert h.cluster.cordons.get(node) != rid, f"{node} left cordoned by {rid}"
+    try:
+        g = await guard_status(h)
+    except RPCError:
+        return row  # no guard: this repair never asked for a lease
+    assert rid not in {lease.repair_id for lease in g.leases}
+    assert rid not in {p.repair_id for p in g.pending}
+    return row
+
+
+def busy(h: Harness, node: str) -> None:
+    h.cluster.busy_polls[node] = 10_000
+    h.policy.wait_for_idle.do_not_interrupt = True
+
+
+# ---- I1: every ending cleans up ---------------------------------------------------
+async def test_idle_check_403_fails_the_repair_and_uncordons(harness: Harness) -> None:
+    h = harness
+    h.cluster.broken["check_idle"] = ERR_AUTH  # Kubernetes answers 403 Forbidden
+    handle = await start_repair(h, "gpu-01", Action.reboot, "i403")
+    st = await handle.result()
+    assert st.stage == Stage.failed
+    row = await assert_ended_cleanly(h, "gpu-01", "i403", Stage.failed)
+    assert "check_idle failed" in row["transitions"][-1]["reason"]
+    assert "AuthFailure" in row["transitions"][-1]["reason"]
+    assert h.cluster.count("cordon") == 1 and h.cluster.count("rejoin") == 1
+    assert h.cluster.count("reboot") == 0
+    assert any(n.subject == "repair i403 failed" for n in h.cluster.notifications)
+
+
+async def test_configuration_error_at_cordon_ends_failed(harness: Harness) -> None:
+    h = harness
+    h.cluster.broken["cordon"] = ERR_CONFIGURATION  # the slurm binary is missing
+    st = await (await start_repair(h, "gpu-02", Action.reboot, "icfg")).result()
+    assert st.stage == Stage.failed and "cordon_node failed" in st.history[-1].reason
+    await assert_ended_cleanly(h, "gpu-02", "icfg", Stage.failed)
+    assert h.cluster.count("rejoin") == 0  # nothing of ours to lift
+
+
+async def test_failure_tells_the_node_workflow(harness: Harness) -> None:
+    h = harness
+    h.cluster.broken["check_idle"] = ERR_AUTH
+    d = await h.deliver(make_alert(h.cluster.cluster, "gpu-03", "n1"))
+    assert d.outcome == AlertOutcome.recommended and d.repair_id
+    node = h.client.get_workflow_handle(workflow_id_node(h.cluster.cluster, "gpu-03"))
+
+    async def released() -> bool:
+        st = await node.query("status", result_type=NodeStatus)
+        return st.repair_id is None
+
+    await eventually(released, "the NodeWorkflow to learn the repair ended")
+    await assert_ended_cleanly(h, "gpu-03", d.repair_id, Stage.failed)
+
+
+async def test_reject_while_waiting_for_idle_uncordons(harness: Harness) -> None:
+    h = harness  # between cordon and drain
+    busy(h, "gpu-04")
+    handle = await start_repair(h, "gpu-04", Action.reboot, "irej")
+    await wait_stage(h, "gpu-04", "irej", Stage.waiting_for_idle)
+    assert h.cluster.cordons.get("gpu-04") == "irej"
+    await handle.signal("reject", RejectSignal(by="carol", reason="training run"))
+    st = await handle.result()
+    assert st.stage == Stage.rejected and h.cluster.count("drain") == 0
+    row = await assert_ended_cleanly(h, "gpu-04", "irej", Stage.rejected)
+    assert row["transitions"][-1]["by_whom"] == "carol"
+
+
+async def test_cancel_signal_while_waiting_for_idle_uncordons(harness: Harness) -> None:
+    h = harness
+    busy(h, "gpu-05")
+    handle = await start_repair(h, "gpu-05", Action.reboot, "icnl")
+    await wait_stage(h, "gpu-05", "icnl", Stage.waiting_for_idle)
+    await handle.signal("cancel", CancelSignal(by="frank", reason="not now"))
+    assert (await handle.result()).stage == Stage.cancelled
+    await assert_ended_cleanly(h, "gpu-05", "icnl", Stage.cancelled)
+    assert h.cluster.count("drain") == 0 and h.cluster.count("reboot") == 0
+
+
+async def test_workflow_cancel_from_temporal_ui_cleans_up(harness: Harness) -> None:
+    h = harness
+    busy(h, "gpu-06")
+    handle = await start_repair(h, "gpu-06", Action.reboot, "iui")
+    await wait_stage(h, "gpu-06", "iui", Stage.waiting_for_idle)
+    await handle.cancel()
+    with pytest.raises(WorkflowFailureError) as exc:
+        await handle.result()
+    assert isinstance(exc.value.cause, CancelledError)  # Temporal records it cancelled
+    row = await assert_ended_cleanly(h, "gpu-06", "iui", Stage.cancelled)
+    assert "cancelled from Temporal" in row["transitions"][-1]["reason"]
+    assert h.cluster.count("drain") == 0
+
+
+async def test_workflow_cancel_while_awaiting_approval(harness: Harness) -> None:
+    h = harness
+    h.policy.consent.mode = "approve"
+    handle = await start_repair(h, "gpu-07", Action.reboot, "iuia")
+    await wait_stage(h, "gpu-07", "iuia", Stage.awaiting_approval)
+    await handle.cancel()
+    with pytest.raises(WorkflowFailureError):
+        await handle.result()
+    await assert_ended_cleanly(h, "gpu-07", "iuia", Stage.cancelled)
+    assert h.cluster.count("cordon") == 0
+
+
+async def test_failing_uncordon_is_noted_and_the_row_still_ends(harness: Harness) -> None:
+    h = harness
+    h.cluster.broken["check_idle"] = ERR_AUTH
+    h.cluster.broken["rejoin"] = ERR_AUTH
+    st = await (await start_repair(h, "gpu-08", Action.reboot, "iunc")).result()
+    assert st.stage == Stage.failed
+    row = await ledger_row(h, "iunc")
+    assert row["stage"] == "failed"
+    assert "uncordon failed" in row["transitions"][-1]["reason"]
+    assert h.cluster.cordons.get("gpu-08") == "iunc"  # a human must lift it, and is told
+    assert any("left cordoned" in n.subject for n in h.cluster.notifications)
+    g = await guard_status(h)
+    assert "iunc" not in {lease.repair_id for lease in g.leases}
+
+
+async def test_remove_keeps_the_node_out_with_a_ticket(harness: Harness) -> None:
+    h = harness
+    handle = await start_repair(h, "gpu-09", Action.remove, "irm")
+    await wait_stage(h, "gpu-09", "irm", Stage.awaiting_approval)
+    await handle.signal("approve", ApproveSignal(by="tech"))
+    st = await handle.result()
+    assert st.stage == Stage.succeeded
+    assert h.cluster.cordons.get("gpu-09") == "irm"  # documented hold: removed for RMA
+    row = await ledger_row(h, "irm")
+    assert "RMA-m-gpu-09" in row["transitions"][-1]["reason"]
+    assert any("left cordoned" in n.subject for n in h.cluster.notifications)
+    # the re-validation it starts may never return the machine (I11)
+    val = h.client.get_workflow_handle("validate/m-gpu-09/irm")
+    await val.result()
+    hist = await val.fetch_history()
+    start = hist.events[0].workflow_execution_started_event_attributes
+    assert json.loads(start.input.payloads[0].data)["return_to"] == "hold"
+
+
+async def test_rejoin_timeout_holds_the_node_and_notifies(harness: Harness) -> None:
+    h = harness
+    h.cluster.unhealthy.add("gpu-10")
+    st = await (await start_repair(h, "gpu-10", Action.reboot, "ito")).result()
+    assert st.stage == Stage.timed_out
+    assert h.cluster.cordons.get("gpu-10") == "ito"
+    assert any("left cordoned" in n.subject for n in h.cluster.notifications)
+    row = await ledger_row(h, "ito")
+    assert row["stage"] == "timed_out" and "left cordoned" in row["transitions"][-1]["reason"]
+
+
+# ---- I5: evidence before every disruptive step -------------------------------------
+async def test_cleared_evidence_never_cordons(harness: Harness) -> None:
+    h = harness  # automatic consent: nothing waits before the lease and the cordon
+    cleared = make_alert(
+        h.cluster.cluster, "gpu-11", "lvl", kind="ib_link_down", code=None, level=True,
+        action="reboot", active=False,
+    )
+    st = await (await start_repair(h, "gpu-11", Action.reboot, "iev", alerts=[cleared])).result()
+    assert st.stage == Stage.auto_resolved, st.history
+    assert "cleared" in st.history[-1].reason, st.history[-1]
+    assert h.cluster.count("cordon") == 0 and h.cluster.count("drain") == 0
+    await assert_ended_cleanly(h, "gpu-11", "iev", Stage.auto_resolved)
+
+
+async def test_evidence_clearing_during_idle_wait_uncordons_without_drain(
+    harness: Harness,
+) -> None:
+    h = harness
+    busy(h, "gpu-12")
+    lvl = make_alert(
+        h.cluster.cluster, "gpu-12", "lvl", kind="ib_link_down", code=None, level=True,
+        action="reboot",
+    )
+    handle = await start_repair(h, "gpu-12", Action.reboot, "iidl", alerts=[lvl])
+    await wait_stage(h, "gpu-12", "iidl", Stage.waiting_for_idle)
+    await handle.signal("attach_alert", lvl.model_copy(update={"alert_id": "c", "active": False}))
+    st = await handle.result()
+    assert st.stage == Stage.auto_resolved and "before draining" in st.history[-1].reason
+    assert h.cluster.count("drain") == 0 and h.cluster.count("reboot") == 0
+    await assert_ended_cleanly(h, "gpu-12", "iidl", Stage.auto_resolved)
+
+
+# ---- I9: an early approval is kept --------------------------------------------------
+async def test_approval_before_awaiting_approval_is_kept(harness: Harness) -> None:
+    h = harness
+    h.policy.consent.mode = "approve"
+    req = RepairRequest(
+        repair_id="iapp", cluster=h.cluster.cluster, node="gpu-13", action=Action.reboot,
+        alerts=[make_alert(h.cluster.cluster, "gpu-13", "iapp")],
+    )
+    handle: WorkflowHandle[Any, RepairStatus] = await h.client.start_workflow(
+        "RepairWorkflow", req, id=workflow_id_repair(h.cluster.cluster, "gpu-13", "iapp"),
+        task_queue=h.task_queue, result_type=RepairStatus,
+        start_signal=REPAIR_SIGNAL_APPROVE, start_signal_args=[ApproveSignal(by="alice")],
+    )
+    st = await handle.result()
+    assert st.stage == Stage.succeeded and st.approved_by == "alice"
+    assert Stage.awaiting_approval in [t.stage for t in st.history]
+    assert h.cluster.count("reboot") == 1
+
+
+# ---- I14: transient is not failure -------------------------------------------------
+async def test_transient_bmc_outage_is_retried_not_counted(harness: Harness) -> None:
+    h = harness
+    h.cluster.transient["power_cycle"] = 6  # ~10+20+40+80+120+120 s of refused connections
+    st = await (await start_repair(h, "gpu-14", Action.power_cycle, "itr")).result()
+    assert st.stage == Stage.succeeded and st.action == Action.power_cycle
+    assert h.cluster.count("power_cycle") == 7 and h.cluster.power_cycles == 1
+    row = await ledger_row(h, "itr")
+    assert [a["outcome"] for a in row["attempts"]] == ["succeeded"]
+
+
+async def test_outage_beyond_the_bound_is_one_attempt(harness: Harness) -> None:
+    h = harness
+    h.policy.rails.action_retry_max_s = 300
+    h.cluster.transient["power_cycle"] = 10_000  # the BMC never answers
+    st = await (await start_repair(h, "gpu-15", Action.power_cycle, "ibnd")).result()
+    row = await ledger_row(h, "ibnd")
+    # two definitive power-cycle failures (each after 300 s of retries), then the ladder
+    assert [(a["action"], a["outcome"]) for a in row["attempts"]] == [
+        ("power_cycle", "failed"),
+        ("power_cycle", "failed"),
+        ("reprovision", "succeeded"),
+    ]
+    assert st.stage == Stage.succeeded
+    tries = h.cluster.count("power_cycle")
+    assert 2 * 5 <= tries <= 2 * 8, tries  # 10, 20, 40, 80, 120, ... s within 300 s
+
+
+# ---- I15: per-node cap, the ladder follows the fault --------------------------------
+async def record(h: Harness, node: str, machine: str, action: Action, n: int, **kw: Any) -> None:
+    now = await h.env.get_current_time()
+    for i in range(n):
+        await h.ledger.record_attempt(
+            AttemptRecord(
+                repair_id=f"old-{node}-{action.value}-{i}", cluster=h.cluster.cluster,
+                node=node, machine_id=machine, action=action,
+                alert_kind=kw.get("kind", "xid"), code=kw.get("code", 79),
+                outcome=kw.get("outcome", "succeeded"), at=now - timedelta(hours=1 + i),
+            )
+        )
+
+
+async def test_node_action_cap_asks_a_human(harness: Harness) -> None:
+    h = harness
+    h.policy.rails.max_actions_per_node = 4
+    await record(h, "gpu-16", "m-gpu-16", Action.reboot, 4, kind="ib_link_down", code=None)
+    handle = await start_repair(h, "gpu-16", Action.power_cycle, "icap")
+    st = await wait_stage(h, "gpu-16", "icap", Stage.awaiting_approval)
+    assert "node cap: 4 disruptive actions" in st.detail
+    assert h.cluster.count("cordon") == 0
+
+    async def recorded() -> bool:
+        row = await ledger_row(h, "icap")
+        return row["stage"] == "awaiting_approval" and "node cap" in row["transitions"][-1][
+            "reason"
+        ]
+
+    await eventually(recorded, "the ledger to show the cap")
+    await handle.signal("approve", ApproveSignal(by="oncall"))
+    st = await handle.result()
+    assert st.stage == Stage.succeeded and h.cluster.power_cycles == 1
+    assert st.decided_by_rule and "approved by oncall" in st.decided_by_rule
+
+
+async def test_migrate_attempt_is_recorded_against_the_faulty_machine(harness: Harness) -> None:
+    h = harness
+    fresh = make_alert(h.cluster.cluster, "gpu-17", "m", observed_at=await h.env.get_current_time())
+    st = await (await start_repair(h, "gpu-17", Action.migrate, "imig", alerts=[fresh])).result()
+    assert st.stage == Stage.succeeded and st.machine_id == "spare-gpu-17"
+    rows = await h.ledger.pool.fetch(
+        "SELECT machine_id, outcome FROM repair_attempts WHERE repair_id = 'imig'"
+    )
+    assert [(r["machine_id"], r["outcome"]) for r in rows] == [("m-gpu-17", "succeeded")]
+
+
+async def test_ladder_follows_the_node_after_migrate(harness: Harness) -> None:
+    h = harness
+    h.policy.consent.mode = "approve"
+    # the node already migrated twice for this fault (off m-old-a, m-old-b)
+    await record(h, "gpu-18", "m-old-a", Action.migrate, 1)
+    await record(h, "gpu-18", "m-old-b", Action.migrate, 1)
+    fresh = make_alert(h.cluster.cluster, "gpu-18", "f", observed_at=await h.env.get_current_time())
+    handle = await start_repair(h, "gpu-18", Action.migrate, "ilad", alerts=[fresh])
+    st = await wait_stage(h, "gpu-18", "ilad", Stage.awaiting_approval)
+    assert st.action == Action.migrate and "exhausted" in (st.decided_by_rule or "")
+    await handle.signal("reject", RejectSignal(by="oncall", reason="RMA"))
+    assert (await handle.result()).stage == Stage.rejected
+    assert h.cluster.count("migrate") == 0
+
+
+async def test_fault_recurring_while_joining_goes_back_to_the_ladder(harness: Harness) -> None:
+    h = harness
+    h.policy.rails.rejoin_poll_s = 60
+    h.cluster.unhealthy.add("gpu-19")  # the node does not come back at first
+    handle = await start_repair(h, "gpu-19", Action.power_cycle, "irec")
+    await wait_stage(h, "gpu-19", "irec", Stage.joining)
+    again = make_alert(
+        h.cluster.cluster, "gpu-19", "again", observed_at=await h.env.get_current_time(),
+        evidence={"boot_id": "boot-1"},
+    )
+    await handle.signal("attach_alert", again)
+    await eventually(
+        lambda: _async(h.cluster.power_cycles == 2), "a second power cycle after the recurrence"
+    )
+    h.cluster.unhealthy.discard("gpu-19")
+    st = await handle.result()
+    assert st.stage == Stage.succeeded
+    assert any("fault recurred after power_cycle" in t.reason for t in st.history)
+    row = await ledger_row(h, "irec")
+    assert [a["outcome"] for a in row["attempts"]] == ["failed", "succeeded"]
+
+
+async def _async(value: bool) -> bool:
+    return value
+
+
+# ---- I7: bounded history during a wait of days ---------------------------------------
+async def test_do_not_interrupt_wait_of_days_keeps_history_bounded(harness: Harness) -> None:
+    h = harness
+    h.policy.wait_for_idle.do_not_interrupt = True
+    h.policy.wait_for_idle.poll_s = 30
+    h.policy.wait_for_idle.poll_max_s = 600
+    polls = 437  # 30 s doubling to 600 s: about 3 days of a busy node
+    h.cluster.busy_polls["gpu-20"] = polls
+    limit = 1000
+    handle = await start_repair(h, "gpu-20", Action.reboot, "ilong", carried={"history_limit": limit})
+    st = await handle.result()
+    assert st.stage == Stage.succeeded
+    assert [t.stage for t in st.history].count(Stage.waiting_for_idle) == 1
+    assert h.cluster.count("check_idle") == polls + 1
+    idle = [t.at for t in st.history if t.stage in (Stage.waiting_for_idle, Stage.draining)]
+    assert idle[-1] - idle[0] > timedelta(days=2.9)
+    # walk the continue-as-new chain back from the last run
+    lengths: list[int] = []
+    run_id: str | None = None
+    while True:
+        hist = await h.client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()
+        lengths.append(len(hist.events))
+        prev = hist.events[0].workflow_execution_started_event_attributes
+        if not prev.continued_execution_run_id:
+            break
+        run_id = prev.continued_execution_run_id
+    assert len(lengths) >= 4, lengths  # ~4,800 events in all, continued as new
+    assert max(lengths) <= limit + 40, lengths  # each run stays under its bound
+    row = await ledger_row(h, "ilong")
+    assert row["stage"] == "succeeded"
