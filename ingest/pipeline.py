@@ -31,6 +31,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from ingest.forward import OtlpForwarder, stamp_providers
 from ingest.handoff import AlertSink, HandoffQueueFull
 from ingest.inventory import NodeInventory, UnknownNodeGate
+from ingest.levels import FaultShape, fault_shape
 from ingest.metrics import IngestMetrics
 from ingest.nccl import NcclEdge, NcclEngine
 from ingest.nccl_wire import decode_nccl
@@ -394,11 +395,15 @@ class Ingestor:
         return resp, self._hint_for_request(d, req)
 
     async def _fault_alert(self, f: FaultRecord) -> None:
+        # Level fault or event, and which raise a clear ends (ingest.levels).
+        shape = fault_shape(f.kind, f.gpu, f.active, f.evidence)
+        if f.kind == "straggler":
+            shape = FaultShape(f.kind, f.gpu, f.active, True)
         try:
             alert = self.build_alert(
-                f.resource, kind=f.kind, code=f.code, gpu=f.gpu, evidence_text=f.evidence_text,
-                evidence=f.evidence, observed_at=f.time_s, active=f.active,
-                level=not f.active or f.kind in ("straggler",), source="agent",
+                f.resource, kind=shape.kind, code=f.code, gpu=shape.gpu,
+                evidence_text=f.evidence_text, evidence=f.evidence, observed_at=f.time_s,
+                active=shape.active, level=shape.level, source="agent",
             )
         except (ValueError, TypeError) as e:
             log.warning("event=alert_build_failed cluster=%s node=%s kind=%s error=%s",
