@@ -32,6 +32,7 @@ from ingest.forward import OtlpForwarder, stamp_providers
 from ingest.handoff import AlertSink, HandoffQueueFull
 from ingest.inventory import NodeInventory, UnknownNodeGate
 from ingest.levels import FaultShape, fault_shape
+from ingest.limits import cap_alert
 from ingest.metrics import IngestMetrics
 from ingest.nccl import NcclEdge, NcclEngine
 from ingest.nccl_wire import decode_nccl
@@ -209,6 +210,12 @@ class Ingestor:
             self.metrics.unknown_node_alerts_total.labels(
                 self.unknown_nodes.label(alert.cluster)).inc()
             alert = gated
+        lim = self.config.ingest
+        alert, cut = cap_alert(alert, max_value_chars=lim.max_evidence_value_chars,
+                               max_bytes=lim.max_alert_bytes)
+        if cut:
+            log.warning("event=alert_capped cluster=%s node=%s kind=%s alert_id=%s cut=%s",
+                        alert.cluster, alert.node, alert.kind, alert.alert_id, ",".join(cut))
         if self.alert_sink is None:
             log.info("event=alert_no_sink cluster=%s node=%s kind=%s alert_id=%s",
                      alert.cluster, alert.node, alert.kind, alert.alert_id)

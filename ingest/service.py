@@ -45,7 +45,7 @@ from ingest.auth import (
 )
 from ingest.forward import OtlpForwarder
 from ingest.grpc_receiver import start_grpc_server
-from ingest.handoff import AlertSink, ManagedAlertSink
+from ingest.handoff import AlertSink, DeadLetterStore, ManagedAlertSink
 from ingest.http_receiver import OtlpHttpApp, peercert_protocol
 from ingest.inventory import InventorySource
 from ingest.metrics import IngestMetrics
@@ -312,7 +312,8 @@ RoutersFactory = Callable[[Any], tuple[list[APIRouter], list[Callable[[], Awaita
 
 
 async def _serve(config: AutorepairConfig, routers_for: RoutersFactory | None = None,
-                 inventory_source: InventorySource | None = None) -> None:
+                 inventory_source: InventorySource | None = None,
+                 dead_letters: DeadLetterStore | None = None) -> None:
     from temporalio.client import Client
     from temporalio.contrib.pydantic import pydantic_data_converter
 
@@ -330,9 +331,13 @@ async def _serve(config: AutorepairConfig, routers_for: RoutersFactory | None = 
             return False
 
     service: IngestService
+    ic = config.ingest
     sink = TemporalAlertSink(
-        client, config.temporal.task_queue, queue_size=config.ingest.alert_queue,
+        client, config.temporal.task_queue, queue_size=ic.alert_queue,
+        max_attempts=ic.handoff_max_attempts, max_value_chars=ic.max_evidence_value_chars,
+        max_alert_bytes=ic.max_alert_bytes, dead_letters=dead_letters,
         on_outcome=lambda o: service.metrics.alert_handoff_total.labels(o).inc(),
+        on_dead_letter=lambda r: service.metrics.alerts_dead_lettered_total.labels(r).inc(),
     )
     routers, closers = routers_for(client) if routers_for is not None else ([], [])
     service = IngestService(config, sink, temporal_ready=temporal_ready, routers=routers,
@@ -367,13 +372,15 @@ async def _serve(config: AutorepairConfig, routers_for: RoutersFactory | None = 
 
 
 def run_ingest(config: AutorepairConfig, routers_for: RoutersFactory | None = None,
-               inventory_source: InventorySource | None = None) -> None:
+               inventory_source: InventorySource | None = None,
+               dead_letters: DeadLetterStore | None = None) -> None:
     """Blocking entry point of ``autorepair ingest``: serve until SIGINT/SIGTERM.
 
     Connects lazily to Temporal at ``config.temporal.address`` (ingest starts and buffers
     alerts even while Temporal is down; ``/readyz`` reports it). ``routers_for`` adds API
     routers built on the Temporal client (the repair API). Raises ``RuntimeError``
     naming the port field when a listener cannot bind. ``inventory_source`` reads the
-    schedulers' node lists (:mod:`ingest.inventory`).
+    schedulers' node lists (:mod:`ingest.inventory`); ``dead_letters`` keeps the alerts
+    that cannot be delivered (``autorepair ingest`` passes the ledger's).
     """
-    asyncio.run(_serve(config, routers_for, inventory_source))
+    asyncio.run(_serve(config, routers_for, inventory_source, dead_letters))

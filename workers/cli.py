@@ -120,12 +120,14 @@ def ingest(config: ConfigOpt = None) -> None:
     """Run the ingest service (OTLP receivers, threshold engine, HTTP API)."""
     from ingest.service import run_ingest
     from workers.inventory import scheduler_inventory
+    from workers.lazy_ledger import LazyLedger
     from workers.repairs.router import api_routers
 
     setup_logging()
     cfg = _load(config)
     try:
-        run_ingest(cfg, api_routers(cfg), scheduler_inventory(cfg))
+        run_ingest(cfg, api_routers(cfg), scheduler_inventory(cfg),
+                   LazyLedger(cfg) if cfg.ledger.dsn else None)
     except (RuntimeError, ValueError, OSError) as exc:
         # RuntimeError: a port cannot bind; ValueError: a malformed tokens file;
         # OSError: an unreadable TLS / tokens file.

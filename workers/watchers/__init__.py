@@ -23,13 +23,18 @@ log = logging.getLogger("autorepair.watchers")
 
 async def _run_all(config: AutorepairConfig, client: Client, stop: asyncio.Event) -> None:
     from ingest.handoff import TemporalAlertSink
+    from workers.lazy_ledger import LazyLedger
     from workers.watchers.kube import KubeWatcher, redfish_probe
     from workers.watchers.slurm import SlurmWatcher
 
-    sink = TemporalAlertSink(client, config.temporal.task_queue,
-                             queue_size=config.ingest.alert_queue)
+    ledger = LazyLedger(config) if config.ledger.dsn else None
+    ic = config.ingest
+    sink = TemporalAlertSink(client, config.temporal.task_queue, queue_size=ic.alert_queue,
+                             max_attempts=ic.handoff_max_attempts,
+                             max_value_chars=ic.max_evidence_value_chars,
+                             max_alert_bytes=ic.max_alert_bytes, dead_letters=ledger)
     await sink.start()
-    closers: list[object] = []
+    closers: list[object] = [ledger] if ledger is not None else []
     runs = []
     intake = None
     try:
