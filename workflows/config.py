@@ -769,6 +769,10 @@ class WorkerConfig(_Section):
     metrics_host: str = "0.0.0.0"
     #: Run the Slurm / Kubernetes watchers and the annotation intake in this worker.
     watchers: bool = True
+    #: During a long NotReady / NOT_RESPONDING / unreachable episode the node's BMC is
+    #: asked again every this many seconds until it confirms a dead host (watchers and
+    #: ingest's unreachable check), seconds.
+    bmc_reprobe_s: float = Field(600.0, gt=0)
 
 
 class PolicyConfig(_Section):

@@ -61,6 +61,9 @@ CONTROL_PLANE_KINDS: frozenset[str] = frozenset(
         # workers.watchers.kube: NotReady (DESIGN §1 rule zero: observed only, unless the
         # BMC confirms a dead host) and node-problem-detector restart conditions.
         "node_not_ready",
+        # ingest: an agent that stopped pushing for ingest.unreachable_after_s (DESIGN §1
+        # rule zero: observed only, unless the BMC confirms a dead host).
+        "node_unreachable",
         "k8s_frequent_kubelet_restart",
         "k8s_frequent_containerd_restart",
         # workflows.guard: the circuit breaker's cluster-level alert (DESIGN §5 rails).
