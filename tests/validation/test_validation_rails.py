@@ -209,13 +209,13 @@ async def test_kube_takes_over_the_handing_repairs_cordon_and_gives_it_back(kenv
                                                run_id=run, job_id=p.job_id or ""))
     await acts.return_machine(kback(cluster, run, Verdict.aborted, p.prior_state))
     assert marker(kube) == (True, "rep-mig", ["rep-mig"])  # exactly as before
-    # placed again: a pass returns the machine (its own marker decides)
-    run2 = f"validate/{KNODE}/rep-mig"
+    # a later run (rep-mig is not in flight) takes the cordon over; its pass returns the
+    # machine: the run's own marker decides
+    run2 = f"validate/{KNODE}/rep-later"
     p2 = await acts.place_validation(ValidationPlacement(cluster=cluster, machine=KNODE,
-                                                         node=KNODE, run_id=run2 + "-2"))
-    assert not p2.placed or marker(kube)[1] != "rep-mig"  # rep-mig not in flight: taken
-    back = await acts.return_machine(kback(cluster, run2 + "-2", Verdict.passed,
-                                           p2.prior_state))
+                                                         node=KNODE, run_id=run2))
+    assert p2.placed and marker(kube) == (True, run2, [run2])
+    back = await acts.return_machine(kback(cluster, run2, Verdict.passed, p2.prior_state))
     assert marker(kube) == (False, None, []), back.detail
 
 
