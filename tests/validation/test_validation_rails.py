@@ -196,7 +196,7 @@ async def test_kube_pass_never_uncordons_another_repairs_cordon(kenv: Any) -> No
 
 
 async def test_kube_takes_over_the_handing_repairs_cordon_and_gives_it_back(kenv: Any) -> None:
-    kube, acts, ledger, cluster = kenv
+    kube, acts, _ledger, cluster = kenv
     kube.add_node(KNODE)
     sched = KubeScheduler(acts.config.cluster(cluster), api_client=kube.api_client)
     run = f"validate/{KNODE}/rep-mig"
