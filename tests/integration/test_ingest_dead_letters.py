@@ -2,9 +2,10 @@
 
 Real Temporal dev server, real ingest service, embedded PostgreSQL ledger:
 
-* a fault record carrying a 3 MB attribute (a string and an array) is capped at ingest
-  and reaches the real ``NodeWorkflow``, which keeps answering (the next alert of the same
-  node is delivered too) — the alert in the ledger names what was cut;
+* a fault record carrying a 3 MB attribute is refused by the decoder (partial success);
+  one carrying ~2 MB within the decoder's per-attribute limits is capped at ingest and
+  reaches the real ``NodeWorkflow``, which keeps answering (the next alert of the same node
+  is delivered too) — the alert in the ledger names what was cut;
 * a node whose workflow never answers (a wedged update) is retried a bounded number of
   times while another node's alerts on the same shard are delivered, then written to the
   ``dead_letters`` table, counted in ``autorepair_alerts_dead_lettered_total`` and logged;
@@ -20,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
@@ -30,7 +32,7 @@ from activities.notify import NotifyActivities
 from activities.policy_activities import PolicyActivities
 from ingest.handoff import TemporalAlertSink
 from ingest.limits import CUT_KEY, alert_bytes, cap_alert
-from ingest.otlp import make_fault_request
+from ingest.otlp import FAULT_PREFIX, make_fault_request
 from ingest.service import IngestService
 from workflows.alerts import alert_from_fault
 from workflows.config import AutorepairConfig, CatalogueConfig, IngestConfig, ThresholdConfig
@@ -100,21 +102,33 @@ async def test_three_megabyte_attribute_never_wedges_the_node(
         try:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.http_port}") as c:
                 line = "NVRM: Xid (PCI:0000:3b:00): 13, pid=1, Graphics Exception"
+                # a 3 MB attribute: refused by the decoder's per-value limit
+                # (ingest.max_attribute_value_bytes), reported in partial_success
+                huge = make_fault_request(
+                    cluster, "gpu-01", kind="xid", code=13, gpu="0000:3b:00", body=line,
+                    time_ns=1_699_999_999 * 10**9, evidence={"dump": "A" * THREE_MB})
+                r = await c.post("/v1/logs", headers=PB, content=huge.SerializeToString())
+                assert r.status_code == 200, r.content
+                assert ExportLogsServiceResponse.FromString(
+                    r.content).partial_success.rejected_log_records == 1
+                # ~2 MB inside the decoder's limits: a 100-element array of 16 000-character
+                # strings and a 16 000-character string outside the fault prefix
                 big = make_fault_request(
                     cluster, "gpu-01", kind="xid", code=13, gpu="0000:3b:00", body=line,
                     time_ns=1_700_000_000 * 10**9)
-                # a 3 MB array attribute, and a 512 KiB string outside the fault prefix
                 rec = big.resource_logs[0].scope_logs[0].log_records[0]
                 kv = rec.attributes.add()
                 kv.key = "autorepair.node.dump"
-                kv.value.string_value = "A" * (512 * 1024)
-                from ingest.otlp import FAULT_PREFIX
+                kv.value.string_value = "A" * 16_000
                 kv = rec.attributes.add()
                 kv.key = FAULT_PREFIX + "related_evidence"
                 kv.value.array_value.values.extend(
-                    [type(kv.value)(string_value="B" * 1024) for _ in range(3 * 1024)])
+                    [type(kv.value)(string_value="B" * 16_000) for _ in range(100)])
+                assert big.ByteSize() > 1_600_000
                 r = await c.post("/v1/logs", headers=PB, content=big.SerializeToString())
                 assert r.status_code == 200, r.content
+                assert not ExportLogsServiceResponse.FromString(
+                    r.content).partial_success.rejected_log_records
                 nxt = make_fault_request(cluster, "gpu-01", kind="xid", code=13,
                                          gpu="0000:3b:00", body=line + " again",
                                          time_ns=1_700_000_001 * 10**9)
