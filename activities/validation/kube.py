@@ -293,6 +293,9 @@ class KubeValidation(KubeScheduler, ValidationBackend):
         """Move this project's cordon marker (annotation + taint value) from repair/run
         ``old`` to ``new``; nothing when ``old`` no longer holds the node."""
 
+        if old == new:
+            return
+
         def build(n: k8s.V1Node) -> dict[str, Any] | None:
             ann = n.metadata.annotations or {}
             if ann.get(ANN_REPAIR_ID) != old:

@@ -13,6 +13,7 @@ emulator; the real NodeWorkflow on the Temporal dev server; the real ledger).
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -160,6 +161,12 @@ async def test_slurm_down_with_bmc_off_is_a_power_cycle_and_converges(
         await power(s.config, s.cluster, "gpu-03", on=True)
     # the worker dies; the admin resumes the node meanwhile
     slurm_cluster.run("scontrol", "update", "nodename=gpu-03", "state=resume")
+    for _ in range(100):  # slurmd answers its next ping (about a second on loopback)
+        st = slurm_cluster.run("scontrol", "-o", "show", "node", "gpu-03")
+        if not any(f in st.split("State=")[1].split()[0]
+                   for f in ("DOWN", "NOT_RESPONDING", "DRAIN")):
+            break
+        await asyncio.sleep(0.1)
     assert await SlurmWatcher(s.config, c, sink).scan_once() == []  # amnesiac: no clear
     w2 = SlurmWatcher(s.config, c, sink, open_alerts=s.ledger.open_level_alerts)
     cleared = await w2.scan_once()
