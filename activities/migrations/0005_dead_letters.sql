@@ -1,4 +1,4 @@
--- Ledger schema v4: alerts that ingest (or a watcher) could not hand to their node's
+-- Ledger schema v5: alerts that ingest (or a watcher) could not hand to their node's
 -- workflow: refused by the workflow, over the size limit, or still failing after the
 -- bounded retries (ingest.handoff_max_attempts). One row per alert id; a later failure of
 -- the same alert updates it.
