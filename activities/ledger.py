@@ -37,7 +37,7 @@ from workflows.activity_api import (
     TransitionRecord,
     VerdictRecord,
 )
-from workflows.models import Action, Alert, Requester, RequesterKind, Severity
+from workflows.models import TERMINAL_STAGES, Action, Alert, Requester, RequesterKind, Severity
 from workflows.providers import ATTR_PROVIDER, ATTRS, ProviderResolver
 
 #: Arbitrary but fixed advisory-lock key serialising migrations across processes.
@@ -254,7 +254,73 @@ class Ledger:
         rows = await self._db.fetch("SELECT kind, count FROM unmapped_alert_counts")
         return {r["kind"]: int(r["count"]) for r in rows}
 
+    async def open_level_alerts(self, cluster: str, source: str) -> list[Alert]:
+        """Level faults raised by ``source`` in ``cluster`` whose last recorded edge is a
+        raise (no clear after it): per (node, kind, code, gpu), the newest level alert,
+        kept when active. Newest first. What a watcher re-opens after a restart."""
+        rows = await self._db.fetch(
+            """SELECT * FROM (
+                 SELECT DISTINCT ON (node, kind, coalesce(code, -1), coalesce(gpu, ''))
+                        * FROM alerts
+                  WHERE cluster = $1 AND source = $2 AND level
+                  ORDER BY node, kind, coalesce(code, -1), coalesce(gpu, ''),
+                           observed_at DESC, active ASC
+               ) last WHERE active ORDER BY observed_at DESC""",
+            cluster,
+            source,
+        )
+        return [_alert_from_row(r) for r in rows]
+
+    # -- dead letters ---------------------------------------------------------------------
+    async def record_dead_letter(
+        self, alert: Alert, reason: str, error: str = "", attempts: int = 0
+    ) -> None:
+        """Keep an alert that could not be delivered (table ``dead_letters``); a second
+        failure of the same alert id updates the row. ``reason``: ``rejected`` |
+        ``too_large`` | ``retries_exhausted`` (anything else raises asyncpg's
+        ``CheckViolationError``). An alert over 256 KiB of JSON is kept as its identity,
+        kind and summary only."""
+        doc = alert.model_dump(mode="json")
+        size = len(alert.model_dump_json().encode())
+        if size > 256 * 1024:
+            doc = {k: doc[k] for k in ("alert_id", "cluster", "node", "kind", "code", "gpu",
+                                       "summary", "observed_at", "source")}
+        await self._db.execute(
+            """INSERT INTO dead_letters (alert_id, cluster, node, kind, reason, error,
+                 attempts, alert_bytes, alert)
+               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)
+               ON CONFLICT (alert_id) DO UPDATE SET reason = EXCLUDED.reason,
+                 error = EXCLUDED.error, attempts = EXCLUDED.attempts,
+                 recorded_at = now()""",
+            alert.alert_id, alert.cluster, alert.node, alert.kind, reason, error[:2000],
+            attempts, size, doc,
+        )
+
+    async def list_dead_letters(
+        self, *, cluster: str | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        """Newest dead letters first: ``{"alert_id", "cluster", "node", "kind", "reason",
+        "error", "attempts", "alert_bytes", "alert", "recorded_at"}``."""
+        rows = await self._db.fetch(
+            """SELECT * FROM dead_letters WHERE ($1::text IS NULL OR cluster = $1)
+               ORDER BY recorded_at DESC LIMIT $2""",
+            cluster,
+            limit,
+        )
+        return [dict(r) for r in rows]
+
     # -- repairs ------------------------------------------------------------------------
+    async def repairs_in_flight(self, cluster: str, node: str) -> list[str]:
+        """Ids of the node's repairs that have not reached a terminal stage, newest first."""
+        rows = await self._db.fetch(
+            """SELECT repair_id FROM repairs WHERE cluster = $1 AND node = $2
+                 AND stage <> ALL($3::text[]) ORDER BY created_at DESC""",
+            cluster,
+            node,
+            [s.value for s in TERMINAL_STAGES],
+        )
+        return [str(r["repair_id"]) for r in rows]
+
     async def upsert_repair(self, rec: RepairRecord) -> None:
         """Create the repair row or update its mutable fields (stage, action, approval)."""
         await self._db.execute(

@@ -57,6 +57,7 @@ from workflows.activity_api import (
     permanent,
 )
 from workflows.config import AutorepairConfig, BmcConfig, NodeConfig
+from workflows.policy.bmc import BmcProbe
 
 log = logging.getLogger(__name__)
 
@@ -354,3 +355,29 @@ class PowerActivities:
     def all(self) -> list[Callable[..., Any]]:
         """The activity methods of this class."""
         return [self.reboot_machine, self.power_cycle_machine]
+
+
+def redfish_probe(config: AutorepairConfig) -> BmcProbe:
+    """The BMC's view of a node's host, ``(cluster, node) -> {"power_state", "state",
+    "health"}`` (Redfish ``ComputerSystem``: ``PowerState``, ``Status.State``,
+    ``Status.Health``), through :class:`RedfishMachine` on the node's configured machine.
+    The probe raises what the Redfish client raises (``ApplicationError`` for no BMC
+    configured, credentials refused, unknown system; connection errors as they are)."""
+
+    async def probe(cluster: str, node: str) -> dict[str, str | None]:
+        ncfg = next((n for n in config.cluster(cluster).nodes if n.name == node), None)
+        machine = (ncfg.machine if ncfg and ncfg.machine else node)
+        m = RedfishMachine(config, cluster, node, machine)
+
+        def read(s: Any) -> dict[str, str | None]:
+            st = getattr(s, "status", None)
+            return {
+                "power_state": str(getattr(s.power_state, "value", s.power_state)),
+                "state": str(getattr(getattr(st, "state", None), "value", None) or "") or None,
+                "health": str(getattr(getattr(st, "health", None), "value", None) or "")
+                or None,
+            }
+
+        return await m.call(read)
+
+    return probe

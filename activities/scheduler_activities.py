@@ -14,6 +14,7 @@ from typing import Any
 
 from temporalio import activity
 
+from activities.power import redfish_probe
 from activities.scheduler import Scheduler, scheduler_for
 from workflows.activity_api import (
     ACT,
@@ -56,7 +57,11 @@ class SchedulerActivities:
                     ERR_UNKNOWN_NODE,
                     f"clusters: no cluster named {cluster!r}",
                 ) from None
-            self._schedulers[cluster] = scheduler_for(c)
+            kwargs: dict[str, Any] = {}
+            if c.scheduler == "kubernetes":
+                # the BMC's word lets a powered-off node's pods go (non-graceful shutdown)
+                kwargs["bmc_probe"] = redfish_probe(self.config)
+            self._schedulers[cluster] = scheduler_for(c, **kwargs)
         return self._schedulers[cluster]
 
     async def health(self, cluster: str, node: str) -> NodeHealth:

@@ -17,6 +17,7 @@ import asyncpg
 import httpx
 from temporalio import activity
 
+from activities.ledger import Ledger
 from activities.secrets import redact_url
 from activities.spares import SparePool
 from activities.validation import ValidationBackend, validation_backend_for
@@ -50,6 +51,7 @@ class ValidationActivities:
     ) -> None:
         self.config = config
         self.spares = SparePool(pool) if pool is not None else None
+        self.ledger = Ledger(pool) if pool is not None else None
         self.kube_api_client = kube_api_client
 
     def _backend(self, cluster: str) -> ValidationBackend:
@@ -57,7 +59,11 @@ class ValidationActivities:
             c = self.config.cluster(cluster)
         except KeyError as e:
             raise permanent(ERR_UNKNOWN_NODE, str(e)) from e
-        return validation_backend_for(c, kube_api_client=self.kube_api_client)
+        b = validation_backend_for(c, kube_api_client=self.kube_api_client)
+        if self.ledger is not None:
+            # another repair in flight on the node is never resumed by a validation
+            b.repairs_in_flight = self.ledger.repairs_in_flight
+        return b
 
     @activity.defn(name=ACT.place_validation)
     async def place_validation(self, p: ValidationPlacement) -> PlacementResult:

@@ -153,6 +153,8 @@ class IbWatcher:
     def poll(self) -> list[tuple[str, IbPort, int]]:
         events: list[tuple[str, IbPort, int]] = []
         for port in read_ib_ports(self.root):
+            if not port.state:
+                continue  # an empty or unparseable state file: unknown, never "down"
             key = (port.device, port.port)
             prev = self._last.get(key)
             self._last[key] = port

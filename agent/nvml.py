@@ -55,6 +55,9 @@ class GpuSample:
     remapped_rows_failure: bool | None = None
     pcie_replay_count: int | None = None
     nvlink_active: tuple[int, ...] = ()
+    #: Links whose state query failed this sample (an NVML error other than "not
+    #: supported"): their state is *unknown*, neither up nor down.
+    nvlink_unknown: tuple[int, ...] = ()
 
 
 #: GPU recovery action codes, nvml.h ``nvmlDeviceGpuRecoveryAction_t`` (read through the
@@ -225,6 +228,20 @@ class NvmlBackend:
         except self._nvml.NVMLError:
             return None
 
+    def _link_state(self, h: Any, link: int) -> bool | str | None:
+        """One NVLink's state: True (active), False (inactive), ``"absent"`` (NVML says the
+        link does not exist or is not supported), None (the query failed: unknown)."""
+        nv = self._nvml
+        try:
+            state = nv.nvmlDeviceGetNvLinkState(h, link)
+        except nv.NVMLError as exc:
+            absent = tuple(
+                c for c in (getattr(nv, "NVMLError_NotSupported", None),
+                            getattr(nv, "NVMLError_InvalidArgument", None)) if c is not None
+            )
+            return "absent" if absent and isinstance(exc, absent) else None
+        return bool(state == nv.NVML_FEATURE_ENABLED)
+
     def sample(self) -> list[GpuSample]:
         nv = self._nvml
         if nv is None:
@@ -255,11 +272,12 @@ class NvmlBackend:
                 remap = self._opt(nv.nvmlDeviceGetRemappedRows, h)
                 replay = self._opt(nv.nvmlDeviceGetPcieReplayCounter, h)
                 links: list[int] = []
+                unknown: list[int] = []
                 for link in range(nv.NVML_NVLINK_MAX_LINKS):
-                    state = self._opt(nv.nvmlDeviceGetNvLinkState, h, link)
+                    state = self._link_state(h, link)
                     if state is None:
-                        continue
-                    if state == nv.NVML_FEATURE_ENABLED:
+                        unknown.append(link)
+                    elif state is True:
                         links.append(link)
                 out.append(
                     GpuSample(
@@ -279,6 +297,7 @@ class NvmlBackend:
                         remapped_rows_failure=None if remap is None else bool(remap[3]),
                         pcie_replay_count=None if replay is None else int(replay),
                         nvlink_active=tuple(links),
+                        nvlink_unknown=tuple(unknown),
                     )
                 )
         except nv.NVMLError as exc:
@@ -327,6 +346,10 @@ class SimFaults:
     lost_gpus: int = 0
     #: Next N sample() calls raise SampleError (a transient NVML outage).
     fail_reads: int = 0
+    #: Queries of GPU 0 that fail (NVML error) while the rest of the sample reads fine:
+    #: ``ecc`` (volatile uncorrectable count), ``remap`` (remapped rows), ``nvlink``
+    #: (every link state). A failed query is reported unknown (``None`` / unknown links).
+    failing_queries: set[str] = field(default_factory=set)
     idle: bool = False
     # --- state read by ``autorepair-agent reset-gpu`` (GPU 0 unless a field says) ---
     #: GPU index → pids NVML lists as running compute processes on it.
@@ -433,11 +456,20 @@ class SimulatedBackend:
                     power_w=90.0 if f.idle else rng.gauss(640.0, 20.0) * f.slow_factor,
                     temperature_c=rng.gauss(33.0 if f.idle else 64.0, 1.5),
                     throttle_reasons=reasons,
-                    ecc_uncorrectable_volatile=f.ecc_uncorrectable if i == 0 else 0,
-                    remapped_rows_pending=f.remap_pending if i == 0 else False,
-                    remapped_rows_failure=f.remap_failure if i == 0 else False,
+                    ecc_uncorrectable_volatile=(
+                        None if i == 0 and "ecc" in f.failing_queries
+                        else f.ecc_uncorrectable if i == 0 else 0),
+                    remapped_rows_pending=(
+                        None if i == 0 and "remap" in f.failing_queries
+                        else f.remap_pending if i == 0 else False),
+                    remapped_rows_failure=(
+                        None if i == 0 and "remap" in f.failing_queries
+                        else f.remap_failure if i == 0 else False),
                     pcie_replay_count=self._replay[i],
-                    nvlink_active=tuple(range(18)),
+                    nvlink_active=(
+                        () if i == 0 and "nvlink" in f.failing_queries else tuple(range(18))),
+                    nvlink_unknown=(
+                        tuple(range(18)) if i == 0 and "nvlink" in f.failing_queries else ()),
                 )
             )
         return out

@@ -195,6 +195,8 @@ class Agent:
         self._known_pcis: set[str] = set()
         self._level: dict[tuple[str, str], bool] = {}
         self._links: dict[str, set[int]] = {}
+        self._readable: dict[str, set[str]] = {}
+        self._raised_pci: dict[tuple[str, str], str | None] = {}
         self._degraded: set[str] = set()
         self._last_save = 0.0
         self._opened = False
@@ -341,10 +343,12 @@ class Agent:
             for kind, port, flaps in events:
                 text = (f"{port.device} port {port.port}: state {port.state} phys_state "
                         f"{port.phys_state} link_downed {port.link_downed}")
+                # A port's state read from sysfs is a level fault: ``ib_link_down`` raises
+                # it, ``ib_link_up`` (active=False) is its clear.
                 self.emit_fault(Fault(kind, text, active=kind == "ib_link_down", details={
                     "device": port.device, "port": port.port, "state": port.state,
                     "phys_state": port.phys_state, "link_downed": port.link_downed,
-                    "flaps": flaps, "node": owner, "source": "sysfs",
+                    "flaps": flaps, "node": owner, "source": "sysfs", "level": True,
                 }))
 
     def _poll_nccl(self) -> None:
@@ -355,30 +359,58 @@ class Agent:
         except Exception as exc:  # a reader bug: report, keep sampling
             log.error("event=nccl_reader_crashed error=%r", repr(exc))
 
-    def _set_level(self, key: tuple[str, str], on: bool, fault: Fault) -> None:
+    def _set_level(self, key: tuple[str, str], on: bool | None, fault: Fault) -> None:
+        """Emit the raise/clear edge of a level fault when its state changes.
+
+        ``on=None`` means the signal could not be read this sample (a partial NVML read
+        failure): the state is *unknown*, so nothing is raised or cleared and the last
+        known state stands. Every edge carries ``autorepair.fault.level = true`` so ingest
+        treats it as a state with a matching clear, not as a one-off event.
+        """
+        if on is None:
+            return
         prev = self._level.get(key, False)
         if on != prev:
             self._level[key] = on
-            self.emit_fault(Fault(fault.kind, fault.text, fault.code, fault.pci, on,
-                                  fault.details))
+            # The clear names the device its raise named (a lost GPU is no longer
+            # "missing" once it is back), so both edges share one fault identity.
+            pci = fault.pci if on else self._raised_pci.pop(key, fault.pci)
+            if on:
+                self._raised_pci[key] = fault.pci
+            self.emit_fault(Fault(fault.kind, fault.text, fault.code, pci, on,
+                                  {**fault.details, "level": True}))
 
     def _check_levels(self, gpus: list[GpuSample]) -> None:
         for g in gpus:
             self._known_pcis.add(g.pci)
-            dbe = (g.ecc_uncorrectable_volatile or 0) > 0
-            pending = bool(g.remapped_rows_pending)
-            failure = bool(g.remapped_rows_failure)
-            text = (f"NVML {g.pci}: volatile ECC uncorrectable={g.ecc_uncorrectable_volatile} "
+            ecc, pending, failure = (g.ecc_uncorrectable_volatile, g.remapped_rows_pending,
+                                     g.remapped_rows_failure)
+            values = {"ecc": None if ecc is None else ecc > 0, "remap_pending": pending,
+                      "remap_failure": failure}
+            read_now = {k for k, v in values.items() if v is not None}
+            ever = self._readable.setdefault(g.pci, set())
+            ever |= read_now
+            # Raised when any counter read now says so; cleared only when no counter this
+            # GPU reported before failed to read now (a counter the GPU never reports, NVML
+            # "not supported", does not block the clear); unknown otherwise.
+            memory: bool | None = (
+                True if any(values[k] for k in read_now)
+                else None if ever - read_now else False)
+            text = (f"NVML {g.pci}: volatile ECC uncorrectable={ecc} "
                     f"remapped rows pending={pending} failure={failure}")
-            self._set_level((g.pci, "nvsmi"), dbe or pending or failure, Fault(
+            self._set_level((g.pci, "nvsmi"), memory, Fault(
                 "nvsmi", text, pci=g.pci, details={
-                    "dram_uncorrectable": g.ecc_uncorrectable_volatile,
-                    "remap_pending": pending, "remap_failure": failure, "source": "nvml",
+                    "dram_uncorrectable": ecc, "remap_pending": pending,
+                    "remap_failure": failure, "source": "nvml",
                 }))
             seen = self._links.setdefault(g.pci, set())
             seen.update(g.nvlink_active)
-            down = sorted(seen - set(g.nvlink_active))
-            self._set_level((g.pci, "nvlink"), bool(down), Fault(
+            unknown = set(g.nvlink_unknown)
+            down = sorted(seen - set(g.nvlink_active) - unknown)
+            # A link whose state query failed is unknown, never "down": with any unknown
+            # link and none known down the NVLink state is left as it was.
+            links: bool | None = True if down else (None if unknown & seen else False)
+            self._set_level((g.pci, "nvlink"), links, Fault(
                 "nvsmi", f"NVML {g.pci}: NVLink links down {down}", pci=g.pci,
                 details={"nvlink_down": down, "source": "nvml"}))
         expected = self.cfg.expected_gpus

@@ -7,29 +7,46 @@ policy USE_EXISTING), so the first alert of a node starts its entity and later o
 to the running one.
 
 Never blocking the receivers, never losing an accepted alert while Temporal is briefly
-down: :meth:`TemporalAlertSink.submit` only enqueues (bounded, ``queue_size`` in all);
-delivery runs in ``shards`` background tasks, alerts of one node always on the same
-shard and in order (a raise is never overtaken by its clear), retried with exponential
-backoff with jitter (tenacity) until delivered or the sink stops. When the queue is full
-``submit`` raises :class:`HandoffQueueFull`; the receiver answers 503 + ``Retry-After``
-so the agent re-sends (alert ids are stable, the NodeWorkflow de-duplicates).
-Counted: ``delivered``, ``retried``, ``rejected`` (the workflow refused the update; not
-retried), ``queue_full``.
+down: :meth:`TemporalAlertSink.submit` only enqueues (bounded, ``queue_size`` in all,
+counting alerts waiting for a retry); delivery runs in ``shards`` background tasks,
+alerts of one node always on the same shard and in order (a raise is never overtaken by
+its clear). One bad record never blocks the others:
+
+- every alert is capped first (:func:`ingest.limits.cap_alert`: evidence values and the
+  whole alert's size, ``ingest.max_evidence_value_chars`` / ``ingest.max_alert_bytes``);
+- an alert whose delivery fails is *parked* with its node's later alerts behind it and
+  retried with exponential backoff with jitter, while the shard goes on delivering other
+  nodes' alerts;
+- after ``max_attempts`` failed attempts (``ingest.handoff_max_attempts``), or at once
+  when the workflow refused the update (``rejected``) or the alert is still over the size
+  limit (``too_large``), the alert goes to the dead-letter store (the ledger's
+  ``dead_letters`` table, :class:`DeadLetterStore`) with a log line
+  ``event=alert_dead_lettered`` and ``on_dead_letter(reason)`` (the
+  ``autorepair_alerts_dead_lettered_total{reason}`` counter, DESIGN §4.5); the node's
+  next alert is delivered after it.
+
+When the queue is full ``submit`` raises :class:`HandoffQueueFull`; the receiver answers
+503 + ``Retry-After`` so the agent re-sends (alert ids are stable, the NodeWorkflow
+de-duplicates). Counted: ``delivered``, ``retried``, ``rejected`` (the workflow refused
+the update), ``dead_lettered``, ``queue_full``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import zlib
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
 
-import tenacity
 from temporalio.client import Client, WithStartWorkflowOperation, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy
 
+from ingest.limits import alert_bytes, cap_alert
 from workflows.models import Alert, AlertDelivery, AlertOutcome, NodeInput
 from workflows.protocol import (
     GUARD_SIGNAL_CLUSTER_ALERT,
@@ -63,6 +80,32 @@ class AlertSink(Protocol):
 
 
 @runtime_checkable
+class DeadLetterStore(Protocol):
+    """Where an alert that cannot be delivered is kept (the ledger's ``dead_letters``).
+
+    ``reason``: ``rejected`` | ``too_large`` | ``retries_exhausted``; ``error``: the last
+    error's text; ``attempts``: delivery attempts made. May raise; the sink then logs the
+    alert (the log line is the record of last resort)."""
+
+    async def record(self, alert: Alert, reason: str, error: str, attempts: int) -> None: ...
+
+
+#: Reasons an alert is dead-lettered (label values of
+#: ``autorepair_alerts_dead_lettered_total``).
+DEAD_LETTER_REASONS = ("rejected", "too_large", "retries_exhausted")
+
+
+@dataclass
+class _Parked:
+    """A node whose head alert failed: it and the node's later alerts wait for ``due``."""
+
+    alerts: deque[Alert]
+    attempts: int
+    due: float
+    error: str = ""
+
+
+@runtime_checkable
 class ManagedAlertSink(AlertSink, Protocol):
     """An :class:`AlertSink` with background work the service starts and stops."""
 
@@ -77,12 +120,19 @@ class TemporalAlertSink:
     """Delivers alerts to ``NodeWorkflow`` with update-with-start (see module docstring).
 
     ``client``: a connected Temporal client using the pydantic data converter.
-    ``queue_size``: total bound on queued alerts (default 10 000; config
+    ``queue_size``: total bound on queued and parked alerts (default 10 000; config
     ``ingest.alert_queue``). ``shards``: parallel delivery tasks (default 4).
     ``max_backoff_s``: cap of the exponential backoff between attempts (default 30 s).
     ``rpc_timeout_s``: bound on one update-with-start call (default 30 s) — without a
     worker the update would wait for acceptance indefinitely.
-    ``on_outcome``: called with ``"delivered" | "retried" | "rejected" | "queue_full"``.
+    ``max_attempts``: attempts before an alert is dead-lettered (default 12, config
+    ``ingest.handoff_max_attempts``). ``max_value_chars`` / ``max_alert_bytes``: the caps
+    of :func:`ingest.limits.cap_alert` (config ``ingest.max_evidence_value_chars`` /
+    ``ingest.max_alert_bytes``). ``dead_letters``: the store of undeliverable alerts
+    (``None``: the log line only). ``on_outcome``: called with ``"delivered" | "retried"
+    | "rejected" | "dead_lettered" | "queue_full"``; ``on_dead_letter``: with the reason.
+    Raises ``ValueError`` naming the field for ``queue_size < shards`` or
+    ``max_attempts < 1``.
     """
 
     def __init__(
@@ -94,21 +144,37 @@ class TemporalAlertSink:
         shards: int = 4,
         max_backoff_s: float = 30.0,
         rpc_timeout_s: float = 30.0,
+        max_attempts: int = 12,
+        max_value_chars: int = 4096,
+        max_alert_bytes: int = 256 * 1024,
+        dead_letters: DeadLetterStore | None = None,
         on_outcome: Callable[[str], None] | None = None,
+        on_dead_letter: Callable[[str], None] | None = None,
     ) -> None:
         if queue_size < shards:
             raise ValueError(f"queue_size: {queue_size} must be at least shards ({shards})")
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts: must be >= 1, got {max_attempts}")
         self.client = client
         self.task_queue = task_queue
         self.max_backoff_s = max_backoff_s
         self.rpc_timeout_s = rpc_timeout_s
+        self.max_attempts = max_attempts
+        self.max_value_chars = max_value_chars
+        self.max_alert_bytes = max_alert_bytes
+        self.dead_letters = dead_letters
         self.on_outcome = on_outcome
-        per = queue_size // shards
-        self._queues: list[asyncio.Queue[Alert]] = [asyncio.Queue(per) for _ in range(shards)]
+        self.on_dead_letter = on_dead_letter
+        self._per_shard = queue_size // shards
+        self._queues: list[asyncio.Queue[Alert]] = [asyncio.Queue() for _ in range(shards)]
+        self._parked: list[dict[str, _Parked]] = [{} for _ in range(shards)]
+        self._pending = [0] * shards
+        self._drained = asyncio.Event()
+        self._drained.set()
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self.counts: dict[str, int] = {"delivered": 0, "retried": 0, "rejected": 0,
-                                       "queue_full": 0}
+                                       "dead_lettered": 0, "queue_full": 0}
         self.last_results: dict[str, AlertDelivery] = {}
 
     def _count(self, outcome: str) -> None:
@@ -117,35 +183,39 @@ class TemporalAlertSink:
             self.on_outcome(outcome)
 
     def depth(self) -> int:
-        """Alerts queued and not yet delivered."""
-        return sum(q.qsize() for q in self._queues)
+        """Alerts accepted and not yet delivered or dead-lettered (queued or parked)."""
+        return sum(self._pending)
 
     async def submit(self, alert: Alert) -> None:
-        """Enqueue ``alert`` on its node's shard. Raises :class:`HandoffQueueFull`."""
+        """Cap ``alert`` and enqueue it on its node's shard. Raises :class:`HandoffQueueFull`."""
         key = f"{alert.cluster}/{alert.node}".encode()
-        q = self._queues[zlib.crc32(key) % len(self._queues)]
-        try:
-            q.put_nowait(alert)
-        except asyncio.QueueFull:
+        shard = zlib.crc32(key) % len(self._queues)
+        if self._pending[shard] >= self._per_shard:
             self._count("queue_full")
             raise HandoffQueueFull(
-                f"alert hand-off queue full ({q.maxsize} on this shard); retry later"
-            ) from None
+                f"alert hand-off queue full ({self._per_shard} on this shard); retry later"
+            )
+        alert, cut = cap_alert(alert, max_value_chars=self.max_value_chars,
+                               max_bytes=self.max_alert_bytes)
+        if cut:
+            log.warning("event=alert_capped cluster=%s node=%s alert_id=%s cut=%s",
+                        alert.cluster, alert.node, alert.alert_id, ",".join(cut))
+        self._pending[shard] += 1
+        self._drained.clear()
+        self._queues[shard].put_nowait(alert)
 
     async def start(self) -> None:
         """Start the delivery tasks (idempotent)."""
         if not self._tasks:
             self._stopping = False
-            self._tasks = [asyncio.create_task(self._run(q)) for q in self._queues]
+            self._tasks = [asyncio.create_task(self._run(i)) for i in range(len(self._queues))]
 
     async def stop(self, drain_timeout_s: float = 5.0) -> None:
         """Give queued alerts ``drain_timeout_s`` to go out, then stop the tasks."""
         if not self._tasks:
             return
         try:
-            await asyncio.wait_for(
-                asyncio.gather(*(q.join() for q in self._queues)), drain_timeout_s
-            )
+            await asyncio.wait_for(self._drained.wait(), drain_timeout_s)
         except TimeoutError:
             log.warning("event=handoff_stop undelivered=%d", self.depth())
         self._stopping = True
@@ -192,46 +262,112 @@ class TemporalAlertSink:
         )
         return result
 
-    async def _deliver_with_retry(self, alert: Alert) -> None:
-        def before_sleep(rs: tenacity.RetryCallState) -> None:
-            self._count("retried")
-            exc = rs.outcome.exception() if rs.outcome else None
-            log.warning(
-                "event=handoff_retry cluster=%s node=%s alert_id=%s attempt=%d error=%s",
-                alert.cluster, alert.node, alert.alert_id, rs.attempt_number,
-                type(exc).__name__,
-            )
+    def _backoff(self, attempts: int) -> float:
+        """Seconds before attempt ``attempts + 1``: 0.2·2^(n−1), capped, ±20 % jitter."""
+        base = min(self.max_backoff_s, 0.2 * 2 ** max(0, attempts - 1))
+        return base * random.uniform(0.8, 1.2)
 
-        retrying = tenacity.AsyncRetrying(
-            wait=tenacity.wait_exponential_jitter(
-                multiplier=0.2, max=self.max_backoff_s, jitter=0.2),
-            retry=tenacity.retry_if_exception(
-                lambda e: not isinstance(e, WorkflowUpdateFailedError | asyncio.CancelledError)
-            ),
-            # the client turns a cancelled call into an RPC error: stop retrying on stop()
-            stop=lambda _rs: self._stopping,
-            before_sleep=before_sleep,
-            reraise=True,
-        )
+    async def _dead_letter(self, alert: Alert, reason: str, error: str, attempts: int) -> None:
+        """Record an undeliverable alert; never raises."""
+        self._count("dead_lettered")
+        if self.on_dead_letter is not None:
+            self.on_dead_letter(reason)
+        log.error("event=alert_dead_lettered cluster=%s node=%s alert_id=%s kind=%s "
+                  "reason=%s attempts=%d error=%s", alert.cluster, alert.node,
+                  alert.alert_id, alert.kind, reason, attempts, error[:500])
+        if self.dead_letters is None:
+            return
         try:
-            result: AlertDelivery = await retrying(self.deliver, alert)
+            await self.dead_letters.record(alert, reason, error[:2000], attempts)
+        except Exception as e:  # the log line above is the record of last resort
+            log.error("event=dead_letter_write_failed alert_id=%s error=%s summary=%r",
+                      alert.alert_id, type(e).__name__, alert.summary)
+
+    async def _attempt(self, alert: Alert, attempts: int) -> tuple[bool, str]:
+        """One delivery attempt. Returns ``(finished, error)``: finished when delivered or
+        dead-lettered; else the error text (the caller parks the alert)."""
+        if alert_bytes(alert) > self.max_alert_bytes:
+            await self._dead_letter(alert, "too_large",
+                                    f"{alert_bytes(alert)} bytes over ingest.max_alert_bytes "
+                                    f"{self.max_alert_bytes}", attempts)
+            return True, ""
+        try:
+            result: AlertDelivery = await self.deliver(alert)
         except WorkflowUpdateFailedError as e:
             self._count("rejected")
             log.error("event=handoff_rejected cluster=%s node=%s alert_id=%s error=%s",
                       alert.cluster, alert.node, alert.alert_id, e.cause)
-            return
+            await self._dead_letter(alert, "rejected", str(e.cause or e), attempts + 1)
+            return True, ""
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            return False, f"{type(e).__name__}: {e}"
         self.last_results[alert.alert_id] = result
         if len(self.last_results) > 1000:
             self.last_results.pop(next(iter(self.last_results)))
         self._count("delivered")
+        return True, ""
 
-    async def _run(self, q: asyncio.Queue[Alert]) -> None:
+    async def _try(self, shard: int, key: str, alert: Alert, attempts: int,
+                   rest: deque[Alert]) -> None:
+        """Attempt ``alert``; park it (and ``rest``, the node's later alerts) on failure,
+        dead-letter it after ``max_attempts``."""
+        finished, error = await self._attempt(alert, attempts)
+        parked = self._parked[shard]
+        if not finished:
+            attempts += 1
+            if attempts >= self.max_attempts:
+                await self._dead_letter(alert, "retries_exhausted", error, attempts)
+                finished = True
+            else:
+                self._count("retried")
+                delay = self._backoff(attempts)
+                log.warning("event=handoff_retry cluster=%s node=%s alert_id=%s attempt=%d "
+                            "retry_in_s=%.1f error=%s", alert.cluster, alert.node,
+                            alert.alert_id, attempts, delay, error[:300])
+                rest.appendleft(alert)
+                loop = asyncio.get_running_loop()
+                parked[key] = _Parked(rest, attempts, loop.time() + delay, error)
+                return
+        self._pending[shard] -= 1
+        if not self.depth():
+            self._drained.set()
+        if rest:
+            # the node's next alert goes now, still ahead of anything queued after it
+            parked[key] = _Parked(rest, 0, 0.0)
+        else:
+            parked.pop(key, None)
+
+    async def _run(self, shard: int) -> None:
+        q = self._queues[shard]
+        parked = self._parked[shard]
+        loop = asyncio.get_running_loop()
         while not self._stopping:
-            alert = await q.get()
             try:
-                await self._deliver_with_retry(alert)
+                now = loop.time()
+                due = [k for k, p in parked.items() if p.due <= now]
+                if due:
+                    key = min(due, key=lambda k: parked[k].due)
+                    p = parked[key]
+                    head = p.alerts.popleft()
+                    await self._try(shard, key, head, p.attempts, p.alerts)
+                    continue
+                wait = min((p.due for p in parked.values()), default=None)
+                try:
+                    if wait is None:
+                        alert = await q.get()
+                    else:
+                        alert = await asyncio.wait_for(q.get(), max(0.0, wait - now))
+                except TimeoutError:
+                    continue
+                key = f"{alert.cluster}/{alert.node}"
+                if key in parked:
+                    parked[key].alerts.append(alert)  # behind the node's parked alerts
+                    continue
+                await self._try(shard, key, alert, 0, deque())
+            except asyncio.CancelledError:
+                raise
             except Exception:  # never let one alert kill the shard
                 if not self._stopping:
-                    log.exception("event=handoff_error alert_id=%s", alert.alert_id)
-            finally:
-                q.task_done()
+                    log.exception("event=handoff_error shard=%d", shard)

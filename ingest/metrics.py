@@ -198,6 +198,10 @@ class IngestMetrics:
             "autorepair_unknown_node_alerts_total",
             "Alerts about nodes outside the inventory passed on as observations",
             ["cluster"], registry=r)
+        self.alerts_dead_lettered_total = Counter(
+            "autorepair_alerts_dead_lettered_total",
+            "Alerts that could not be delivered, written to the dead-letter table (DESIGN §4.5)",
+            ["reason"], registry=r)
         self.alert_queue_depth = Gauge("autorepair_alert_queue_depth",
                                        "Alerts waiting for hand-off", registry=r)
         self.forward_total = Counter("autorepair_forward_total",

@@ -31,6 +31,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from ingest.forward import OtlpForwarder, stamp_providers
 from ingest.handoff import AlertSink, HandoffQueueFull
 from ingest.inventory import NodeInventory, UnknownNodeGate
+from ingest.levels import FaultShape, fault_shape
+from ingest.limits import cap_alert
 from ingest.metrics import IngestMetrics
 from ingest.nccl import NcclEdge, NcclEngine
 from ingest.nccl_wire import decode_nccl
@@ -42,9 +44,11 @@ from ingest.threshold import (
     ScoreMap,
     StragglerEvent,
 )
+from ingest.unreachable import OpenAlerts, UnreachableTracker
 from workflows.catalogue.vocabulary import KNOWN_KINDS
 from workflows.config import AutorepairConfig
 from workflows.models import Alert
+from workflows.policy.bmc import BmcProbe
 from workflows.providers import ATTR_PROVIDER, NodeFacts, ProviderInfo, ProviderResolver
 
 log = logging.getLogger("autorepair.ingest")
@@ -110,7 +114,9 @@ class Ingestor:
 
     ``clock``: seconds since the epoch (default ``time.time``); tests pass their own.
     ``alert_from_fault``: the function building an :class:`Alert` (default
-    ``workflows.alerts.alert_from_fault``).
+    ``workflows.alerts.alert_from_fault``). ``bmc_probe`` / ``open_alerts``: the BMC check
+    and the ledger's open alerts of the ``node_unreachable`` tracker
+    (:mod:`ingest.unreachable`; ``None``: observed only / no reconciliation).
     """
 
     def __init__(
@@ -123,6 +129,8 @@ class Ingestor:
         clock: Callable[[], float] = time.time,
         alert_from_fault: Callable[..., Alert] | None = None,
         temporal_ready: Callable[[], Awaitable[bool]] | None = None,
+        bmc_probe: BmcProbe | None = None,
+        open_alerts: OpenAlerts | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics or IngestMetrics()
@@ -154,6 +162,17 @@ class Ingestor:
         self.nccl = NcclEngine(config.nccl)
         self.metrics.watch_nccl(self.nccl)
         self.providers = ProviderResolver(config.providers)
+        t = config.threshold
+        self.unreachable = UnreachableTracker(
+            config.ingest.unreachable_after_s or (t.ttl_multiplier + 3) * t.push_interval_s,
+            self._unreachable_alert, self._submit_or_defer, bmc_probe=bmc_probe,
+            reprobe_s=config.worker.bmc_reprobe_s, open_alerts=open_alerts,
+            clusters=[c.name for c in config.clusters],
+        )
+        start = clock()
+        for c in config.clusters:
+            for n in c.nodes:
+                self.unreachable.expect(self._resource_for(c.name, n.name), start)
 
     # ------------------------------------------------------------------ alerts
     def _builder(self) -> Callable[..., Alert]:
@@ -192,6 +211,30 @@ class Ingestor:
             node_pool=res.node_pool, active=active, level=level, source=source,
         )
 
+    def _resource_for(self, cluster: str, node: str) -> Resource:
+        """A node identity from the configuration (for nodes known before they push)."""
+        ncfg = next((n for c in self.config.clusters if c.name == cluster for n in c.nodes
+                     if n.name == node), None)
+        return Resource(cluster=cluster, node=node, cohort=DEFAULT_COHORT,
+                        machine_id=ncfg.machine if ncfg else None, boot_id=None,
+                        node_pool=ncfg.pool if ncfg else None, k8s_node=None, ingero=False,
+                        attrs={})
+
+    def _unreachable_alert(self, res: Resource, kind: str, text: str, evidence: dict[str, Any],
+                           at: float, active: bool) -> Alert:
+        return self.build_alert(res, kind=kind, code=None, gpu=None, evidence_text=text,
+                                evidence=evidence, observed_at=at, active=active, level=True,
+                                source="ingest")
+
+    async def _submit_or_defer(self, alert: Alert) -> bool:
+        """Submit; False when the hand-off queue is full (the caller retries later)."""
+        try:
+            await self._submit(alert)
+        except HandoffQueueFull:
+            self.alerts_refused += 1
+            return False
+        return True
+
     async def _submit(self, alert: Alert) -> None:
         # A node outside the inventory is observed, not repaired, and the workflows
         # started for such nodes are rate-limited per cluster (ingest.inventory).
@@ -208,6 +251,12 @@ class Ingestor:
             self.metrics.unknown_node_alerts_total.labels(
                 self.unknown_nodes.label(alert.cluster)).inc()
             alert = gated
+        lim = self.config.ingest
+        alert, cut = cap_alert(alert, max_value_chars=lim.max_evidence_value_chars,
+                               max_bytes=lim.max_alert_bytes)
+        if cut:
+            log.warning("event=alert_capped cluster=%s node=%s kind=%s alert_id=%s cut=%s",
+                        alert.cluster, alert.node, alert.kind, alert.alert_id, ",".join(cut))
         if self.alert_sink is None:
             log.info("event=alert_no_sink cluster=%s node=%s kind=%s alert_id=%s",
                      alert.cluster, alert.node, alert.kind, alert.alert_id)
@@ -252,6 +301,7 @@ class Ingestor:
             await self._nccl_points(d, now)
         if not hint_set:
             hint = self._hint_for_request(d, req)
+        await self.unreachable.flush(now)
         self._count_rejected(d, transport, "metrics")
         if self.forwarder is not None:
             self._forward("metrics", req, raw)
@@ -326,6 +376,7 @@ class Ingestor:
         else:
             info.resource = r
         info.last_seen = now
+        self.unreachable.seen(r, now)
         return info
 
     def _count_rejected(self, d: Decoded, transport: str, signal: str) -> None:
@@ -383,7 +434,9 @@ class Ingestor:
         now = self.clock()
         d = decode_logs(req, now, max_future_s=self.max_future_s, limits=self.limits)
         for f in d.faults:
+            self.unreachable.seen(f.resource, now)
             await self._fault_alert(f)
+        await self.unreachable.flush(now)
         self._count_rejected(d, transport, "logs")
         if self.forwarder is not None:
             self._forward("logs", req, raw)
@@ -394,11 +447,15 @@ class Ingestor:
         return resp, self._hint_for_request(d, req)
 
     async def _fault_alert(self, f: FaultRecord) -> None:
+        # Level fault or event, and which raise a clear ends (ingest.levels).
+        shape = fault_shape(f.kind, f.gpu, f.active, f.evidence)
+        if f.kind == "straggler":
+            shape = FaultShape(f.kind, f.gpu, f.active, True)
         try:
             alert = self.build_alert(
-                f.resource, kind=f.kind, code=f.code, gpu=f.gpu, evidence_text=f.evidence_text,
-                evidence=f.evidence, observed_at=f.time_s, active=f.active,
-                level=not f.active or f.kind in ("straggler",), source="agent",
+                f.resource, kind=shape.kind, code=f.code, gpu=shape.gpu,
+                evidence_text=f.evidence_text, evidence=f.evidence, observed_at=f.time_s,
+                active=shape.active, level=shape.level, source="agent",
             )
         except (ValueError, TypeError) as e:
             log.warning("event=alert_build_failed cluster=%s node=%s kind=%s error=%s",
@@ -419,6 +476,7 @@ class Ingestor:
             del self.nodes[key]
         self.nccl.sweep(now)
         await self._nccl_alerts()
+        await self.unreachable.check(now, self._resource_for)
         for res in results:
             edge = self._panic_edges(res, now)
             if edge is not None:

@@ -45,13 +45,15 @@ from ingest.auth import (
 )
 from ingest.forward import OtlpForwarder
 from ingest.grpc_receiver import start_grpc_server
-from ingest.handoff import AlertSink, ManagedAlertSink
+from ingest.handoff import AlertSink, DeadLetterStore, ManagedAlertSink
 from ingest.http_receiver import OtlpHttpApp, peercert_protocol
 from ingest.inventory import InventorySource
 from ingest.metrics import IngestMetrics
 from ingest.pipeline import Ingestor
 from ingest.repair_metrics import RepairMetricsPoller
+from ingest.unreachable import OpenAlerts
 from workflows.config import AutorepairConfig
+from workflows.policy.bmc import BmcProbe
 
 log = logging.getLogger("autorepair.ingest")
 
@@ -114,6 +116,8 @@ class IngestService:
     is then logged loudly (``autorepair ingest`` passes True; DESIGN §4.2).
     ``inventory_source``: reads the schedulers' node lists (``None``: the inventory is
     ``clusters[].nodes`` only).
+    ``bmc_probe`` / ``open_alerts``: the BMC check and the ledger's open alerts of the
+    ``node_unreachable`` tracker (:mod:`ingest.unreachable`).
     """
 
     def __init__(
@@ -126,6 +130,8 @@ class IngestService:
         clock: Callable[[], float] | None = None,
         require_auth: bool = False,
         inventory_source: InventorySource | None = None,
+        bmc_probe: BmcProbe | None = None,
+        open_alerts: OpenAlerts | None = None,
     ) -> None:
         self.config = config
         self.inventory_source = inventory_source
@@ -145,7 +151,8 @@ class IngestService:
             kwargs["clock"] = clock
         self.ingestor = Ingestor(
             config, alert_sink=alert_sink, forwarder=self.forwarder, metrics=self.metrics,
-            temporal_ready=temporal_ready, **kwargs,
+            temporal_ready=temporal_ready, bmc_probe=bmc_probe, open_alerts=open_alerts,
+            **kwargs,
         )
         self.receiver_auth = ReceiverAuth(load_identities(cfg.tokens_file, INGEST_TOKENS_ENV),
                                           mtls=bool(cfg.tls.client_ca))
@@ -287,6 +294,7 @@ class IngestService:
         self.http_app.close()
         if self.forwarder is not None:
             await self.forwarder.stop()
+        await self.ingestor.unreachable.close()
         if isinstance(self.alert_sink, ManagedAlertSink):
             await self.alert_sink.stop()
         self._started = False
@@ -312,7 +320,10 @@ RoutersFactory = Callable[[Any], tuple[list[APIRouter], list[Callable[[], Awaita
 
 
 async def _serve(config: AutorepairConfig, routers_for: RoutersFactory | None = None,
-                 inventory_source: InventorySource | None = None) -> None:
+                 inventory_source: InventorySource | None = None,
+                 dead_letters: DeadLetterStore | None = None,
+                 bmc_probe: BmcProbe | None = None,
+                 open_alerts: OpenAlerts | None = None) -> None:
     from temporalio.client import Client
     from temporalio.contrib.pydantic import pydantic_data_converter
 
@@ -330,13 +341,18 @@ async def _serve(config: AutorepairConfig, routers_for: RoutersFactory | None = 
             return False
 
     service: IngestService
+    ic = config.ingest
     sink = TemporalAlertSink(
-        client, config.temporal.task_queue, queue_size=config.ingest.alert_queue,
+        client, config.temporal.task_queue, queue_size=ic.alert_queue,
+        max_attempts=ic.handoff_max_attempts, max_value_chars=ic.max_evidence_value_chars,
+        max_alert_bytes=ic.max_alert_bytes, dead_letters=dead_letters,
         on_outcome=lambda o: service.metrics.alert_handoff_total.labels(o).inc(),
+        on_dead_letter=lambda r: service.metrics.alerts_dead_lettered_total.labels(r).inc(),
     )
     routers, closers = routers_for(client) if routers_for is not None else ([], [])
     service = IngestService(config, sink, temporal_ready=temporal_ready, routers=routers,
-                            require_auth=True, inventory_source=inventory_source)
+                            require_auth=True, inventory_source=inventory_source,
+                            bmc_probe=bmc_probe, open_alerts=open_alerts)
     poller = RepairMetricsPoller(
         client, service.metrics,
         # configured clusters plus those admitted as metric labels: a bounded set however
@@ -367,13 +383,18 @@ async def _serve(config: AutorepairConfig, routers_for: RoutersFactory | None = 
 
 
 def run_ingest(config: AutorepairConfig, routers_for: RoutersFactory | None = None,
-               inventory_source: InventorySource | None = None) -> None:
+               inventory_source: InventorySource | None = None,
+               dead_letters: DeadLetterStore | None = None, bmc_probe: BmcProbe | None = None,
+               open_alerts: OpenAlerts | None = None) -> None:
     """Blocking entry point of ``autorepair ingest``: serve until SIGINT/SIGTERM.
 
     Connects lazily to Temporal at ``config.temporal.address`` (ingest starts and buffers
     alerts even while Temporal is down; ``/readyz`` reports it). ``routers_for`` adds API
     routers built on the Temporal client (the repair API). Raises ``RuntimeError``
     naming the port field when a listener cannot bind. ``inventory_source`` reads the
-    schedulers' node lists (:mod:`ingest.inventory`).
+    schedulers' node lists (:mod:`ingest.inventory`); ``dead_letters`` keeps the alerts
+    that cannot be delivered (``autorepair ingest`` passes the ledger's); ``bmc_probe`` /
+    ``open_alerts`` serve the ``node_unreachable`` check (:mod:`ingest.unreachable`).
     """
-    asyncio.run(_serve(config, routers_for, inventory_source))
+    asyncio.run(_serve(config, routers_for, inventory_source, dead_letters, bmc_probe,
+                       open_alerts))

@@ -120,12 +120,16 @@ def ingest(config: ConfigOpt = None) -> None:
     """Run the ingest service (OTLP receivers, threshold engine, HTTP API)."""
     from ingest.service import run_ingest
     from workers.inventory import scheduler_inventory
+    from workers.lazy_ledger import LazyLedger
     from workers.repairs.router import api_routers
+    from workers.watchers.bmc import redfish_probe
 
     setup_logging()
     cfg = _load(config)
+    ledger = LazyLedger(cfg) if cfg.ledger.dsn else None
     try:
-        run_ingest(cfg, api_routers(cfg), scheduler_inventory(cfg))
+        run_ingest(cfg, api_routers(cfg), scheduler_inventory(cfg), ledger, redfish_probe(cfg),
+                   ledger.open_level_alerts if ledger is not None else None)
     except (RuntimeError, ValueError, OSError) as exc:
         # RuntimeError: a port cannot bind; ValueError: a malformed tokens file;
         # OSError: an unreadable TLS / tokens file.

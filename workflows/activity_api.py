@@ -133,10 +133,13 @@ class CordonResult(BaseModel):
 
 
 class IdleStatus(BaseModel):
-    """``idle``: no GPU pod (Kubernetes) / no allocation (Slurm) on the node."""
+    """``idle``: no GPU pod (Kubernetes) / no allocation (Slurm) on the node. ``detail``:
+    what the check did beyond looking (Kubernetes non-graceful node shutdown of a host
+    the BMC reports powered off), empty otherwise."""
 
     idle: bool
     running: list[str] = Field(default_factory=list)
+    detail: str = ""
 
 
 class DrainInput(BaseModel):

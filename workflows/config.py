@@ -135,6 +135,23 @@ class IngestConfig(_Section):
     #: How often ``autorepair ingest`` re-reads each cluster's node list from its scheduler
     #: (``scontrol show node`` / the Kubernetes node list), seconds.
     inventory_refresh_s: float = Field(60.0, gt=0)
+    #: Longest value kept in an alert's evidence (a string's characters, or another
+    #: value's JSON form); a longer one is cut and named in ``evidence.cut_by_ingest``.
+    max_evidence_value_chars: int = Field(4096, ge=64)
+    #: Largest alert handed to Temporal (its JSON form), bytes. Over it, the largest
+    #: evidence values are dropped, then the evidence text is cut. Temporal refuses a
+    #: payload over 2 MiB (server ``limit.blobSize.error``) and warns from 512 KiB; the
+    #: default keeps a node's continued state far below both.
+    max_alert_bytes: int = Field(256 * 1024, ge=8192, le=2 * 1024 * 1024)
+    #: Delivery attempts of one alert (exponential backoff between them) before it is
+    #: written to the ledger's dead-letter table and counted in
+    #: ``autorepair_alerts_dead_lettered_total`` (DESIGN §4.5); the node's later alerts
+    #: then go on.
+    handoff_max_attempts: int = Field(12, ge=1)
+    #: An agent silent for this long raises ``node_unreachable``, seconds; ``None`` =
+    #: the node TTL plus 3 push intervals (``threshold.push_interval_s`` ×
+    #: (``ttl_multiplier`` + 3)).
+    unreachable_after_s: float | None = Field(None, gt=0)
 
 
 class ThresholdConfig(_Section):
@@ -777,6 +794,10 @@ class WorkerConfig(_Section):
     metrics_host: str = "0.0.0.0"
     #: Run the Slurm / Kubernetes watchers and the annotation intake in this worker.
     watchers: bool = True
+    #: During a long NotReady / NOT_RESPONDING / unreachable episode the node's BMC is
+    #: asked again every this many seconds until it confirms a dead host (watchers and
+    #: ingest's unreachable check), seconds.
+    bmc_reprobe_s: float = Field(600.0, gt=0)
 
 
 class PolicyConfig(_Section):

@@ -12,6 +12,14 @@
   non-retryable ``ERR_DRAIN_DEADLINE`` failure;
 - rejoin = remove only our taint and annotations; ``unschedulable`` goes back to false only
   when ``autorepair.io/cordoned-by`` says we set it (someone else's cordon stays);
+- powered-off node (Kubernetes *non-graceful node shutdown*, KEP-2268, GA in 1.28): GPU
+  pods left ``Running``/``Terminating`` on a node that is NotReady and whose BMC reports
+  power ``Off`` never leave by themselves (the kubelet that would stop them is dead), so
+  idle and drain would wait forever. After the BMC's confirmation the idle check and the
+  drain taint the node ``node.kubernetes.io/out-of-service=nodeshutdown:NoExecute``, then
+  force-delete (grace period 0) the pods that do not tolerate it, and record it on the
+  node (annotation :data:`ANN_OUT_OF_SERVICE`: repair id, BMC answer, pods, time) and in
+  their result's ``detail``. Rejoin removes that taint when this repair set it;
 - node health = the ``Ready`` condition and ``status.nodeInfo.bootID``.
 
 Errors: 401/403 → non-retryable ``ERR_AUTH``; 404 on the node → ``ERR_UNKNOWN_NODE``;
@@ -21,7 +29,9 @@ Errors: 401/403 → non-retryable ``ERR_AUTH``; 404 on the node → ``ERR_UNKNOW
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes_asyncio import client as k8s
@@ -41,6 +51,7 @@ from workflows.activity_api import (
     permanent,
 )
 from workflows.config import ClusterConfig
+from workflows.policy.bmc import BmcProbe
 
 #: Taint key written on cordon; value = repair id, effect NoSchedule (validation Jobs
 #: tolerate it, ``activities/validation/kube.py``).
@@ -55,6 +66,12 @@ CORDONED_BY_US = "autorepair"
 GPU_RESOURCE = "nvidia.com/gpu"
 #: Mirror (static) pod annotation (kubelet).
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+#: Non-graceful node shutdown taint (Kubernetes docs, "Non-graceful node shutdown").
+OUT_OF_SERVICE_KEY = "node.kubernetes.io/out-of-service"
+OUT_OF_SERVICE_VALUE = "nodeshutdown"
+OUT_OF_SERVICE_EFFECT = "NoExecute"
+#: Annotation recording the non-graceful shutdown this project applied (JSON).
+ANN_OUT_OF_SERVICE = "autorepair.io/out-of-service"
 #: Attempts of a read-modify-patch cycle on 409 Conflict.
 CONFLICT_ATTEMPTS = 8
 #: Eviction backoff after a PDB 429: first, cap (seconds).
@@ -93,6 +110,29 @@ def _active(p: k8s.V1Pod) -> bool:
     return phase not in ("Succeeded", "Failed")
 
 
+def _tolerates_out_of_service(p: k8s.V1Pod) -> bool:
+    for t in (p.spec.tolerations if p.spec else None) or []:
+        key_ok = t.key == OUT_OF_SERVICE_KEY or (t.key in (None, "") and t.operator == "Exists")
+        effect_ok = t.effect in (None, "", OUT_OF_SERVICE_EFFECT)
+        if key_ok and effect_ok:
+            return True
+    return False
+
+
+def _out_of_service_by(ann: dict[str, str], repair_id: str) -> bool:
+    """Whether this repair applied the node's out-of-service taint (its annotation)."""
+    try:
+        return bool(json.loads(ann.get(ANN_OUT_OF_SERVICE) or "{}").get("repair_id")
+                    == repair_id)
+    except (ValueError, AttributeError):
+        return False
+
+
+def _node_ready(n: k8s.V1Node) -> bool:
+    return any(c.type == "Ready" and c.status == "True"
+               for c in (n.status.conditions if n.status else None) or [])
+
+
 def _evictable(p: k8s.V1Pod) -> bool:
     ann = p.metadata.annotations or {}
     if MIRROR_ANNOTATION in ann:
@@ -105,12 +145,16 @@ class KubeScheduler:
 
     ``api_client`` (tests, the worker) takes precedence; otherwise the client is built
     from ``ClusterConfig.kubeconfig`` or, when that is empty, the in-cluster config.
+    ``bmc_probe``: the BMC's view of a node (``activities.power.redfish_probe``); without
+    it a powered-off node's pods are never force-deleted.
     """
 
-    def __init__(self, cluster: ClusterConfig, api_client: k8s.ApiClient | None = None) -> None:
+    def __init__(self, cluster: ClusterConfig, api_client: k8s.ApiClient | None = None,
+                 bmc_probe: BmcProbe | None = None) -> None:
         self.cluster = cluster
         self._client = api_client
         self._own_client = api_client is None
+        self.bmc_probe = bmc_probe
 
     async def _api(self) -> k8s.CoreV1Api:
         if self._client is None:
@@ -224,11 +268,74 @@ class KubeScheduler:
             raise self._classify(e, node) from e
         return [p for p in lst.items if _active(p)]
 
-    async def check_idle(self, node: str) -> IdleStatus:
-        """Idle = no running/pending pod on ``node`` requests ``nvidia.com/gpu``."""
+    async def _bmc_says_off(self, n: k8s.V1Node) -> dict[str, str | None] | None:
+        """The BMC's answer when ``n`` is NotReady and its host is powered Off; else None
+        (Ready, no probe, BMC unreachable or on: nothing is forced)."""
+        if _node_ready(n) or self.bmc_probe is None:
+            return None
+        try:
+            bmc = await self.bmc_probe(self.cluster.name, n.metadata.name)
+        except Exception:  # an unreachable BMC confirms nothing
+            return None
+        return bmc if (bmc.get("power_state") or "").lower() == "off" else None
+
+    async def release_powered_off(self, node: str, repair_id: str) -> str:
+        """Kubernetes non-graceful node shutdown of a NotReady node whose BMC reports power
+        Off: taint ``node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`` (idempotent),
+        then force-delete (grace period 0) every pod on the node that does not tolerate it
+        (mirror pods excepted: the kubelet owns them). Returns what was done ("" when the
+        node is Ready, has no BMC probe or the BMC does not report Off)."""
+        n = await self._read(node)
+        bmc = await self._bmc_says_off(n)
+        if bmc is None:
+            return ""
+        # the idle check knows no repair id: the repair holding the node's cordon acts
+        repair_id = repair_id or (n.metadata.annotations or {}).get(ANN_REPAIR_ID) or ""
+        pods = [p for p in await self._pods_on(node)
+                if MIRROR_ANNOTATION not in (p.metadata.annotations or {})
+                and not _tolerates_out_of_service(p)]
+        names = sorted(_pod_name(p) for p in pods)
+        record = {"repair_id": repair_id, "bmc": bmc, "pods": names,
+                  "at": datetime.now(UTC).isoformat()}
+
+        def build(cur: k8s.V1Node) -> dict[str, Any] | None:
+            taints = list(cur.spec.taints or [])
+            if any(t.key == OUT_OF_SERVICE_KEY for t in taints):
+                return None
+            return {
+                "metadata": {"annotations": {ANN_OUT_OF_SERVICE: json.dumps(record)}},
+                "spec": {"taints": [*[_taint_dict(t) for t in taints],
+                                    {"key": OUT_OF_SERVICE_KEY, "value": OUT_OF_SERVICE_VALUE,
+                                     "effect": OUT_OF_SERVICE_EFFECT}]},
+            }
+
+        await self._patch(node, build)
+        api = await self._api()
+        for p in pods:
+            try:
+                await api.delete_namespaced_pod(p.metadata.name, p.metadata.namespace,
+                                                grace_period_seconds=0)
+            except ApiException as e:
+                if e.status != 404:
+                    raise self._classify(e, node) from e
+        return (f"non-graceful node shutdown: BMC reports power Off on NotReady node {node}; "
+                f"tainted {OUT_OF_SERVICE_KEY}={OUT_OF_SERVICE_VALUE}:{OUT_OF_SERVICE_EFFECT}"
+                f" and force-deleted {', '.join(names) or 'no pods'}")
+
+    async def check_idle(self, node: str, repair_id: str = "") -> IdleStatus:
+        """Idle = no running/pending pod on ``node`` requests ``nvidia.com/gpu``.
+
+        GPU pods on a NotReady node whose BMC reports power Off are released by
+        :meth:`release_powered_off` first (``detail`` says so)."""
         await self._read(node)  # unknown node → ERR_UNKNOWN_NODE
         gpu_pods = [_pod_name(p) for p in await self._pods_on(node) if _requests_gpu(p)]
-        return IdleStatus(idle=not gpu_pods, running=sorted(gpu_pods))
+        detail = ""
+        if gpu_pods:
+            detail = await self.release_powered_off(node, repair_id)
+            if detail:
+                gpu_pods = [_pod_name(p) for p in await self._pods_on(node)
+                            if _requests_gpu(p)]
+        return IdleStatus(idle=not gpu_pods, running=sorted(gpu_pods), detail=detail)
 
     async def drain(
         self, node: str, repair_id: str, deadline_s: float, heartbeat: Heartbeat = no_heartbeat
@@ -244,11 +351,19 @@ class KubeScheduler:
         backoff: dict[str, float] = {}
         next_try: dict[str, float] = {}
         evicted: list[str] = []
+        released = ""
         while True:
             pods = [p for p in await self._pods_on(node) if _evictable(p)]
+            if pods and not released:
+                # pods on a powered-off host never go: non-graceful node shutdown
+                released = await self.release_powered_off(node, repair_id)
+                if released:
+                    heartbeat({"released": released})
+                    continue
             if not pods:
+                done = f"evicted {evicted}" if evicted else "no pods to evict"
                 return DrainResult(
-                    drained=True, detail=f"evicted {evicted}" if evicted else "no pods to evict"
+                    drained=True, detail=f"{released}; {done}" if released else done
                 )
             blocked: dict[str, str] = {}
             now = time.monotonic()
@@ -308,14 +423,18 @@ class KubeScheduler:
                 state["kept"] = "node was cordoned by someone else; left unschedulable"
             if holder is None and not ours:
                 return None  # nothing of ours left (a retried rejoin)
+            oos = _out_of_service_by(ann, repair_id)
             body: dict[str, Any] = {
                 "metadata": {"annotations": {ANN_REPAIR_ID: None, ANN_CORDONED_BY: None,
                                              ANN_REASON: None}},
                 "spec": {"taints": [
                     _taint_dict(t) for t in taints
                     if not (t.key == TAINT_KEY and t.value == repair_id)
+                    and not (oos and t.key == OUT_OF_SERVICE_KEY)
                 ] or None},
             }
+            if oos:
+                body["metadata"]["annotations"][ANN_OUT_OF_SERVICE] = None
             if we_cordoned:
                 body["spec"]["unschedulable"] = None
             return body

@@ -5,14 +5,20 @@ A backend (:class:`activities.validation.slurm.SlurmValidation`,
 collects its result and releases the placement in its scheduler's own terms; what a
 verdict does to the machine is decided once, here, in :meth:`ValidationBackend.return_machine`:
 
-* ``passed`` → ``pool``: drained/cordoned by autorepair (or not at all) → made
-  schedulable; a node someone else took out keeps their reason (DESIGN §5: never undo
-  someone else's cordon). ``spare``: joins the cluster's hot-spare pool
-  (:mod:`activities.spares`) and stays out of scheduling until a migrate draws it.
-* ``failed`` → stays out: drained/cordoned naming the run and the hardware ticket, and
-  removed from the spare pool.
-* ``aborted`` → the state recorded before placement is restored exactly; nothing is
-  condemned.
+* ``passed`` → ``pool``: made schedulable only when the drain/cordon left is the run's
+  own (placement takes over the drain of the repair that handed the machine over, or of a
+  repair no longer in flight); a node someone else took out keeps their reason (DESIGN §5:
+  never undo someone else's cordon). ``spare``: joins the cluster's hot-spare pool
+  (:mod:`activities.spares`) and stays out of scheduling until a migrate draws it — unless
+  someone else drained it meanwhile: their drain stays and it joins no pool.
+* ``failed`` → stays out: drained/cordoned naming the run and the hardware ticket (an
+  operator's drain keeps the operator's reason), and removed from the spare pool.
+* ``aborted`` → the state recorded before placement is restored exactly, reason
+  included; a drain an operator (or another repair) set while the check ran stays.
+
+Another repair in flight on the node (the ledger's ``repairs``, other than the one that
+started the run, :func:`originating_repair`) means the run is never placed and nothing of
+the node is ever resumed or uncordoned by it.
 
 The result of a run is the last line of the job's output that is a JSON object with a
 ``verdict`` (what ``autorepair-agent validate --json`` prints, DESIGN §4.1).
@@ -24,6 +30,7 @@ import hashlib
 import json
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +62,18 @@ def run_slug(run_id: str) -> str:
     with 8 hex digits of its sha256 so distinct runs never collide."""
     base = re.sub(r"[^a-z0-9]+", "-", run_id.lower()).strip("-")[:30].strip("-")
     return f"{base}-{hashlib.sha256(run_id.encode()).hexdigest()[:8]}"
+
+
+#: ``(cluster, node) -> ids of the node's repairs not yet terminal`` (the ledger's
+#: ``Ledger.repairs_in_flight``).
+RepairsInFlight = Callable[[str, str], Awaitable[list[str]]]
+
+
+def originating_repair(run_id: str) -> str | None:
+    """The repair that started run ``run_id``: the last part of ``validate/{machine}/{n}``
+    (DESIGN §4.4) when the run is one a repair started, else None. Raises nothing."""
+    parts = run_id.split("/")
+    return parts[2] if len(parts) == 3 and parts[0] == "validate" and parts[2] else None
 
 
 def parse_result_text(text: str, machine: str) -> ValidationResult | None:
@@ -110,6 +129,26 @@ class ValidationBackend(ABC):
 
     cluster: ClusterConfig
     v: ValidationConfig
+    #: Set by the activities when the ledger is there; ``None``: no repair is known to be
+    #: in flight, and only the run's own or the originating repair's marker is taken over.
+    repairs_in_flight: RepairsInFlight | None = None
+
+    async def other_repairs(self, node: str, run_id: str) -> list[str]:
+        """Repairs in flight on ``node`` other than the one that started ``run_id``."""
+        if self.repairs_in_flight is None:
+            return []
+        mine = {run_id, originating_repair(run_id)}
+        return [r for r in await self.repairs_in_flight(self.cluster.name, node)
+                if r not in mine]
+
+    async def may_take_over(self, holder: str, node: str, run_id: str) -> bool:
+        """Whether the run may act on a drain/cordon marked with repair id ``holder``: its
+        own, the originating repair's, or (with the ledger) a repair no longer in flight."""
+        if holder in (run_id, originating_repair(run_id)):
+            return True
+        if self.repairs_in_flight is None:
+            return False
+        return holder not in await self.repairs_in_flight(self.cluster.name, node)
 
     @abstractmethod
     async def place(self, p: ValidationPlacement) -> PlacementResult:
@@ -141,8 +180,9 @@ class ValidationBackend(ABC):
         """``failed``: keep the node out of scheduling naming run and ticket; the detail."""
 
     @abstractmethod
-    async def _hold_as_spare(self, r: ReturnMachineInput, node: Any) -> None:
-        """``passed`` → spare: keep the node out of scheduling as a validated spare."""
+    async def _hold_as_spare(self, r: ReturnMachineInput, node: Any) -> str | None:
+        """``passed`` → spare: keep the node out of scheduling as a validated spare; None
+        when held, else why not (someone else's drain/cordon, kept as it is)."""
 
     @abstractmethod
     async def _return_to_pool(self, r: ReturnMachineInput, node: Any) -> str:
@@ -174,12 +214,16 @@ class ValidationBackend(ABC):
             if spares is not None:
                 await spares.remove(self.cluster.name, r.machine)
         elif r.return_to == "spare":
-            await self._hold_as_spare(r, n)
-            if spares is None:
-                raise permanent(ERR_CONFIGURATION, "return_to=spare needs the ledger (spare pool)")
-            await spares.add(self.cluster.name, r.machine, r.run_id)
-            detail = f"joined spare pool of {self.cluster.name}"
-            spare = True
+            kept = await self._hold_as_spare(r, n)
+            if kept is not None:
+                detail = kept  # a foreign drain stays; the machine joins no pool
+            else:
+                if spares is None:
+                    raise permanent(ERR_CONFIGURATION,
+                                    "return_to=spare needs the ledger (spare pool)")
+                await spares.add(self.cluster.name, r.machine, r.run_id)
+                detail = f"joined spare pool of {self.cluster.name}"
+                spare = True
         else:
             detail = await self._return_to_pool(r, n)
         state, schedulable = await self._placement_state(r.node)

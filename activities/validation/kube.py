@@ -9,7 +9,14 @@ node's prior state is kept in the Job's ``autorepair.io/prior-state`` annotation
 retried placement finds it. The result is the last JSON line of the pod's log.
 
 Verdicts: ``failed`` and ``spare`` keep the node cordoned (``failed`` also annotates it
-with :data:`ANN_TICKET`); ``aborted`` uncordons only a cordon this run placed.
+with :data:`ANN_TICKET`); ``aborted`` restores the prior cordon marker exactly and
+uncordons only a cordon this run placed.
+
+Whose cordon: the run's own cordon marker (``autorepair.io/repair-id`` = the run id)
+decides, not whoever holds the node. Placement takes over the marker of the repair that
+started the run (or of a repair no longer in flight) so that cordon is returned with the
+machine; a cordon of someone else stays on every verdict, and a node with another repair in
+flight is neither placed on nor uncordoned.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from activities.scheduler.kube import (
     TAINT_KEY,
     KubeScheduler,
     _requests_gpu,
+    _taint_dict,
 )
 from activities.validation.base import (
     COLLECT_POLL_S,
@@ -151,6 +159,13 @@ class KubeValidation(KubeScheduler, ValidationBackend):
                 return PlacementResult(placed=False, reason=str(e), **timing)
             raise
         prior = self.snapshot(n)
+        others = await self.other_repairs(p.node, p.run_id)
+        if others:
+            return PlacementResult(
+                placed=False, prior_state=prior,
+                reason=f"repair {', '.join(others)} in flight on {p.node}: validation "
+                "leaves the node to it", **timing,
+            )
         ready = any(c.type == "Ready" and c.status == "True"
                     for c in (n.status.conditions if n.status else None) or [])
         if not ready:
@@ -167,6 +182,11 @@ class KubeValidation(KubeScheduler, ValidationBackend):
             )
         if not n.spec.unschedulable:
             await self.cordon(p.node, p.run_id, "validation run")
+        else:
+            holder = prior.get("holder")
+            if (holder and holder != p.run_id and prior.get("cordoned_by") == CORDONED_BY_US
+                    and await self.may_take_over(str(holder), p.node, p.run_id)):
+                await self._set_marker(p.node, str(holder), p.run_id)
         batch = await self._batch()
         try:
             body: Any = self._job_body(p, prior)  # the client accepts plain dicts
@@ -269,13 +289,41 @@ class KubeValidation(KubeScheduler, ValidationBackend):
     async def _read_target(self, node: str) -> k8s.V1Node:
         return await self._read(node)
 
+    async def _set_marker(self, node: str, old: str, new: str) -> None:
+        """Move this project's cordon marker (annotation + taint value) from repair/run
+        ``old`` to ``new``; nothing when ``old`` no longer holds the node."""
+
+        if old == new:
+            return
+
+        def build(n: k8s.V1Node) -> dict[str, Any] | None:
+            ann = n.metadata.annotations or {}
+            if ann.get(ANN_REPAIR_ID) != old:
+                return None
+            taints = [_taint_dict(t) for t in (n.spec.taints or [])]
+            for t in taints:
+                if t["key"] == TAINT_KEY and t.get("value") == old:
+                    t["value"] = new
+            return {"metadata": {"annotations": {ANN_REPAIR_ID: new}},
+                    "spec": {"taints": taints}}
+
+        await self._patch(node, build)
+
     async def _restore_prior(self, r: ReturnMachineInput, n: k8s.V1Node) -> str:
         prior = r.prior_state or {}
         holder = (n.metadata.annotations or {}).get(ANN_REPAIR_ID)
-        if not prior.get("unschedulable") and holder == r.run_id:
-            await self.rejoin(r.node, r.run_id)
-            return "restored: schedulable"
-        return "restored: cordon as before"
+        if holder != r.run_id:
+            return "restored: cordon as before" if holder == prior.get("holder") else (
+                f"kept: cordon of {holder or 'someone else'}")
+        if prior.get("unschedulable"):
+            if prior.get("holder"):  # the marker taken over at placement goes back
+                await self._set_marker(r.node, r.run_id, str(prior["holder"]))
+            return "restored: cordon as before"
+        others = await self.other_repairs(r.node, r.run_id)
+        if others:
+            return f"kept cordoned: repair {', '.join(others)} in flight on {r.node}"
+        await self.rejoin(r.node, r.run_id)
+        return "restored: schedulable"
 
     async def _keep_out(self, r: ReturnMachineInput, n: k8s.V1Node) -> str:
         if not n.spec.unschedulable:
@@ -283,21 +331,32 @@ class KubeValidation(KubeScheduler, ValidationBackend):
         await self._annotate(r.node, {ANN_TICKET: r.ticket_id or r.run_id})
         return f"kept out (cordoned), ticket {r.ticket_id}"
 
-    async def _hold_as_spare(self, r: ReturnMachineInput, n: k8s.V1Node) -> None:
+    async def _hold_as_spare(self, r: ReturnMachineInput, n: k8s.V1Node) -> str | None:
+        holder = (n.metadata.annotations or {}).get(ANN_REPAIR_ID)
+        if n.spec.unschedulable and holder != r.run_id:
+            return (f"kept out: cordoned by {holder or 'someone else'}; not added to the "
+                    "spare pool")
+        others = await self.other_repairs(r.node, r.run_id)
+        if others:
+            return (f"kept: repair {', '.join(others)} in flight on {r.node}; not added to "
+                    "the spare pool")
         if not n.spec.unschedulable:
             await self.cordon(r.node, r.run_id, "spare (validated)")
+        return None
 
     async def _return_to_pool(self, r: ReturnMachineInput, n: k8s.V1Node) -> str:
-        prior = r.prior_state or {}
         ann = n.metadata.annotations or {}
         holder = ann.get(ANN_REPAIR_ID)
-        ours = ann.get(ANN_CORDONED_BY) == CORDONED_BY_US
-        foreign = prior.get("unschedulable") and prior.get("cordoned_by") != CORDONED_BY_US
-        if foreign or (n.spec.unschedulable and not ours):
-            detail = "kept out: cordoned by someone else"
-        elif holder:
-            await self.rejoin(r.node, holder)
-            detail = "returned to pool: uncordoned"
+        ours = holder == r.run_id and ann.get(ANN_CORDONED_BY) == CORDONED_BY_US
+        if ours:
+            others = await self.other_repairs(r.node, r.run_id)
+            if others:
+                detail = f"kept cordoned: repair {', '.join(others)} in flight on {r.node}"
+            else:
+                await self.rejoin(r.node, r.run_id)
+                detail = "returned to pool: uncordoned"
+        elif n.spec.unschedulable:
+            detail = f"kept out: cordoned by {holder or 'someone else'}"
         else:
             detail = "returned to pool: already schedulable"
         await self._annotate(r.node, {ANN_TICKET: None})

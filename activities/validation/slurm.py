@@ -10,8 +10,14 @@ for the run (the reservation keeps other jobs off) and put back afterwards.
 Idempotency: placement records the node's prior state and the job id in a marker
 ``<output_dir>/<run>.json``, so a retried placement never submits twice and never
 records a state it changed itself. Verdicts: ``failed`` and ``spare`` drain the node with
-a reason starting ``autorepair:`` (:data:`~activities.scheduler.slurm.REASON_PREFIX`);
+a reason starting ``autorepair:<run id>`` (:data:`~activities.scheduler.slurm.REASON_PREFIX`);
 ``aborted`` restores the drain flag and reason exactly.
+
+Whose drain: placement resumes only a drain it may take over — the run's own, the one of
+the repair that started the run, or one of a repair no longer in flight — and is refused
+(``placed=False``) on a node an operator drained or another repair holds. Afterwards only
+the run's own drain is ever resumed; an operator's drain set while the check ran keeps
+the operator's reason on every verdict.
 """
 
 from __future__ import annotations
@@ -74,6 +80,13 @@ class SlurmValidation(SlurmScheduler, ValidationBackend):
         d = Path(self.v.output_dir)
         slug = run_slug(run_id)
         return d / f"{slug}.json", d / f"{slug}.out"
+
+    @staticmethod
+    def holder(n: SlurmNode) -> str | None:
+        """The repair (or run) id a drain reason ``autorepair:<id> …`` names, else None."""
+        if not n.reason.startswith(REASON_PREFIX):
+            return None
+        return n.reason[len(REASON_PREFIX):].split(" ", 1)[0] or None
 
     @staticmethod
     def snapshot(n: SlurmNode) -> dict[str, Any]:
@@ -143,6 +156,13 @@ class SlurmValidation(SlurmScheduler, ValidationBackend):
                 return PlacementResult(placed=False, reason=str(e), **timing)
             raise
         prior = state.get("prior_state") or self.snapshot(node)
+        others = await self.other_repairs(p.node, p.run_id)
+        if others:
+            return PlacementResult(
+                placed=False, prior_state=prior,
+                reason=f"repair {', '.join(others)} in flight on {p.node}: validation "
+                "leaves the node to it", **timing,
+            )
         settle = time.monotonic() + COMPLETING_WAIT_S
         while (not node.ready and "NOT_RESPONDING" in node.flags
                and set(node.flags) <= {"NOT_RESPONDING", "DRAIN"}
@@ -162,6 +182,15 @@ class SlurmValidation(SlurmScheduler, ValidationBackend):
                 placed=False, prior_state=prior,
                 reason=f"machine reallocated: jobs {', '.join(jobs) or '(completing)'} on "
                 f"{p.node}", **timing,
+            )
+        holder = self.holder(node)
+        if node.drain and (holder is None
+                           or not await self.may_take_over(holder, p.node, p.run_id)):
+            return PlacementResult(
+                placed=False, prior_state=prior,
+                reason=f"node {p.node} drained by {node.reason_user or 'someone else'}: "
+                f"{node.reason}; validation resumes no drain it did not set or take over",
+                **timing,
             )
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(json.dumps({"prior_state": prior, "job_id": None}))
@@ -262,11 +291,19 @@ class SlurmValidation(SlurmScheduler, ValidationBackend):
         prior = r.prior_state or {}
         prior_drain = bool(prior.get("drain"))
         prior_reason = str(prior.get("reason") or "")
+        ours = n.drain and n.owned_by(r.run_id)
+        if n.drain and not ours and n.reason != prior_reason:
+            # drained while the check ran (an operator, another repair): theirs stays
+            return (f"kept: drained meanwhile by {n.reason_user or 'someone else'}: "
+                    f"{n.reason}")
         if prior_drain:
             if not n.drain or n.reason != prior_reason:
                 await self._drain(r.node, prior_reason or f"{REASON_PREFIX}restored")
             return f"restored: drained ({prior_reason})"
-        if n.drain and n.reason.startswith(REASON_PREFIX):
+        if ours:
+            others = await self.other_repairs(r.node, r.run_id)
+            if others:
+                return f"kept drained: repair {', '.join(others)} in flight on {r.node}"
             await self._update(r.node, "state=resume")
             return "restored: schedulable"
         return "unchanged" if not n.drain else f"kept foreign drain: {n.reason}"
@@ -280,10 +317,19 @@ class SlurmValidation(SlurmScheduler, ValidationBackend):
             await self._drain(r.node, text)
         return f"kept out: {text}"
 
-    async def _hold_as_spare(self, r: ReturnMachineInput, n: SlurmNode) -> None:
+    async def _hold_as_spare(self, r: ReturnMachineInput, n: SlurmNode) -> str | None:
         text = f"{REASON_PREFIX}{r.run_id} spare (validated)"
+        if n.drain and n.reason != text and not n.owned_by(r.run_id):
+            # never overwrite someone else's drain (an operator's, another repair's)
+            return (f"kept out: drained by {n.reason_user or 'someone else'}: {n.reason}; "
+                    "not added to the spare pool")
+        others = await self.other_repairs(r.node, r.run_id)
+        if others:
+            return (f"kept: repair {', '.join(others)} in flight on {r.node}; not added to "
+                    "the spare pool")
         if not (n.drain and n.reason == text):
             await self._drain(r.node, text)
+        return None
 
     async def _return_to_pool(self, r: ReturnMachineInput, n: SlurmNode) -> str:
         prior = r.prior_state or {}
@@ -292,11 +338,15 @@ class SlurmValidation(SlurmScheduler, ValidationBackend):
             if not n.drain or n.reason != prior_reason:
                 await self._drain(r.node, prior_reason)
             return f"kept out: drained by someone else before validation ({prior_reason})"
-        if n.drain and n.reason.startswith(REASON_PREFIX):
+        if n.drain and n.owned_by(r.run_id):
+            others = await self.other_repairs(r.node, r.run_id)
+            if others:
+                return f"kept drained: repair {', '.join(others)} in flight on {r.node}"
             await self._update(r.node, "state=resume")
             return "returned to pool: resumed"
         if n.drain:
-            return f"kept out: drained by someone else meanwhile ({n.reason})"
+            return (f"kept out: drained by {n.reason_user or 'someone else'} meanwhile "
+                    f"({n.reason})")
         return "returned to pool: already schedulable"
 
     async def _placement_state(self, node: str) -> tuple[list[str], bool]:

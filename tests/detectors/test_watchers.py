@@ -18,12 +18,12 @@ from ingest.handoff import TemporalAlertSink
 from tests.detectors.conftest import NODES, Stack, make_config, start_stack
 from workers.devpeers import RedfishEmulator, SlurmCluster
 from workers.repairs.models import RepairCreate
+from workers.watchers.bmc import redfish_probe
 from workers.watchers.kube import (
     REQUEST_ANNOTATION,
     REQUEST_LABEL,
     RESULT_ANNOTATION,
     KubeWatcher,
-    redfish_probe,
 )
 from workers.watchers.slurm import SlurmWatcher
 from workflows.config import BmcConfig

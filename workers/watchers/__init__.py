@@ -2,7 +2,9 @@
 
 :func:`start_watchers` starts, per configured cluster, the Slurm watcher
 (:mod:`workers.watchers.slurm`) or the Kubernetes watcher (:mod:`workers.watchers.kube`:
-annotation requests, node-problem-detector conditions, NotReady + BMC check). Alerts go
+annotation requests, node-problem-detector conditions, NotReady + BMC check). On start each
+watcher re-opens from the ledger the level faults it left open (their clears are sent
+when the condition ended while the worker was down). Alerts go
 through the same path as ingest (``ingest.handoff.TemporalAlertSink`` → NodeWorkflow
 update ``deliver_alert``); annotation requests through ``workers.repairs.intake.RepairIntake``
 (the ledger at ``ledger.dsn``).
@@ -23,19 +25,28 @@ log = logging.getLogger("autorepair.watchers")
 
 async def _run_all(config: AutorepairConfig, client: Client, stop: asyncio.Event) -> None:
     from ingest.handoff import TemporalAlertSink
-    from workers.watchers.kube import KubeWatcher, redfish_probe
+    from workers.lazy_ledger import LazyLedger
+    from workers.watchers.bmc import redfish_probe
+    from workers.watchers.kube import KubeWatcher
     from workers.watchers.slurm import SlurmWatcher
 
-    sink = TemporalAlertSink(client, config.temporal.task_queue,
-                             queue_size=config.ingest.alert_queue)
+    ledger = LazyLedger(config) if config.ledger.dsn else None
+    ic = config.ingest
+    sink = TemporalAlertSink(client, config.temporal.task_queue, queue_size=ic.alert_queue,
+                             max_attempts=ic.handoff_max_attempts,
+                             max_value_chars=ic.max_evidence_value_chars,
+                             max_alert_bytes=ic.max_alert_bytes, dead_letters=ledger)
     await sink.start()
-    closers: list[object] = []
+    closers: list[object] = [ledger] if ledger is not None else []
     runs = []
     intake = None
     try:
         for c in config.clusters:
             if c.scheduler == "slurm":
-                runs.append(SlurmWatcher(config, c, sink).run(stop))
+                runs.append(SlurmWatcher(
+                    config, c, sink, bmc_probe=redfish_probe(config),
+                    open_alerts=ledger.open_level_alerts if ledger is not None else None,
+                ).run(stop))
                 continue
             from kubernetes_asyncio import client as k8s
             from kubernetes_asyncio import config as k8s_config
@@ -54,8 +65,10 @@ async def _run_all(config: AutorepairConfig, client: Client, stop: asyncio.Event
                 lazy = LazyIntake(config, client)
                 closers.append(lazy)
                 intake = await lazy.get()
-            runs.append(KubeWatcher(config, c, sink, api_client, intake=intake,
-                                    bmc_probe=redfish_probe(config)).run(stop))
+            runs.append(KubeWatcher(
+                config, c, sink, api_client, intake=intake, bmc_probe=redfish_probe(config),
+                open_alerts=ledger.open_level_alerts if ledger is not None else None,
+            ).run(stop))
         log.info("event=watchers_started clusters=%d", len(runs))
         await asyncio.gather(*runs)
     finally:

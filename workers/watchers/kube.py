@@ -25,12 +25,17 @@ the catalogue; the restart conditions are observations), cleared when they turn 
 never a repair). The watcher then asks the node's BMC (``activities.power``): power
 ``Off`` or a host the BMC reports dead (``Status.State`` ``UnavailableOffline`` or
 ``Status.Health`` ``Critical``) is actionable evidence for ``power_cycle``; a healthy
-powered-on host is not.
+powered-on host is not. During a long episode the BMC is asked again every
+``worker.bmc_reprobe_s`` until it confirms (:class:`workers.watchers.bmc.BmcChecks`).
 
 Restarts do not replay old events: each alert's observation time is the condition's
 ``lastTransitionTime``, so one episode always has one ``alert_id`` (the NodeWorkflow
-de-duplicates), and the annotation path is idempotent through the ledger. The node list
-is polled every ``interval_s`` (a list per poll survives API-server restarts and
+de-duplicates), and the annotation path is idempotent through the ledger. Restarts do not
+lose clears either: before its first scan the watcher re-opens the level faults it raised
+that the ledger still holds open (``open_alerts``), so a condition that ended while the
+worker was down gets its clear on the first scan. A node deleted from the cluster has its
+open faults cleared and is forgotten; the watcher's memory is bounded by the node count.
+The node list is polled every ``interval_s`` (a list per poll survives API-server restarts and
 resourceVersion expiry without a watch cache).
 """
 
@@ -39,7 +44,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -50,6 +56,7 @@ from pydantic import ValidationError
 from ingest.handoff import AlertSink
 from workers.repairs.intake import IntakeError, RepairIntake
 from workers.repairs.models import RepairCreate
+from workers.watchers.bmc import BmcChecks, BmcProbe, OpenAlerts, bmc_verdict
 from workflows.alerts import alert_from_fault
 from workflows.config import AutorepairConfig, ClusterConfig
 from workflows.models import Action, Alert, Requester, RequesterKind, Severity
@@ -73,44 +80,6 @@ NOT_READY_KIND = "node_not_ready"
 DEFAULT_INTERVAL_S = 15.0
 """Poll interval, seconds (kubelet reports status every 10 s by default)."""
 SOURCE = "kube_watcher"
-
-#: ``(cluster, node) -> {"power_state": ..., "state": ..., "health": ...}`` from the BMC.
-BmcProbe = Callable[[str, str], Awaitable[dict[str, str | None]]]
-
-
-def redfish_probe(config: AutorepairConfig) -> BmcProbe:
-    """A :data:`BmcProbe` through ``activities.power.RedfishMachine`` (real Redfish)."""
-    from activities.power import RedfishMachine
-
-    async def probe(cluster: str, node: str) -> dict[str, str | None]:
-        ncfg = next((n for n in config.cluster(cluster).nodes if n.name == node), None)
-        machine = (ncfg.machine if ncfg and ncfg.machine else node)
-        m = RedfishMachine(config, cluster, node, machine)
-
-        def read(s: Any) -> dict[str, str | None]:
-            st = getattr(s, "status", None)
-            return {
-                "power_state": str(getattr(s.power_state, "value", s.power_state)),
-                "state": str(getattr(getattr(st, "state", None), "value", None) or "") or None,
-                "health": str(getattr(getattr(st, "health", None), "value", None) or "")
-                or None,
-            }
-
-        return await m.call(read)
-
-    return probe
-
-
-def bmc_verdict(bmc: dict[str, str | None]) -> str | None:
-    """Why the BMC's answer is actionable evidence, or ``None`` for a healthy host."""
-    if (bmc.get("power_state") or "").lower() == "off":
-        return "BMC reports host power Off"
-    if (bmc.get("state") or "") == "UnavailableOffline":
-        return "BMC reports the host UnavailableOffline"
-    if (bmc.get("health") or "") == "Critical":
-        return "BMC reports host health Critical"
-    return None
-
 
 @dataclass
 class _Cond:
@@ -136,13 +105,16 @@ class KubeWatcher:
 
     ``api_client``: a ``kubernetes_asyncio`` ApiClient. ``intake``: where annotation
     requests go (``None``: annotations are ignored). ``bmc_probe``: NotReady check
-    (``None``: NotReady stays an observation without BMC evidence).
+    (``None``: NotReady stays an observation without BMC evidence). ``open_alerts``: the
+    ledger's open level faults, read once before the first scan (``None``: no
+    reconciliation). ``clock``: monotonic seconds, for the BMC re-probe interval.
     """
 
     def __init__(
         self, config: AutorepairConfig, cluster: ClusterConfig, sink: AlertSink,
         api_client: k8s.ApiClient, *, intake: RepairIntake | None = None,
         bmc_probe: BmcProbe | None = None, interval_s: float = DEFAULT_INTERVAL_S,
+        open_alerts: OpenAlerts | None = None, clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self.cluster = cluster
@@ -152,7 +124,10 @@ class KubeWatcher:
         self.bmc_probe = bmc_probe
         self.interval_s = interval_s
         self._open: dict[tuple[str, str], Alert] = {}
-        self._bmc_done: set[tuple[str, datetime | None]] = set()
+        self._bmc = BmcChecks(config.worker.bmc_reprobe_s)
+        self.open_alerts = open_alerts
+        self._reconciled = open_alerts is None
+        self.clock = clock
         self._machines = {n.name: n.machine for n in cluster.nodes}
         self._pools = {n.name: n.pool for n in cluster.nodes}
 
@@ -201,6 +176,7 @@ class KubeWatcher:
         if ready is None or ready.status == "True":
             await self._clear(name, "Ready", now, sent)
             await self._clear(name, "Ready+bmc", now, sent)
+            self._bmc.end(name)
             return
         at = ready.since or now
         text = f"node NotReady (Ready={ready.status} reason={ready.reason}): {ready.message}"
@@ -210,8 +186,8 @@ class KubeWatcher:
         # NotReady / unreachable alone is never a repair (DESIGN §1 rule zero).
         observed = observed.model_copy(update={"actionable": False, "action": Action.none})
         await self._raise(name, "Ready", observed, sent)
-        episode = (name, ready.since)
-        if self.bmc_probe is None or episode in self._bmc_done:
+        mono = self.clock()
+        if self.bmc_probe is None or not self._bmc.due(name, ready.since, mono):
             return
         try:
             bmc = await self.bmc_probe(self.cluster.name, name)
@@ -219,8 +195,8 @@ class KubeWatcher:
             log.warning("event=bmc_check_failed cluster=%s node=%s error=%s",
                         self.cluster.name, name, type(e).__name__)
             return
-        self._bmc_done.add(episode)
         why = bmc_verdict(bmc)
+        self._bmc.record(name, ready.since, mono, why is not None)
         log.info("event=bmc_checked cluster=%s node=%s power=%s health=%s actionable=%s",
                  self.cluster.name, name, bmc.get("power_state"), bmc.get("health"), bool(why))
         if why is None:
@@ -288,19 +264,56 @@ class KubeWatcher:
         )
         return result
 
+    @staticmethod
+    def _key_of(alert: Alert) -> str | None:
+        """The watcher's key of one of its alerts (``Ready``, ``Ready+bmc``, a condition)."""
+        if alert.kind == NOT_READY_KIND:
+            return "Ready+bmc" if isinstance(alert.evidence.get("bmc"), dict) else "Ready"
+        cond = alert.evidence.get("condition")
+        return cond if isinstance(cond, str) and cond in NPD_CONDITIONS else None
+
+    async def reconcile(self) -> int:
+        """Re-open the level faults this watcher raised that the ledger holds open (a
+        restart lost them); returns how many. Raises what ``open_alerts`` raises."""
+        if self.open_alerts is None:
+            return 0
+        alerts = await self.open_alerts(self.cluster.name, SOURCE)
+        n = 0
+        for a in alerts:
+            key = self._key_of(a)
+            if key is not None and (a.node, key) not in self._open:
+                self._open[(a.node, key)] = a
+                n += 1
+        self._reconciled = True
+        log.info("event=watcher_reconciled cluster=%s source=%s open=%d",
+                 self.cluster.name, SOURCE, n)
+        return n
+
     async def scan_once(self, now: datetime | None = None) -> list[Alert]:
         """One poll of every node; returns the alerts delivered."""
         now = now or datetime.now(UTC)
+        if not self._reconciled:
+            try:
+                await self.reconcile()
+            except Exception as e:  # the ledger is down: scan anyway, reconcile next time
+                log.warning("event=watcher_reconcile_failed cluster=%s error=%s",
+                            self.cluster.name, e)
         nodes = await self.api.list_node()
         sent: list[Alert] = []
+        names: set[str] = set()
         for node in nodes.items:
             name = node.metadata.name
+            names.add(name)
             try:
                 await self._request(node, now)
             except Exception as e:  # one bad node never stops the scan
                 log.warning("event=annotation_request_failed cluster=%s node=%s error=%s",
                             self.cluster.name, name, e)
             await self._conditions(name, _conditions(node), now, sent)
+        # A node deleted from the cluster: its conditions ended with it.
+        for node_name, key in [k for k in self._open if k[0] not in names]:
+            await self._clear(node_name, key, now, sent)
+        self._bmc.retain(names)
         return sent
 
     async def run(self, stop: asyncio.Event | None = None) -> None:

@@ -7,15 +7,24 @@ cordons), delivers a ``slurm_node`` alert carrying the state flags, the reason t
 ("Kill task failed", "gres/gpu count reported lower than configured"), its user and
 time. These alerts are **observed, never a repair**: the scheduler state alone says
 nothing about the hardware and the node may be one an admin is working on (DESIGN §1
-rule zero), so the watcher forces ``actionable=False`` / ``action=none`` whatever the
-catalogue says. When the node leaves the bad state a clear (``active=False``) follows.
-``NOT_RESPONDING`` without a reason counts from its second consecutive poll (it flaps
-for one ping cycle after a resume or a slurmd restart).
+rule zero), so the watcher forces ``actionable=False`` / ``action=none``. When the node
+leaves the bad state a clear (``active=False``) follows. ``NOT_RESPONDING`` without a
+reason counts from its second consecutive poll (it flaps for one ping cycle after a resume
+or a slurmd restart).
+
+**Dead host**: a node ``NOT_RESPONDING`` or ``DOWN`` has its BMC asked (``bmc_probe``,
+Redfish): power ``Off`` or a host the BMC reports dead makes a second ``slurm_node`` alert
+carrying the BMC's answer as evidence, which the catalogue maps to ``power_cycle`` — the
+same rule as Kubernetes NotReady. During a long episode the BMC is asked again every
+``worker.bmc_reprobe_s`` until it confirms (:class:`workers.watchers.bmc.BmcChecks`).
 
 Restarts do not replay old events as new: the alert's observation time is the reason
 time Slurm recorded (else slurmd's start time), so the same episode always yields the
-same ``alert_id`` and the NodeWorkflow de-duplicates it; clears are only sent for
-episodes this process saw begin.
+same ``alert_id`` and the NodeWorkflow de-duplicates it. Restarts do not lose clears:
+before its first scan the watcher re-opens the episodes the ledger still holds open
+(``open_alerts``), so an episode that ended while the worker was down gets its clear on
+the first scan. Memory is bounded by the node count (a node gone from ``scontrol`` is
+cleared and forgotten).
 """
 
 from __future__ import annotations
@@ -23,12 +32,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from activities.scheduler.slurm import REASON_PREFIX, SlurmNode, parse_scontrol_show_node
 from ingest.handoff import AlertSink
+from workers.watchers.bmc import BmcChecks, BmcProbe, OpenAlerts, bmc_verdict
 from workflows.alerts import alert_from_fault
+from workflows.catalogue.kinds import SLURM_UNRESPONSIVE_FLAGS
 from workflows.config import AutorepairConfig, ClusterConfig
 from workflows.models import Action, Alert
 
@@ -47,22 +60,34 @@ class _Episode:
     state: tuple[str, ...]
     reason: str
     observed_at: datetime
+    bmc: dict[str, str | None] | None = field(default=None, compare=False)
 
 
 class SlurmWatcher:
     """Polls one Slurm cluster and delivers ``slurm_node`` alerts to ``sink``.
 
-    ``clock``: timezone-aware now, for tests. Raises nothing from :meth:`scan_once`
-    except ``RuntimeError`` naming the command when ``scontrol`` fails.
+    ``bmc_probe``: dead-host check of NOT_RESPONDING/DOWN nodes (``None``: observed only).
+    ``open_alerts``: the ledger's open level faults, read once before the first scan
+    (``None``: no reconciliation). ``clock``: monotonic seconds (BMC re-probe interval).
+    Raises nothing from :meth:`scan_once` except ``RuntimeError`` naming the command when
+    ``scontrol`` fails.
     """
 
     def __init__(self, config: AutorepairConfig, cluster: ClusterConfig, sink: AlertSink,
-                 *, interval_s: float = DEFAULT_INTERVAL_S) -> None:
+                 *, interval_s: float = DEFAULT_INTERVAL_S, bmc_probe: BmcProbe | None = None,
+                 open_alerts: OpenAlerts | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.cluster = cluster
         self.sink = sink
         self.interval_s = interval_s
+        self.bmc_probe = bmc_probe
+        self.open_alerts = open_alerts
+        self.clock = clock
+        self._reconciled = open_alerts is None
         self._open: dict[str, _Episode] = {}
+        self._dead: dict[str, _Episode] = {}
+        self._bmc = BmcChecks(config.worker.bmc_reprobe_s)
         self._unconfirmed: set[str] = set()
         self._machines = {n.name: n.machine for n in cluster.nodes}
         self._pools = {n.name: n.pool for n in cluster.nodes}
@@ -86,28 +111,110 @@ class SlurmWatcher:
             )
         return parse_scontrol_show_node(out.decode(errors="replace"))
 
-    def _alert(self, n: SlurmNode, ep: _Episode, active: bool, at: datetime) -> Alert:
-        text = f"NodeName={n.name} State={'+'.join(ep.state)} Reason={ep.reason}"
-        if n.reason_user:
-            text += f" [{n.reason_user}@{n.reason_time.isoformat() if n.reason_time else ''}]"
-        evidence = {
-            "state": list(ep.state), "reason": ep.reason, "reason_user": n.reason_user,
-            "reason_time": n.reason_time.isoformat() if n.reason_time else None,
+    def _alert(self, node: str, ep: _Episode, active: bool, at: datetime,
+               reason_user: str | None = None, reason_time: datetime | None = None) -> Alert:
+        text = f"NodeName={node} State={'+'.join(ep.state)} Reason={ep.reason}"
+        if reason_user:
+            text += f" [{reason_user}@{reason_time.isoformat() if reason_time else ''}]"
+        evidence: dict[str, object] = {
+            "state": list(ep.state), "reason": ep.reason, "reason_user": reason_user,
+            "reason_time": reason_time.isoformat() if reason_time else None,
             "watcher": SOURCE,
         }
+        why = bmc_verdict(ep.bmc) if ep.bmc is not None else None
+        if ep.bmc is not None:
+            evidence["bmc"] = ep.bmc
+            text += f"; {why}"
         a = alert_from_fault(
-            cluster=self.cluster.name, node=n.name, kind="slurm_node", code=None, gpu=None,
+            cluster=self.cluster.name, node=node, kind="slurm_node", code=None, gpu=None,
             evidence_text=text if active else f"{text} (cleared)", evidence=evidence,
             observed_at=at, catalogue=self.config.policy.catalogue,
-            machine_id=self._machines.get(n.name), node_pool=self._pools.get(n.name),
+            machine_id=self._machines.get(node), node_pool=self._pools.get(node),
             active=active, level=True, source=SOURCE,
         )
-        # The scheduler's state alone never repairs a node (DESIGN §1 rule zero).
-        return a.model_copy(update={"actionable": False, "action": Action.none})
+        if ep.bmc is None or not active:
+            # The scheduler's state alone never repairs a node (DESIGN §1 rule zero).
+            a = a.model_copy(update={"actionable": False, "action": Action.none})
+        return a
+
+    @staticmethod
+    def _episode_of(alert: Alert) -> _Episode:
+        ev = alert.evidence
+        state = ev.get("state")
+        bmc = ev.get("bmc")
+        return _Episode(tuple(str(x) for x in state) if isinstance(state, list) else (),
+                        str(ev.get("reason") or ""), alert.observed_at,
+                        bmc if isinstance(bmc, dict) else None)
+
+    async def reconcile(self) -> int:
+        """Re-open the episodes this watcher raised that the ledger holds open (a restart
+        lost them); returns how many. Raises what ``open_alerts`` raises."""
+        if self.open_alerts is None:
+            return 0
+        n = 0
+        for a in await self.open_alerts(self.cluster.name, SOURCE):
+            if a.kind != "slurm_node":
+                continue
+            ep = self._episode_of(a)
+            table = self._dead if ep.bmc is not None else self._open
+            if a.node not in table:
+                table[a.node] = ep
+                n += 1
+        self._reconciled = True
+        log.info("event=watcher_reconciled cluster=%s source=%s open=%d",
+                 self.cluster.name, SOURCE, n)
+        return n
+
+    async def _clear(self, node: str, n: SlurmNode | None, now: datetime,
+                     sent: list[Alert]) -> None:
+        prev = self._open.pop(node, None) or self._dead.get(node)
+        self._dead.pop(node, None)
+        self._bmc.end(node)
+        if prev is None:
+            return
+        alert = self._alert(node, replace(prev, bmc=None), False, now,
+                            n.reason_user if n else None, n.reason_time if n else None)
+        await self.sink.submit(alert)
+        sent.append(alert)
+        log.info("event=slurm_node_cleared cluster=%s node=%s", self.cluster.name, node)
+
+    async def _check_bmc(self, n: SlurmNode, ep: _Episode, sent: list[Alert]) -> None:
+        """A NOT_RESPONDING/DOWN node: ask its BMC (once per episode, again every
+        ``bmc_reprobe_s`` until it confirms); a dead host raises the power-cycle alert."""
+        if self.bmc_probe is None or not set(n.state) & SLURM_UNRESPONSIVE_FLAGS:
+            return
+        episode = (ep.observed_at, ep.state)
+        mono = self.clock()
+        if not self._bmc.due(n.name, episode, mono):
+            return
+        try:
+            bmc = await self.bmc_probe(self.cluster.name, n.name)
+        except Exception as e:  # an unreachable BMC is not evidence; asked again next poll
+            log.warning("event=bmc_check_failed cluster=%s node=%s error=%s",
+                        self.cluster.name, n.name, type(e).__name__)
+            return
+        why = bmc_verdict(bmc)
+        self._bmc.record(n.name, episode, mono, why is not None)
+        log.info("event=bmc_checked cluster=%s node=%s power=%s health=%s actionable=%s",
+                 self.cluster.name, n.name, bmc.get("power_state"), bmc.get("health"),
+                 bool(why))
+        if why is None:
+            return
+        dead = replace(ep, bmc=bmc)
+        alert = self._alert(n.name, dead, True, ep.observed_at, n.reason_user, n.reason_time)
+        await self.sink.submit(alert)
+        self._dead[n.name] = dead
+        sent.append(alert)
 
     async def scan_once(self, now: datetime | None = None) -> list[Alert]:
         """One poll; returns the alerts delivered (raise and clear edges)."""
         now = now or datetime.now(UTC)
+        if not self._reconciled:
+            try:
+                await self.reconcile()
+            except Exception as e:  # the ledger is down: scan anyway, reconcile next time
+                log.warning("event=watcher_reconcile_failed cluster=%s error=%s",
+                            self.cluster.name, e)
         nodes = await self.read_nodes()
         sent: list[Alert] = []
         for name, n in sorted(nodes.items()):
@@ -126,21 +233,23 @@ class SlurmWatcher:
             if bad:
                 at = n.reason_time or n.slurmd_start_time or n.boot_time or now
                 ep = _Episode(tuple(n.state), n.reason, at)
-                if prev == ep:
-                    continue
-                alert = self._alert(n, ep, True, at)
-                await self.sink.submit(alert)
-                self._open[name] = ep
-                sent.append(alert)
-                log.info("event=slurm_node_observed cluster=%s node=%s state=%s reason=%r "
-                         "alert_id=%s", self.cluster.name, name, "+".join(ep.state), ep.reason,
-                         alert.alert_id)
-            elif prev is not None:
-                alert = self._alert(n, prev, False, now)
-                await self.sink.submit(alert)
-                del self._open[name]
-                sent.append(alert)
-                log.info("event=slurm_node_cleared cluster=%s node=%s", self.cluster.name, name)
+                if prev != ep:
+                    alert = self._alert(name, ep, True, at, n.reason_user, n.reason_time)
+                    await self.sink.submit(alert)
+                    self._open[name] = ep
+                    sent.append(alert)
+                    log.info("event=slurm_node_observed cluster=%s node=%s state=%s "
+                             "reason=%r alert_id=%s", self.cluster.name, name,
+                             "+".join(ep.state), ep.reason, alert.alert_id)
+                if name not in self._dead:
+                    await self._check_bmc(n, ep, sent)
+            elif prev is not None or name in self._dead:
+                await self._clear(name, n, now, sent)
+        # Nodes gone from Slurm's list: their episodes ended with them.
+        for name in [x for x in {*self._open, *self._dead} if x not in nodes]:
+            await self._clear(name, None, now, sent)
+        self._unconfirmed &= set(nodes)
+        self._bmc.retain(set(nodes))
         return sent
 
     async def run(self, stop: asyncio.Event | None = None) -> None:

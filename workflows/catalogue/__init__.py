@@ -29,8 +29,10 @@ from workflows.catalogue.kinds import (
     KIND_ENTRIES,
     dcgm_entry,
     node_not_ready_entry,
+    node_unreachable_entry,
     npd_entry,
     nvsmi_entry,
+    slurm_node_entry,
 )
 from workflows.catalogue.sxid import sxid_entry
 from workflows.catalogue.vocabulary import (
@@ -57,6 +59,8 @@ _PER_OCCURRENCE = {
     "npd_condition": npd_entry,
     "dcgm_diag": dcgm_entry,
     "node_not_ready": node_not_ready_entry,
+    "node_unreachable": node_unreachable_entry,
+    "slurm_node": slurm_node_entry,
 }
 
 

@@ -339,10 +339,15 @@ def dcgm_entry(details: dict[str, Any]) -> CatalogueEntry:
     )
 
 
+def _bmc_confirmed(details: dict[str, Any]) -> bool:
+    """The watcher attached the BMC's evidence of a dead host (``details["bmc"]``)."""
+    return isinstance(details.get("bmc"), dict)
+
+
 def node_not_ready_entry(details: dict[str, Any]) -> CatalogueEntry:
     """``node_not_ready``: observed only, unless the kube watcher attached the BMC's
     evidence of a dead host (``details["bmc"]``), which asks for a power cycle."""
-    if isinstance(details.get("bmc"), dict):
+    if _bmc_confirmed(details):
         return make_entry(
             _C,
             "NODE_NOT_READY_BMC",
@@ -356,5 +361,51 @@ def node_not_ready_entry(details: dict[str, Any]) -> CatalogueEntry:
         "NODE_NOT_READY",
         Action.none,
         "Kubernetes reports the node NotReady. NotReady alone never repairs a node.",
+        "DESIGN §1 rule zero: 'Node unreachable / NotReady alone never repairs a node'",
+    )
+
+
+#: Slurm state flags that say the node's slurmd does not answer (slurm.conf(5):
+#: NOT_RESPONDING after SlurmdTimeout; DOWN when slurmctld gives up on it).
+SLURM_UNRESPONSIVE_FLAGS = frozenset({"NOT_RESPONDING", "DOWN"})
+
+
+def slurm_node_entry(details: dict[str, Any]) -> CatalogueEntry:
+    """``slurm_node``: observed only (the scheduler's state alone never repairs a node),
+    unless the node is ``NOT_RESPONDING``/``DOWN`` and the Slurm watcher attached the
+    BMC's evidence of a dead host — the same rule as Kubernetes NotReady."""
+    state = details.get("state")
+    flags = {str(f).upper() for f in state} if isinstance(state, list) else set()
+    if _bmc_confirmed(details) and flags & SLURM_UNRESPONSIVE_FLAGS:
+        return make_entry(
+            _C,
+            "SLURM_NODE_DEAD_BMC",
+            Action.power_cycle,
+            "Slurm reports the node not responding (or DOWN) and its BMC reports it "
+            "powered off or dead: power-cycle the host through the BMC.",
+            "DESIGN §1 rule zero (a failed health check: the BMC's) and §5 power_cycle; "
+            "the same rule as Kubernetes NotReady",
+        )
+    return KIND_ENTRIES["slurm_node"]
+
+
+def node_unreachable_entry(details: dict[str, Any]) -> CatalogueEntry:
+    """``node_unreachable`` (ingest: the agent stopped pushing): observed only, unless the
+    BMC's evidence of a dead host is attached, which asks for a power cycle."""
+    if _bmc_confirmed(details):
+        return make_entry(
+            _C,
+            "NODE_UNREACHABLE_BMC",
+            Action.power_cycle,
+            "The node's agent stopped pushing and its BMC reports the host powered off or "
+            "dead: power-cycle the host through the BMC.",
+            "DESIGN §1 rule zero (a failed health check: the BMC's) and §5 power_cycle",
+        )
+    return make_entry(
+        _W,
+        "NODE_UNREACHABLE",
+        Action.none,
+        "The node's agent has not pushed for longer than ingest.unreachable_after_s. "
+        "Unreachable alone never repairs a node.",
         "DESIGN §1 rule zero: 'Node unreachable / NotReady alone never repairs a node'",
     )

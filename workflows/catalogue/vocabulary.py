@@ -18,16 +18,20 @@ Pure and sandbox-safe: no I/O.
 
 from __future__ import annotations
 
+from agent.readers.events import CLEARS as AGENT_CLEARS
 from agent.readers.events import KINDS as AGENT_KINDS
+from agent.readers.events import LEVEL_KINDS as AGENT_LEVEL_KINDS
 from workflows.catalogue.nvidia_xid_catalog import NVIDIA_XID_CATALOG
 from workflows.config import DEFAULT_COUNT_WINDOW_S, CatalogueConfig, CatalogueOverride
 
 __all__ = [
     "APP_LEVEL_XIDS",
+    "CLEARS",
     "CONTROL_PLANE_KINDS",
     "DEFAULT_COUNT_WINDOW_S",
     "DIAGNOSTIC_XIDS",
     "KNOWN_KINDS",
+    "LEVEL_KINDS",
     "SIGNAL_KINDS",
     "count_window_s",
     "override_for",
@@ -36,6 +40,14 @@ __all__ = [
 SIGNAL_KINDS: frozenset[str] = AGENT_KINDS
 """Kinds the agent and the readers emit (``autorepair classify`` kinds, DESIGN §4.1): the
 agent's own list, :data:`agent.readers.events.KINDS`."""
+
+LEVEL_KINDS: frozenset[str] = AGENT_LEVEL_KINDS
+"""Kinds read as a state with raise/clear edges when a record does not say itself
+(:data:`agent.readers.events.LEVEL_KINDS`); every other kind read from a log is an event."""
+
+CLEARS: dict[str, str] = dict(AGENT_CLEARS)
+"""``kind → level kind it clears`` (:data:`agent.readers.events.CLEARS`): ``ib_link_up``
+ends ``ib_link_down`` on the same port."""
 
 CONTROL_PLANE_KINDS: frozenset[str] = frozenset(
     {
@@ -49,6 +61,9 @@ CONTROL_PLANE_KINDS: frozenset[str] = frozenset(
         # workers.watchers.kube: NotReady (DESIGN §1 rule zero: observed only, unless the
         # BMC confirms a dead host) and node-problem-detector restart conditions.
         "node_not_ready",
+        # ingest: an agent that stopped pushing for ingest.unreachable_after_s (DESIGN §1
+        # rule zero: observed only, unless the BMC confirms a dead host).
+        "node_unreachable",
         "k8s_frequent_kubelet_restart",
         "k8s_frequent_containerd_restart",
         # workflows.guard: the circuit breaker's cluster-level alert (DESIGN §5 rails).

@@ -1,0 +1,175 @@
+"""Watchers converge after restarts (real peers: loopback Slurm, kmock, the Redfish
+emulator; the real NodeWorkflow on the Temporal dev server; the real ledger).
+
+* a level fault whose condition ended while the watcher was down gets its clear from the
+  restarted watcher (re-opened from the ledger); without the ledger nothing would clear it;
+* the BMC is asked again during a long NotReady / DOWN episode, so a host that powers off
+  mid-episode becomes a ``power_cycle`` with the BMC's evidence;
+* Slurm ``DOWN`` / ``NOT_RESPONDING`` + BMC power Off is an actionable ``power_cycle``
+  (the Kubernetes rule), ``DOWN`` with a healthy BMC is observed only;
+* the watchers' memory (open episodes, BMC checks) is bounded: a node that is healthy
+  again or deleted is forgotten.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sushy
+from kubernetes_asyncio import client as k8s
+
+from activities.power import RedfishMachine
+from ingest.handoff import TemporalAlertSink
+from tests.detectors.conftest import Stack, make_config, start_stack
+from tests.detectors.test_watchers import DeliveringSink, kube_stack, set_conditions
+from workers.devpeers import RedfishEmulator, SlurmCluster
+from workers.watchers.bmc import redfish_probe
+from workers.watchers.kube import KubeWatcher
+from workers.watchers.slurm import SlurmWatcher
+from workflows.config import AutorepairConfig, BmcConfig
+from workflows.models import Action, AlertOutcome
+
+__all__ = ["kube_stack"]  # the fixture, re-used from the watcher tests
+
+NOT_READY = {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+             "message": "Kubelet stopped posting node status.",
+             "lastTransitionTime": "2026-01-05T10:00:00Z"}
+READY = {"type": "Ready", "status": "True", "reason": "KubeletReady",
+         "lastTransitionTime": "2026-01-05T11:00:00Z"}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def power(cfg: AutorepairConfig, cluster: str, node: str, on: bool) -> None:
+    m = RedfishMachine(cfg, cluster, node, f"m-{node}")
+    await m.reset(sushy.RESET_ON if on else sushy.RESET_FORCE_OFF)
+    await m.wait_power("On" if on else "Off", "test", 30)
+
+
+async def test_kube_restart_clears_what_ended_while_down(
+    kube_stack: tuple[Stack, Any, KubeWatcher, DeliveringSink]
+) -> None:
+    s, kube, w, sink = kube_stack
+    c = s.config.clusters[0]
+    await power(s.config, s.cluster, "gpu-04", on=False)
+    set_conditions(kube, "gpu-04", [NOT_READY])
+    try:
+        sent = await w.scan_once()
+        cycle = [a for a in sent if a.node == "gpu-04" and a.actionable]
+        assert cycle and cycle[0].action == Action.power_cycle
+        # the worker dies here; meanwhile the host is powered on and the node is Ready
+    finally:
+        await power(s.config, s.cluster, "gpu-04", on=True)
+    set_conditions(kube, "gpu-04", [READY])
+    open_before = await s.ledger.open_level_alerts(s.cluster, "kube_watcher")
+    assert {a.node for a in open_before} == {"gpu-04"}
+    # a watcher that remembers nothing sends no clear: the fault would stay open forever
+    amnesiac = KubeWatcher(s.config, c, sink, kube.api_client)
+    assert await amnesiac.scan_once() == []
+    # the restarted watcher re-opens the ledger's open faults and clears them
+    w2 = KubeWatcher(s.config, c, sink, kube.api_client,
+                     open_alerts=s.ledger.open_level_alerts)
+    cleared = await w2.scan_once()
+    assert {(a.node, a.kind, a.active) for a in cleared} == {
+        ("gpu-04", "node_not_ready", False)}
+    assert all(d.outcome == AlertOutcome.cleared for a, d in sink.results if not a.active)
+    assert await s.ledger.open_level_alerts(s.cluster, "kube_watcher") == []
+    assert await w2.scan_once() == [] and w2._open == {}
+
+
+async def test_kube_bmc_reprobed_during_long_not_ready_and_memory_bounded(
+    kube_stack: tuple[Stack, Any, KubeWatcher, DeliveringSink]
+) -> None:
+    s, kube, _, sink = kube_stack
+    clock = Clock()
+    w = KubeWatcher(s.config, s.config.clusters[0], sink, kube.api_client,
+                    bmc_probe=redfish_probe(s.config), clock=clock)
+    set_conditions(kube, "gpu-03", [NOT_READY])
+    first = await w.scan_once()  # BMC: powered on, healthy → observed only
+    assert [(a.node, a.actionable) for a in first] == [("gpu-03", False)]
+    await power(s.config, s.cluster, "gpu-03", on=False)
+    try:
+        assert await w.scan_once() == []  # not due yet
+        clock.t += s.config.worker.bmc_reprobe_s
+        later = await w.scan_once()
+        assert [(a.node, a.actionable, a.action) for a in later] == [
+            ("gpu-03", True, Action.power_cycle)]
+        assert later[0].evidence["bmc"]["power_state"] == "Off"
+        clock.t += s.config.worker.bmc_reprobe_s
+        assert await w.scan_once() == []  # confirmed: not asked again
+    finally:
+        await power(s.config, s.cluster, "gpu-03", on=True)
+    assert len(w._bmc) == 1 and len(w._open) == 2
+    # the node is deleted from the cluster: its faults are cleared and forgotten
+    await k8s.CoreV1Api(kube.api_client).delete_node("gpu-03")
+    gone = await w.scan_once()
+    assert {(a.node, a.active) for a in gone} == {("gpu-03", False)}
+    assert w._open == {} and len(w._bmc) == 0
+
+
+@pytest.fixture
+async def slurm_bmc_stack(slurm_cluster: SlurmCluster, redfish_emulator: RedfishEmulator,
+                          bmc_secrets_file: Path, ledger_pool: Any, temporal_dev_env: Any,
+                          tokens_file: Path) -> AsyncIterator[Stack]:
+    slurm_cluster.reset_nodes()
+    cfg = make_config("s-" + uuid.uuid4().hex[:8], slurm_conf=str(slurm_cluster.conf_path))
+    for n in cfg.clusters[0].nodes:
+        n.bmc = BmcConfig(address=redfish_emulator.url, system_id=redfish_emulator.systems[n.name],
+                          verify_tls=False)
+    cfg.secrets.bmc_credentials_file = str(bmc_secrets_file)
+    try:
+        async for st in start_stack(cfg, ledger_pool, temporal_dev_env, tokens_file):
+            yield st
+    finally:
+        slurm_cluster.reset_nodes()
+
+
+async def test_slurm_down_with_bmc_off_is_a_power_cycle_and_converges(
+    slurm_bmc_stack: Stack, slurm_cluster: SlurmCluster
+) -> None:
+    s = slurm_bmc_stack
+    c = s.config.clusters[0]
+    sink = DeliveringSink(TemporalAlertSink(s.env.client, s.config.temporal.task_queue))
+    clock = Clock()
+    w = SlurmWatcher(s.config, c, sink, bmc_probe=redfish_probe(s.config), clock=clock)
+    slurm_cluster.run("scontrol", "update", "nodename=gpu-03", "state=down",
+                      "reason=node unresponsive")
+    first = await w.scan_once()  # DOWN, BMC healthy: observed only
+    assert [(a.node, a.actionable) for a in first] == [("gpu-03", False)]
+    assert "DOWN" in first[0].evidence["state"]
+    await power(s.config, s.cluster, "gpu-03", on=False)
+    try:
+        assert await w.scan_once() == []
+        clock.t += s.config.worker.bmc_reprobe_s
+        (cycle,) = await w.scan_once()
+        assert cycle.actionable and cycle.action == Action.power_cycle
+        assert cycle.evidence["bmc"]["power_state"] == "Off"
+        assert cycle.mnemonic == "SLURM_NODE_DEAD_BMC"
+        assert sink.results[-1][1].outcome in (AlertOutcome.new, AlertOutcome.recommended)
+    finally:
+        await power(s.config, s.cluster, "gpu-03", on=True)
+    # the worker dies; the admin resumes the node meanwhile
+    slurm_cluster.run("scontrol", "update", "nodename=gpu-03", "state=resume")
+    for _ in range(100):  # slurmd answers its next ping (about a second on loopback)
+        st = slurm_cluster.run("scontrol", "-o", "show", "node", "gpu-03")
+        if not any(f in st.split("State=")[1].split()[0]
+                   for f in ("DOWN", "NOT_RESPONDING", "DRAIN")):
+            break
+        await asyncio.sleep(0.1)
+    assert await SlurmWatcher(s.config, c, sink).scan_once() == []  # amnesiac: no clear
+    w2 = SlurmWatcher(s.config, c, sink, open_alerts=s.ledger.open_level_alerts)
+    cleared = await w2.scan_once()
+    assert [(a.node, a.active) for a in cleared] == [("gpu-03", False)]
+    assert await s.ledger.open_level_alerts(s.cluster, "slurm_watcher") == []
+    assert w2._open == {} and w2._dead == {} and len(w2._bmc) == 0

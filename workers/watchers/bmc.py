@@ -1,0 +1,19 @@
+"""The BMC as the cluster watchers and ingest ask it: :func:`redfish_probe` (real Redfish,
+``activities.power.redfish_probe``). The rules — what counts as a dead host, when to ask
+again — are pure and live in :mod:`workflows.policy.bmc`; both are re-exported here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from activities.power import redfish_probe
+from workflows.models import Alert
+from workflows.policy.bmc import DEFAULT_REPROBE_S, BmcChecks, BmcProbe, bmc_verdict
+
+__all__ = ["DEFAULT_REPROBE_S", "BmcChecks", "BmcProbe", "OpenAlerts", "bmc_verdict",
+           "redfish_probe"]
+
+#: ``(cluster, source) -> level alerts of that source still open in the ledger``
+#: (``workers.lazy_ledger.LazyLedger.open_level_alerts``).
+OpenAlerts = Callable[[str, str], Awaitable[list[Alert]]]
