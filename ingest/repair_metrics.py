@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections import deque
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
@@ -73,6 +74,9 @@ class RepairMetricsPoller:
     ``clusters``: returns the cluster ids to ask the guard of (called each round).
     ``started_at``: repairs closed before it are not counted (default: now).
     ``providers``: prices the downtime (default: no rules, 8 GPUs per node, no cost).
+    ``task_queue``: count only repairs of this task queue (``temporal.task_queue``), so
+    deployments sharing a Temporal namespace never count each other's repairs; None
+    counts every ``RepairWorkflow`` of the namespace.
     """
 
     def __init__(
@@ -84,8 +88,12 @@ class RepairMetricsPoller:
         started_at: datetime | None = None,
         interval_s: float = POLL_S,
         providers: ProviderResolver | None = None,
+        task_queue: str | None = None,
     ) -> None:
+        if task_queue is not None and not re.fullmatch(r"[\w./:-]{1,200}", task_queue):
+            raise ValueError(f"task_queue: not a plain task queue name: {task_queue!r}")
         self.client = client
+        self.task_queue = task_queue
         self.metrics = metrics
         self.clusters = clusters
         self.interval_s = interval_s
@@ -101,6 +109,8 @@ class RepairMetricsPoller:
             f"WorkflowType = '{REPAIR_WORKFLOW}' AND ExecutionStatus != 'Running' "
             f"AND CloseTime > '{after}'"
         )
+        if self.task_queue is not None:
+            query += f" AND TaskQueue = '{self.task_queue}'"
         new = 0
         async for wf in self.client.list_workflows(query):
             key = (wf.id, wf.run_id)

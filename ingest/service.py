@@ -359,6 +359,7 @@ async def _serve(config: AutorepairConfig, routers_for: RoutersFactory | None = 
         # many cluster ids senders make up (ingest.max_label_values)
         lambda: [c.name for c in config.clusters] + sorted(service.metrics.clusters.admitted),
         providers=service.ingestor.providers,
+        task_queue=config.temporal.task_queue,
     )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

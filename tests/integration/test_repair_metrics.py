@@ -75,11 +75,11 @@ def _value(m: IngestMetrics, name: str, labels: dict[str, str]) -> float:
 async def test_closed_repairs_counted_once_and_breaker_state(temporal_dev_env: Any) -> None:
     client = temporal_dev_env.client
     tq = "metrics-" + uuid.uuid4().hex[:8]
-    # a cluster of its own: the dev server is shared by the session and other tests'
-    # repairs of "c1" close while this one counts
+    # a cluster and task queue of its own: the dev server is shared by the session and
+    # other tests' repairs close while this one counts
     c1 = "cm-" + uuid.uuid4().hex[:8]
     metrics = IngestMetrics()
-    poller = RepairMetricsPoller(client, metrics, lambda: [c1, "c-no-guard"],
+    poller = RepairMetricsPoller(client, metrics, lambda: [c1, "c-no-guard"], task_queue=tq,
                                  started_at=datetime.now(UTC) - timedelta(seconds=1))
     async with Worker(client, task_queue=tq, workflows=[EndedRepair, TrippedGuard]):
         for i, (action, outcome) in enumerate([("reboot", "succeeded"), ("reboot", "succeeded"),
@@ -115,7 +115,7 @@ async def test_downtime_and_cost_of_completed_repairs(temporal_dev_env: Any) -> 
     metrics = IngestMetrics()
     providers = ProviderResolver(ProvidersConfig.model_validate({"rules": [
         {"match": {"cluster": "cost-c"}, "gpus_per_node": 4, "hourly_rate": 2.0}]}))
-    poller = RepairMetricsPoller(client, metrics, lambda: [], providers=providers,
+    poller = RepairMetricsPoller(client, metrics, lambda: [], providers=providers, task_queue=tq,
                                  started_at=datetime.now(UTC) - timedelta(seconds=1))
     t0 = datetime(2026, 11, 2, 8, 0, tzinfo=UTC)
 
