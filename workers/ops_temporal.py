@@ -42,20 +42,21 @@ GUARD_NOT_STARTED = (
 """Note shown by ``breaker status`` for a cluster whose guard has not started."""
 
 
-def run_async(coro: Coroutine[Any, Any, T]) -> T:
+def run_async(coro: Coroutine[Any, Any, T], interrupted: str = "interrupted") -> T:
     """Run ``coro`` to completion, then release every Temporal runtime it opened (their
     threads are joined here, before the interpreter exits).
 
     Errors become messages and exit codes: :class:`TemporalUnreachable` and other
     ``RuntimeError`` → 2, any other exception → 1 (``error: TYPE: message``), Ctrl-C →
-    130; a ``typer.Exit`` raised inside keeps its code. No traceback is printed."""
+    130 with the message ``interrupted``; a ``typer.Exit`` raised inside keeps its code.
+    No traceback is printed."""
     message, code = "", 0
     try:
         result = asyncio.run(coro)
     except typer.Exit as e:
         code = e.exit_code
     except KeyboardInterrupt:
-        message, code = "interrupted", EXIT_INTERRUPTED
+        message, code = interrupted, EXIT_INTERRUPTED
     except TemporalUnreachable as e:
         message, code = (f"error: {e}; is the stack up? `autorepair up` starts one (pass "
                          "--temporal-address or the stack's --data-dir)"), 2
@@ -130,13 +131,19 @@ async def start_validations(address: str, namespace: str, task_queue: str,
                 handle = client.get_workflow_handle_for(ValidationWorkflow.run,
                                                         entry["workflow_id"])
                 result = asyncio.ensure_future(handle.result())
-                while not result.done():
-                    # the status query fails until a worker has run the first task
-                    with contextlib.suppress(RPCError, WorkflowQueryFailedError):
-                        entry["stage"] = (await handle.query(ValidationWorkflow.status)
-                                          ).get("stage", "")
-                        progress.update(bar, description=describe())
-                    await asyncio.wait({result}, timeout=2.0)
+                try:
+                    while not result.done():
+                        # the status query fails until a worker has run the first task
+                        with contextlib.suppress(RPCError, WorkflowQueryFailedError):
+                            entry["stage"] = (await handle.query(ValidationWorkflow.status)
+                                              ).get("stage", "")
+                            progress.update(bar, description=describe())
+                        await asyncio.wait({result}, timeout=2.0)
+                finally:
+                    if not result.done():  # Ctrl-C: stop waiting, leave the workflow be
+                        result.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await result
                 res = result.result()
                 entry["verdict"], entry["reason"] = res.verdict.value, res.reason
                 progress.update(bar, advance=1, description=describe())
