@@ -27,6 +27,7 @@ from rich.table import Table
 from workers.ops import EXIT_INTERRUPTED
 from workers.temporal_client import TemporalUnreachable, release_runtimes, temporal_client
 from workflows.config import AutorepairConfig
+from workflows.console import validation_details, validation_summary
 from workflows.policy.rails import breaker_threshold, concurrency_budget
 
 T = TypeVar("T")
@@ -107,11 +108,11 @@ async def start_validations(address: str, namespace: str, task_queue: str,
         started: list[dict[str, Any]] = []
         for cluster, machine in targets:
             wf_id = validation_id(machine)
+            req = ValidationRequest(cluster=cluster, machine=machine, reason=reason,
+                                    requested_by=by)
             await client.start_workflow(
-                ValidationWorkflow.run,
-                ValidationRequest(cluster=cluster, machine=machine, reason=reason,
-                                  requested_by=by),
-                id=wf_id, task_queue=task_queue)
+                ValidationWorkflow.run, req, id=wf_id, task_queue=task_queue,
+                static_summary=validation_summary(req), static_details=validation_details(req))
             started.append({"machine": machine, "cluster": cluster, "workflow_id": wf_id})
             if announce:
                 _out.print(f"started {wf_id}", highlight=False)

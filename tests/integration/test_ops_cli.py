@@ -222,3 +222,24 @@ def test_up_demo_without_slurm_stops_with_the_instruction_last(tmp_path: Path) -
     assert lines[-1] == DEMO_HOWTO, r.stdout  # COLUMNS=200: one line, not wrapped
     assert "Slurm" in r.stdout or "root" in r.stdout
     assert not (tmp_path / "d" / "temporal.db").exists()  # nothing was started
+
+
+async def test_workflows_started_here_carry_their_console_summary(data_dir: Path) -> None:
+    from workers.temporal_client import temporal_client
+    from workflows.protocol import workflow_id_repair
+
+    rid = await _create_remove(data_dir, "console-1")
+    r = await asyncio.to_thread(cli, "validate", "gpu-02", "--json", "--by", "alice",
+                                "--data-dir", str(data_dir))
+    assert r.returncode == 0, r.stderr
+    vid = json.loads(r.stdout)["workflow_id"]
+    address = json.loads((data_dir / "stack.json").read_text())["temporal_address"]
+    async with temporal_client(address) as client:
+        d = await client.get_workflow_handle(workflow_id_repair("demo", "gpu-03", rid)).describe()
+        assert await d.static_summary() == (
+            "remove gpu-03 · GPU fell off the bus twice · requested by user operator")
+        details = await d.static_details() or ""
+        assert f"Repair id: `{rid}`" in details and "request id `console-1`" in details
+        d = await client.get_workflow_handle(vid).describe()
+        assert await d.static_summary() == (
+            "validate gpu-02 · cluster demo · operator request · requested by alice")
