@@ -225,6 +225,8 @@ def test_up_demo_without_slurm_stops_with_the_instruction_last(tmp_path: Path) -
 
 
 async def test_workflows_started_here_carry_their_console_summary(data_dir: Path) -> None:
+    from temporalio.api.sdk.v1 import WorkflowMetadata
+
     from workers.temporal_client import temporal_client
     from workflows.protocol import workflow_id_repair
 
@@ -240,6 +242,19 @@ async def test_workflows_started_here_carry_their_console_summary(data_dir: Path
             "remove gpu-03 · GPU fell off the bus twice · requested by user operator")
         details = await d.static_details() or ""
         assert f"Repair id: `{rid}`" in details and "request id `console-1`" in details
+        # current details while it waits: what for and until when (approval_timeout_s)
+        handle = client.get_workflow_handle(workflow_id_repair("demo", "gpu-03", rid))
+        current = ""
+        for _ in range(100):
+            meta = await handle.query("__temporal_workflow_metadata",
+                                      result_type=WorkflowMetadata)
+            current = meta.current_details
+            if current.startswith("awaiting_approval"):
+                break
+            await asyncio.sleep(0.2)
+        assert current.startswith("awaiting_approval: waiting for approval of remove on "
+                                  f"gpu-03 (`autorepair repairs approve {rid}`"), current
+        assert " until 20" in current, current
         d = await client.get_workflow_handle(vid).describe()
         assert await d.static_summary() == (
             "validate gpu-02 · cluster demo · operator request · requested by alice")
