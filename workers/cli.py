@@ -193,8 +193,9 @@ def status(
 ) -> None:
     """Nodes, scores, threshold, open alerts and repairs, as a table."""
     otlp = ops.stack_info(data_dir).get("otlp_http") or "http://127.0.0.1:4318"
-    ops.status_command(ops.resolve_api(api, data_dir), ops.resolve_token(token, data_dir),
-                       as_json, watch, cluster, otlp_http=otlp)
+    collector = (data_dir / ops.COLLECTOR_TOKEN_FILE).absolute()
+    ops.status_command(*_api(api, token, data_dir), as_json, watch, cluster, otlp_http=otlp,
+                       collector_token=collector if collector.is_file() else None)
 
 
 @app.command()

@@ -40,6 +40,9 @@ STATUS_WINDOW = "7d"
 """Window of the downtime table of ``autorepair status`` (a week, as ``report``'s default)."""
 OPERATOR_TOKEN_FILE = "operator.token"
 """File in the data directory where ``autorepair up`` leaves its operator token (DESIGN §4.2)."""
+COLLECTOR_TOKEN_FILE = "collector.token"
+"""File in the data directory where ``autorepair up`` leaves the collector token agents push
+with (DESIGN §4.2)."""
 STACK_FILE = "stack.json"
 """File in the data directory where ``autorepair up`` describes the running stack
 (:data:`workers.devstack.STACK_FILE`)."""
@@ -440,20 +443,25 @@ def status_tables(doc: dict[str, Any]) -> Table:
     return grid
 
 
-def empty_stack_note(otlp_http: str) -> str:
+def empty_stack_note(otlp_http: str, collector_token: Path | None = None) -> str:
     """What to tell a person whose stack has no node reporting yet: how to start agents,
-    the simulator or the demo (``otlp_http``: the ingest's OTLP/HTTP endpoint)."""
+    the simulator or the demo. ``otlp_http``: the ingest's OTLP/HTTP endpoint;
+    ``collector_token``: the dev stack's collector token file, when there is one (the
+    receivers refuse pushes without a credential; the agent reads
+    ``$AUTOREPAIR_AGENT_TOKEN``)."""
+    env = f"AUTOREPAIR_AGENT_TOKEN=$(cat {collector_token}) " if collector_token else ""
     return (
-        "no agent has reported yet. Start agents on the GPU nodes with `autorepair-agent "
-        f"run --endpoint {otlp_http} --cluster CLUSTER --node NODE`, a simulated fleet with "
-        f"`autorepair-agent simulate --endpoint {otlp_http} --cluster demo --nodes 8`, or "
-        "the whole demo with `autorepair up --demo`."
+        "no agent has reported yet. Start agents on the GPU nodes with "
+        f"`{env}autorepair-agent run --endpoint {otlp_http} --cluster CLUSTER --node NODE`, "
+        f"a simulated fleet with `{env}autorepair-agent simulate --endpoint {otlp_http} "
+        "--cluster demo --nodes 8`, or the whole demo with `autorepair up --demo`."
     )
 
 
 def status_command(api: str, auth: ApiToken, as_json: bool, watch: bool,
                    cluster: str | None, interval_s: float = 2.0,
-                   otlp_http: str = "http://127.0.0.1:4318") -> None:
+                   otlp_http: str = "http://127.0.0.1:4318",
+                   collector_token: Path | None = None) -> None:
     """``autorepair status``: print once, or refresh every ``interval_s`` with ``watch``.
     Without a token the API answers 401 and stderr says where the token was looked for;
     with no node reporting, stderr says how to start agents (:func:`empty_stack_note`)."""
@@ -464,7 +472,7 @@ def status_command(api: str, auth: ApiToken, as_json: bool, watch: bool,
         doc = status_doc(api, auth, cluster)
         _out.print(status_tables(doc))
         if not doc["state"].get("nodes"):
-            _err.print(f"note: {empty_stack_note(otlp_http)}")
+            _err.print(f"note: {empty_stack_note(otlp_http, collector_token)}", highlight=False)
         return
     with Live(status_tables(status_doc(api, auth, cluster)), console=_out) as live:
         try:

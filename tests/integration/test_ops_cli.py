@@ -145,7 +145,8 @@ async def test_status_of_an_empty_stack_says_how_to_start_agents(data_dir: Path)
     r = await asyncio.to_thread(cli, "status", "--data-dir", str(data_dir))
     assert r.returncode == 0, r.stderr
     note = " ".join(r.stderr.split())
-    assert f"autorepair-agent simulate --endpoint {otlp}" in note
+    token = f"AUTOREPAIR_AGENT_TOKEN=$(cat {data_dir / 'collector.token'})"
+    assert f"{token} autorepair-agent simulate --endpoint {otlp}" in note
     assert "autorepair-agent run" in note and "autorepair up --demo" in note
 
 
