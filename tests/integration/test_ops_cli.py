@@ -67,7 +67,8 @@ def _env(**extra: str) -> dict[str, str]:
 def cli(*args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
     """Run ``autorepair ARGS`` as a subprocess (as a person would), text output."""
     return subprocess.run([AUTOREPAIR, *args], capture_output=True, text=True,
-                          timeout=timeout, env=_env(**env), cwd=ROOT, check=False)
+                          stdin=subprocess.DEVNULL, timeout=timeout, env=_env(**env),
+                          cwd=ROOT, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -100,13 +101,15 @@ async def test_temporal_client_commands_exit_cleanly_every_time(data_dir: Path) 
         "breaker status": ["breaker", "status", "--cluster", "demo", "--data-dir", d],
         "breaker reset": ["breaker", "reset", "--cluster", "demo", "--by", "alice",
                           "--data-dir", d],
+        # the MCP server on stdio: its input ends at once, it stops and exits 0
+        "mcp": ["mcp", "--data-dir", d],
     }
 
     def loop(args: list[str]) -> list[str]:
         return [f"run {i}: {why}" for i in range(RUNS)
                 if (why := _no_fatal(cli(*args))) is not None]
 
-    # the three commands side by side, each RUNS times in a row
+    # the commands side by side, each RUNS times in a row
     with ThreadPoolExecutor(len(commands)) as pool:
         failures = dict(zip(commands, pool.map(loop, commands.values()), strict=True))
     assert not any(failures.values()), failures
