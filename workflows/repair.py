@@ -694,7 +694,11 @@ class RepairWorkflow:
                     f"{', '.join(idle.running) or 'work'} still running; proceeding"
                 )
                 return
-            self._detail = f"waiting for idle ({bound}): running {', '.join(idle.running)}"
+            self._detail = waiting_details(
+                f"{self._req.node} to go idle ({', '.join(idle.running)} still running)",
+                None if wfi.do_not_interrupt
+                else start + timedelta(seconds=wfi.max_wait_s),
+                S.waiting_for_idle.value)
             workflow.set_current_details(self._detail)
             if self._rails and self._history_full():
                 self._continue_as_new(start, poll)
