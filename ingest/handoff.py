@@ -47,6 +47,7 @@ from temporalio.client import Client, WithStartWorkflowOperation, WorkflowUpdate
 from temporalio.common import WorkflowIDConflictPolicy
 
 from ingest.limits import alert_bytes, cap_alert
+from workflows.console import guard_details, guard_summary, node_details, node_summary
 from workflows.models import Alert, AlertDelivery, AlertOutcome, NodeInput
 from workflows.protocol import (
     GUARD_SIGNAL_CLUSTER_ALERT,
@@ -241,6 +242,8 @@ class TemporalAlertSink:
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                 start_signal=GUARD_SIGNAL_CLUSTER_ALERT,
                 start_signal_args=[alert],
+                static_summary=guard_summary(alert.cluster),
+                static_details=guard_details(alert.cluster),
                 rpc_timeout=timedelta(seconds=self.rpc_timeout_s),
             )
             return AlertDelivery(alert_id=alert.alert_id, outcome=AlertOutcome.new,
@@ -252,6 +255,8 @@ class TemporalAlertSink:
             id=workflow_id_node(alert.cluster, alert.node),
             task_queue=self.task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            static_summary=node_summary(alert.cluster, alert.node, alert),
+            static_details=node_details(alert.cluster, alert.node, alert),
         )
         result: AlertDelivery = await self.client.execute_update_with_start_workflow(
             NODE_UPDATE_DELIVER_ALERT,

@@ -4,14 +4,17 @@ Every command and option is declared here, in one way: a thin function that pars
 options and calls the module doing the work — the process entry points (``up`` →
 :mod:`workers.up`, ``worker`` → :mod:`workers.worker`, ``ingest`` →
 :mod:`ingest.service`), the offline reader (``classify`` → :mod:`workers.classify`) and
-the operator commands (``status``, ``repairs``, ``validate``, ``breaker`` →
-:mod:`workers.ops`; ``report`` → :mod:`workers.report`), which talk to the HTTP API and
-to Temporal.
+the operator commands (``status``, ``repairs`` → :mod:`workers.ops`, ``report`` →
+:mod:`workers.report`, over the HTTP API; ``validate``, ``breaker`` →
+:mod:`workers.ops_temporal`, over Temporal) and the MCP server (``mcp`` →
+:mod:`workers.mcp_server`).
 
-Client commands that need an API token (``status``, ``repairs``, ``report``) take ``--token`` /
-``$AUTOREPAIR_TOKEN``, else read the operator token that ``autorepair up`` wrote to
-``DATA_DIR/operator.token``, where ``DATA_DIR`` is ``--data-dir`` / ``$AUTOREPAIR_DATA_DIR``
-(default ``.autorepair``, as for ``up``).
+Every client command takes ``--data-dir`` / ``$AUTOREPAIR_DATA_DIR`` (default
+``.autorepair``, as for ``up``): the commands that need an API token (``status``,
+``repairs``, ``report``) take ``--token`` / ``$AUTOREPAIR_TOKEN``, else read the operator token that
+``autorepair up`` wrote to ``DATA_DIR/operator.token``; and every client command finds the
+running stack's API, Temporal address and config file in ``DATA_DIR/stack.json`` unless
+``--api`` / ``--temporal-address`` / ``--config`` say otherwise.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ from typing import Annotated
 
 import typer
 
-from workers import ops
-from workers.config import ConfigError, load_config
+from workers import ops, ops_temporal
+from workers.config import ENV_CONFIG_FILE, ConfigError, load_config
+from workers.temporal_client import release_runtimes
 from workflows.config import AutorepairConfig
 
 app = typer.Typer(
@@ -52,14 +56,17 @@ ConfigOpt = Annotated[
 DataDirOpt = Annotated[Path, typer.Option(
     "--data-dir", envvar=ops.DATA_DIR_ENV,
     help="data directory of the dev stack (`autorepair up` writes operator.token there)")]
-Api = Annotated[str, typer.Option("--api", envvar="AUTOREPAIR_API", help="API base URL")]
+Api = Annotated[str | None, typer.Option(
+    "--api", envvar="AUTOREPAIR_API",
+    help=f"API base URL (default: the stack of --data-dir, else {ops.DEFAULT_API})")]
 Token = Annotated[str | None, typer.Option(
     "--token", envvar=ops.TOKEN_ENV,
     help="bearer token (api.tokens_file); default: DATA_DIR/operator.token written by "
          "`autorepair up`")]
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON")]
 TemporalOpt = Annotated[str | None, typer.Option(
-    "--temporal-address", help="Temporal frontend (default: temporal.address)")]
+    "--temporal-address",
+    help="Temporal frontend (default: the stack of --data-dir, else temporal.address)")]
 
 
 def setup_logging(level: str = "INFO") -> None:
@@ -87,6 +94,24 @@ def _load(config: Path | None) -> AutorepairConfig:
         raise typer.Exit(2) from None
 
 
+def _api(api: str | None, token: str | None, data_dir: Path) -> tuple[str, ops.ApiToken]:
+    """API base URL and bearer token of an API client command (see module docstring)."""
+    return ops.resolve_api(api, data_dir), ops.resolve_token(token, data_dir)
+
+
+def _client_config(config: Path | None, data_dir: Path) -> tuple[AutorepairConfig, str, str]:
+    """Config of a client command that talks to Temporal, and the Temporal address and
+    namespace to use: ``--config`` / ``$AUTOREPAIR_CONFIG``, else the config file of the
+    stack in ``data_dir`` (``stack.json``), else defaults; the address and namespace of
+    that stack when it is running, else ``temporal.address`` / ``temporal.namespace``."""
+    info = ops.stack_info(data_dir)
+    if config is None and not os.environ.get(ENV_CONFIG_FILE) and info.get("config"):
+        config = Path(info["config"])
+    cfg = _load(config)
+    return (cfg, info.get("temporal_address") or cfg.temporal.address,
+            info.get("namespace") or cfg.temporal.namespace)
+
+
 @app.command()
 def up(
     config: ConfigOpt = None,
@@ -108,11 +133,14 @@ def worker(config: ConfigOpt = None) -> None:
 
     setup_logging()
     cfg = _load(config)
+    code = 0
     try:
         asyncio.run(run_worker(cfg))
     except RuntimeError as exc:
         typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
+        code = 1
+    release_runtimes()  # join the Temporal runtime's threads before the interpreter exits
+    raise typer.Exit(code)
 
 
 @app.command()
@@ -143,6 +171,9 @@ def classify(
         str | None,
         typer.Argument(help="kernel log / nvidia-smi / scontrol text; - for stdin"),
     ] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="accepted for symmetry with the read commands: the output is "
+                       "always JSON, one object a line")] = False,
 ) -> None:
     """Print one JSON object per detected fault event."""
     from workers.classify import classify_command
@@ -153,7 +184,7 @@ def classify(
 # --- operator commands (implementations in workers.ops) -------------------------------
 @app.command()
 def status(
-    api: Api = ops.DEFAULT_API,
+    api: Api = None,
     token: Token = None,
     data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
     as_json: AsJson = False,
@@ -161,12 +192,15 @@ def status(
     cluster: Annotated[str | None, typer.Option("--cluster")] = None,
 ) -> None:
     """Nodes, scores, threshold, open alerts and repairs, as a table."""
-    ops.status_command(api, ops.resolve_token(token, data_dir), as_json, watch, cluster)
+    otlp = ops.stack_info(data_dir).get("otlp_http") or "http://127.0.0.1:4318"
+    collector = (data_dir / ops.COLLECTOR_TOKEN_FILE).absolute()
+    ops.status_command(*_api(api, token, data_dir), as_json, watch, cluster, otlp_http=otlp,
+                       collector_token=collector if collector.is_file() else None)
 
 
 @app.command()
 def report(
-    api: Api = ops.DEFAULT_API, token: Token = None, data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
+    api: Api = None, token: Token = None, data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
     as_json: AsJson = False,
     since: Annotated[str, typer.Option(
         help="window: a duration back from now (90m, 24h, 7d, 2w) or an ISO 8601 time")] = "7d",
@@ -179,12 +213,12 @@ def report(
     kinds and machines."""
     from workers.report import report_command
 
-    report_command(api, ops.resolve_token(token, data_dir), as_json, since, cluster, plot)
+    report_command(*_api(api, token, data_dir), as_json, since, cluster, plot)
 
 
 @repairs_app.command("list")
 def repairs_list(
-    api: Api = ops.DEFAULT_API, token: Token = None, data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
+    api: Api = None, token: Token = None, data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
     as_json: AsJson = False,
     node: Annotated[str | None, typer.Option(help="node name")] = None,
     cluster: Annotated[str | None, typer.Option(help="cluster name")] = None,
@@ -194,18 +228,25 @@ def repairs_list(
     requester: Annotated[str | None, typer.Option(help="requester name or kind")] = None,
 ) -> None:
     """Repairs, newest first."""
-    ops.repairs_list(api, ops.resolve_token(token, data_dir), as_json, {
+    ops.repairs_list(*_api(api, token, data_dir), as_json, {
         "node": node, "cluster": cluster, "state": state, "action": action,
         "requester": requester})
 
 
 @repairs_app.command("show")
 def repairs_show(
-    repair_id: str, api: Api = ops.DEFAULT_API, token: Token = None,
+    repair_id: str, api: Api = None, token: Token = None,
     data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR, as_json: AsJson = False,
+    watch: Annotated[bool, typer.Option(
+        "--watch", help="follow the repair stage by stage until it ends (Ctrl-C stops "
+                        "watching)")] = False,
 ) -> None:
-    """One repair: fields, transitions, evidence."""
-    ops.repairs_show(api, ops.resolve_token(token, data_dir), as_json, repair_id)
+    """One repair: fields, transitions, evidence; --watch follows it to its outcome."""
+    api_url, auth = _api(api, token, data_dir)
+    if watch:
+        ops.repairs_watch(api_url, auth, as_json, repair_id)
+    else:
+        ops.repairs_show(api_url, auth, as_json, repair_id)
 
 
 @repairs_app.command("create")
@@ -221,11 +262,11 @@ def repairs_create(
                                                        help="ledger alert id cited")] = None,
     evidence_run: Annotated[str | None, typer.Option("--evidence-run",
                                                      help="health-check run id cited")] = None,
-    api: Api = ops.DEFAULT_API, token: Token = None, data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
+    api: Api = None, token: Token = None, data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
     as_json: AsJson = False,
 ) -> None:
     """Create a repair (a retried create with the same request id returns the same one)."""
-    ops.repairs_create(api, ops.resolve_token(token, data_dir), as_json, {
+    ops.repairs_create(*_api(api, token, data_dir), as_json, {
         "node": node, "mode": mode, "reason": reason,
         "request_id": request_id or str(uuid.uuid4()), "detector": detector,
         "cluster": cluster, "evidence_alert": evidence_alert, "evidence_run": evidence_run})
@@ -233,63 +274,76 @@ def repairs_create(
 
 @repairs_app.command("approve")
 def repairs_approve(
-    repair_id: str, api: Api = ops.DEFAULT_API, token: Token = None,
+    repair_id: str, api: Api = None, token: Token = None,
     data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR, as_json: AsJson = False,
     action: Annotated[str | None, typer.Option(help="override the action")] = None,
 ) -> None:
     """Approve a repair waiting for approval."""
-    ops.repairs_decide("approve", api, ops.resolve_token(token, data_dir), as_json, repair_id,
+    ops.repairs_decide("approve", *_api(api, token, data_dir), as_json, repair_id,
                        {"action": action} if action else {})
 
 
 @repairs_app.command("reject")
 def repairs_reject(
-    repair_id: str, api: Api = ops.DEFAULT_API, token: Token = None,
+    repair_id: str, api: Api = None, token: Token = None,
     data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR, as_json: AsJson = False,
     reason: Annotated[str, typer.Option(help="why")] = "",
 ) -> None:
     """Reject a repair (before it acts)."""
-    ops.repairs_decide("reject", api, ops.resolve_token(token, data_dir), as_json, repair_id,
+    ops.repairs_decide("reject", *_api(api, token, data_dir), as_json, repair_id,
                        {"reason": reason})
 
 
 @repairs_app.command("cancel")
 def repairs_cancel(
-    repair_id: str, api: Api = ops.DEFAULT_API, token: Token = None,
+    repair_id: str, api: Api = None, token: Token = None,
     data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR, as_json: AsJson = False,
     reason: Annotated[str, typer.Option(help="why")] = "",
 ) -> None:
     """Cancel a repair at its next safe point."""
-    ops.repairs_decide("cancel", api, ops.resolve_token(token, data_dir), as_json, repair_id,
+    ops.repairs_decide("cancel", *_api(api, token, data_dir), as_json, repair_id,
                        {"reason": reason})
 
 
 @app.command()
 def validate(
-    machine: Annotated[str, typer.Argument(help="machine to validate")],
+    machines: Annotated[list[str], typer.Argument(help="machine(s) to validate")],
     cluster: Annotated[
         str | None,
-        typer.Option("--cluster", help="cluster of the machine (default: the configured "
-                     "cluster listing it, else the one whose agents report it)"),
+        typer.Option("--cluster", help="cluster of the machines (default: the configured "
+                     "cluster listing each, else the one whose agents report it)"),
     ] = None,
     config: ConfigOpt = None,
     temporal_address: TemporalOpt = None,
+    data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
     by: Annotated[str, typer.Option("--by", help="operator name")] = _default_user(),
     reason: Annotated[str, typer.Option("--reason")] = "operator request",
-    api: Annotated[str, typer.Option("--api", help="HTTP API (to find the cluster)")] = (
-        ops.DEFAULT_API),
+    api: Annotated[str | None, typer.Option(
+        "--api", help="HTTP API (to find the cluster; default: the stack of --data-dir)")]
+    = None,
     token: Token = None,
-    data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
+    wait: Annotated[bool, typer.Option(
+        "--wait", help="wait for the verdicts with a progress bar; exit 0 all passed, 1 a "
+                       "failure, 2 an abort (Ctrl-C stops waiting)")] = False,
     as_json: AsJson = False,
 ) -> None:
-    """Start a ValidationWorkflow for MACHINE."""
-    cfg = _load(config)
-    cluster = cluster or ops.resolve_cluster(cfg, machine, api,
-                                             ops.resolve_token(token, data_dir))
-    wf_id = ops.run_async(ops.start_validation(
-        temporal_address or cfg.temporal.address, cfg.temporal.namespace,
-        cfg.temporal.task_queue, cluster, machine, by, reason))
-    typer.echo(json.dumps({"workflow_id": wf_id}) if as_json else f"started {wf_id}")
+    """Start a ValidationWorkflow for each MACHINE."""
+    cfg, address, namespace = _client_config(config, data_dir)
+    api_url = ops.resolve_api(api, data_dir)
+    auth = ops.resolve_token(token, data_dir)
+    targets = [(cluster or ops.resolve_cluster(cfg, m, api_url, auth), m) for m in machines]
+    started = ops_temporal.run_async(ops_temporal.start_validations(
+        temporal_address or address, namespace, cfg.temporal.task_queue, targets, by,
+        reason, wait=wait, announce=not as_json),
+        interrupted="stopped waiting; the validations go on (`temporal workflow list` or the "
+                    "Temporal UI shows them)")
+    if as_json:
+        typer.echo(json.dumps(started[0] if len(started) == 1 and not wait else started))
+    elif wait:
+        for r in started:
+            typer.echo(f"{r['machine']}: {r['verdict']}"
+                       + (f" ({r['reason']})" if r.get("reason") else ""))
+    raise typer.Exit(ops_temporal.validation_exit_code(started))
 
 
 @breaker_app.command("status")
@@ -297,12 +351,13 @@ def breaker_status(
     cluster: Annotated[str, typer.Option("--cluster")],
     config: ConfigOpt = None,
     temporal_address: TemporalOpt = None,
+    data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
     as_json: AsJson = False,
 ) -> None:
     """Breaker state, budget, leases and queued repairs of a cluster."""
-    cfg = _load(config)
-    ops.breaker_print(ops.run_async(ops.breaker_call(
-        temporal_address or cfg.temporal.address, cfg.temporal.namespace, cluster)), as_json)
+    cfg, address, namespace = _client_config(config, data_dir)
+    ops_temporal.breaker_print(ops_temporal.run_async(ops_temporal.breaker_call(
+        temporal_address or address, namespace, cfg, cluster)), as_json)
 
 
 @breaker_app.command("reset")
@@ -312,13 +367,14 @@ def breaker_reset(
     reason: Annotated[str, typer.Option("--reason")] = "",
     config: ConfigOpt = None,
     temporal_address: TemporalOpt = None,
+    data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
     as_json: AsJson = False,
 ) -> None:
     """Close the breaker (queued repairs then act only on evidence seen after now)."""
-    cfg = _load(config)
-    ops.breaker_print(ops.run_async(ops.breaker_call(
-        temporal_address or cfg.temporal.address, cfg.temporal.namespace, cluster,
-        reset_by=by, reason=reason)), as_json)
+    cfg, address, namespace = _client_config(config, data_dir)
+    ops_temporal.breaker_print(ops_temporal.run_async(ops_temporal.breaker_call(
+        temporal_address or address, namespace, cfg, cluster, reset_by=by, reason=reason)),
+        as_json, reset=True)
 
 
 @app.command()

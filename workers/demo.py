@@ -183,9 +183,7 @@ def prepare_demo(data_dir: Path, timings: DemoTimings | None = None,
     reason = slurm_unavailable_reason()
     if reason:
         raise DemoUnavailable(
-            f"demo cluster unavailable: {reason}. Run `make run` as root on Debian (it "
-            "installs slurmctld, slurmd and munge) or use `autorepair up` without --demo."
-        )
+            f"demo cluster unavailable: {reason}")
     ports = tuple(slurmd_ports or DEFAULT_SLURMD_PORTS)
     busy = [p for p in (*ports, redfish_port, control_port) if not port_free("127.0.0.1", p)]
     if busy:
@@ -380,5 +378,5 @@ async def run_demo(stack: DevStack, demo: DemoCluster, console: Console, stop: a
     )
     cfg = stack.config.model_copy(deep=True)
     cfg.temporal.address = f"{stack.host}:{stack.ports.temporal}"
-    client = await connect_temporal(cfg)
-    await narrate(client, console, stop, timings)
+    async with connect_temporal(cfg) as client:
+        await narrate(client, console, stop, timings)

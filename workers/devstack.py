@@ -6,7 +6,10 @@ ledger migrated), then the worker and the ingest service as child processes of t
 ``autorepair`` CLI. A child that dies is restarted with backoff. Ctrl-C (SIGINT) or
 SIGTERM stops everything that was started, in reverse order. A second ``up`` on the same
 data dir resumes existing workflows (Temporal's SQLite file and PostgreSQL's data dir
-are kept).
+are kept). Once everything is up it writes ``DATA/stack.json`` (:data:`STACK_FILE`:
+the API, OTLP and Temporal addresses and the config file the stack runs with) so the
+client commands given ``--data-dir DATA`` talk to this stack; :meth:`DevStack.stop`
+removes it.
 
 Errors: :class:`StackError` for a port already in use (names the port and what it is
 for) or a missing binary (names it and how to install it).
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -36,9 +40,13 @@ from workers.devpeers import free_port, wait_port
 from workflows.config import AutorepairConfig
 from workflows.protocol import SEARCH_ATTRIBUTES
 
-__all__ = ["DevStack", "StackError", "StackPorts", "free_port", "port_free"]
+__all__ = ["STACK_FILE", "DevStack", "StackError", "StackPorts", "free_port", "port_free"]
 
 log = logging.getLogger("autorepair.up")
+
+STACK_FILE = "stack.json"
+"""File in the data directory describing the running stack (see :meth:`DevStack.stack_doc`);
+read by the client commands (:func:`workers.ops.stack_info`)."""
 
 
 class StackError(RuntimeError):
@@ -290,11 +298,8 @@ class DevStack:
         # the console script, not ``python -m``: -m would put the current directory first
         # on sys.path, where a stray module could shadow a library
         exe = [find_binary("autorepair")]
-        cfg_args: list[str] = []
-        if self.config_path is not None:
-            cfg_args = ["--config", str(self.config_path)]
-        elif os.environ.get("AUTOREPAIR_CONFIG"):
-            cfg_args = ["--config", os.environ["AUTOREPAIR_CONFIG"]]
+        config_file = self.config_file()
+        cfg_args = ["--config", str(config_file)] if config_file else []
         env = self._env()
         for name in ("worker", "ingest"):
             child = Child(name, [*exe, name, *cfg_args], env, self.data_dir / f"{name}.log")
@@ -315,8 +320,37 @@ class DevStack:
                 f"ingest API did not come up on {self.ports.api}; see "
                 f"{self.data_dir / 'ingest.log'}"
             )
+        self.write_stack_file()
         for hook in self.on_ready:
             await hook(self)
+
+    def config_file(self) -> Path | None:
+        """The config file the worker and ingest run with: :attr:`config_path`, else
+        ``$AUTOREPAIR_CONFIG``, else none (defaults and environment only); absolute."""
+        if self.config_path is not None:
+            return self.config_path.absolute()
+        env = os.environ.get("AUTOREPAIR_CONFIG")
+        return Path(env).absolute() if env else None
+
+    def stack_doc(self) -> dict[str, str | None]:
+        """What a client needs to reach this stack: ``{"api": URL, "otlp_http": URL,
+        "temporal_address": "host:port", "namespace", "temporal_ui": URL, "config":
+        path of the config file the stack runs with or None}``."""
+        h = self.host
+        return {
+            "api": f"http://{h}:{self.ports.api}",
+            "otlp_http": f"http://{h}:{self.ports.otlp_http}",
+            "temporal_address": f"{h}:{self.ports.temporal}",
+            "namespace": self.config.temporal.namespace,
+            "temporal_ui": f"http://{h}:{self.ports.temporal_ui}",
+            "config": str(cf) if (cf := self.config_file()) else None,
+        }
+
+    def write_stack_file(self) -> Path:
+        """Write :meth:`stack_doc` to ``DATA/stack.json``; returns its path."""
+        path = self.data_dir / STACK_FILE
+        path.write_text(json.dumps(self.stack_doc(), indent=2) + "\n")
+        return path
 
     # -- run ----------------------------------------------------------------------
     def endpoints(self) -> list[tuple[str, str]]:
@@ -359,6 +393,8 @@ class DevStack:
 
     def stop(self) -> None:
         """Stop every child (reverse order) and PostgreSQL."""
+        with contextlib.suppress(OSError):
+            (self.data_dir / STACK_FILE).unlink(missing_ok=True)
         for child in reversed(self.children):
             child.stop()
         self.children.clear()

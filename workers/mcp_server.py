@@ -42,7 +42,7 @@ Temporal — ``--temporal-address``, ``temporal.address``. ``DATA`` is ``--data-
 from __future__ import annotations
 
 import asyncio
-import gc
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -70,7 +70,9 @@ from workers.fleet_models import (
     input_errors,
 )
 from workers.fleet_query import FleetQuery, QueryError
+from workers.ops import stack_info
 from workers.repairs.auth import ApiTokens
+from workers.temporal_client import release_runtimes, temporal_client
 
 log = logging.getLogger("autorepair.mcp")
 
@@ -282,19 +284,6 @@ def tokens_file_for(config: Any, tokens_file: Path | None, data_dir: Path) -> Pa
     return dev if dev.exists() else None
 
 
-async def _temporal_client(address: str, namespace: str) -> tuple[Any, Any]:
-    """A lazily connecting Temporal client on a runtime of its own (so its threads can be
-    joined before the interpreter exits; temporalio/sdk-python issue #300)."""
-    from temporalio.client import Client
-    from temporalio.contrib.pydantic import pydantic_data_converter
-    from temporalio.runtime import Runtime, TelemetryConfig
-
-    runtime = Runtime(telemetry=TelemetryConfig())
-    client = await Client.connect(address, namespace=namespace, runtime=runtime,
-                                  data_converter=pydantic_data_converter, lazy=True)
-    return client, runtime
-
-
 async def serve(config: Any, *, transport: str, dsn: str, temporal_address: str | None,
                 tokens: ApiTokens | None, host: str = DEFAULT_HOST,
                 port: int = DEFAULT_PORT) -> None:
@@ -314,29 +303,35 @@ async def serve(config: Any, *, transport: str, dsn: str, temporal_address: str 
         pool = await connect_read_only(dsn)
     except (OSError, asyncpg.PostgresError) as e:
         raise RuntimeError(f"ledger.dsn: cannot reach PostgreSQL: {e}") from e
-    client = runtime = None
     try:
-        if temporal_address:
-            client, runtime = await _temporal_client(temporal_address,
-                                                     config.temporal.namespace)
-        server = build_server(FleetQuery(config, pool, client))
-        if transport == "stdio":
-            from mcp.server.stdio import stdio_server
-
-            async with stdio_server() as (read, write):
-                await server.run(read, write, server.create_initialization_options())
-        else:
-            import uvicorn
-
-            assert tokens is not None
-            app = http_app(server, tokens, host)
-            log.info("event=mcp_listening url=http://%s:%d%s", host, port, MCP_PATH)
-            await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                                lifespan="on")).serve()
+        async with contextlib.AsyncExitStack() as stack:
+            client = None
+            if temporal_address:
+                # a runtime of its own, joined before the interpreter exits (run_mcp)
+                client = await stack.enter_async_context(
+                    temporal_client(temporal_address, config.temporal.namespace, lazy=True))
+            await _serve_on(build_server(FleetQuery(config, pool, client)), transport,
+                            tokens, host, port)
     finally:
         await pool.close()
-        del client, runtime
-        gc.collect()
+
+
+async def _serve_on(server: Any, transport: str, tokens: ApiTokens | None, host: str,
+                    port: int) -> None:
+    """Serve ``server`` on stdio or HTTP until the input ends or it is stopped."""
+    if transport == "stdio":
+        from mcp.server.stdio import stdio_server
+
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+    else:
+        import uvicorn
+
+        assert tokens is not None
+        app = http_app(server, tokens, host)
+        log.info("event=mcp_listening url=http://%s:%d%s", host, port, MCP_PATH)
+        await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                            lifespan="on")).serve()
 
 
 def run_mcp(config: Any, *, transport: str, data_dir: Path, ledger_dsn: str | None,
@@ -369,7 +364,9 @@ def run_mcp(config: Any, *, transport: str, data_dir: Path, ledger_dsn: str | No
                   f"api.tokens_file, or point --data-dir at a running `autorepair up` (looked "
                   f"for {(data_dir / DEV_TOKENS_FILE).absolute()})", file=sys.stderr)
             return 2
-    address = None if no_temporal else (temporal_address or config.temporal.address)
+    address = None if no_temporal else (
+        temporal_address or stack_info(data_dir).get("temporal_address")
+        or config.temporal.address)
     try:
         asyncio.run(serve(config, transport=transport, dsn=dsn, temporal_address=address,
                           tokens=tokens, host=host, port=port))
@@ -379,5 +376,5 @@ def run_mcp(config: Any, *, transport: str, data_dir: Path, ledger_dsn: str | No
         print(f"error: {e}", file=sys.stderr)
         return 2
     finally:
-        gc.collect()
+        release_runtimes()
     return 0

@@ -2,17 +2,19 @@
 ``validate`` and ``breaker`` do. The commands themselves (options, help) are declared in
 :mod:`workers.cli`.
 
-``status`` and ``repairs`` talk to the HTTP API (``--api``, default
-``http://127.0.0.1:8080``) with a bearer token found by :func:`resolve_token`;
-``validate`` and ``breaker`` talk to Temporal directly (``--temporal-address``, default
+``status`` and ``repairs`` talk to the HTTP API with a bearer token found by
+:func:`resolve_token`; ``validate`` and ``breaker`` talk to Temporal directly
+(:mod:`workers.ops_temporal`). Where each is comes from the option (``--api``,
+``--temporal-address``, ``--config``), else from the ``stack.json`` that ``autorepair up``
+wrote to the data directory (``--data-dir`` / ``$AUTOREPAIR_DATA_DIR``, default
+``.autorepair``; :func:`stack_info`), else from the defaults (``http://127.0.0.1:8080``,
 ``temporal.address`` of the config). Every read command takes ``--json``; people get
 rich tables. Exit codes: 0 ok, 1 the server refused (message printed), 2 bad usage or
-unreachable server.
+unreachable server, 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from dataclasses import dataclass
@@ -38,6 +40,35 @@ STATUS_WINDOW = "7d"
 """Window of the downtime table of ``autorepair status`` (a week, as ``report``'s default)."""
 OPERATOR_TOKEN_FILE = "operator.token"
 """File in the data directory where ``autorepair up`` leaves its operator token (DESIGN §4.2)."""
+COLLECTOR_TOKEN_FILE = "collector.token"
+"""File in the data directory where ``autorepair up`` leaves the collector token agents push
+with (DESIGN §4.2)."""
+STACK_FILE = "stack.json"
+"""File in the data directory where ``autorepair up`` describes the running stack
+(:data:`workers.devstack.STACK_FILE`)."""
+EXIT_INTERRUPTED = 130
+"""Exit code after Ctrl-C: 128 + SIGINT (2), the shell's convention."""
+
+
+def stack_info(data_dir: Path | str = DEFAULT_DATA_DIR) -> dict[str, Any]:
+    """The ``DATA_DIR/stack.json`` that a running ``autorepair up`` wrote: ``{"api",
+    "otlp_http", "temporal_address", "namespace", "temporal_ui", "config"}`` (see
+    :meth:`workers.devstack.DevStack.stack_doc`), or ``{}`` when there is none. Never
+    raises: an unreadable or malformed file counts as none, and only string values are
+    kept."""
+    try:
+        doc = json.loads((Path(data_dir) / STACK_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    return {k: v for k, v in doc.items() if isinstance(k, str) and isinstance(v, str) and v}
+
+
+def resolve_api(api: str | None, data_dir: Path | str = DEFAULT_DATA_DIR) -> str:
+    """``--api`` / ``$AUTOREPAIR_API``, else the running dev stack's API (``stack.json``
+    in ``data_dir``), else :data:`DEFAULT_API`."""
+    return api or stack_info(data_dir).get("api") or DEFAULT_API
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,17 +119,20 @@ _err = Console(stderr=True)
 
 
 def _call(method: str, api: str, path: str, auth: ApiToken | None,
-          body: dict[str, Any] | None = None, params: dict[str, Any] | None = None) -> Any:
+          body: dict[str, Any] | None = None, params: dict[str, Any] | None = None,
+          hint_404: str = "") -> Any:
     """One API request (``auth``: the bearer token, ``None`` for public endpoints); prints
     the server's error and exits 1 (2 when unreachable). A 401 also says where the token
-    was looked for and how to pass one."""
+    was looked for and how to pass one; a 404 adds ``hint_404``."""
     headers = {"Authorization": f"Bearer {auth.token}"} if auth and auth.token else {}
     try:
         r = httpx.request(method, api.rstrip("/") + path, json=body, headers=headers,
                           params={k: v for k, v in (params or {}).items() if v is not None},
                           timeout=30.0)
     except httpx.HTTPError as e:
-        _err.print(f"error: --api {api}: {e} (is the stack up? `autorepair up` starts one)")
+        _err.print(f"error: --api {api}: {e} (is the stack up? `autorepair up` starts one; "
+                   f"for a stack started with --data-dir DIR pass the same --data-dir or set "
+                   f"${DATA_DIR_ENV})")
         raise typer.Exit(2) from None
     if r.status_code >= 400:
         try:
@@ -111,6 +145,8 @@ def _call(method: str, api: str, path: str, auth: ApiToken | None,
         _err.print(f"error: HTTP {r.status_code}: {detail}")
         if r.status_code == 401 and auth is not None:
             _err.print(auth.help_401())
+        if r.status_code == 404 and hint_404:
+            _err.print(hint_404)
         raise typer.Exit(1)
     return r.json()
 
@@ -207,13 +243,107 @@ def _show(r: dict[str, Any]) -> None:
         _out.print(e)
 
 
+def get_repair(api: str, auth: ApiToken, repair_id: str) -> dict[str, Any]:
+    """``GET /api/v1/repairs/{id}`` (a :class:`workers.repairs.models.RepairView`); an
+    unknown id prints the API's 404 (naming the id) and exits 1."""
+    doc: dict[str, Any] = _call(
+        "GET", api, f"/api/v1/repairs/{repair_id}", auth,
+        hint_404="`autorepair repairs list` shows the repair ids")
+    return doc
+
+
 def repairs_show(api: str, auth: ApiToken, as_json: bool, repair_id: str) -> None:
     """``repairs show ID``: fields, transitions, evidence."""
-    r = _call("GET", api, f"/api/v1/repairs/{repair_id}", auth)
+    r = get_repair(api, auth, repair_id)
     if as_json:
         typer.echo(json.dumps(r, indent=2))
     else:
         _show(r)
+
+
+def _duration(seconds: float) -> str:
+    """``1h02m03s`` / ``2m03s`` / ``3s`` for a non-negative duration in seconds."""
+    s = max(0, int(seconds))
+    h, rest = divmod(s, 3600)
+    m, sec = divmod(rest, 60)
+    if h:
+        return f"{h}h{m:02d}m{sec:02d}s"
+    return f"{m}m{sec:02d}s" if m else f"{sec}s"
+
+
+def _when(v: Any) -> datetime:
+    """A transition time of the API (ISO 8601, UTC) as an aware datetime."""
+    t = datetime.fromisoformat(str(v).replace("Z", "+00:00"))
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+def watch_lines(transitions: list[dict[str, Any]], seen: int) -> list[str]:
+    """Lines for ``repairs show --watch`` for transitions ``seen`` onwards: each closes
+    the previous stage with the time spent in it, then names the new stage, who moved it
+    and why. ``transitions``: the API's ``[{"stage", "at", "by", "reason"}]``, oldest
+    first."""
+    out: list[str] = []
+    for i in range(seen, len(transitions)):
+        tr = transitions[i]
+        at = _when(tr["at"])
+        if i > 0:
+            prev = transitions[i - 1]
+            spent = _duration((at - _when(prev["at"])).total_seconds())
+            out.append(f"          {prev['stage']} took {spent}")
+        why = f" — {tr['reason']}" if tr.get("reason") else ""
+        out.append(f"{at.strftime('%H:%M:%S')}  {tr['stage']} (by {tr['by']}){why}")
+    return out
+
+
+def repairs_watch(api: str, auth: ApiToken, as_json: bool, repair_id: str,
+                  interval_s: float = 2.0) -> None:
+    """``repairs show ID --watch``: follow one repair stage by stage until it ends.
+
+    Prints each stage as it is entered and the time spent in the one it leaves; while
+    waiting, a status line shows the current stage, the time in it and what it waits for
+    (the workflow's ``detail``). Ends with the outcome and exit 0. ``as_json``: one
+    JSON object per new transition, then the final repair. Ctrl-C stops watching (the
+    repair goes on) with exit 130. An unknown id exits 1 (the API's 404)."""
+    from workflows.models import TERMINAL_STAGES
+
+    terminal = {s.value for s in TERMINAL_STAGES}
+    seen = 0
+    r = get_repair(api, auth, repair_id)
+    if not as_json:
+        _out.print(f"repair {r['repair_id']}: {r['action']} on {r['cluster']}/{r['node']} "
+                   f"(requested by {r['requester_kind']}:{r['requester_name']})")
+    try:
+        with _out.status("", spinner="dots") as status:
+            while True:
+                transitions = r.get("transitions", [])
+                if as_json:
+                    for tr in transitions[seen:]:
+                        typer.echo(json.dumps(tr))
+                else:
+                    for line in watch_lines(transitions, seen):
+                        _out.print(line, highlight=False)
+                seen = len(transitions)
+                if r["stage"] in terminal:
+                    break
+                since = _when(transitions[-1]["at"]) if transitions else datetime.now(UTC)
+                detail = (r.get("live") or {}).get("detail") or ""
+                status.update(
+                    f"{r['stage']} for {_duration((datetime.now(UTC) - since).total_seconds())}"
+                    + (f" — {detail}" if detail else ""))
+                time.sleep(interval_s)
+                r = get_repair(api, auth, repair_id)
+    except KeyboardInterrupt:
+        _err.print(f"stopped watching; repair {repair_id} goes on (stage {r['stage']})")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    if as_json:
+        typer.echo(json.dumps(r))
+        return
+    first = _when(r["transitions"][0]["at"]) if r.get("transitions") else None
+    last = _when(r["transitions"][-1]["at"]) if r.get("transitions") else None
+    took = f" after {_duration((last - first).total_seconds())}" if first and last else ""
+    detail = (r.get("live") or {}).get("detail") or r.get("reason") or ""
+    _out.print(f"outcome: {r['stage']}{took}" + (f" — {detail}" if detail else ""),
+               highlight=False)
 
 
 def repairs_create(api: str, auth: ApiToken, as_json: bool, body: dict[str, Any]) -> None:
@@ -313,15 +443,36 @@ def status_tables(doc: dict[str, Any]) -> Table:
     return grid
 
 
+def empty_stack_note(otlp_http: str, collector_token: Path | None = None) -> str:
+    """What to tell a person whose stack has no node reporting yet: how to start agents,
+    the simulator or the demo. ``otlp_http``: the ingest's OTLP/HTTP endpoint;
+    ``collector_token``: the dev stack's collector token file, when there is one (the
+    receivers refuse pushes without a credential; the agent reads
+    ``$AUTOREPAIR_AGENT_TOKEN``)."""
+    env = f"AUTOREPAIR_AGENT_TOKEN=$(cat {collector_token}) " if collector_token else ""
+    return (
+        "no agent has reported yet. Start agents on the GPU nodes with "
+        f"`{env}autorepair-agent run --endpoint {otlp_http} --cluster CLUSTER --node NODE`, "
+        f"a simulated fleet with `{env}autorepair-agent simulate --endpoint {otlp_http} "
+        "--cluster demo --nodes 8`, or the whole demo with `autorepair up --demo`."
+    )
+
+
 def status_command(api: str, auth: ApiToken, as_json: bool, watch: bool,
-                   cluster: str | None, interval_s: float = 2.0) -> None:
+                   cluster: str | None, interval_s: float = 2.0,
+                   otlp_http: str = "http://127.0.0.1:4318",
+                   collector_token: Path | None = None) -> None:
     """``autorepair status``: print once, or refresh every ``interval_s`` with ``watch``.
-    Without a token the API answers 401 and stderr says where the token was looked for."""
+    Without a token the API answers 401 and stderr says where the token was looked for;
+    with no node reporting, stderr says how to start agents (:func:`empty_stack_note`)."""
     if as_json:
         typer.echo(json.dumps(status_doc(api, auth, cluster), indent=2))
         return
     if not watch:
-        _out.print(status_tables(status_doc(api, auth, cluster)))
+        doc = status_doc(api, auth, cluster)
+        _out.print(status_tables(doc))
+        if not doc["state"].get("nodes"):
+            _err.print(f"note: {empty_stack_note(otlp_http, collector_token)}", highlight=False)
         return
     with Live(status_tables(status_doc(api, auth, cluster)), console=_out) as live:
         try:
@@ -329,7 +480,7 @@ def status_command(api: str, auth: ApiToken, as_json: bool, watch: bool,
                 time.sleep(interval_s)
                 live.update(status_tables(status_doc(api, auth, cluster)))
         except KeyboardInterrupt:
-            pass
+            pass  # Ctrl-C is how a person leaves the live view: exit 0
 
 
 def resolve_cluster(cfg: Any, machine: str, api: str, auth: ApiToken | None = None) -> str:
@@ -354,72 +505,3 @@ def resolve_cluster(cfg: Any, machine: str, api: str, auth: ApiToken | None = No
                    "pass --cluster")
         raise typer.Exit(2)
     return names[0]
-
-
-# ------------------------------------------------------------------ Temporal side
-async def _client(address: str, namespace: str) -> Any:
-    from temporalio.client import Client
-    from temporalio.contrib.pydantic import pydantic_data_converter
-
-    return await Client.connect(address, namespace=namespace,
-                                data_converter=pydantic_data_converter)
-
-
-async def start_validation(address: str, namespace: str, task_queue: str, cluster: str,
-                           machine: str, by: str, reason: str) -> str:
-    """Start ``ValidationWorkflow`` ``validate/{machine}/{n}``; returns the workflow id."""
-    from workflows.models import ValidationRequest
-    from workflows.protocol import workflow_id_validation
-    from workflows.validation import ValidationWorkflow
-
-    client = await _client(address, namespace)
-    wf_id = workflow_id_validation(machine, "op-" + datetime.now(UTC).strftime("%Y%m%d%H%M%S"))
-    await client.start_workflow(
-        ValidationWorkflow.run,
-        ValidationRequest(cluster=cluster, machine=machine, reason=reason, requested_by=by),
-        id=wf_id, task_queue=task_queue)
-    return wf_id
-
-
-async def breaker_call(address: str, namespace: str, cluster: str,
-                       reset_by: str | None = None, reason: str = "") -> dict[str, Any]:
-    """Query (and with ``reset_by`` first reset) ``guard/{cluster}``; the GuardStatus."""
-    from workflows.guard import ClusterGuardWorkflow
-    from workflows.protocol import ResetBreakerSignal, workflow_id_guard
-
-    client = await _client(address, namespace)
-    h = client.get_workflow_handle_for(ClusterGuardWorkflow.run, workflow_id_guard(cluster))
-    if reset_by is not None:
-        await h.signal(ClusterGuardWorkflow.reset_breaker,
-                       ResetBreakerSignal(by=reset_by, reason=reason))
-    st = await h.query(ClusterGuardWorkflow.status)
-    return st.model_dump(mode="json")
-
-
-def breaker_print(doc: dict[str, Any], as_json: bool) -> None:
-    """Print a GuardStatus as JSON or a table."""
-    if as_json:
-        typer.echo(json.dumps(doc, indent=2))
-        return
-    t = Table(title=f"breaker {doc['cluster']}", show_header=False)
-    t.add_column("field")
-    t.add_column("value")
-    for k in ("breaker_open", "tripped_at", "tripped_reason", "reset_at", "reset_by",
-              "gpu_nodes", "budget", "breaker_threshold", "breaker_window_s",
-              "refused_total"):
-        t.add_row(k, "" if doc.get(k) is None else str(doc[k]))
-    t.add_row("leases", ", ".join(f"{x['node']}:{x['repair_id']}" for x in doc["leases"]))
-    t.add_row("queued", ", ".join(f"{x['node']}:{x['repair_id']}" for x in doc["pending"]))
-    _out.print(t)
-
-
-def run_async(coro: Any) -> Any:
-    """Run ``coro``; a connection failure prints the error and exits 2."""
-    try:
-        return asyncio.run(coro)
-    except RuntimeError as e:
-        _err.print(f"error: {e}")
-        raise typer.Exit(2) from None
-    except Exception as e:
-        _err.print(f"error: {type(e).__name__}: {e}")
-        raise typer.Exit(1) from None

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console, Group
 from rich.table import Table
 
-from workers.ops import ApiToken, call_api
+from workers.ops import EXIT_INTERRUPTED, ApiToken, call_api
 
 _out = Console()
 _err = Console(stderr=True)
@@ -114,18 +114,25 @@ def write_plot(doc: dict[str, Any], path: Path) -> None:
 def report_command(api: str, auth: ApiToken, as_json: bool, since: str,
                    cluster: str | None, plot: Path | None) -> None:
     """``autorepair report``: GET the report, print it (table or ``--json``), and write the
-    chart to ``plot`` when given."""
-    doc = call_api("GET", api, "/api/v1/report", auth,
-                   params={"since": since, "cluster": cluster})
-    if as_json:
-        typer.echo(json.dumps(doc, indent=2))
-    else:
-        _out.print(report_tables(doc))
-    if plot is not None:
-        try:
-            write_plot(doc, plot)
-        except OSError as e:
-            _err.print(f"error: --plot {plot}: {e.strerror or e}")
-            raise typer.Exit(2) from None
-        if not as_json:
-            _out.print(f"chart written to {plot}")
+    chart to ``plot`` when given. While the ledger is read and the chart drawn, a spinner
+    on stderr says so (stdout stays clean for ``--json``); Ctrl-C stops with exit 130."""
+    try:
+        with _err.status(f"reading repairs since {since} from the ledger …"):
+            doc = call_api("GET", api, "/api/v1/report", auth,
+                           params={"since": since, "cluster": cluster})
+        if as_json:
+            typer.echo(json.dumps(doc, indent=2))
+        else:
+            _out.print(report_tables(doc))
+        if plot is not None:
+            try:
+                with _err.status(f"drawing {plot} …"):
+                    write_plot(doc, plot)
+            except OSError as e:
+                _err.print(f"error: --plot {plot}: {e.strerror or e}")
+                raise typer.Exit(2) from None
+            if not as_json:
+                _out.print(f"chart written to {plot}")
+    except KeyboardInterrupt:
+        _err.print("interrupted")
+        raise typer.Exit(EXIT_INTERRUPTED) from None

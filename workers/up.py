@@ -1,7 +1,9 @@
 """``autorepair up`` front end: start the :class:`DevStack`, print where things are, wait.
 
 Exit codes: 0 after a clean Ctrl-C stop, 1 when the stack cannot start (the message says
-why: a port in use, a missing binary, a child that did not come up).
+why: a port in use, a missing binary, a child that did not come up), 2 when ``--demo`` was
+asked for and the demo cluster cannot run here (no Slurm, not root, demo ports busy):
+nothing is started then, and the last line printed says what to do (:data:`DEMO_HOWTO`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,16 @@ from workers.config import load_config
 from workers.demo import DemoCluster, DemoUnavailable, prepare_demo, run_demo
 from workers.devpeers import PeerStartError
 from workers.devstack import DevStack, StackError, StackPorts
+from workers.temporal_client import release_runtimes
 from workflows.config import AutorepairConfig
+
+EXIT_NO_DEMO = 2
+"""Exit code of ``up --demo`` when the demo cluster cannot run here."""
+DEMO_HOWTO = (
+    "To run the demo, `make run` (as root on Debian) installs Slurm (slurmctld, slurmd, "
+    "munge) and starts it; `autorepair up` without --demo starts the bare stack."
+)
+"""Last line of ``up --demo`` when the demo cluster cannot run here."""
 
 
 def ports_from_config(cfg: AutorepairConfig) -> StackPorts:
@@ -76,7 +87,7 @@ async def _run(stack: DevStack, console: Console, demo: DemoCluster | None) -> i
 def run_up(
     cfg: AutorepairConfig, *, data_dir: Path, demo: bool, config_path: Path | None
 ) -> int:
-    """Run the stack until Ctrl-C; returns the process exit code."""
+    """Run the stack until Ctrl-C; returns the process exit code (module docstring)."""
     console = Console()
     data_dir = data_dir.resolve()
     cluster: DemoCluster | None = None
@@ -84,7 +95,12 @@ def run_up(
         try:
             cluster = prepare_demo(data_dir)
         except (DemoUnavailable, PeerStartError) as exc:
-            console.print(f"[yellow]--demo:[/yellow] {exc}; starting the stack without it")
+            # Asking for the demo and getting a bare stack confuses: start nothing, and
+            # make the instruction the last thing on the screen.
+            err = Console(stderr=True)
+            err.print(f"[red]error:[/red] --demo: {exc}", highlight=False)
+            err.print(DEMO_HOWTO, highlight=False)
+            return EXIT_NO_DEMO
         else:
             # The demo's config replaces the given one for every process of the stack.
             config_path = cluster.config_path
@@ -94,5 +110,6 @@ def run_up(
     try:
         return asyncio.run(_run(stack, console, cluster))
     finally:
+        release_runtimes()  # the demo's Temporal client: join its threads before exit
         if cluster is not None:
             cluster.stop()

@@ -23,34 +23,29 @@ import contextlib
 import logging
 import signal
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 
 import asyncpg
 from prometheus_client import start_http_server
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
 from activities.ledger import connect, migrate
 from activities.registry import WorkerActivities, build_activities
+from workers.temporal_client import temporal_client
 from workflows.config import AutorepairConfig
 
 log = logging.getLogger("autorepair.worker")
 
 
-async def connect_temporal(config: AutorepairConfig) -> Client:
-    """Client for ``config.temporal`` with the pydantic data converter.
+def connect_temporal(config: AutorepairConfig) -> AbstractAsyncContextManager[Client]:
+    """``async with connect_temporal(config) as client``: a client for ``config.temporal``
+    with the pydantic data converter, on a runtime that
+    :func:`workers.temporal_client.release_runtimes` shuts down once the block is left.
 
-    Raises ``RuntimeError`` naming the address when Temporal cannot be reached."""
-    try:
-        return await Client.connect(
-            config.temporal.address,
-            namespace=config.temporal.namespace,
-            data_converter=pydantic_data_converter,
-        )
-    except Exception as exc:
-        raise RuntimeError(
-            f"temporal.address: cannot reach Temporal at {config.temporal.address!r}: {exc}"
-        ) from exc
+    Raises :class:`workers.temporal_client.TemporalUnreachable` (a ``RuntimeError``)
+    naming the address when Temporal cannot be reached."""
+    return temporal_client(config.temporal.address, config.temporal.namespace)
 
 
 def workflow_classes() -> list[type]:
@@ -113,35 +108,35 @@ async def run_worker(config: AutorepairConfig, stop: asyncio.Event | None = None
         applied = await migrate(pool)
         if applied:
             log.info("event=ledger_migrated applied=%s", ",".join(applied))
-        client = await connect_temporal(config)
-        try:
-            acts = build_activities(config, pool)
-        except ValueError as exc:
-            raise RuntimeError(str(exc)) from exc
-        workers = build_workers(client, config, pool, acts=acts)
-        if config.worker.metrics_port:
-            # The default registry holds the worker-side gauges (spare-pool size).
-            start_http_server(config.worker.metrics_port, addr=config.worker.metrics_host)
-        log.info(
-            "event=worker_started task_queue=%s bmc_task_queue=%s metrics_port=%s",
-            config.temporal.task_queue,
-            config.temporal.bmc_task_queue,
-            config.worker.metrics_port or "off",
-        )
-        watcher_tasks: list[asyncio.Task[None]] = []
-        async with contextlib.AsyncExitStack() as stack:
-            for w in workers:
-                await stack.enter_async_context(w)
-            if config.worker.watchers:
-                from workers.watchers import start_watchers
+        async with connect_temporal(config) as client:
+            try:
+                acts = build_activities(config, pool)
+            except ValueError as exc:
+                raise RuntimeError(str(exc)) from exc
+            workers = build_workers(client, config, pool, acts=acts)
+            if config.worker.metrics_port:
+                # The default registry holds the worker-side gauges (spare-pool size).
+                start_http_server(config.worker.metrics_port, addr=config.worker.metrics_host)
+            log.info(
+                "event=worker_started task_queue=%s bmc_task_queue=%s metrics_port=%s",
+                config.temporal.task_queue,
+                config.temporal.bmc_task_queue,
+                config.worker.metrics_port or "off",
+            )
+            watcher_tasks: list[asyncio.Task[None]] = []
+            async with contextlib.AsyncExitStack() as stack:
+                for w in workers:
+                    await stack.enter_async_context(w)
+                if config.worker.watchers:
+                    from workers.watchers import start_watchers
 
-                watcher_tasks = start_watchers(config, client, stop)
-            await stop.wait()
-            for t in watcher_tasks:
-                t.cancel()
-            await asyncio.gather(*watcher_tasks, return_exceptions=True)
-        if acts.notifier is not None:
-            await acts.notifier.aclose()
+                    watcher_tasks = start_watchers(config, client, stop)
+                await stop.wait()
+                for t in watcher_tasks:
+                    t.cancel()
+                await asyncio.gather(*watcher_tasks, return_exceptions=True)
+            if acts.notifier is not None:
+                await acts.notifier.aclose()
         log.info("event=worker_stopped")
     finally:
         await pool.close()

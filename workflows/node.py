@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.activity_api import ACT, Notification, PolicySnapshot
     from workflows.catalogue.vocabulary import count_window_s
     from workflows.config import PolicyConfig
+    from workflows.console import repair_details, repair_summary
     from workflows.models import (
         ACTION_WEIGHT,
         Action,
@@ -439,6 +440,8 @@ class NodeWorkflow:
             id=workflow_id_repair(inp.cluster, inp.node, repair_id),
             task_queue=workflow.info().task_queue,
             parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+            static_summary=repair_summary(req),
+            static_details=repair_details(req),
         )
         workflow.set_current_details(f"repair {repair_id} ({action.value}) in flight")
 

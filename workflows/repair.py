@@ -93,6 +93,13 @@ with workflow.unsafe.imports_passed_through():
         TransitionRecord,
     )
     from workflows.config import PolicyConfig
+    from workflows.console import (
+        guard_details,
+        guard_summary,
+        validation_details,
+        validation_summary,
+        waiting_details,
+    )
     from workflows.models import (
         AUTO_APPROVED,
         Action,
@@ -540,6 +547,13 @@ class RepairWorkflow:
             self._approve = None
         await self._transition(S.awaiting_approval, "system", f"approval needed: {why}")
         await self._upsert()
+        assert self._req is not None
+        timeout_s = self._policy.consent.approval_timeout_s
+        workflow.set_current_details(waiting_details(
+            f"approval of {self._action.value} on {self._req.node} (`autorepair repairs "
+            f"approve {self._req.repair_id}` or signal approve)",
+            workflow.now() + timedelta(seconds=timeout_s) if timeout_s is not None else None,
+            S.awaiting_approval.value))
         auto_resolvable = any(a.level for a in self._alerts)
 
         def decided() -> bool:
@@ -603,6 +617,8 @@ class RepairWorkflow:
                     id=gid,
                     task_queue=workflow.info().task_queue,
                     parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+                    static_summary=guard_summary(req.cluster),
+                    static_details=guard_details(req.cluster),
                 )
             except WorkflowAlreadyStartedError:
                 pass
@@ -678,7 +694,11 @@ class RepairWorkflow:
                     f"{', '.join(idle.running) or 'work'} still running; proceeding"
                 )
                 return
-            self._detail = f"waiting for idle ({bound}): running {', '.join(idle.running)}"
+            self._detail = waiting_details(
+                f"{self._req.node} to go idle ({', '.join(idle.running)} still running)",
+                None if wfi.do_not_interrupt
+                else start + timedelta(seconds=wfi.max_wait_s),
+                S.waiting_for_idle.value)
             workflow.set_current_details(self._detail)
             if self._rails and self._history_full():
                 self._continue_as_new(start, poll)
@@ -1038,20 +1058,23 @@ class RepairWorkflow:
         if not machine:
             return
         try:
+            vreq = ValidationRequest(
+                cluster=self._req.cluster,
+                machine=machine,
+                node=self._req.node,
+                reason=reason,
+                repair_id=self._req.repair_id,
+                requested_by="autorepair",
+                return_to=return_to,
+            )
             await workflow.start_child_workflow(
                 VALIDATION_WORKFLOW,
-                ValidationRequest(
-                    cluster=self._req.cluster,
-                    machine=machine,
-                    node=self._req.node,
-                    reason=reason,
-                    repair_id=self._req.repair_id,
-                    requested_by="autorepair",
-                    return_to=return_to,
-                ),
+                vreq,
                 id=workflow_id_validation(machine, self._req.repair_id),
                 task_queue=workflow.info().task_queue,
                 parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+                static_summary=validation_summary(vreq),
+                static_details=validation_details(vreq),
             )
             await self._note(f"re-validation of {machine} started")
         except WorkflowAlreadyStartedError:

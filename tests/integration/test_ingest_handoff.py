@@ -109,6 +109,12 @@ async def test_fault_and_straggler_alerts_reach_node_workflow(client: Client, qu
                 (alert,) = await delivered(client, cluster, "gpu-01", 1)
                 assert alert.kind == "xid" and alert.code == 79
                 assert alert.gpu == "0000:3b:00.0" and alert.evidence_text == line
+                # the Temporal UI's console text: the first alert names the node entity
+                desc = await client.get_workflow_handle(
+                    workflow_id_node(cluster, "gpu-01")).describe()
+                assert await desc.static_summary() == (
+                    f"node gpu-01 · cluster {cluster} · first alert: {alert.summary}")
+                assert line in (await desc.static_details() or "")
                 # server-side straggler: 5 healthy nodes, one slow one
                 for i in range(6):
                     r = await c.post("/v1/metrics", headers=PB, content=make_metrics_request(

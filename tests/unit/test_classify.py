@@ -91,3 +91,17 @@ def test_slurm_fields_printed_once() -> None:
     assert obj["state"] == ["IDLE", "DRAIN"] and obj["reason"] == "Kill task failed"
     assert obj["reason_user"] == "root" and obj["reason_time"] == "2024-02-03T04:05:06"
     assert not any(k.startswith("error_") for k in obj), obj
+
+
+@pytest.mark.parametrize("flags", [[], ["--json"]])
+def test_json_flag_is_accepted_and_changes_nothing(tmp_path: Path, flags: list[str]) -> None:
+    # DESIGN §4.1: --json works on every read command; classify always prints JSON lines
+    from typer.testing import CliRunner
+
+    from workers.cli import app
+
+    f = tmp_path / "k.log"
+    f.write_text("[   49.261458] NVRM: GPU at 0000:01:00.0 has fallen off the bus.\n")
+    r = CliRunner().invoke(app, ["classify", *flags, str(f)])
+    assert r.exit_code == 0, r.output
+    assert [json.loads(ln)["kind"] for ln in r.output.splitlines()] == ["gpu_lost"]

@@ -9,7 +9,7 @@ from typing import Any
 
 from tests.workflows.conftest import Harness, make_alert
 from workflows.models import AlertOutcome, RepairStatus, Stage
-from workflows.protocol import NodeStatus, workflow_id_node, workflow_id_repair
+from workflows.protocol import NodeStatus, workflow_id_guard, workflow_id_node, workflow_id_repair
 
 
 async def node_status(h: Harness, node: str) -> NodeStatus:
@@ -50,6 +50,15 @@ async def test_event_fault_recommends_at_once_and_dedups(harness: Harness) -> No
     assert st.stage == Stage.succeeded and st.action.value == "power_cycle"
     assert h.cluster.power_cycles == 1
     assert (await h.ledger.get_alert(a.alert_id)) is not None
+    # the Temporal UI's console text of the child repair and of the guard it started
+    desc = await h.env.client.get_workflow_handle(
+        workflow_id_repair(h.cluster.cluster, "gpu-01", d1.repair_id)).describe()
+    assert await desc.static_summary() == (
+        f"power_cycle gpu-01 · {a.summary} · requested by system autorepair")
+    assert a.evidence_text in (await desc.static_details() or "")
+    desc = await h.env.client.get_workflow_handle(workflow_id_guard(h.cluster.cluster)).describe()
+    assert await desc.static_summary() == (
+        f"cluster guard {h.cluster.cluster} · repair budget and circuit breaker")
 
 
 async def test_level_fault_waits_for_persistence(harness: Harness) -> None:

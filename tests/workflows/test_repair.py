@@ -6,6 +6,7 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
+from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import WorkflowHandle
 
 from tests.workflows.conftest import Harness, make_alert
@@ -171,6 +172,16 @@ async def test_cancel_while_waiting_for_idle_uncordons(harness: Harness) -> None
     h.policy.wait_for_idle.do_not_interrupt = True
     handle = await start_repair(h, "gpu-09", Action.reboot, "r9")
     await wait_stage(handle, Stage.waiting_for_idle)
+    # what it waits for, in the status and the Temporal UI's current details
+    for _ in range(200):
+        st = await handle.query("status", result_type=RepairStatus)
+        if st.detail.startswith("waiting_for_idle: "):
+            break
+        await asyncio.sleep(0.05)
+    assert st.detail.startswith("waiting_for_idle: waiting for gpu-09 to go idle ("), st.detail
+    assert st.detail.endswith("still running) (no deadline)"), st.detail  # do not interrupt
+    meta = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+    assert meta.current_details == st.detail
     await handle.signal("cancel", CancelSignal(by="frank", reason="not now"))
     st = await handle.result()
     assert st.stage == Stage.cancelled and h.cluster.count("reboot") == 0

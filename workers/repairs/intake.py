@@ -64,6 +64,7 @@ from workers.repairs.models import (
 )
 from workflows.activity_api import ClaimInput, RepairRecord, TransitionRecord
 from workflows.config import AutorepairConfig, ClusterConfig, DetectorsConfig
+from workflows.console import repair_details, repair_summary
 from workflows.downtime import Downtime
 from workflows.models import (
     TERMINAL_STAGES,
@@ -389,6 +390,8 @@ class RepairIntake:
                     REPAIR_WORKFLOW, request, id=wf_id,
                     task_queue=self.config.temporal.task_queue,
                     id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                    static_summary=repair_summary(request),
+                    static_details=repair_details(request),
                 )
             except WorkflowAlreadyStartedError:
                 pass

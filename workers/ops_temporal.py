@@ -1,0 +1,235 @@
+"""Operator commands that talk to Temporal directly: ``autorepair validate`` and
+``autorepair breaker status|reset`` (DESIGN §4.1). Declared in :mod:`workers.cli`.
+
+Every coroutine here opens its client with :func:`workers.temporal_client.temporal_client`
+and runs under :func:`run_async`, which releases the client's runtime threads before the
+command returns, so a command never aborts at interpreter exit after it succeeded.
+
+Exit codes: 0 ok; 1 the server refused or a validation failed; 2 Temporal unreachable
+or a validation aborted; 130 interrupted (Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+from collections.abc import Coroutine, Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from workers.ops import EXIT_INTERRUPTED
+from workers.temporal_client import TemporalUnreachable, release_runtimes, temporal_client
+from workflows.config import AutorepairConfig
+from workflows.console import validation_details, validation_summary
+from workflows.policy.rails import breaker_threshold, concurrency_budget
+
+T = TypeVar("T")
+
+_out = Console()
+_err = Console(stderr=True)
+
+GUARD_NOT_STARTED = (
+    "no guard running for this cluster yet: the breaker is closed and nothing holds a "
+    "lease. The guard (workflow guard/{cluster}) starts with the first lease request, "
+    "when a repair is about to cordon a node."
+)
+"""Note shown by ``breaker status`` for a cluster whose guard has not started."""
+
+
+def run_async(coro: Coroutine[Any, Any, T], interrupted: str = "interrupted") -> T:
+    """Run ``coro`` to completion, then release every Temporal runtime it opened (their
+    threads are joined here, before the interpreter exits).
+
+    Errors become messages and exit codes: :class:`TemporalUnreachable` and other
+    ``RuntimeError`` → 2, any other exception → 1 (``error: TYPE: message``), Ctrl-C →
+    130 with the message ``interrupted``; a ``typer.Exit`` raised inside keeps its code.
+    No traceback is printed."""
+    message, code = "", 0
+    try:
+        result = asyncio.run(coro)
+    except typer.Exit as e:
+        code = e.exit_code
+    except KeyboardInterrupt:
+        message, code = interrupted, EXIT_INTERRUPTED
+    except TemporalUnreachable as e:
+        message, code = (f"error: {e}; is the stack up? `autorepair up` starts one (pass "
+                         "--temporal-address or the stack's --data-dir)"), 2
+    except RuntimeError as e:
+        message, code = f"error: {e}", 2
+    except Exception as e:
+        message, code = f"error: {type(e).__name__}: {e}", 1
+    # Outside the except blocks: the exception and its frames (which hold the client)
+    # are gone, so collecting now frees the runtime and joins its threads.
+    release_runtimes()
+    if code:
+        if message:
+            _err.print(message, highlight=False)
+        raise typer.Exit(code)
+    return result
+
+
+# ---------------------------------------------------------------------- validate
+def validation_id(machine: str, now: datetime | None = None) -> str:
+    """Workflow id of an operator's validation: ``validate/{machine}/op-{UTC time}-{hex}``
+    (DESIGN §4.4 ``validate/{machine}/{n}``; the random suffix keeps two requests in the
+    same second apart)."""
+    from workflows.protocol import workflow_id_validation
+
+    stamp = (now or datetime.now(UTC)).strftime("%Y%m%d%H%M%S")
+    return workflow_id_validation(machine, f"op-{stamp}-{secrets.token_hex(3)}")
+
+
+async def start_validations(address: str, namespace: str, task_queue: str,
+                            targets: Sequence[tuple[str, str]], by: str, reason: str,
+                            wait: bool = False, announce: bool = True
+                            ) -> list[dict[str, Any]]:
+    """Start one ``ValidationWorkflow`` per ``(cluster, machine)`` of ``targets``.
+
+    Returns ``[{"machine", "cluster", "workflow_id"}]``; with ``wait`` each also gets
+    ``"verdict"`` (passed, failed, aborted) and ``"reason"``, while a rich progress bar
+    counts finished runs and names the stage of each (the workflow's ``status`` query).
+    ``announce``: print ``started WORKFLOW_ID`` as each starts. Raises
+    :class:`TemporalUnreachable`; Ctrl-C while waiting raises ``KeyboardInterrupt`` (the
+    workflows go on)."""
+    from temporalio.client import WorkflowQueryFailedError
+    from temporalio.service import RPCError
+
+    from workflows.models import ValidationRequest
+    from workflows.validation import ValidationWorkflow
+
+    async with temporal_client(address, namespace) as client:
+        started: list[dict[str, Any]] = []
+        for cluster, machine in targets:
+            wf_id = validation_id(machine)
+            req = ValidationRequest(cluster=cluster, machine=machine, reason=reason,
+                                    requested_by=by)
+            await client.start_workflow(
+                ValidationWorkflow.run, req, id=wf_id, task_queue=task_queue,
+                static_summary=validation_summary(req), static_details=validation_details(req))
+            started.append({"machine": machine, "cluster": cluster, "workflow_id": wf_id})
+            if announce:
+                _out.print(f"started {wf_id}", highlight=False)
+        if not wait:
+            return started
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                      TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                      console=_err, transient=True) as progress:
+            bar = progress.add_task("validating", total=len(started))
+
+            def describe() -> str:
+                running = [f"{e['machine']}: {e.get('stage') or 'starting'}"
+                           for e in started if "verdict" not in e]
+                return "validating " + ", ".join(running) if running else "done"
+
+            async def one(entry: dict[str, Any]) -> None:
+                handle = client.get_workflow_handle_for(ValidationWorkflow.run,
+                                                        entry["workflow_id"])
+                result = asyncio.ensure_future(handle.result())
+                try:
+                    while not result.done():
+                        # the status query fails until a worker has run the first task
+                        with contextlib.suppress(RPCError, WorkflowQueryFailedError):
+                            entry["stage"] = (await handle.query(ValidationWorkflow.status)
+                                              ).get("stage", "")
+                            progress.update(bar, description=describe())
+                        await asyncio.wait({result}, timeout=2.0)
+                finally:
+                    if not result.done():  # Ctrl-C: stop waiting, leave the workflow be
+                        result.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await result
+                res = result.result()
+                entry["verdict"], entry["reason"] = res.verdict.value, res.reason
+                progress.update(bar, advance=1, description=describe())
+
+            await asyncio.gather(*(one(e) for e in started))
+        return started
+
+
+def validation_exit_code(results: Sequence[dict[str, Any]]) -> int:
+    """0 when every run passed (or none was waited for), 1 when any failed, else 2 when
+    any aborted — the exit codes of ``autorepair-agent validate`` (DESIGN §4.1)."""
+    verdicts = {r.get("verdict") for r in results if r.get("verdict")}
+    if "failed" in verdicts:
+        return 1
+    return 2 if "aborted" in verdicts else 0
+
+
+# ----------------------------------------------------------------------- breaker
+def breaker_not_started(cfg: AutorepairConfig, cluster: str) -> dict[str, Any]:
+    """The breaker of a cluster whose guard has not started: closed, no leases, nothing
+    queued, and the budget and trip threshold the guard will use
+    (:func:`workflows.policy.rails.concurrency_budget` / ``breaker_threshold`` of the
+    configured policy and the cluster's GPU node count; 0 nodes for a cluster that is
+    not configured, which the guard counts from lease requests). The GuardStatus shape
+    plus ``"guard_running": false`` and ``"note"``."""
+    rails = cfg.policy.rails
+    try:
+        gpu = cfg.cluster(cluster).gpu_node_count
+    except KeyError:
+        gpu = 0
+    return {
+        "cluster": cluster, "gpu_nodes": gpu,
+        "budget": concurrency_budget(gpu, rails),
+        "breaker_threshold": breaker_threshold(gpu, rails),
+        "breaker_window_s": rails.breaker_window_s, "breaker_open": False,
+        "tripped_at": None, "tripped_reason": "", "reset_at": None, "reset_by": None,
+        "leases": [], "pending": [], "recent_automatic": [], "refused_total": 0,
+        "guard_running": False, "note": GUARD_NOT_STARTED.format(cluster=cluster),
+    }
+
+
+async def breaker_call(address: str, namespace: str, cfg: AutorepairConfig, cluster: str,
+                       reset_by: str | None = None, reason: str = "") -> dict[str, Any]:
+    """Query (and with ``reset_by`` first reset) ``guard/{cluster}``: the GuardStatus as
+    JSON plus ``"guard_running": true``. A cluster without a guard yet answers
+    :func:`breaker_not_started` (a reset then has nothing to close and sends nothing).
+    Raises :class:`TemporalUnreachable` and ``RPCError`` (other than not-found)."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from workflows.guard import ClusterGuardWorkflow
+    from workflows.protocol import ResetBreakerSignal, workflow_id_guard
+
+    async with temporal_client(address, namespace) as client:
+        h = client.get_workflow_handle_for(ClusterGuardWorkflow.run, workflow_id_guard(cluster))
+        try:
+            if reset_by is not None:
+                await h.signal(ClusterGuardWorkflow.reset_breaker,
+                               ResetBreakerSignal(by=reset_by, reason=reason))
+            st = await h.query(ClusterGuardWorkflow.status)
+        except RPCError as e:
+            if e.status != RPCStatusCode.NOT_FOUND:
+                raise
+            return breaker_not_started(cfg, cluster)
+        return {**st.model_dump(mode="json"), "guard_running": True}
+
+
+def breaker_print(doc: dict[str, Any], as_json: bool, reset: bool = False) -> None:
+    """Print a :func:`breaker_call` answer as JSON or a table; for a cluster without a
+    guard, the note says when it starts (and, after ``reset``, that nothing was sent)."""
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    t = Table(title=f"breaker {doc['cluster']}", show_header=False)
+    t.add_column("field")
+    t.add_column("value")
+    t.add_row("state", "OPEN" if doc["breaker_open"] else "closed")
+    for k in ("tripped_at", "tripped_reason", "reset_at", "reset_by", "gpu_nodes", "budget",
+              "breaker_threshold", "breaker_window_s", "refused_total"):
+        t.add_row(k, "" if doc.get(k) is None else str(doc[k]))
+    t.add_row("leases", ", ".join(f"{x['node']}:{x['repair_id']}" for x in doc["leases"])
+              or "none")
+    t.add_row("queued", ", ".join(f"{x['node']}:{x['repair_id']}" for x in doc["pending"])
+              or "none")
+    _out.print(t)
+    if not doc.get("guard_running", True):
+        _out.print(doc["note"], highlight=False)
+        if reset:
+            _out.print("nothing to reset: the breaker is closed.", highlight=False)
