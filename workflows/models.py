@@ -17,7 +17,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Severity(StrEnum):
@@ -104,16 +104,36 @@ class Requester(BaseModel):
     name: str = "autorepair"
 
 
+def _without_nul(value: Any) -> Any:
+    """``value`` with every U+0000 in its strings (keys and nested values included)
+    replaced by U+FFFD. PostgreSQL stores no NUL in ``text`` or ``jsonb``, so a record
+    carrying one would fail its ledger write on every retry."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, dict):
+        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_without_nul(v) for v in value]
+    return value
+
+
 class Alert(BaseModel):
     """One observed fault on one node, with its evidence.
 
     ``alert_id`` is stable for the same observation (hash of cluster, node, kind, code,
     GPU and the raw evidence / observation time), so a re-delivery de-duplicates.
     ``active=False`` clears a level fault (raise/clear edges); event faults (Xid) are
-    single observations and are never cleared explicitly.
+    single observations and are never cleared explicitly. NUL characters in any text
+    (sender-controlled: kernel lines, attributes) become U+FFFD, so every alert can be
+    recorded in the ledger.
     """
 
     model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, data: Any) -> Any:
+        return _without_nul(data) if isinstance(data, dict) else data
 
     alert_id: str
     cluster: str

@@ -62,6 +62,20 @@ async def test_alert_recorded_once_and_unmapped_counted(ledger_pool: asyncpg.Poo
     assert [a.alert_id for a in await ledger.list_alerts(cluster="c1")] in (["a1", "a2"], ["a2", "a1"])
 
 
+async def test_alert_with_nul_characters_is_recorded(ledger_pool: asyncpg.Pool) -> None:
+    """A sender-controlled NUL (kernel line, attribute key or value) would make PostgreSQL
+    refuse the row on every retry; the alert is recorded with U+FFFD instead."""
+    ledger = Ledger(ledger_pool)
+    raw = _alert("a-nul").model_dump(mode="json")
+    raw.update(summary="Xid 79\x00", evidence_text="NVRM:\x00 Xid",
+               evidence={"k\x00": ["v\x00", {"deep": "x\x00"}]})
+    nul = Alert.model_validate(raw)
+    assert await ledger.record_alert(nul) is True
+    got = await ledger.get_alert("a-nul")
+    assert got is not None and got.summary == "Xid 79\ufffd"
+    assert got.evidence == {"k\ufffd": ["v\ufffd", {"deep": "x\ufffd"}]}
+
+
 async def test_repair_transitions_and_attempt_history(ledger_pool: asyncpg.Pool) -> None:
     ledger = Ledger(ledger_pool)
     await ledger.record_alert(_alert("a1"))
