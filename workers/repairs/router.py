@@ -20,7 +20,8 @@ GET    /api/v1/report?since&until&...  viewer+   200 fleet report: repairs, MTTR
 Errors: 401 without or with an unknown token (or when no tokens file is configured),
 403 for a role that may not do it, 404 unknown repair, 409 decision on a finished
 repair or a request id reused for another node, 422 malformed body naming the field
-(FastAPI's ``{"detail": [{"loc": ["body", FIELD], "msg": ...}]}`` shape).
+(FastAPI's ``{"detail": [{"loc": ["body", FIELD], "msg": ...}]}`` shape; ``["body"]``
+alone for a body that is not JSON text).
 """
 
 # No ``from __future__ import annotations``: FastAPI resolves the dependency annotations
@@ -30,7 +31,10 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from temporalio.client import Client
 
 from activities.ledger_reports import fleet_report
@@ -50,6 +54,35 @@ from workflows.config import AutorepairConfig
 from workflows.models import Requester, RequesterKind
 
 
+_UNPARSED_BODY = "There was an error parsing the body"
+"""FastAPI's bare 400 detail for a body it could not read (``fastapi.routing``): a JSON
+content type whose bytes are not JSON text (not UTF-8, UTF-16 or UTF-32, RFC 8259 §8.1)."""
+
+
+class _BodyNamingRoute(APIRoute):
+    """An :class:`APIRoute` whose unreadable JSON bodies answer 422 naming the body
+    (``{"detail": [{"loc": ["body"], "msg": ..., "type": "json_invalid"}]}``, like
+    undecodable JSON) instead of FastAPI's bare 400, which names no field."""
+
+    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+        handler = super().get_route_handler()
+
+        async def named(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except StarletteHTTPException as e:  # what fastapi.routing raises
+                if e.status_code != 400 or e.detail != _UNPARSED_BODY:
+                    raise
+                cause = e.__cause__
+                why = f"{type(cause).__name__}: {cause}" if cause else "unreadable"
+                raise RequestValidationError([{
+                    "type": "json_invalid", "loc": ("body",), "input": None,
+                    "msg": f"body is not JSON text in UTF-8 ({why})",
+                }]) from e
+
+        return named
+
+
 def build_repairs_router(
     intake: Callable[[], Awaitable[RepairIntake]],
     tokens: ApiTokens,
@@ -61,7 +94,7 @@ def build_repairs_router(
     Also serves the app's OpenAPI document at ``/api/v1/openapi.json``.
     """
     bearer = HTTPBearer(auto_error=False, description="TOKEN from api.tokens_file")
-    router = APIRouter(prefix="/api/v1", tags=["repairs"])
+    router = APIRouter(prefix="/api/v1", tags=["repairs"], route_class=_BodyNamingRoute)
 
     def need(perm: str) -> Callable[..., Principal]:
         def dep(

