@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from hypothesis import strategies as st
 
@@ -139,7 +139,8 @@ def _names_field_of_422(detail: Any, case: Any) -> str | None:
     if not isinstance(detail, list) or not detail:
         return f"422 detail is not a non-empty list of errors: {detail!r:.300}"
     declared = _declared_names(case)
-    sent = {name for name, _ in _sent_values(case)}
+    # names as the answer can carry them: lone surrogates escaped (``\\udXXX``)
+    sent = {n.encode("utf-8", "backslashreplace").decode() for n, _ in _sent_values(case)}
     for err in detail:
         if not isinstance(err, Mapping) or not err.get("msg"):
             return f"422 error without a message: {err!r:.300}"
@@ -232,24 +233,69 @@ def check_answer(case: Any, response: Any, role: str) -> str | None:
     return None
 
 
-# -- seeded ids into generated requests ----------------------------------------------------
+# -- steering: seeded ids, reachable targets, hostile values -------------------------------
+HOSTILE_TEXT = ("\x00", "a\x00b", "\u202e\u0000", "x" * 5000, "' OR '1'='1", "%00", "../..",
+                "\U0001f680", "\ufeff", " ", "0", "-1", "null")
+"""Strings a schema-driven generator rarely makes but clients send: NUL (PostgreSQL text
+cannot hold it), bidi and BOM marks, a long value, SQL and path fragments, astral code
+points."""
+HOSTILE_BODY_TEXT = (*HOSTILE_TEXT, "\ud800", "a\udfffb")
+"""Plus lone surrogates, which JSON can carry (``"\\ud800"``) but a URL cannot."""
+HOSTILE_TIMES = ("0001-01-01T00:00:00", "0001-01-01T00:00:00+14:00",
+                 "9999-12-31T23:59:59-14:00", "9999-12-31T23:59:59", "2024-02-30T00:00:00")
+"""Times at the edges of what Python and PostgreSQL hold, in and out of UTC."""
+
+
+def _hostile(container: dict[str, Any], names: tuple[str, ...], texts: tuple[str, ...],
+             encode: bool = False) -> Any:
+    """Strategy: ``container`` with one of ``names`` set to a hostile text or time."""
+    if not names:
+        return st.just(container)
+    values = st.sampled_from(texts) | st.sampled_from(HOSTILE_TIMES)
+    return st.tuples(st.sampled_from(names), values).map(
+        lambda kv: {**container, kv[0]: quote(kv[1], safe="") if encode else kv[1]})
+
+
 def register_hooks(schema: Any, seeds: Seeds) -> None:
-    """Mix the seeded repair ids into generated ``repair_id`` path parameters and the seeded
-    alert ids into generated ``evidence_alert`` body fields (each half the time)."""
+    """Steer generation past the first rejections (each variant about as often as the
+    schema's own case): seeded repair ids in ``repair_id``; create bodies aimed at a
+    configured node of :data:`CLUSTER`, optionally citing the seeded alert; hostile
+    texts and times (:data:`HOSTILE_TEXT`, :data:`HOSTILE_TIMES`) in one field of a body,
+    a query or a path."""
 
     @schema.hook  # type: ignore[untyped-decorator]
     def flatmap_path_parameters(context: Any, path_parameters: dict[str, Any]) -> Any:
-        if not path_parameters or "repair_id" not in path_parameters or not seeds.repair_ids:
+        if not path_parameters or "repair_id" not in path_parameters:
             return st.just(path_parameters)
-        return st.one_of(st.just(path_parameters), st.sampled_from(seeds.repair_ids).map(
-            lambda rid: {**path_parameters, "repair_id": rid}))
+        options = [st.just(path_parameters),
+                   _hostile(path_parameters, ("repair_id",), HOSTILE_TEXT, encode=True)]
+        if seeds.repair_ids:
+            options.append(st.sampled_from(seeds.repair_ids).map(
+                lambda rid: {**path_parameters, "repair_id": rid}))
+        return st.one_of(options)
+
+    @schema.hook  # type: ignore[untyped-decorator]
+    def flatmap_query(context: Any, query: dict[str, Any]) -> Any:
+        if not isinstance(query, dict):
+            return st.just(query)
+        names = tuple(p.name for p in context.operation.iter_parameters()
+                      if p.location == "query")
+        return st.one_of(st.just(query), _hostile(query, names, HOSTILE_TEXT))
 
     @schema.hook  # type: ignore[untyped-decorator]
     def flatmap_body(context: Any, body: Any) -> Any:
-        if not isinstance(body, dict) or "node" not in body or not seeds.alert_ids:
+        if not isinstance(body, dict):
             return st.just(body)
-        return st.one_of(st.just(body), st.sampled_from(seeds.alert_ids).map(
-            lambda aid: {**body, "evidence_alert": aid}))
+        options = [st.just(body)]
+        if "node" in body:  # a create: aim it at a configured node so it reaches the ledger
+            aimed = st.builds(
+                lambda node, cite: {**body, "node": node, "cluster": CLUSTER,
+                                    **({"evidence_alert": cite} if cite else {})},
+                st.sampled_from(NODES), st.sampled_from([None, *seeds.alert_ids]))
+            options.append(aimed)
+            options.append(aimed.flatmap(lambda b: _hostile(b, tuple(b), HOSTILE_BODY_TEXT)))
+        options.append(_hostile(body, tuple(body) or ("reason",), HOSTILE_BODY_TEXT))
+        return st.one_of(options)
 
 
 # -- the server ----------------------------------------------------------------------------

@@ -30,10 +30,11 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any, cast
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import AfterValidator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from temporalio.client import Client
 
@@ -48,21 +49,38 @@ from workers.repairs.models import (
     RepairList,
     RepairMode,
     RepairView,
+    STORABLE,
+    in_utc,
     parse_since,
 )
 from workflows.config import AutorepairConfig
 from workflows.models import Requester, RequesterKind
 
 
+RepairId = Annotated[str, Path(min_length=1, max_length=256, pattern=STORABLE)]
+"""The ``{repair_id}`` path parameter: text the ledger can look up (no U+0000)."""
+
 _UNPARSED_BODY = "There was an error parsing the body"
 """FastAPI's bare 400 detail for a body it could not read (``fastapi.routing``): a JSON
 content type whose bytes are not JSON text (not UTF-8, UTF-16 or UTF-32, RFC 8259 §8.1)."""
 
 
+def _encodable(value: Any) -> Any:
+    """``value`` with every string made UTF-8 encodable (lone surrogates → ``\\udXXX``)."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_encodable(k): _encodable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_encodable(v) for v in value]
+    return value
+
+
 class _BodyNamingRoute(APIRoute):
     """An :class:`APIRoute` whose unreadable JSON bodies answer 422 naming the body
     (``{"detail": [{"loc": ["body"], "msg": ..., "type": "json_invalid"}]}``, like
-    undecodable JSON) instead of FastAPI's bare 400, which names no field."""
+    undecodable JSON) instead of FastAPI's bare 400, which names no field; and whose 422
+    details can always be encoded (see :func:`_encodable`)."""
 
     def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
         handler = super().get_route_handler()
@@ -70,6 +88,10 @@ class _BodyNamingRoute(APIRoute):
         async def named(request: Request) -> Response:
             try:
                 return await handler(request)
+            except RequestValidationError as e:
+                # the default handler echoes each bad input; a lone surrogate in it (JSON
+                # "\ud800") cannot be encoded as UTF-8 and would turn the 422 into a 500
+                raise RequestValidationError(_encodable(e.errors()), body=e.body) from None
             except StarletteHTTPException as e:  # what fastapi.routing raises
                 if e.status_code != 400 or e.detail != _UNPARSED_BODY:
                     raise
@@ -154,11 +176,11 @@ def build_repairs_router(
     @router.get("/repairs", response_model=RepairList)
     async def list_repairs(
         ix: Intake, _: Annotated[Principal, Depends(need("read"))],
-        node: str | None = Query(None, max_length=253),
-        cluster: str | None = Query(None, max_length=253),
-        state: str | None = Query(None, max_length=64),
-        action: str | None = Query(None, max_length=64),
-        requester: str | None = Query(None, max_length=256),
+        node: str | None = Query(None, max_length=253, pattern=STORABLE),
+        cluster: str | None = Query(None, max_length=253, pattern=STORABLE),
+        state: str | None = Query(None, max_length=64, pattern=STORABLE),
+        action: str | None = Query(None, max_length=64, pattern=STORABLE),
+        requester: str | None = Query(None, max_length=256, pattern=STORABLE),
         limit: int = Query(200, ge=1, le=1000),
     ) -> RepairList:
         """Repairs newest first, filtered by node, cluster, state, action, requester."""
@@ -175,8 +197,8 @@ def build_repairs_router(
     @router.get("/alerts", response_model=AlertList)
     async def list_alerts(
         ix: Intake, _: Annotated[Principal, Depends(need("read"))],
-        cluster: str | None = Query(None, max_length=253),
-        node: str | None = Query(None, max_length=253),
+        cluster: str | None = Query(None, max_length=253, pattern=STORABLE),
+        node: str | None = Query(None, max_length=253, pattern=STORABLE),
         limit: int = Query(50, ge=1, le=1000),
     ) -> AlertList:
         """Alerts recorded in the ledger (observed and actionable), newest first."""
@@ -186,24 +208,23 @@ def build_repairs_router(
     @router.get("/report")
     async def report(
         ix: Intake, _: Annotated[Principal, Depends(need("read"))],
-        since: str = Query("7d", max_length=64),
-        until: datetime | None = Query(None),
-        cluster: str | None = Query(None, max_length=253),
+        since: str = Query("7d", max_length=64, pattern=STORABLE),
+        until: Annotated[datetime | None, Query(), AfterValidator(in_utc)] = None,
+        cluster: str | None = Query(None, max_length=253, pattern=STORABLE),
     ) -> dict[str, Any]:
         """Repairs that ended in the window: by outcome, MTTR, GPU-hours lost, cost, top
         fault kinds and machines (shape: ``activities.ledger_reports.fleet_report``)."""
-        now = datetime.now(UTC)
-        end = until if until is None or until.tzinfo else until.replace(tzinfo=UTC)
+        end = until or datetime.now(UTC)
         try:
-            start = parse_since(since, end or now)
+            start = parse_since(since, end)
         except ValueError as e:
             raise HTTPException(422, [{"loc": ["query", "since"], "msg": str(e),
                                        "type": "value_error"}]) from e
-        return await fleet_report(ix.ledger, start, end or now, cluster=cluster,
+        return await fleet_report(ix.ledger, start, end, cluster=cluster,
                                   currency=ix.config.providers.currency)
 
     @router.get("/repairs/{repair_id}", response_model=RepairView)
-    async def show(repair_id: str, ix: Intake,
+    async def show(repair_id: RepairId, ix: Intake,
                    _: Annotated[Principal, Depends(need("read"))]) -> RepairView:
         """One repair with transitions and live workflow status."""
         try:
@@ -212,7 +233,7 @@ def build_repairs_router(
             raise fail(e) from e
 
     @router.post("/repairs/{repair_id}/approve", response_model=RepairView)
-    async def approve(repair_id: str, ix: Intake,
+    async def approve(repair_id: RepairId, ix: Intake,
                       who: Annotated[Principal, Depends(need("decide"))],
                       body: DecisionBody | None = None) -> RepairView:
         """Approve (optionally overriding the action)."""
@@ -222,7 +243,7 @@ def build_repairs_router(
             raise fail(e) from e
 
     @router.post("/repairs/{repair_id}/reject", response_model=RepairView)
-    async def reject(repair_id: str, ix: Intake,
+    async def reject(repair_id: RepairId, ix: Intake,
                      who: Annotated[Principal, Depends(need("decide"))],
                      body: DecisionBody | None = None) -> RepairView:
         """Reject with a reason."""
@@ -232,7 +253,7 @@ def build_repairs_router(
             raise fail(e) from e
 
     @router.post("/repairs/{repair_id}/cancel", response_model=RepairView)
-    async def cancel(repair_id: str, ix: Intake,
+    async def cancel(repair_id: RepairId, ix: Intake,
                      who: Annotated[Principal, Depends(need("decide"))],
                      body: DecisionBody | None = None) -> RepairView:
         """Cancel with a reason."""
