@@ -281,7 +281,7 @@ def register_hooks(schema: Any, seeds: Seeds) -> None:
     texts and times (:data:`HOSTILE_TEXT`, :data:`HOSTILE_TIMES`) in one field of a body,
     a query or a path."""
 
-    @schema.hook  # type: ignore[untyped-decorator]
+    @schema.hook
     def flatmap_path_parameters(context: Any, path_parameters: dict[str, Any]) -> Any:
         if not path_parameters or "repair_id" not in path_parameters:
             return st.just(path_parameters)
@@ -292,7 +292,7 @@ def register_hooks(schema: Any, seeds: Seeds) -> None:
                 lambda rid: {**path_parameters, "repair_id": rid}))
         return st.one_of(options)
 
-    @schema.hook  # type: ignore[untyped-decorator]
+    @schema.hook
     def flatmap_query(context: Any, query: dict[str, Any]) -> Any:
         if not isinstance(query, dict):
             return st.just(query)
@@ -300,7 +300,7 @@ def register_hooks(schema: Any, seeds: Seeds) -> None:
                       if p.location == "query")
         return st.one_of(st.just(query), _hostile(query, names, HOSTILE_TEXT))
 
-    @schema.hook  # type: ignore[untyped-decorator]
+    @schema.hook
     def flatmap_body(context: Any, body: Any) -> Any:
         if not isinstance(body, dict):
             return st.just(body)
@@ -448,11 +448,10 @@ class ApiServer:
     async def _start_temporal(self) -> str:
         import sys
 
+        from temporalio.common import SearchAttributeKey
         from temporalio.testing import WorkflowEnvironment
 
         from workflows.protocol import SEARCH_ATTRIBUTES
-
-        from temporalio.common import SearchAttributeKey
 
         env = await WorkflowEnvironment.start_local(
             dev_server_existing_path=str(Path(sys.executable).parent / "temporal"),

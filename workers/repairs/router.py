@@ -26,7 +26,7 @@ alone for a body that is not JSON text).
 
 # No ``from __future__ import annotations``: FastAPI resolves the dependency annotations
 # of the route closures at definition time.
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Annotated, Any, cast
 
@@ -42,6 +42,7 @@ from activities.ledger_reports import fleet_report
 from workers.repairs.auth import ApiTokens, Principal
 from workers.repairs.intake import IntakeError, LazyIntake, RepairIntake
 from workers.repairs.models import (
+    STORABLE,
     AlertList,
     CreateResult,
     DecisionBody,
@@ -49,13 +50,11 @@ from workers.repairs.models import (
     RepairList,
     RepairMode,
     RepairView,
-    STORABLE,
     in_utc,
     parse_since,
 )
 from workflows.config import AutorepairConfig
 from workflows.models import Requester, RequesterKind
-
 
 RepairId = Annotated[str, Path(min_length=1, max_length=256, pattern=STORABLE)]
 """The ``{repair_id}`` path parameter: text the ledger can look up (no U+0000)."""
@@ -82,7 +81,7 @@ class _BodyNamingRoute(APIRoute):
     undecodable JSON) instead of FastAPI's bare 400, which names no field; and whose 422
     details can always be encoded (see :func:`_encodable`)."""
 
-    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def named(request: Request) -> Response:
