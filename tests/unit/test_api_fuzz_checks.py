@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import schemathesis
 
-from tests.fuzz.api_harness import check_answer, openapi_document
+from tests.fuzz.api_harness import PERMISSIONS, check_answer, openapi_document
+from workers.repairs import auth
 
 
 @pytest.fixture(scope="module")
@@ -119,3 +120,7 @@ def test_an_operation_without_a_rule_fails(schema: Any) -> None:
         assert "ROUTE_RULES" in str(check_answer(c, Answer(200), "viewer"))
     finally:
         c.operation.path = "/api/v1/repairs"
+
+
+def test_the_server_grants_what_the_design_says() -> None:
+    assert auth.PERMISSIONS == PERMISSIONS
