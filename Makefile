@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench fuzz install slurm-deps clean
+.PHONY: run test lint bench fuzz fuzz-api install slurm-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -41,6 +41,13 @@ bench: install
 # (tests/integration/test_otlp_fuzz.py).
 fuzz: install
 	$(BIN)/python tests/fuzz/otlp_fuzz.py --cases 100000
+
+# schemathesis against the repair API's /api/v1/openapi.json as operator, detector, viewer
+# and without a token, on the real ledger and a Temporal dev server (tests/fuzz/api_fuzz.py);
+# the last line gives cases, cases/s and failures. CI runs a short slice
+# (tests/integration/test_api_fuzz.py).
+fuzz-api: install
+	$(BIN)/python tests/fuzz/api_fuzz.py --cases 5000
 
 clean:
 	rm -rf $(VENV) .autorepair

@@ -132,6 +132,7 @@ async def test_reject_and_cancel_round_trips(stack: Stack) -> None:
     # deciding a finished repair is a conflict; an unknown one is 404
     r = await h.post(f"/api/v1/repairs/{ids[0]}/approve", headers=OP)
     assert r.status_code == 409 and "finished" in r.json()["detail"]
+    assert repr(ids[0]) in r.json()["detail"]  # the repair_id, quoted
     assert (await h.post("/api/v1/repairs/req-none/cancel", headers=OP)).status_code == 404
     # a finished repair still owns its key: the retried create returns it
     r = await h.post("/api/v1/repairs", json=body(node="gpu-02", request_id="k-0"), headers=DET)
@@ -235,3 +236,67 @@ async def test_alerts_listing_needs_a_token_and_returns_recorded_alerts(stack: S
     assert [a["summary"] for a in r.json()["alerts"]] == ["Xid 79 on gpu-01"]
     r = await h.get("/api/v1/alerts", headers=VIEW, params={"limit": 0})
     assert r.status_code == 422
+
+
+def _locs(r: Any) -> list[list[Any]]:
+    assert r.status_code == 422, r.text
+    return [d["loc"] for d in r.json()["detail"]]
+
+
+async def test_unreadable_json_body_is_a_422_naming_the_body(stack: Stack) -> None:
+    # not UTF-8 under a JSON content type: FastAPI alone answers a bare 400
+    bad = {"content-type": "application/json"}
+    for path, who in (("/api/v1/repairs", DET), ("/api/v1/repairs/req-x/approve", OP)):
+        r = await stack.http.post(path, content=b"p\xe5\x8a8\x19:", headers={**who, **bad})
+        assert _locs(r) == [["body"]]
+        assert "UTF-8" in r.json()["detail"][0]["msg"]
+
+
+async def test_text_postgresql_cannot_store_is_a_422_naming_the_field(stack: Stack) -> None:
+    h = stack.http
+    for field in ("request_id", "reason", "cluster", "evidence_alert", "evidence_run"):
+        r = await h.post("/api/v1/repairs", json=body(**{field: "a\x00b"}), headers=DET)
+        assert _locs(r) == [["body", field]], field
+    # a lone surrogate (JSON can carry one, UTF-8 cannot): named, and the 422 renders
+    raw = b'{"node": "gpu-01", "mode": "reboot", "request_id": "s", "reason": "\\ud800"}'
+    r = await h.post("/api/v1/repairs", content=raw,
+                     headers={**DET, "content-type": "application/json"})
+    assert _locs(r) == [["body", "reason"]]
+    for raw in (b'["\\ud800"]', b'{"\\ud800": 1}'):
+        r = await h.post("/api/v1/repairs", content=raw,
+                         headers={**DET, "content-type": "application/json"})
+        assert _locs(r) == [["body"]], raw
+    r = await h.post("/api/v1/repairs/req-x/reject", json={"reason": "\x00"}, headers=OP)
+    assert _locs(r) == [["body", "reason"]]
+    for path, name in (("/api/v1/repairs", "node"), ("/api/v1/repairs", "cluster"),
+                       ("/api/v1/repairs", "state"), ("/api/v1/repairs", "action"),
+                       ("/api/v1/repairs", "requester"), ("/api/v1/alerts", "cluster"),
+                       ("/api/v1/alerts", "node"), ("/api/v1/report", "cluster"),
+                       ("/api/v1/report", "since")):
+        r = await h.get(path, params={name: "x\x00"}, headers=VIEW)
+        assert _locs(r) == [["query", name]], (path, name)
+    for path in ("/api/v1/repairs/a%00b", "/api/v1/repairs/a%00b/approve"):
+        r = await (h.get(path, headers=VIEW) if path.endswith("b") else h.post(path, headers=OP))
+        assert _locs(r) == [["path", "repair_id"]], path
+    # nothing reached the ledger
+    assert (await h.get("/api/v1/repairs", headers=VIEW)).json() == {"repairs": []}
+
+
+async def test_times_outside_utc_years_are_a_422_naming_the_field(stack: Stack) -> None:
+    h = stack.http
+    late = "9999-12-31T23:59:59-14:00"  # year 10000 in UTC
+    r = await h.post("/api/v1/repairs", json=body(detected_at=late), headers=DET)
+    assert _locs(r) == [["body", "detected_at"]]
+    assert _locs(await h.get("/api/v1/report", params={"until": late}, headers=VIEW)) == [
+        ["query", "until"]]
+    assert _locs(await h.get("/api/v1/report", params={"since": late}, headers=VIEW)) == [
+        ["query", "since"]]
+    # the default 7d back from the year 1 is before it
+    r = await h.get("/api/v1/report", params={"until": "0001-01-01T00:00:00"}, headers=VIEW)
+    assert _locs(r) == [["query", "since"]]
+    r = await h.get("/api/v1/report", params={"since": "²d"}, headers=VIEW)
+    assert _locs(r) == [["query", "since"]] and "'²d'" in r.json()["detail"][0]["msg"]
+    r = await h.get("/api/v1/report", headers=VIEW,
+                    params={"since": "2026-01-01T00:00:00+14:00", "until": "2026-02-01"})
+    assert r.status_code == 200, r.text
+    assert r.json()["since"] == "2025-12-31T10:00:00+00:00"

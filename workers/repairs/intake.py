@@ -495,12 +495,12 @@ class RepairIntake:
         if row is None:
             raise IntakeError(404, f"no repair {repair_id!r}")
         if row["stage"] in {s.value for s in TERMINAL_STAGES}:
-            raise IntakeError(409, f"repair {repair_id} already finished ({row['stage']})")
+            raise IntakeError(409, f"repair {repair_id!r} already finished ({row['stage']})")
         try:
             await self._handle(row).signal(signal, payload)
         except RPCError as e:
             if e.status == RPCStatusCode.NOT_FOUND:
-                raise IntakeError(409, f"repair {repair_id} has no running workflow") from e
+                raise IntakeError(409, f"repair {repair_id!r} has no running workflow") from e
             raise
         log.info("event=repair_%s repair_id=%s by=%s", signal, repair_id,
                  getattr(payload, "by", ""))

@@ -1,15 +1,18 @@
 """Request and response bodies of the repair intake and its HTTP API (``/api/v1/repairs``).
 
 Field rules are enforced by pydantic (a malformed body answers 422 naming the field);
-``extra="forbid"`` on request bodies, so a misspelt field is an error, not ignored.
+``extra="forbid"`` on request bodies, so a misspelt field is an error, not ignored. Every
+text field is text the ledger can store (:data:`STORABLE`), and ``detected_at`` a time that
+exists in UTC, so a request that passes validation cannot fail in PostgreSQL.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from workflows.downtime import Downtime
 from workflows.models import Action, Alert, RepairStatus
@@ -26,6 +29,29 @@ class RepairMode(StrEnum):
 
 #: Node and detector names: Kubernetes node names, Slurm host names and ``user:NAME``.
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$"
+STORABLE = r"^[^\x00]*$"
+"""Pattern of free text the ledger stores: no U+0000, which PostgreSQL ``text`` and
+``jsonb`` cannot hold (PostgreSQL docs, "Character Types"). pydantic checks a pattern on
+Rust strings, so a lone surrogate (not encodable in UTF-8) fails the same field
+(``string_unicode``). Also the pattern of the API's text query and path parameters."""
+
+
+def in_utc(at: datetime | None) -> datetime | None:
+    """``at`` as an aware UTC time (a naive time is taken as UTC).
+
+    Raises ``ValueError`` when the UTC time falls outside the years 1-9999 (e.g.
+    ``9999-12-31T23:59:59-14:00``), which neither Python nor the ledger can hold."""
+    if at is None:
+        return None
+    if at.tzinfo is None:
+        return at.replace(tzinfo=UTC)
+    try:
+        return at.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(f"{at.isoformat()} is outside the years 1-9999 in UTC") from None
+
+
+_Text = Annotated[str, Field(pattern=STORABLE)]
 
 
 class RepairCreate(BaseModel):
@@ -43,13 +69,13 @@ class RepairCreate(BaseModel):
 
     node: str = Field(min_length=1, max_length=253, pattern=_NAME)
     mode: RepairMode
-    request_id: str = Field(min_length=1, max_length=256)
-    reason: str = Field(min_length=1, max_length=4000)
+    request_id: _Text = Field(min_length=1, max_length=256)
+    reason: _Text = Field(min_length=1, max_length=4000)
     detector: str | None = Field(None, min_length=1, max_length=128, pattern=_NAME)
-    cluster: str | None = Field(None, min_length=1, max_length=253)
-    evidence_alert: str | None = Field(None, min_length=1, max_length=256)
-    evidence_run: str | None = Field(None, min_length=1, max_length=256)
-    detected_at: datetime | None = None
+    cluster: _Text | None = Field(None, min_length=1, max_length=253)
+    evidence_alert: _Text | None = Field(None, min_length=1, max_length=256)
+    evidence_run: _Text | None = Field(None, min_length=1, max_length=256)
+    detected_at: Annotated[datetime | None, AfterValidator(in_utc)] = None
 
 
 class DecisionBody(BaseModel):
@@ -57,7 +83,7 @@ class DecisionBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    reason: str = Field("", max_length=4000)
+    reason: _Text = Field("", max_length=4000)
     action: Action | None = None
 
 
@@ -128,19 +154,29 @@ _UNITS = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 def parse_since(text: str, now: datetime) -> datetime:
     """Start of a report window: a duration back from ``now`` (``90m``, ``24h``, ``7d``,
-    ``2w``; at most 366 days) or an ISO 8601 time (UTC when it names no zone).
+    ``2w``; at most 366 days) or an ISO 8601 time (UTC when it names no zone); aware UTC.
 
-    Raises ``ValueError`` naming the value when it is neither."""
+    Raises ``ValueError`` naming the value when it is neither, or when the start falls
+    outside the years 1-9999 in UTC."""
     raw = text.strip()
     unit = raw[-1:].lower()
-    if unit in _UNITS and raw[:-1].isdigit():
+    if unit in _UNITS and raw[:-1].isdecimal() and raw[:-1].isascii():
         seconds = int(raw[:-1]) * _UNITS[unit]
         if not 0 < seconds <= 366 * 86400:
             raise ValueError(f"since: {text!r} must be between 1m and 366d")
-        return now - timedelta(seconds=seconds)
+        try:
+            return now - timedelta(seconds=seconds)
+        except OverflowError:
+            raise ValueError(f"since: {text!r} before {now.isoformat()} is before the "
+                             "year 1") from None
     try:
         at = datetime.fromisoformat(raw)
     except ValueError:
         raise ValueError(f"since: {text!r} is neither a duration (7d, 24h, 90m, 2w) nor an "
                          "ISO 8601 time") from None
-    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+    try:
+        utc = in_utc(at)
+    except ValueError as e:
+        raise ValueError(f"since: {e}") from None
+    assert utc is not None
+    return utc

@@ -20,23 +20,29 @@ GET    /api/v1/report?since&until&...  viewer+   200 fleet report: repairs, MTTR
 Errors: 401 without or with an unknown token (or when no tokens file is configured),
 403 for a role that may not do it, 404 unknown repair, 409 decision on a finished
 repair or a request id reused for another node, 422 malformed body naming the field
-(FastAPI's ``{"detail": [{"loc": ["body", FIELD], "msg": ...}]}`` shape).
+(FastAPI's ``{"detail": [{"loc": ["body", FIELD], "msg": ...}]}`` shape; ``["body"]``
+alone for a body that is not JSON text).
 """
 
 # No ``from __future__ import annotations``: FastAPI resolves the dependency annotations
 # of the route closures at definition time.
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Annotated, Any, cast
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import AfterValidator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from temporalio.client import Client
 
 from activities.ledger_reports import fleet_report
 from workers.repairs.auth import ApiTokens, Principal
 from workers.repairs.intake import IntakeError, LazyIntake, RepairIntake
 from workers.repairs.models import (
+    STORABLE,
     AlertList,
     CreateResult,
     DecisionBody,
@@ -44,10 +50,58 @@ from workers.repairs.models import (
     RepairList,
     RepairMode,
     RepairView,
+    in_utc,
     parse_since,
 )
 from workflows.config import AutorepairConfig
 from workflows.models import Requester, RequesterKind
+
+RepairId = Annotated[str, Path(min_length=1, max_length=256, pattern=STORABLE)]
+"""The ``{repair_id}`` path parameter: text the ledger can look up (no U+0000)."""
+
+_UNPARSED_BODY = "There was an error parsing the body"
+"""FastAPI's bare 400 detail for a body it could not read (``fastapi.routing``): a JSON
+content type whose bytes are not JSON text (not UTF-8, UTF-16 or UTF-32, RFC 8259 §8.1)."""
+
+
+def _encodable(value: Any) -> Any:
+    """``value`` with every string made UTF-8 encodable (lone surrogates → ``\\udXXX``)."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_encodable(k): _encodable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_encodable(v) for v in value]
+    return value
+
+
+class _BodyNamingRoute(APIRoute):
+    """An :class:`APIRoute` whose unreadable JSON bodies answer 422 naming the body
+    (``{"detail": [{"loc": ["body"], "msg": ..., "type": "json_invalid"}]}``, like
+    undecodable JSON) instead of FastAPI's bare 400, which names no field; and whose 422
+    details can always be encoded (see :func:`_encodable`)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def named(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RequestValidationError as e:
+                # the default handler echoes each bad input; a lone surrogate in it (JSON
+                # "\ud800") cannot be encoded as UTF-8 and would turn the 422 into a 500
+                raise RequestValidationError(_encodable(e.errors()), body=e.body) from None
+            except StarletteHTTPException as e:  # what fastapi.routing raises
+                if e.status_code != 400 or e.detail != _UNPARSED_BODY:
+                    raise
+                cause = e.__cause__
+                why = f"{type(cause).__name__}: {cause}" if cause else "unreadable"
+                raise RequestValidationError([{
+                    "type": "json_invalid", "loc": ("body",), "input": None,
+                    "msg": f"body is not JSON text in UTF-8 ({why})",
+                }]) from e
+
+        return named
 
 
 def build_repairs_router(
@@ -61,7 +115,7 @@ def build_repairs_router(
     Also serves the app's OpenAPI document at ``/api/v1/openapi.json``.
     """
     bearer = HTTPBearer(auto_error=False, description="TOKEN from api.tokens_file")
-    router = APIRouter(prefix="/api/v1", tags=["repairs"])
+    router = APIRouter(prefix="/api/v1", tags=["repairs"], route_class=_BodyNamingRoute)
 
     def need(perm: str) -> Callable[..., Principal]:
         def dep(
@@ -121,11 +175,11 @@ def build_repairs_router(
     @router.get("/repairs", response_model=RepairList)
     async def list_repairs(
         ix: Intake, _: Annotated[Principal, Depends(need("read"))],
-        node: str | None = Query(None, max_length=253),
-        cluster: str | None = Query(None, max_length=253),
-        state: str | None = Query(None, max_length=64),
-        action: str | None = Query(None, max_length=64),
-        requester: str | None = Query(None, max_length=256),
+        node: str | None = Query(None, max_length=253, pattern=STORABLE),
+        cluster: str | None = Query(None, max_length=253, pattern=STORABLE),
+        state: str | None = Query(None, max_length=64, pattern=STORABLE),
+        action: str | None = Query(None, max_length=64, pattern=STORABLE),
+        requester: str | None = Query(None, max_length=256, pattern=STORABLE),
         limit: int = Query(200, ge=1, le=1000),
     ) -> RepairList:
         """Repairs newest first, filtered by node, cluster, state, action, requester."""
@@ -142,8 +196,8 @@ def build_repairs_router(
     @router.get("/alerts", response_model=AlertList)
     async def list_alerts(
         ix: Intake, _: Annotated[Principal, Depends(need("read"))],
-        cluster: str | None = Query(None, max_length=253),
-        node: str | None = Query(None, max_length=253),
+        cluster: str | None = Query(None, max_length=253, pattern=STORABLE),
+        node: str | None = Query(None, max_length=253, pattern=STORABLE),
         limit: int = Query(50, ge=1, le=1000),
     ) -> AlertList:
         """Alerts recorded in the ledger (observed and actionable), newest first."""
@@ -153,24 +207,23 @@ def build_repairs_router(
     @router.get("/report")
     async def report(
         ix: Intake, _: Annotated[Principal, Depends(need("read"))],
-        since: str = Query("7d", max_length=64),
-        until: datetime | None = Query(None),
-        cluster: str | None = Query(None, max_length=253),
+        since: str = Query("7d", max_length=64, pattern=STORABLE),
+        until: Annotated[datetime | None, Query(), AfterValidator(in_utc)] = None,
+        cluster: str | None = Query(None, max_length=253, pattern=STORABLE),
     ) -> dict[str, Any]:
         """Repairs that ended in the window: by outcome, MTTR, GPU-hours lost, cost, top
         fault kinds and machines (shape: ``activities.ledger_reports.fleet_report``)."""
-        now = datetime.now(UTC)
-        end = until if until is None or until.tzinfo else until.replace(tzinfo=UTC)
+        end = until or datetime.now(UTC)
         try:
-            start = parse_since(since, end or now)
+            start = parse_since(since, end)
         except ValueError as e:
             raise HTTPException(422, [{"loc": ["query", "since"], "msg": str(e),
                                        "type": "value_error"}]) from e
-        return await fleet_report(ix.ledger, start, end or now, cluster=cluster,
+        return await fleet_report(ix.ledger, start, end, cluster=cluster,
                                   currency=ix.config.providers.currency)
 
     @router.get("/repairs/{repair_id}", response_model=RepairView)
-    async def show(repair_id: str, ix: Intake,
+    async def show(repair_id: RepairId, ix: Intake,
                    _: Annotated[Principal, Depends(need("read"))]) -> RepairView:
         """One repair with transitions and live workflow status."""
         try:
@@ -179,7 +232,7 @@ def build_repairs_router(
             raise fail(e) from e
 
     @router.post("/repairs/{repair_id}/approve", response_model=RepairView)
-    async def approve(repair_id: str, ix: Intake,
+    async def approve(repair_id: RepairId, ix: Intake,
                       who: Annotated[Principal, Depends(need("decide"))],
                       body: DecisionBody | None = None) -> RepairView:
         """Approve (optionally overriding the action)."""
@@ -189,7 +242,7 @@ def build_repairs_router(
             raise fail(e) from e
 
     @router.post("/repairs/{repair_id}/reject", response_model=RepairView)
-    async def reject(repair_id: str, ix: Intake,
+    async def reject(repair_id: RepairId, ix: Intake,
                      who: Annotated[Principal, Depends(need("decide"))],
                      body: DecisionBody | None = None) -> RepairView:
         """Reject with a reason."""
@@ -199,7 +252,7 @@ def build_repairs_router(
             raise fail(e) from e
 
     @router.post("/repairs/{repair_id}/cancel", response_model=RepairView)
-    async def cancel(repair_id: str, ix: Intake,
+    async def cancel(repair_id: RepairId, ix: Intake,
                      who: Annotated[Principal, Depends(need("decide"))],
                      body: DecisionBody | None = None) -> RepairView:
         """Cancel with a reason."""
