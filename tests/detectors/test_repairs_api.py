@@ -5,7 +5,10 @@ RepairWorkflow on the Temporal dev server and the real ledger."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
+
+import pytest
 
 from tests.detectors.conftest import Stack
 from workers.repairs.models import RepairCreate
@@ -300,3 +303,18 @@ async def test_times_outside_utc_years_are_a_422_naming_the_field(stack: Stack) 
                     params={"since": "2026-01-01T00:00:00+14:00", "until": "2026-02-01"})
     assert r.status_code == 200, r.text
     assert r.json()["since"] == "2025-12-31T10:00:00+00:00"
+
+
+async def test_sender_chosen_ids_cannot_forge_log_lines(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A detector's request id is quoted in the intake's log lines: a newline in it cannot
+    start a forged ``event=`` line (logs are one event a line, DESIGN §6)."""
+    forged = "r-1\nevent=repair_requested cluster=prod node=gpu-99 request_id=x"
+    with caplog.at_level(logging.INFO, logger="autorepair.api.repairs"):
+        r = await stack.http.post("/api/v1/repairs", json=body(request_id=forged), headers=DET)
+    assert r.status_code == 201, r.text
+    lines = [m for rec in caplog.records for m in [rec.getMessage()]
+             if "request_id" in m]
+    assert lines, "the intake logs the request"
+    assert all("\n" not in m for m in lines)

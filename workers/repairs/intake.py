@@ -364,7 +364,7 @@ class RepairIntake:
                         repair_id=repair_id, stage=Stage.rejected, at=now, by="autorepair",
                         reason=refusal))
         if existing is not None and existing["stage"] != Stage.recommended.value:
-            log.info("event=repair_request_replayed repair_id=%s detector=%s request_id=%s",
+            log.info("event=repair_request_replayed repair_id=%s detector=%r request_id=%r",
                      repair_id, detector, req.request_id)
             refused = existing["workflow_id"] is None and existing["stage"] == "rejected"
             return CreateResult(
@@ -380,8 +380,8 @@ class RepairIntake:
         )
         if refusal:
             log.warning(
-                "event=repair_request_refused cluster=%s node=%s repair_id=%s detector=%s "
-                "request_id=%s reason=%r", cluster, req.node, repair_id, detector,
+                "event=repair_request_refused cluster=%s node=%r repair_id=%s detector=%r "
+                "request_id=%r reason=%r", cluster, req.node, repair_id, detector,
                 req.request_id, refusal,
             )
         else:
@@ -396,8 +396,8 @@ class RepairIntake:
             except WorkflowAlreadyStartedError:
                 pass
             log.info(
-                "event=repair_requested cluster=%s node=%s repair_id=%s action=%s "
-                "requester=%s:%s detector=%s request_id=%s",
+                "event=repair_requested cluster=%s node=%r repair_id=%s action=%s "
+                "requester=%s:%r detector=%r request_id=%r",
                 cluster, req.node, repair_id, req.mode.value, requester.kind.value,
                 requester.name, detector, req.request_id,
             )
@@ -434,8 +434,8 @@ class RepairIntake:
                          "observed_because": why},
         })
         await self.ledger.record_alert(alert)
-        log.warning("event=repair_request_observed cluster=%s node=%s detector=%s "
-                    "request_id=%s alert_id=%s why=%r", cluster, req.node, detector,
+        log.warning("event=repair_request_observed cluster=%s node=%r detector=%r "
+                    "request_id=%r alert_id=%s why=%r", cluster, req.node, detector,
                     req.request_id, alert.alert_id, why)
         return alert
 
@@ -502,7 +502,7 @@ class RepairIntake:
             if e.status == RPCStatusCode.NOT_FOUND:
                 raise IntakeError(409, f"repair {repair_id!r} has no running workflow") from e
             raise
-        log.info("event=repair_%s repair_id=%s by=%s", signal, repair_id,
+        log.info("event=repair_%s repair_id=%s by=%r", signal, repair_id,
                  getattr(payload, "by", ""))
         return await self.get(repair_id, live=False)
 
