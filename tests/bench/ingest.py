@@ -324,7 +324,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=5.0, help="duration of each load run")
     ap.add_argument("--quick", action="store_true", help="1 s runs (smoke test)")
+    ap.add_argument("--py-spy", default=None, metavar="BINARY",
+                    help="profile the ingest server during the saturation runs with py-spy")
+    ap.add_argument("--py-spy-dir", default=".", help="where the raw py-spy stacks go")
     args = ap.parse_args()
+    profiles: dict[str, Any] = {}
     seconds = 1.0 if args.quick else args.seconds
     figures: dict[str, Any] = {"cpus": os.cpu_count(), "run_seconds": seconds}
     rows: list[tuple[str, str, str, dict[str, float], float | None]] = []
@@ -341,7 +345,16 @@ def main() -> None:
                     rows.append((transport, kind, f"{agents} agents @5s", r, p99s))
                     for k, v in r.items():
                         figures[f"{transport}_{kind}_{agents}_agents_{k}"] = v
+                spy = None
+                if args.py_spy and kind == "ingest":
+                    from tests.bench.support.stack import PySpy
+
+                    spy = PySpy(args.py_spy, srv.proc.pid,
+                                Path(args.py_spy_dir) / f"ingest-{transport}.pyspy.txt")
                 r = asyncio.run(drive(transport, srv.port, bodies, None, seconds, conns=32))
+                if spy is not None:
+                    spy.stop()
+                    profiles[transport] = spy.top(40)
                 rows.append((transport, kind, "saturation", r, None))
                 for k, v in r.items():
                     figures[f"{transport}_{kind}_saturation_{k}"] = v
@@ -370,6 +383,10 @@ def main() -> None:
               f"{figures[f'{transport}_ingest_over_bare_10000_agents_ratio']:.2f}")
     for n in ("1k", "10k", "100k"):
         print(f"threshold recompute {n:>4} nodes: {figures[f'recompute_{n}_ms']:.3f} ms")
+    for transport, (samples, top) in profiles.items():
+        print(f"py-spy ingest {transport} at saturation: {samples} samples; by total share")
+        for f, own, tot in top:
+            print(f"  {tot * 100:5.1f}% (self {own * 100:4.1f}%)  {f[:110]}")
     print(json.dumps(figures, sort_keys=True))
 
 
