@@ -19,9 +19,14 @@ The ledger schema is migrated at start (idempotent, advisory-locked).
 from __future__ import annotations
 
 import asyncio
+import atexit
+import compileall
 import contextlib
 import logging
+import shutil
 import signal
+import sys
+import tempfile
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 
@@ -46,6 +51,40 @@ def connect_temporal(config: AutorepairConfig) -> AbstractAsyncContextManager[Cl
     Raises :class:`workers.temporal_client.TemporalUnreachable` (a ``RuntimeError``)
     naming the address when Temporal cannot be reached."""
     return temporal_client(config.temporal.address, config.temporal.namespace)
+
+
+def precompile_workflow_modules() -> str | None:
+    """Compile the ``workflows`` package to bytecode once, when the interpreter writes none.
+
+    The workflow sandbox imports each workflow's module afresh for every new workflow
+    instance (and every replay after a cache eviction). With bytecode writing off
+    (``PYTHONDONTWRITEBYTECODE``, common in containers and CI) and no ``.pyc`` beside an
+    editable install, every such import compiles the module from source: measured 17 % of
+    the worker's CPU and 10-60 ms per new NodeWorkflow/RepairWorkflow on a 2-core dev stack
+    (``tests/bench/orchestration.py`` with ``--py-spy``). This compiles the package into a
+    private ``sys.pycache_prefix`` directory (the source tree stays untouched) so those
+    imports read bytecode. Returns that directory, or ``None`` when nothing was needed
+    (bytecode writing on, or a ``pycache_prefix`` chosen by the operator). Never raises: a
+    failure leaves imports compiling from source, as before.
+    """
+    if not sys.dont_write_bytecode or sys.pycache_prefix:
+        return None
+    import workflows
+
+    try:
+        prefix = tempfile.mkdtemp(prefix="autorepair-pyc-")
+        atexit.register(shutil.rmtree, prefix, ignore_errors=True)
+        sys.pycache_prefix = prefix
+        sys.dont_write_bytecode = False
+        try:
+            for path in workflows.__path__:
+                compileall.compile_dir(path, quiet=1)
+        finally:
+            sys.dont_write_bytecode = True
+    except OSError as exc:
+        log.warning("event=precompile_failed error=%s", exc)
+        return None
+    return prefix
 
 
 def workflow_classes() -> list[type]:
@@ -109,6 +148,9 @@ async def run_worker(config: AutorepairConfig, stop: asyncio.Event | None = None
         if applied:
             log.info("event=ledger_migrated applied=%s", ",".join(applied))
         async with connect_temporal(config) as client:
+            pyc = precompile_workflow_modules()
+            if pyc:
+                log.info("event=workflows_precompiled pycache_prefix=%s", pyc)
             try:
                 acts = build_activities(config, pool)
             except ValueError as exc:
