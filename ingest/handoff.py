@@ -10,7 +10,9 @@ Never blocking the receivers, never losing an accepted alert while Temporal is b
 down: :meth:`TemporalAlertSink.submit` only enqueues (bounded, ``queue_size`` in all,
 counting alerts waiting for a retry); delivery runs in ``shards`` background tasks,
 alerts of one node always on the same shard and in order (a raise is never overtaken by
-its clear). One bad record never blocks the others:
+its clear). An update-with-start holds its shard until the node's workflow has recorded
+the alert and started the repair, so there are many shards (:data:`DEFAULT_SHARDS`): a
+storm's alerts do not queue behind one another. One bad record never blocks the others:
 
 - every alert is capped first (:func:`ingest.limits.cap_alert`: evidence values and the
   whole alert's size, ``ingest.max_evidence_value_chars`` / ``ingest.max_alert_bytes``);
@@ -117,12 +119,21 @@ class ManagedAlertSink(AlertSink, Protocol):
     def depth(self) -> int: ...
 
 
+#: Default delivery tasks (shards). One update-with-start takes 0.3 s on an idle dev stack
+#: and 1-5 s on a loaded 2-core one (tests/bench/orchestration.py: the node's workflow
+#: records the alert, loads the policy and starts the repair before the update completes),
+#: so 4 shards passed at most ~13 alerts/s idle and 1-4/s loaded; a 1,000-node storm
+#: within a minute (~17 alerts/s, tests/bench/storm.py) needs tens in flight.
+DEFAULT_SHARDS = 64
+
+
 class TemporalAlertSink:
     """Delivers alerts to ``NodeWorkflow`` with update-with-start (see module docstring).
 
     ``client``: a connected Temporal client using the pydantic data converter.
     ``queue_size``: total bound on queued and parked alerts (default 10 000; config
-    ``ingest.alert_queue``). ``shards``: parallel delivery tasks (default 4).
+    ``ingest.alert_queue``). ``shards``: parallel delivery tasks (default
+    :data:`DEFAULT_SHARDS`, or ``queue_size`` when smaller).
     ``max_backoff_s``: cap of the exponential backoff between attempts (default 30 s).
     ``rpc_timeout_s``: bound on one update-with-start call (default 30 s) — without a
     worker the update would wait for acceptance indefinitely.
@@ -142,7 +153,7 @@ class TemporalAlertSink:
         task_queue: str = TASK_QUEUE,
         *,
         queue_size: int = 10_000,
-        shards: int = 4,
+        shards: int | None = None,
         max_backoff_s: float = 30.0,
         rpc_timeout_s: float = 30.0,
         max_attempts: int = 12,
@@ -152,6 +163,8 @@ class TemporalAlertSink:
         on_outcome: Callable[[str], None] | None = None,
         on_dead_letter: Callable[[str], None] | None = None,
     ) -> None:
+        if shards is None:
+            shards = max(1, min(DEFAULT_SHARDS, queue_size))
         if queue_size < shards:
             raise ValueError(f"queue_size: {queue_size} must be at least shards ({shards})")
         if max_attempts < 1:
