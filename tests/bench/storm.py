@@ -244,6 +244,8 @@ async def storm(args: argparse.Namespace, s: Stack, kube: KubeApi) -> dict[str, 
             events.append(total)
         figures["history_events_per_node_p50"] = pct(events, 50)
         figures["history_events_per_node_max"] = max(events) if events else 0
+        figures.update(phase1_max_cordoned=sampler.max_cordoned,
+                       phase1_max_acting=sampler.max_acting, phase1_max_leases=sampler.max_leases)
         print("phase 1: " + json.dumps(figures, sort_keys=True, default=str), flush=True)
 
         # phase 2: clear, nodes go idle, reset the breaker

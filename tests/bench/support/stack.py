@@ -77,8 +77,13 @@ class Stack:
         raw = make_fault_request(cluster, node, kind=kind, code=code, gpu="0000:3b:00.0",
                                  body=body, active=active,
                                  time_ns=time_ns or time.time_ns()).SerializeToString()
-        r = await self.http.post("/v1/logs", content=raw, headers={
-            "Content-Type": "application/x-protobuf", "Authorization": f"Bearer {self.token}"})
+        headers = {"Content-Type": "application/x-protobuf",
+                   "Authorization": f"Bearer {self.token}"}
+        for _ in range(30):  # 503 / 429 carry Retry-After: re-send, as an agent does
+            r = await self.http.post("/v1/logs", content=raw, headers=headers)
+            if r.status_code not in (429, 503):
+                break
+            await asyncio.sleep(float(r.headers.get("retry-after", "1")))
         if r.status_code != 200:
             raise RuntimeError(f"push {cluster}/{node}: HTTP {r.status_code} {r.text[:200]}")
         return time.time()
@@ -121,7 +126,10 @@ async def dev_stack(data_dir: Path, config: dict[str, Any]) -> AsyncIterator[Sta
                                       data_converter=pydantic_data_converter)
         token = await asyncio.to_thread(_read_token, data_dir)
         async with httpx.AsyncClient(
-            base_url=f"http://127.0.0.1:{stack.ports.otlp_http}", timeout=30,
+            base_url=f"http://127.0.0.1:{stack.ports.otlp_http}",
+            # a push waits for a free connection as long as it takes (a storm's pushes queue
+            # here, not in a timeout), then 30 s for the answer
+            timeout=httpx.Timeout(30.0, pool=None),
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
         ) as http:
             yield Stack(stack, client, token, http)
