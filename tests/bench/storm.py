@@ -9,6 +9,8 @@ Run: ``.venv/bin/python tests/bench/storm.py [--nodes 1000] [--spread 60]`` (``m
   for idle after cordoning instead of acting), policy at its defaults except: Xid 79
   repairs are automatic (the breaker counts automatic repairs) and the idle check polls
   every 5 s. Budget and breaker are the defaults for that many GPU nodes (5 % and 10 %).
+* Every node pushes its health score every 10 s throughout (a live agent; a silent
+  inventory node would raise ``node_unreachable``).
 * Phase 1: every node pushes one Xid 79 fault record over OTLP/HTTP, spread evenly over
   ``--spread`` seconds. Sampled every second: the guard's breaker and leases, nodes cordoned
   (kmock's ``spec.unschedulable``), repairs in a disruptive stage (draining, repairing,
@@ -172,6 +174,17 @@ async def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
 
 
 async def storm(args: argparse.Namespace, s: Stack, kube: KubeApi) -> dict[str, Any]:
+    n = args.nodes
+    alive = asyncio.Event()
+    beats = asyncio.create_task(s.heartbeats(CLUSTER, [node_name(i) for i in range(n)], alive))
+    try:
+        return await _storm(args, s, kube)
+    finally:
+        alive.set()
+        await beats
+
+
+async def _storm(args: argparse.Namespace, s: Stack, kube: KubeApi) -> dict[str, Any]:
     n = args.nodes
     pushes: dict[str, float] = {}
     repairs_q = f"WorkflowType = 'RepairWorkflow' AND ClusterId = '{CLUSTER}'"

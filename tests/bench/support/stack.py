@@ -28,7 +28,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from ingest.otlp import make_fault_request
+from ingest.otlp import make_fault_request, make_metrics_request
 from workers.config import load_config
 from workers.devpeers import free_ports
 from workers.devstack import DevStack, StackPorts
@@ -87,6 +87,30 @@ class Stack:
         if r.status_code != 200:
             raise RuntimeError(f"push {cluster}/{node}: HTTP {r.status_code} {r.text[:200]}")
         return time.time()
+
+    async def heartbeats(self, cluster: str, nodes: list[str], stop: asyncio.Event,
+                         interval_s: float = 10.0, batch: int = 250) -> None:
+        """Every node pushes its health score every ``interval_s`` (DESIGN §5 push interval)
+        until ``stop``, ``batch`` nodes per OTLP request (as a collector sends them): the
+        ingest sees live agents, not silent ones (a silent inventory node raises
+        ``node_unreachable``)."""
+        while not stop.is_set():
+            t0 = time.monotonic()
+            now = time.time_ns()
+            for k in range(0, len(nodes), batch):
+                req = make_metrics_request(cluster, nodes[k], 0.97, time_ns=now)
+                for node in nodes[k + 1:k + batch]:
+                    req.resource_metrics.extend(
+                        make_metrics_request(cluster, node, 0.97, time_ns=now).resource_metrics)
+                r = await self.http.post("/v1/metrics", content=req.SerializeToString(),
+                                         headers={"Content-Type": "application/x-protobuf",
+                                                  "Authorization": f"Bearer {self.token}"})
+                if r.status_code != 200:
+                    raise RuntimeError(f"heartbeat push: HTTP {r.status_code} {r.text[:200]}")
+            try:
+                await asyncio.wait_for(stop.wait(), max(0.0, interval_s - (time.monotonic() - t0)))
+            except TimeoutError:
+                pass
 
     def pid(self, name: str) -> int:
         """Process id of the stack's child ``name`` (``temporal``, ``worker``, ``ingest``)."""
