@@ -1,0 +1,87 @@
+"""Stateful property test of the repair rails (DESIGN §5) on the time-skipping server.
+
+Hypothesis draws programs — random interleavings of alerts (level and event), clears,
+repairs requested through the API, approvals, rejections, cancel signals, workflow
+cancellation from the Temporal UI, terminations, activity failures (non-retryable:
+Kubernetes 403/404, a missing ``slurm`` binary; retryable: BMC connection refused; a
+definitive action failure), busy nodes and time passing — over three nodes in two pools,
+runs each against the real workflows and ledger (``rails_driver.World``), settles the
+world and checks every rail listed in ``rails_driver``.
+
+CI runs a fixed-seed slice (``RAILS_PROPERTY_EXAMPLES``, default 12). ``make property``
+runs a longer random one and prints ``examples=… failures=… seconds=…`` last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from temporalio.testing import WorkflowEnvironment
+
+from tests.workflows.rails_driver import FAULTS, NODES, Step, check, world
+
+EXAMPLES = int(os.environ.get("RAILS_PROPERTY_EXAMPLES", "12"))
+#: ``make property`` sets this: random (not derandomized) programs, figures written here.
+REPORT = os.environ.get("RAILS_PROPERTY_REPORT")
+_stats: dict[str, Any] = {"examples": 0, "failures": 0, "started": None}
+
+
+def steps() -> st.SearchStrategy[Step]:
+    node = st.sampled_from(NODES)
+    kind = st.sampled_from(["level", "event"])
+    return st.one_of(
+        st.builds(Step, st.just("alert"), node, kind),
+        st.builds(Step, st.just("clear"), node),
+        st.builds(Step, st.just("api"), node, kind),
+        st.builds(Step, st.just("approve"), node),
+        st.builds(Step, st.just("reject"), node),
+        st.builds(Step, st.just("cancel"), node),
+        st.builds(Step, st.just("ui_cancel"), node),
+        st.builds(Step, st.just("terminate"), node),
+        st.builds(Step, st.just("fault"), n=st.integers(0, len(FAULTS) - 1)),
+        st.just(Step("heal")),
+        st.builds(Step, st.just("busy"), node, n=st.integers(1, 20)),
+        st.builds(Step, st.just("advance"), n=st.sampled_from([10, 60, 300, 1800])),
+    )
+
+
+def _record(failed: bool) -> None:
+    if _stats["started"] is None:
+        _stats["started"] = time.monotonic()
+    _stats["examples"] += 1
+    _stats["failures"] += int(failed)
+    if REPORT:
+        Path(REPORT).write_text(json.dumps({
+            "examples": _stats["examples"], "failures": _stats["failures"],
+            "seconds": round(time.monotonic() - _stats["started"], 1),
+        }))
+
+
+@settings(
+    max_examples=EXAMPLES,
+    derandomize=REPORT is None,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(approve=st.booleans(), program=st.lists(steps(), min_size=3, max_size=14))
+async def test_rails_hold_on_random_programs(
+    ts_env: WorkflowEnvironment, ledger_pool: Any, approve: bool, program: list[Step]
+) -> None:
+    async with world(ts_env, ledger_pool, approve) as w:
+        for step in program:
+            await w.run(step)
+        still_open = await w.settle()
+        bad = await check(w, still_open)
+        _record(bool(bad))
+        consent = "approve" if approve else "automatic"
+        assert not bad, "\n".join(
+            [*bad, f"consent={consent} program: {' '.join(w.trace)}",
+             *(f"  {c}" for c in w.fake.log)]
+        )
