@@ -26,6 +26,8 @@ checks the rails of DESIGN §5 as properties:
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 import itertools
 import uuid
 from collections.abc import AsyncIterator
@@ -66,6 +68,7 @@ from workflows.models import (
 )
 from workflows.protocol import (
     GuardStatus,
+    NodeStatus,
     workflow_id_guard,
     workflow_id_node,
     workflow_id_repair,
@@ -86,6 +89,7 @@ ACTIONS = DISRUPTIVE - {"cordon", "drain"}
 NODE_CALLS = DISRUPTIVE | {"check_idle", "node_health", "rejoin"}
 #: The per-node action cap of the world's policy (low, so the programs reach it).
 CAP = 3
+DEBUG = bool(os.environ.get("RAILS_PROPERTY_DEBUG"))
 
 
 @dataclass
@@ -207,6 +211,8 @@ class World:
     # ---- operations ----------------------------------------------------------------
     async def run(self, step: Step) -> None:
         self.trace.append(str(step))
+        if DEBUG:
+            print(f"{time.monotonic():.1f} step {step}", flush=True)
         op = getattr(self, f"op_{step.op}")
         await op(step)
         await asyncio.sleep(0.05)  # let workers pick up what the step caused
@@ -244,7 +250,7 @@ class World:
                     pass  # closed meanwhile
 
     async def op_api(self, s: Step) -> None:
-        rid = f"api{next(self.n)}"
+        rid = f"api{next(self.n)}-{self.cluster}"  # repair ids are unique ledger-wide
         alert = await self._now_alert(s.node, s.arg)
         action = Action.reboot if s.arg == "level" else Action.power_cycle
         req = RepairRequest(repair_id=rid, cluster=self.cluster, node=s.node, action=action,
@@ -286,19 +292,41 @@ class World:
 
     async def op_ui_cancel(self, s: Step) -> None:
         for t in await self._targets(s):
-            t.stopped = True
+            if await self._parked(t):
+                t.stopped = True
+                try:
+                    await self.handle(t).cancel()
+                except RPCError:
+                    pass
+
+    async def _parked(self, t: Tracked) -> bool:
+        """Wait (up to 2 s) for ``t`` to park in a wait (approval, lease, idle) between
+        tasks. The time-skipping server keeps an activity that was in flight when its
+        workflow closed (terminated, or cancelled and cleaned up) pending for ever, and
+        time stops skipping; so terminations and UI cancels land only there. A real
+        server has no such quirk; the dev-server crash test kills workers mid-activity."""
+        for _ in range(40):
             try:
-                await self.handle(t).cancel()
+                st = await self.handle(t).query("status", result_type=RepairStatus)
+                raw = (await self.handle(t).describe()).raw_description
             except RPCError:
-                pass
+                return False
+            parked = st.stage in (Stage.awaiting_approval, Stage.waiting_for_idle) or (
+                "lease" in st.detail)
+            if parked and not raw.pending_activities and not raw.HasField(
+                    "pending_workflow_task"):
+                return True
+            await asyncio.sleep(0.05)
+        return False
 
     async def op_terminate(self, s: Step) -> None:
         for t in await self._targets(s):
-            try:
-                await self.handle(t).terminate("property test: terminated from the CLI")
-                t.terminated = True
-            except RPCError:
-                pass
+            if await self._parked(t):
+                try:
+                    await self.handle(t).terminate("property test: terminated from the CLI")
+                    t.terminated = True
+                except RPCError:
+                    pass
 
     async def op_fault(self, s: Step) -> None:
         name, how = FAULTS[s.n]
@@ -317,7 +345,32 @@ class World:
         self.fake.busy_polls[s.node] = s.n
 
     async def op_advance(self, s: Step) -> None:
-        await self.env.sleep(timedelta(seconds=s.n))
+        await self.skip(s.n)
+
+    async def skip(self, seconds: float) -> None:
+        """Skip server time; on a stall, say which workflow holds time still."""
+        try:
+            await asyncio.wait_for(self.env.sleep(timedelta(seconds=seconds)), 45)
+        except (TimeoutError, RPCError) as e:
+            raise AssertionError(f"time did not skip {seconds} s: {e}; "
+                                 f"{await self.pending()}") from e
+
+    async def pending(self) -> str:
+        out = []
+        ids = [workflow_id_guard(self.cluster)]
+        ids += [workflow_id_node(self.cluster, n) for n in NODES]
+        ids += [workflow_id_repair(self.cluster, t.node, t.rid) for t in self.repairs.values()]
+        for wid in ids:
+            try:
+                d = await self.h.client.get_workflow_handle(wid).describe()
+            except RPCError:
+                continue
+            raw = d.raw_description
+            acts = [(a.activity_type.name, a.attempt, a.last_failure.message[:80])
+                    for a in raw.pending_activities]
+            out.append(f"{wid}: {d.status.name if d.status else '?'} acts={acts} "
+                       f"wft={raw.pending_workflow_task.state if raw.HasField('pending_workflow_task') else None}")
+        return "\n".join(out)
 
     # ---- settle --------------------------------------------------------------------
     async def settle(self) -> list[str]:
@@ -330,7 +383,7 @@ class World:
         for node in NODES:
             await self.op_approve(Step("approve", node))
         for _ in range(6):
-            await self.env.sleep(timedelta(seconds=600))
+            await self.skip(600)
             await asyncio.sleep(0.05)
         for node in NODES:
             await self.op_clear(Step("clear", node))
@@ -341,7 +394,7 @@ class World:
                         await self.handle(t).signal("cancel", CancelSignal(by="settle"))
                     except RPCError:
                         pass
-            await self.env.sleep(timedelta(seconds=600))
+            await self.skip(600)
             await asyncio.sleep(0.05)
         await self.discover()
         return [t.rid for t in self.repairs.values() if await self.is_open(t)]
@@ -354,12 +407,30 @@ class World:
             return None
 
     async def shutdown(self) -> None:
+        """Terminate every workflow of this world: the session's server is shared and a
+        leftover with no worker (a repair a NodeWorkflow just started, a validation
+        child) would keep time from skipping for the next example."""
+        client = self.h.client
+        for n in NODES:  # first the nodes, so they start nothing more; note their repair
+            handle = client.get_workflow_handle(workflow_id_node(self.cluster, n))
+            try:
+                st = await handle.query("status", result_type=NodeStatus)
+                if st.repair_id and st.repair_id not in self.repairs:
+                    self.repairs[st.repair_id] = Tracked(st.repair_id, n, "node")
+            except RPCError:
+                pass
+            try:
+                await handle.terminate("example finished")
+            except RPCError:
+                pass
+        await self.discover()
         ids = [workflow_id_guard(self.cluster)]
-        ids += [workflow_id_node(self.cluster, n) for n in NODES]
-        ids += [workflow_id_repair(self.cluster, t.node, t.rid) for t in self.repairs.values()]
+        for t in self.repairs.values():
+            ids.append(workflow_id_repair(self.cluster, t.node, t.rid))
+            ids.append(f"validate/m-{t.node}/{t.rid}")
         for wid in ids:
             try:
-                await self.h.client.get_workflow_handle(wid).terminate("example finished")
+                await client.get_workflow_handle(wid).terminate("example finished")
             except RPCError:
                 pass
 
@@ -382,27 +453,42 @@ def world_policy(approve: bool) -> PolicyConfig:
 
 
 @asynccontextmanager
-async def world(env: WorkflowEnvironment, pool: Any, approve: bool) -> AsyncIterator[World]:
-    """A running worker pair over a fresh cluster; every workflow terminated afterwards."""
-    sfx = uuid.uuid4().hex[:8]
-    fake = RecordingCluster(cluster=f"p-{sfx}", nodes=list(NODES))
-    h = Harness(
-        env=env, client=env.client, cluster=fake, ledger=Ledger(pool),
-        policy=world_policy(approve), task_queue=f"prop-{sfx}", bmc_queue=f"prop-bmc-{sfx}",
-        gpu_nodes=len(NODES), pools=dict(POOLS),
+async def world(pool: Any, approve: bool) -> AsyncIterator[World]:
+    """A time-skipping server of its own (one example's leftovers — an activity in flight
+    when its workflow closed — cannot hold time still for the next), a running worker
+    pair over a fresh cluster; every workflow terminated afterwards."""
+    from temporalio.contrib.pydantic import pydantic_data_converter
+
+    from tests.conftest import venv_binary
+    from tests.workflows.conftest import register_search_attributes
+
+    env = await WorkflowEnvironment.start_time_skipping(
+        data_converter=pydantic_data_converter,
+        test_server_existing_path=venv_binary("temporal-test-server"),
     )
-    w = World(env=env, h=h, fake=fake)
-    async with (
-        Worker(env.client, task_queue=h.task_queue,
-               workflows=[*OWN_WORKFLOWS, FakeValidationWorkflow],
-               activities=[*LedgerActivities(pool).all(), *fake.scheduler_activities(),
-                           h.load_policy]),
-        Worker(env.client, task_queue=h.bmc_queue, activities=fake.machine_activities()),
-    ):
-        try:
-            yield w
-        finally:
-            await w.shutdown()
+    try:
+        await register_search_attributes(env.client)
+        sfx = uuid.uuid4().hex[:8]
+        fake = RecordingCluster(cluster=f"p-{sfx}", nodes=list(NODES))
+        h = Harness(
+            env=env, client=env.client, cluster=fake, ledger=Ledger(pool),
+            policy=world_policy(approve), task_queue=f"prop-{sfx}",
+            bmc_queue=f"prop-bmc-{sfx}", gpu_nodes=len(NODES), pools=dict(POOLS),
+        )
+        w = World(env=env, h=h, fake=fake)
+        async with (
+            Worker(env.client, task_queue=h.task_queue,
+                   workflows=[*OWN_WORKFLOWS, FakeValidationWorkflow],
+                   activities=[*LedgerActivities(pool).all(), *fake.scheduler_activities(),
+                               h.load_policy]),
+            Worker(env.client, task_queue=h.bmc_queue, activities=fake.machine_activities()),
+        ):
+            try:
+                yield w
+            finally:
+                await w.shutdown()
+    finally:
+        await env.shutdown()
 
 
 # ---- invariants ----------------------------------------------------------------------
@@ -427,6 +513,11 @@ async def check(w: World, still_open: list[str]) -> list[str]:
             statuses[t.rid] = await w.handle(t).query("status", result_type=RepairStatus)
         except RPCError as e:
             bad.append(f"{t.rid}: status query failed: {e}")
+    if DEBUG:
+        ends = sorted(f"{'T' if t.terminated else ''}{statuses[t.rid].stage.value}"
+                      if t.rid in statuses else "T" for t in closed.values())
+        acts = sum(1 for c in w.fake.log if c.name in ACTIONS)
+        print(f"  ends={ends} actions={acts} cordons={w.fake.cordons}", flush=True)
     # a repair's ledger row is terminal once its workflow closed (not terminated)
     for rid, t in closed.items():
         row = ledger.get(rid)
@@ -490,7 +581,7 @@ async def check(w: World, still_open: list[str]) -> list[str]:
     # per-node action cap: attempts beyond it ran only with a person's approval
     for node in NODES:
         attempts = sorted(
-            (a["at"], a["repair_id"]) for r in ledger.values() if r["node"] == node
+            (a["at"], r["repair_id"]) for r in ledger.values() if r["node"] == node
             for a in r.get("attempts") or []
         )
         for i, (_at, rid) in enumerate(attempts):
