@@ -26,9 +26,10 @@ checks the rails of DESIGN §5 as properties:
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import os
 import time
-import itertools
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -67,12 +68,14 @@ from workflows.models import (
     Stage,
 )
 from workflows.protocol import (
+    REPAIR_SIGNAL_ATTACH_ALERT,
     GuardStatus,
     NodeStatus,
     workflow_id_guard,
     workflow_id_node,
     workflow_id_repair,
 )
+from workflows.repair import MACHINE_ACTIVITY
 
 NODES = ("gpu-01", "gpu-02", "gpu-03")
 #: Two nodes share a pool (the guard serialises them), one has a pool of its own.
@@ -492,6 +495,35 @@ async def world(pool: Any, approve: bool) -> AsyncIterator[World]:
 
 
 # ---- invariants ----------------------------------------------------------------------
+#: Activities that disturb a node (cordon, drain, every machine action).
+DISRUPTIVE_ACTIVITIES = {ACT.cordon_node, ACT.drain_node, *MACHINE_ACTIVITY.values()}
+
+
+async def acted_after_clear(handle: WorkflowHandle[Any, Any]) -> str | None:
+    """The first disruptive activity a repair scheduled after it saw its last clear, from
+    its history: a workflow task started after the ``attach_alert`` signal carrying the
+    clear (``active: false``) is the first to see it; an activity that task (or a later
+    one) schedules ran on cleared evidence. None when there is none."""
+    events = (await handle.fetch_history()).events
+    clear_at = None
+    started: dict[int, int] = {}
+    for e in events:
+        if e.HasField("workflow_execution_signaled_event_attributes"):
+            a = e.workflow_execution_signaled_event_attributes
+            if a.signal_name == REPAIR_SIGNAL_ATTACH_ALERT and a.input.payloads:
+                if json.loads(a.input.payloads[0].data).get("active") is False:
+                    clear_at = e.event_id
+        elif e.HasField("workflow_task_completed_event_attributes"):
+            started[e.event_id] = e.workflow_task_completed_event_attributes.started_event_id
+        elif clear_at is not None and e.HasField("activity_task_scheduled_event_attributes"):
+            a2 = e.activity_task_scheduled_event_attributes
+            if (a2.activity_type.name in DISRUPTIVE_ACTIVITIES
+                    and started.get(a2.workflow_task_completed_event_id, 0) > clear_at):
+                return (f"{a2.activity_type.name} scheduled (event {e.event_id}) after the "
+                        f"clear of all its evidence (event {clear_at})")
+    return None
+
+
 async def check(w: World, still_open: list[str]) -> list[str]:
     """Every rail of the module docstring; returns the violations (empty: all hold)."""
     bad: list[str] = []
@@ -556,14 +588,10 @@ async def check(w: World, still_open: list[str]) -> list[str]:
                            f"(calls {s1}..{e1})")
     # no disruptive step after the repair heard the clear of all its evidence
     for rid, st in statuses.items():
-        t = w.repairs[rid]
-        if t.last_clear_seq is None or any(a.active for a in st.evidence):
-            continue
-        late = [c for c in w.fake.log if c.rid == rid and c.name in DISRUPTIVE
-                and c.attempt == 1 and c.seq >= t.last_clear_seq]
-        if late:
-            bad.append(f"{rid}: {late[0].name} at call {late[0].seq} after its evidence "
-                       f"cleared (clear delivered at call {t.last_clear_seq})")
+        if st.evidence and not any(a.active for a in st.evidence):
+            late = await acted_after_clear(w.handle(w.repairs[rid]))
+            if late:
+                bad.append(f"{rid}: {late}")
     # an approval is never lost
     for rid, st in statuses.items():
         t = w.repairs[rid]
