@@ -1,7 +1,7 @@
 """Driver of the stateful rails property test (``test_rails_property.py``).
 
-One *world* per example: a fresh cluster name and task queues on the session's
-time-skipping server, the real ledger, and :class:`RecordingCluster` (the workflow
+One *world* per example: a time-skipping server of its own, a fresh cluster name and task
+queues, the real ledger, and :class:`RecordingCluster` (the workflow
 tests' ``FakeCluster`` that also logs every call in order, with the calling repair and
 the activity attempt). A *program* is a list of steps drawn by hypothesis; the driver runs
 it against the real NodeWorkflow / RepairWorkflow / guard, then settles the world (faults
@@ -16,8 +16,8 @@ checks the rails of DESIGN §5 as properties:
 - leases the guard holds belong to live repairs (terminated ones exempt: nothing tells the
   guard);
 - every repair that closed other than by termination has a terminal ledger row;
-- no disruptive step (cordon, drain, machine action) starts after the repair received the
-  clear of all its evidence;
+- no disruptive step (cordon, drain, machine action) is scheduled by a workflow task that
+  already saw the clear of all the repair's evidence (read from its history);
 - an approval sent to an open repair is never lost;
 - the per-node action cap holds: an attempt beyond ``max_actions_per_node`` ran only with a
   person's approval.
@@ -170,9 +170,7 @@ class Tracked:
     via: str  # "node" (NodeWorkflow child) or "api"
     level: bool = False  # evidence is a level fault (can clear)
     approved: bool = False  # an approve signal reached it while open
-    stopped: bool = False  # reject / cancel / UI cancel sent
     terminated: bool = False
-    last_clear_seq: int | None = None  # log length when its last clear was delivered
 
 
 @dataclass
@@ -183,7 +181,6 @@ class World:
     repairs: dict[str, Tracked] = field(default_factory=dict)
     trace: list[str] = field(default_factory=list)
     n: itertools.count[int] = field(default_factory=itertools.count)
-    approvals_sent: int = 0
 
     @property
     def cluster(self) -> str:
@@ -238,17 +235,11 @@ class World:
 
     async def op_clear(self, s: Step) -> None:
         clear = await self._now_alert(s.node, "level", active=False)
-        d = await self.h.deliver(clear)
-        seq = len(self.fake.log)
-        if d.repair_id is not None:
-            await self.discover()
-            if d.repair_id in self.repairs:
-                self.repairs[d.repair_id].last_clear_seq = seq
+        await self.h.deliver(clear)
         for t in await self.open_on(s.node):  # API repairs hear the clear directly
             if t.via == "api" and t.level:
                 try:
-                    await self.handle(t).signal("attach_alert", clear)
-                    t.last_clear_seq = len(self.fake.log)
+                    await self.handle(t).signal(REPAIR_SIGNAL_ATTACH_ALERT, clear)
                 except RPCError:
                     pass  # closed meanwhile
 
@@ -273,13 +264,11 @@ class World:
             try:
                 await self.handle(t).signal("approve", ApproveSignal(by="alice"))
                 t.approved = True
-                self.approvals_sent += 1
             except RPCError:
                 pass
 
     async def op_reject(self, s: Step) -> None:
         for t in await self._targets(s):
-            t.stopped = True
             try:
                 await self.handle(t).signal("reject", RejectSignal(by="bob", reason="not now"))
             except RPCError:
@@ -287,27 +276,16 @@ class World:
 
     async def op_cancel(self, s: Step) -> None:
         for t in await self._targets(s):
-            t.stopped = True
             try:
                 await self.handle(t).signal("cancel", CancelSignal(by="carol", reason="stop"))
             except RPCError:
                 pass
 
-    async def op_ui_cancel(self, s: Step) -> None:
-        for t in await self._targets(s):
-            if await self._parked(t):
-                t.stopped = True
-                try:
-                    await self.handle(t).cancel()
-                except RPCError:
-                    pass
-
     async def _parked(self, t: Tracked) -> bool:
         """Wait (up to 2 s) for ``t`` to park in a wait (approval, lease, idle) between
         tasks. The time-skipping server keeps an activity that was in flight when its
-        workflow closed (terminated, or cancelled and cleaned up) pending for ever, and
-        time stops skipping; so terminations and UI cancels land only there. A real
-        server has no such quirk; the dev-server crash test kills workers mid-activity."""
+        workflow was terminated pending for ever, and time stops skipping; so
+        terminations land only there. A real server has no such quirk."""
         for _ in range(40):
             try:
                 st = await self.handle(t).query("status", result_type=RepairStatus)

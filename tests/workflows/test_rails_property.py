@@ -1,8 +1,8 @@
 """Stateful property test of the repair rails (DESIGN §5) on the time-skipping server.
 
 Hypothesis draws programs — random interleavings of alerts (level and event), clears,
-repairs requested through the API, approvals, rejections, cancel signals, workflow
-cancellation from the Temporal UI, terminations, activity failures (non-retryable:
+repairs requested through the API, approvals, rejections, cancel signals, terminations,
+activity failures (non-retryable:
 Kubernetes 403/404, a missing ``slurm`` binary; retryable: BMC connection refused; a
 definitive action failure), busy nodes and time passing — over three nodes in two pools,
 runs each against the real workflows and ledger (``rails_driver.World``), settles the
@@ -10,6 +10,11 @@ world and checks every rail listed in ``rails_driver``.
 
 CI runs a fixed-seed slice (``RAILS_PROPERTY_EXAMPLES``, default 16; about 40 s). ``make property``
 runs a longer random one and prints ``examples=… failures=… seconds=…`` last.
+
+Workflow cancellation from the Temporal UI (``handle.cancel()``) is not in the mix: on the
+time-skipping server it left time unable to skip in some programs, even when it landed
+only on a repair parked in a wait (the server's quirk, see ``World._parked``); its
+cleanup has named tests in ``test_repair_rails.py``.
 """
 
 from __future__ import annotations
@@ -45,7 +50,6 @@ def steps() -> st.SearchStrategy[Step]:
         st.builds(Step, st.just("reject"), node),
         st.builds(Step, st.just("cancel"), node),
         st.builds(Step, st.just("cancel"), node),
-        # UICANCEL st.builds(Step, st.just("ui_cancel"), node),
         st.builds(Step, st.just("terminate"), node),
         st.builds(Step, st.just("fault"), n=st.integers(0, len(FAULTS) - 1)),
         st.just(Step("heal")),
