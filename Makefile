@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench fuzz fuzz-api install slurm-deps clean
+.PHONY: run test lint bench fuzz fuzz-api property install slurm-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -48,6 +48,19 @@ fuzz: install
 # (tests/integration/test_api_fuzz.py).
 fuzz-api: install
 	$(BIN)/python tests/fuzz/api_fuzz.py --cases 5000
+
+# Stateful property test of the repair rails (tests/workflows/test_rails_property.py) with
+# random programs; EXAMPLES=N sets how many (CI runs a fixed-seed slice of 16). The last
+# line gives examples run, failing examples and seconds.
+EXAMPLES ?= 200
+property: install
+	@rm -f .property.json; \
+	RAILS_PROPERTY_EXAMPLES=$(EXAMPLES) RAILS_PROPERTY_REPORT=.property.json \
+	  $(BIN)/python -m pytest -q -p no:cacheprovider --timeout=0 \
+	  tests/workflows/test_rails_property.py; rc=$$?; \
+	$(BIN)/python -c "import json; r = json.load(open('.property.json')); \
+	print(f\"examples={r['examples']} failures={r['failures']} seconds={r['seconds']}\")"; \
+	rm -f .property.json; exit $$rc
 
 clean:
 	rm -rf $(VENV) .autorepair
