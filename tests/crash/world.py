@@ -421,7 +421,7 @@ async def run_crash(spec: RunSpec, data_dir: Path) -> tuple[Verdict, dict[str, A
     Raises ``workers.devstack.StackError`` / ``PeerStartError`` when the world cannot start.
     """
     t_start = time.monotonic()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    await asyncio.to_thread(data_dir.mkdir, parents=True, exist_ok=True)
     nodes = [node_name(i) for i in range(spec.nodes)]
     loop = asyncio.get_running_loop()
     cycles: list[MachineCycle] = []
@@ -438,10 +438,10 @@ async def run_crash(spec: RunSpec, data_dir: Path) -> tuple[Verdict, dict[str, A
                 loop.call_soon_threadsafe(kube.set_boot_id, node,
                                           f"boot-{node}-{boots[node]}-{uuid.uuid4().hex[:6]}")
 
-            config = _config(data_dir, kube, emu, nodes)
+            config = await asyncio.to_thread(_config, data_dir, kube, emu, nodes)
             with MachineBridge(emu, came_back, poll_s=0.5):
                 async with dev_stack(data_dir / "stack", config) as s:
-                    token = (data_dir / "stack" / "operator.token").read_text().strip()
+                    token = await asyncio.to_thread(_read_text, data_dir / "stack" / "operator.token")
                     figures = await _drive(s, spec, token)
                     verdict = check(await ledger_repairs(s.stack.pg_dsn),
                                     await temporal_repairs(s), list(cycles),
@@ -452,6 +452,10 @@ async def run_crash(spec: RunSpec, data_dir: Path) -> tuple[Verdict, dict[str, A
     figures["violations"] = len(verdict.violations)
     figures["seconds"] = round(time.monotonic() - t_start, 1)
     return verdict, figures
+
+
+def _read_text(path: Path) -> str:
+    return path.read_text().strip()
 
 
 async def _drive(s: Stack, spec: RunSpec, token: str) -> dict[str, Any]:
