@@ -259,11 +259,14 @@ class Driver:
             await asyncio.sleep(0.5)
 
     async def closed_repairs(self, node: str) -> tuple[int, int]:
-        """(closed, running) RepairWorkflows of ``node`` in Temporal's visibility."""
+        """(closed, running) RepairWorkflows of ``node`` in Temporal's visibility. Closed
+        is read first and counted directly: a repair that becomes visible between the two
+        reads shows as running, never as closed (a total minus running would count it
+        closed and start the node's next round while this one runs)."""
         q = f"WorkflowType = 'RepairWorkflow' AND ClusterId = '{CLUSTER}' AND NodeId = '{node}'"
+        closed = await self.s.count(q + " AND ExecutionStatus != 'Running'")
         running = await self.s.count(q + " AND ExecutionStatus = 'Running'")
-        total = await self.s.count(q)
-        return total - running, running
+        return closed, running
 
     async def node_rounds(self, node: str, deadline: float) -> None:
         for rnd in range(self.spec.rounds):
