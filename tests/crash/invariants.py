@@ -8,8 +8,8 @@ a hand-made violation and shown to flag it (``tests/crash/test_invariants.py``):
 - :class:`WorkflowEnd`: one ``RepairWorkflow`` execution as Temporal reports it (close
   status name, e.g. ``COMPLETED``, ``RUNNING``, ``TERMINATED``; the stage of its result
   when it completed);
-- :class:`MachineCycle`: one power-on edge of a machine seen on the BMC side (the Redfish
-  emulator's power state going not-``On`` → ``On``), with its wall time;
+- :class:`MachineCycle`: one reset that took a machine down, as the BMC accepted it (a
+  power cycle's ``ForceOff``, a reboot's restart), with its wall time;
 - the nodes still cordoned (or carrying our taint) on the scheduler side.
 
 Invariants (DESIGN §5 rule zero and rails, as the crash test states them):
@@ -20,9 +20,9 @@ Invariants (DESIGN §5 rule zero and rails, as the crash test states them):
    workflow has its ledger row, the workflow is closed ``COMPLETED`` and its result's
    stage equals the ledger's;
 3. no host cycled twice for one repair: at most one executed machine action per repair in
-   the ledger, at most one power-on edge of the node's machine inside the repair's window
-   (created → terminal transition), no edge outside every repair's window, and a
-   ``succeeded`` action had its edge;
+   the ledger, at most one take-down of the node's machine inside the repair's window
+   (created → terminal transition), none outside every repair's window, and a
+   ``succeeded`` action had its take-down;
 4. no node left cordoned.
 """
 
@@ -36,11 +36,11 @@ from datetime import datetime
 TERMINAL = frozenset({"succeeded", "failed", "rejected", "cancelled", "auto_resolved",
                       "timed_out"})
 #: Attempt actions that power the host off and on (or restart it) through the BMC; each
-#: executed one is exactly one power-on edge of the machine (``activities.power``).
+#: executed one takes the machine down exactly once (``activities.power``).
 POWER_ACTIONS = frozenset({"power_cycle", "reboot", "reprovision"})
-#: Slack around a repair's window when attributing a power-on edge to it, seconds: the
-#: ledger's times are the workflow's clock and the edge's the bridge's poll, both on this
-#: machine; the edge is seen within one bridge poll of the emulator applying it.
+#: Slack around a repair's window when attributing a take-down to it, seconds: the
+#: ledger's times are the workflow's clock and the reset's the proxy's, both on this
+#: machine.
 EDGE_SLACK_S = 2.0
 
 
@@ -72,7 +72,7 @@ class WorkflowEnd:
 
 @dataclass(frozen=True)
 class MachineCycle:
-    """A power-on edge of ``node``'s machine at wall time ``at`` (seconds since epoch)."""
+    """A take-down reset of ``node``'s machine at wall time ``at`` (seconds since epoch)."""
 
     node: str
     at: float
@@ -82,7 +82,7 @@ class MachineCycle:
 class Verdict:
     """``violations``: one line each, empty when every invariant holds; ``figures``:
     ``repairs``, ``stages`` (count per terminal stage), ``machine_cycles``,
-    ``duplicates`` (power-on edges beyond one per repair, plus edges outside every repair,
+    ``duplicates`` (take-downs beyond one per repair, plus take-downs outside every repair,
     plus executed actions beyond one per repair), ``cordoned_left``."""
 
     violations: list[str] = field(default_factory=list)
@@ -132,27 +132,27 @@ def check(
         if w.workflow_id not in ledger_wfs:
             bad.append(f"workflow {w.workflow_id} ({w.status}) has no ledger repair")
 
-    # machine side: attribute each power-on edge to the repair of its node whose window
-    # holds it; a repair owns at most one, an edge outside every window is a stray action
+    # machine side: attribute each take-down to the repair of its node whose window holds
+    # it; a repair owns at most one, one outside every window is a stray action
     owned: Counter[str] = Counter()
     for c in cycles:
         hits = ([r for r in repairs if r.node == c.node and _inside(c.at, r, 0.0)]
                 or [r for r in repairs if r.node == c.node and _inside(c.at, r, EDGE_SLACK_S)])
         if not hits:
             duplicates += 1
-            bad.append(f"{c.node}: machine powered on at {c.at:.1f} outside every repair")
+            bad.append(f"{c.node}: machine taken down at {c.at:.1f} outside every repair")
             continue
         owned[hits[0].repair_id] += 1
     for r in repairs:
         n = owned[r.repair_id]
         if n > 1:
             duplicates += n - 1
-            bad.append(f"{r.repair_id} ({r.node}): machine powered on {n} times (want at "
+            bad.append(f"{r.repair_id} ({r.node}): machine taken down {n} times (want at "
                        "most 1)")
         acted = [a for a, o in r.attempts if a in POWER_ACTIONS and o == "succeeded"]
         if acted and n == 0:
             bad.append(f"{r.repair_id} ({r.node}): ledger says {acted[0]} succeeded but the "
-                       "machine never powered on")
+                       "machine was never taken down")
 
     for node in cordoned:
         bad.append(f"{node}: left cordoned")

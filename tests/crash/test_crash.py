@@ -4,8 +4,8 @@ PostgreSQL are each killed once with SIGKILL (seeded order and times) and restar
 The world is :mod:`tests.crash.world`: the real ``autorepair worker`` and ``autorepair
 ingest`` processes of the dev stack, Temporal dev server, embedded PostgreSQL, Kubernetes
 on kmock (scheduler side: cordons are read from its node objects) and the sushy-tools
-Redfish emulator (machine side: power-on edges counted by
-:class:`workers.devpeers.MachineBridge`, the emulator has no reset counter). Repairs come
+Redfish emulator behind a counting proxy (machine side: every reset the emulator accepted,
+:class:`tests.crash.bmc_proxy.CountingBmcProxy`; the emulator has no reset counter). Repairs come
 through the real ingest: Xid 79 records over OTLP/HTTP and operator reboot requests over
 the repair API. After the run :func:`tests.crash.invariants.check` must find nothing:
 every repair ended exactly once and as Temporal says, no machine cycled twice for one

@@ -46,7 +46,7 @@ def test_a_machine_cycled_twice_in_one_repair_is_a_duplicate() -> None:
     rs, wfs, cycles = clean()
     v = check(rs, wfs, [*cycles, cycle("gpu-02", 18)], [])
     assert v.figures["duplicates"] == 1
-    assert any("c (gpu-02): machine powered on 2 times" in x for x in v.violations)
+    assert any("c (gpu-02): machine taken down 2 times" in x for x in v.violations)
 
 
 def test_a_cycle_outside_every_repair_is_a_duplicate() -> None:
@@ -68,7 +68,7 @@ def test_an_action_the_machine_never_saw_is_flagged() -> None:
     rs, wfs, cycles = clean()
     v = check(rs, wfs, cycles[:2], [])
     assert v.violations == ["c (gpu-02): ledger says power_cycle succeeded but the machine "
-                            "never powered on"]
+                            "was never taken down"]
 
 
 def test_a_repair_that_did_not_end_or_ended_twice_is_flagged() -> None:

@@ -10,10 +10,10 @@ What runs (all on loopback, in a data directory of the run's own):
   this process), one node per machine, no pods (nodes are idle at once);
 - the machines: the sushy-tools Redfish emulator (:func:`workers.devpeers.start_redfish_emulator`,
   one system per node, its fake driver applies a power change 1-11 s after the request)
-  and a :class:`workers.devpeers.MachineBridge` that plays the kubelet (a power-on edge
-  gives the node a new ``status.nodeInfo.bootID``) and records every edge with its wall
-  time: the machine-side count of power cycles and reboots (the emulator keeps no
-  counter of its own).
+  behind :class:`tests.crash.bmc_proxy.CountingBmcProxy`, the configured BMC address: it
+  records every reset the emulator accepts (the machine-side count; the emulator keeps
+  none) and plays the kubelet (a reset that boots the host gives the node a new
+  ``status.nodeInfo.bootID``).
 
 Repairs: each round, every node gets one repair, through the ingest either as an Xid 79
 fault log record over OTLP/HTTP (catalogue: ``power_cycle``, automatic by policy) or as an
@@ -64,6 +64,7 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from tests.bench.support.stack import XID79_LINE, Stack, dev_stack
+from tests.crash.bmc_proxy import TAKE_DOWN, CountingBmcProxy
 from tests.crash.invariants import (
     TERMINAL,
     LedgerRepair,
@@ -73,7 +74,7 @@ from tests.crash.invariants import (
     check,
 )
 from tests.fixtures.kube import NODES, PDBS, PODS, KubeApi, KubeEmulator
-from workers.devpeers import MachineBridge, RedfishEmulator, start_redfish_emulator
+from workers.devpeers import RedfishEmulator, start_redfish_emulator
 from workers.devstack import Child
 from workflows.models import RepairStatus
 
@@ -383,8 +384,8 @@ async def _kube(nodes: list[str]) -> AsyncIterator[KubeApi]:
             await kube.api_client.close()
 
 
-def _config(data_dir: Path, kube: KubeApi, emu: RedfishEmulator, nodes: list[str]
-            ) -> dict[str, Any]:
+def _config(data_dir: Path, kube: KubeApi, emu: RedfishEmulator, bmc_url: str,
+            nodes: list[str]) -> dict[str, Any]:
     kubeconfig = data_dir / "kubeconfig"
     kubeconfig.write_text(json.dumps({
         "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
@@ -401,7 +402,7 @@ def _config(data_dir: Path, kube: KubeApi, emu: RedfishEmulator, nodes: list[str
             "name": CLUSTER, "scheduler": "kubernetes", "kubeconfig": str(kubeconfig),
             "gpu_nodes": 1000,
             "nodes": [{"name": n, "machine": n, "pool": f"pool-{n}",
-                       "bmc": {"address": emu.url, "system_id": emu.systems[n]}}
+                       "bmc": {"address": bmc_url, "system_id": emu.systems[n]}}
                       for n in nodes],
         }],
         "secrets": {"bmc_credentials_file": str(creds)},
@@ -426,8 +427,6 @@ async def run_crash(spec: RunSpec, data_dir: Path) -> tuple[Verdict, dict[str, A
     t_start = time.monotonic()
     await asyncio.to_thread(data_dir.mkdir, parents=True, exist_ok=True)
     nodes = [node_name(i) for i in range(spec.nodes)]
-    loop = asyncio.get_running_loop()
-    cycles: list[MachineCycle] = []
     boots: Counter[str] = Counter()
 
     async with _kube(nodes) as kube:
@@ -435,20 +434,21 @@ async def run_crash(spec: RunSpec, data_dir: Path) -> tuple[Verdict, dict[str, A
             start_redfish_emulator, data_dir / "redfish", nodes,
             password="pw-" + secrets.token_hex(8))
         try:
-            def came_back(node: str, event: str) -> None:  # the kubelet after a boot
-                cycles.append(MachineCycle(node=node, at=time.time()))
+            def booted(node: str) -> None:  # the kubelet after a boot
                 boots[node] += 1
-                loop.call_soon_threadsafe(kube.set_boot_id, node,
-                                          f"boot-{node}-{boots[node]}-{uuid.uuid4().hex[:6]}")
+                kube.set_boot_id(node, f"boot-{node}-{boots[node]}-{uuid.uuid4().hex[:6]}")
 
-            config = await asyncio.to_thread(_config, data_dir, kube, emu, nodes)
-            with MachineBridge(emu, came_back, poll_s=0.5):
+            async with CountingBmcProxy(emu.url, emu.systems, booted) as bmc:
+                config = await asyncio.to_thread(_config, data_dir, kube, emu, bmc.url, nodes)
                 async with dev_stack(data_dir / "stack", config) as s:
                     token = await asyncio.to_thread(_read_text, data_dir / "stack" / "operator.token")
                     figures = await _drive(s, spec, token)
+                    cycles = [MachineCycle(node=r.node, at=r.at) for r in bmc.resets
+                              if r.reset_type in TAKE_DOWN]
                     verdict = check(await ledger_repairs(s.stack.pg_dsn),
-                                    await temporal_repairs(s), list(cycles),
+                                    await temporal_repairs(s), cycles,
                                     cordoned_nodes(kube, nodes))
+                    figures["resets"] = dict(Counter(r.reset_type for r in bmc.resets))
         finally:
             await asyncio.to_thread(emu.stop)
     figures.update(verdict.figures)
