@@ -29,15 +29,28 @@ from workflows.activity_api import (
     AttemptHistory,
     AttemptQuery,
     AttemptRecord,
+    AutomaticStart,
     ClaimInput,
     ClaimResult,
+    GuardLedgerState,
+    GuardStateQuery,
+    HeldRepair,
     RepairRecord,
     TicketInput,
     TicketResult,
     TransitionRecord,
     VerdictRecord,
 )
-from workflows.models import TERMINAL_STAGES, Action, Alert, Requester, RequesterKind, Severity
+from workflows.models import (
+    AUTO_APPROVED,
+    TERMINAL_STAGES,
+    Action,
+    Alert,
+    Requester,
+    RequesterKind,
+    Severity,
+    Stage,
+)
 from workflows.providers import ATTR_PROVIDER, ATTRS, ProviderResolver
 
 #: Arbitrary but fixed advisory-lock key serialising migrations across processes.
@@ -124,6 +137,25 @@ def _alert_from_row(row: asyncpg.Record) -> Alert:
         source=row["source"],
         observed_at=row["observed_at"],
     )
+
+
+#: Stages of a repair that holds (or held) its lease: from cordoning to running
+#: (DESIGN §4.4 stage order; the lease is granted right before cordoning).
+HOLDING_STAGES: tuple[str, ...] = tuple(
+    s.value
+    for s in (
+        Stage.cordoning,
+        Stage.waiting_for_idle,
+        Stage.draining,
+        Stage.repairing,
+        Stage.migrating,
+        Stage.joining,
+        Stage.running,
+    )
+)
+_TERMINAL: list[str] = sorted(s.value for s in TERMINAL_STAGES)
+#: Alert kind of the guard's circuit-breaker trips (raise) and resets (clear).
+BREAKER_KIND = "circuit_breaker"
 
 
 def ticket_id_for(run_id: str) -> str:
@@ -550,6 +582,86 @@ class Ledger:
             detector,
         )
         return int(val or 0)
+
+    # -- cluster guard ----------------------------------------------------------------------
+    async def guard_state(self, q: GuardStateQuery) -> GuardLedgerState:
+        """What a freshly started cluster guard rebuilds (see :class:`GuardLedgerState`):
+        open repairs in :data:`HOLDING_STAGES`, automatic repairs that cordoned since
+        ``q.since`` (their lease was granted), the newest circuit-breaker alert, and the
+        nodes that reported a GPU."""
+        rows = await self.pool.fetch(
+            """SELECT repair_id, node, workflow_id, approved_by, requester_kind, stage
+               FROM repairs WHERE cluster = $1 AND stage = ANY($2::text[])
+               ORDER BY created_at""",
+            q.cluster,
+            list(HOLDING_STAGES),
+        )
+        holders = [
+            HeldRepair(
+                repair_id=r["repair_id"],
+                node=r["node"],
+                workflow_id=r["workflow_id"],
+                automatic=r["approved_by"] == AUTO_APPROVED,
+                requester_kind=r["requester_kind"],
+                stage=Stage(r["stage"]),
+            )
+            for r in rows
+        ]
+        auto = await self.pool.fetch(
+            """SELECT r.repair_id, min(t.at) AS at
+               FROM repairs r JOIN repair_transitions t ON t.repair_id = r.repair_id
+               WHERE r.cluster = $1 AND r.approved_by = $2 AND t.stage = $3 AND t.at >= $4
+               GROUP BY r.repair_id ORDER BY at""",
+            q.cluster,
+            AUTO_APPROVED,
+            Stage.cordoning.value,
+            q.since,
+        )
+        breaker = await self.pool.fetchrow(
+            """SELECT active, observed_at, evidence FROM alerts
+               WHERE cluster = $1 AND kind = $2
+               ORDER BY observed_at DESC, active ASC LIMIT 1""",
+            q.cluster,
+            BREAKER_KIND,
+        )
+        gpus = await self.pool.fetchval(
+            """SELECT count(DISTINCT node) FROM alerts
+               WHERE cluster = $1 AND gpu IS NOT NULL AND gpu <> '' AND node <> '*'""",
+            q.cluster,
+        )
+        is_open = bool(breaker is not None and breaker["active"])
+        evidence = (breaker["evidence"] or {}) if breaker is not None else {}
+        return GuardLedgerState(
+            holders=holders,
+            automatic=[AutomaticStart(repair_id=r["repair_id"], at=r["at"]) for r in auto],
+            breaker_open=is_open,
+            tripped_at=breaker["observed_at"] if is_open and breaker is not None else None,
+            tripped_reason=str(evidence.get("reason", "")) if is_open else "",
+            gpu_nodes_reported=int(gpus or 0),
+        )
+
+    async def open_repair(
+        self, cluster: str, node: str, repair_id: str | None = None
+    ) -> dict[str, Any] | None:
+        """``{"repair_id", "workflow_id", "stage"}`` of repair ``repair_id`` (any stage),
+        or of the node's newest open repair that has a workflow when ``repair_id`` is
+        None; None when there is no such row."""
+        if repair_id is not None:
+            row = await self.pool.fetchrow(
+                "SELECT repair_id, workflow_id, stage FROM repairs WHERE repair_id = $1",
+                repair_id,
+            )
+        else:
+            row = await self.pool.fetchrow(
+                """SELECT repair_id, workflow_id, stage FROM repairs
+                   WHERE cluster = $1 AND node = $2 AND workflow_id IS NOT NULL
+                     AND stage <> ALL($3::text[])
+                   ORDER BY created_at DESC LIMIT 1""",
+                cluster,
+                node,
+                _TERMINAL,
+            )
+        return dict(row) if row is not None else None
 
     # -- validation -----------------------------------------------------------------------
     async def record_verdict(self, v: VerdictRecord) -> None:

@@ -26,6 +26,8 @@ from typing import Any
 
 import asyncpg
 from temporalio import activity
+from temporalio.client import WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.ledger import Ledger
 from activities.ledger_reports import record_downtime
@@ -38,6 +40,10 @@ from workflows.activity_api import (
     AttemptRecord,
     ClaimInput,
     ClaimResult,
+    GuardLedgerState,
+    GuardStateQuery,
+    RepairLiveness,
+    RepairProbe,
     RepairRecord,
     TicketInput,
     TicketResult,
@@ -46,6 +52,7 @@ from workflows.activity_api import (
 )
 from workflows.config import NotifyEvent, ProvidersConfig
 from workflows.models import TERMINAL_STAGES, Alert, Stage, Verdict
+from workflows.protocol import workflow_id_repair
 from workflows.providers import ProviderResolver
 
 log = logging.getLogger("autorepair.ledger")
@@ -146,6 +153,39 @@ class LedgerActivities:
     async def open_ticket(self, t: TicketInput) -> TicketResult:
         return await self.ledger.open_ticket(t)
 
+    @activity.defn(name=ACT.ledger_guard_state)
+    async def guard_state(self, q: GuardStateQuery) -> GuardLedgerState:
+        """Leases, automatic starts and breaker state a fresh cluster guard rebuilds."""
+        return await self.ledger.guard_state(q)
+
+    @activity.defn(name=ACT.ledger_open_repair)
+    async def open_repair(self, probe: RepairProbe) -> RepairLiveness:
+        """The node's open repair (or ``probe.repair_id``) from the ledger, and whether
+        its workflow still runs (Temporal's describe through the worker's client: a
+        terminated workflow never writes its end to the ledger)."""
+        row = await self.ledger.open_repair(probe.cluster, probe.node, probe.repair_id)
+        if row is None and probe.repair_id is None:
+            return RepairLiveness()
+        repair_id = probe.repair_id or (str(row["repair_id"]) if row is not None else "")
+        wid = (row or {}).get("workflow_id") or workflow_id_repair(
+            probe.cluster, probe.node, str(repair_id)
+        )
+        try:
+            desc = await activity.client().get_workflow_handle(wid).describe()
+            status = desc.status.name.lower() if desc.status is not None else "unknown"
+            running = desc.status == WorkflowExecutionStatus.RUNNING
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+            status, running = "not_found", False
+        return RepairLiveness(
+            repair_id=repair_id,
+            workflow_id=wid,
+            stage=str((row or {}).get("stage") or ""),
+            running=running,
+            status=status,
+        )
+
     def all(self) -> list[Callable[..., Any]]:
         """Every ledger activity, for ``Worker(activities=...)``."""
         return [
@@ -157,4 +197,6 @@ class LedgerActivities:
             self.claim_request,
             self.record_verdict,
             self.open_ticket,
+            self.guard_state,
+            self.open_repair,
         ]

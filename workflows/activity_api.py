@@ -41,6 +41,8 @@ class ACT:
     ledger_claim_request = "ledger_claim_request"
     ledger_record_verdict = "ledger_record_verdict"
     ledger_open_ticket = "ledger_open_ticket"
+    ledger_guard_state = "ledger_guard_state"
+    ledger_open_repair = "ledger_open_repair"
     # scheduler side (Slurm or Kubernetes, chosen by the cluster config)
     cordon_node = "cordon_node"
     check_idle = "check_idle"
@@ -398,3 +400,74 @@ class Notification(BaseModel):
     severity: str = "info"
     event: str | None = None
     dedup_key: str | None = None
+
+
+class GuardStateQuery(BaseModel):
+    """Input of ``ledger_guard_state``: the cluster, and the start of the breaker window."""
+
+    cluster: str
+    since: datetime
+
+
+class HeldRepair(BaseModel):
+    """An open repair past its lease grant (stage cordoning … running) in the ledger."""
+
+    repair_id: str
+    node: str
+    workflow_id: str | None = None
+    automatic: bool = False
+    requester_kind: str = "system"
+    stage: Stage
+
+
+class AutomaticStart(BaseModel):
+    """An automatically approved repair and when it started cordoning (its lease grant)."""
+
+    repair_id: str
+    at: datetime
+
+
+class GuardLedgerState(BaseModel):
+    """What a freshly started guard rebuilds from the ledger (``ledger_guard_state``).
+
+    ``holders``: open repairs that hold (or held) a lease; ``automatic``: automatically
+    approved repairs that cordoned since the query's ``since`` (the breaker window);
+    ``breaker_open``/``tripped_at``/``tripped_reason``: the newest ``circuit_breaker``
+    alert of the cluster is a raise, not the reset's clear; ``gpu_nodes_reported``: nodes
+    of the cluster with an alert that names a GPU (the breaker's denominator when no GPU
+    node count is configured).
+    """
+
+    holders: list[HeldRepair] = Field(default_factory=list)
+    automatic: list[AutomaticStart] = Field(default_factory=list)
+    breaker_open: bool = False
+    tripped_at: datetime | None = None
+    tripped_reason: str = ""
+    gpu_nodes_reported: int = 0
+
+
+class RepairProbe(BaseModel):
+    """Input of ``ledger_open_repair``: a node, and the repair the caller believes is in
+    flight there (None: find the node's newest open repair in the ledger)."""
+
+    cluster: str
+    node: str
+    repair_id: str | None = None
+
+
+class RepairLiveness(BaseModel):
+    """Result of ``ledger_open_repair``.
+
+    ``repair_id`` None: the ledger has no open repair on the node (and none was named).
+    ``stage``: the ledger's stage ("" when the repair has no row yet); ``running``: its
+    workflow is running in Temporal; ``status``: Temporal's execution status in lower
+    case (``running``, ``completed``, ``terminated``, ``timed_out``, ``failed``,
+    ``canceled``, ``not_found``, ...).
+    """
+
+    repair_id: str | None = None
+    workflow_id: str | None = None
+    stage: str = ""
+    running: bool = False
+    status: str = ""
+

@@ -362,8 +362,13 @@ class RailsConfig(_Section):
     breaker_window_s: float = Field(600.0, gt=0)
     #: Max detector-requested repairs in flight per cluster.
     detector_cap: int = Field(3, ge=0)
-    #: Lease expiry when never released, seconds.
+    #: Lease expiry when neither renewed nor released, seconds. Holders renew from every
+    #: long wait (at half the TTL), so this bounds how long a dead holder blocks its slot.
     lease_ttl_s: float = Field(24 * 3600.0, gt=0)
+    #: Longest wait for a lease (budget, node pool, breaker); past it the repair ends
+    #: ``timed_out`` with the guard's last reason (its evidence is stale by then), seconds
+    #: (24 h: the wait-for-idle cap of DESIGN §5).
+    lease_wait_max_s: float = Field(24 * 3600.0, gt=0)
     #: Bound on waiting for a node to come back healthy after the action.
     rejoin_timeout_s: float = Field(1800.0, gt=0)
     #: How often the node's health is re-read while waiting for it to rejoin, seconds.

@@ -19,21 +19,39 @@ Interface: update ``deliver_alert`` (Alert → AlertDelivery), signal ``repair_f
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from datetime import datetime, timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import FailureError
+from temporalio.exceptions import (
+    ActivityError,
+    CancelledError,
+    ChildWorkflowError,
+    FailureError,
+    TerminatedError,
+)
+from temporalio.exceptions import (
+    TimeoutError as TemporalTimeoutError,
+)
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import BaseModel, Field
 
-    from workflows.activity_api import ACT, Notification, PolicySnapshot
+    from workflows.activity_api import (
+        ACT,
+        Notification,
+        PolicySnapshot,
+        RepairLiveness,
+        RepairProbe,
+        TransitionRecord,
+    )
     from workflows.catalogue.vocabulary import count_window_s
-    from workflows.config import PolicyConfig
+    from workflows.config import PolicyConfig, RailsConfig
     from workflows.console import repair_details, repair_summary
     from workflows.models import (
         ACTION_WEIGHT,
+        TERMINAL_STAGES,
         Action,
         Alert,
         AlertDelivery,
@@ -42,6 +60,7 @@ with workflow.unsafe.imports_passed_through():
         RepairRequest,
         Requester,
         RequesterKind,
+        Stage,
     )
     from workflows.policy import (
         cooldown_until,
@@ -52,15 +71,18 @@ with workflow.unsafe.imports_passed_through():
         repeat_key,
     )
     from workflows.protocol import (
+        GUARD_SIGNAL_RELEASE,
         NODE_QUERY_STATUS,
         NODE_SIGNAL_REPAIR_FINISHED,
         NODE_UPDATE_DELIVER_ALERT,
         NODE_WORKFLOW,
         REPAIR_SIGNAL_ATTACH_ALERT,
         REPAIR_WORKFLOW,
+        LeaseRelease,
         NodeStatus,
         RepairFinished,
         fault_key,
+        workflow_id_guard,
         workflow_id_repair,
     )
 
@@ -71,10 +93,54 @@ DEFAULT_HISTORY_LIMIT = 10_000
 DEDUP_TTL_S = 8 * 86400.0
 #: Most de-duplication keys kept (oldest dropped first).
 DEDUP_MAX = 20_000
+#: Hex digits of sha256(alert_id) kept as a de-duplication key (48 bits: the chance of
+#: two of 20,000 ids colliding is about 7e-7).
+DEDUP_DIGEST_HEX = 12
+#: De-duplication keys are carried grouped by the hour they were seen (a key's age is
+#: known to within this many seconds; pruning drops whole hours).
+DEDUP_BUCKET_S = 3600
+#: Most distinct count-in-window keys (``kind:code`` and repeat keys) carried, and most
+#: observation times per key (the least recently touched key is dropped first).
+MAX_OCCURRENCE_KEYS = 32
+MAX_OCCURRENCES = 256
+#: Most active faults carried (the lightest action, then the oldest, dropped first) and
+#: longest ``evidence_text``/``description`` of a carried alert, characters (the ledger
+#: holds the full alert).
+MAX_ACTIVE_FAULTS = 32
+MAX_CARRIED_TEXT = 4096
+#: Most diagnostic recommendations listed, and fault keys remembered for their window.
+MAX_DIAGNOSTICS = 100
+MAX_DIAGNOSED = 256
 #: Re-read the policy (``load_policy``) at most this often, seconds.
 POLICY_REFRESH_S = 300.0
+#: While a repair is in flight, ask Temporal whether it still runs this often, seconds
+#: (15 min; a repair started by this run is also awaited directly, which notices its end
+#: at once where the server reports a child's termination to its parent).
+REPAIR_PROBE_S = 900.0
+#: ``workflow.patched`` id of the repair reconciliation (ledger at a fresh start, the
+#: child's end awaited, liveness probes); histories from before it replay without.
+PATCH_RECONCILE = "node-reconcile"
 _ACT_TIMEOUT = timedelta(seconds=30)
 _ACT_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30))
+_BEST_EFFORT = RetryPolicy(maximum_interval=timedelta(seconds=30), maximum_attempts=5)
+
+
+def seen_digest(alert_id: str) -> str:
+    """De-duplication key of an alert id: the first :data:`DEDUP_DIGEST_HEX` hex digits
+    of its sha256."""
+    return hashlib.sha256(alert_id.encode("utf-8", "replace")).hexdigest()[:DEDUP_DIGEST_HEX]
+
+
+def _trim(alert: Alert) -> Alert:
+    """``alert`` with ``evidence_text``/``description`` cut to :data:`MAX_CARRIED_TEXT`."""
+    if len(alert.evidence_text) <= MAX_CARRIED_TEXT and len(alert.description) <= MAX_CARRIED_TEXT:
+        return alert
+    return alert.model_copy(
+        update={
+            "evidence_text": alert.evidence_text[:MAX_CARRIED_TEXT],
+            "description": alert.description[:MAX_CARRIED_TEXT],
+        }
+    )
 
 
 class ActiveFault(BaseModel):
@@ -87,8 +153,17 @@ class ActiveFault(BaseModel):
 
 
 class NodeCarried(BaseModel):
-    """State carried across continue-as-new (``NodeInput.carried``)."""
+    """State carried across continue-as-new (``NodeInput.carried``); bounded in bytes
+    (every collection has a cap above, so the payload stays well under Temporal's 2 MiB).
 
+    ``seen_log``: de-duplication keys as ``[[hour_epoch_s, "digest digest ..."], ...]``
+    (digests of :data:`DEDUP_DIGEST_HEX` characters concatenated, oldest hour first);
+    ``seen``: the old ``{alert_id: time}`` form, read once and converted. ``rails``: the
+    rails of the last policy read, so a configured cooldown or persistence applies before
+    the next read.
+    """
+
+    seen_log: list[tuple[int, str]] = Field(default_factory=list)
     seen: dict[str, datetime] = Field(default_factory=dict)
     active: dict[str, ActiveFault] = Field(default_factory=dict)
     occurrences: dict[str, list[datetime]] = Field(default_factory=dict)
@@ -100,7 +175,34 @@ class NodeCarried(BaseModel):
     #: Last diagnostic recommendation per fault (``repeat_key``): one recommendation per
     #: fault and window, whichever source reports it (agent and ingest both see stragglers).
     diagnosed: dict[str, datetime] = Field(default_factory=dict)
+    rails: RailsConfig | None = None
     history_limit: int = DEFAULT_HISTORY_LIMIT
+
+
+def _bucket(t: datetime) -> int:
+    return int(t.timestamp()) // DEDUP_BUCKET_S * DEDUP_BUCKET_S
+
+
+def _load_seen(s: NodeCarried) -> dict[str, int]:
+    """digest → hour bucket, oldest first, from ``seen_log`` and the old ``seen``."""
+    out: dict[str, int] = {}
+    for alert_id, t in sorted(s.seen.items(), key=lambda kv: kv[1]):
+        out[seen_digest(alert_id)] = _bucket(t)
+    for bucket, digests in s.seen_log:
+        for i in range(0, len(digests), DEDUP_DIGEST_HEX):
+            out[digests[i : i + DEDUP_DIGEST_HEX]] = bucket
+    return out
+
+
+def _dump_seen(seen: dict[str, int]) -> list[tuple[int, str]]:
+    """``seen`` (digest → bucket, oldest first) as the carried ``seen_log``."""
+    log: list[tuple[int, list[str]]] = []
+    for digest, bucket in seen.items():
+        if log and log[-1][0] == bucket:
+            log[-1][1].append(digest)
+        else:
+            log.append((bucket, [digest]))
+    return [(b, "".join(ds)) for b, ds in log]
 
 
 @workflow.defn(name=NODE_WORKFLOW)
@@ -113,10 +215,19 @@ class NodeWorkflow:
         # buffered across continue-as-new) runs before run() begins.
         self._inp: NodeInput | None = inp
         self._s = NodeCarried.model_validate(inp.carried) if inp.carried else NodeCarried()
+        self._seen = _load_seen(self._s)
+        self._s.seen = {}
+        self._s.seen_log = []
+        self._fresh = not inp.carried
         self._dirty = False
         self._lock = asyncio.Lock()
         self._snapshot: PolicySnapshot | None = None
         self._loaded_at: datetime | None = None
+        self._reconcile: bool | None = None
+        self._reconciled = False
+        self._reconciling = False
+        self._probed_at: datetime | None = None
+        self._watch_task: asyncio.Task[None] | None = None
 
     # ---- update / signal / query -------------------------------------------------
     @workflow.update(name=NODE_UPDATE_DELIVER_ALERT)
@@ -130,7 +241,8 @@ class NodeWorkflow:
         (actionable, waiting for its persistence window or the cooldown).
         """
         s = self._s
-        if alert.alert_id in s.seen:
+        digest = seen_digest(alert.alert_id)
+        if digest in self._seen:
             return AlertDelivery(
                 alert_id=alert.alert_id,
                 outcome=AlertOutcome.deduplicated,
@@ -138,7 +250,7 @@ class NodeWorkflow:
                 repair_id=s.repair_id,
             )
         now = workflow.now()
-        s.seen[alert.alert_id] = now
+        self._seen[digest] = _bucket(now)
         self._prune_seen(now)
         await workflow.execute_activity(
             ACT.ledger_record_alert,
@@ -147,6 +259,7 @@ class NodeWorkflow:
             start_to_close_timeout=_ACT_TIMEOUT,
             retry_policy=_ACT_RETRY,
         )
+        await self._ensure_reconciled()
         key = fault_key(alert)
         if not alert.active:
             return await self._on_clear(alert, key)
@@ -155,9 +268,11 @@ class NodeWorkflow:
         policy = (await self._policy()).policy
         cat = policy.catalogue
         for k in (occ_key, rep_key):
-            times = [t for t in s.occurrences.get(k, []) if now - t <= timedelta(days=8)]
+            times = [t for t in s.occurrences.pop(k, []) if now - t <= timedelta(days=8)]
             times.append(now)
-            s.occurrences[k] = times[-1000:]
+            s.occurrences[k] = times[-MAX_OCCURRENCES:]  # re-inserted: most recent last
+        while len(s.occurrences) > MAX_OCCURRENCE_KEYS:
+            s.occurrences.pop(next(iter(s.occurrences)))
         window = count_window_s(alert.kind, alert.code, cat)
         dec = decide_node_action(
             alert,
@@ -177,14 +292,21 @@ class NodeWorkflow:
                 )
             prev = s.active.get(key)
             s.active[key] = ActiveFault(
-                alert=alert,
+                alert=_trim(alert),
                 action=dec.action,
                 rule=dec.rule,
                 first_seen=prev.first_seen if prev else now,
             )
+            if len(s.active) > MAX_ACTIVE_FAULTS:
+                drop = min(
+                    s.active,
+                    key=lambda k: (ACTION_WEIGHT[s.active[k].action], s.active[k].first_seen),
+                )
+                s.active.pop(drop)
             self._dirty = True
         if s.repair_id is not None:
-            await self._attach(alert)
+            await self._attach(alert)  # may find the repair gone (s.repair_id cleared)
+        if s.repair_id is not None:
             if dec.actionable:
                 s.repair_alert_ids.append(alert.alert_id)
             return AlertDelivery(
@@ -202,8 +324,11 @@ class NodeWorkflow:
                     outcome=AlertOutcome.ignored,
                     reason=f"diagnostic validation already recommended at {last.isoformat()}",
                 )
+            s.diagnosed.pop(diag_key, None)
             s.diagnosed[diag_key] = now
-            s.diagnostics.append(alert.alert_id)
+            while len(s.diagnosed) > MAX_DIAGNOSED:
+                s.diagnosed.pop(next(iter(s.diagnosed)))
+            s.diagnostics = [*s.diagnostics, alert.alert_id][-MAX_DIAGNOSTICS:]
             await workflow.execute_activity(
                 ACT.notify,
                 Notification(
@@ -243,12 +368,13 @@ class NodeWorkflow:
 
     @workflow.signal(name=NODE_SIGNAL_REPAIR_FINISHED)
     def repair_finished(self, msg: RepairFinished) -> None:
-        """The in-flight repair ended: start the cooldown, drop the event faults it used."""
+        """The in-flight repair ended: start the cooldown (not after ``auto_resolved``:
+        nothing was done to the node), drop the event faults it used."""
         s = self._s
         if msg.repair_id != s.repair_id:
             return
-        rails = self._snapshot.policy.rails if self._snapshot else PolicyConfig().rails
-        s.cooldown_until = cooldown_until(msg.at, rails)
+        if msg.stage != Stage.auto_resolved:
+            s.cooldown_until = cooldown_until(msg.at, self._rails())
         used = set(msg.alert_ids) | set(s.repair_alert_ids)
         s.active = {
             k: f for k, f in s.active.items() if f.alert.level or f.alert.alert_id not in used
@@ -270,7 +396,7 @@ class NodeWorkflow:
             first_seen={k: f.first_seen for k, f in s.active.items()},
             repair_id=s.repair_id,
             cooldown_until=s.cooldown_until,
-            seen_alert_ids=len(s.seen),
+            seen_alert_ids=len(self._seen),
             recommendations=s.recommendations,
             diagnostics=list(s.diagnostics),
         )
@@ -280,6 +406,7 @@ class NodeWorkflow:
     async def run(self, inp: NodeInput) -> None:
         """Run for the node's lifetime, continuing as new when the history grows."""
         workflow.set_current_details(f"node {inp.node} of {inp.cluster}")
+        await self._ensure_reconciled()
         while True:
             timeout = self._next_deadline()
             try:
@@ -289,10 +416,13 @@ class NodeWorkflow:
             except TimeoutError:
                 pass
             self._dirty = False
+            await self._ensure_reconciled()
             async with self._lock:
+                await self._probe_repair()
                 await self._evaluate()
             if self._history_full():
                 await workflow.wait_condition(workflow.all_handlers_finished)
+                self._s.seen_log = _dump_seen(self._seen)
                 workflow.continue_as_new(
                     NodeInput(
                         cluster=inp.cluster,
@@ -327,14 +457,22 @@ class NodeWorkflow:
                 retry_policy=_ACT_RETRY,
             )
             self._loaded_at = now
+            self._s.rails = self._snapshot.policy.rails
         return self._snapshot
 
+    def _rails(self) -> RailsConfig:
+        """Rails of the last policy read (carried across continue-as-new), else defaults."""
+        if self._snapshot is not None:
+            return self._snapshot.policy.rails
+        return self._s.rails or PolicyConfig().rails
+
     def _prune_seen(self, now: datetime) -> None:
-        s = self._s
-        horizon = now - timedelta(seconds=DEDUP_TTL_S)
-        if len(s.seen) > DEDUP_MAX or any(t < horizon for t in list(s.seen.values())[:1]):
-            kept = sorted(((t, k) for k, t in s.seen.items() if t >= horizon))[-DEDUP_MAX:]
-            s.seen = {k: t for t, k in kept}
+        """Drop keys older than :data:`DEDUP_TTL_S`, then the oldest beyond
+        :data:`DEDUP_MAX` (``self._seen`` is oldest first)."""
+        horizon = _bucket(now - timedelta(seconds=DEDUP_TTL_S))
+        seen = self._seen
+        while seen and (len(seen) > DEDUP_MAX or next(iter(seen.values())) < horizon):
+            seen.pop(next(iter(seen)))
 
     async def _on_clear(self, alert: Alert, key: str) -> AlertDelivery:
         s = self._s
@@ -342,6 +480,7 @@ class NodeWorkflow:
         self._dirty = True
         if s.repair_id is not None:
             await self._attach(alert)
+        if s.repair_id is not None:
             return AlertDelivery(
                 alert_id=alert.alert_id,
                 outcome=AlertOutcome.cleared,
@@ -366,8 +505,15 @@ class NodeWorkflow:
                 REPAIR_SIGNAL_ATTACH_ALERT, alert
             )
         except FailureError:
-            # the repair already closed; its repair_finished signal is on the way
+            # The repair is closed. Had it finished normally its repair_finished signal
+            # would already be handled (it signals before it closes); still ours, it
+            # ended without telling us (terminated, timed out).
             workflow.logger.info("repair gone; alert %s not attached", alert.alert_id)
+            rid = self._s.repair_id
+            if rid is not None and self._reconcile_on():
+                live = await self._liveness(rid)
+                if self._s.repair_id == rid and (live is None or not live.running):
+                    await self._repair_gone(rid, live.status if live else "closed")
 
     def _waiting_reason(self, key: str, policy: PolicyConfig) -> str:
         now = workflow.now()
@@ -383,10 +529,12 @@ class NodeWorkflow:
 
     def _next_deadline(self) -> timedelta | None:
         s = self._s
-        if s.repair_id is not None or not s.active:
+        if s.repair_id is not None:
+            return timedelta(seconds=REPAIR_PROBE_S) if self._reconcile else None
+        if not s.active:
             return None
         now = workflow.now()
-        rails = self._snapshot.policy.rails if self._snapshot else PolicyConfig().rails
+        rails = self._rails()
         times = [
             f.first_seen + timedelta(seconds=persistence_for(f.alert, rails))
             for f in s.active.values()
@@ -420,12 +568,14 @@ class NodeWorkflow:
         action = due[0].action
         repair_id = workflow.uuid4().hex[:16]
         inp = self._inp
+        # Machine and pool from configuration and the ledger's bindings, never from what
+        # the agent reported (NodeInput carries host.id / autorepair.node_pool as sent).
         req = RepairRequest(
             repair_id=repair_id,
             cluster=inp.cluster,
             node=inp.node,
-            machine_id=inp.machine_id or snap.machines.get(inp.node),
-            node_pool=inp.node_pool or snap.pools.get(inp.node),
+            machine_id=snap.machines.get(inp.node),
+            node_pool=snap.pools.get(inp.node),
             action=action,
             requester=Requester(kind=RequesterKind.system, name="autorepair"),
             reason="; ".join(f"{f.alert.summary} ({f.rule})" for f in due),
@@ -434,7 +584,7 @@ class NodeWorkflow:
         s.repair_id = repair_id
         s.repair_alert_ids = [f.alert.alert_id for f in due]
         s.recommendations += 1
-        await workflow.start_child_workflow(
+        handle = await workflow.start_child_workflow(
             REPAIR_WORKFLOW,
             req,
             id=workflow_id_repair(inp.cluster, inp.node, repair_id),
@@ -444,4 +594,162 @@ class NodeWorkflow:
             static_details=repair_details(req),
         )
         workflow.set_current_details(f"repair {repair_id} ({action.value}) in flight")
+        if self._reconcile_on():
+            self._watch_task = asyncio.create_task(self._watch_child(handle, repair_id))
+
+    # ---- the in-flight repair's end ---------------------------------------------------
+    def _reconcile_on(self) -> bool:
+        """Whether this execution reconciles its repair (:data:`PATCH_RECONCILE`)."""
+        if self._reconcile is None:
+            self._reconcile = workflow.patched(PATCH_RECONCILE)
+        return self._reconcile
+
+    async def _ensure_reconciled(self) -> None:
+        """Once per run: a fresh start takes the node's open repair from the ledger (a
+        running one becomes the in-flight repair; one whose workflow ended without
+        finishing is closed out); a carried repair is checked the same way."""
+        if self._reconciled:
+            return
+        if self._reconciling:
+            await workflow.wait_condition(lambda: self._reconciled)
+            return
+        self._reconciling = True
+        try:
+            if not self._reconcile_on():
+                return
+            s = self._s
+            if s.repair_id is None and not self._fresh:
+                return
+            live = await self._liveness(s.repair_id)
+            if live is None or live.repair_id is None:
+                return
+            if live.running:
+                if s.repair_id is None:
+                    s.repair_id = live.repair_id
+                    workflow.set_current_details(
+                        f"repair {live.repair_id} in flight (found in the ledger)"
+                    )
+                return
+            if s.repair_id == live.repair_id:
+                await self._repair_gone(live.repair_id, live.status)
+            elif live.stage and live.stage not in {t.value for t in TERMINAL_STAGES}:
+                await self._close_ledger(live.repair_id, live.status)
+        finally:
+            self._reconciled = True
+
+    async def _liveness(self, repair_id: str | None) -> RepairLiveness | None:
+        """``ledger_open_repair`` for this node (None when the activity failed)."""
+        assert self._inp is not None
+        try:
+            return await workflow.execute_activity(
+                ACT.ledger_open_repair,
+                RepairProbe(cluster=self._inp.cluster, node=self._inp.node, repair_id=repair_id),
+                result_type=RepairLiveness,
+                start_to_close_timeout=_ACT_TIMEOUT,
+                retry_policy=_BEST_EFFORT,
+            )
+        except ActivityError as err:
+            workflow.logger.warning("repair liveness check failed: %s", err)
+            return None
+
+    async def _probe_repair(self) -> None:
+        """Every :data:`REPAIR_PROBE_S`, ask whether the in-flight repair still runs."""
+        s = self._s
+        rid = s.repair_id
+        if rid is None or not self._reconcile:
+            return
+        now = workflow.now()
+        if self._probed_at is not None and (now - self._probed_at).total_seconds() < (
+            REPAIR_PROBE_S
+        ):
+            return
+        self._probed_at = now
+        live = await self._liveness(rid)
+        if live is not None and not live.running and s.repair_id == rid:
+            await self._repair_gone(rid, live.status)
+
+    async def _watch_child(
+        self, handle: workflow.ChildWorkflowHandle[object, object], rid: str
+    ) -> None:
+        """Await the repair this run started; if it ends without ``repair_finished``
+        (terminated, timed out, failed), close it out."""
+        how = "completed"
+        try:
+            await handle
+        except ChildWorkflowError as err:
+            cause = err.cause
+            how = (
+                "terminated"
+                if isinstance(cause, TerminatedError)
+                else "timed_out"
+                if isinstance(cause, TemporalTimeoutError)
+                else "canceled"
+                if isinstance(cause, CancelledError)
+                else "failed"
+            )
+        if self._s.repair_id == rid:
+            async with self._lock:
+                if self._s.repair_id == rid:
+                    await self._repair_gone(rid, how)
+
+    async def _repair_gone(self, rid: str, how: str) -> None:
+        """The in-flight repair ``rid`` ended without telling us (``how``: Temporal's
+        status). Stop attaching alerts to it, start the cooldown (it may have acted),
+        record its end in the ledger, give its lease back and tell people — the node
+        may be left cordoned by it (DESIGN §5: someone else's cordon is never lifted
+        blindly)."""
+        assert self._inp is not None
+        s = self._s
+        now = workflow.now()
+        s.repair_id = None
+        s.repair_alert_ids = []
+        s.cooldown_until = cooldown_until(now, self._rails())
+        self._dirty = True
+        workflow.set_current_details(f"repair {rid} ended without finishing ({how})")
+        await self._close_ledger(rid, how)
+        try:
+            await workflow.get_external_workflow_handle(
+                workflow_id_guard(self._inp.cluster)
+            ).signal(GUARD_SIGNAL_RELEASE, LeaseRelease(repair_id=rid, outcome=how))
+        except FailureError:
+            pass  # no guard running: a fresh one rebuilds from the ledger
+        try:
+            await workflow.execute_activity(
+                ACT.notify,
+                Notification(
+                    cluster=self._inp.cluster,
+                    node=self._inp.node,
+                    repair_id=rid,
+                    subject=f"repair {rid} on {self._inp.node} ended without finishing ({how})",
+                    body="The repair workflow stopped before its cleanup ran; the node may "
+                    "still be cordoned by it. Check the node and uncordon it if healthy.",
+                    severity="warning",
+                ),
+                start_to_close_timeout=_ACT_TIMEOUT,
+                retry_policy=_BEST_EFFORT,
+            )
+        except ActivityError as err:
+            workflow.logger.warning("notification failed: %s", err)
+
+    async def _close_ledger(self, rid: str, how: str) -> None:
+        """Record the terminal stage of a repair whose workflow ended without writing it."""
+        stage = {"timed_out": Stage.timed_out, "failed": Stage.failed}.get(how, Stage.cancelled)
+        if how == "completed":
+            return  # it wrote its own end
+        try:
+            await workflow.execute_activity(
+                ACT.ledger_record_transition,
+                TransitionRecord(
+                    repair_id=rid,
+                    stage=stage,
+                    at=workflow.now(),
+                    by="system",
+                    reason=f"repair workflow {how} before it finished; recorded by the node "
+                    "workflow",
+                ),
+                start_to_close_timeout=_ACT_TIMEOUT,
+                retry_policy=_BEST_EFFORT,
+            )
+        except ActivityError as err:
+            workflow.logger.warning("ledger write failed: %s", err)
 

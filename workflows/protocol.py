@@ -20,8 +20,18 @@ Workflows cannot send updates to each other, so the lease protocol uses signals:
 2. the guard answers with the signal :data:`REPAIR_SIGNAL_LEASE` (:class:`LeaseReply`)
    to ``LeaseRequest.workflow_id`` — granted at once, or later when budget frees up
    or an operator resets the breaker;
-3. the requester signals :data:`GUARD_SIGNAL_RELEASE` (:class:`LeaseRelease`) when it
-   ends; a lease never released expires after ``rails.lease_ttl_s``.
+3. while it holds the lease the requester renews it from every long wait by signalling
+   :data:`GUARD_SIGNAL_ACQUIRE` again with ``renew=True`` (the full request, so a guard
+   that was terminated or reset re-registers the holder); a waiter re-sends its request
+   every :data:`LEASE_RESEND_S` for the same reason;
+4. the requester signals :data:`GUARD_SIGNAL_RELEASE` (:class:`LeaseRelease`) when it
+   ends; a lease neither renewed nor released expires after ``rails.lease_ttl_s``, and an
+   expired holder's renewal is a new request (queued when its slot went to another
+   repair): it must hold a lease again before its next disruptive step.
+
+The guard holds at most one lease per (cluster, node), and sizes everything from its own
+configuration and the ledger (node pools, GPU node count), never from what an agent
+reported.
 
 Operators use :data:`GUARD_QUERY_STATUS` (→ :class:`GuardStatus`) and
 :data:`GUARD_SIGNAL_RESET_BREAKER` (``{"by": USER}``) on ``guard/{cluster}``.
@@ -81,6 +91,14 @@ GUARD_SIGNAL_CLUSTER_ALERT = "cluster_alert"
 (e.g. the ingest's panic-mode alert): recorded in the ledger and notified; it trips
 nothing by itself."""
 GUARD_QUERY_STATUS = "status"
+LEASE_RESEND_S = 300.0
+"""How often a repair waiting for a lease re-sends its request, seconds (5 min: a guard
+that was terminated or reset learns of every waiter within that time; each re-send adds
+a handful of history events, ~100 a day)."""
+LEASE_RENEW_S = 900.0
+"""How often a lease holder renews from its long waits, seconds (15 min, or half of
+``rails.lease_ttl_s`` when that is shorter): a guard that was reset to an earlier point
+learns of every holder within that time; ~6 history events per renewal."""
 
 # --- RepairWorkflow (id repair/{cluster}/{node}/{repair_id}) ---
 REPAIR_SIGNAL_APPROVE = "approve"
@@ -154,7 +172,14 @@ def repair_state(stage: Stage | str) -> str:
 
 
 class LeaseRequest(BaseModel):
-    """Ask the cluster guard for a repair lease (signal ``acquire``)."""
+    """Ask the cluster guard for a repair lease (signal ``acquire``).
+
+    ``node_pool``: the pool the requester found in the configuration; the guard uses its
+    own configuration's pool for the node when it has one. ``renew``: the requester holds
+    (or held) a lease and is renewing it. ``gpu_evidence``: the repair's evidence names a
+    GPU (counted for the breaker's denominator when no GPU node count is configured).
+    ``requested_at``: when the repair first asked (kept across re-sends).
+    """
 
     repair_id: str
     workflow_id: str
@@ -163,12 +188,16 @@ class LeaseRequest(BaseModel):
     node_pool: str | None = None
     automatic: bool = True
     requester_kind: RequesterKind = RequesterKind.system
+    renew: bool = False
+    gpu_evidence: bool = False
+    requested_at: datetime | None = None
 
 
 class LeaseReply(BaseModel):
     """Guard → requester (signal ``lease``).
 
-    ``granted`` false with ``queued`` true: wait, a later reply grants it.
+    ``granted`` false with ``queued`` true: wait, a later reply grants it (a renewal
+    answered so means the lease expired and its slot is taken: do not act until granted).
     ``reset_at``: set when the grant came after a breaker reset — evidence observed
     before it is stale (DESIGN §5 rails: evidence is re-checked right before acting).
     """
@@ -178,6 +207,8 @@ class LeaseReply(BaseModel):
     queued: bool = False
     reason: str = ""
     reset_at: datetime | None = None
+    #: When the granted lease expires unless renewed (None on a refusal).
+    expires_at: datetime | None = None
 
 
 class LeaseRelease(BaseModel):
@@ -205,6 +236,9 @@ class Lease(BaseModel):
     requester_kind: RequesterKind = RequesterKind.system
     granted_at: datetime
     expires_at: datetime
+    #: ``ledger`` for a lease the guard rebuilt from the ledger's open repairs after a
+    #: fresh start (its holder re-registers on its next renewal), else ``granted``.
+    source: str = "granted"
 
 
 class GuardInput(BaseModel):
@@ -239,6 +273,12 @@ class GuardStatus(BaseModel):
     pending: list[LeaseRequest] = Field(default_factory=list)
     recent_automatic: list[datetime] = Field(default_factory=list)
     refused_total: int = 0
+    #: Leases that expired without being renewed or released (newest last, bounded).
+    expired: list[Lease] = Field(default_factory=list)
+    #: Best-effort side effects (notifications, ledger writes) that failed, newest last.
+    errors: list[str] = Field(default_factory=list)
+    #: When the guard rebuilt its state from the ledger (a fresh start), if it did.
+    rebuilt_at: datetime | None = None
 
 
 class RepairFinished(BaseModel):

@@ -125,6 +125,8 @@ with workflow.unsafe.imports_passed_through():
         GUARD_SIGNAL_ACQUIRE,
         GUARD_SIGNAL_RELEASE,
         GUARD_WORKFLOW,
+        LEASE_RENEW_S,
+        LEASE_RESEND_S,
         NODE_SIGNAL_REPAIR_FINISHED,
         REPAIR_QUERY_STATUS,
         REPAIR_SIGNAL_APPROVE,
@@ -170,6 +172,9 @@ REBOOTING: frozenset[Action] = frozenset(
 )
 #: ``workflow.patched`` id of the approval deadline (added after the first release).
 PATCH_APPROVAL_DEADLINE = "approval-deadline"
+#: ``workflow.patched`` id of lease re-sending, renewal and re-checks (DESIGN §5 rails:
+#: a lease lives as long as its holder); histories from before it replay without.
+PATCH_LEASE_RENEWAL = "lease-renewal"
 #: ``workflow.patched`` id of the rails added after the first release: cleanup on every
 #: ending, evidence before every disruptive step, kept early approvals, the per-node action
 #: cap, the recurrence check, idle back-off and continue-as-new. Histories recorded
@@ -271,6 +276,8 @@ class RepairWorkflow:
         self._cancel: CancelSignal | None = None
         self._lease: LeaseReply | None = None
         self._lease_requested = False
+        self._last_renew: datetime | None = None
+        self._renewing = False
         self._cordoned_by_us = False
         self._policy = PolicyConfig()
         self._bmc_queue = BMC_TASK_QUEUE
@@ -317,7 +324,13 @@ class RepairWorkflow:
 
     @workflow.signal(name=REPAIR_SIGNAL_LEASE)
     def lease(self, reply: LeaseReply) -> None:
-        """The guard's answer to our ``acquire``."""
+        """The guard's answer to our ``acquire`` or renewal. A refused renewal means the
+        lease lapsed and its slot is taken: :meth:`_ensure_lease` re-acquires before the
+        next disruptive step."""
+        held = self._lease
+        if reply.granted and held is not None and held.granted and reply.reset_at is None:
+            # a renewal keeps what the grant said about a breaker reset
+            reply = reply.model_copy(update={"reset_at": held.reset_at})
         self._lease = reply
 
     @workflow.query(name=REPAIR_QUERY_STATUS)
@@ -403,6 +416,7 @@ class RepairWorkflow:
             raise _Ended(
                 S.auto_resolved, "system", "every alert behind the repair cleared before draining"
             )
+        await self._ensure_lease("drain")
         await self._drain()
         await self._act_with_ladder()
 
@@ -411,8 +425,11 @@ class RepairWorkflow:
         snap = await self._act(ACT.load_policy, req.cluster, PolicySnapshot)
         self._policy = snap.policy
         self._bmc_queue = snap.bmc_task_queue
-        self._machine = self._machine or snap.machines.get(req.node)
-        self._pool = self._pool or snap.pools.get(req.node)
+        # Machine and pool from configuration and the ledger's bindings (load_policy);
+        # the request's own only where those have none (DESIGN §5: never what an agent
+        # reported about itself).
+        self._machine = snap.machines.get(req.node) or self._machine
+        self._pool = snap.pools.get(req.node) or self._pool
         first = self._alerts[0] if self._alerts else None
         workflow.upsert_search_attributes(
             [
@@ -457,19 +474,33 @@ class RepairWorkflow:
     # ---- waiting -------------------------------------------------------------------
     async def _wait(self, cond: Callable[[], bool], limit_s: float | None) -> bool:
         """Every long wait of the repair goes through here (approval, wait for idle, rejoin
-        polling, action retry back-off), so a lease held meanwhile can be renewed in one
-        place. Returns True when ``cond()`` became true, False after ``limit_s`` seconds
-        (None: no bound)."""
-        if limit_s is None:
-            await workflow.wait_condition(cond)
+        polling, action retry back-off), so a lease held meanwhile is renewed here: in
+        chunks of at most the renewal interval (:meth:`_renew_lease`). Returns True when
+        ``cond()`` became true, False after ``limit_s`` seconds (None: no bound)."""
+        if not self._holding():
+            if limit_s is None:
+                await workflow.wait_condition(cond)
+                return True
+            try:
+                await workflow.wait_condition(cond, timeout=timedelta(seconds=limit_s))
+            except TimeoutError:
+                return False
             return True
-        try:
-            await workflow.wait_condition(cond, timeout=timedelta(seconds=limit_s))
-        except TimeoutError:
-            return False
-        return True
+        start = workflow.now()
+        while True:
+            await self._renew_lease()
+            chunk = self._renew_every()
+            if limit_s is not None:
+                left = limit_s - (workflow.now() - start).total_seconds()
+                if left <= 0:
+                    return False
+                chunk = min(chunk, left)
+            try:
+                await workflow.wait_condition(cond, timeout=timedelta(seconds=chunk))
+                return True
+            except TimeoutError:
+                continue
 
-    # ---- decisions -----------------------------------------------------------------
     async def _decide(
         self, requested: Action, approver: str | None, reset_blocked: str | None = None
     ) -> None:
@@ -591,64 +622,183 @@ class RepairWorkflow:
             raise _Ended(S.cancelled, self._cancel.by, self._cancel.reason or "cancelled")
 
     # ---- lease -------------------------------------------------------------------
-    async def _acquire_lease(self) -> None:
+    def _lease_request(self, renew: bool = False) -> LeaseRequest:
         assert self._req is not None
         req = self._req
-        auto = self._approved_by == AUTO_APPROVED
-        lreq = LeaseRequest(
+        return LeaseRequest(
             repair_id=req.repair_id,
             workflow_id=workflow.info().workflow_id,
             cluster=req.cluster,
             node=req.node,
             node_pool=self._pool,
-            automatic=auto,
+            automatic=self._approved_by == AUTO_APPROVED,
             requester_kind=req.requester.kind,
+            renew=renew,
+            gpu_evidence=any(a.gpu for a in self._alerts),
         )
-        self._detail = "waiting for a lease from the cluster guard"
-        workflow.set_current_details(self._detail)
-        gid = workflow_id_guard(req.cluster)
+
+    def _holding(self) -> bool:
+        """Whether we hold a granted lease and renew it (:data:`PATCH_LEASE_RENEWAL`)."""
+        return self._renewing and self._lease is not None and self._lease.granted
+
+    def _renew_every(self) -> float:
+        """Renewal interval, seconds: :data:`LEASE_RENEW_S`, at most half the lease TTL."""
+        return min(LEASE_RENEW_S, self._policy.rails.lease_ttl_s / 2)
+
+    async def _signal_guard(self, lreq: LeaseRequest, strict: bool = False) -> None:
+        """Send ``lreq`` to ``guard/{cluster}``, starting the guard when it is not running
+        (first use, or terminated). ``strict``: a failed second try raises (histories from
+        before :data:`PATCH_LEASE_RENEWAL`); otherwise it is logged and the next re-send or
+        renewal tries again."""
+        gid = workflow_id_guard(lreq.cluster)
+        try:
+            await workflow.get_external_workflow_handle(gid).signal(GUARD_SIGNAL_ACQUIRE, lreq)
+            return
+        except FailureError:
+            pass
+        try:
+            await workflow.start_child_workflow(
+                GUARD_WORKFLOW,
+                GuardInput(cluster=lreq.cluster),
+                id=gid,
+                task_queue=workflow.info().task_queue,
+                parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+                static_summary=guard_summary(lreq.cluster),
+                static_details=guard_details(lreq.cluster),
+            )
+        except WorkflowAlreadyStartedError:
+            pass
         try:
             await workflow.get_external_workflow_handle(gid).signal(GUARD_SIGNAL_ACQUIRE, lreq)
         except FailureError:
-            try:
-                await workflow.start_child_workflow(
-                    GUARD_WORKFLOW,
-                    GuardInput(cluster=req.cluster),
-                    id=gid,
-                    task_queue=workflow.info().task_queue,
-                    parent_close_policy=workflow.ParentClosePolicy.ABANDON,
-                    static_summary=guard_summary(req.cluster),
-                    static_details=guard_details(req.cluster),
-                )
-            except WorkflowAlreadyStartedError:
-                pass
-            await workflow.get_external_workflow_handle(gid).signal(GUARD_SIGNAL_ACQUIRE, lreq)
+            if strict:
+                raise
+            workflow.logger.warning("guard %s unreachable; the request is sent again later", gid)
+
+    async def _acquire_lease(self) -> None:
+        """Ask the cluster guard for a lease and wait for the grant (DESIGN §5 rails)."""
+        assert self._req is not None
+        # Histories from before lease renewal replay the single request and wait.
+        self._renewing = workflow.patched(PATCH_LEASE_RENEWAL)
+        lreq = self._lease_request()
+        self._detail = "waiting for a lease from the cluster guard"
+        workflow.set_current_details(self._detail)
+        await self._signal_guard(lreq, strict=not self._renewing)
         self._lease_requested = True
-        auto_resolvable = any(a.level for a in self._alerts)
-        while True:
-            await workflow.wait_condition(
-                lambda: (
-                    self._lease is not None
-                    or self._reject is not None
-                    or self._cancel is not None
-                    or (auto_resolvable and not evidence_current(self._alerts))
-                )
-            )
-            self._check_ended()
-            if self._lease is None:
-                raise _Ended(S.auto_resolved, "system", "alert cleared while waiting for lease")
+        if self._renewing:
+            await self._wait_for_grant(lreq)
             reply = self._lease
-            if reply.granted:
-                break
-            self._detail = f"lease queued: {reply.reason}"
-            workflow.set_current_details(self._detail)
-            self._lease = None
+            assert reply is not None
+        else:
+            auto_resolvable = any(a.level for a in self._alerts)
+            while True:
+                await workflow.wait_condition(
+                    lambda: (
+                        self._lease is not None
+                        or self._reject is not None
+                        or self._cancel is not None
+                        or (auto_resolvable and not evidence_current(self._alerts))
+                    )
+                )
+                self._check_ended()
+                if self._lease is None:
+                    raise _Ended(S.auto_resolved, "system", "alert cleared while waiting for lease")
+                reply = self._lease
+                if reply.granted:
+                    break
+                self._detail = f"lease queued: {reply.reason}"
+                workflow.set_current_details(self._detail)
+                self._lease = None
         if reply.reset_at is not None and not evidence_current(self._alerts, reply.reset_at):
             raise _Ended(
                 S.auto_resolved,
                 "system",
                 "evidence predates the circuit breaker reset and is no longer current",
             )
+
+    async def _wait_for_grant(self, lreq: LeaseRequest) -> None:
+        """Wait for a granted ``lease`` reply to ``lreq``, re-sending it every
+        :data:`LEASE_RESEND_S` (a guard that was terminated or reset learns of us again).
+        Ends the repair ``timed_out`` after ``rails.lease_wait_max_s`` with the guard's last
+        reason, ``auto_resolved`` when the level evidence clears, and on reject/cancel."""
+        auto_resolvable = any(a.level for a in self._alerts)
+        limit = self._policy.rails.lease_wait_max_s
+        start = workflow.now()
+        last_reason = "no answer from the cluster guard"
+        self._lease = None
+        while True:
+            waited = (workflow.now() - start).total_seconds()
+            if waited >= limit:
+                raise _Ended(
+                    S.timed_out,
+                    "system",
+                    f"no lease within {limit:g} s (policy.rails.lease_wait_max_s): {last_reason}",
+                )
+            try:
+                await workflow.wait_condition(
+                    lambda: (
+                        self._lease is not None
+                        or self._reject is not None
+                        or self._cancel is not None
+                        or (auto_resolvable and not evidence_current(self._alerts))
+                    ),
+                    timeout=timedelta(seconds=max(min(LEASE_RESEND_S, limit - waited), 1.0)),
+                )
+            except TimeoutError:
+                await self._signal_guard(lreq)
+                continue
+            self._check_ended()
+            reply = self._lease
+            if reply is None:
+                raise _Ended(S.auto_resolved, "system", "alert cleared while waiting for lease")
+            if reply.granted:
+                self._last_renew = workflow.now()
+                return
+            last_reason = reply.reason or "queued"
+            self._detail = f"lease queued: {last_reason}"
+            workflow.set_current_details(self._detail)
+            self._lease = None
+
+    async def _renew_lease(self) -> None:
+        """Renew our lease when due (every :meth:`_renew_every` seconds); called from
+        :meth:`_wait`. The renewal carries the full request, so a guard that lost its
+        state re-registers us. Does not wait for the answer: a refusal marks the lease
+        lost and :meth:`_ensure_lease` re-acquires before the next step."""
+        if not self._holding():
+            return
+        now = workflow.now()
+        if (
+            self._last_renew is not None
+            and (now - self._last_renew).total_seconds() < self._renew_every()
+        ):
+            return
+        self._last_renew = now
+        await self._signal_guard(self._lease_request(renew=True))
+
+    async def _ensure_lease(self, step: str) -> None:
+        """Before a disruptive ``step``: hold an unexpired lease, or re-acquire one (and
+        wait for it) first — an expired lease is never silently reused (DESIGN §5 rails)."""
+        if not (self._renewing and self._lease_requested):
+            return
+        lease = self._lease
+        now = workflow.now()
+        expires = lease.expires_at if lease is not None else None
+        if lease is not None and lease.granted and (expires is None or now < expires):
+            await self._renew_lease()
+            return
+        if lease is not None and not lease.granted:
+            why = lease.reason or "lease not renewed"
+        elif expires is not None:
+            why = f"lease expired at {expires.isoformat()}"
+        else:
+            why = "no lease"
+        reset_at = lease.reset_at if lease is not None else None
+        await self._note(f"lease not held before {step} ({why}); re-acquiring")
+        lreq = self._lease_request(renew=True)
+        await self._signal_guard(lreq)
+        await self._wait_for_grant(lreq)
+        if reset_at is not None and self._lease is not None and self._lease.reset_at is None:
+            self._lease = self._lease.model_copy(update={"reset_at": reset_at})
 
     # ---- stages ------------------------------------------------------------------
     async def _cordon(self) -> None:
@@ -765,6 +915,7 @@ class RepairWorkflow:
         self._approved_by, self._rule = c.approved_by, c.rule
         self._lease = self._lease or c.lease
         self._lease_requested = c.lease_requested
+        self._renewing = workflow.patched(PATCH_LEASE_RENEWAL)
         self._cordoned_by_us = c.cordoned_by_us
         self._policy = c.policy or PolicyConfig()
         self._bmc_queue = c.bmc_queue
@@ -842,6 +993,7 @@ class RepairWorkflow:
                 boot_id_before=before.boot_id,
                 boot_time_before=before.boot_time,
             )
+            await self._ensure_lease(action.value)
             self._acted.append(action)
             try:
                 new_machine = await self._machine_action(action, minput)

@@ -12,6 +12,7 @@ The ledger activities are the real ones (``activities.ledger_activities``) on th
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -81,6 +82,8 @@ class FakeCluster:
     broken: dict[str, str] = field(default_factory=dict)
     # call name -> retryable failures left (BMC connection refused, HTTP 5xx)
     transient: dict[str, int] = field(default_factory=dict)
+    #: Answer every notification like a webhook that says 404 (non-retryable).
+    notify_rejects: bool = False
 
     def _log(self, name: str, node: str) -> None:
         self.calls.append((name, node))
@@ -197,6 +200,10 @@ class FakeCluster:
 
     @activity.defn(name=ACT.notify)
     async def notify(self, n: Notification) -> None:
+        if self.notify_rejects:
+            raise ApplicationError(
+                "notifications.webhook_url: HTTP 404", type=ERR_ACTION_FAILED, non_retryable=True
+            )
         self.notifications.append(n)
 
     def scheduler_activities(self) -> list[Any]:
@@ -319,16 +326,30 @@ async def harness(ts_env: WorkflowEnvironment, ledger_pool: Any) -> AsyncIterato
 async def terminate_all(h: Harness) -> None:
     """Terminate every workflow this test left running (the session server is shared,
     and time skipping is global: leftovers would hold time for the next test)."""
-    ids = [workflow_id_guard(h.cluster.cluster)]
-    ids += [workflow_id_node(h.cluster.cluster, n) for n in h.cluster.nodes]
+    # nodes (which start repairs), then repairs (which start a guard when it is gone),
+    # then the guard: a workflow left running without its worker holds the session's
+    # time skipping for good
+    ids = [workflow_id_node(h.cluster.cluster, n) for n in h.cluster.nodes]
     ids += [
         r["workflow_id"]
         for r in await h.ledger.list_repairs(cluster=h.cluster.cluster)
         if r["workflow_id"]
     ]
-    for wid in ids:
+    ids += [workflow_id_guard(h.cluster.cluster)]
+    for wid in [*ids, workflow_id_guard(h.cluster.cluster)]:
+        handle = h.client.get_workflow_handle(wid)
+        # between tasks where possible: the time-skipping server stops skipping time for
+        # the rest of the session when a workflow is cut mid-task
+        for _ in range(100):
+            try:
+                raw = (await handle.describe()).raw_description
+            except RPCError:
+                break
+            if not raw.pending_activities and not raw.HasField("pending_workflow_task"):
+                break
+            await asyncio.sleep(0.05)
         try:
-            await h.client.get_workflow_handle(wid).terminate("test finished")
+            await handle.terminate("test finished")
         except RPCError:
             pass  # not running
 

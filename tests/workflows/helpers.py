@@ -78,3 +78,17 @@ async def result_skipping(h: Harness, node: str, rid: str, step_s: float = 30) -
             return await handle.result()
         await h.env.sleep(timedelta(seconds=step_s))
     raise AssertionError(f"repair {rid} did not finish")
+
+
+async def terminate_between_tasks(h: Harness, workflow_id: str) -> None:
+    """Terminate ``workflow_id`` (as an operator would from the Temporal UI) once it has
+    no activity or workflow task in flight: the time-skipping test server stops skipping
+    time for the rest of the session when a workflow is cut mid-task."""
+    handle = h.client.get_workflow_handle(workflow_id)
+
+    async def idle() -> bool:
+        raw = (await handle.describe()).raw_description
+        return not raw.pending_activities and not raw.HasField("pending_workflow_task")
+
+    await eventually(idle, f"{workflow_id} between tasks")
+    await handle.terminate("terminated from the Temporal UI")

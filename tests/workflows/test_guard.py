@@ -6,7 +6,13 @@ from __future__ import annotations
 from datetime import timedelta
 
 from tests.workflows.conftest import Harness
-from tests.workflows.helpers import eventually, guard_status, start_repair, wait_stage
+from tests.workflows.helpers import (
+    eventually,
+    guard_status,
+    start_repair,
+    terminate_between_tasks,
+    wait_stage,
+)
 from workflows.models import Action, Requester, RequesterKind, Stage
 from workflows.protocol import GUARD_SIGNAL_RESET_BREAKER, ResetBreakerSignal, workflow_id_guard
 
@@ -59,21 +65,23 @@ async def test_one_repair_per_pool_and_detector_cap(harness: Harness) -> None:
     assert {x.repair_id for x in g.leases} == {"p1a", "p2a"}
 
 
-async def test_unreleased_lease_expires(harness: Harness) -> None:
+async def test_unreleased_lease_expires_when_its_holder_is_gone(harness: Harness) -> None:
     h = harness
     h.policy.rails.lease_ttl_s = 600
     h.policy.wait_for_idle.do_not_interrupt = True
     h.policy.wait_for_idle.poll_s = 300
     h.cluster.busy_polls["gpu-05"] = 1000
-    await start_repair(h, "gpu-05", Action.reboot, "e1", requester=USER, alerts=[])
+    a = await start_repair(h, "gpu-05", Action.reboot, "e1", requester=USER, alerts=[])
     await wait_stage(h, "gpu-05", "e1", Stage.waiting_for_idle)
     assert len((await guard_status(h)).leases) == 1
+    await terminate_between_tasks(h, a.id)
     await h.env.sleep(timedelta(minutes=11))
 
     async def expired() -> bool:
-        return not (await guard_status(h)).leases
+        g = await guard_status(h)
+        return not g.leases and [x.repair_id for x in g.expired] == ["e1"]
 
-    await eventually(expired, "lease expiry")
+    await eventually(expired, "lease expiry of a gone holder")
 
 
 async def test_reset_breaker_signal_closes_it(harness: Harness) -> None:

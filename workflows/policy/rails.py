@@ -33,8 +33,9 @@ def in_cooldown(until: datetime | None, now: datetime) -> bool:
 def concurrency_budget(gpu_nodes: int, rails: RailsConfig, seen_nodes: int = 0) -> int:
     """Repairs allowed at once in a cluster: ``max(min_concurrent, ceil(fraction × N))``.
 
-    ``N`` is ``gpu_nodes`` from the cluster config, or ``seen_nodes`` (nodes that asked
-    for a lease so far) when the cluster is not configured (``gpu_nodes == 0``).
+    ``N`` is ``gpu_nodes`` from the cluster config, or ``seen_nodes`` (nodes that
+    reported a GPU: ledger alerts naming one, lease requests with GPU evidence) when no
+    count is configured (``gpu_nodes == 0``).
     Defaults (DESIGN §5): fraction 0.05, min 1.
     """
     n = gpu_nodes or seen_nodes
@@ -44,7 +45,8 @@ def concurrency_budget(gpu_nodes: int, rails: RailsConfig, seen_nodes: int = 0) 
 def breaker_threshold(gpu_nodes: int, rails: RailsConfig, seen_nodes: int = 0) -> int:
     """Automatic repairs/cordons in ``breaker_window_s`` that trip the breaker:
     ``max(breaker_min, ceil(breaker_fraction × N))``, N = GPU nodes of the cluster
-    (``seen_nodes`` when unconfigured). Defaults (DESIGN §5): 0.10, min 2, 600 s."""
+    (``seen_nodes``, the nodes that reported a GPU, when unconfigured). Defaults
+    (DESIGN §5): 0.10, min 2, 600 s."""
     n = gpu_nodes or seen_nodes
     return max(rails.breaker_min, math.ceil(rails.breaker_fraction * n))
 
