@@ -52,6 +52,7 @@ async def test_second_repair_on_the_same_node_is_queued(harness: Harness) -> Non
     h.gpu_nodes = 100  # budget 5
     h.policy.wait_for_idle.do_not_interrupt = True
     h.policy.wait_for_idle.poll_s = 60
+    h.policy.wait_for_idle.poll_max_s = 60  # no back-off
     h.cluster.busy_polls["gpu-01"] = 5
     a = await start_repair(h, "gpu-01", Action.reboot, "n1", requester=USER, alerts=[])
     await wait_stage(h, "gpu-01", "n1", Stage.waiting_for_idle)
@@ -155,6 +156,7 @@ async def test_terminated_guard_is_rebuilt_and_waiters_re_register(harness: Harn
     h = harness
     h.policy.wait_for_idle.do_not_interrupt = True
     h.policy.wait_for_idle.poll_s = 60
+    h.policy.wait_for_idle.poll_max_s = 60  # no back-off
     h.cluster.busy_polls["gpu-01"] = 20  # ~20 min in flight
     await start_repair(h, "gpu-01", Action.reboot, "g1", requester=USER, alerts=[])
     await wait_stage(h, "gpu-01", "g1", Stage.waiting_for_idle)
@@ -239,6 +241,7 @@ async def test_lease_wait_ends_timed_out_after_the_bound(harness: Harness) -> No
     h.policy.rails.lease_wait_max_s = 1800
     h.policy.wait_for_idle.do_not_interrupt = True
     h.policy.wait_for_idle.poll_s = 300
+    h.policy.wait_for_idle.poll_max_s = 300  # no back-off
     h.cluster.busy_polls["gpu-01"] = 10_000
     await start_repair(h, "gpu-01", Action.reboot, "l1", requester=USER, alerts=[])
     await wait_stage(h, "gpu-01", "l1", Stage.waiting_for_idle)
@@ -262,6 +265,7 @@ async def test_holder_waiting_past_the_ttl_keeps_its_lease(harness: Harness) -> 
     h.policy.rails.lease_ttl_s = 600
     h.policy.wait_for_idle.do_not_interrupt = True
     h.policy.wait_for_idle.poll_s = 60
+    h.policy.wait_for_idle.poll_max_s = 60  # no back-off
     h.cluster.busy_polls["gpu-01"] = 60  # one hour of polls
     a = await start_repair(h, "gpu-01", Action.reboot, "t1", requester=USER, alerts=[])
     await wait_stage(h, "gpu-01", "t1", Stage.waiting_for_idle)
@@ -284,6 +288,7 @@ async def test_holder_that_lost_its_lease_reacquires_before_draining(harness: Ha
     h.pools = {"gpu-01": "p1", "gpu-02": "p1"}
     h.policy.wait_for_idle.do_not_interrupt = True
     h.policy.wait_for_idle.poll_s = 60
+    h.policy.wait_for_idle.poll_max_s = 60  # no back-off
     h.cluster.busy_polls["gpu-01"] = 20
     h.cluster.busy_polls["gpu-02"] = 60
     a = await start_repair(h, "gpu-01", Action.reboot, "r1", requester=USER, alerts=[])
