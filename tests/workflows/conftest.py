@@ -13,6 +13,8 @@ The ledger activities are the real ones (``activities.ledger_activities``) on th
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from datetime import timedelta
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -283,11 +285,68 @@ async def register_search_attributes(client: Client) -> None:
             raise
 
 
+class TimeSkippingServer:
+    """The time-skipping test server shared by the workflow tests, replaced when a test
+    leaves its clock locked.
+
+    The test server stops advancing time for every later caller once a workflow is left
+    with a task no worker will ever take (a workflow cut mid-task, or one started moments
+    before teardown and missed by it). Teardown probes the clock (:meth:`check`); a locked
+    server is shut down and the next test gets a fresh one, so one test's leftovers
+    never fail another's timing.
+    """
+
+    def __init__(self) -> None:
+        self.env: WorkflowEnvironment | None = None
+        self.replaced = 0
+
+    async def get(self) -> WorkflowEnvironment:
+        if self.env is None:
+            from temporalio.contrib.pydantic import pydantic_data_converter
+
+            from tests.conftest import venv_binary
+
+            self.env = await WorkflowEnvironment.start_time_skipping(
+                data_converter=pydantic_data_converter,
+                test_server_existing_path=venv_binary("temporal-test-server"),
+            )
+            await register_search_attributes(self.env.client)
+        return self.env
+
+    async def check(self) -> None:
+        """Replace the server when its clock no longer advances (probe: one skipped hour,
+        longer than the workflows' periodic timers of at most 15 min, within 5 s of real
+        time)."""
+        if self.env is None:
+            return
+        try:
+            await asyncio.wait_for(self.env.sleep(timedelta(hours=1)), 5)
+        except (TimeoutError, RPCError):
+            env, self.env = self.env, None
+            self.replaced += 1
+            with contextlib.suppress(Exception):
+                await env.shutdown()
+
+    async def close(self) -> None:
+        if self.env is not None:
+            await self.env.shutdown()
+            self.env = None
+
+
 @pytest.fixture(scope="session")
-async def ts_env(temporal_env: WorkflowEnvironment) -> WorkflowEnvironment:
-    """The session's time-skipping environment with our search attributes."""
-    await register_search_attributes(temporal_env.client)
-    return temporal_env
+async def ts_server() -> AsyncIterator[TimeSkippingServer]:
+    server = TimeSkippingServer()
+    try:
+        yield server
+    finally:
+        await server.close()
+
+
+@pytest.fixture
+async def ts_env(ts_server: TimeSkippingServer) -> AsyncIterator[WorkflowEnvironment]:
+    """A time-skipping environment with our search attributes, whose clock advances."""
+    yield await ts_server.get()
+    await ts_server.check()
 
 
 @pytest.fixture
@@ -329,14 +388,24 @@ async def terminate_all(h: Harness) -> None:
     # nodes (which start repairs), then repairs (which start a guard when it is gone),
     # then the guard: a workflow left running without its worker holds the session's
     # time skipping for good
+    # A repair a node started moments ago may not have written its ledger row yet: its
+    # node's pending children name it.
     ids = [workflow_id_node(h.cluster.cluster, n) for n in h.cluster.nodes]
+    children: list[str] = []
+    for wid in ids:
+        try:
+            raw = (await h.client.get_workflow_handle(wid).describe()).raw_description
+        except RPCError:
+            continue
+        children += [c.workflow_id for c in raw.pending_children]
+    ids += children
     ids += [
         r["workflow_id"]
         for r in await h.ledger.list_repairs(cluster=h.cluster.cluster)
         if r["workflow_id"]
     ]
     ids += [workflow_id_guard(h.cluster.cluster)]
-    for wid in [*ids, workflow_id_guard(h.cluster.cluster)]:
+    for wid in dict.fromkeys([*ids, workflow_id_guard(h.cluster.cluster)]):
         handle = h.client.get_workflow_handle(wid)
         # between tasks where possible: the time-skipping server stops skipping time for
         # the rest of the session when a workflow is cut mid-task
