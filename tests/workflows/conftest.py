@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from datetime import timedelta
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import pytest
