@@ -180,6 +180,10 @@ PATCH_LEASE_RENEWAL = "lease-renewal"
 #: cap, the recurrence check, idle back-off and continue-as-new. Histories recorded
 #: before it replay the old command sequence.
 PATCH_RAILS = "repair-rails-v2"
+#: ``workflow.patched`` id of "only actionable or cited alerts keep the evidence current"
+#: (DESIGN §5 rule zero): an observed-only alert attached during the repair (a silent
+#: node's ``node_unreachable``, a straggler score) no longer keeps a repair acting.
+PATCH_EVIDENCE_ACTIONABLE = "evidence-actionable"
 #: Events in one run's history after which a long wait for idle continues as new: a fifth
 #: of Temporal's 51,200-event hard limit, below its 10,240-event warning.
 HISTORY_EVENTS_MAX = 10_000
@@ -286,6 +290,7 @@ class RepairWorkflow:
         self._needs_human = False
         self._human_reason = ""
         self._rails = False
+        self._actionable_evidence = False
         self._history_limit = HISTORY_EVENTS_MAX
         self._continued = 0
         self._acted: list[Action] = []
@@ -360,6 +365,7 @@ class RepairWorkflow:
         Raises ``asyncio.CancelledError`` after the cleanup when the workflow itself was
         cancelled (Temporal UI / CLI), so Temporal records it as cancelled too."""
         self._rails = workflow.patched(PATCH_RAILS)
+        self._actionable_evidence = workflow.patched(PATCH_EVIDENCE_ACTIONABLE)
         carried = Carried.model_validate(req.carried or {})
         self._history_limit = carried.history_limit or HISTORY_EVENTS_MAX
         cancelled = False
@@ -469,7 +475,22 @@ class RepairWorkflow:
         """Whether the evidence still stands; after a breaker reset only evidence observed
         after the reset counts (DESIGN §5 rails; ``LeaseReply.reset_at``)."""
         since = self._lease.reset_at if self._lease is not None else None
-        return evidence_current(self._alerts, since)
+        return evidence_current(self._evidence(), since)
+
+    def _evidence(self) -> list[Alert]:
+        """The alerts whose currency keeps this repair going (DESIGN §5 rule zero): those it
+        was started with (the recommendation's faults, or what an operator cited, observed
+        or not) and actionable alerts attached since. An observed-only alert attached
+        during the repair (``node_unreachable`` of a node that went silent, a straggler
+        score) is shown as evidence but never keeps the repair acting. A repair started
+        without alerts (an operator's call) stays current: ``[]``."""
+        if not self._actionable_evidence:
+            return self._alerts
+        assert self._req is not None
+        cited = {a.alert_id for a in self._req.alerts}
+        if not cited:
+            return []
+        return [a for a in self._alerts if a.alert_id in cited or a.actionable]
 
     # ---- waiting -------------------------------------------------------------------
     async def _wait(self, cond: Callable[[], bool], limit_s: float | None) -> bool:
@@ -697,7 +718,7 @@ class RepairWorkflow:
                         self._lease is not None
                         or self._reject is not None
                         or self._cancel is not None
-                        or (auto_resolvable and not evidence_current(self._alerts))
+                        or (auto_resolvable and not evidence_current(self._evidence()))
                     )
                 )
                 self._check_ended()
@@ -709,7 +730,7 @@ class RepairWorkflow:
                 self._detail = f"lease queued: {reply.reason}"
                 workflow.set_current_details(self._detail)
                 self._lease = None
-        if reply.reset_at is not None and not evidence_current(self._alerts, reply.reset_at):
+        if reply.reset_at is not None and not evidence_current(self._evidence(), reply.reset_at):
             raise _Ended(
                 S.auto_resolved,
                 "system",
@@ -740,7 +761,7 @@ class RepairWorkflow:
                         self._lease is not None
                         or self._reject is not None
                         or self._cancel is not None
-                        or (auto_resolvable and not evidence_current(self._alerts))
+                        or (auto_resolvable and not evidence_current(self._evidence()))
                     ),
                     timeout=timedelta(seconds=max(min(LEASE_RESEND_S, limit - waited), 1.0)),
                 )

@@ -33,6 +33,7 @@ from workflows.models import (
 )
 from workflows.protocol import (
     REPAIR_SIGNAL_APPROVE,
+    REPAIR_SIGNAL_ATTACH_ALERT,
     NodeStatus,
     workflow_id_node,
     workflow_id_repair,
@@ -397,3 +398,40 @@ async def test_do_not_interrupt_wait_of_days_keeps_history_bounded(harness: Harn
     assert max(lengths) <= limit + 40, lengths  # each run stays under its bound
     row = await ledger_row(h, "ilong")
     assert row["stage"] == "succeeded"
+
+
+async def test_observed_alert_attached_later_does_not_keep_the_evidence_current(
+    harness: Harness,
+) -> None:
+    """Rule zero: a repair acts only on actionable evidence. A node that goes silent during
+    the repair raises an observed, level ``node_unreachable``; once the fault that opened
+    the repair clears, that observed alert must not keep the repair going."""
+    h = harness
+    h.policy.consent.mode = "approve"
+    fault = make_alert(h.cluster.cluster, "gpu-07", "xfs", kind="xfs_shutdown", code=None,
+                       level=True, action="reboot")
+    handle = await start_repair(h, "gpu-07", Action.reboot, "r-obs", alerts=[fault])
+    await wait_stage(h, "gpu-07", "r-obs", Stage.awaiting_approval)
+    silent = make_alert(h.cluster.cluster, "gpu-07", "unreach", kind="node_unreachable",
+                        code=None, level=True, actionable=False, action="none",
+                        severity="warning")
+    await handle.signal(REPAIR_SIGNAL_ATTACH_ALERT, silent)
+    await handle.signal(REPAIR_SIGNAL_ATTACH_ALERT,
+                        fault.model_copy(update={"alert_id": "clear-xfs", "active": False}))
+    st = await handle.result()
+    assert st.stage == Stage.auto_resolved, st.history[-1]
+    assert any(a.kind == "node_unreachable" for a in st.evidence)  # still shown
+    assert h.cluster.count("cordon") == 0 and h.cluster.count("reboot") == 0
+    await assert_ended_cleanly(h, "gpu-07", "r-obs", Stage.auto_resolved)
+
+
+async def test_operator_cited_observed_alert_is_evidence(harness: Harness) -> None:
+    """An operator who cites an observed alert (``repairs create --evidence-alert``) makes
+    it the repair's evidence: the repair acts on it while it stays active."""
+    h = harness
+    cited = make_alert(h.cluster.cluster, "gpu-08", "req", kind="repair_request", code=None,
+                       actionable=False, action="none", severity="warning")
+    handle = await start_repair(h, "gpu-08", Action.reboot, "r-cited", alerts=[cited])
+    st = await handle.result()
+    assert st.stage == Stage.succeeded, st.history[-1]
+    assert h.cluster.count("reboot") == 1
