@@ -127,10 +127,14 @@ class CordonResult(BaseModel):
 
     ``by_other`` is true when the node was already cordoned/drained by someone else;
     rejoin then never uncordons it (someone else's cordon is theirs to lift).
+    ``held_by_repair`` names the other repair when that someone is one of ours (the
+    Kubernetes repair annotation, the Slurm ``autorepair:<id>`` drain reason): the
+    repair asking then ends, as one repair acts on a node at a time (DESIGN §5 rails).
     """
 
     cordoned_by_us: bool
     by_other: bool = False
+    held_by_repair: str | None = None
     detail: str = ""
 
 

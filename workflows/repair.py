@@ -89,6 +89,8 @@ with workflow.unsafe.imports_passed_through():
         PolicySnapshot,
         RejoinInput,
         RejoinResult,
+        RepairLiveness,
+        RepairProbe,
         RepairRecord,
         TransitionRecord,
     )
@@ -184,6 +186,12 @@ PATCH_RAILS = "repair-rails-v2"
 #: (DESIGN §5 rule zero): an observed-only alert attached during the repair (a silent
 #: node's ``node_unreachable``, a straggler score) no longer keeps a repair acting.
 PATCH_EVIDENCE_ACTIONABLE = "evidence-actionable"
+#: ``workflow.patched`` id of the idle check's ``detail`` (e.g. the Kubernetes
+#: out-of-service taint it applied) recorded as a note on the repair.
+PATCH_IDLE_DETAIL = "idle-detail-note"
+#: ``workflow.patched`` id of "a cordon that finds the node held by another repair ends
+#: this one" (DESIGN §5 rails: one repair per node).
+PATCH_HELD_BY_REPAIR = "held-by-repair"
 #: Events in one run's history after which a long wait for idle continues as new: a fifth
 #: of Temporal's 51,200-event hard limit, below its 10,240-event warning.
 HISTORY_EVENTS_MAX = 10_000
@@ -197,6 +205,9 @@ _PERMANENT = [
 ]
 _SHORT = timedelta(seconds=60)
 _RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30), non_retryable_error_types=_PERMANENT)
+#: Asking whether another repair still runs: a few tries, then assume it does (the safe
+#: side: this repair ends instead of acting beside it).
+_LIVENESS_RETRY = RetryPolicy(maximum_attempts=3, maximum_interval=timedelta(seconds=10))
 #: Machine actions (history recorded before :data:`PATCH_RAILS`): 3 tries, then the
 #: failure is an attempt for the ladder.
 _MACHINE_RETRY_V1 = RetryPolicy(
@@ -836,8 +847,41 @@ class RepairWorkflow:
             CordonResult,
         )
         self._cordoned_by_us = res.cordoned_by_us
+        if res.held_by_repair and workflow.patched(PATCH_HELD_BY_REPAIR):
+            await self._yield_to(res.held_by_repair)
         if res.by_other:
             self._detail = f"node already cordoned by someone else: {res.detail}"
+
+    async def _yield_to(self, holder: str) -> None:
+        """The cordon found ``holder``, another repair, on the node. One repair acts on a
+        node at a time, whichever path created it (DESIGN §5 rails): while ``holder``
+        runs (or its state cannot be read) this repair ends ``cancelled`` and leaves the
+        other's cordon as it is. A cordon left by a repair that has ended is stale: it is
+        noted and this repair goes on without owning it (never lifting it)."""
+        assert self._req is not None
+        try:
+            live: RepairLiveness | None = await workflow.execute_activity(
+                ACT.ledger_open_repair,
+                RepairProbe(cluster=self._req.cluster, node=self._req.node, repair_id=holder),
+                result_type=RepairLiveness,
+                start_to_close_timeout=_SHORT,
+                retry_policy=_LIVENESS_RETRY,
+            )
+        except ActivityError as err:
+            if is_cancelled_exception(err):
+                raise
+            live = None
+        if live is None or live.running:
+            raise _Ended(
+                S.cancelled,
+                "system",
+                f"{self._req.node} is held by repair {holder}: one repair acts on a node "
+                "at a time",
+            )
+        await self._note(
+            f"cordon left by repair {holder}, which has ended ({live.status or live.stage}); "
+            "it is kept as it is"
+        )
 
     async def _wait_for_idle(self, carried: Carried) -> None:
         """Poll ``check_idle`` until idle, the bound expires (recorded), a reject/cancel
@@ -851,11 +895,17 @@ class RepairWorkflow:
         start = carried.idle_since or workflow.now()
         poll = carried.idle_poll_s or wfi.poll_s
         ref = NodeRef(cluster=self._req.cluster, node=self._req.node, repair_id=self._req.repair_id)
+        noted = ""
         while True:
             self._check_cancel_before_act()
             if self._rails and not self._evidence_ok():
                 return  # the caller ends the repair auto_resolved before draining
             idle = await self._act(ACT.check_idle, ref, IdleStatus)
+            if idle.detail and idle.detail != noted and workflow.patched(PATCH_IDLE_DETAIL):
+                # what the check did beyond looking (a non-graceful-shutdown taint on a host
+                # the BMC reports off) goes in the repair's record, once per change
+                noted = idle.detail
+                await self._note(f"idle check: {idle.detail}")
             if idle.idle:
                 return
             waited = (workflow.now() - start).total_seconds()

@@ -251,7 +251,7 @@ class KubeScheduler:
         await self._patch(node, build)
         if "other_repair" in state:
             return CordonResult(
-                cordoned_by_us=False, by_other=True,
+                cordoned_by_us=False, by_other=True, held_by_repair=state["other_repair"],
                 detail=f"node held by repair {state['other_repair']}",
             )
         by_other = bool(state.get("by_other"))

@@ -391,8 +391,13 @@ class SlurmScheduler:
         if n.drain:
             if n.owned_by(repair_id):
                 return CordonResult(cordoned_by_us=True, detail=f"already drained: {n.reason}")
+            other = (
+                n.reason.removeprefix(REASON_PREFIX).split(" ", 1)[0] or None
+                if n.reason.startswith(REASON_PREFIX)
+                else None
+            )
             return CordonResult(
-                cordoned_by_us=False, by_other=True,
+                cordoned_by_us=False, by_other=True, held_by_repair=other,
                 detail=f"already drained by {n.reason_user or 'someone else'}: {n.reason}",
             )
         summary = " ".join(reason.split())[:MAX_SUMMARY]

@@ -72,7 +72,7 @@ async def test_conflicts_are_retried_with_a_fresh_read(
 async def test_rejoin_keeps_someone_elses_cordon(kube_api: KubeApi, sched: KubeScheduler) -> None:
     kube_api.add_node("n1", unschedulable=True)  # an operator cordoned it
     res = await sched.cordon("n1", "r-3", "Xid 48")
-    assert not res.cordoned_by_us and res.by_other
+    assert not res.cordoned_by_us and res.by_other and res.held_by_repair is None
     node = kube_api.node("n1")
     assert ANN_CORDONED_BY not in node["metadata"]["annotations"]
     assert any(t["key"] == TAINT_KEY for t in _taints(node))
@@ -149,3 +149,12 @@ async def test_node_health_and_unknown_node(kube_api: KubeApi, sched: KubeSchedu
     with pytest.raises(ApplicationError) as ei:
         await sched.cordon("nope", "r-6", "x")
     assert ei.value.type == ERR_UNKNOWN_NODE and ei.value.non_retryable and "nope" in str(ei.value)
+
+
+async def test_cordon_names_the_other_repair_holding_the_node(
+    kube_api: KubeApi, sched: KubeScheduler
+) -> None:
+    kube_api.add_node("n1")
+    assert (await sched.cordon("n1", "r-a", "Xid 79")).cordoned_by_us
+    res = await sched.cordon("n1", "r-b", "Xid 48")
+    assert not res.cordoned_by_us and res.by_other and res.held_by_repair == "r-a"

@@ -96,6 +96,7 @@ async def test_node_drained_by_someone_else_is_never_resumed(
                       "reason=bad DIMM, ticket 4711")
     res = await sched.cordon("gpu-02", "r-200", "ECC DBE")
     assert not res.cordoned_by_us and res.by_other and "bad DIMM" in res.detail
+    assert res.held_by_repair is None
     rj = await sched.rejoin("gpu-02", "r-200")
     assert not rj.uncordoned and "bad DIMM, ticket 4711" in rj.kept_reason
     health = await sched.node_health("gpu-02")
@@ -203,3 +204,12 @@ def test_corpus_records_parse() -> None:
     assert n.reason_user == "slurm"
     with pytest.raises(ValueError, match="state"):
         parse_slurm_state("  ")
+
+
+async def test_cordon_names_the_other_repair_draining_the_node(
+    slurm_cluster: SlurmCluster, sched: SlurmScheduler
+) -> None:
+    assert (await sched.cordon("gpu-03", "r-300", "Xid 79")).cordoned_by_us
+    res = await sched.cordon("gpu-03", "r-301", "Xid 48")
+    assert not res.cordoned_by_us and res.by_other and res.held_by_repair == "r-300"
+    assert (await sched.rejoin("gpu-03", "r-300")).uncordoned

@@ -75,6 +75,8 @@ class FakeCluster:
     calls: list[tuple[str, str]] = field(default_factory=list)
     cordons: dict[str, str] = field(default_factory=dict)  # node -> repair id or "other"
     busy_polls: dict[str, int] = field(default_factory=dict)  # idle checks still busy
+    repair_cordoned: set[str] = field(default_factory=set)  # cordons set by a repair
+    idle_detail: dict[str, str] = field(default_factory=dict)  # node -> IdleStatus.detail
     fail_actions: dict[str, int] = field(default_factory=dict)  # action -> failures left
     boot: dict[str, int] = field(default_factory=dict)
     unhealthy: set[str] = field(default_factory=set)
@@ -109,10 +111,15 @@ class FakeCluster:
         holder = self.cordons.get(inp.node)
         if holder is None:
             self.cordons[inp.node] = inp.repair_id
+            self.repair_cordoned.add(inp.node)
             return CordonResult(cordoned_by_us=True)
         if holder == inp.repair_id:
             return CordonResult(cordoned_by_us=True, detail="already ours")
-        return CordonResult(cordoned_by_us=False, by_other=True, detail=f"held by {holder}")
+        # a holder set by a repair's cordon names that repair; one set by hand (an
+        # operator's maintenance cordon) does not
+        by_repair = holder if inp.node in self.repair_cordoned else None
+        return CordonResult(cordoned_by_us=False, by_other=True, held_by_repair=by_repair,
+                            detail=f"held by {holder}")
 
     @activity.defn(name=ACT.check_idle)
     async def check_idle(self, ref: NodeRef) -> IdleStatus:
@@ -120,8 +127,9 @@ class FakeCluster:
         left = self.busy_polls.get(ref.node, 0)
         if left > 0:
             self.busy_polls[ref.node] = left - 1
-            return IdleStatus(idle=False, running=[f"job-{ref.node}"])
-        return IdleStatus(idle=True)
+            return IdleStatus(idle=False, running=[f"job-{ref.node}"],
+                              detail=self.idle_detail.get(ref.node, ""))
+        return IdleStatus(idle=True, detail=self.idle_detail.get(ref.node, ""))
 
     @activity.defn(name=ACT.drain_node)
     async def drain_node(self, inp: DrainInput) -> DrainResult:
@@ -134,6 +142,7 @@ class FakeCluster:
         holder = self.cordons.get(inp.node)
         if holder == inp.repair_id:
             del self.cordons[inp.node]
+            self.repair_cordoned.discard(inp.node)
             return RejoinResult(uncordoned=True)
         return RejoinResult(uncordoned=False, kept_reason=f"cordon held by {holder}")
 

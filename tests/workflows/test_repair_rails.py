@@ -435,3 +435,54 @@ async def test_operator_cited_observed_alert_is_evidence(harness: Harness) -> No
     st = await handle.result()
     assert st.stage == Stage.succeeded, st.history[-1]
     assert h.cluster.count("reboot") == 1
+
+
+async def _held_by_first(h: Harness, node: str) -> WorkflowHandle[Any, RepairStatus]:
+    """Repair ``r-first`` awaiting approval (no lease), with its cordon on ``node`` left
+    from before its lease was forgotten: the guard lets a second repair through."""
+    h.policy.consent.mode = "approve"
+    first = await start_repair(h, node, Action.reboot, "r-first")
+    await wait_stage(h, node, "r-first", Stage.awaiting_approval)
+    h.cluster.cordons[node] = "r-first"
+    h.cluster.repair_cordoned.add(node)
+    h.policy.consent.mode = "automatic"
+    return first
+
+
+async def test_cordon_finding_the_node_held_by_a_running_repair_ends_this_one(
+    harness: Harness,
+) -> None:
+    """I2 at the scheduler: whatever the leases say, a repair whose cordon finds the node
+    held by another repair that still runs ends without acting and leaves that cordon."""
+    h = harness
+    first = await _held_by_first(h, "gpu-09")
+    st = await (await start_repair(h, "gpu-09", Action.power_cycle, "r-second")).result()
+    assert st.stage == Stage.cancelled and "held by repair r-first" in st.history[-1].reason
+    assert h.cluster.count("power_cycle") == 0 and h.cluster.count("drain") == 0
+    assert h.cluster.cordons["gpu-09"] == "r-first"
+    await first.signal("reject", RejectSignal(by="test", reason="not needed"))
+    assert (await first.result()).stage == Stage.rejected
+
+
+async def test_cordon_left_by_an_ended_repair_is_noted_and_kept(harness: Harness) -> None:
+    h = harness
+    first = await _held_by_first(h, "gpu-11")
+    await first.signal("reject", RejectSignal(by="test", reason="not needed"))
+    assert (await first.result()).stage == Stage.rejected
+    st = await (await start_repair(h, "gpu-11", Action.power_cycle, "r-second")).result()
+    assert st.stage == Stage.succeeded, st.history[-1]
+    assert any("cordon left by repair r-first" in t.reason for t in st.history)
+    assert h.cluster.cordons["gpu-11"] == "r-first"  # never lifted by r-second
+
+
+async def test_idle_check_detail_is_recorded_on_the_repair(harness: Harness) -> None:
+    """What the idle check did beyond looking (the Kubernetes out-of-service taint on a
+    host the BMC reports off) is in the repair's record, once."""
+    h = harness
+    h.cluster.busy_polls["gpu-10"] = 2
+    h.cluster.idle_detail["gpu-10"] = "tainted out-of-service: the BMC reports the host off"
+    handle = await start_repair(h, "gpu-10", Action.reboot, "r-oos")
+    st = await handle.result()
+    assert st.stage == Stage.succeeded
+    notes = [t.reason for t in st.history if t.reason.startswith("idle check:")]
+    assert notes == ["idle check: tainted out-of-service: the BMC reports the host off"]
