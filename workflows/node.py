@@ -21,9 +21,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from datetime import datetime, timedelta
+from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import (
     ActivityError,
     CancelledError,
@@ -78,10 +79,19 @@ with workflow.unsafe.imports_passed_through():
         NODE_WORKFLOW,
         REPAIR_SIGNAL_ATTACH_ALERT,
         REPAIR_WORKFLOW,
+        SA_ACTION,
+        SA_ALERT_KIND,
+        SA_CLUSTER,
+        SA_MACHINE,
+        SA_NODE,
+        SA_REQUESTER,
+        SA_STAGE,
+        SA_STATE,
         LeaseRelease,
         NodeStatus,
         RepairFinished,
         fault_key,
+        repair_state,
         workflow_id_guard,
         workflow_id_repair,
     )
@@ -592,6 +602,9 @@ class NodeWorkflow:
             parent_close_policy=workflow.ParentClosePolicy.ABANDON,
             static_summary=repair_summary(req),
             static_details=repair_details(req),
+            # visible to search from its first event: the repair's own first upsert comes
+            # only after its policy read (command attributes are not replay-checked)
+            search_attributes=_repair_search_attributes(req),
         )
         workflow.set_current_details(f"repair {repair_id} ({action.value}) in flight")
         if self._reconcile_on():
@@ -753,3 +766,21 @@ class NodeWorkflow:
         except ActivityError as err:
             workflow.logger.warning("ledger write failed: %s", err)
 
+
+def _repair_search_attributes(req: RepairRequest) -> TypedSearchAttributes:
+    """DESIGN §4.4's search attributes of a repair about to start (the values its own
+    first upsert sets: node, cluster, requester, first alert's kind, machine, action,
+    stage ``recommended``)."""
+    first = req.alerts[0] if req.alerts else None
+    pairs: list[SearchAttributePair[Any]] = [
+        SearchAttributePair(SA_NODE, req.node),
+        SearchAttributePair(SA_CLUSTER, req.cluster),
+        SearchAttributePair(SA_REQUESTER, f"{req.requester.kind.value}:{req.requester.name}"),
+        SearchAttributePair(SA_ALERT_KIND, first.kind if first else "manual"),
+        SearchAttributePair(SA_ACTION, req.action.value),
+        SearchAttributePair(SA_STAGE, Stage.recommended.value),
+        SearchAttributePair(SA_STATE, repair_state(Stage.recommended)),
+    ]
+    if req.machine_id:
+        pairs.append(SearchAttributePair(SA_MACHINE, req.machine_id))
+    return TypedSearchAttributes(pairs)

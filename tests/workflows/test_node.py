@@ -8,7 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from tests.workflows.conftest import Harness, make_alert
-from workflows.models import AlertOutcome, RepairStatus, Stage
+from workflows.models import Action, AlertOutcome, RepairStatus, Stage
 from workflows.protocol import NodeStatus, workflow_id_guard, workflow_id_node, workflow_id_repair
 
 
@@ -213,3 +213,33 @@ async def test_continue_as_new_carries_state(harness: Harness) -> None:
     # de-duplication keys survived continue-as-new
     assert (await h.deliver(first)).outcome == AlertOutcome.deduplicated
     assert (await node_status(h, "gpu-11")).seen_alert_ids == 26
+
+
+def test_repair_starts_with_its_search_attributes() -> None:
+    """A repair the node starts is searchable from its first event (not only after its
+    own first upsert): the values its upsert would set."""
+    from workflows.models import RepairRequest, Requester, RequesterKind
+    from workflows.node import _repair_search_attributes
+    from workflows.protocol import (
+        SA_ACTION,
+        SA_ALERT_KIND,
+        SA_CLUSTER,
+        SA_MACHINE,
+        SA_NODE,
+        SA_REQUESTER,
+        SA_STAGE,
+        SA_STATE,
+    )
+
+    req = RepairRequest(
+        repair_id="r1", cluster="c1", node="gpu-01", machine_id="m-01", action=Action.reboot,
+        requester=Requester(kind=RequesterKind.system, name="autorepair"),
+        alerts=[make_alert("c1", "gpu-01", 1)],
+    )
+    sa = _repair_search_attributes(req)
+    assert sa.get(SA_NODE) == "gpu-01" and sa.get(SA_CLUSTER) == "c1"
+    assert sa.get(SA_MACHINE) == "m-01" and sa.get(SA_ACTION) == "reboot"
+    assert sa.get(SA_ALERT_KIND) == "xid" and sa.get(SA_REQUESTER) == "system:autorepair"
+    assert sa.get(SA_STAGE) == "recommended" and sa.get(SA_STATE) == "in_progress"
+    no_machine = _repair_search_attributes(req.model_copy(update={"machine_id": None}))
+    assert no_machine.get(SA_MACHINE) is None
