@@ -86,9 +86,18 @@ async def terminate_between_tasks(h: Harness, workflow_id: str) -> None:
     time for the rest of the session when a workflow is cut mid-task."""
     handle = h.client.get_workflow_handle(workflow_id)
 
-    async def idle() -> bool:
+    async def idle_once() -> bool:
         raw = (await handle.describe()).raw_description
         return not raw.pending_activities and not raw.HasField("pending_workflow_task")
+
+    async def idle() -> bool:
+        # idle on three reads 50 ms apart: a signal or timer that lands between a single
+        # read and the terminate would be cut mid-task
+        for _ in range(3):
+            if not await idle_once():
+                return False
+            await asyncio.sleep(0.05)
+        return True
 
     await eventually(idle, f"{workflow_id} between tasks")
     await handle.terminate("terminated from the Temporal UI")
