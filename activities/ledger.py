@@ -8,6 +8,13 @@ yields a *connection-scoped* ledger whose calls share one transaction (optionall
 an advisory lock), for callers whose reads and writes must see one winner (the repair
 intake's claim + cap check + record).
 
+Alerts and the ingest's hand-off: every alert ingest accepts is recorded here before the push
+is answered (:meth:`Ledger.accept_alerts`, one statement per push) with ``handed_off_at``
+NULL; ingest sets it once the node's workflow took the alert or it was dead-lettered
+(:meth:`Ledger.mark_handed_off`) and re-delivers what is still NULL after a restart
+(:meth:`Ledger.pending_handoff`). The workflows' own :meth:`Ledger.record_alert` of the
+same alert id then finds the row and changes nothing.
+
 Schema: versioned SQL files in ``activities/migrations/NNNN_name.sql``, applied in order
 by :func:`migrate` under an advisory lock (several workers may start at once) and
 recorded in ``schema_migrations``.
@@ -18,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
@@ -136,6 +143,7 @@ def _alert_from_row(row: asyncpg.Record) -> Alert:
         active=row["active"],
         source=row["source"],
         observed_at=row["observed_at"],
+        node_pool=row.get("node_pool"),
     )
 
 
@@ -156,6 +164,37 @@ HOLDING_STAGES: tuple[str, ...] = tuple(
 _TERMINAL: list[str] = sorted(s.value for s in TERMINAL_STAGES)
 #: Alert kind of the guard's circuit-breaker trips (raise) and resets (clear).
 BREAKER_KIND = "circuit_breaker"
+
+#: :meth:`Ledger.accept_alerts`: one INSERT of the push's alerts from parallel arrays
+#: (``unnest … WITH ORDINALITY`` keeps their order), counting new unmapped kinds on the way.
+_ACCEPT_ALERTS = """
+WITH given AS (
+  SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                       $7::int[], $8::text[], $9::text[], $10::text[], $11::bool[],
+                       $12::text[], $13::text[], $14::text[], $15::text[], $16::text[],
+                       $17::bool[], $18::bool[], $19::text[], $20::timestamptz[])
+         WITH ORDINALITY AS g(alert_id, cluster, node, machine_id, node_pool, kind, code, gpu,
+                              severity, mnemonic, actionable, action, summary, description,
+                              evidence_text, evidence, level, active, source, observed_at,
+                              ord)
+), ins AS (
+  INSERT INTO alerts (alert_id, cluster, node, machine_id, node_pool, kind, code, gpu,
+                      severity, mnemonic, actionable, action, summary, description,
+                      evidence_text, evidence, level, active, source, observed_at,
+                      handed_off_at, accepted_ord)
+  SELECT alert_id, cluster, node, machine_id, node_pool, kind, code, gpu, severity, mnemonic,
+         actionable, action, summary, description, evidence_text, evidence::jsonb, level,
+         active, source, observed_at, NULL, ord::integer
+    FROM given ORDER BY ord
+  ON CONFLICT (alert_id) DO NOTHING
+  RETURNING alert_id, kind, action, actionable
+), unmapped AS (
+  INSERT INTO unmapped_alert_counts (kind, count)
+  SELECT kind, count(*) FROM ins WHERE action = 'none' AND NOT actionable GROUP BY kind
+  ON CONFLICT (kind) DO UPDATE SET count = unmapped_alert_counts.count + EXCLUDED.count
+)
+SELECT alert_id FROM ins
+"""
 
 
 def ticket_id_for(run_id: str) -> str:
@@ -212,18 +251,24 @@ class Ledger:
         return self._db
 
     # -- alerts -------------------------------------------------------------------------
-    async def record_alert(self, alert: Alert) -> bool:
-        """Insert the alert; True when new. Unmapped kinds (no action) are also counted."""
-        evidence = alert.evidence
-        if self.providers is not None and ATTRS["gpus_per_node"] not in evidence:
+    def _evidence(self, alert: Alert) -> dict[str, Any]:
+        """The alert's evidence stamped with its node's provider facts (``autorepair.
+        provider…``) unless it carries them already."""
+        if self.providers is not None and ATTRS["gpus_per_node"] not in alert.evidence:
             info = self.providers.for_node(alert.cluster, alert.node)
-            evidence = {**evidence, ATTR_PROVIDER: None, **info.attributes()}
+            return {**alert.evidence, ATTR_PROVIDER: None, **info.attributes()}
+        return alert.evidence
+
+    async def record_alert(self, alert: Alert) -> bool:
+        """Insert the alert; True when new. Unmapped kinds (no action) are also counted.
+        An alert ingest already accepted (:meth:`accept_alerts`) is left as it is."""
         async with self._atomic() as conn:
             status = await conn.execute(
                 """INSERT INTO alerts (alert_id, cluster, node, machine_id, kind, code, gpu,
                      severity, mnemonic, actionable, action, summary, description,
-                     evidence_text, evidence, level, active, source, observed_at)
-                   VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19)
+                     evidence_text, evidence, level, active, source, observed_at, node_pool)
+                   VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,
+                           $20)
                    ON CONFLICT (alert_id) DO NOTHING""",
                 alert.alert_id,
                 alert.cluster,
@@ -239,11 +284,12 @@ class Ledger:
                 alert.summary,
                 alert.description,
                 alert.evidence_text,
-                evidence,
+                self._evidence(alert),
                 alert.level,
                 alert.active,
                 alert.source,
                 alert.observed_at,
+                alert.node_pool,
             )
             inserted = status.endswith(" 1")
             if inserted and alert.action == Action.none and not alert.actionable:
@@ -254,6 +300,49 @@ class Ledger:
                     alert.kind,
                 )
         return inserted
+
+    async def accept_alerts(self, alerts: Sequence[Alert]) -> set[str]:
+        """Record the alerts ingest accepted from one push, in one statement (one round
+        trip), as not yet handed off (``handed_off_at`` NULL), in the given order
+        (``accepted_ord``). Returns the ids that were new: an id already recorded (a
+        re-sent push, or twice in ``alerts``) is left as it is. Unmapped kinds are counted
+        as by :meth:`record_alert`. Raises asyncpg / ``OSError`` errors when PostgreSQL
+        cannot take them; then nothing of the push is recorded."""
+        if not alerts:
+            return set()
+        cols: list[list[Any]] = [[] for _ in range(20)]
+        for a in alerts:
+            for col, v in zip(cols, (
+                    a.alert_id, a.cluster, a.node, a.machine_id, a.node_pool, a.kind, a.code,
+                    a.gpu, a.severity.value, a.mnemonic, a.actionable, a.action.value,
+                    a.summary, a.description, a.evidence_text, json.dumps(self._evidence(a)),
+                    a.level, a.active, a.source, a.observed_at), strict=True):
+                col.append(v)
+        rows = await self._db.fetch(_ACCEPT_ALERTS, *cols)
+        return {r["alert_id"] for r in rows}
+
+    async def mark_handed_off(self, alert_ids: Sequence[str]) -> int:
+        """Set ``handed_off_at`` of the given alerts (still NULL) to now, in one statement;
+        returns how many rows changed. Unknown ids are ignored."""
+        if not alert_ids:
+            return 0
+        status: str = await self._db.execute(
+            "UPDATE alerts SET handed_off_at = now()"
+            " WHERE alert_id = ANY($1::text[]) AND handed_off_at IS NULL", list(alert_ids))
+        return int(status.rsplit(" ", 1)[-1])
+
+    async def pending_handoff(self, older_than_s: float = 0.0, limit: int = 1000
+                              ) -> list[Alert]:
+        """Alerts ingest accepted that no workflow has taken yet (``handed_off_at`` NULL),
+        recorded at least ``older_than_s`` seconds ago, at most ``limit``, in the order they
+        were accepted (per node: the order to re-deliver them in)."""
+        rows = await self._db.fetch(
+            """SELECT * FROM alerts
+                WHERE handed_off_at IS NULL
+                  AND recorded_at <= now() - make_interval(secs => $1)
+                ORDER BY recorded_at, accepted_ord, alert_id LIMIT $2""",
+            float(older_than_s), limit)
+        return [_alert_from_row(r) for r in rows]
 
     async def list_alerts(
         self, *, cluster: str | None = None, node: str | None = None, limit: int = 100

@@ -8,8 +8,9 @@ RESOURCE_EXHAUSTED above it); ``maximum_concurrent_rpcs = ingest.max_inflight`` 
 answers RESOURCE_EXHAUSTED beyond it — retryable per OTLP). A payload that does not decode
 gets INVALID_ARGUMENT; a missing/wrong bearer token (and, with mTLS, no client
 certificate naming a node) UNAUTHENTICATED; data about a node the sender's identity may
-not report for PERMISSION_DENIED (counted as ``reason="identity"``); a full alert hand-off
-queue UNAVAILABLE (retryable). gzip request compression is handled by grpc.
+not report for PERMISSION_DENIED (counted as ``reason="identity"``); an alert hand-off that
+cannot take the push's alerts (queue full, or PostgreSQL unable to store them)
+UNAVAILABLE (retryable: nothing of the push was kept). gzip request compression is handled by grpc.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from ingest.auth import Identity, ReceiverAuth, grpc_tls_material, identity_from_auth_context
-from ingest.handoff import HandoffQueueFull
+from ingest.handoff import HandoffRefused
 from ingest.otlp import identity_violation
 from ingest.pipeline import Ingestor
 
@@ -127,7 +128,7 @@ class LogsServicer(_Common):
         await self.check_identity(ident, request, "logs", context)
         try:
             resp, hint = await self.ingestor.handle_logs(request, "grpc", raw)
-        except HandoffQueueFull as e:
+        except HandoffRefused as e:
             self.unavailable.inc()
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         await context.send_initial_metadata(hint.grpc_metadata())

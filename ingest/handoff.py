@@ -6,13 +6,14 @@ start input :class:`~workflows.models.NodeInput`, update ``deliver_alert``, id-c
 policy USE_EXISTING), so the first alert of a node starts its entity and later ones go
 to the running one.
 
-Never blocking the receivers, never losing an accepted alert while Temporal is briefly
-down: :meth:`TemporalAlertSink.submit` only enqueues (bounded, ``queue_size`` in all,
-counting alerts waiting for a retry); delivery runs in ``shards`` background tasks,
-alerts of one node always on the same shard and in order (a raise is never overtaken by
-its clear). An update-with-start holds its shard until the node's workflow has recorded
-the alert and started the repair, so there are many shards (:data:`DEFAULT_SHARDS`): a
-storm's alerts do not queue behind one another. One bad record never blocks the others:
+Never blocking the receivers on Temporal, never losing an accepted alert while Temporal
+is down: :meth:`TemporalAlertSink.submit` stores (with an outbox, below) and enqueues
+(bounded, ``queue_size`` in all, counting alerts waiting for a retry); delivery runs in
+``shards`` background tasks, alerts of one node always on the same shard and in order (a
+raise is never overtaken by its clear). An update-with-start holds its shard until the
+node's workflow has recorded the alert and started the repair, so there are many shards
+(:data:`DEFAULT_SHARDS`): a storm's alerts do not queue behind one another. One bad
+record never blocks the others:
 
 - every alert is capped first (:func:`ingest.limits.cap_alert`: evidence values and the
   whole alert's size, ``ingest.max_evidence_value_chars`` / ``ingest.max_alert_bytes``);
@@ -29,18 +30,40 @@ storm's alerts do not queue behind one another. One bad record never blocks the 
 
 When the queue is full ``submit`` raises :class:`HandoffQueueFull`; the receiver answers
 503 + ``Retry-After`` so the agent re-sends (alert ids are stable, the NodeWorkflow
-de-duplicates). Counted: ``delivered``, ``retried``, ``rejected`` (the workflow refused
-the update), ``dead_lettered``, ``queue_full``.
+de-duplicates).
+
+Durable hand-off (the outbox, ``outbox``: the ledger's ``alerts`` table, DESIGN §2): an
+answered push must never lose an alert, even when the ingest process is killed before the
+node's workflow has it (agents do not re-send a kernel log line). With an outbox,
+:meth:`TemporalAlertSink.submit_many` records the alerts of one push in PostgreSQL in one
+round trip (:meth:`AlertOutbox.accept_alerts`) *before* it queues them, so the receiver
+answers success only for stored alerts; when PostgreSQL cannot take them within
+``outbox_timeout_s`` it raises :class:`OutboxUnavailable` (nothing queued) and the
+receiver answers 503 + ``Retry-After`` / gRPC UNAVAILABLE. Only ids new to the ledger are
+queued (a re-sent push is stored and delivered once). Once the workflow's update completed
+(or the alert was dead-lettered: handled too) the alert is marked handed off, in batches
+every ``mark_every_s``. On start, and before the first push is taken, every alert still
+unmarked is re-queued in the order it was accepted (per node, a raise stays ahead of its
+clear); every ``resubmit_every_s`` unmarked alerts older than ``resubmit_after_s`` that
+this process does not hold are re-queued too (left by another ingest replica that died,
+or stored by a push whose answer was cut short). A re-delivery of an alert the workflow
+already took is de-duplicated by the workflow (stable ``alert_id``).
+
+Counted: ``delivered``, ``retried``, ``rejected`` (the workflow refused the update),
+``dead_lettered``, ``queue_full``, ``outbox_unavailable`` (a push refused because
+PostgreSQL could not store it), ``resubmitted`` (an unmarked alert re-queued from the
+ledger).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import zlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
@@ -68,15 +91,27 @@ log = logging.getLogger("autorepair.ingest.handoff")
 CLUSTER_NODE = "*"
 
 
-class HandoffQueueFull(Exception):
+class HandoffRefused(Exception):
+    """The hand-off cannot take the alerts now; the caller should ask the sender to retry
+    (HTTP 503 + ``Retry-After``, gRPC UNAVAILABLE). Nothing of the refused call was kept."""
+
+
+class HandoffQueueFull(HandoffRefused):
     """The bounded hand-off queue is full; the caller should ask the sender to retry."""
+
+
+class OutboxUnavailable(HandoffRefused):
+    """PostgreSQL (the outbox) could not store the alerts; the sender should retry."""
 
 
 @runtime_checkable
 class AlertSink(Protocol):
-    """Where the ingest pipeline puts alerts. ``submit`` must not block on the network.
+    """Where the ingest pipeline puts alerts. ``submit`` must not wait on Temporal (it may
+    wait on one outbox write). A sink may also offer ``submit_many(alerts)``: the alerts
+    of one push, all or none (the pipeline uses it when present).
 
-    Raises :class:`HandoffQueueFull` when it cannot take the alert now.
+    Raises :class:`HandoffRefused` (:class:`HandoffQueueFull`, :class:`OutboxUnavailable`)
+    when it cannot take the alert now.
     """
 
     async def submit(self, alert: Alert) -> None: ...
@@ -91,6 +126,25 @@ class DeadLetterStore(Protocol):
     alert (the log line is the record of last resort)."""
 
     async def record(self, alert: Alert, reason: str, error: str, attempts: int) -> None: ...
+
+
+@runtime_checkable
+class AlertOutbox(Protocol):
+    """Where accepted alerts are stored until their workflow has them (the ledger's
+    ``alerts`` table, :class:`activities.ledger.Ledger` / ``workers.lazy_ledger``).
+
+    ``accept_alerts``: store them in one round trip, not yet handed off; returns the ids
+    that were new; raises on any failure (then nothing was stored). ``mark_handed_off``:
+    the alerts were delivered or dead-lettered. ``pending_handoff``: stored alerts not
+    marked, recorded at least ``older_than_s`` seconds ago, at most ``limit``, in the
+    order they were accepted."""
+
+    async def accept_alerts(self, alerts: Sequence[Alert]) -> set[str]: ...
+
+    async def mark_handed_off(self, alert_ids: Sequence[str]) -> int: ...
+
+    async def pending_handoff(self, older_than_s: float = 0.0, limit: int = 1000
+                              ) -> list[Alert]: ...
 
 
 #: Reasons an alert is dead-lettered (label values of
@@ -142,9 +196,17 @@ class TemporalAlertSink:
     of :func:`ingest.limits.cap_alert` (config ``ingest.max_evidence_value_chars`` /
     ``ingest.max_alert_bytes``). ``dead_letters``: the store of undeliverable alerts
     (``None``: the log line only). ``on_outcome``: called with ``"delivered" | "retried"
-    | "rejected" | "dead_lettered" | "queue_full"``; ``on_dead_letter``: with the reason.
-    Raises ``ValueError`` naming the field for ``queue_size < shards`` or
-    ``max_attempts < 1``.
+    | "rejected" | "dead_lettered" | "queue_full" | "outbox_unavailable" |
+    "resubmitted"``; ``on_dead_letter``: with the reason.
+    ``outbox``: where accepted alerts are stored before they are queued (``None``: queued
+    in memory only, lost if the process dies). ``outbox_timeout_s``: bound on storing one
+    push's alerts (config ``ingest.outbox_timeout_s``); ``resubmit_every_s`` /
+    ``resubmit_after_s``: period of the re-delivery sweep and the age an unmarked alert
+    must reach before it (config ``ingest.outbox_resubmit_every_s`` /
+    ``ingest.outbox_resubmit_after_s``); ``mark_every_s``: how often delivered alerts are
+    marked, seconds.
+    Raises ``ValueError`` naming the field for ``queue_size < shards``,
+    ``max_attempts < 1`` or a timing that is not positive.
     """
 
     def __init__(
@@ -162,6 +224,11 @@ class TemporalAlertSink:
         dead_letters: DeadLetterStore | None = None,
         on_outcome: Callable[[str], None] | None = None,
         on_dead_letter: Callable[[str], None] | None = None,
+        outbox: AlertOutbox | None = None,
+        outbox_timeout_s: float = 5.0,
+        resubmit_every_s: float = 30.0,
+        resubmit_after_s: float = 60.0,
+        mark_every_s: float = 0.5,
     ) -> None:
         if shards is None:
             shards = max(1, min(DEFAULT_SHARDS, queue_size))
@@ -169,6 +236,11 @@ class TemporalAlertSink:
             raise ValueError(f"queue_size: {queue_size} must be at least shards ({shards})")
         if max_attempts < 1:
             raise ValueError(f"max_attempts: must be >= 1, got {max_attempts}")
+        for name, v in (("outbox_timeout_s", outbox_timeout_s),
+                        ("resubmit_every_s", resubmit_every_s),
+                        ("resubmit_after_s", resubmit_after_s), ("mark_every_s", mark_every_s)):
+            if not v > 0:
+                raise ValueError(f"{name}: must be > 0, got {v!r}")
         self.client = client
         self.task_queue = task_queue
         self.max_backoff_s = max_backoff_s
@@ -188,8 +260,22 @@ class TemporalAlertSink:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self.counts: dict[str, int] = {"delivered": 0, "retried": 0, "rejected": 0,
-                                       "dead_lettered": 0, "queue_full": 0}
+                                       "dead_lettered": 0, "queue_full": 0,
+                                       "outbox_unavailable": 0, "resubmitted": 0}
         self.last_results: dict[str, AlertDelivery] = {}
+        self.outbox = outbox
+        self.outbox_timeout_s = outbox_timeout_s
+        self.resubmit_every_s = resubmit_every_s
+        self.resubmit_after_s = resubmit_after_s
+        self.mark_every_s = mark_every_s
+        #: ids of stored alerts this process holds: queued, parked, in flight, or handled
+        #: and waiting to be marked (the sweep leaves them alone)
+        self._held: set[str] = set()
+        self._to_mark: list[str] = []
+        #: True once the alerts left unmarked by an earlier process are all queued again
+        self._recovered = outbox is None
+        self._recover_lock = asyncio.Lock()
+        self._outbox_task: asyncio.Task[None] | None = None
 
     def _count(self, outcome: str) -> None:
         self.counts[outcome] = self.counts.get(outcome, 0) + 1
@@ -200,32 +286,213 @@ class TemporalAlertSink:
         """Alerts accepted and not yet delivered or dead-lettered (queued or parked)."""
         return sum(self._pending)
 
+    def _shard(self, alert: Alert) -> int:
+        return zlib.crc32(f"{alert.cluster}/{alert.node}".encode()) % len(self._queues)
+
     async def submit(self, alert: Alert) -> None:
-        """Cap ``alert`` and enqueue it on its node's shard. Raises :class:`HandoffQueueFull`."""
-        key = f"{alert.cluster}/{alert.node}".encode()
-        shard = zlib.crc32(key) % len(self._queues)
-        if self._pending[shard] >= self._per_shard:
-            self._count("queue_full")
-            raise HandoffQueueFull(
-                f"alert hand-off queue full ({self._per_shard} on this shard); retry later"
-            )
-        alert, cut = cap_alert(alert, max_value_chars=self.max_value_chars,
-                               max_bytes=self.max_alert_bytes)
-        if cut:
-            log.warning("event=alert_capped cluster=%s node=%s alert_id=%s cut=%s",
-                        alert.cluster, alert.node, alert.alert_id, ",".join(cut))
+        """Cap ``alert``, store it (with an outbox) and queue it on its node's shard.
+        Raises :class:`HandoffQueueFull` / :class:`OutboxUnavailable`."""
+        await self.submit_many([alert])
+
+    async def submit_many(self, alerts: Sequence[Alert]) -> None:
+        """Take the alerts of one push, all or none: cap each, store them in the outbox in
+        one round trip, then queue the ones new to it on their nodes' shards, in order.
+
+        Raises :class:`HandoffQueueFull` when a shard cannot take its share (nothing is
+        stored or queued) and :class:`OutboxUnavailable` when the outbox failed or took
+        longer than ``outbox_timeout_s`` (nothing is queued)."""
+        if not alerts:
+            return
+        if not self._recovered:
+            await self._recover()
+        shards = [self._shard(a) for a in alerts]
+        need: dict[int, int] = {}
+        for sh in shards:
+            need[sh] = need.get(sh, 0) + 1
+        for sh, n in need.items():
+            if self._pending[sh] + n > self._per_shard:
+                self._count("queue_full")
+                raise HandoffQueueFull(
+                    f"alert hand-off queue full ({self._per_shard} on this shard); "
+                    "retry later")
+        capped: list[Alert] = []
+        for a in alerts:
+            a2, cut = cap_alert(a, max_value_chars=self.max_value_chars,
+                                max_bytes=self.max_alert_bytes)
+            if cut:
+                log.warning("event=alert_capped cluster=%s node=%s alert_id=%s cut=%s",
+                            a2.cluster, a2.node, a2.alert_id, ",".join(cut))
+            capped.append(a2)
+        if self.outbox is None:
+            for a, sh in zip(capped, shards, strict=True):
+                self._enqueue(a, sh)
+            return
+        for sh, n in need.items():  # reserved while the outbox call is out
+            self._pending[sh] += n
+        self._drained.clear()
+        try:
+            new = await asyncio.wait_for(self.outbox.accept_alerts(capped),
+                                         self.outbox_timeout_s)
+        except asyncio.CancelledError:
+            self._release(need)
+            raise
+        except Exception as e:
+            self._release(need)
+            self._count("outbox_unavailable")
+            log.warning("event=outbox_store_failed alerts=%d error=%s", len(capped),
+                        f"{type(e).__name__}: {e}"[:300])
+            raise OutboxUnavailable(
+                f"alerts cannot be stored now ({type(e).__name__}); retry later") from e
+        self._release(need)
+        for a, sh in zip(capped, shards, strict=True):
+            if a.alert_id in new and a.alert_id not in self._held:
+                self._enqueue(a, sh)
+
+    def _release(self, need: dict[int, int]) -> None:
+        for sh, n in need.items():
+            self._pending[sh] -= n
+        if not self.depth():
+            self._drained.set()
+
+    def _enqueue(self, alert: Alert, shard: int) -> None:
         self._pending[shard] += 1
         self._drained.clear()
+        if self.outbox is not None:
+            self._held.add(alert.alert_id)
         self._queues[shard].put_nowait(alert)
 
+    async def _recover(self) -> bool:
+        """Queue again every alert the outbox holds unmarked (left by an earlier process),
+        in the order accepted; returns True once all are. Raises
+        :class:`OutboxUnavailable` when PostgreSQL failed and :class:`HandoffQueueFull`
+        when some are left for the next pass (a node whose shard is full keeps the rest of
+        its alerts back, so its order holds)."""
+        async with self._recover_lock:
+            if self._recovered:
+                return True
+            assert self.outbox is not None
+            limit = sum(self._free()) + len(self._held)
+            try:
+                rows = await asyncio.wait_for(self.outbox.pending_handoff(0.0, limit=limit),
+                                              self.outbox_timeout_s)
+            except Exception as e:
+                self._count("outbox_unavailable")
+                log.warning("event=outbox_recover_failed error=%s",
+                            f"{type(e).__name__}: {e}"[:300])
+                raise OutboxUnavailable(
+                    f"alerts stored before a restart cannot be read now "
+                    f"({type(e).__name__}); retry later") from e
+            queued, blocked = self._requeue(rows)
+            complete = not blocked and len(rows) < limit
+            self._recovered = complete
+            log.info("event=outbox_recovered resubmitted=%d complete=%s", queued, complete)
+            if not complete:
+                raise HandoffQueueFull("re-delivering alerts stored before a restart; "
+                                       "retry later")
+            return True
+
+    def _free(self) -> list[int]:
+        return [max(0, self._per_shard - p) for p in self._pending]
+
+    def _requeue(self, rows: list[Alert]) -> tuple[int, bool]:
+        """Queue the outbox rows this process does not hold, in order; a node whose shard
+        is full is skipped from there on. Returns (queued, whether a node was skipped)."""
+        blocked: set[str] = set()
+        queued = 0
+        for a in rows:
+            key = f"{a.cluster}/{a.node}"
+            if a.alert_id in self._held or key in blocked:
+                continue
+            sh = self._shard(a)
+            if self._pending[sh] >= self._per_shard:
+                blocked.add(key)
+                continue
+            self._enqueue(a, sh)
+            queued += 1
+            self._count("resubmitted")
+        return queued, bool(blocked)
+
+    def _handled(self, alert: Alert) -> None:
+        """The alert was delivered or dead-lettered: mark it in the outbox (batched)."""
+        if self.outbox is not None and alert.alert_id in self._held:
+            self._to_mark.append(alert.alert_id)
+
+    async def flush_marks(self) -> bool:
+        """Mark the handled alerts in the outbox now (one statement); False (they stay for
+        the next flush) when PostgreSQL failed."""
+        if self.outbox is None or not self._to_mark:
+            return True
+        ids = self._to_mark[:5000]
+        try:
+            await asyncio.wait_for(self.outbox.mark_handed_off(ids), self.outbox_timeout_s)
+        except Exception as e:
+            log.warning("event=outbox_mark_failed alerts=%d error=%s", len(ids),
+                        f"{type(e).__name__}: {e}"[:300])
+            return False
+        del self._to_mark[:len(ids)]
+        self._held.difference_update(ids)
+        return True
+
+    async def sweep(self) -> int:
+        """One re-delivery pass: the outbox's unmarked alerts older than
+        ``resubmit_after_s`` that this process does not hold are queued again (the whole
+        backlog when the start-up recovery has not completed). Returns how many; raises
+        :class:`OutboxUnavailable` when PostgreSQL failed."""
+        if self.outbox is None:
+            return 0
+        if not self._recovered:
+            before = self.counts["resubmitted"]
+            with contextlib.suppress(HandoffQueueFull):
+                await self._recover()
+            return self.counts["resubmitted"] - before
+        try:
+            rows = await asyncio.wait_for(
+                self.outbox.pending_handoff(self.resubmit_after_s,
+                                            limit=sum(self._free()) + len(self._held)),
+                self.outbox_timeout_s)
+        except Exception as e:
+            self._count("outbox_unavailable")
+            raise OutboxUnavailable(f"{type(e).__name__}: {e}") from e
+        queued, _ = self._requeue(rows)
+        if queued:
+            log.warning("event=outbox_resubmitted alerts=%d", queued)
+        return queued
+
+    async def _outbox_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_sweep = loop.time()  # the first pass recovers what an earlier process left
+        while True:
+            try:
+                await self.flush_marks()
+                if loop.time() >= next_sweep:
+                    try:
+                        await self.sweep()
+                        next_sweep = loop.time() + (self.resubmit_every_s
+                                                    if self._recovered else 1.0)
+                    except OutboxUnavailable as e:
+                        log.warning("event=outbox_sweep_failed error=%s", str(e)[:300])
+                        next_sweep = loop.time() + min(self.resubmit_every_s, 5.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("event=outbox_loop_error")
+            await asyncio.sleep(self.mark_every_s)
+
     async def start(self) -> None:
-        """Start the delivery tasks (idempotent)."""
+        """Start the delivery tasks, and with an outbox re-queue what an earlier process
+        left unmarked (PostgreSQL down: retried by the sweep and before the first push is
+        taken). Idempotent."""
         if not self._tasks:
             self._stopping = False
             self._tasks = [asyncio.create_task(self._run(i)) for i in range(len(self._queues))]
+            if self.outbox is not None:
+                with contextlib.suppress(HandoffRefused):
+                    await self._recover()
+                self._outbox_task = asyncio.create_task(self._outbox_loop())
 
     async def stop(self, drain_timeout_s: float = 5.0) -> None:
-        """Give queued alerts ``drain_timeout_s`` to go out, then stop the tasks."""
+        """Give queued alerts ``drain_timeout_s`` to go out, then stop the tasks and mark
+        what was handled (alerts still queued stay in the outbox for the next start)."""
         if not self._tasks:
             return
         try:
@@ -237,6 +504,11 @@ class TemporalAlertSink:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        if self._outbox_task is not None:
+            self._outbox_task.cancel()
+            await asyncio.gather(self._outbox_task, return_exceptions=True)
+            self._outbox_task = None
+        await self.flush_marks()
 
     async def deliver(self, alert: Alert) -> AlertDelivery:
         """One update-with-start call for ``alert``; returns the workflow's answer.
@@ -348,6 +620,7 @@ class TemporalAlertSink:
                 loop = asyncio.get_running_loop()
                 parked[key] = _Parked(rest, attempts, loop.time() + delay, error)
                 return
+        self._handled(alert)
         self._pending[shard] -= 1
         if not self.depth():
             self._drained.set()

@@ -19,7 +19,9 @@ Answers as the OTLP/HTTP specification says:
   a JSON body decodes beyond ``ingest.max_json_bytes``.
 * 415 for other content types or content encodings than gzip/identity.
 * 429 + ``Retry-After`` when ``ingest.max_inflight`` requests are already being handled;
-  503 + ``Retry-After`` when the alert hand-off queue is full (retryable; nothing lost).
+  503 + ``Retry-After`` when the alert hand-off cannot take the push's alerts: its queue
+  is full, or PostgreSQL cannot store them (:class:`ingest.handoff.HandoffRefused`;
+  retryable: nothing of the push was kept, so 200 always means stored).
 
 Decoding (gunzip, then protobuf or JSON parsing) of anything but a small uncompressed
 protobuf body runs in a pool of :data:`DECODE_THREADS` threads, so that a large JSON
@@ -47,7 +49,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from ingest.auth import Identity, ReceiverAuth, identity_from_peercert
-from ingest.handoff import HandoffQueueFull
+from ingest.handoff import HandoffRefused
 from ingest.otlp import identity_violation
 from ingest.pipeline import Ingestor, ThresholdHint
 
@@ -217,7 +219,7 @@ class OtlpHttpApp:
                 resp2, hint = await self.ingestor.handle_logs(req, "http", raw)
                 resp = resp2  # type: ignore[assignment]
                 partial = resp2.partial_success.rejected_log_records > 0
-        except HandoffQueueFull as e:
+        except HandoffRefused as e:
             raise _Reject(503, code_pb2.UNAVAILABLE, str(e),
                           [(b"retry-after", str(RETRY_AFTER_S).encode())]) from e
         if ctype == JSON:

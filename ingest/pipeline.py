@@ -4,15 +4,20 @@
 endpoint. It owns the :class:`~ingest.threshold.ScoreMap`, the per-node info (identity
 and latest signals), the Prometheus metrics, and hands alerts to an
 :class:`~ingest.handoff.AlertSink`. Everything runs on one event loop; nothing here
-blocks on I/O (the sink and forwarder only enqueue).
+blocks on I/O but the hand-off of a push's alerts: they are collected while the push is
+decoded and handed over together at its end (:meth:`AlertSink.submit_many` when the sink
+has it: one outbox round trip per push, :mod:`ingest.handoff`), so a push is answered only
+once its alerts are stored.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -29,7 +34,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from ingest.forward import OtlpForwarder, stamp_providers
-from ingest.handoff import AlertSink, HandoffQueueFull
+from ingest.handoff import AlertSink, HandoffRefused
 from ingest.inventory import NodeInventory, UnknownNodeGate
 from ingest.levels import FaultShape, fault_shape
 from ingest.limits import cap_alert
@@ -107,6 +112,20 @@ class ClusterAlert:
     summary: str
     at: float
     active: bool
+
+
+@dataclass(slots=True)
+class _Staged:
+    """An alert of the push being handled; ``on_refused`` undoes what produced it when the
+    hand-off refuses the push (so the next push produces it again)."""
+
+    alert: Alert
+    on_refused: Callable[[], None] | None = None
+
+
+#: Alerts of the push the current task is handling (set by ``handle_logs`` /
+#: ``handle_metrics``; each request runs in its own task), handed off together at its end.
+_PUSH: ContextVar[list[_Staged] | None] = ContextVar("ingest_push_alerts", default=None)
 
 
 class Ingestor:
@@ -227,15 +246,22 @@ class Ingestor:
                                 source="ingest")
 
     async def _submit_or_defer(self, alert: Alert) -> bool:
-        """Submit; False when the hand-off queue is full (the caller retries later)."""
+        """Submit now (outside any push's batch); False when the hand-off refused it (the
+        caller retries later)."""
+        token = _PUSH.set(None)
         try:
             await self._submit(alert)
-        except HandoffQueueFull:
-            self.alerts_refused += 1
+        except HandoffRefused:
             return False
+        finally:
+            _PUSH.reset(token)
         return True
 
-    async def _submit(self, alert: Alert) -> None:
+    async def _submit(self, alert: Alert, on_refused: Callable[[], None] | None = None
+                      ) -> None:
+        """Gate and cap ``alert``, then stage it with the current push's alerts (handed off
+        at the push's end) or, outside a push, hand it off now. Raises
+        :class:`HandoffRefused` only in the latter case (after ``on_refused``)."""
         # A node outside the inventory is observed, not repaired, and the workflows
         # started for such nodes are rate-limited per cluster (ingest.inventory).
         gated = self.unknown_nodes.admit(alert, self.clock())
@@ -257,19 +283,48 @@ class Ingestor:
         if cut:
             log.warning("event=alert_capped cluster=%s node=%s kind=%s alert_id=%s cut=%s",
                         alert.cluster, alert.node, alert.kind, alert.alert_id, ",".join(cut))
+        staged = _Staged(alert, on_refused)
+        batch = _PUSH.get()
+        if batch is not None:
+            batch.append(staged)
+            return
+        await self._commit([staged])
+
+    async def _commit(self, staged: list[_Staged]) -> None:
+        """Hand ``staged`` to the sink, all or none (``submit_many``; a sink without it
+        gets one ``submit`` each). On :class:`HandoffRefused` every ``on_refused`` runs and
+        the error propagates."""
+        if not staged:
+            return
         if self.alert_sink is None:
-            log.info("event=alert_no_sink cluster=%s node=%s kind=%s alert_id=%s",
-                     alert.cluster, alert.node, alert.kind, alert.alert_id)
+            for st in staged:
+                a = st.alert
+                log.info("event=alert_no_sink cluster=%s node=%s kind=%s alert_id=%s",
+                         a.cluster, a.node, a.kind, a.alert_id)
         else:
-            await self.alert_sink.submit(alert)
-        self.alerts_submitted += 1
-        self.metrics.alerts_total.labels(
-            alert.kind, alert.severity.value, "true" if alert.actionable else "false"
-        ).inc()
-        if alert.kind not in KNOWN_KINDS or alert.evidence.get("unmapped"):
-            # observed, not decided: an unknown kind, or a known kind whose code or
-            # condition the catalogue cannot map (a new Xid, an unlisted SXid)
-            self.metrics.unmapped_alerts_total.labels(alert.kind).inc()
+            try:
+                many = getattr(self.alert_sink, "submit_many", None)
+                if many is not None:
+                    await many([st.alert for st in staged])
+                else:
+                    for st in staged:
+                        await self.alert_sink.submit(st.alert)
+            except HandoffRefused:
+                self.alerts_refused += len(staged)
+                for st in staged:
+                    if st.on_refused is not None:
+                        st.on_refused()
+                raise
+        for st in staged:
+            alert = st.alert
+            self.alerts_submitted += 1
+            self.metrics.alerts_total.labels(
+                alert.kind, alert.severity.value, "true" if alert.actionable else "false"
+            ).inc()
+            if alert.kind not in KNOWN_KINDS or alert.evidence.get("unmapped"):
+                # observed, not decided: an unknown kind, or a known kind whose code or
+                # condition the catalogue cannot map (a new Xid, an unlisted SXid)
+                self.metrics.unmapped_alerts_total.labels(alert.kind).inc()
 
     # ----------------------------------------------------------------- metrics
     async def handle_metrics(
@@ -281,6 +336,30 @@ class Ingestor:
         now = self.clock()
         d = decode_metrics(req, now, max_future_s=self.max_future_s, ttl_s=self.scores.ttl_s,
                            limits=self.limits)
+        batch: list[_Staged] = []
+        token = _PUSH.set(batch)
+        try:
+            hint = await self._apply_metrics(d, req, now)
+        finally:
+            _PUSH.reset(token)
+        try:
+            await self._commit(batch)
+        except HandoffRefused as e:
+            # derived alerts (stragglers, NCCL): undone by on_refused, raised again by a
+            # later push; the push itself was applied, so it is answered
+            log.warning("event=derived_alerts_deferred alerts=%d error=%s", len(batch), e)
+        await self.unreachable.flush(now)
+        self._count_rejected(d, transport, "metrics")
+        if self.forwarder is not None:
+            self._forward("metrics", req, raw)
+        resp = ExportMetricsServiceResponse()
+        if d.rejected:
+            resp.partial_success.CopyFrom(ExportMetricsPartialSuccess(
+                rejected_data_points=d.rejected, error_message=d.error_message()))
+        return resp, hint
+
+    async def _apply_metrics(self, d: Decoded, req: Any, now: float) -> ThresholdHint:
+        """Scores, signals and NCCL points of one decoded metrics push; returns the hint."""
         hint = ThresholdHint()
         hint_set = False
         for p in d.scores:
@@ -301,15 +380,7 @@ class Ingestor:
             await self._nccl_points(d, now)
         if not hint_set:
             hint = self._hint_for_request(d, req)
-        await self.unreachable.flush(now)
-        self._count_rejected(d, transport, "metrics")
-        if self.forwarder is not None:
-            self._forward("metrics", req, raw)
-        resp = ExportMetricsServiceResponse()
-        if d.rejected:
-            resp.partial_success.CopyFrom(ExportMetricsPartialSuccess(
-                rejected_data_points=d.rejected, error_message=d.error_message()))
-        return resp, hint
+        return hint
 
     async def _nccl_points(self, d: Decoded, now: float) -> None:
         """Feed NCCL timing points to the engine; rejections join the request's."""
@@ -326,20 +397,21 @@ class Ingestor:
 
     async def _nccl_alerts(self) -> None:
         """Hand the engine's ``nccl_slow_rank`` raise/clear edges to the node's workflow,
-        through the same path as stragglers. A full hand-off queue defers a raise (the next
+        through the same path as stragglers. A refused hand-off defers the edge (the next
         op raises it again)."""
         for edge in self.nccl.drain():
             log.info("event=nccl_slow_rank_%s cluster=%s comm=%s node=%s share=%.2f "
                      "median_lag_ms=%.3f", "raised" if edge.active else "cleared",
                      edge.cluster, edge.comm, edge.node, edge.share, edge.median_lag_ms)
             alert = self._nccl_alert(edge)
-            try:
-                await self._submit(alert)
-            except HandoffQueueFull:
-                self.alerts_refused += 1
+
+            def defer(edge: NcclEdge = edge) -> None:
                 self.nccl.defer(edge)
                 log.warning("event=nccl_alert_deferred cluster=%s node=%s", edge.cluster,
                             edge.node)
+
+            with contextlib.suppress(HandoffRefused):
+                await self._submit(alert, on_refused=defer)
 
     def _nccl_alert(self, edge: NcclEdge) -> Alert:
         info = self.nodes.get((edge.cluster, edge.node))
@@ -411,15 +483,15 @@ class Ingestor:
             observed_at=now, active=event is StragglerEvent.RAISED, level=True,
             source="ingest",
         )
-        try:
-            await self._submit(alert)
-        except HandoffQueueFull:
+
+        def undo() -> None:
             # The edge would be lost; undo it so the next push re-raises it.
-            self.alerts_refused += 1
             if c is not None and r.node in c.index:
-                i = c.index[r.node]
-                c.straggler[i] = event is StragglerEvent.CLEARED
+                c.straggler[c.index[r.node]] = event is StragglerEvent.CLEARED
             log.warning("event=straggler_alert_deferred cluster=%s node=%s", r.cluster, r.node)
+
+        with contextlib.suppress(HandoffRefused):
+            await self._submit(alert, on_refused=undo)
 
     # -------------------------------------------------------------------- logs
     async def handle_logs(
@@ -427,15 +499,23 @@ class Ingestor:
     ) -> tuple[ExportLogsServiceResponse, ThresholdHint]:
         """Apply one logs export: each fault / straggler record becomes an alert.
 
-        Raises :class:`HandoffQueueFull` when the alert hand-off cannot take a record; the
-        receiver answers 503 (retryable) — alerts already queued from this request are
-        re-sent by the agent and de-duplicated by their stable ``alert_id``.
+        The push's alerts are handed off together once all are built (stored in one round
+        trip with an outbox). Raises :class:`HandoffRefused` when the hand-off cannot take
+        them (queue full, PostgreSQL unreachable): nothing of the push was taken and the
+        receiver answers 503 / UNAVAILABLE (retryable); the re-sent push is de-duplicated
+        by the stable ``alert_id``s.
         """
         now = self.clock()
         d = decode_logs(req, now, max_future_s=self.max_future_s, limits=self.limits)
-        for f in d.faults:
-            self.unreachable.seen(f.resource, now)
-            await self._fault_alert(f)
+        batch: list[_Staged] = []
+        token = _PUSH.set(batch)
+        try:
+            for f in d.faults:
+                self.unreachable.seen(f.resource, now)
+                await self._fault_alert(f)
+        finally:
+            _PUSH.reset(token)
+        await self._commit(batch)
         await self.unreachable.flush(now)
         self._count_rejected(d, transport, "logs")
         if self.forwarder is not None:

@@ -45,7 +45,7 @@ from ingest.auth import (
 )
 from ingest.forward import OtlpForwarder
 from ingest.grpc_receiver import start_grpc_server
-from ingest.handoff import AlertSink, DeadLetterStore, ManagedAlertSink
+from ingest.handoff import AlertOutbox, AlertSink, DeadLetterStore, ManagedAlertSink
 from ingest.http_receiver import OtlpHttpApp, peercert_protocol
 from ingest.inventory import InventorySource
 from ingest.metrics import IngestMetrics
@@ -323,7 +323,8 @@ async def _serve(config: AutorepairConfig, routers_for: RoutersFactory | None = 
                  inventory_source: InventorySource | None = None,
                  dead_letters: DeadLetterStore | None = None,
                  bmc_probe: BmcProbe | None = None,
-                 open_alerts: OpenAlerts | None = None) -> None:
+                 open_alerts: OpenAlerts | None = None,
+                 outbox: AlertOutbox | None = None) -> None:
     from temporalio.client import Client
     from temporalio.contrib.pydantic import pydantic_data_converter
 
@@ -346,6 +347,9 @@ async def _serve(config: AutorepairConfig, routers_for: RoutersFactory | None = 
         client, config.temporal.task_queue, queue_size=ic.alert_queue,
         max_attempts=ic.handoff_max_attempts, max_value_chars=ic.max_evidence_value_chars,
         max_alert_bytes=ic.max_alert_bytes, dead_letters=dead_letters,
+        outbox=outbox, outbox_timeout_s=ic.outbox_timeout_s,
+        resubmit_every_s=ic.outbox_resubmit_every_s,
+        resubmit_after_s=ic.outbox_resubmit_after_s,
         on_outcome=lambda o: service.metrics.alert_handoff_total.labels(o).inc(),
         on_dead_letter=lambda r: service.metrics.alerts_dead_lettered_total.labels(r).inc(),
     )
@@ -386,7 +390,8 @@ async def _serve(config: AutorepairConfig, routers_for: RoutersFactory | None = 
 def run_ingest(config: AutorepairConfig, routers_for: RoutersFactory | None = None,
                inventory_source: InventorySource | None = None,
                dead_letters: DeadLetterStore | None = None, bmc_probe: BmcProbe | None = None,
-               open_alerts: OpenAlerts | None = None) -> None:
+               open_alerts: OpenAlerts | None = None, outbox: AlertOutbox | None = None
+               ) -> None:
     """Blocking entry point of ``autorepair ingest``: serve until SIGINT/SIGTERM.
 
     Connects lazily to Temporal at ``config.temporal.address`` (ingest starts and buffers
@@ -395,7 +400,10 @@ def run_ingest(config: AutorepairConfig, routers_for: RoutersFactory | None = No
     naming the port field when a listener cannot bind. ``inventory_source`` reads the
     schedulers' node lists (:mod:`ingest.inventory`); ``dead_letters`` keeps the alerts
     that cannot be delivered (``autorepair ingest`` passes the ledger's); ``bmc_probe`` /
-    ``open_alerts`` serve the ``node_unreachable`` check (:mod:`ingest.unreachable`).
+    ``open_alerts`` serve the ``node_unreachable`` check (:mod:`ingest.unreachable`);
+    ``outbox`` stores every accepted alert before the push is answered and re-delivers
+    what a killed ingest left (:mod:`ingest.handoff`; ``autorepair ingest`` passes the
+    ledger; ``None``: accepted alerts live in memory until delivered).
     """
     asyncio.run(_serve(config, routers_for, inventory_source, dead_letters, bmc_probe,
-                       open_alerts))
+                       open_alerts, outbox))

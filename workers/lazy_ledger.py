@@ -1,12 +1,18 @@
 """The ledger as ingest and the watchers use it: connected on first use, optional.
 
 :class:`LazyLedger` opens one small asyncpg pool to ``ledger.dsn`` when first needed and
-serves the two things those processes ask of the ledger:
+serves what those processes ask of the ledger:
 
 - the dead-letter table (:meth:`record`: it is an ``ingest.handoff.DeadLetterStore``);
+- the ingest's outbox (:meth:`accept_alerts`, :meth:`mark_handed_off`,
+  :meth:`pending_handoff`: it is an ``ingest.handoff.AlertOutbox``): accepted alerts are
+  recorded in ``alerts`` before the push is answered, stamped with the node's provider
+  facts as the workflows' own record would be;
 - the level faults a watcher left open before a restart (:meth:`open_level_alerts`), so
   it can send their clears when the condition ended while it was down.
 
+The first connection applies pending migrations (:func:`activities.ledger.migrate`, under
+its advisory lock), so an ingest upgraded before the worker still finds the outbox columns.
 With ``ledger.dsn`` empty every call raises ``RuntimeError`` naming the field; callers
 treat that as "no ledger" (the dead letter is then only logged, reconciliation skipped).
 """
@@ -14,18 +20,23 @@ treat that as "no ledger" (the dead letter is then only logged, reconciliation s
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import asyncpg
 
-from activities.ledger import Ledger, connect
+from activities.ledger import Ledger, connect, migrate
 from workflows.config import AutorepairConfig
 from workflows.models import Alert
+from workflows.providers import ProviderResolver
 
 
 class LazyLedger:
-    """Connects to ``config.ledger.dsn`` on first use (see module docstring)."""
+    """Connects to ``config.ledger.dsn`` on first use (see module docstring).
 
-    def __init__(self, config: AutorepairConfig, *, max_size: int = 2) -> None:
+    ``max_size``: connections in the pool (4: pushes carrying alerts write concurrently;
+    one write takes a millisecond or two)."""
+
+    def __init__(self, config: AutorepairConfig, *, max_size: int = 4) -> None:
         self.config = config
         self.max_size = max_size
         self._ledger: Ledger | None = None
@@ -45,12 +56,33 @@ class LazyLedger:
                                          max_size=self.max_size)
                 except (OSError, asyncpg.PostgresError) as e:
                     raise RuntimeError(f"ledger.dsn: cannot reach PostgreSQL: {e}") from e
-                self._ledger = Ledger(pool)
+                try:
+                    # the outbox needs the current schema whichever process starts first
+                    # (serialised with the worker's by an advisory lock)
+                    await migrate(pool)
+                except BaseException:
+                    await pool.close()
+                    raise
+                self._ledger = Ledger(pool, providers=ProviderResolver(
+                    self.config.providers))
         return self._ledger
 
     async def record(self, alert: Alert, reason: str, error: str, attempts: int) -> None:
         """``DeadLetterStore.record``: a row in ``dead_letters``."""
         await (await self.get()).record_dead_letter(alert, reason, error, attempts)
+
+    async def accept_alerts(self, alerts: Sequence[Alert]) -> set[str]:
+        """``AlertOutbox.accept_alerts``: :meth:`Ledger.accept_alerts` (one round trip)."""
+        return await (await self.get()).accept_alerts(alerts)
+
+    async def mark_handed_off(self, alert_ids: Sequence[str]) -> int:
+        """``AlertOutbox.mark_handed_off``: :meth:`Ledger.mark_handed_off`."""
+        return await (await self.get()).mark_handed_off(alert_ids)
+
+    async def pending_handoff(self, older_than_s: float = 0.0, limit: int = 1000
+                              ) -> list[Alert]:
+        """``AlertOutbox.pending_handoff``: :meth:`Ledger.pending_handoff`."""
+        return await (await self.get()).pending_handoff(older_than_s, limit)
 
     async def open_level_alerts(self, cluster: str, source: str) -> list[Alert]:
         """``Ledger.open_level_alerts``: level faults of ``source`` still open."""

@@ -148,6 +148,17 @@ class IngestConfig(_Section):
     #: ``autorepair_alerts_dead_lettered_total`` (DESIGN §4.5); the node's later alerts
     #: then go on.
     handoff_max_attempts: int = Field(12, ge=1)
+    #: Longest wait for PostgreSQL to store one push's alerts (the ingest's outbox, the
+    #: ledger's ``alerts`` table) before the push is answered 503 + ``Retry-After`` /
+    #: UNAVAILABLE, seconds. Below the agent's push timeout (``push.timeout_s``, 5 s) so the
+    #: agent hears "retry" rather than a timeout; a healthy write takes milliseconds.
+    outbox_timeout_s: float = Field(2.0, gt=0)
+    #: How often ingest re-delivers stored alerts that no workflow has taken yet and that
+    #: this ingest does not hold (left by another ingest that died), seconds.
+    outbox_resubmit_every_s: float = Field(30.0, gt=0)
+    #: Age a stored, undelivered alert must reach before that re-delivery takes it,
+    #: seconds: well past a normal hand-off (under a second idle, a few seconds in a storm).
+    outbox_resubmit_after_s: float = Field(60.0, gt=0)
     #: An agent silent for this long raises ``node_unreachable``, seconds; ``None`` =
     #: the node TTL plus 3 push intervals (``threshold.push_interval_s`` ×
     #: (``ttl_multiplier`` + 3)).
