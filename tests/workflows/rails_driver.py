@@ -13,8 +13,20 @@ checks the rails of DESIGN §5 as properties:
   repair ends badly"); terminated repairs cannot clean up and are exempt;
 - at most one repair acts on a node at a time (acting windows, in call order, of two
   repairs on one node never overlap);
-- leases the guard holds belong to live repairs (terminated ones exempt: nothing tells the
-  guard);
+- at most one lease per node and per node pool, and no more than the budget, whenever the
+  guard is asked (after every step, across guard terminations): a clash counts only
+  between holders that are both still running (a fresh guard rebuilds every open ledger
+  row, then drops the ones whose workflow is gone);
+- a fresh guard (after ``guard`` terminated the old one) has the budget, breaker
+  threshold, GPU node count and breaker state the old one had;
+- no lease and no queued request is left after settling: settling runs past
+  ``lease_ttl_s`` (short in this world, so holders renew and the guard asks them at
+  expiry), so even terminated holders' leases have expired;
+- no repair waits for a lease for ever: the guard knows every waiter once waiters have
+  re-sent (:data:`~workflows.protocol.LEASE_RESEND_S`) after its last restart, and a
+  repair waiting for a lease early in settling (the guard lists it as queued, its detail
+  says so) is no longer waiting :data:`WAIT_CHECK_S` later unless it was granted a lease
+  meanwhile (its wait ends after ``lease_wait_max_s``);
 - every repair that closed other than by termination has a terminal ledger row;
 - no disruptive step (cordon, drain, machine action) is scheduled by a workflow task that
   already saw the clear of all the repair's evidence (read from its history);
@@ -34,11 +46,12 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, timedelta
 from typing import Any
 
 from temporalio import activity
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -68,7 +81,10 @@ from workflows.models import (
     Stage,
 )
 from workflows.protocol import (
+    GUARD_WORKFLOW,
     REPAIR_SIGNAL_ATTACH_ALERT,
+    REPAIR_SIGNAL_LEASE,
+    GuardInput,
     GuardStatus,
     NodeStatus,
     workflow_id_guard,
@@ -92,6 +108,16 @@ ACTIONS = DISRUPTIVE - {"cordon", "drain"}
 NODE_CALLS = DISRUPTIVE | {"check_idle", "node_health", "rejoin"}
 #: The per-node action cap of the world's policy (low, so the programs reach it).
 CAP = 3
+#: Lease TTL and lease wait bound of the world's policy, seconds: short, so that holders
+#: renew (every TTL / 2), the guard asks holders at expiry and terminated holders' leases
+#: expire within a program, and waiters time out while settling.
+LEASE_TTL_S = 1200.0
+LEASE_WAIT_MAX_S = 1200.0
+#: Settling checks lease waiters after ``WAIT_MARK_S`` (every re-send has reached the
+#: last fresh guard) and again ``WAIT_CHECK_S`` later (past ``LEASE_WAIT_MAX_S`` plus a
+#: re-send interval of slack).
+WAIT_MARK_S = 1200.0
+WAIT_CHECK_S = 2400.0
 DEBUG = bool(os.environ.get("RAILS_PROPERTY_DEBUG"))
 
 
@@ -181,6 +207,11 @@ class World:
     repairs: dict[str, Tracked] = field(default_factory=dict)
     trace: list[str] = field(default_factory=list)
     n: itertools.count[int] = field(default_factory=itertools.count)
+    #: Violations seen while the program ran (guard samples after each step, rebuilds)
+    #: and while settling (lease waiters); :func:`check` reports them with the rest.
+    seen: list[str] = field(default_factory=list)
+    #: Guard terminations that landed (each followed by a fresh guard).
+    guard_restarts: int = 0
 
     @property
     def cluster(self) -> str:
@@ -216,6 +247,26 @@ class World:
         op = getattr(self, f"op_{step.op}")
         await op(step)
         await asyncio.sleep(0.05)  # let workers pick up what the step caused
+        await self.sample_guard(f"after step {len(self.trace)} {step}")
+
+    async def live(self, rid: str) -> bool:
+        """Whether repair ``rid`` still runs and was not terminated by the program."""
+        t = self.repairs.get(rid)
+        if t is None:
+            await self.discover()
+            t = self.repairs.get(rid)
+        return t is not None and not t.terminated and await self.is_open(t)
+
+    async def sample_guard(self, when: str) -> None:
+        """Ask the guard for its leases and note clashes between live holders."""
+        g = await self.guard()
+        if g is None:
+            return
+        clashes = lease_clashes(g)
+        if not clashes:
+            return
+        live = {x.repair_id for x in g.leases if await self.live(x.repair_id)}
+        self.seen += [f"{when}: {text}" for text in lease_clashes(g, live)]
 
     async def _now_alert(self, node: str, kind: str, active: bool = True) -> Alert:
         """A level fault (``ib_link_down`` → reboot, or its clear) or an event (Xid 79 →
@@ -309,6 +360,61 @@ class World:
                 except RPCError:
                     pass
 
+    async def _between_tasks(self, handle: WorkflowHandle[Any, Any]) -> bool:
+        """Whether ``handle`` has no activity or workflow task in flight on three reads
+        50 ms apart (bounded: False when it stays busy); see :meth:`_parked`."""
+        for _ in range(40):
+            quiet = 0
+            for _ in range(3):
+                try:
+                    raw = (await handle.describe()).raw_description
+                except RPCError:
+                    return False
+                if raw.pending_activities or raw.HasField("pending_workflow_task"):
+                    break
+                quiet += 1
+                await asyncio.sleep(0.05)
+            if quiet == 3:
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+    async def op_guard(self, s: Step) -> None:
+        """Terminate ``guard/{cluster}`` (as an operator would from the Temporal UI) between
+        its tasks, then start a fresh one at once, as the next re-send or ``autorepair
+        breaker status`` would (started here: the time-skipping server stops skipping time
+        when a workflow starts a child under the id of a terminated one). The fresh guard
+        rebuilds from the ledger; its budget and breaker are compared with the old one's."""
+        gid = workflow_id_guard(self.cluster)
+        handle = self.h.client.get_workflow_handle(gid)
+        before = await self.guard()
+        if before is None or not await self._between_tasks(handle):
+            return
+        try:
+            await handle.terminate("property test: guard terminated from the Temporal UI")
+        except RPCError:
+            return
+        self.guard_restarts += 1
+        try:
+            await self.h.client.start_workflow(
+                GUARD_WORKFLOW, GuardInput(cluster=self.cluster), id=gid,
+                task_queue=self.h.task_queue,
+            )
+        except WorkflowAlreadyStartedError:
+            pass  # a repair's re-send started it first
+        after = None
+        for _ in range(100):
+            after = await self.guard()
+            if after is not None and after.rebuilt_at is not None:
+                break
+            await asyncio.sleep(0.05)
+        if after is None or after.rebuilt_at is None:
+            self.seen.append(f"guard restart {self.guard_restarts}: no fresh guard rebuilt "
+                             "from the ledger")
+            return
+        self.seen += [f"guard restart {self.guard_restarts}: {x}"
+                      for x in rebuild_changes(before, after)]
+
     async def op_fault(self, s: Step) -> None:
         name, how = FAULTS[s.n]
         if how == "transient":
@@ -363,9 +469,19 @@ class World:
         self.fake.busy_polls.clear()
         for node in NODES:
             await self.op_approve(Step("approve", node))
-        for _ in range(6):
-            await self.skip(600)
-            await asyncio.sleep(0.05)
+        await self.skip_by(WAIT_MARK_S)
+        waiting = await self.lease_waiters()
+        self.seen += [f"settling: {x}" for x in waiting.forgotten]
+        mark = await self.env.get_current_time()
+        await self.skip_by(WAIT_CHECK_S)
+        for rid in waiting.waiting:
+            t = self.repairs[rid]
+            if (not await self.is_open(t) or rid not in (await self.lease_waiters()).waiting
+                    or await granted_since(self.handle(t), mark)):
+                continue
+            self.seen.append(f"settling: {rid} still waits for a lease {WAIT_CHECK_S:g} s "
+                             f"after it was seen waiting (lease_wait_max_s "
+                             f"{LEASE_WAIT_MAX_S:g} s), never granted meanwhile")
         for node in NODES:
             await self.op_clear(Step("clear", node))
         for _ in range(3):
@@ -379,6 +495,38 @@ class World:
             await asyncio.sleep(0.05)
         await self.discover()
         return [t.rid for t in self.repairs.values() if await self.is_open(t)]
+
+    async def skip_by(self, seconds: float, step_s: float = 600) -> None:
+        """Skip ``seconds`` of server time in steps of ``step_s``."""
+        left = seconds
+        while left > 0:
+            await self.skip(min(step_s, left))
+            left -= step_s
+            await asyncio.sleep(0.05)
+
+    async def lease_waiters(self) -> LeaseWaiters:
+        """Open repairs waiting for a lease (detail), and those of them the guard does not
+        list (neither queued nor holding)."""
+        g = await self.guard()
+        queued = {p.repair_id for p in g.pending} if g else set()
+        holding = {x.repair_id for x in g.leases} if g else set()
+        out = LeaseWaiters()
+        await self.discover()
+        for t in self.repairs.values():
+            if t.terminated or not await self.is_open(t):
+                continue
+            try:
+                st = await self.handle(t).query("status", result_type=RepairStatus)
+            except RPCError:
+                continue
+            if not waits_for_lease(st.detail) or t.rid in holding:
+                continue
+            if t.rid in queued:
+                out.waiting.append(t.rid)
+            else:
+                out.forgotten.append(f"{t.rid} waits for a lease ({st.detail!r}) the guard "
+                                     "neither holds nor queues")
+        return out
 
     async def guard(self) -> GuardStatus | None:
         try:
@@ -428,9 +576,17 @@ def world_policy(approve: bool) -> PolicyConfig:
     p.rails.rejoin_timeout_s = 900.0
     p.rails.action_retry_max_s = 300.0
     p.rails.max_actions_per_node = CAP
+    p.rails.lease_ttl_s = LEASE_TTL_S
+    p.rails.lease_wait_max_s = LEASE_WAIT_MAX_S
     p.wait_for_idle.poll_s = 30.0
     p.wait_for_idle.max_wait_s = 1200.0
     return p
+
+
+@dataclass
+class LeaseWaiters:
+    waiting: list[str] = field(default_factory=list)  # queued at the guard
+    forgotten: list[str] = field(default_factory=list)  # violations: unknown to the guard
 
 
 @asynccontextmanager
@@ -598,11 +754,69 @@ async def check(w: World, still_open: list[str]) -> list[str]:
             if not human and not (w.repairs.get(rid) and w.repairs[rid].terminated):
                 bad.append(f"{node}: attempt {i + 1} by {rid} beyond the cap of {CAP} "
                            "without a person's approval")
-    # leases held belong to live repairs (a terminated holder cannot release)
-    g = await w.guard()
-    if g is not None:
-        for lease in g.leases:
-            t = w.repairs.get(lease.repair_id)
-            if t is None or not t.terminated:
-                bad.append(f"lease of {lease.repair_id} held after it ended")
+    # what the run and settling saw (lease clashes, rebuilds, lease waiters)
+    bad += w.seen
+    # every repair has ended and settling ran past the lease TTL: nothing is held or queued
+    bad += leftover_leases(await w.guard(), w.repairs)
     return bad
+
+
+def waits_for_lease(detail: str) -> bool:
+    """Whether a repair's ``detail`` says it waits for a lease (first request, queued,
+    or re-acquiring before a disruptive step)."""
+    return any(x in detail for x in ("waiting for a lease", "lease queued", "re-acquiring"))
+
+
+async def granted_since(handle: WorkflowHandle[Any, Any], since: Any) -> bool:
+    """Whether the repair received a granted ``lease`` reply after ``since`` (history)."""
+    for e in (await handle.fetch_history()).events:
+        if not e.HasField("workflow_execution_signaled_event_attributes"):
+            continue
+        a = e.workflow_execution_signaled_event_attributes
+        if a.signal_name != REPAIR_SIGNAL_LEASE or not a.input.payloads:
+            continue
+        if e.event_time.ToDatetime(tzinfo=UTC) > since and json.loads(
+                a.input.payloads[0].data).get("granted"):
+            return True
+    return False
+
+
+def lease_clashes(g: GuardStatus, live: set[str] | None = None) -> list[str]:
+    """Leases of ``g`` that break the guard's rules: two on one node, two in one pool, more
+    than the budget. ``live``: only leases of these repairs count (None: all)."""
+    held = [x for x in g.leases if live is None or x.repair_id in live]
+    out: list[str] = []
+    for a, b in itertools.combinations(held, 2):
+        if a.node == b.node:
+            out.append(f"two leases on node {a.node}: {a.repair_id} and {b.repair_id}")
+        elif a.node_pool is not None and a.node_pool == b.node_pool:
+            out.append(f"two leases in pool {a.node_pool}: {a.repair_id} ({a.node}) and "
+                       f"{b.repair_id} ({b.node})")
+    if len(held) > g.budget:
+        out.append(f"{len(held)} leases over the budget of {g.budget}: "
+                   f"{[x.repair_id for x in held]}")
+    return out
+
+
+def rebuild_changes(before: GuardStatus, after: GuardStatus) -> list[str]:
+    """What a guard rebuilt from the ledger changed that it must keep: budget, breaker
+    threshold, GPU node count and the breaker's state (open or closed)."""
+    return [
+        f"{name} {getattr(before, name)!r} before the restart, {getattr(after, name)!r} after"
+        for name in ("budget", "breaker_threshold", "gpu_nodes", "breaker_open")
+        if getattr(before, name) != getattr(after, name)
+    ]
+
+
+def leftover_leases(g: GuardStatus | None, repairs: dict[str, Tracked]) -> list[str]:
+    """Leases and queued requests the guard still lists after settling (every repair has
+    ended and the lease TTL has passed: none is expected, terminated holders' included)."""
+    if g is None:
+        return []
+    why = {True: "terminated, its lease never expired", False: "ended"}
+    out = [f"lease of {x.repair_id} on {x.node} still held after settling (holder "
+           f"{why[bool(repairs.get(x.repair_id) and repairs[x.repair_id].terminated)]})"
+           for x in g.leases]
+    out += [f"request of {p.repair_id} on {p.node} still queued after settling"
+            for p in g.pending]
+    return out

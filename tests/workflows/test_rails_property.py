@@ -51,6 +51,8 @@ def steps() -> st.SearchStrategy[Step]:
         st.builds(Step, st.just("cancel"), node),
         st.builds(Step, st.just("cancel"), node),
         st.builds(Step, st.just("terminate"), node),
+        st.just(Step("guard")),  # terminate the cluster guard; a fresh one rebuilds
+        st.just(Step("guard")),
         st.builds(Step, st.just("fault"), n=st.integers(0, len(FAULTS) - 1)),
         st.just(Step("heal")),
         st.builds(Step, st.just("busy"), node, n=st.integers(1, 20)),
