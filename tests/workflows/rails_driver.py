@@ -515,10 +515,7 @@ class World:
     async def lease_waiters(self) -> LeaseWaiters:
         """Open repairs waiting for a lease (detail), and those of them the guard does not
         list (neither queued nor holding)."""
-        g = await self.guard()
-        queued = {p.repair_id for p in g.pending} if g else set()
-        holding = {x.repair_id for x in g.leases} if g else set()
-        out = LeaseWaiters()
+        details: dict[str, str] = {}
         await self.discover()
         for t in self.repairs.values():
             if t.terminated or not await self.is_open(t):
@@ -527,14 +524,8 @@ class World:
                 st = await self.handle(t).query("status", result_type=RepairStatus)
             except RPCError:
                 continue
-            if not waits_for_lease(st.detail) or t.rid in holding:
-                continue
-            if t.rid in queued:
-                out.waiting.append(t.rid)
-            else:
-                out.forgotten.append(f"{t.rid} waits for a lease ({st.detail!r}) the guard "
-                                     "neither holds nor queues")
-        return out
+            details[t.rid] = st.detail
+        return lease_waiters(await self.guard(), details)
 
     async def guard(self) -> GuardStatus | None:
         try:
@@ -786,6 +777,23 @@ async def check(w: World, still_open: list[str]) -> list[str]:
     # every repair has ended and settling ran past the lease TTL: nothing is held or queued
     bad += leftover_leases(await w.guard(), w.repairs)
     return bad
+
+
+def lease_waiters(g: GuardStatus | None, details: dict[str, str]) -> LeaseWaiters:
+    """Sort open repairs (``details``: repair id → its status detail) that wait for a
+    lease into those the guard queues and those it neither queues nor holds (forgotten)."""
+    queued = {p.repair_id for p in g.pending} if g else set()
+    holding = {x.repair_id for x in g.leases} if g else set()
+    out = LeaseWaiters()
+    for rid, detail in details.items():
+        if not waits_for_lease(detail) or rid in holding:
+            continue
+        if rid in queued:
+            out.waiting.append(rid)
+        else:
+            out.forgotten.append(f"{rid} waits for a lease ({detail!r}) the guard neither "
+                                 "holds nor queues")
+    return out
 
 
 def waits_for_lease(detail: str) -> bool:

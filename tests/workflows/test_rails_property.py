@@ -36,9 +36,9 @@ from tests.workflows.rails_driver import (
     Tracked,
     check,
     lease_clashes,
+    lease_waiters,
     leftover_leases,
     rebuild_changes,
-    waits_for_lease,
     world,
 )
 from workflows.models import NodeInput
@@ -208,8 +208,21 @@ def test_leftover_check_flags_leases_and_queued_requests() -> None:
         "request of b on gpu-02 still queued after settling",
     ]
     assert leftover_leases(_guard([]), {}) == []
-    assert waits_for_lease("lease queued: node pool pool-a busy with repair r1")
-    assert not waits_for_lease("waiting_for_idle: max 1200 s")
+
+
+def test_waiter_check_flags_a_waiter_the_guard_forgot() -> None:
+    g = _guard([_lease("a", "gpu-01", "pool-a")], pending=[
+        LeaseRequest(repair_id="b", workflow_id="w", cluster="c", node="gpu-02")])
+    out = lease_waiters(g, {
+        "a": "lease queued: stale detail of the holder",  # holds: not waiting
+        "b": "lease queued: node pool pool-a busy with repair a",
+        "c": "waiting for a lease from the cluster guard",  # neither queued nor holding
+        "d": "waiting_for_idle: max 1200 s",
+    })
+    assert out.waiting == ["b"]
+    assert out.forgotten == ["c waits for a lease ('waiting for a lease from the cluster "
+                             "guard') the guard neither holds nor queues"]
+    assert lease_waiters(None, {"b": "lease queued: x"}).forgotten
 
 
 async def test_settle_flags_a_lease_that_never_ends_and_a_waiter_behind_it(
