@@ -1,15 +1,20 @@
 """Stateful property test of the repair rails (DESIGN §5) on the time-skipping server.
 
 Hypothesis draws programs — random interleavings of alerts (level and event), clears,
-repairs requested through the API, approvals, rejections, cancel signals, terminations,
-activity failures (non-retryable:
-Kubernetes 403/404, a missing ``slurm`` binary; retryable: BMC connection refused; a
-definitive action failure), busy nodes and time passing — over three nodes in two pools,
-runs each against the real workflows and ledger (``rails_driver.World``), settles the
-world and checks every rail listed in ``rails_driver``.
+repairs requested through the API, approvals, rejections, cancel signals, terminations of
+repairs and of the cluster guard (a fresh guard rebuilds from the ledger), activity
+failures (non-retryable: Kubernetes 403/404, a missing ``slurm`` binary; retryable: BMC
+connection refused; a definitive action failure), busy nodes and time passing — over three
+nodes in two pools, with a short lease TTL and lease wait bound, runs each against the
+real workflows and ledger (``rails_driver.World``), settles the world and checks every
+rail listed in ``rails_driver``.
 
-CI runs a fixed-seed slice (``RAILS_PROPERTY_EXAMPLES``, default 16; about 40 s). ``make property``
-runs a longer random one and prints ``examples=… failures=… seconds=…`` last.
+CI runs three explicit programs (guard restart with a holder and two waiters, a
+terminated holder's lease expiring, a lease wait timing out) and a fixed-seed slice
+(``RAILS_PROPERTY_EXAMPLES``, default 16); the whole file takes about 50 s on two cores.
+``make property`` runs a longer random one and prints ``examples=… failures=… known=…
+guard_restarts=… seconds=…`` last. The tests at the end show each lease check flags a
+planted violation.
 
 Workflow cancellation from the Temporal UI (``handle.cancel()``) is not in the mix: on the
 time-skipping server it left time unable to skip in some programs, even when it landed
@@ -131,9 +136,18 @@ HOLDER_EXPIRES = [
     Step("advance", n=1800),
 ]
 
+#: Two busy nodes of pool-a: the repair queued on gpu-01 waits behind gpu-01's holder, then
+#: behind gpu-02's, past ``lease_wait_max_s``, and ends timed_out.
+WAIT_TIMES_OUT = [
+    Step("busy", "gpu-01", n=40), Step("busy", "gpu-02", n=40), Step("api", "gpu-01", "event"),
+    Step("advance", n=10), Step("api", "gpu-02", "event"), Step("api", "gpu-01", "level"),
+    Step("advance", n=1800), Step("advance", n=1800),
+]
+
 
 @example(approve=False, program=GUARD_RESTART)
 @example(approve=False, program=HOLDER_EXPIRES)
+@example(approve=False, program=WAIT_TIMES_OUT)
 @settings(
     max_examples=EXAMPLES,
     derandomize=REPORT is None,
