@@ -53,8 +53,10 @@ from datetime import UTC, timedelta
 from typing import Any
 
 from temporalio import activity
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.testservice.v1 import UnlockTimeSkippingRequest
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
-from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -116,9 +118,10 @@ CAP = 3
 #: expire within a program, and waiters time out while settling.
 LEASE_TTL_S = 1200.0
 LEASE_WAIT_MAX_S = 1200.0
-#: Settling checks lease waiters after ``WAIT_MARK_S`` (every re-send has reached the
-#: last fresh guard) and again ``WAIT_CHECK_S`` later (past ``LEASE_WAIT_MAX_S`` plus a
-#: re-send interval of slack).
+#: Settling checks lease waiters after ``WAIT_MARK_S`` (past ``LEASE_RESEND_S``: every
+#: waiter has re-sent to the last fresh guard) and again ``WAIT_CHECK_S`` later (twice
+#: ``LEASE_WAIT_MAX_S``: a wait that began before the mark has ended, with slack for a
+#: holder whose renewal was refused and that re-acquires after its idle wait).
 WAIT_MARK_S = 1200.0
 WAIT_CHECK_S = 2400.0
 DEBUG = bool(os.environ.get("RAILS_PROPERTY_DEBUG"))
@@ -215,6 +218,10 @@ class World:
     seen: list[str] = field(default_factory=list)
     #: Guard terminations that landed (each followed by a fresh guard).
     guard_restarts: int = 0
+    #: Guard workflow tasks those terminations cut (their time-skipping lock given back).
+    cut_tasks: int = 0
+    #: Run ids of the guards those terminated (shown when time stops skipping).
+    guard_runs: list[str] = field(default_factory=list)
     #: Violations of a known defect with an xfail test of its own (reported, not failed).
     known: list[str] = field(default_factory=list)
     #: Lease waiters settling found at its first mark (checked again later).
@@ -381,37 +388,97 @@ class World:
                     break
                 quiet += 1
                 await asyncio.sleep(0.05)
-            if quiet == 3:
+            if quiet == 3 and not await self._signals_in_flight(handle):
                 return True
             await asyncio.sleep(0.05)
         return False
 
+    async def _unlock_if_cut(self, workflow_id: str, run_id: str) -> None:
+        """The test server counts a workflow task in flight as a lock on skipping time and
+        keeps counting one whose workflow was terminated meanwhile (a signal that arrived
+        between the checks and the termination): give that lock back."""
+        events = (await self.h.client.get_workflow_handle(
+            workflow_id, run_id=run_id).fetch_history()).events
+        if len(events) >= 2 and events[-2].event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+            self.cut_tasks += 1
+            await self.env.client.test_service.unlock_time_skipping(
+                UnlockTimeSkippingRequest())
+
+    async def _signals_in_flight(self, handle: WorkflowHandle[Any, Any]) -> bool:
+        """Whether ``handle`` has a signal to another workflow in flight (initiated, not yet
+        answered): describe does not show one, and its answer schedules a workflow task at
+        once — the guard replies to holders one signal at a time."""
+        try:
+            events = (await handle.fetch_history()).events
+        except RPCError:
+            return True
+        open_: set[int] = set()
+        for e in events:
+            if e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED:
+                open_.add(e.event_id)
+            elif e.HasField("external_workflow_execution_signaled_event_attributes"):
+                open_.discard(e.external_workflow_execution_signaled_event_attributes
+                              .initiated_event_id)
+            elif e.HasField("signal_external_workflow_execution_failed_event_attributes"):
+                open_.discard(e.signal_external_workflow_execution_failed_event_attributes
+                              .initiated_event_id)
+        return bool(open_)
+
+    async def quiet(self) -> bool:
+        """Whether no workflow of this world has a task in flight (one read each): a guard
+        terminated now is not sent a signal in the next moment by a repair mid-task."""
+        ids = [workflow_id_node(self.cluster, n) for n in NODES]
+        ids += [workflow_id_repair(self.cluster, t.node, t.rid) for t in self.repairs.values()]
+        for wid in ids:
+            try:
+                d = await self.h.client.get_workflow_handle(wid).describe()
+            except RPCError:
+                continue
+            raw = d.raw_description
+            if d.status == WorkflowExecutionStatus.RUNNING and (
+                    raw.pending_activities or raw.HasField("pending_workflow_task")):
+                return False
+        return True
+
     async def op_guard(self, s: Step) -> None:
-        """Terminate ``guard/{cluster}`` (as an operator would from the Temporal UI) between
-        its tasks, then start a fresh one at once, as the next re-send or ``autorepair
-        breaker status`` would (started here: the time-skipping server stops skipping time
-        when a workflow starts a child under the id of a terminated one). The fresh guard
-        rebuilds from the ledger; its budget and breaker are compared with the old one's."""
+        """Terminate ``guard/{cluster}`` (as an operator would from the Temporal UI) and
+        start a fresh one, as the next re-send or ``autorepair breaker status`` would, in
+        one call (``TERMINATE_EXISTING``), while the world is quiet and the guard between
+        tasks with no signal of its own in flight: the time-skipping server stops skipping
+        time for good when a workflow is cut mid-task (:meth:`_unlock_if_cut` undoes that
+        for a signal that slips in anyway) or starts a child under the id of a terminated
+        one (the repairs' own restart path, so the fresh guard is started here, as in
+        ``test_leases.py``). The fresh guard rebuilds from the ledger; its budget and
+        breaker are compared with the old one's."""
         gid = workflow_id_guard(self.cluster)
-        handle = self.h.client.get_workflow_handle(gid)
         before = await self.guard()
-        if before is None or not await self._between_tasks(handle):
+        if before is None:
+            return
+        for _ in range(40):
+            if await self.quiet() and await self._between_tasks(
+                    self.h.client.get_workflow_handle(gid)):
+                break
+            await asyncio.sleep(0.05)
+        else:
             return
         try:
-            await handle.terminate("property test: guard terminated from the Temporal UI")
+            old = (await self.h.client.get_workflow_handle(gid).describe()).run_id
+            handle = await self.h.client.start_workflow(
+                GUARD_WORKFLOW, GuardInput(cluster=self.cluster), id=gid,
+                task_queue=self.h.task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.TERMINATE_EXISTING,
+            )
         except RPCError:
             return
         self.guard_restarts += 1
-        try:
-            await self.h.client.start_workflow(
-                GUARD_WORKFLOW, GuardInput(cluster=self.cluster), id=gid,
-                task_queue=self.h.task_queue,
-            )
-        except WorkflowAlreadyStartedError:
-            pass  # a repair's re-send started it first
+        self.guard_runs.append(old)
+        await self._unlock_if_cut(gid, old)
         after = None
         for _ in range(100):
-            after = await self.guard()
+            try:
+                after = await handle.query("status", result_type=GuardStatus)
+            except RPCError:
+                after = None
             if after is not None and after.rebuilt_at is not None:
                 break
             await asyncio.sleep(0.05)
@@ -464,6 +531,14 @@ class World:
                     for a in raw.pending_activities]
             out.append(f"{wid}: {d.status.name if d.status else '?'} acts={acts} "
                        f"wft={raw.pending_workflow_task.state if raw.HasField('pending_workflow_task') else None}")
+        for run_id in self.guard_runs:  # the guards ``guard`` steps terminated: last events
+            try:
+                events = (await self.h.client.get_workflow_handle(
+                    workflow_id_guard(self.cluster), run_id=run_id).fetch_history()).events
+            except RPCError:
+                continue
+            out.append(f"guard run {run_id[:8]} (terminated): "
+                       f"{[EventType.Name(e.event_type)[11:] for e in events[-4:]]}")
         return "\n".join(out)
 
     # ---- settle --------------------------------------------------------------------
