@@ -49,7 +49,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, timedelta
+from datetime import timedelta
 from typing import Any
 
 from temporalio import activity
@@ -65,6 +65,14 @@ from activities.ledger import Ledger
 from activities.ledger_activities import LedgerActivities
 from tests.workflows.conftest import OWN_WORKFLOWS, FakeCluster, Harness, make_alert
 from tests.workflows.fake_validation import FakeValidationWorkflow
+from tests.workflows.rails_leases import (
+    LeaseWaiters,
+    granted_since,
+    lease_clashes,
+    lease_waiters,
+    leftover_leases,
+    rebuild_changes,
+)
 from workflows.activity_api import (
     ACT,
     ERR_AUTH,
@@ -88,7 +96,6 @@ from workflows.models import (
 from workflows.protocol import (
     GUARD_WORKFLOW,
     REPAIR_SIGNAL_ATTACH_ALERT,
-    REPAIR_SIGNAL_LEASE,
     GuardInput,
     GuardStatus,
     NodeStatus,
@@ -659,12 +666,6 @@ def world_policy(approve: bool, lease_wait_max_s: float = LEASE_WAIT_MAX_S) -> P
     return p
 
 
-@dataclass
-class LeaseWaiters:
-    waiting: list[str] = field(default_factory=list)  # queued at the guard
-    forgotten: list[str] = field(default_factory=list)  # violations: unknown to the guard
-
-
 @asynccontextmanager
 async def world(
     pool: Any, approve: bool, lease_wait_max_s: float = LEASE_WAIT_MAX_S
@@ -764,7 +765,7 @@ async def check(w: World, still_open: list[str]) -> list[str]:
         g = await w.guard()
         expired = [x.repair_id for x in g.expired] if g else []
         print(f"  ends={ends} actions={acts} cordons={w.fake.cordons} "
-              f"guard_restarts={w.guard_restarts} expired={expired} "
+              f"guard_restarts={w.guard_restarts} cut={w.cut_tasks} expired={expired} "
               f"lease_timeouts={sum(1 for st in statuses.values() if st.history and 'lease_wait_max_s' in st.history[-1].reason)} "
               f"waiters_checked={w.waiters_checked} known={len(w.known)}", flush=True)
     # a repair's ledger row is terminal once its workflow closed (not terminated)
@@ -850,83 +851,6 @@ async def check(w: World, still_open: list[str]) -> list[str]:
     # what the run and settling saw (lease clashes, rebuilds, lease waiters)
     bad += w.seen
     # every repair has ended and settling ran past the lease TTL: nothing is held or queued
-    bad += leftover_leases(await w.guard(), w.repairs)
+    bad += leftover_leases(await w.guard(),
+                           {t.rid for t in w.repairs.values() if t.terminated})
     return bad
-
-
-def lease_waiters(g: GuardStatus | None, details: dict[str, str]) -> LeaseWaiters:
-    """Sort open repairs (``details``: repair id → its status detail) that wait for a
-    lease into those the guard queues and those it neither queues nor holds (forgotten)."""
-    queued = {p.repair_id for p in g.pending} if g else set()
-    holding = {x.repair_id for x in g.leases} if g else set()
-    out = LeaseWaiters()
-    for rid, detail in details.items():
-        if not waits_for_lease(detail) or rid in holding:
-            continue
-        if rid in queued:
-            out.waiting.append(rid)
-        else:
-            out.forgotten.append(f"{rid} waits for a lease ({detail!r}) the guard neither "
-                                 "holds nor queues")
-    return out
-
-
-def waits_for_lease(detail: str) -> bool:
-    """Whether a repair's ``detail`` says it waits for a lease (first request, queued,
-    or re-acquiring before a disruptive step)."""
-    return any(x in detail for x in ("waiting for a lease", "lease queued", "re-acquiring"))
-
-
-async def granted_since(handle: WorkflowHandle[Any, Any], since: Any) -> bool:
-    """Whether the repair received a granted ``lease`` reply after ``since`` (history)."""
-    for e in (await handle.fetch_history()).events:
-        if not e.HasField("workflow_execution_signaled_event_attributes"):
-            continue
-        a = e.workflow_execution_signaled_event_attributes
-        if a.signal_name != REPAIR_SIGNAL_LEASE or not a.input.payloads:
-            continue
-        if e.event_time.ToDatetime(tzinfo=UTC) > since and json.loads(
-                a.input.payloads[0].data).get("granted"):
-            return True
-    return False
-
-
-def lease_clashes(g: GuardStatus, live: set[str] | None = None) -> list[str]:
-    """Leases of ``g`` that break the guard's rules: two on one node, two in one pool, more
-    than the budget. ``live``: only leases of these repairs count (None: all)."""
-    held = [x for x in g.leases if live is None or x.repair_id in live]
-    out: list[str] = []
-    for a, b in itertools.combinations(held, 2):
-        if a.node == b.node:
-            out.append(f"two leases on node {a.node}: {a.repair_id} and {b.repair_id}")
-        elif a.node_pool is not None and a.node_pool == b.node_pool:
-            out.append(f"two leases in pool {a.node_pool}: {a.repair_id} ({a.node}) and "
-                       f"{b.repair_id} ({b.node})")
-    if len(held) > g.budget:
-        out.append(f"{len(held)} leases over the budget of {g.budget}: "
-                   f"{[x.repair_id for x in held]}")
-    return out
-
-
-def rebuild_changes(before: GuardStatus, after: GuardStatus) -> list[str]:
-    """What a guard rebuilt from the ledger changed that it must keep: budget, breaker
-    threshold, GPU node count and the breaker's state (open or closed)."""
-    return [
-        f"{name} {getattr(before, name)!r} before the restart, {getattr(after, name)!r} after"
-        for name in ("budget", "breaker_threshold", "gpu_nodes", "breaker_open")
-        if getattr(before, name) != getattr(after, name)
-    ]
-
-
-def leftover_leases(g: GuardStatus | None, repairs: dict[str, Tracked]) -> list[str]:
-    """Leases and queued requests the guard still lists after settling (every repair has
-    ended and the lease TTL has passed: none is expected, terminated holders' included)."""
-    if g is None:
-        return []
-    why = {True: "terminated, its lease never expired", False: "ended"}
-    out = [f"lease of {x.repair_id} on {x.node} still held after settling (holder "
-           f"{why[bool(repairs.get(x.repair_id) and repairs[x.repair_id].terminated)]})"
-           for x in g.leases]
-    out += [f"request of {p.repair_id} on {p.node} still queued after settling"
-            for p in g.pending]
-    return out

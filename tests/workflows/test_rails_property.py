@@ -34,17 +34,12 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from tests.workflows.rails_driver import (
-    FAULTS,
-    NODES,
-    Step,
-    Tracked,
-    check,
+from tests.workflows.rails_driver import FAULTS, NODES, Step, check, world
+from tests.workflows.rails_leases import (
     lease_clashes,
     lease_waiters,
     leftover_leases,
     rebuild_changes,
-    world,
 )
 from workflows.models import NodeInput
 from workflows.protocol import (
@@ -216,12 +211,12 @@ def test_rebuild_check_flags_a_changed_budget_or_breaker() -> None:
 def test_leftover_check_flags_leases_and_queued_requests() -> None:
     g = _guard([_lease("a", "gpu-01", None)], pending=[
         LeaseRequest(repair_id="b", workflow_id="w", cluster="c", node="gpu-02")])
-    assert leftover_leases(g, {"a": Tracked("a", "gpu-01", "api", terminated=True)}) == [
+    assert leftover_leases(g, terminated={"a"}) == [
         "lease of a on gpu-01 still held after settling (holder terminated, its lease "
         "never expired)",
         "request of b on gpu-02 still queued after settling",
     ]
-    assert leftover_leases(_guard([]), {}) == []
+    assert leftover_leases(_guard([]), set()) == []
 
 
 def test_waiter_check_flags_a_waiter_the_guard_forgot() -> None:
