@@ -52,8 +52,7 @@ fuzz-api: install
 # Stateful property test of the repair rails (tests/workflows/test_rails_property.py) with
 # random programs, guard terminations and lease expiry among the steps; EXAMPLES=N sets how
 # many (CI runs three fixed programs and a fixed-seed slice of 16). The last line gives
-# examples run, failing examples, violations of the known defect the driver reports
-# without failing (tests/workflows/rails_driver.py), guard restarts and seconds.
+# examples run, failing examples, guard restarts and seconds.
 EXAMPLES ?= 200
 property: install
 	@rm -f .property.json; \
@@ -61,7 +60,7 @@ property: install
 	  $(BIN)/python -m pytest -q -p no:cacheprovider --timeout=0 \
 	  tests/workflows/test_rails_property.py; rc=$$?; \
 	$(BIN)/python -c "import json; r = json.load(open('.property.json')); \
-	print(f\"examples={r['examples']} failures={r['failures']} known={r['known']} \
+	print(f\"examples={r['examples']} failures={r['failures']} \
 	guard_restarts={r['guard_restarts']} seconds={r['seconds']}\")"; \
 	rm -f .property.json; exit $$rc
 

@@ -32,10 +32,9 @@ checks the rails of DESIGN §5 as properties:
   already saw the clear of all the repair's evidence (read from its history);
 - an approval sent to an open repair is never lost;
 - the per-node action cap holds: an attempt beyond ``max_actions_per_node`` ran only with a
-  person's approval. Known defect, counted in ``World.known`` rather than failed: a repair
-  that read the attempt history when it started, then queued for the lease behind repairs
-  on its node that acted, acts beyond the cap (``test_repair_rails.py``
-  ``test_node_action_cap_holds_for_a_repair_queued_on_the_same_node``, xfail).
+  person's approval, also for a repair that queued for the lease behind repairs of its
+  node that acted (it decides again when granted; first found by this test,
+  ``test_repair_rails.py::test_node_action_cap_holds_for_a_repair_queued_on_the_same_node``).
 """
 
 from __future__ import annotations
@@ -229,8 +228,6 @@ class World:
     cut_tasks: int = 0
     #: Run ids of the guards those terminated (shown when time stops skipping).
     guard_runs: list[str] = field(default_factory=list)
-    #: Violations of a known defect with an xfail test of its own (reported, not failed).
-    known: list[str] = field(default_factory=list)
     #: Lease waiters settling found at its first mark (checked again later).
     waiters_checked: int = 0
 
@@ -767,7 +764,7 @@ async def check(w: World, still_open: list[str]) -> list[str]:
         print(f"  ends={ends} actions={acts} cordons={w.fake.cordons} "
               f"guard_restarts={w.guard_restarts} cut={w.cut_tasks} expired={expired} "
               f"lease_timeouts={sum(1 for st in statuses.values() if st.history and 'lease_wait_max_s' in st.history[-1].reason)} "
-              f"waiters_checked={w.waiters_checked} known={len(w.known)}", flush=True)
+              f"waiters_checked={w.waiters_checked}", flush=True)
     # a repair's ledger row is terminal once its workflow closed (not terminated)
     for rid, t in closed.items():
         row = ledger.get(rid)
@@ -837,17 +834,8 @@ async def check(w: World, still_open: list[str]) -> list[str]:
             human = st is not None and st.approved_by not in (None, AUTO_APPROVED)
             if human or (w.repairs.get(rid) and w.repairs[rid].terminated):
                 continue
-            text = (f"{node}: attempt {i + 1} by {rid} beyond the cap of {CAP} without a "
-                    "person's approval")
-            started = ledger[rid]["transitions"][0]["at"] if ledger[rid]["transitions"] else None
-            before = sum(1 for at, other in attempts if other != rid and started and at < started)
-            if before < CAP:
-                # it read the attempt history when it started, before it queued for the
-                # lease behind the repairs that then acted: the known defect that
-                # test_node_action_cap_holds_for_a_repair_queued_on_the_same_node records
-                w.known.append(f"{text} (read {before} attempts when it started)")
-            else:
-                bad.append(text)
+            bad.append(f"{node}: attempt {i + 1} by {rid} beyond the cap of {CAP} without a "
+                       "person's approval")
     # what the run and settling saw (lease clashes, rebuilds, lease waiters)
     bad += w.seen
     # every repair has ended and settling ran past the lease TTL: nothing is held or queued

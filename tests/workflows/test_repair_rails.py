@@ -324,45 +324,6 @@ async def test_node_action_cap_asks_a_human(harness: Harness) -> None:
     assert st.decided_by_rule and "approved by oncall" in st.decided_by_rule
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the per-node cap (and the ladder) are decided before the lease wait and not "
-    "re-checked once the lease is granted: a repair queued behind another on the same node "
-    "acts on the attempt history it read before that one acted",
-)
-async def test_node_action_cap_holds_for_a_repair_queued_on_the_same_node(
-    harness: Harness,
-) -> None:
-    """Found by the rails property test (programs queueing four repairs on one node with a
-    cap of 3). Cap 1: the first repair acts once; a second one on the node, which read the
-    attempt history while the first still waited for idle, waits for the lease and must
-    then ask a person instead of acting a second time."""
-    h = harness
-    h.policy.rails.max_actions_per_node = 1
-    h.policy.wait_for_idle.poll_s = 60
-    h.policy.wait_for_idle.poll_max_s = 60  # no back-off
-    h.cluster.busy_polls["gpu-17"] = 5
-    first = await start_repair(h, "gpu-17", Action.power_cycle, "qcap1")
-    await wait_stage(h, "gpu-17", "qcap1", Stage.waiting_for_idle)
-    second = await start_repair(h, "gpu-17", Action.power_cycle, "qcap2")
-
-    async def queued() -> bool:
-        return "qcap2" in {p.repair_id for p in (await guard_status(h)).pending}
-
-    await eventually(queued, "the second repair queued behind the first on the node")
-    assert (await first.result()).stage == Stage.succeeded
-
-    async def decided() -> bool:
-        st = await repair_status(h, "gpu-17", "qcap2")
-        return st.stage == Stage.awaiting_approval or st.stage.value in TERMINAL
-
-    await eventually(decided, "the second repair asking a person (or ending)")
-    st = await repair_status(h, "gpu-17", "qcap2")
-    assert h.cluster.power_cycles == 1, f"acted beyond the cap: {st.history[-1]}"
-    assert st.stage == Stage.awaiting_approval and "node cap: 1 disruptive actions" in st.detail
-    await second.signal("reject", RejectSignal(by="oncall"))
-
-
 async def test_migrate_attempt_is_recorded_against_the_faulty_machine(harness: Harness) -> None:
     h = harness
     fresh = make_alert(h.cluster.cluster, "gpu-17", "m", observed_at=await h.env.get_current_time())
