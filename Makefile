@@ -50,8 +50,9 @@ fuzz-api: install
 	$(BIN)/python tests/fuzz/api_fuzz.py --cases 5000
 
 # Stateful property test of the repair rails (tests/workflows/test_rails_property.py) with
-# random programs; EXAMPLES=N sets how many (CI runs a fixed-seed slice of 16). The last
-# line gives examples run, failing examples and seconds.
+# random programs, guard terminations and lease expiry among the steps; EXAMPLES=N sets how
+# many (CI runs three fixed programs and a fixed-seed slice of 16). The last line gives
+# examples run, failing examples, guard restarts and seconds.
 EXAMPLES ?= 200
 property: install
 	@rm -f .property.json; \
@@ -59,7 +60,8 @@ property: install
 	  $(BIN)/python -m pytest -q -p no:cacheprovider --timeout=0 \
 	  tests/workflows/test_rails_property.py; rc=$$?; \
 	$(BIN)/python -c "import json; r = json.load(open('.property.json')); \
-	print(f\"examples={r['examples']} failures={r['failures']} seconds={r['seconds']}\")"; \
+	print(f\"examples={r['examples']} failures={r['failures']} \
+	guard_restarts={r['guard_restarts']} seconds={r['seconds']}\")"; \
 	rm -f .property.json; exit $$rc
 
 # Crash run (tests/crash/crash.py): NODES x ROUNDS repairs on the dev stack (real worker

@@ -192,6 +192,9 @@ PATCH_IDLE_DETAIL = "idle-detail-note"
 #: ``workflow.patched`` id of "a cordon that finds the node held by another repair ends
 #: this one" (DESIGN §5 rails: one repair per node).
 PATCH_HELD_BY_REPAIR = "held-by-repair"
+#: ``workflow.patched`` id of "the ladder and the per-node cap decide again once the
+#: lease is granted" (a repair queued behind another of the same node).
+PATCH_RECHECK_AFTER_LEASE = "recheck-after-lease"
 #: Events in one run's history after which a long wait for idle continues as new: a fifth
 #: of Temporal's 51,200-event hard limit, below its 10,240-event warning.
 HISTORY_EVENTS_MAX = 10_000
@@ -475,12 +478,65 @@ class RepairWorkflow:
             await self._await_approval(why)
         self._check_ended()
         await self._acquire_lease()
+        self._check_evidence_before_cordon()
+        while (
+            self._rails
+            and workflow.patched(PATCH_RECHECK_AFTER_LEASE)
+            and not await self._decision_holds()
+        ):
+            await self._acquire_lease()
+            self._check_evidence_before_cordon()
+        await self._cordon()
+
+    def _check_evidence_before_cordon(self) -> None:
         if self._rails and not self._evidence_ok():
             # re-checked before cordoning (DESIGN §5 rails): nothing was touched yet
             raise _Ended(
                 S.auto_resolved, "system", "every alert behind the repair cleared before cordoning"
             )
-        await self._cordon()
+
+    async def _decision_holds(self) -> bool:
+        """With the lease just granted: does the decision still hold? Another repair of
+        this node may have acted while this one waited (the guard queues repairs of one
+        node behind each other), so the attempt history is read again and the ladder and
+        the per-node cap decide once more (DESIGN §5 rails). Returns True to go on (same
+        action, or a heavier one the consent policy allows automatically); otherwise the
+        lease is handed back while a person decides, and False asks for it again."""
+        assert self._req is not None
+        before, rule_before = self._action, self._rule
+        human = self._approved_by not in (None, AUTO_APPROVED)
+        self._attempts, self._critical = [], []
+        # the same question as the first decision (the request's action; a person's
+        # approved action), now over the fresh history
+        await self._decide(
+            before if human else self._req.action,
+            approver=self._approved_by if human else None,
+        )
+        if not self._needs_human and self._action == before:
+            self._rule = rule_before  # unchanged: who approved and which rule decided
+            return True
+        if not self._needs_human and self._action != Action.remove:
+            consent = consent_decision(
+                self._action, self._alerts, self._req.requester, self._policy.consent
+            )
+            if consent.automatic:
+                self._rule = f"{consent.rule}; {self._rule}"
+                await self._note(
+                    f"another repair acted on the node meanwhile: {before.value} → "
+                    f"{self._action.value} ({self._rule})"
+                )
+                return True
+        why = (
+            self._human_reason
+            if self._needs_human
+            else f"ladder moved to {self._action.value} while the lease was queued"
+        )
+        await self._release_lease(S.awaiting_approval)
+        self._lease, self._lease_requested = None, False
+        self._approve = None  # an approval of the earlier decision does not cover this one
+        await self._await_approval(f"another repair acted on the node meanwhile; {why}")
+        self._check_ended()
+        return False
 
     def _evidence_ok(self) -> bool:
         """Whether the evidence still stands; after a breaker reset only evidence observed

@@ -13,14 +13,28 @@ checks the rails of DESIGN §5 as properties:
   repair ends badly"); terminated repairs cannot clean up and are exempt;
 - at most one repair acts on a node at a time (acting windows, in call order, of two
   repairs on one node never overlap);
-- leases the guard holds belong to live repairs (terminated ones exempt: nothing tells the
-  guard);
+- at most one lease per node and per node pool, and no more than the budget, whenever the
+  guard is asked (after every step, across guard terminations): a clash counts only
+  between holders that are both still running (a fresh guard rebuilds every open ledger
+  row, then drops the ones whose workflow is gone);
+- a fresh guard (after ``guard`` terminated the old one) has the budget, breaker
+  threshold, GPU node count and breaker state the old one had;
+- no lease and no queued request is left after settling: settling runs past
+  ``lease_ttl_s`` (short in this world, so holders renew and the guard asks them at
+  expiry), so even terminated holders' leases have expired;
+- no repair waits for a lease for ever: the guard knows every waiter once waiters have
+  re-sent (:data:`~workflows.protocol.LEASE_RESEND_S`) after its last restart, and a
+  repair waiting for a lease early in settling (the guard lists it as queued, its detail
+  says so) is no longer waiting :data:`WAIT_CHECK_S` later unless it was granted a lease
+  meanwhile (its wait ends after ``lease_wait_max_s``);
 - every repair that closed other than by termination has a terminal ledger row;
 - no disruptive step (cordon, drain, machine action) is scheduled by a workflow task that
   already saw the clear of all the repair's evidence (read from its history);
 - an approval sent to an open repair is never lost;
 - the per-node action cap holds: an attempt beyond ``max_actions_per_node`` ran only with a
-  person's approval.
+  person's approval, also for a repair that queued for the lease behind repairs of its
+  node that acted (it decides again when granted; first found by this test,
+  ``test_repair_rails.py::test_node_action_cap_holds_for_a_repair_queued_on_the_same_node``).
 """
 
 from __future__ import annotations
@@ -38,7 +52,10 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import activity
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.testservice.v1 import UnlockTimeSkippingRequest
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
+from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -47,6 +64,14 @@ from activities.ledger import Ledger
 from activities.ledger_activities import LedgerActivities
 from tests.workflows.conftest import OWN_WORKFLOWS, FakeCluster, Harness, make_alert
 from tests.workflows.fake_validation import FakeValidationWorkflow
+from tests.workflows.rails_leases import (
+    LeaseWaiters,
+    granted_since,
+    lease_clashes,
+    lease_waiters,
+    leftover_leases,
+    rebuild_changes,
+)
 from workflows.activity_api import (
     ACT,
     ERR_AUTH,
@@ -68,7 +93,9 @@ from workflows.models import (
     Stage,
 )
 from workflows.protocol import (
+    GUARD_WORKFLOW,
     REPAIR_SIGNAL_ATTACH_ALERT,
+    GuardInput,
     GuardStatus,
     NodeStatus,
     workflow_id_guard,
@@ -92,6 +119,17 @@ ACTIONS = DISRUPTIVE - {"cordon", "drain"}
 NODE_CALLS = DISRUPTIVE | {"check_idle", "node_health", "rejoin"}
 #: The per-node action cap of the world's policy (low, so the programs reach it).
 CAP = 3
+#: Lease TTL and lease wait bound of the world's policy, seconds: short, so that holders
+#: renew (every TTL / 2), the guard asks holders at expiry and terminated holders' leases
+#: expire within a program, and waiters time out while settling.
+LEASE_TTL_S = 1200.0
+LEASE_WAIT_MAX_S = 1200.0
+#: Settling checks lease waiters after ``WAIT_MARK_S`` (past ``LEASE_RESEND_S``: every
+#: waiter has re-sent to the last fresh guard) and again ``WAIT_CHECK_S`` later (twice
+#: ``LEASE_WAIT_MAX_S``: a wait that began before the mark has ended, with slack for a
+#: holder whose renewal was refused and that re-acquires after its idle wait).
+WAIT_MARK_S = 1200.0
+WAIT_CHECK_S = 2400.0
 DEBUG = bool(os.environ.get("RAILS_PROPERTY_DEBUG"))
 
 
@@ -181,6 +219,17 @@ class World:
     repairs: dict[str, Tracked] = field(default_factory=dict)
     trace: list[str] = field(default_factory=list)
     n: itertools.count[int] = field(default_factory=itertools.count)
+    #: Violations seen while the program ran (guard samples after each step, rebuilds)
+    #: and while settling (lease waiters); :func:`check` reports them with the rest.
+    seen: list[str] = field(default_factory=list)
+    #: Guard terminations that landed (each followed by a fresh guard).
+    guard_restarts: int = 0
+    #: Guard workflow tasks those terminations cut (their time-skipping lock given back).
+    cut_tasks: int = 0
+    #: Run ids of the guards those terminated (shown when time stops skipping).
+    guard_runs: list[str] = field(default_factory=list)
+    #: Lease waiters settling found at its first mark (checked again later).
+    waiters_checked: int = 0
 
     @property
     def cluster(self) -> str:
@@ -216,6 +265,26 @@ class World:
         op = getattr(self, f"op_{step.op}")
         await op(step)
         await asyncio.sleep(0.05)  # let workers pick up what the step caused
+        await self.sample_guard(f"after step {len(self.trace)} {step}")
+
+    async def live(self, rid: str) -> bool:
+        """Whether repair ``rid`` still runs and was not terminated by the program."""
+        t = self.repairs.get(rid)
+        if t is None:
+            await self.discover()
+            t = self.repairs.get(rid)
+        return t is not None and not t.terminated and await self.is_open(t)
+
+    async def sample_guard(self, when: str) -> None:
+        """Ask the guard for its leases and note clashes between live holders."""
+        g = await self.guard()
+        if g is None:
+            return
+        clashes = lease_clashes(g)
+        if not clashes:
+            return
+        live = {x.repair_id for x in g.leases if await self.live(x.repair_id)}
+        self.seen += [f"{when}: {text}" for text in lease_clashes(g, live)]
 
     async def _now_alert(self, node: str, kind: str, active: bool = True) -> Alert:
         """A level fault (``ib_link_down`` → reboot, or its clear) or an event (Xid 79 →
@@ -309,6 +378,121 @@ class World:
                 except RPCError:
                     pass
 
+    async def _between_tasks(self, handle: WorkflowHandle[Any, Any]) -> bool:
+        """Whether ``handle`` has no activity or workflow task in flight on three reads
+        50 ms apart (bounded: False when it stays busy); see :meth:`_parked`."""
+        for _ in range(40):
+            quiet = 0
+            for _ in range(3):
+                try:
+                    raw = (await handle.describe()).raw_description
+                except RPCError:
+                    return False
+                if raw.pending_activities or raw.HasField("pending_workflow_task"):
+                    break
+                quiet += 1
+                await asyncio.sleep(0.05)
+            if quiet == 3 and not await self._signals_in_flight(handle):
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+    async def _unlock_if_cut(self, workflow_id: str, run_id: str) -> None:
+        """The test server counts a workflow task in flight as a lock on skipping time and
+        keeps counting one whose workflow was terminated meanwhile (a signal that arrived
+        between the checks and the termination): give that lock back."""
+        events = (await self.h.client.get_workflow_handle(
+            workflow_id, run_id=run_id).fetch_history()).events
+        if len(events) >= 2 and events[-2].event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+            self.cut_tasks += 1
+            await self.env.client.test_service.unlock_time_skipping(
+                UnlockTimeSkippingRequest())
+
+    async def _signals_in_flight(self, handle: WorkflowHandle[Any, Any]) -> bool:
+        """Whether ``handle`` has a signal to another workflow in flight (initiated, not yet
+        answered): describe does not show one, and its answer schedules a workflow task at
+        once — the guard replies to holders one signal at a time."""
+        try:
+            events = (await handle.fetch_history()).events
+        except RPCError:
+            return True
+        open_: set[int] = set()
+        for e in events:
+            if e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED:
+                open_.add(e.event_id)
+            elif e.HasField("external_workflow_execution_signaled_event_attributes"):
+                open_.discard(e.external_workflow_execution_signaled_event_attributes
+                              .initiated_event_id)
+            elif e.HasField("signal_external_workflow_execution_failed_event_attributes"):
+                open_.discard(e.signal_external_workflow_execution_failed_event_attributes
+                              .initiated_event_id)
+        return bool(open_)
+
+    async def quiet(self) -> bool:
+        """Whether no workflow of this world has a task in flight (one read each): a guard
+        terminated now is not sent a signal in the next moment by a repair mid-task."""
+        ids = [workflow_id_node(self.cluster, n) for n in NODES]
+        ids += [workflow_id_repair(self.cluster, t.node, t.rid) for t in self.repairs.values()]
+        for wid in ids:
+            try:
+                d = await self.h.client.get_workflow_handle(wid).describe()
+            except RPCError:
+                continue
+            raw = d.raw_description
+            if d.status == WorkflowExecutionStatus.RUNNING and (
+                    raw.pending_activities or raw.HasField("pending_workflow_task")):
+                return False
+        return True
+
+    async def op_guard(self, s: Step) -> None:
+        """Terminate ``guard/{cluster}`` (as an operator would from the Temporal UI) and
+        start a fresh one, as the next re-send or ``autorepair breaker status`` would, in
+        one call (``TERMINATE_EXISTING``), while the world is quiet and the guard between
+        tasks with no signal of its own in flight: the time-skipping server stops skipping
+        time for good when a workflow is cut mid-task (:meth:`_unlock_if_cut` undoes that
+        for a signal that slips in anyway) or starts a child under the id of a terminated
+        one (the repairs' own restart path, so the fresh guard is started here, as in
+        ``test_leases.py``). The fresh guard rebuilds from the ledger; its budget and
+        breaker are compared with the old one's."""
+        gid = workflow_id_guard(self.cluster)
+        before = await self.guard()
+        if before is None:
+            return
+        for _ in range(40):
+            if await self.quiet() and await self._between_tasks(
+                    self.h.client.get_workflow_handle(gid)):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            return
+        try:
+            old = (await self.h.client.get_workflow_handle(gid).describe()).run_id
+            handle = await self.h.client.start_workflow(
+                GUARD_WORKFLOW, GuardInput(cluster=self.cluster), id=gid,
+                task_queue=self.h.task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.TERMINATE_EXISTING,
+            )
+        except RPCError:
+            return
+        self.guard_restarts += 1
+        self.guard_runs.append(old)
+        await self._unlock_if_cut(gid, old)
+        after = None
+        for _ in range(100):
+            try:
+                after = await handle.query("status", result_type=GuardStatus)
+            except RPCError:
+                after = None
+            if after is not None and after.rebuilt_at is not None:
+                break
+            await asyncio.sleep(0.05)
+        if after is None or after.rebuilt_at is None:
+            self.seen.append(f"guard restart {self.guard_restarts}: no fresh guard rebuilt "
+                             "from the ledger")
+            return
+        self.seen += [f"guard restart {self.guard_restarts}: {x}"
+                      for x in rebuild_changes(before, after)]
+
     async def op_fault(self, s: Step) -> None:
         name, how = FAULTS[s.n]
         if how == "transient":
@@ -351,6 +535,14 @@ class World:
                     for a in raw.pending_activities]
             out.append(f"{wid}: {d.status.name if d.status else '?'} acts={acts} "
                        f"wft={raw.pending_workflow_task.state if raw.HasField('pending_workflow_task') else None}")
+        for run_id in self.guard_runs:  # the guards ``guard`` steps terminated: last events
+            try:
+                events = (await self.h.client.get_workflow_handle(
+                    workflow_id_guard(self.cluster), run_id=run_id).fetch_history()).events
+            except RPCError:
+                continue
+            out.append(f"guard run {run_id[:8]} (terminated): "
+                       f"{[EventType.Name(e.event_type)[11:] for e in events[-4:]]}")
         return "\n".join(out)
 
     # ---- settle --------------------------------------------------------------------
@@ -363,9 +555,20 @@ class World:
         self.fake.busy_polls.clear()
         for node in NODES:
             await self.op_approve(Step("approve", node))
-        for _ in range(6):
-            await self.skip(600)
-            await asyncio.sleep(0.05)
+        await self.skip_by(WAIT_MARK_S)
+        waiting = await self.lease_waiters()
+        self.seen += [f"settling: {x}" for x in waiting.forgotten]
+        mark = await self.env.get_current_time()
+        self.waiters_checked += len(waiting.waiting)
+        await self.skip_by(WAIT_CHECK_S)
+        for rid in waiting.waiting:
+            t = self.repairs[rid]
+            if (not await self.is_open(t) or rid not in (await self.lease_waiters()).waiting
+                    or await granted_since(self.handle(t), mark)):
+                continue
+            self.seen.append(f"settling: {rid} still waits for a lease {WAIT_CHECK_S:g} s "
+                             f"after it was seen waiting (lease_wait_max_s "
+                             f"{LEASE_WAIT_MAX_S:g} s), never granted meanwhile")
         for node in NODES:
             await self.op_clear(Step("clear", node))
         for _ in range(3):
@@ -379,6 +582,29 @@ class World:
             await asyncio.sleep(0.05)
         await self.discover()
         return [t.rid for t in self.repairs.values() if await self.is_open(t)]
+
+    async def skip_by(self, seconds: float, step_s: float = 600) -> None:
+        """Skip ``seconds`` of server time in steps of ``step_s``."""
+        left = seconds
+        while left > 0:
+            await self.skip(min(step_s, left))
+            left -= step_s
+            await asyncio.sleep(0.05)
+
+    async def lease_waiters(self) -> LeaseWaiters:
+        """Open repairs waiting for a lease (detail), and those of them the guard does not
+        list (neither queued nor holding)."""
+        details: dict[str, str] = {}
+        await self.discover()
+        for t in self.repairs.values():
+            if t.terminated or not await self.is_open(t):
+                continue
+            try:
+                st = await self.handle(t).query("status", result_type=RepairStatus)
+            except RPCError:
+                continue
+            details[t.rid] = st.detail
+        return lease_waiters(await self.guard(), details)
 
     async def guard(self) -> GuardStatus | None:
         try:
@@ -416,8 +642,10 @@ class World:
                 pass
 
 
-def world_policy(approve: bool) -> PolicyConfig:
-    """Short waits so a program of minutes reaches every stage; a low per-node cap."""
+def world_policy(approve: bool, lease_wait_max_s: float = LEASE_WAIT_MAX_S) -> PolicyConfig:
+    """Short waits so a program of minutes reaches every stage; a low per-node cap.
+    ``lease_wait_max_s``: other than :data:`LEASE_WAIT_MAX_S` only where a test shows that
+    a wait beyond the bound is flagged."""
     p = PolicyConfig()
     p.consent.mode = "approve" if approve else "automatic"
     p.consent.approval_timeout_s = 3600.0
@@ -428,13 +656,17 @@ def world_policy(approve: bool) -> PolicyConfig:
     p.rails.rejoin_timeout_s = 900.0
     p.rails.action_retry_max_s = 300.0
     p.rails.max_actions_per_node = CAP
+    p.rails.lease_ttl_s = LEASE_TTL_S
+    p.rails.lease_wait_max_s = lease_wait_max_s
     p.wait_for_idle.poll_s = 30.0
     p.wait_for_idle.max_wait_s = 1200.0
     return p
 
 
 @asynccontextmanager
-async def world(pool: Any, approve: bool) -> AsyncIterator[World]:
+async def world(
+    pool: Any, approve: bool, lease_wait_max_s: float = LEASE_WAIT_MAX_S
+) -> AsyncIterator[World]:
     """A time-skipping server of its own (one example's leftovers — an activity in flight
     when its workflow closed — cannot hold time still for the next), a running worker
     pair over a fresh cluster; every workflow terminated afterwards."""
@@ -453,7 +685,7 @@ async def world(pool: Any, approve: bool) -> AsyncIterator[World]:
         fake = RecordingCluster(cluster=f"p-{sfx}", nodes=list(NODES))
         h = Harness(
             env=env, client=env.client, cluster=fake, ledger=Ledger(pool),
-            policy=world_policy(approve), task_queue=f"prop-{sfx}",
+            policy=world_policy(approve, lease_wait_max_s), task_queue=f"prop-{sfx}",
             bmc_queue=f"prop-bmc-{sfx}", gpu_nodes=len(NODES), pools=dict(POOLS),
         )
         w = World(env=env, h=h, fake=fake)
@@ -527,7 +759,12 @@ async def check(w: World, still_open: list[str]) -> list[str]:
         ends = sorted(f"{'T' if t.terminated else ''}{statuses[t.rid].stage.value}"
                       if t.rid in statuses else "T" for t in closed.values())
         acts = sum(1 for c in w.fake.log if c.name in ACTIONS)
-        print(f"  ends={ends} actions={acts} cordons={w.fake.cordons}", flush=True)
+        g = await w.guard()
+        expired = [x.repair_id for x in g.expired] if g else []
+        print(f"  ends={ends} actions={acts} cordons={w.fake.cordons} "
+              f"guard_restarts={w.guard_restarts} cut={w.cut_tasks} expired={expired} "
+              f"lease_timeouts={sum(1 for st in statuses.values() if st.history and 'lease_wait_max_s' in st.history[-1].reason)} "
+              f"waiters_checked={w.waiters_checked}", flush=True)
     # a repair's ledger row is terminal once its workflow closed (not terminated)
     for rid, t in closed.items():
         row = ledger.get(rid)
@@ -595,14 +832,13 @@ async def check(w: World, still_open: list[str]) -> list[str]:
                 continue
             st = statuses.get(rid)
             human = st is not None and st.approved_by not in (None, AUTO_APPROVED)
-            if not human and not (w.repairs.get(rid) and w.repairs[rid].terminated):
-                bad.append(f"{node}: attempt {i + 1} by {rid} beyond the cap of {CAP} "
-                           "without a person's approval")
-    # leases held belong to live repairs (a terminated holder cannot release)
-    g = await w.guard()
-    if g is not None:
-        for lease in g.leases:
-            t = w.repairs.get(lease.repair_id)
-            if t is None or not t.terminated:
-                bad.append(f"lease of {lease.repair_id} held after it ended")
+            if human or (w.repairs.get(rid) and w.repairs[rid].terminated):
+                continue
+            bad.append(f"{node}: attempt {i + 1} by {rid} beyond the cap of {CAP} without a "
+                       "person's approval")
+    # what the run and settling saw (lease clashes, rebuilds, lease waiters)
+    bad += w.seen
+    # every repair has ended and settling ran past the lease TTL: nothing is held or queued
+    bad += leftover_leases(await w.guard(),
+                           {t.rid for t in w.repairs.values() if t.terminated})
     return bad

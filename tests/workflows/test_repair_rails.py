@@ -19,7 +19,13 @@ from temporalio.exceptions import CancelledError
 from temporalio.service import RPCError
 
 from tests.workflows.conftest import Harness, make_alert
-from tests.workflows.helpers import eventually, guard_status, start_repair, wait_stage
+from tests.workflows.helpers import (
+    eventually,
+    guard_status,
+    repair_status,
+    start_repair,
+    wait_stage,
+)
 from workflows.activity_api import ERR_AUTH, ERR_CONFIGURATION, AttemptRecord
 from workflows.models import (
     Action,
@@ -38,6 +44,8 @@ from workflows.protocol import (
     workflow_id_node,
     workflow_id_repair,
 )
+
+TERMINAL = {"succeeded", "failed", "rejected", "cancelled", "auto_resolved", "timed_out"}
 
 
 async def ledger_row(h: Harness, rid: str) -> dict[str, Any]:
@@ -486,3 +494,36 @@ async def test_idle_check_detail_is_recorded_on_the_repair(harness: Harness) -> 
     assert st.stage == Stage.succeeded
     notes = [t.reason for t in st.history if t.reason.startswith("idle check:")]
     assert notes == ["idle check: tainted out-of-service: the BMC reports the host off"]
+
+
+async def test_node_action_cap_holds_for_a_repair_queued_on_the_same_node(
+    harness: Harness,
+) -> None:
+    """Found by the rails property test (programs queueing four repairs on one node with a
+    cap of 3). Cap 1: the first repair acts once; a second one on the node, which read the
+    attempt history while the first still waited for idle, waits for the lease and must
+    then ask a person instead of acting a second time."""
+    h = harness
+    h.policy.rails.max_actions_per_node = 1
+    h.policy.wait_for_idle.poll_s = 60
+    h.policy.wait_for_idle.poll_max_s = 60  # no back-off
+    h.cluster.busy_polls["gpu-17"] = 5
+    first = await start_repair(h, "gpu-17", Action.power_cycle, "qcap1")
+    await wait_stage(h, "gpu-17", "qcap1", Stage.waiting_for_idle)
+    second = await start_repair(h, "gpu-17", Action.power_cycle, "qcap2")
+
+    async def queued() -> bool:
+        return "qcap2" in {p.repair_id for p in (await guard_status(h)).pending}
+
+    await eventually(queued, "the second repair queued behind the first on the node")
+    assert (await first.result()).stage == Stage.succeeded
+
+    async def decided() -> bool:
+        st = await repair_status(h, "gpu-17", "qcap2")
+        return st.stage == Stage.awaiting_approval or st.stage.value in TERMINAL
+
+    await eventually(decided, "the second repair asking a person (or ending)")
+    st = await repair_status(h, "gpu-17", "qcap2")
+    assert h.cluster.power_cycles == 1, f"acted beyond the cap: {st.history[-1]}"
+    assert st.stage == Stage.awaiting_approval and "node cap: 1 disruptive actions" in st.detail
+    await second.signal("reject", RejectSignal(by="oncall"))
