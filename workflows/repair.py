@@ -501,17 +501,22 @@ class RepairWorkflow:
         node behind each other), so the attempt history is read again and the ladder and
         the per-node cap decide once more (DESIGN §5 rails). Returns True to go on (same
         action, or a heavier one the consent policy allows automatically); otherwise the
-        lease is handed back while a person decides, and False asks for it again."""
+        lease is handed back while a person decides, and False asks for it again. A
+        person's approval covers the decision only while no other repair acted on the
+        node since it was given; otherwise they are asked again."""
         assert self._req is not None
         before, rule_before = self._action, self._rule
-        human = self._approved_by not in (None, AUTO_APPROVED)
+        known = {(a.repair_id, a.action, a.at) for a in self._attempts}
         self._attempts, self._critical = [], []
-        # the same question as the first decision (the request's action; a person's
-        # approved action), now over the fresh history
-        await self._decide(
-            before if human else self._req.action,
-            approver=self._approved_by if human else None,
+        await self._decide(self._req.action, approver=None)
+        acted_meanwhile = any(
+            (a.repair_id, a.action, a.at) not in known and a.repair_id != self._req.repair_id
+            for a in self._attempts
         )
+        human = self._approved_by not in (None, AUTO_APPROVED)
+        if human and not acted_meanwhile:
+            # a person approved over this same history: their decision stands
+            await self._decide(before, approver=self._approved_by)
         if not self._needs_human and self._action == before:
             self._rule = rule_before  # unchanged: who approved and which rule decided
             return True

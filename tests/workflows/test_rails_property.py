@@ -13,7 +13,7 @@ CI runs three explicit programs (guard restart with a holder and two waiters, a
 terminated holder's lease expiring, a lease wait timing out) and a fixed-seed slice
 (``RAILS_PROPERTY_EXAMPLES``, default 16); the whole file takes about 50 s on two cores.
 ``make property`` runs a longer random one and prints ``examples=… failures=…
-guard_restarts=… seconds=…`` last. The tests at the end show each lease check flags a
+guard_restarts=… forced_unlocks=… seconds=…`` last. The tests at the end show each lease check flags a
 planted violation.
 
 Workflow cancellation from the Temporal UI (``handle.cancel()``) is not in the mix: on the
@@ -57,7 +57,7 @@ EXAMPLES = int(os.environ.get("RAILS_PROPERTY_EXAMPLES", "16"))
 #: ``make property`` sets this: random (not derandomized) programs, figures written here.
 REPORT = os.environ.get("RAILS_PROPERTY_REPORT")
 _stats: dict[str, Any] = {"examples": 0, "failures": 0, "guard_restarts": 0,
-                          "started": None}
+                          "forced_unlocks": 0, "started": None}
 
 
 def steps() -> st.SearchStrategy[Step]:
@@ -98,17 +98,20 @@ def programs() -> st.SearchStrategy[list[Step]]:
         lambda p: [*p[0], *p[1], *p[2]])
 
 
-def _record(failed: bool, guard_restarts: int) -> None:
-    """Count one example: failed or not, guard terminations that landed."""
+def _record(failed: bool, guard_restarts: int, forced_unlocks: int) -> None:
+    """Count one example: failed or not, guard terminations that landed, time-skipping
+    locks the test server leaked and the driver gave back."""
     if _stats["started"] is None:
         _stats["started"] = time.monotonic()
     _stats["examples"] += 1
     _stats["failures"] += int(failed)
     _stats["guard_restarts"] += guard_restarts
+    _stats["forced_unlocks"] += forced_unlocks
     if REPORT:
         Path(REPORT).write_text(json.dumps({
             "examples": _stats["examples"], "failures": _stats["failures"],
             "guard_restarts": _stats["guard_restarts"],
+            "forced_unlocks": _stats["forced_unlocks"],
             "seconds": round(time.monotonic() - _stats["started"], 1),
         }))
 
@@ -160,7 +163,7 @@ async def test_rails_hold_on_random_programs(
             await w.run(step)
         still_open = await w.settle()
         bad = await check(w, still_open)
-        _record(bool(bad), w.guard_restarts)
+        _record(bool(bad), w.guard_restarts, w.forced_unlocks)
         consent = "approve" if approve else "automatic"
         assert not bad, "\n".join(
             [*bad, f"consent={consent} program: {' '.join(w.trace)}",

@@ -527,3 +527,45 @@ async def test_node_action_cap_holds_for_a_repair_queued_on_the_same_node(
     assert h.cluster.power_cycles == 1, f"acted beyond the cap: {st.history[-1]}"
     assert st.stage == Stage.awaiting_approval and "node cap: 1 disruptive actions" in st.detail
     await second.signal("reject", RejectSignal(by="oncall"))
+
+
+async def test_approval_given_before_another_repair_acted_is_asked_again(
+    harness: Harness,
+) -> None:
+    """Cap 1, every action needs consent: a person approves the second repair of a node
+    while the first still holds the node; the first acts meanwhile, so at grant time the
+    approval no longer covers what the node went through — the person is asked again
+    (lease handed back), and their second approval over the new history stands."""
+    h = harness
+    h.policy.rails.max_actions_per_node = 1
+    h.policy.consent.mode = "approve"
+    h.policy.wait_for_idle.poll_s = 60
+    h.policy.wait_for_idle.poll_max_s = 60
+    h.cluster.busy_polls["gpu-18"] = 5
+    first = await start_repair(h, "gpu-18", Action.power_cycle, "qap1")
+    await wait_stage(h, "gpu-18", "qap1", Stage.awaiting_approval)
+    await first.signal("approve", ApproveSignal(by="oncall"))
+    await wait_stage(h, "gpu-18", "qap1", Stage.waiting_for_idle)
+    second = await start_repair(h, "gpu-18", Action.power_cycle, "qap2")
+    await wait_stage(h, "gpu-18", "qap2", Stage.awaiting_approval)
+    await second.signal("approve", ApproveSignal(by="oncall"))
+
+    async def queued() -> bool:
+        return "qap2" in {p.repair_id for p in (await guard_status(h)).pending}
+
+    await eventually(queued, "the approved second repair queued behind the first")
+    assert (await first.result()).stage == Stage.succeeded
+
+    async def asked_again() -> bool:
+        st = await repair_status(h, "gpu-18", "qap2")
+        return st.stage == Stage.awaiting_approval and "acted on the node meanwhile" in st.detail
+
+    await eventually(asked_again, "the second repair asking the person again")
+    st = await repair_status(h, "gpu-18", "qap2")
+    assert h.cluster.power_cycles == 1
+    assert "node cap: 1 disruptive actions" in st.detail
+    assert "qap2" not in {lease.repair_id for lease in (await guard_status(h)).leases}
+    await second.signal("approve", ApproveSignal(by="oncall"))
+    done = await second.result()
+    assert done.stage == Stage.succeeded, done.history[-1]
+    assert h.cluster.power_cycles == 2
