@@ -443,7 +443,12 @@ class Ledger:
         return [str(r["repair_id"]) for r in rows]
 
     async def upsert_repair(self, rec: RepairRecord) -> None:
-        """Create the repair row or update its mutable fields (stage, action, approval)."""
+        """Create the repair row or update its mutable fields (stage, action, approval).
+
+        A terminal stage is never replaced by a non-terminal one written with an older or
+        equal ``updated_at``: an activity attempt the workflow abandoned (a cancellation,
+        a timed-out attempt that still ran) can land after the repair ended. A later
+        time (a Temporal reset of the workflow) still moves the row on."""
         await self._db.execute(
             """INSERT INTO repairs (repair_id, cluster, node, machine_id, action, stage,
                  requester_kind, requester_name, reason, approved_by, decided_by_rule,
@@ -451,7 +456,10 @@ class Ledger:
                VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$16)
                ON CONFLICT (repair_id) DO UPDATE SET
                  action = EXCLUDED.action,
-                 stage = EXCLUDED.stage,
+                 stage = CASE WHEN repairs.stage = ANY($17::text[])
+                                   AND NOT EXCLUDED.stage = ANY($17::text[])
+                                   AND EXCLUDED.updated_at <= repairs.updated_at
+                              THEN repairs.stage ELSE EXCLUDED.stage END,
                  machine_id = COALESCE(EXCLUDED.machine_id, repairs.machine_id),
                  approved_by = COALESCE(EXCLUDED.approved_by, repairs.approved_by),
                  decided_by_rule = COALESCE(EXCLUDED.decided_by_rule, repairs.decided_by_rule),
@@ -474,10 +482,13 @@ class Ledger:
             rec.alert_ids,
             rec.workflow_id,
             rec.updated_at,
+            _TERMINAL,
         )
 
     async def record_transition(self, t: TransitionRecord) -> None:
-        """Append a stage transition (idempotent on repair, stage and time)."""
+        """Append a stage transition (idempotent on repair, stage and time) and move the
+        row's stage to it, with the same guard against stale writes as
+        :meth:`upsert_repair`."""
         async with self._atomic() as conn:
             await conn.execute(
                 """INSERT INTO repair_transitions (repair_id, stage, at, by_whom, reason)
@@ -489,11 +500,13 @@ class Ledger:
                 t.reason,
             )
             await conn.execute(
-                "UPDATE repairs SET stage = $2, updated_at = GREATEST(updated_at, $3)"
-                " WHERE repair_id = $1",
+                "UPDATE repairs SET stage = CASE WHEN stage = ANY($4::text[])"
+                " AND NOT $2 = ANY($4::text[]) AND $3 <= updated_at THEN stage ELSE $2 END,"
+                " updated_at = GREATEST(updated_at, $3) WHERE repair_id = $1",
                 t.repair_id,
                 t.stage.value,
                 t.at,
+                _TERMINAL,
             )
 
     async def claim_notice(self, repair_id: str, stage: str) -> dict[str, Any] | None:

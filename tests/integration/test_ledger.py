@@ -76,6 +76,34 @@ async def test_alert_with_nul_characters_is_recorded(ledger_pool: asyncpg.Pool) 
     assert got.evidence == {"k\ufffd": ["v\ufffd", {"deep": "x\ufffd"}]}
 
 
+async def test_stale_write_never_reopens_an_ended_repair(ledger_pool: asyncpg.Pool) -> None:
+    """An activity attempt the workflow abandoned (cancelled mid-write, timed out but still
+    running) lands after the repair ended: the row stays terminal. A later write (a
+    Temporal reset of the workflow) still moves it on."""
+    ledger = Ledger(ledger_pool)
+    rec = RepairRecord(
+        repair_id="rs", cluster="c1", node="gpu-01", action=Action.reboot,
+        stage=Stage.awaiting_approval, requester=Requester(), updated_at=T0,
+    )
+    await ledger.upsert_repair(rec)
+    end = T0 + timedelta(minutes=5)
+    await ledger.record_transition(
+        TransitionRecord(repair_id="rs", stage=Stage.cancelled, at=end, by="temporal"))
+    await ledger.upsert_repair(rec.model_copy(update={"stage": Stage.cancelled,
+                                                       "updated_at": end}))
+    await ledger.upsert_repair(rec)  # the abandoned attempt, written at T0
+    await ledger.record_transition(
+        TransitionRecord(repair_id="rs", stage=Stage.awaiting_approval, at=T0, by="system"))
+    row = await ledger.get_repair("rs")
+    assert row is not None and row["stage"] == "cancelled"
+    later = end + timedelta(minutes=1)
+    await ledger.upsert_repair(rec.model_copy(update={"stage": Stage.cordoning,
+                                                       "updated_at": later}))
+    row = await ledger.get_repair("rs")
+    assert row is not None and row["stage"] == "cordoning"
+
+
+
 async def test_repair_transitions_and_attempt_history(ledger_pool: asyncpg.Pool) -> None:
     ledger = Ledger(ledger_pool)
     await ledger.record_alert(_alert("a1"))
