@@ -525,15 +525,17 @@ class Ledger:
         return dict(row) if row is not None else None
 
     async def get_repair(self, repair_id: str) -> dict[str, Any] | None:
-        """The repair row with its ``transitions`` (oldest first) and ``attempts``."""
+        """The repair row with its ``transitions`` (oldest first; at one time a terminal
+        stage sorts last, whatever order late writes landed in) and ``attempts``."""
         row = await self._db.fetchrow("SELECT * FROM repairs WHERE repair_id = $1", repair_id)
         if row is None:
             return None
         out = dict(row)
         trans = await self._db.fetch(
             "SELECT stage, at, by_whom, reason FROM repair_transitions"
-            " WHERE repair_id = $1 ORDER BY at, id",
+            " WHERE repair_id = $1 ORDER BY at, stage = ANY($2::text[]), id",
             repair_id,
+            _TERMINAL,
         )
         out["transitions"] = [dict(t) for t in trans]
         atts = await self._db.fetch(

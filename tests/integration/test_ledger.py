@@ -94,8 +94,13 @@ async def test_stale_write_never_reopens_an_ended_repair(ledger_pool: asyncpg.Po
     await ledger.upsert_repair(rec)  # the abandoned attempt, written at T0
     await ledger.record_transition(
         TransitionRecord(repair_id="rs", stage=Stage.awaiting_approval, at=T0, by="system"))
+    # the same time (a clock that did not move between the two workflow tasks), written
+    # in the wrong order: the ending still sorts last
+    await ledger.record_transition(
+        TransitionRecord(repair_id="rs", stage=Stage.awaiting_approval, at=end, by="system"))
     row = await ledger.get_repair("rs")
     assert row is not None and row["stage"] == "cancelled"
+    assert [t["stage"] for t in row["transitions"]][-2:] == ["awaiting_approval", "cancelled"]
     later = end + timedelta(minutes=1)
     await ledger.upsert_repair(rec.model_copy(update={"stage": Stage.cordoning,
                                                        "updated_at": later}))

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
-from temporalio.client import WorkflowHandle
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError
 
 from tests.workflows.conftest import Harness, make_alert
@@ -36,8 +36,15 @@ async def start_repair(
     )
 
 
-async def eventually(pred: Callable[[], Awaitable[bool]], what: str, tries: int = 300) -> None:
-    """Poll ``pred`` every 50 ms (real time) until true."""
+async def eventually(
+    pred: Callable[[], Awaitable[bool]],
+    what: str,
+    tries: int = 600,
+    explain: Callable[[], Awaitable[object]] | None = None,
+) -> None:
+    """Poll ``pred`` every 50 ms (real time, about 30 s by default: a loaded CI machine
+    runs the whole suite on two cores) until true; on time out, say what ``explain``
+    returns."""
     for _ in range(tries):
         try:
             if await pred():
@@ -45,7 +52,31 @@ async def eventually(pred: Callable[[], Awaitable[bool]], what: str, tries: int 
         except RPCError:
             pass  # e.g. the guard is not started yet
         await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    seen = ""
+    if explain is not None:
+        try:
+            seen = f"; last seen: {await explain()}"
+        except RPCError as e:
+            seen = f"; last seen: {e}"
+    raise AssertionError(f"timed out waiting for {what}{seen}")
+
+
+async def closed(handle: WorkflowHandle[Any, Any], what: str) -> None:
+    """Wait (real time, time skipping stays locked) until ``handle``'s workflow closed.
+    ``handle.result()`` would let the time-skipping server skip time while a cancelled
+    workflow's cleanup activities still run, which it does not always survive."""
+
+    async def done() -> bool:
+        return (await handle.describe()).status != WorkflowExecutionStatus.RUNNING
+
+    async def pending() -> str:
+        raw = (await handle.describe()).raw_description
+        acts = [(a.activity_type.name, a.attempt, a.state, a.last_failure.message[:120])
+                for a in raw.pending_activities]
+        events = (await handle.fetch_history()).events[-6:]
+        return f"activities {acts}; last events {[e.event_type for e in events]}"
+
+    await eventually(done, what, explain=pending)
 
 
 async def repair_status(h: Harness, node: str, rid: str) -> RepairStatus:

@@ -61,7 +61,11 @@ async def test_second_repair_on_the_same_node_is_queued(harness: Harness) -> Non
     async def queued() -> bool:
         return "node gpu-01 busy with repair n1" in (await repair_status(h, "gpu-01", "n2")).detail
 
-    await eventually(queued, "second repair queued behind the first on the same node")
+    async def detail() -> str:
+        return (await repair_status(h, "gpu-01", "n2")).detail
+
+    await eventually(queued, "second repair queued behind the first on the same node",
+                     explain=detail)
     g = await guard_status(h)
     assert [x.repair_id for x in g.leases] == ["n1"] and [p.repair_id for p in g.pending] == ["n2"]
     assert h.cluster.count("cordon", "gpu-01") == 1
@@ -89,7 +93,10 @@ async def test_pool_comes_from_configuration_not_from_the_request(harness: Harne
             await repair_status(h, "gpu-02", "p2")
         ).detail
 
-    await eventually(queued, "same configured pool queues the second repair")
+    async def detail() -> str:
+        return (await repair_status(h, "gpu-02", "p2")).detail
+
+    await eventually(queued, "same configured pool queues the second repair", explain=detail)
     assert h.cluster.count("cordon", "gpu-02") == 0
 
 

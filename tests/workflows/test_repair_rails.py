@@ -20,6 +20,7 @@ from temporalio.service import RPCError
 
 from tests.workflows.conftest import Harness, make_alert
 from tests.workflows.helpers import (
+    closed,
     eventually,
     guard_status,
     repair_status,
@@ -144,6 +145,7 @@ async def test_workflow_cancel_from_temporal_ui_cleans_up(harness: Harness) -> N
     handle = await start_repair(h, "gpu-06", Action.reboot, "iui")
     await wait_stage(h, "gpu-06", "iui", Stage.waiting_for_idle)
     await handle.cancel()
+    await closed(handle, "the cancelled repair cleaning up and closing")
     with pytest.raises(WorkflowFailureError) as exc:
         await handle.result()
     assert isinstance(exc.value.cause, CancelledError)  # Temporal records it cancelled
@@ -158,6 +160,7 @@ async def test_workflow_cancel_while_awaiting_approval(harness: Harness) -> None
     handle = await start_repair(h, "gpu-07", Action.reboot, "iuia")
     await wait_stage(h, "gpu-07", "iuia", Stage.awaiting_approval)
     await handle.cancel()
+    await closed(handle, "the cancelled repair cleaning up and closing")
     with pytest.raises(WorkflowFailureError):
         await handle.result()
     await assert_ended_cleanly(h, "gpu-07", "iuia", Stage.cancelled)
