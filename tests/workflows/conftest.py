@@ -21,6 +21,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from _pytest.runner import runtestprotocol
 from temporalio import activity
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
@@ -305,6 +306,9 @@ class TimeSkippingServer:
     never fail another's timing.
     """
 
+    #: Servers found with a stuck clock, across the session (read by the rerun hook).
+    stuck_total = 0
+
     def __init__(self) -> None:
         self.env: WorkflowEnvironment | None = None
         self.replaced = 0
@@ -333,6 +337,7 @@ class TimeSkippingServer:
         except (TimeoutError, RPCError):
             env, self.env = self.env, None
             self.replaced += 1
+            TimeSkippingServer.stuck_total += 1
             with contextlib.suppress(Exception):
                 await env.shutdown()
 
@@ -340,6 +345,35 @@ class TimeSkippingServer:
         if self.env is not None:
             await self.env.shutdown()
             self.env = None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    """Run a test on the time-skipping server once more, on a fresh server, when it failed
+    and its teardown found the server's clock stuck (:meth:`TimeSkippingServer.check`):
+    the test server's timers stop for good at times (its own defect; activity retries,
+    workflow-task timeouts and skips all wait on them), which no workflow can survive. A
+    test that fails on a server whose clock still runs fails at once, and the second run's
+    result is final; the report says a rerun happened."""
+    if "ts_env" not in getattr(item, "fixturenames", ()):
+        return None
+    item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    stuck_before = TimeSkippingServer.stuck_total
+    reports = runtestprotocol(item, nextitem=nextitem, log=False)
+    if any(r.failed for r in reports) and TimeSkippingServer.stuck_total > stuck_before:
+        first = next(r for r in reports if r.failed)
+        item._initrequest()  # type: ignore[attr-defined]  # fresh fixtures for the rerun
+        reports = runtestprotocol(item, nextitem=nextitem, log=False)
+        for r in reports:
+            r.sections.append((
+                "rerun on a fresh time-skipping server",
+                "the first run failed while the test server's clock was stuck:\n"
+                + str(first.longrepr)[-2000:],
+            ))
+    for r in reports:
+        item.ihook.pytest_runtest_logreport(report=r)
+    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True
 
 
 @pytest.fixture(scope="session")
