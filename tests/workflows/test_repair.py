@@ -175,7 +175,8 @@ async def test_cancel_while_waiting_for_idle_uncordons(harness: Harness) -> None
     # what it waits for, in the status and the Temporal UI's current details
     for _ in range(200):
         st = await handle.query("status", result_type=RepairStatus)
-        if st.detail.startswith("waiting_for_idle: "):
+        # the stage's own note ("do not interrupt") comes first, then what it waits for
+        if st.detail.startswith("waiting_for_idle: waiting for"):
             break
         await asyncio.sleep(0.05)
     assert st.detail.startswith("waiting_for_idle: waiting for gpu-09 to go idle ("), st.detail
