@@ -62,7 +62,7 @@ from workflows.policy.bmc import BmcProbe
 log = logging.getLogger(__name__)
 
 #: Longest wait for a power state change, seconds (real BMCs: seconds to a few minutes;
-#: the sushy-tools fake driver applies changes 1–11 s after the request).
+#: the dev stack's sushy-tools fake driver applies changes 2–11 s after the request).
 POWER_WAIT_S = 600.0
 #: Poll interval while waiting for a power state, seconds.
 POWER_POLL_S = 1.0

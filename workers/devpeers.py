@@ -433,8 +433,9 @@ def start_redfish_emulator(
 
     System ids are ``system_ids[node]`` when given (e.g. ``System.Embedded.1``, as real
     BMCs name them), else UUIDs derived from the node names (stable across restarts of the
-    same workdir). The emulator's fake driver applies power changes 1–11 s after the request
-    (its model of "hardware actions are not immediate"). Raises ``PeerStartError`` with
+    same workdir). The emulator's fake driver applies power changes 2–11 s after the request
+    (its model of "hardware actions are not immediate", with the floor of
+    ``workers.sushy_launch``). Raises ``PeerStartError`` with
     the emulator log when it does not answer within ``START_TIMEOUT_S``.
     """
     import bcrypt  # sushy-tools' own dependency (auth_basic)
@@ -475,7 +476,7 @@ def start_redfish_emulator(
     proc = subprocess.Popen(
         # -P: the caller's current directory stays off sys.path (a stray module there
         # would shadow a library)
-        [sys.executable, "-P", "-m", "sushy_tools.emulator.main", "--config", str(conf)],
+        [sys.executable, "-P", "-m", "workers.sushy_launch", "--config", str(conf)],
         stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
     )
     emu = RedfishEmulator(
@@ -493,8 +494,8 @@ def start_redfish_emulator(
 # Machine bridge: emulated BMC power edges -> the node's "reboot" in the dev peers
 # --------------------------------------------------------------------------------------
 
-#: Bridge poll interval, seconds. The emulator's fake driver keeps a restarted system
-#: ``Off`` until the first read after 1-11 s, so a 0.2 s poll sees nearly every edge.
+#: Bridge poll interval, seconds. The dev emulator keeps a restarted system ``Off`` for
+#: 2-11 s (``workers.sushy_launch``), ten polls or more, so the bridge sees every edge.
 BRIDGE_POLL_S = 0.2
 #: Event names passed to the bridge callback.
 EVENT_POWER_ON = "power_on"

@@ -9,7 +9,7 @@ What runs (all on loopback, in a data directory of the run's own):
 - the scheduler: one Kubernetes cluster served by kmock (:mod:`tests.fixtures.kube`, in
   this process), one node per machine, no pods (nodes are idle at once);
 - the machines: the sushy-tools Redfish emulator (:func:`workers.devpeers.start_redfish_emulator`,
-  one system per node, its fake driver applies a power change 1-11 s after the request)
+  one system per node, its fake driver applies a power change 2-11 s after the request)
   behind :class:`tests.crash.bmc_proxy.CountingBmcProxy`, the configured BMC address: it
   records every reset the emulator accepts (the machine-side count; the emulator keeps
   none) and plays the kubelet (a reset that boots the host gives the node a new
