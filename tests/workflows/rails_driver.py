@@ -54,7 +54,11 @@ from typing import Any
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.testservice.v1 import UnlockTimeSkippingRequest
-from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import (
+    WorkflowExecutionDescription,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+)
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
@@ -430,17 +434,26 @@ class World:
                               .initiated_event_id)
         return bool(open_)
 
-    async def quiet(self, include_guard: bool = False) -> bool:
-        """Whether no workflow of this world has a task in flight (one read each): a guard
-        terminated now is not sent a signal in the next moment by a repair mid-task."""
+    async def _describe_all(
+        self, include_guard: bool
+    ) -> list[tuple[str, WorkflowExecutionDescription]]:
+        """(workflow id, description) of the world's node and repair workflows (and its
+        guard when ``include_guard``); ids that do not exist (yet) are left out."""
         ids = [workflow_id_guard(self.cluster)] if include_guard else []
         ids += [workflow_id_node(self.cluster, n) for n in NODES]
         ids += [workflow_id_repair(self.cluster, t.node, t.rid) for t in self.repairs.values()]
+        out = []
         for wid in ids:
             try:
-                d = await self.h.client.get_workflow_handle(wid).describe()
+                out.append((wid, await self.h.client.get_workflow_handle(wid).describe()))
             except RPCError:
                 continue
+        return out
+
+    async def quiet(self, include_guard: bool = False) -> bool:
+        """Whether no workflow of this world has a task in flight (one read each): a guard
+        terminated now is not sent a signal in the next moment by a repair mid-task."""
+        for _, d in await self._describe_all(include_guard):
             raw = d.raw_description
             if d.status == WorkflowExecutionStatus.RUNNING and (
                     raw.pending_activities or raw.HasField("pending_workflow_task")):
@@ -541,14 +554,7 @@ class World:
 
     async def pending(self) -> str:
         out = []
-        ids = [workflow_id_guard(self.cluster)]
-        ids += [workflow_id_node(self.cluster, n) for n in NODES]
-        ids += [workflow_id_repair(self.cluster, t.node, t.rid) for t in self.repairs.values()]
-        for wid in ids:
-            try:
-                d = await self.h.client.get_workflow_handle(wid).describe()
-            except RPCError:
-                continue
+        for wid, d in await self._describe_all(include_guard=True):
             raw = d.raw_description
             acts = [(a.activity_type.name, a.attempt, a.last_failure.message[:80])
                     for a in raw.pending_activities]

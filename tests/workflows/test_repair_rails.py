@@ -530,6 +530,9 @@ async def test_node_action_cap_holds_for_a_repair_queued_on_the_same_node(
     assert h.cluster.power_cycles == 1, f"acted beyond the cap: {st.history[-1]}"
     assert st.stage == Stage.awaiting_approval and "node cap: 1 disruptive actions" in st.detail
     await second.signal("reject", RejectSignal(by="oncall"))
+    assert (await second.result()).stage == Stage.rejected
+    await assert_ended_cleanly(h, "gpu-17", "qcap2", Stage.rejected)
+    assert h.cluster.power_cycles == 1
 
 
 async def test_approval_given_before_another_repair_acted_is_asked_again(
