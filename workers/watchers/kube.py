@@ -57,6 +57,7 @@ from ingest.handoff import AlertSink
 from workers.repairs.intake import IntakeError, RepairIntake
 from workers.repairs.models import RepairCreate
 from workers.watchers.bmc import BmcChecks, BmcProbe, OpenAlerts, bmc_verdict
+from workers.watchers.edges import EdgeTimes
 from workflows.alerts import alert_from_fault
 from workflows.config import AutorepairConfig, ClusterConfig
 from workflows.models import Action, Alert, Requester, RequesterKind, Severity
@@ -125,6 +126,7 @@ class KubeWatcher:
         self.interval_s = interval_s
         self._open: dict[tuple[str, str], Alert] = {}
         self._bmc = BmcChecks(config.worker.bmc_reprobe_s)
+        self._edges = EdgeTimes()
         self.open_alerts = open_alerts
         self._reconciled = open_alerts is None
         self.clock = clock
@@ -147,6 +149,7 @@ class KubeWatcher:
             return
         await self.sink.submit(alert)
         self._open[(node, key)] = alert
+        self._edges.raised((node, key), alert.observed_at)
         sent.append(alert)
         log.info("event=kube_alert cluster=%s node=%s kind=%s actionable=%s alert_id=%s",
                  self.cluster.name, node, alert.kind, alert.actionable, alert.alert_id)
@@ -156,7 +159,8 @@ class KubeWatcher:
         if prev is None:
             return
         clear = self._alert(node, prev.kind, prev.evidence_text + " (cleared)",
-                            dict(prev.evidence), now, active=False)
+                            dict(prev.evidence), self._edges.clear_at((node, key), now),
+                            active=False)
         await self.sink.submit(clear)
         sent.append(clear)
 
@@ -165,7 +169,7 @@ class KubeWatcher:
         for ctype, kind in NPD_CONDITIONS.items():
             c = conds.get(ctype)
             if c is not None and c.status == "True":
-                at = c.since or now
+                at = self._edges.raise_at((name, ctype), c.since or now)
                 text = f"node condition {ctype}=True reason={c.reason}: {c.message}"
                 cev = {"condition": ctype, "reason": c.reason, "message": c.message,
                        "since": at.isoformat(), "detector": "node-problem-detector"}
@@ -178,7 +182,7 @@ class KubeWatcher:
             await self._clear(name, "Ready+bmc", now, sent)
             self._bmc.end(name)
             return
-        at = ready.since or now
+        at = self._edges.raise_at((name, "Ready"), ready.since or now)
         text = f"node NotReady (Ready={ready.status} reason={ready.reason}): {ready.message}"
         ev: dict[str, Any] = {"condition": "Ready", "status": ready.status,
                               "reason": ready.reason, "since": at.isoformat()}
@@ -283,6 +287,7 @@ class KubeWatcher:
             key = self._key_of(a)
             if key is not None and (a.node, key) not in self._open:
                 self._open[(a.node, key)] = a
+                self._edges.raised((a.node, key), a.observed_at)
                 n += 1
         self._reconciled = True
         log.info("event=watcher_reconciled cluster=%s source=%s open=%d",
@@ -314,6 +319,7 @@ class KubeWatcher:
         for node_name, key in [k for k in self._open if k[0] not in names]:
             await self._clear(node_name, key, now, sent)
         self._bmc.retain(names)
+        self._edges.retain(names)
         return sent
 
     async def run(self, stop: asyncio.Event | None = None) -> None:

@@ -20,11 +20,13 @@ same rule as Kubernetes NotReady. During a long episode the BMC is asked again e
 
 Restarts do not replay old events as new: the alert's observation time is the reason
 time Slurm recorded (else slurmd's start time), so the same episode always yields the
-same ``alert_id`` and the NodeWorkflow de-duplicates it. Restarts do not lose clears:
-before its first scan the watcher re-opens the episodes the ledger still holds open
-(``open_alerts``), so an episode that ended while the worker was down gets its clear on
-the first scan. Memory is bounded by the node count (a node gone from ``scontrol`` is
-cleared and forgotten).
+same ``alert_id`` and the NodeWorkflow de-duplicates it. Edges of one node never sort
+out of order (:class:`workers.watchers.edges.EdgeTimes`): a raise that Slurm's
+whole-second time would stamp before the clear it follows is stamped 1 ms after that
+clear. Restarts do not lose clears: before its first scan the watcher re-opens the
+episodes the ledger still holds open (``open_alerts``), so an episode that ended while
+the worker was down gets its clear on the first scan. Memory is bounded by the node count
+(a node gone from ``scontrol`` is cleared and forgotten).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from datetime import UTC, datetime
 from activities.scheduler.slurm import REASON_PREFIX, SlurmNode, parse_scontrol_show_node
 from ingest.handoff import AlertSink
 from workers.watchers.bmc import BmcChecks, BmcProbe, OpenAlerts, bmc_verdict
+from workers.watchers.edges import EdgeTimes
 from workflows.alerts import alert_from_fault
 from workflows.catalogue.kinds import SLURM_UNRESPONSIVE_FLAGS
 from workflows.config import AutorepairConfig, ClusterConfig
@@ -88,6 +91,7 @@ class SlurmWatcher:
         self._open: dict[str, _Episode] = {}
         self._dead: dict[str, _Episode] = {}
         self._bmc = BmcChecks(config.worker.bmc_reprobe_s)
+        self._edges = EdgeTimes()
         self._unconfirmed: set[str] = set()
         self._machines = {n.name: n.machine for n in cluster.nodes}
         self._pools = {n.name: n.pool for n in cluster.nodes}
@@ -159,6 +163,7 @@ class SlurmWatcher:
             table = self._dead if ep.bmc is not None else self._open
             if a.node not in table:
                 table[a.node] = ep
+                self._edges.raised(a.node, a.observed_at)
                 n += 1
         self._reconciled = True
         log.info("event=watcher_reconciled cluster=%s source=%s open=%d",
@@ -172,8 +177,9 @@ class SlurmWatcher:
         self._bmc.end(node)
         if prev is None:
             return
-        alert = self._alert(node, replace(prev, bmc=None), False, now,
-                            n.reason_user if n else None, n.reason_time if n else None)
+        alert = self._alert(node, replace(prev, bmc=None), False,
+                            self._edges.clear_at(node, now), n.reason_user if n else None,
+                            n.reason_time if n else None)
         await self.sink.submit(alert)
         sent.append(alert)
         log.info("event=slurm_node_cleared cluster=%s node=%s", self.cluster.name, node)
@@ -231,12 +237,14 @@ class SlurmWatcher:
                 self._unconfirmed.discard(name)
             prev = self._open.get(name)
             if bad:
-                at = n.reason_time or n.slurmd_start_time or n.boot_time or now
+                at = self._edges.raise_at(
+                    name, n.reason_time or n.slurmd_start_time or n.boot_time or now)
                 ep = _Episode(tuple(n.state), n.reason, at)
                 if prev != ep:
                     alert = self._alert(name, ep, True, at, n.reason_user, n.reason_time)
                     await self.sink.submit(alert)
                     self._open[name] = ep
+                    self._edges.raised(name, at)
                     sent.append(alert)
                     log.info("event=slurm_node_observed cluster=%s node=%s state=%s "
                              "reason=%r alert_id=%s", self.cluster.name, name,
@@ -250,6 +258,7 @@ class SlurmWatcher:
             await self._clear(name, None, now, sent)
         self._unconfirmed &= set(nodes)
         self._bmc.retain(set(nodes))
+        self._edges.retain(set(nodes))
         return sent
 
     async def run(self, stop: asyncio.Event | None = None) -> None:

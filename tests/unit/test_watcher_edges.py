@@ -1,0 +1,65 @@
+"""The watchers' edge times (workers.watchers.edges.EdgeTimes): a fault's raises and
+clears are stamped in the order they were sent, whatever the two clocks say, so the
+ledger's "newest edge" reading (open_level_alerts) matches what the watcher did."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from workers.watchers.edges import EDGE_STEP, EdgeTimes
+
+T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+
+
+def test_raise_in_the_second_of_the_clear_is_moved_after_it() -> None:
+    e = EdgeTimes()
+    e.raised("gpu-03", T0)
+    clear = e.clear_at("gpu-03", T0 + timedelta(seconds=0.4))  # the watcher's own clock
+    assert clear == T0 + timedelta(seconds=0.4)
+    # DOWN again within that second: Slurm's reason time is the whole second T0
+    again = e.raise_at("gpu-03", T0)
+    assert again == clear + EDGE_STEP
+    assert e.raise_at("gpu-03", T0) == again  # stable from scan to scan: one alert_id
+    assert e.raise_at("gpu-03", T0 + timedelta(seconds=1)) == T0 + timedelta(seconds=1)
+
+
+def test_clear_stamped_before_its_raise_is_moved_after_it() -> None:
+    e = EdgeTimes()
+    e.raised(("gpu-01", "Ready"), T0 + timedelta(seconds=5))  # API server clock ahead
+    assert e.clear_at(("gpu-01", "Ready"), T0) == T0 + timedelta(seconds=5) + EDGE_STEP
+
+
+def test_keys_are_independent_and_retain_forgets_deleted_nodes() -> None:
+    e = EdgeTimes()
+    e.raised(("gpu-01", "Ready"), T0)
+    e.clear_at(("gpu-01", "Ready"), T0 + timedelta(seconds=1))
+    e.clear_at(("gpu-02", "Ready"), T0 + timedelta(seconds=1))
+    assert e.raise_at(("gpu-01", "KernelDeadlock"), T0) == T0
+    assert len(e) == 2
+    e.retain({"gpu-02"})
+    assert len(e) == 1
+    assert e.raise_at(("gpu-01", "Ready"), T0) == T0  # forgotten with its node
+    assert e.raise_at(("gpu-02", "Ready"), T0) == T0 + timedelta(seconds=1) + EDGE_STEP
+
+
+@settings(max_examples=200, derandomize=True)
+@given(st.lists(st.tuples(st.integers(-3000, 3000), st.integers(-3000, 3000)),
+                min_size=1, max_size=30))
+def test_every_edge_of_a_fault_sorts_after_the_one_before(
+    episodes: list[tuple[int, int]]
+) -> None:
+    """Any raise/clear sequence, each edge stamped from either clock (offsets in ms): the
+    stamped times strictly increase, so the newest edge is the last one sent."""
+    e = EdgeTimes()
+    stamped: list[datetime] = []
+    for raise_ms, clear_ms in episodes:
+        at = e.raise_at("n", T0 + timedelta(milliseconds=raise_ms))
+        assert e.raise_at("n", T0 + timedelta(milliseconds=raise_ms)) == at
+        e.raised("n", at)
+        stamped.append(at)
+        stamped.append(e.clear_at("n", T0 + timedelta(milliseconds=clear_ms)))
+    assert all(a < b for a, b in itertools.pairwise(stamped)), stamped

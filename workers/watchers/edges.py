@@ -1,0 +1,71 @@
+"""Edge times of one watcher's level faults: raises and clears of one fault are stamped in
+the order they happened.
+
+The ledger decides which level faults are still open by the newest edge per
+(node, kind) (``activities.ledger.Ledger.open_level_alerts``: ``observed_at`` descending),
+and a restarted watcher re-opens exactly those. But a watcher stamps its two edges from
+different clocks: a raise carries the time the cluster recorded (Slurm's reason time,
+Kubernetes' ``lastTransitionTime``, both whole seconds), a clear the time the watcher saw
+the fault gone (its own clock, microseconds). A node resumed and marked DOWN again within
+one second therefore got a raise stamped *before* the clear it followed, and the ledger
+read the new episode as closed: after a restart nobody would clear it, or re-open it.
+Clock skew between slurmctld / the API server and the watcher does the same, the other
+way round (a clear stamped before its raise leaves the fault open forever).
+
+:class:`EdgeTimes` keeps, per fault key, the time of the last edge sent and moves an edge
+that would sort before it to 1 ms after it (1 ms: far below any poll interval, far above
+the microsecond resolution of ``timestamptz``). A raise is stamped the same way on every
+scan (the key's last clear does not change during an episode), so an episode keeps one
+``alert_id``. The memory is one entry per key; :meth:`retain` drops nodes that left the
+cluster. A watcher restarted between a clear and a raise in the same second starts with
+no memory; that window is not covered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from datetime import datetime, timedelta
+
+#: The step that puts an edge after the previous one of its key (see the module text).
+EDGE_STEP = timedelta(milliseconds=1)
+
+
+class EdgeTimes:
+    """Per fault key (``(node, kind)`` or any hashable whose first item is the node): the
+    time of the last raise and the last clear sent."""
+
+    def __init__(self) -> None:
+        self._raised: dict[Hashable, datetime] = {}
+        self._cleared: dict[Hashable, datetime] = {}
+
+    def __len__(self) -> int:
+        return len(self._raised.keys() | self._cleared.keys())
+
+    def raise_at(self, key: Hashable, at: datetime) -> datetime:
+        """The time to stamp a raise of ``key`` observed at ``at``: ``at``, or 1 ms after
+        the key's last clear when ``at`` is not later than it. Pure: call
+        :meth:`raised` once the raise is sent."""
+        last = self._cleared.get(key)
+        return at if last is None or at > last else last + EDGE_STEP
+
+    def raised(self, key: Hashable, at: datetime) -> None:
+        """A raise of ``key`` stamped ``at`` was sent."""
+        self._raised[key] = at
+
+    def clear_at(self, key: Hashable, now: datetime) -> datetime:
+        """The time to stamp (and remember) a clear of ``key`` seen at ``now``: ``now``, or
+        1 ms after the key's last raise when ``now`` is not later than it."""
+        last = self._raised.pop(key, None)
+        at = now if last is None or now > last else last + EDGE_STEP
+        self._cleared[key] = at
+        return at
+
+    def retain(self, nodes: set[str]) -> None:
+        """Forget every key whose node (the key, or its first item) is not in ``nodes``."""
+        for table in (self._raised, self._cleared):
+            for key in [k for k in table if _node(k) not in nodes]:
+                del table[key]
+
+
+def _node(key: Hashable) -> object:
+    return key[0] if isinstance(key, tuple) and key else key
