@@ -60,6 +60,11 @@ from workflows.models import (
 )
 from workflows.providers import ATTR_PROVIDER, ATTRS, ProviderResolver
 
+#: A dead letter's alert larger than this (bytes of JSON) is kept as its identity, kind and
+#: summary only (``Ledger.record_dead_letter``): 256 KiB, the default
+#: ``ingest.max_alert_bytes``, so an alert that capping bounded is kept whole.
+DEAD_LETTER_MAX_BYTES = 256 * 1024
+
 #: Arbitrary but fixed advisory-lock key serialising migrations across processes.
 _MIGRATION_LOCK = 0x6770_7561_7574
 
@@ -403,7 +408,7 @@ class Ledger:
         kind and summary only."""
         doc = alert.model_dump(mode="json")
         size = len(alert.model_dump_json().encode())
-        if size > 256 * 1024:
+        if size > DEAD_LETTER_MAX_BYTES:
             doc = {k: doc[k] for k in ("alert_id", "cluster", "node", "kind", "code", "gpu",
                                        "summary", "observed_at", "source")}
         await self._db.execute(
@@ -412,23 +417,46 @@ class Ledger:
                VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)
                ON CONFLICT (alert_id) DO UPDATE SET reason = EXCLUDED.reason,
                  error = EXCLUDED.error, attempts = EXCLUDED.attempts,
-                 recorded_at = now()""",
+                 recorded_at = now(), replayed_at = NULL, replay_outcome = NULL""",
             alert.alert_id, alert.cluster, alert.node, alert.kind, reason, error[:2000],
             attempts, size, doc,
         )
 
     async def list_dead_letters(
-        self, *, cluster: str | None = None, limit: int = 100
+        self, *, cluster: str | None = None, limit: int = 100, include_replayed: bool = True
     ) -> list[dict[str, Any]]:
         """Newest dead letters first: ``{"alert_id", "cluster", "node", "kind", "reason",
-        "error", "attempts", "alert_bytes", "alert", "recorded_at"}``."""
+        "error", "attempts", "alert_bytes", "alert", "recorded_at", "replayed_at",
+        "replay_outcome"}``; ``include_replayed=False`` leaves out those re-delivered."""
         rows = await self._db.fetch(
             """SELECT * FROM dead_letters WHERE ($1::text IS NULL OR cluster = $1)
+                 AND ($3 OR replayed_at IS NULL)
                ORDER BY recorded_at DESC LIMIT $2""",
             cluster,
             limit,
+            include_replayed,
         )
         return [dict(r) for r in rows]
+
+    async def get_dead_letters(self, alert_ids: Sequence[str]) -> list[dict[str, Any]]:
+        """The dead letters with these ids (rows as :meth:`list_dead_letters`), oldest
+        first; ids with no row are left out."""
+        rows = await self._db.fetch(
+            "SELECT * FROM dead_letters WHERE alert_id = ANY($1::text[]) ORDER BY recorded_at",
+            list(alert_ids),
+        )
+        return [dict(r) for r in rows]
+
+    async def mark_dead_letter_replayed(self, alert_id: str, outcome: str) -> bool:
+        """Record that the node's workflow took dead letter ``alert_id`` on replay, with
+        its answer ``outcome``; False when there is no such row."""
+        done = await self._db.execute(
+            """UPDATE dead_letters SET replayed_at = now(), replay_outcome = $2
+                WHERE alert_id = $1""",
+            alert_id,
+            outcome,
+        )
+        return bool(done.endswith(" 1"))
 
     # -- repairs ------------------------------------------------------------------------
     async def repairs_in_flight(self, cluster: str, node: str) -> list[str]:

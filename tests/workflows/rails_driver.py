@@ -471,8 +471,7 @@ class World:
         ``test_leases.py``). The fresh guard rebuilds from the ledger; its budget and
         breaker are compared with the old one's."""
         gid = workflow_id_guard(self.cluster)
-        before = await self.guard()
-        if before is None:
+        if await self.guard() is None:
             return
         for _ in range(40):
             if await self.quiet() and await self._between_tasks(
@@ -480,6 +479,12 @@ class World:
                 break
             await asyncio.sleep(0.05)
         else:
+            return
+        # Read only now: a guard just started by a lease request answers with the default
+        # policy until its first load_policy returns (an activity in flight, so not
+        # "between tasks"); that is not what a rebuild must keep.
+        before = await self.guard()
+        if before is None:
             return
         try:
             old = (await self.h.client.get_workflow_handle(gid).describe()).run_id
