@@ -80,17 +80,13 @@ with workflow.unsafe.imports_passed_through():
         REPAIR_SIGNAL_ATTACH_ALERT,
         REPAIR_WORKFLOW,
         SA_ACTION,
-        SA_ALERT_KIND,
-        SA_CLUSTER,
-        SA_MACHINE,
-        SA_NODE,
-        SA_REQUESTER,
         SA_STAGE,
         SA_STATE,
         LeaseRelease,
         NodeStatus,
         RepairFinished,
         fault_key,
+        repair_identity_attributes,
         repair_state,
         workflow_id_guard,
         workflow_id_repair,
@@ -778,18 +774,14 @@ class NodeWorkflow:
 
 def _repair_search_attributes(req: RepairRequest) -> TypedSearchAttributes:
     """DESIGN §4.4's search attributes of a repair about to start (the values its own
-    first upsert sets: node, cluster, requester, first alert's kind, machine, action,
+    first upsert sets: :func:`~workflows.protocol.repair_identity_attributes`, action,
     stage ``recommended``)."""
-    first = req.alerts[0] if req.alerts else None
     pairs: list[SearchAttributePair[Any]] = [
-        SearchAttributePair(SA_NODE, req.node),
-        SearchAttributePair(SA_CLUSTER, req.cluster),
-        SearchAttributePair(SA_REQUESTER, f"{req.requester.kind.value}:{req.requester.name}"),
-        SearchAttributePair(SA_ALERT_KIND, first.kind if first else "manual"),
+        SearchAttributePair(k, v) for k, v in repair_identity_attributes(req, req.machine_id)
+    ]
+    pairs += [
         SearchAttributePair(SA_ACTION, req.action.value),
         SearchAttributePair(SA_STAGE, Stage.recommended.value),
         SearchAttributePair(SA_STATE, repair_state(Stage.recommended)),
     ]
-    if req.machine_id:
-        pairs.append(SearchAttributePair(SA_MACHINE, req.machine_id))
     return TypedSearchAttributes(pairs)

@@ -45,7 +45,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio.common import SearchAttributeIndexedValueType, SearchAttributeKey
 
-from workflows.models import TERMINAL_STAGES, Alert, RequesterKind, Stage
+from workflows.models import TERMINAL_STAGES, Alert, RepairRequest, RequesterKind, Stage
 
 # --- task queues ---
 TASK_QUEUE = "autorepair"
@@ -169,6 +169,25 @@ def repair_state(stage: Stage | str) -> str:
     if value in {s.value for s in TERMINAL_STAGES}:
         return value
     return STATE_AWAITING_APPROVAL if value == Stage.awaiting_approval.value else STATE_IN_PROGRESS
+
+
+def repair_identity_attributes(
+    req: RepairRequest, machine: str | None
+) -> list[tuple[SearchAttributeKey[str], str]]:
+    """The search attributes that name a repair (DESIGN §4.4), as ``(key, value)`` pairs:
+    node, cluster, requester (``kind:name``), the first alert's kind (``manual`` without
+    one), and the machine when known. One builder for the NodeWorkflow, which starts the
+    repair with them, and the RepairWorkflow, which upserts them first."""
+    first = req.alerts[0] if req.alerts else None
+    pairs: list[tuple[SearchAttributeKey[str], str]] = [
+        (SA_NODE, req.node),
+        (SA_CLUSTER, req.cluster),
+        (SA_REQUESTER, f"{req.requester.kind.value}:{req.requester.name}"),
+        (SA_ALERT_KIND, first.kind if first else "manual"),
+    ]
+    if machine:
+        pairs.append((SA_MACHINE, machine))
+    return pairs
 
 
 class LeaseRequest(BaseModel):

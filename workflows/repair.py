@@ -138,11 +138,7 @@ with workflow.unsafe.imports_passed_through():
         REPAIR_SIGNAL_REJECT,
         REPAIR_WORKFLOW,
         SA_ACTION,
-        SA_ALERT_KIND,
-        SA_CLUSTER,
         SA_MACHINE,
-        SA_NODE,
-        SA_REQUESTER,
         SA_STAGE,
         SA_STATE,
         VALIDATION_WORKFLOW,
@@ -152,6 +148,7 @@ with workflow.unsafe.imports_passed_through():
         LeaseRequest,
         RepairFinished,
         fault_key,
+        repair_identity_attributes,
         repair_state,
         workflow_id_guard,
         workflow_id_node,
@@ -450,15 +447,8 @@ class RepairWorkflow:
         # reported about itself).
         self._machine = snap.machines.get(req.node) or self._machine
         self._pool = snap.pools.get(req.node) or self._pool
-        first = self._alerts[0] if self._alerts else None
         workflow.upsert_search_attributes(
-            [
-                SA_NODE.value_set(req.node),
-                SA_CLUSTER.value_set(req.cluster),
-                SA_REQUESTER.value_set(f"{req.requester.kind.value}:{req.requester.name}"),
-                SA_ALERT_KIND.value_set(first.kind if first else "manual"),
-            ]
-            + ([SA_MACHINE.value_set(self._machine)] if self._machine else [])
+            [k.value_set(v) for k, v in repair_identity_attributes(req, self._machine)]
         )
         await self._upsert()
         await self._transition(S.recommended, req.requester.name, req.reason or "repair requested")
