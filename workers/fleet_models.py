@@ -400,7 +400,12 @@ class FleetSummaryOut(BaseModel):
     ``repairs_by_stage``: repairs created in the window plus every unfinished one;
     ``open_repairs`` / ``awaiting_approval``: of those, not finished / waiting for a person;
     ``workflows``: running NodeWorkflows and RepairWorkflows (and those awaiting approval)
-    as Temporal visibility counts them, ``None`` when Temporal did not answer.
+    as Temporal visibility counts them, ``None`` when Temporal did not answer;
+    ``downtime``: what the repairs that ended in the window cost, as ``autorepair report``
+    counts it (``activities.ledger_reports.fleet_report``): ``{"repairs_ended",
+    "gpu_hours", "idle_wait_gpu_hours", "out_of_service_gpu_hours", "cost", "currency",
+    "unpriced_repairs", "mttr_s"}`` (GPU-hours; cost in ``currency``; MTTR in seconds over
+    succeeded repairs, ``None`` without any).
     """
 
     cluster: str | None = None
@@ -413,4 +418,5 @@ class FleetSummaryOut(BaseModel):
     awaiting_approval: int
     open_hardware_tickets: int
     workflows: dict[str, int] | None = None
+    downtime: dict[str, Any] = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)

@@ -35,6 +35,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities import ledger_queries as q
 from activities.ledger import Ledger
+from activities.ledger_reports import fleet_report
 from activities.spares import MachineBindings
 from workers.fleet_models import (
     AlertList,
@@ -450,7 +451,8 @@ class FleetQuery:
 
     async def fleet_summary(self, inp: FleetSummaryInput) -> FleetSummaryOut:
         """Alert and repair counts over ``[since, now]``, open repairs, open hardware
-        tickets and (when Temporal answers) running workflows from visibility."""
+        tickets, the downtime and cost of the repairs that ended in the window, and (when
+        Temporal answers) running workflows from visibility."""
         now = self.clock()
         since = parse_since(inp.since, now)
         notes: list[str] = []
@@ -476,14 +478,23 @@ class FleetQuery:
             }
             if all(v is not None for v in counts.values()):
                 workflows = {k: int(v or 0) for k, v in counts.items()}
+        report = await fleet_report(self.ledger, since, now, cluster=inp.cluster,
+                                    currency=self.config.providers.currency)
+        downtime = {k: report[k] for k in DOWNTIME_KEYS}
+        downtime["repairs_ended"] = report["repairs"]
         return FleetSummaryOut(
             cluster=inp.cluster, since=since, now=now, clusters=clusters[:100], alerts=alerts,
+            downtime=downtime,
             repairs_by_stage=stages,
             open_repairs=sum(n for s, n in stages.items() if s not in _TERMINAL),
             awaiting_approval=stages.get(Stage.awaiting_approval.value, 0),
             open_hardware_tickets=await q.open_tickets_count(self.pool),
             workflows=workflows, notes=notes)
 
+
+#: The ``fleet_report`` fields ``fleet_summary`` passes on as its ``downtime``.
+DOWNTIME_KEYS = ("gpu_hours", "idle_wait_gpu_hours", "out_of_service_gpu_hours", "cost",
+                 "currency", "unpriced_repairs", "mttr_s")
 
 def _heaviest(faults: list[FaultExplanation]) -> str:
     acts = [Action(f.final_action) for f in faults]

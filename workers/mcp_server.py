@@ -17,7 +17,8 @@ the field and the value. The tools (answers from :class:`workers.fleet_query.Fle
 ``explain_recommendation``  catalogue row, node decision, persistence, ladder, migrate gate
                             and consent for the node's faults, under the configured policy
 ``fleet_summary``           counts over a window: alerts, repairs by stage, open repairs,
-                            tickets, running workflows (visibility)
+                            tickets, downtime (GPU-hours, cost, MTTR of the repairs that
+                            ended), running workflows (visibility)
 ==========================  =============================================================
 
 Every tool only reads: the ledger through a read-only PostgreSQL session, Temporal through
@@ -139,7 +140,8 @@ TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec("fleet_summary", "Fleet summary",
              "Counts over a window (since, default 24h): alerts by severity, top fault kinds "
              "and nodes, repairs by stage, open and awaiting-approval repairs, open hardware "
-             "tickets, running workflows.",
+             "tickets, GPU-hours lost, cost and MTTR of the repairs that ended, running "
+             "workflows.",
              FleetSummaryInput, FleetSummaryOut, lambda fq, i: fq.fleet_summary(i)),
 )
 """Every tool of the server, in ``tools/list`` order."""

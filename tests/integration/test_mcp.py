@@ -248,6 +248,10 @@ async def test_tools_answer_on_a_live_fleet(
         assert fs["open_repairs"] == 1 and fs["awaiting_approval"] == 1
         assert fs["workflows"]["running_repair_workflows"] == 1
         assert fs["clusters"] == [cluster]
+        # downtime as `autorepair report` counts it: the succeeded repair ended in the window
+        dt = fs["downtime"]
+        assert dt["repairs_ended"] == 1 and dt["mttr_s"] is not None and dt["mttr_s"] >= 0
+        assert dt["gpu_hours"] >= 0 and dt["currency"] and dt["unpriced_repairs"] <= 1
 
         # nothing was written through the tools: the pool refuses writes
         with pytest.raises(asyncpg.ReadOnlySQLTransactionError):
