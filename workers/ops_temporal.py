@@ -221,6 +221,8 @@ def breaker_print(doc: dict[str, Any], as_json: bool, reset: bool = False) -> No
     t.add_column("field")
     t.add_column("value")
     t.add_row("state", "OPEN" if doc["breaker_open"] else "closed")
+    if not doc.get("policy_loaded", True):
+        t.add_row("policy", "not read yet: budget and threshold below are the defaults")
     for k in ("tripped_at", "tripped_reason", "reset_at", "reset_by", "gpu_nodes", "budget",
               "breaker_threshold", "breaker_window_s", "refused_total"):
         t.add_row(k, "" if doc.get(k) is None else str(doc[k]))

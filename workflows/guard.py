@@ -221,6 +221,7 @@ class ClusterGuardWorkflow:
             expired=list(self._s.expired),
             errors=list(self._s.errors),
             rebuilt_at=self._s.rebuilt_at,
+            policy_loaded=self._snapshot is not None,
         )
 
     # ---- main loop ---------------------------------------------------------------

@@ -298,6 +298,11 @@ class GuardStatus(BaseModel):
     errors: list[str] = Field(default_factory=list)
     #: When the guard rebuilt its state from the ledger (a fresh start), if it did.
     rebuilt_at: datetime | None = None
+    #: Whether the guard has read the policy (``load_policy``). False in the moment after
+    #: a (re)start, or while the policy cannot be read: ``budget`` and
+    #: ``breaker_threshold`` are then those of the default policy, which the guard also
+    #: serves by until it reads the configured one.
+    policy_loaded: bool = True
 
 
 class RepairFinished(BaseModel):

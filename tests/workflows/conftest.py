@@ -252,9 +252,14 @@ class Harness:
     bmc_queue: str
     gpu_nodes: int
     pools: dict[str, str] = field(default_factory=dict)
+    #: When set, ``load_policy`` fails with this (non-retryable, as a broken config does).
+    policy_error: str | None = None
 
     @activity.defn(name=ACT.load_policy)
     async def load_policy(self, cluster: str) -> PolicySnapshot:
+        if self.policy_error:
+            raise ApplicationError(self.policy_error, type="ConfigurationError",
+                                   non_retryable=True)
         return PolicySnapshot(
             cluster=cluster,
             policy=self.policy,

@@ -14,7 +14,13 @@ from tests.workflows.helpers import (
     wait_stage,
 )
 from workflows.models import Action, Requester, RequesterKind, Stage
-from workflows.protocol import GUARD_SIGNAL_RESET_BREAKER, ResetBreakerSignal, workflow_id_guard
+from workflows.protocol import (
+    GUARD_SIGNAL_RESET_BREAKER,
+    GUARD_WORKFLOW,
+    GuardInput,
+    ResetBreakerSignal,
+    workflow_id_guard,
+)
 
 USER = Requester(kind=RequesterKind.user, name="ops")
 
@@ -106,3 +112,33 @@ async def test_reset_breaker_signal_closes_it(harness: Harness) -> None:
         return not g.breaker_open and g.reset_by == "alice"
 
     await eventually(reset, "breaker reset")
+
+
+async def test_status_says_when_the_policy_was_not_read(harness: Harness) -> None:
+    """A guard that cannot read the policy (a broken configuration) serves by the default
+    policy and says so: ``policy_loaded`` false, the error in ``errors``; once read,
+    ``policy_loaded`` is true and budget/threshold are the configured ones."""
+    h = harness
+    h.policy_error = "policy.rails: broken"
+    gid = workflow_id_guard(h.cluster.cluster)
+    await h.client.start_workflow(GUARD_WORKFLOW, GuardInput(cluster=h.cluster.cluster),
+                                  id=gid, task_queue=h.task_queue)
+
+    async def noted() -> bool:
+        g = await guard_status(h)
+        return any("load_policy failed" in e for e in g.errors)
+
+    await eventually(noted, "the policy error noted")
+    g = await guard_status(h)
+    assert g.policy_loaded is False and "policy.rails: broken" in " ".join(g.errors)
+    await terminate_between_tasks(h, gid)  # restarted with a readable policy
+    h.policy_error = None
+    await h.client.start_workflow(GUARD_WORKFLOW, GuardInput(cluster=h.cluster.cluster),
+                                  id=gid, task_queue=h.task_queue)
+
+    async def loaded() -> bool:
+        return (await guard_status(h)).policy_loaded
+
+    await eventually(loaded, "the policy read")
+    g = await guard_status(h)
+    assert g.gpu_nodes == h.gpu_nodes and not g.errors
