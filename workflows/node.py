@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
@@ -117,6 +117,9 @@ MAX_CARRIED_TEXT = 4096
 #: Most diagnostic recommendations listed, and fault keys remembered for their window.
 MAX_DIAGNOSTICS = 100
 MAX_DIAGNOSED = 256
+#: Most level faults whose last clear time is remembered (the least recently cleared is
+#: dropped first): a raise observed before its fault's last clear is stale.
+MAX_CLEARED = 256
 #: Re-read the policy (``load_policy``) at most this often, seconds.
 POLICY_REFRESH_S = 300.0
 #: While a repair is in flight, ask Temporal whether it still runs this often, seconds
@@ -129,6 +132,10 @@ PATCH_RECONCILE = "node-reconcile"
 #: ``workflow.patched`` id of recording an alert, reconciling and reading the policy
 #: concurrently (histories from before it replay them one after another).
 PATCH_CONCURRENT_READS = "node-concurrent-reads"
+#: ``workflow.patched`` id of ignoring level edges that arrive out of order (a raise
+#: observed before its fault's last clear, a clear observed before the fault was raised
+#: again); histories from before it replay without.
+PATCH_STALE_EDGES = "node-stale-edges"
 _ACT_TIMEOUT = timedelta(seconds=30)
 _ACT_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30))
 _BEST_EFFORT = RetryPolicy(maximum_interval=timedelta(seconds=30), maximum_attempts=5)
@@ -185,7 +192,14 @@ class NodeCarried(BaseModel):
     #: fault and window, whichever source reports it (agent and ingest both see stragglers).
     diagnosed: dict[str, datetime] = Field(default_factory=dict)
     rails: RailsConfig | None = None
+    #: Per level fault (``fault_key``): the newest observation time of its clears.
+    cleared: dict[str, datetime] = Field(default_factory=dict)
     history_limit: int = DEFAULT_HISTORY_LIMIT
+
+
+def _utc(t: datetime) -> datetime:
+    """``t`` in UTC (a naive time is taken as UTC): edges from different sources compare."""
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
 
 
 def _bucket(t: datetime) -> int:
@@ -276,6 +290,10 @@ class NodeWorkflow:
             await record
             await self._ensure_reconciled()
         key = fault_key(alert)
+        if workflow.patched(PATCH_STALE_EDGES):
+            stale = self._stale_edge(alert, key)
+            if stale is not None:
+                return stale
         if not alert.active:
             return await self._on_clear(alert, key)
         occ_key = f"{alert.kind}:{alert.code}"
@@ -488,6 +506,47 @@ class NodeWorkflow:
         seen = self._seen
         while seen and (len(seen) > DEDUP_MAX or next(iter(seen.values())) < horizon):
             seen.pop(next(iter(seen)))
+
+    def _stale_edge(self, alert: Alert, key: str) -> AlertDelivery | None:
+        """An ``ignored`` answer for a level edge that arrived out of order, else None
+        (a clear is remembered here either way).
+
+        Edges of one fault can reach the node out of order: ingest replicas each deliver
+        in order but not with one another, a restarted ingest re-delivers its outbox, an
+        operator replays a dead letter (``autorepair dead-letters replay``). Agents and
+        watchers send each edge once, so a raise that lands after the clear that followed
+        it would leave a healed fault active for good, and repaired after its persistence
+        window. A raise observed at or before the fault's last clear is therefore stale;
+        so is a clear observed before the active fault was raised (again). At one
+        instant the clear wins: no action on a node that may be healthy."""
+        s = self._s
+        at = _utc(alert.observed_at)
+        if alert.active:
+            last = s.cleared.get(key)
+            if alert.level and last is not None and at <= _utc(last):
+                return AlertDelivery(
+                    alert_id=alert.alert_id,
+                    outcome=AlertOutcome.ignored,
+                    reason=(f"stale raise: observed {at.isoformat()}, not after the fault's "
+                            f"clear observed {_utc(last).isoformat()}; the fault is cleared"),
+                    repair_id=s.repair_id,
+                )
+            return None
+        last = s.cleared.pop(key, None)
+        s.cleared[key] = at if last is None else max(at, _utc(last))
+        while len(s.cleared) > MAX_CLEARED:
+            s.cleared.pop(next(iter(s.cleared)))
+        self._dirty = True
+        f = s.active.get(key)
+        if f is not None and f.alert.level and _utc(f.alert.observed_at) > at:
+            return AlertDelivery(
+                alert_id=alert.alert_id,
+                outcome=AlertOutcome.ignored,
+                reason=(f"stale clear: observed {at.isoformat()}, before the fault was "
+                        f"raised again at {_utc(f.alert.observed_at).isoformat()}"),
+                repair_id=s.repair_id,
+            )
+        return None
 
     async def _on_clear(self, alert: Alert, key: str) -> AlertDelivery:
         s = self._s

@@ -4,7 +4,7 @@ cooldown, continue-as-new (scenarios 1, 2, 6 and 10's alert side)."""
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tests.workflows.conftest import Harness, make_alert
@@ -172,8 +172,10 @@ async def test_scenario_6_flapping_attaches_and_cooldown_applies(harness: Harnes
     rid = d.repair_id
     assert rid
     # unhealthy → healthy → unhealthy while the repair is in flight
-    clr = lvl.model_copy(update={"alert_id": "clr", "active": False})
-    again = lvl.model_copy(update={"alert_id": "again"})
+    t = lvl.observed_at
+    clr = lvl.model_copy(update={"alert_id": "clr", "active": False,
+                                 "observed_at": t + timedelta(minutes=1)})
+    again = lvl.model_copy(update={"alert_id": "again", "observed_at": t + timedelta(minutes=2)})
     assert (await h.deliver(clr)).outcome == AlertOutcome.cleared
     d3 = await h.deliver(again)
     assert d3.outcome == AlertOutcome.attached and d3.repair_id == rid
@@ -243,3 +245,50 @@ def test_repair_starts_with_its_search_attributes() -> None:
     assert sa.get(SA_STAGE) == "recommended" and sa.get(SA_STATE) == "in_progress"
     no_machine = _repair_search_attributes(req.model_copy(update={"machine_id": None}))
     assert no_machine.get(SA_MACHINE) is None
+
+
+async def test_raise_arriving_after_its_clear_is_stale(harness: Harness) -> None:
+    """Edges out of order (two ingest replicas, an outbox re-delivery, a replayed dead
+    letter): the clear observed at 10:05 arrives first, then the raise observed at 10:00.
+    The raise is stale: the fault stays cleared and nothing is repaired, however long the
+    node waits. A raise observed after the clear is a new episode again."""
+    h = harness
+    t0 = datetime(2025, 1, 1, 10, 0, tzinfo=UTC)
+    lvl = make_alert(h.cluster.cluster, "gpu-04", "r1", kind="xfs_shutdown", code=None,
+                     level=True, action="reboot", observed_at=t0)
+    clr = lvl.model_copy(update={"alert_id": "c1", "active": False,
+                                 "observed_at": t0 + timedelta(minutes=5)})
+    assert (await h.deliver(clr)).outcome == AlertOutcome.cleared
+    d = await h.deliver(lvl)
+    assert d.outcome == AlertOutcome.ignored and d.reason.startswith("stale raise")
+    await h.env.sleep(timedelta(minutes=10))  # past the persistence window
+    st = await node_status(h, "gpu-04")
+    assert not st.degraded and st.recommendations == 0 and h.cluster.count("cordon") == 0
+    again = lvl.model_copy(update={"alert_id": "r2", "observed_at": t0 + timedelta(minutes=6)})
+    assert (await h.deliver(again)).outcome == AlertOutcome.new
+    assert (await node_status(h, "gpu-04")).degraded
+
+
+async def test_clear_arriving_after_a_newer_raise_is_stale(harness: Harness) -> None:
+    """Raised at 10:00, cleared at 10:05, raised again at 10:10; the 10:05 clear arrives
+    last. It must not clear the 10:10 episode: the fault waits out its persistence window
+    and is repaired."""
+    h = harness
+    t0 = datetime(2025, 1, 1, 10, 0, tzinfo=UTC)
+    r1 = make_alert(h.cluster.cluster, "gpu-05", "r1", kind="xfs_shutdown", code=None,
+                    level=True, action="reboot", observed_at=t0)
+    c1 = r1.model_copy(update={"alert_id": "c1", "active": False,
+                               "observed_at": t0 + timedelta(minutes=5)})
+    r2 = r1.model_copy(update={"alert_id": "r2", "observed_at": t0 + timedelta(minutes=10)})
+    assert (await h.deliver(r1)).outcome == AlertOutcome.new
+    assert (await h.deliver(r2)).outcome == AlertOutcome.new
+    d = await h.deliver(c1)
+    assert d.outcome == AlertOutcome.ignored and d.reason.startswith("stale clear")
+    st = await node_status(h, "gpu-05")
+    assert st.degraded and [a.alert_id for a in st.active_alerts] == ["r2"]
+    await h.env.sleep(timedelta(seconds=61))
+
+    async def started() -> bool:
+        return (await node_status(h, "gpu-05")).recommendations == 1
+
+    await wait_for(started, "repair of the 10:10 episode after persistence")

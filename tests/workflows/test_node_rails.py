@@ -182,7 +182,9 @@ async def test_auto_resolved_repair_does_not_start_the_cooldown(harness: Harness
     raise1 = _xfs(h, "gpu-05", "r1")
     d = await h.deliver(raise1)
     assert d.outcome == AlertOutcome.recommended and d.repair_id
-    await h.deliver(raise1.model_copy(update={"alert_id": "c1", "active": False}))
+    t = raise1.observed_at
+    await h.deliver(raise1.model_copy(update={"alert_id": "c1", "active": False,
+                                              "observed_at": t + timedelta(minutes=1)}))
 
     async def resolved() -> bool:
         return (await node_status(h, "gpu-05")).repair_id is None
@@ -191,7 +193,7 @@ async def test_auto_resolved_repair_does_not_start_the_cooldown(harness: Harness
     row = await h.ledger.get_repair(d.repair_id)
     assert row is not None and row["stage"] == "auto_resolved"
     assert (await node_status(h, "gpu-05")).cooldown_until is None
-    d2 = await h.deliver(_xfs(h, "gpu-05", "r2"))
+    d2 = await h.deliver(_xfs(h, "gpu-05", "r2", observed_at=t + timedelta(minutes=2)))
     assert d2.outcome == AlertOutcome.recommended and d2.repair_id != d.repair_id
 
 
