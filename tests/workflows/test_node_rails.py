@@ -27,6 +27,7 @@ from workflows.node import (
     DEDUP_MAX,
     MAX_ACTIVE_FAULTS,
     MAX_CARRIED_TEXT,
+    MAX_CLEARED,
     MAX_DIAGNOSED,
     MAX_DIAGNOSTICS,
     MAX_OCCURRENCE_KEYS,
@@ -223,6 +224,8 @@ def _carried_at_caps() -> NodeCarried:
         repair_alert_ids=["a" * 64] * MAX_ACTIVE_FAULTS,
         diagnostics=["d" * 64] * MAX_DIAGNOSTICS,
         diagnosed={f"repeat:{i:064x}": now for i in range(MAX_DIAGNOSED)},
+        cleared={f"k8s_condition_{'x' * 40}::0000:{i:02x}:00.0": now
+                 for i in range(MAX_CLEARED)},
     )
 
 
