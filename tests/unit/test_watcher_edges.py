@@ -63,3 +63,22 @@ def test_every_edge_of_a_fault_sorts_after_the_one_before(
         stamped.append(at)
         stamped.append(e.clear_at("n", T0 + timedelta(milliseconds=clear_ms)))
     assert all(a < b for a, b in itertools.pairwise(stamped)), stamped
+
+
+def test_reopened_raise_keeps_its_stamp_across_a_restart() -> None:
+    """Before the restart the raise was moved after a clear (T0 + 0.4 s + 1 ms); the
+    restarted watcher re-opens it from the ledger and recomputes the peer's T0: it gets
+    the moved stamp again (one alert_id), and a clear after it still sorts after it."""
+    before = EdgeTimes()
+    before.raised("gpu-03", T0)
+    before.clear_at("gpu-03", T0 + timedelta(seconds=0.4))
+    moved = before.raise_at("gpu-03", T0)
+    after = EdgeTimes()
+    after.reopened("gpu-03", moved)
+    assert after.raise_at("gpu-03", T0) == moved
+    assert after.clear_at("gpu-03", T0) > moved
+    # an episode that was never moved keeps the peer's time
+    plain = EdgeTimes()
+    plain.reopened("gpu-04", T0)
+    assert plain.raise_at("gpu-04", T0) == T0
+    assert plain.raise_at("gpu-04", T0 + timedelta(seconds=9)) == T0 + timedelta(seconds=9)

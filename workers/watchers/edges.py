@@ -16,9 +16,16 @@ way round (a clear stamped before its raise leaves the fault open forever).
 that would sort before it to 1 ms after it (1 ms: far below any poll interval, far above
 the microsecond resolution of ``timestamptz``). A raise is stamped the same way on every
 scan (the key's last clear does not change during an episode), so an episode keeps one
-``alert_id``. The memory is one entry per key; :meth:`retain` drops nodes that left the
-cluster. A watcher restarted between a clear and a raise in the same second starts with
-no memory; that window is not covered.
+``alert_id``. After a restart the watcher re-opens from the ledger the raises it left
+open (:meth:`reopened`), so an episode whose raise was moved keeps its ``alert_id``. The
+memory is one entry per key; :meth:`retain` drops nodes that left the cluster.
+
+Not covered: a restart between a clear and the next raise of its fault. The restarted
+watcher does not know the clear's time, so a raise that the peer stamps before it (within
+the clock skew, or much earlier when Slurm has no reason time and the episode falls back
+to slurmd's start time) sorts before the clear in the ledger. The node's workflow then
+answers that raise ``ignored`` as stale (``workflows.node``), and the ledger reads the
+episode closed.
 """
 
 from __future__ import annotations
@@ -51,6 +58,16 @@ class EdgeTimes:
     def raised(self, key: Hashable, at: datetime) -> None:
         """A raise of ``key`` stamped ``at`` was sent."""
         self._raised[key] = at
+
+    def reopened(self, key: Hashable, at: datetime) -> None:
+        """A raise of ``key`` stamped ``at`` that the ledger still holds open was re-opened
+        after a restart: later raises of the key never sort before it, so the episode's
+        own raise, recomputed from the peer's time, gets ``at`` again (one ``alert_id``
+        across the restart, also when ``at`` had been moved after a clear)."""
+        self._raised[key] = at
+        floor = at - EDGE_STEP
+        last = self._cleared.get(key)
+        self._cleared[key] = floor if last is None else max(last, floor)
 
     def clear_at(self, key: Hashable, now: datetime) -> datetime:
         """The time to stamp (and remember) a clear of ``key`` seen at ``now``: ``now``, or

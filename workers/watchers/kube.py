@@ -172,7 +172,8 @@ class KubeWatcher:
                 at = self._edges.raise_at((name, ctype), c.since or now)
                 text = f"node condition {ctype}=True reason={c.reason}: {c.message}"
                 cev = {"condition": ctype, "reason": c.reason, "message": c.message,
-                       "since": at.isoformat(), "detector": "node-problem-detector"}
+                       "since": (c.since or at).isoformat(),
+                       "detector": "node-problem-detector"}
                 await self._raise(name, ctype, self._alert(name, kind, text, cev, at), sent)
             else:
                 await self._clear(name, ctype, now, sent)
@@ -185,7 +186,7 @@ class KubeWatcher:
         at = self._edges.raise_at((name, "Ready"), ready.since or now)
         text = f"node NotReady (Ready={ready.status} reason={ready.reason}): {ready.message}"
         ev: dict[str, Any] = {"condition": "Ready", "status": ready.status,
-                              "reason": ready.reason, "since": at.isoformat()}
+                              "reason": ready.reason, "since": (ready.since or at).isoformat()}
         observed = self._alert(name, NOT_READY_KIND, text, ev, at)
         # NotReady / unreachable alone is never a repair (DESIGN §1 rule zero).
         observed = observed.model_copy(update={"actionable": False, "action": Action.none})
@@ -287,7 +288,7 @@ class KubeWatcher:
             key = self._key_of(a)
             if key is not None and (a.node, key) not in self._open:
                 self._open[(a.node, key)] = a
-                self._edges.raised((a.node, key), a.observed_at)
+                self._edges.reopened((a.node, key), a.observed_at)
                 n += 1
         self._reconciled = True
         log.info("event=watcher_reconciled cluster=%s source=%s open=%d",

@@ -163,7 +163,7 @@ class SlurmWatcher:
             table = self._dead if ep.bmc is not None else self._open
             if a.node not in table:
                 table[a.node] = ep
-                self._edges.raised(a.node, a.observed_at)
+                self._edges.reopened(a.node, a.observed_at)
                 n += 1
         self._reconciled = True
         log.info("event=watcher_reconciled cluster=%s source=%s open=%d",
