@@ -439,13 +439,46 @@ class Ledger:
         return [dict(r) for r in rows]
 
     async def get_dead_letters(self, alert_ids: Sequence[str]) -> list[dict[str, Any]]:
-        """The dead letters with these ids (rows as :meth:`list_dead_letters`), oldest
-        first; ids with no row are left out."""
+        """The dead letters whose id is one of ``alert_ids`` or starts with one of them
+        of 8 characters or more (the shortened ids ``dead-letters list`` prints); rows as
+        :meth:`list_dead_letters`. The caller tells an ambiguous prefix apart."""
         rows = await self._db.fetch(
-            "SELECT * FROM dead_letters WHERE alert_id = ANY($1::text[]) ORDER BY recorded_at",
+            """SELECT * FROM dead_letters
+                WHERE alert_id = ANY($1::text[])
+                   OR EXISTS (SELECT 1 FROM unnest($1::text[]) p
+                               WHERE length(p) >= 8 AND left(alert_id, length(p)) = p)""",
             list(alert_ids),
         )
         return [dict(r) for r in rows]
+
+    async def pending_dead_letters(
+        self, *, cluster: str | None = None, limit: int = 10_000
+    ) -> list[dict[str, Any]]:
+        """Dead letters not replayed, oldest observation first (then oldest recorded),
+        at most ``limit``: the order a replay must deliver them in (a fault's raise before
+        its clear, even when the raise was dead-lettered again later)."""
+        rows = await self._db.fetch(
+            """SELECT * FROM dead_letters
+                WHERE replayed_at IS NULL AND ($1::text IS NULL OR cluster = $1)
+                ORDER BY (alert->>'observed_at')::timestamptz, recorded_at LIMIT $2""",
+            cluster,
+            limit,
+        )
+        return [dict(r) for r in rows]
+
+    async def clear_after(self, alert: Alert) -> datetime | None:
+        """The newest observation time of a clear of ``alert``'s fault (same cluster,
+        node, kind, code and GPU) recorded in ``alerts`` at or after ``alert`` was
+        observed; None when there is none."""
+        at: datetime | None = await self._db.fetchval(
+            """SELECT max(observed_at) FROM alerts
+                WHERE cluster = $1 AND node = $2 AND kind = $3
+                  AND coalesce(code, -1) = coalesce($4::int, -1)
+                  AND coalesce(gpu, '') = coalesce($5::text, '')
+                  AND level AND NOT active AND observed_at >= $6""",
+            alert.cluster, alert.node, alert.kind, alert.code, alert.gpu, alert.observed_at,
+        )
+        return at
 
     async def mark_dead_letter_replayed(self, alert_id: str, outcome: str) -> bool:
         """Record that the node's workflow took dead letter ``alert_id`` on replay, with

@@ -423,14 +423,18 @@ def dead_letters_list(
 @dead_letters_app.command("replay")
 def dead_letters_replay(
     alert_ids: Annotated[list[str] | None, typer.Argument(
-        help="alert ids to re-deliver (full ids, as `dead-letters list --json` shows)")
+        help="alert ids to re-deliver (or their first 8+ characters, as `list` shows)")
     ] = None,
     replay_all: Annotated[bool, typer.Option(
-        "--all", help="every dead letter not yet replayed (of --cluster)")] = False,
+        "--all", help="every dead letter not yet replayed (of --cluster), oldest first")
+    ] = False,
     cluster: Annotated[str | None, typer.Option("--cluster", help="with --all")] = None,
     max_age: Annotated[str, typer.Option(
-        "--max-age", help="skip alerts observed longer ago (90m, 24h, 7d, or an ISO time)")
-    ] = "1h",
+        "--max-age",
+        help="skip event alerts (Xid, stragglers) observed longer ago (90m, 24h, 7d, or an "
+             "ISO time); clears and level faults do not age")] = "1h",
+    timeout: Annotated[float, typer.Option(
+        "--timeout", min=1.0, help="seconds one delivery may take")] = 60.0,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
     ledger_dsn: LedgerDsn = None,
@@ -438,12 +442,15 @@ def dead_letters_replay(
     as_json: AsJson = False,
 ) -> None:
     """Re-deliver dead letters to their node's workflow, oldest first (exit 0: all
-    replayed; 1: one failed or was not found; 3: some skipped, e.g. older than
-    --max-age)."""
+    replayed; 1: one failed or an id named no single row; 2: bad arguments, no ledger or
+    Temporal unreachable; 3: some skipped, e.g. older than --max-age, or more pending)."""
     from workers import dead_letters
 
     if bool(alert_ids) == replay_all:
         typer.echo("error: name alert ids or pass --all (not both)", err=True)
+        raise typer.Exit(2)
+    if cluster is not None and not replay_all:
+        typer.echo("error: --cluster goes with --all (alert ids name their cluster)", err=True)
         raise typer.Exit(2)
     from workers.fleet_models import parse_since
 
@@ -456,7 +463,7 @@ def dead_letters_replay(
     cfg = _with_ledger(cfg, ledger_dsn, data_dir)
     results = ops_temporal.run_async(dead_letters.replay(
         cfg, temporal_address or address, namespace, alert_ids=alert_ids or (),
-        cluster=cluster, max_age=max_age))
+        cluster=cluster, max_age=max_age, timeout_s=timeout))
     raise typer.Exit(dead_letters.print_results(results, as_json))
 
 

@@ -5,23 +5,30 @@ size limit, still failing after ``ingest.handoff_max_attempts``) is kept in the 
 ``dead_letters`` table (``ingest.handoff``, DESIGN §4.5). Once the cause is fixed (the
 node's workflow was reset, a worker bug deployed away), :func:`replay` re-delivers chosen
 dead letters through the same path as ingest (``TemporalAlertSink.deliver``: update-with-
-start of the node's ``NodeWorkflow``), oldest first, so a node's raise still reaches its
-workflow before its clear. The row is kept and marked ``replayed_at`` / ``replay_outcome``
-(the workflow's answer); a re-delivery of an alert the workflow already has comes back
-``deduplicated``.
+start of the node's ``NodeWorkflow``), oldest observation first, so a fault's raise still
+reaches its workflow before its clear. The row is kept and marked ``replayed_at`` /
+``replay_outcome`` (the workflow's answer); a re-delivery of an alert the workflow already
+has comes back ``deduplicated``.
 
-Replay never acts on stale evidence by accident: a dead letter observed longer ago than
-``max_age`` (default :data:`DEFAULT_MAX_AGE`) is skipped with its age in the reason, since
-the fault it reports may be long gone and a raise re-delivered now would be taken as a
-fault seen now (an operator who wants it anyway passes a longer ``--max-age``). A row kept
-as its identity only (the alert was over 256 KiB of JSON) cannot be re-delivered and is
-skipped saying so; an alert still over ``ingest.max_alert_bytes`` after capping is skipped
-too. Every row gets a result; one failure never stops the others.
+Replay never acts on stale evidence by accident. A clear is always re-delivered (it can
+only end a fault). A level raise (a state: GPU lost, link down, node NotReady) is skipped
+when the ledger holds a clear of its fault observed after it, and the node's workflow
+ignores a raise older than its fault's last clear anyway (``workflows.node``). An event
+raise (an Xid line, a straggler) observed longer ago than ``max_age`` (default
+:data:`DEFAULT_MAX_AGE`) is skipped with its age in the reason: re-delivered now it would
+be taken as a fault seen now (an operator who wants it anyway passes a longer
+``--max-age``). A row kept as its identity only (the alert was over 256 KiB of JSON)
+cannot be re-delivered and is skipped saying so; an alert still over
+``ingest.max_alert_bytes`` after capping is skipped too. One delivery waits at most
+``timeout_s`` (a task queue no worker polls never answers). Every row gets a result; one
+failure never stops the others.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -44,6 +51,12 @@ from workflows.models import Alert
 #: is the order of the persistence windows and cooldowns of the catalogue (a fault older
 #: than that has either recurred, with a fresh alert, or ended).
 DEFAULT_MAX_AGE = "1h"
+#: Default ``--timeout``: seconds one re-delivery may take (an update-with-start answers in
+#: well under a second when a worker polls the task queue; none answers when none does).
+DEFAULT_TIMEOUT_S = 60.0
+#: Most dead letters one ``replay --all`` delivers (the oldest first); it says when more
+#: are pending.
+MAX_BATCH = 10_000
 
 _out = Console()
 
@@ -65,9 +78,23 @@ async def list_rows(config: AutorepairConfig, *, cluster: str | None, include_re
     return [_row_doc(r) for r in rows]
 
 
-def _replayable(row: dict[str, Any], config: AutorepairConfig,
-                not_before: datetime) -> tuple[Alert | None, str]:
-    """``(alert to deliver, "")`` or ``(None, why it is skipped)``."""
+def _observed(row: dict[str, Any]) -> datetime:
+    raw = (row.get("alert") or {}).get("observed_at")
+    try:
+        t = datetime.fromisoformat(str(raw).replace("Z", "+00:00"))
+    except ValueError:
+        return row["recorded_at"]  # type: ignore[no-any-return]
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+async def _replayable(row: dict[str, Any], config: AutorepairConfig, ledger: Ledger,
+                      not_before: datetime) -> tuple[Alert | None, str]:
+    """``(alert to deliver, "")`` or ``(None, why it is skipped)``.
+
+    A clear is always re-delivered (it can only end a fault). A level raise is skipped
+    when the ledger holds a clear of its fault observed after it (the fault ended; the
+    node's workflow would also answer it ``ignored`` as stale). An event raise (Xid,
+    SXid, a straggler) is skipped when observed before ``not_before`` (``--max-age``)."""
     if int(row.get("alert_bytes") or 0) > DEAD_LETTER_MAX_BYTES:
         return None, (f"kept as its identity only ({row['alert_bytes']} bytes): "
                       "cannot be re-delivered")
@@ -77,10 +104,16 @@ def _replayable(row: dict[str, Any], config: AutorepairConfig,
         return None, f"alert: unreadable ({e.error_count()} errors: {e.errors()[0]['msg']})"
     if row.get("replayed_at") is not None:
         return None, f"already replayed at {row['replayed_at']} ({row['replay_outcome']})"
-    if alert.observed_at < not_before:
-        return None, (f"observed {alert.observed_at.isoformat(timespec='seconds')}, before "
-                      f"{not_before.isoformat(timespec='seconds')} (--max-age): the fault "
-                      "may have ended; pass a longer --max-age to replay it anyway")
+    observed = _observed(row)
+    if alert.active and alert.level:
+        cleared = await ledger.clear_after(alert)
+        if cleared is not None:
+            return None, (f"superseded: its fault was cleared at "
+                          f"{cleared.isoformat(timespec='seconds')}, after this raise")
+    elif alert.active and observed < not_before:
+        return None, (f"observed {observed.isoformat(timespec='seconds')}, before "
+                      f"{not_before.isoformat(timespec='seconds')} (--max-age): the event "
+                      "may be long over; pass a longer --max-age to replay it anyway")
     ic = config.ingest
     capped, _ = cap_alert(alert, max_value_chars=ic.max_evidence_value_chars,
                           max_bytes=ic.max_alert_bytes)
@@ -91,20 +124,54 @@ def _replayable(row: dict[str, Any], config: AutorepairConfig,
     return capped, ""
 
 
+def _result(row: dict[str, Any] | None, alert_id: str, result: str,
+            reason: str = "") -> dict[str, Any]:
+    r = row or {}
+    return {"alert_id": r.get("alert_id", alert_id), "cluster": r.get("cluster"),
+            "node": r.get("node"), "kind": r.get("kind"), "result": result, "outcome": None,
+            "repair_id": None, "reason": reason}
+
+
+def _by_request(rows: list[dict[str, Any]], alert_ids: Sequence[str]
+                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(rows to replay, results for ids that name none or several)``: each requested id
+    names the row with that id, else the one row whose id starts with it."""
+    chosen: dict[str, dict[str, Any]] = {}
+    unresolved: list[dict[str, Any]] = []
+    for want in dict.fromkeys(alert_ids):
+        exact = [r for r in rows if r["alert_id"] == want]
+        match = exact or [r for r in rows if len(want) >= 8 and r["alert_id"].startswith(want)]
+        if len(match) == 1:
+            chosen[match[0]["alert_id"]] = match[0]
+        elif not match:
+            unresolved.append(_result(None, want, "not_found", "no dead letter with this id"
+                                      + ("" if len(want) >= 8 else " (a prefix needs 8 "
+                                         "characters or more)")))
+        else:
+            unresolved.append(_result(None, want, "not_found", (
+                f"ambiguous: {len(match)} dead letters start with it; give more characters")))
+    return list(chosen.values()), unresolved
+
+
 async def replay(config: AutorepairConfig, address: str, namespace: str, *,
                  alert_ids: Sequence[str] = (), cluster: str | None = None,
-                 max_age: str = DEFAULT_MAX_AGE, now: datetime | None = None,
-                 ledger: Ledger | None = None) -> list[dict[str, Any]]:
-    """Re-deliver dead letters: those named by ``alert_ids``, else every one not yet
-    replayed (of ``cluster`` when given). Returns one result per row, oldest first:
+                 max_age: str = DEFAULT_MAX_AGE, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 now: datetime | None = None, ledger: Ledger | None = None,
+                 batch: int = MAX_BATCH) -> list[dict[str, Any]]:
+    """Re-deliver dead letters: those named by ``alert_ids`` (full ids, or prefixes of 8
+    characters or more), else every one not yet replayed (of ``cluster`` when given), at
+    most ``batch`` per call. Returns one result per row, oldest observation first:
     ``{"alert_id", "cluster", "node", "kind", "result", "outcome", "repair_id",
-    "reason"}`` with ``result`` ``replayed`` | ``skipped`` | ``failed`` | ``not_found``.
+    "reason"}`` with ``result`` ``replayed`` | ``skipped`` | ``failed`` | ``not_found``,
+    and, when more than ``batch`` rows were pending, a last ``more_pending`` entry.
 
-    ``max_age``: a duration (``90m``, ``24h``, ``7d``) or an ISO time; older alerts are
-    skipped (``ValueError`` naming the value when it is neither). ``ledger``: an open
-    ledger (tests); else one is opened from ``ledger.dsn``. Raises ``RuntimeError`` when
-    there is no ledger, :class:`~workers.temporal_client.TemporalUnreachable` when
-    Temporal cannot be reached."""
+    ``max_age``: a duration (``90m``, ``24h``, ``7d``) or an ISO time; event raises
+    observed earlier are skipped (``ValueError`` naming the value when it is neither).
+    ``timeout_s``: how long one delivery may take (a task queue no worker polls never
+    answers). ``ledger``: an open ledger (tests); else one is opened from ``ledger.dsn``.
+    Raises ``RuntimeError`` when there is no ledger,
+    :class:`~workers.temporal_client.TemporalUnreachable` when Temporal cannot be
+    reached."""
     now = now or datetime.now(UTC)
     try:
         not_before = parse_since(max_age, now)
@@ -115,80 +182,105 @@ async def replay(config: AutorepairConfig, address: str, namespace: str, *,
         lazy = LazyLedger(config, max_size=1)
         ledger = await lazy.get()
     try:
+        extra: list[dict[str, Any]] = []
         if alert_ids:
-            rows = await ledger.get_dead_letters(alert_ids)
-            found = {r["alert_id"] for r in rows}
-            missing = [{"alert_id": a, "cluster": None, "node": None, "kind": None,
-                        "result": "not_found", "outcome": None, "repair_id": None,
-                        "reason": "no dead letter with this id"}
-                       for a in dict.fromkeys(alert_ids) if a not in found]
+            rows, extra = _by_request(await ledger.get_dead_letters(alert_ids), alert_ids)
         else:
-            rows = list(reversed(await ledger.list_dead_letters(
-                cluster=cluster, limit=10_000, include_replayed=False)))
-            missing = []
+            rows = await ledger.pending_dead_letters(cluster=cluster, limit=batch + 1)
+            if len(rows) > batch:
+                rows = rows[:batch]
+                extra = [_result(None, "", "more_pending", (
+                    f"more than {batch} dead letters pending: replayed the oldest {batch}; "
+                    "run again for the rest"))]
+        rows.sort(key=lambda r: (_observed(r), r["recorded_at"]))
         results: list[dict[str, Any]] = []
         async with temporal_client(address, namespace) as client:
             sink = TemporalAlertSink(client, config.temporal.task_queue)
             for row in rows:
-                results.append(await _replay_one(ledger, sink, row, config, not_before))
-        return results + missing
+                results.append(await _replay_one(ledger, sink, row, config, not_before,
+                                                 timeout_s))
+        return results + extra
     finally:
         if lazy is not None:
             await lazy.close()
 
 
 async def _replay_one(ledger: Ledger, sink: TemporalAlertSink, row: dict[str, Any],
-                      config: AutorepairConfig, not_before: datetime) -> dict[str, Any]:
-    res: dict[str, Any] = {k: row.get(k) for k in ("alert_id", "cluster", "node", "kind")}
-    res.update(result="skipped", outcome=None, repair_id=None, reason="")
-    alert, why = _replayable(row, config, not_before)
+                      config: AutorepairConfig, not_before: datetime,
+                      timeout_s: float) -> dict[str, Any]:
+    res = _result(row, row["alert_id"], "skipped")
+    alert, why = await _replayable(row, config, ledger, not_before)
     if alert is None:
         res["reason"] = why
         return res
+    t0 = time.monotonic()
     try:
-        delivery = await sink.deliver(alert)
+        delivery = await asyncio.wait_for(sink.deliver(alert), timeout_s)
     except Exception as e:  # one row's failure never stops the others; the row is kept
         cause = getattr(e, "cause", None) or e
-        res.update(result="failed", reason=f"{type(cause).__name__}: {clip(str(cause), 300)}")
+        # the SDK answers the cancellation of a waiting update with its own error
+        if isinstance(e, TimeoutError) or (isinstance(cause, asyncio.CancelledError)
+                                           and time.monotonic() - t0 >= timeout_s):
+            res.update(result="failed", reason=(
+                f"no answer within {timeout_s:g} s: is a worker polling task queue "
+                f"{config.temporal.task_queue!r} (temporal.task_queue)?"))
+        else:
+            res.update(result="failed",
+                       reason=f"{type(cause).__name__}: {clip(str(cause), 300)}")
         return res
-    await ledger.mark_dead_letter_replayed(row["alert_id"], delivery.outcome.value)
     res.update(result="replayed", outcome=delivery.outcome.value,
                repair_id=delivery.repair_id, reason=delivery.reason or "")
+    try:
+        await ledger.mark_dead_letter_replayed(row["alert_id"], delivery.outcome.value)
+    except Exception as e:  # delivered; a later replay re-delivers it (de-duplicated)
+        res["reason"] = (f"{res['reason']}; not marked replayed in the ledger: "
+                         f"{type(e).__name__}: {clip(str(e), 200)}")
     return res
 
 
 def print_rows(rows: list[dict[str, Any]], as_json: bool) -> None:
-    """``dead-letters list`` output: JSON, or a table (alert id shortened to 12)."""
+    """``dead-letters list`` output: JSON, or a table (alert ids shortened to 12
+    characters, which ``replay`` takes as a prefix; times to the minute, UTC)."""
     if as_json:
         typer.echo(json.dumps(rows, indent=2, default=str))
         return
     t = Table(title=f"dead letters ({len(rows)})")
-    for c in ("alert", "cluster", "node", "kind", "reason", "attempts", "recorded", "replayed",
-              "error"):
-        t.add_column(c)
+    for c in ("alert", "node", "kind", "why", "tries", "recorded"):
+        t.add_column(c, no_wrap=True)
+    t.add_column("replayed", no_wrap=True)
+    t.add_column("last error", overflow="ellipsis", no_wrap=True, max_width=40)
     for r in rows:
-        t.add_row(r["alert_id"][:12], r["cluster"], r["node"], r["kind"], r["reason"],
-                  str(r["attempts"]), str(r["recorded_at"])[:19],
-                  f"{str(r['replayed_at'])[:19]} {r['replay_outcome']}" if r.get("replayed_at")
-                  else "", clip(r["error"], 60))
+        node = r["node"] if len({x["cluster"] for x in rows}) == 1 else (
+            f"{r['cluster']}/{r['node']}")
+        t.add_row(r["alert_id"][:12], node, r["kind"], r["reason"], str(r["attempts"]),
+                  _minute(r["recorded_at"]),
+                  r["replay_outcome"] or "" if r.get("replayed_at") else "",
+                  clip(r["error"], 40))
     _out.print(t)
+
+
+def _minute(t: object) -> str:
+    return str(t).replace("T", " ")[:16]
 
 
 def print_results(results: list[dict[str, Any]], as_json: bool) -> int:
     """``dead-letters replay`` output; returns the exit code: 0 when every row was
-    replayed (or there was none), 1 when any failed or was not found, 3 when some were
-    only skipped."""
+    replayed (or none was pending), 1 when one failed or an id named no single row, 3 when
+    some were skipped or more are pending."""
     if as_json:
         typer.echo(json.dumps(results, indent=2, default=str))
     else:
         t = Table(title=f"replay ({len(results)})")
-        for c in ("alert", "node", "kind", "result", "outcome", "repair", "reason"):
-            t.add_column(c)
+        for c in ("alert", "node", "kind", "result", "outcome"):
+            t.add_column(c, no_wrap=True)
+        t.add_column("reason", overflow="fold")
         for r in results:
             t.add_row(str(r["alert_id"])[:12], r["node"] or "", r["kind"] or "", r["result"],
-                      r["outcome"] or "", r["repair_id"] or "", clip(r["reason"], 120))
+                      r["outcome"] or "", clip(r["reason"], 300))
         _out.print(t)
+        if not results:
+            _out.print("nothing to replay: no dead letter pending", highlight=False)
     kinds = {r["result"] for r in results}
     if kinds & {"failed", "not_found"}:
         return 1
-    return 3 if "skipped" in kinds else 0
+    return 3 if kinds & {"skipped", "more_pending"} else 0

@@ -39,6 +39,7 @@ from workers.dead_letters import print_results, replay
 from workflows.alerts import alert_from_fault
 from workflows.config import AutorepairConfig, CatalogueConfig, TemporalConfig
 from workflows.models import Alert, AlertOutcome
+from workflows.protocol import NODE_QUERY_STATUS, NodeStatus
 from workflows.registry import WORKFLOWS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,45 +83,67 @@ async def test_replay_redelivers_in_order_marks_rows_and_skips_stale(
     ledger = Ledger(ledger_pool)
     raise_ = _drained(cluster, "gpu-01", 20, active=True)
     clear = _drained(cluster, "gpu-01", 10, active=False)
-    stale = _alert(cluster, "gpu-02", 3 * 24 * 60)
+    stale = _alert(cluster, "gpu-02", 3 * 24 * 60)  # an Xid line three days old
     huge = _alert(cluster, "gpu-03", 5, evidence={"dump": "A" * 300_000})
-    # recorded in the order they failed: the clear after its raise
+    old_clear = _drained(cluster, "gpu-04", 120, active=False)  # clears do not age
+    # gpu-05: the raise was dead-lettered again after its clear: still delivered first
+    raise5 = _drained(cluster, "gpu-05", 30, active=True)
+    clear5 = _drained(cluster, "gpu-05", 25, active=False)
+    # gpu-06: its fault's clear reached the node (it is in the ledger): the raise is over
+    raise6 = _drained(cluster, "gpu-06", 40, active=True)
+    await ledger.record_alert(_drained(cluster, "gpu-06", 35, active=False))
     for a, why in ((raise_, "retries_exhausted"), (clear, "retries_exhausted"),
-                   (stale, "rejected"), (huge, "too_large")):
+                   (stale, "rejected"), (huge, "too_large"), (old_clear, "rejected"),
+                   (raise5, "retries_exhausted"), (clear5, "retries_exhausted"),
+                   (raise6, "rejected")):
         await ledger.record_dead_letter(a, why, "boom", 3)
-    activities: list[Callable[..., Any]] = [*LedgerActivities(ledger_pool).all(), PolicyActivities(config).load_policy,
-                  NotifyActivities(config.notifications).notify]
+    await ledger.record_dead_letter(raise5, "retries_exhausted", "again", 3)
+    activities: list[Callable[..., Any]] = [
+        *LedgerActivities(ledger_pool).all(), PolicyActivities(config).load_policy,
+        NotifyActivities(config.notifications).notify]
+    nodes = [f"gpu-0{i}" for i in range(1, 7)]
     async with Worker(client, task_queue=tq, workflows=WORKFLOWS, activities=activities):
         try:
             results = await replay(config, address, "default", cluster=cluster,
                                    ledger=ledger)
             by_id = {r["alert_id"]: r for r in results}
-            assert [r["alert_id"] for r in results] == [
-                raise_.alert_id, clear.alert_id, stale.alert_id, huge.alert_id]
-            assert by_id[raise_.alert_id]["result"] == "replayed"
-            assert by_id[clear.alert_id]["result"] == "replayed"
+            order = [r["alert_id"] for r in results]  # oldest observation first
+            assert order == [stale.alert_id, old_clear.alert_id, raise6.alert_id,
+                             raise5.alert_id, clear5.alert_id, raise_.alert_id,
+                             clear.alert_id, huge.alert_id]
+            for a in (raise_, clear, old_clear, raise5, clear5):
+                assert by_id[a.alert_id]["result"] == "replayed", by_id[a.alert_id]
             assert by_id[clear.alert_id]["outcome"] == AlertOutcome.cleared.value
             assert by_id[stale.alert_id]["result"] == "skipped"
             assert "--max-age" in by_id[stale.alert_id]["reason"]
+            assert by_id[raise6.alert_id]["result"] == "skipped"
+            assert by_id[raise6.alert_id]["reason"].startswith("superseded")
             assert by_id[huge.alert_id]["result"] == "skipped"
             assert "identity only" in by_id[huge.alert_id]["reason"]
             assert print_results(results, as_json=True) == 3  # some skipped
             # the node's workflow took them in order: the raise, then its clear
             got = await _workflow_alerts(ledger, cluster, "gpu-01")
             assert [a.alert_id for a in got] == [raise_.alert_id, clear.alert_id]
+            for n in ("gpu-01", "gpu-05"):  # nothing left active on either node
+                st = await client.get_workflow_handle(f"node/{cluster}/{n}").query(
+                    NODE_QUERY_STATUS, result_type=NodeStatus)
+                assert not st.active_alerts and st.repair_id is None, st
             rows = {r["alert_id"]: r for r in await ledger.list_dead_letters(cluster=cluster)}
             assert rows[raise_.alert_id]["replayed_at"] is not None
             assert rows[clear.alert_id]["replay_outcome"] == "cleared"
             assert rows[stale.alert_id]["replayed_at"] is None
             pending = await ledger.list_dead_letters(cluster=cluster, include_replayed=False)
-            assert {r["alert_id"] for r in pending} == {stale.alert_id, huge.alert_id}
-            # the operator decides the stale one counts: a longer --max-age
+            assert {r["alert_id"] for r in pending} == {
+                stale.alert_id, huge.alert_id, raise6.alert_id}
+            # the operator decides the stale one counts: a longer --max-age; ids may be
+            # given as the 12-character prefix the table shows
             again = await replay(config, address, "default", ledger=ledger, max_age="7d",
-                                 alert_ids=[stale.alert_id, raise_.alert_id, "nope"])
+                                 alert_ids=[stale.alert_id[:12], raise_.alert_id, "nope"])
             assert [(r["alert_id"], r["result"]) for r in again] == [
-                (raise_.alert_id, "skipped"), (stale.alert_id, "replayed"),
+                (stale.alert_id, "replayed"), (raise_.alert_id, "skipped"),
                 ("nope", "not_found")]
-            assert "already replayed" in again[0]["reason"]
+            assert "already replayed" in again[1]["reason"]
+            assert "8 characters" in again[2]["reason"]
             assert print_results(again, as_json=True) == 1  # one not found
             assert [a.alert_id for a in await _workflow_alerts(ledger, cluster, "gpu-02")
                     ] == [stale.alert_id]
@@ -130,12 +153,41 @@ async def test_replay_redelivers_in_order_marks_rows_and_skips_stale(
                 cluster=cluster, include_replayed=False)}
             with pytest.raises(ValueError, match="--max-age"):
                 await replay(config, address, "default", ledger=ledger, max_age="soon")
+            # a batch is bounded and says more are pending
+            more = await replay(config, address, "default", ledger=ledger, cluster=cluster,
+                                batch=1)
+            assert [r["result"] for r in more][-1] == "more_pending"
+            assert len(more) == 2 and print_results(more, as_json=True) == 3
         finally:
-            for n in ("gpu-01", "gpu-02"):
+            for n in nodes:
                 try:
                     await client.get_workflow_handle(f"node/{cluster}/{n}").terminate("done")
                 except Exception:
                     pass
+
+
+async def test_replay_to_a_queue_no_worker_polls_fails_in_bounded_time(
+    temporal_dev_env: Any, ledger_pool: Any
+) -> None:
+    client = temporal_dev_env.client
+    cluster = "c-" + uuid.uuid4().hex[:6]
+    config = AutorepairConfig(temporal=TemporalConfig(task_queue="nobody-" + cluster))
+    ledger = Ledger(ledger_pool)
+    a = _alert(cluster, "gpu-01", 1)
+    await ledger.record_dead_letter(a, "retries_exhausted", "boom", 3)
+    try:
+        (res,) = await asyncio.wait_for(replay(
+            config, client.service_client.config.target_host, "default", ledger=ledger,
+            alert_ids=[a.alert_id], timeout_s=2.0), 60)
+        assert res["result"] == "failed" and "no answer within 2 s" in res["reason"]
+        assert config.temporal.task_queue in res["reason"]
+        (row,) = await ledger.get_dead_letters([a.alert_id])
+        assert row["replayed_at"] is None  # kept for the next try
+    finally:
+        try:
+            await client.get_workflow_handle(f"node/{cluster}/gpu-01").terminate("done")
+        except Exception:
+            pass
 
 
 @pytest.fixture
@@ -202,6 +254,9 @@ async def test_cli_lists_and_replays_and_names_bad_arguments(
         rc, _, err = await _cli("dead-letters", "replay", "--all", "--max-age", "soon",
                                 *common, cwd=tmp_path)
         assert rc == 2 and "--max-age" in err and "'soon'" in err
+        rc, _, err = await _cli("dead-letters", "replay", a.alert_id, "--cluster", "other",
+                                *common, cwd=tmp_path)
+        assert rc == 2 and "--cluster goes with --all" in err
         async with Worker(client, task_queue=tq, workflows=WORKFLOWS, activities=activities):
             rc, out, err = await _cli("dead-letters", "replay", "--all", "--json",
                                       "--temporal-address", address, *common, cwd=tmp_path)
