@@ -35,8 +35,6 @@ from typing import Any
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
-from rich.table import Table
 
 from activities.ledger import DEAD_LETTER_MAX_BYTES, Ledger
 from ingest.handoff import TemporalAlertSink
@@ -58,7 +56,6 @@ DEFAULT_TIMEOUT_S = 60.0
 #: are pending.
 MAX_BATCH = 10_000
 
-_out = Console()
 
 
 def _row_doc(row: dict[str, Any]) -> dict[str, Any]:
@@ -239,24 +236,22 @@ async def _replay_one(ledger: Ledger, sink: TemporalAlertSink, row: dict[str, An
 
 
 def print_rows(rows: list[dict[str, Any]], as_json: bool) -> None:
-    """``dead-letters list`` output: JSON, or a table (alert ids shortened to 12
-    characters, which ``replay`` takes as a prefix; times to the minute, UTC)."""
+    """``dead-letters list`` output: JSON, or one line per dead letter, newest first —
+    alert id shortened to 12 characters (``replay`` takes it as a prefix), node (with its
+    cluster when several are listed), kind, why and attempts, when recorded (UTC, to the
+    minute), the replay outcome if replayed, and the last error. Lines, not a table: the
+    fields that identify a row are never cut on a narrow terminal."""
     if as_json:
         typer.echo(json.dumps(rows, indent=2, default=str))
         return
-    t = Table(title=f"dead letters ({len(rows)})")
-    for c in ("alert", "node", "kind", "why", "tries", "recorded"):
-        t.add_column(c, no_wrap=True)
-    t.add_column("replayed", no_wrap=True)
-    t.add_column("last error", overflow="ellipsis", no_wrap=True, max_width=40)
+    typer.echo(f"dead letters: {len(rows)}")
+    several = len({r["cluster"] for r in rows}) > 1
     for r in rows:
-        node = r["node"] if len({x["cluster"] for x in rows}) == 1 else (
-            f"{r['cluster']}/{r['node']}")
-        t.add_row(r["alert_id"][:12], node, r["kind"], r["reason"], str(r["attempts"]),
-                  _minute(r["recorded_at"]),
-                  r["replay_outcome"] or "" if r.get("replayed_at") else "",
-                  clip(r["error"], 40))
-    _out.print(t)
+        node = f"{r['cluster']}/{r['node']}" if several else r["node"]
+        replayed = f"  replayed: {r['replay_outcome']}" if r.get("replayed_at") else ""
+        typer.echo(f"{r['alert_id'][:12]}  {node}  {r['kind']}  {r['reason']} x"
+                   f"{r['attempts']}  {_minute(r['recorded_at'])}{replayed}  "
+                   f"{clip(r['error'], 200)}".rstrip())
 
 
 def _minute(t: object) -> str:
@@ -264,22 +259,20 @@ def _minute(t: object) -> str:
 
 
 def print_results(results: list[dict[str, Any]], as_json: bool) -> int:
-    """``dead-letters replay`` output; returns the exit code: 0 when every row was
-    replayed (or none was pending), 1 when one failed or an id named no single row, 3 when
-    some were skipped or more are pending."""
+    """``dead-letters replay`` output (JSON, or one line per row: id, node, kind, result,
+    the workflow's outcome, reason); returns the exit code: 0 when every row was replayed
+    (or none was pending), 1 when one failed or an id named no single row, 3 when some
+    were skipped or more are pending."""
     if as_json:
         typer.echo(json.dumps(results, indent=2, default=str))
     else:
-        t = Table(title=f"replay ({len(results)})")
-        for c in ("alert", "node", "kind", "result", "outcome"):
-            t.add_column(c, no_wrap=True)
-        t.add_column("reason", overflow="fold")
+        typer.echo(f"replay: {len(results)}" if results
+                   else "replay: nothing to replay, no dead letter pending")
         for r in results:
-            t.add_row(str(r["alert_id"])[:12], r["node"] or "", r["kind"] or "", r["result"],
-                      r["outcome"] or "", clip(r["reason"], 300))
-        _out.print(t)
-        if not results:
-            _out.print("nothing to replay: no dead letter pending", highlight=False)
+            outcome = f" ({r['outcome']})" if r["outcome"] else ""
+            where = " ".join(x for x in (r["node"], r["kind"]) if x)
+            typer.echo(f"{str(r['alert_id'])[:12]}  {where}  {r['result']}{outcome}"
+                       f"{'  ' + clip(r['reason'], 300) if r['reason'] else ''}")
     kinds = {r["result"] for r in results}
     if kinds & {"failed", "not_found"}:
         return 1
