@@ -15,8 +15,13 @@ back while ingest was down gets its clear on its first push.
 
 Memory: one entry per node that pushed within ``after_s`` or is open, capped at
 :data:`MAX_TRACKED` (the oldest open entries are forgotten first, with a log line).
-Alert ids are stable per episode (observed at the last push), so a re-raise after a
-restart de-duplicates in the NodeWorkflow.
+Alert ids are stable per episode (observed at the last push plus ``after_s``: the moment
+the node became unreachable), so a re-raise after a restart de-duplicates in the
+NodeWorkflow. The clear is observed at the push that ended the episode. So a node's edges
+always sort in the order they happened: a raise after the last push it follows, a clear
+after the raise it ends (the push came after the check that raised), and a new episode's
+raise after that clear. The node's workflow ignores an edge that sorts before the one it
+follows (``workflows.node``, stale edges).
 """
 
 from __future__ import annotations
@@ -121,7 +126,7 @@ class UnreachableTracker:
             if task is not None:
                 task.cancel()
             clear = self.build(n.resource, KIND, self._text(n) + " (cleared)",
-                               self._evidence(n), now, False)
+                               self._evidence(n), n.last_push, False)
             if not await self.submit(clear):
                 self._returned.append(key)  # the queue is full: next time
                 continue
@@ -138,7 +143,7 @@ class UnreachableTracker:
                 n = self._nodes.get(key)
                 if n is None:
                     n = self._nodes[key] = _Node(make_resource(a.cluster, a.node),
-                                                 a.observed_at.timestamp())
+                                                 a.observed_at.timestamp() - self.after_s)
                 n.open = True
         self._reconciled = True
 
@@ -159,7 +164,7 @@ class UnreachableTracker:
             if now - n.last_push <= self.after_s:
                 continue
             alert = self.build(n.resource, KIND, self._text(n), self._evidence(n),
-                               n.last_push, True)
+                               n.last_push + self.after_s, True)
             if not await self.submit(alert):
                 continue
             n.open = True
@@ -186,7 +191,8 @@ class UnreachableTracker:
                      key[0], key[1], bmc.get("power_state"), bmc.get("health"), bool(why))
             if why is not None and n.open:
                 alert = self.build(n.resource, KIND, f"{self._text(n)}; {why}",
-                                   {**self._evidence(n), "bmc": bmc}, n.last_push, True)
+                                   {**self._evidence(n), "bmc": bmc},
+                                   n.last_push + self.after_s, True)
                 if not await self.submit(alert):
                     self._bmc.end(name)  # not taken: ask (and raise) again next check
         except asyncio.CancelledError:

@@ -130,6 +130,17 @@ async def test_silent_agent_unreachable_bmc_confirmation_clear_and_restart(
             assert (await c.post("/v1/metrics", headers=PB, content=push)).status_code == 200
             (clear,) = sink.unreachable(node="gpu-01", active=False)
             assert clear.level and fault_key(clear) == fault_key(raised[0])
+            # edges sort as they happened, also for a node that pushes once and falls
+            # silent again: the node's workflow ignores a raise stamped before its clear
+            assert raised[0].observed_at < clear.observed_at
+            clock.t += 70
+            await svc.compute_now()
+            again = [a for a in sink.unreachable(node="gpu-01", active=True)
+                     if a.observed_at > clear.observed_at]
+            assert len(again) == 1 and again[0].alert_id != raised[0].alert_id
+            assert (await c.post("/v1/metrics", headers=PB, content=push)).status_code == 200
+            last = sink.unreachable(node="gpu-01", active=False)[-1]
+            assert last.observed_at > again[0].observed_at
     finally:
         await svc.stop()
     # ingest restarts while gpu-02 is down; gpu-02 comes back: its first push clears
