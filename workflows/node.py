@@ -521,16 +521,17 @@ class NodeWorkflow:
         instant the clear wins: no action on a node that may be healthy."""
         s = self._s
         at = _utc(alert.observed_at)
+
+        def ignored(reason: str) -> AlertDelivery:
+            return AlertDelivery(alert_id=alert.alert_id, outcome=AlertOutcome.ignored,
+                                 reason=reason, repair_id=s.repair_id)
+
         if alert.active:
             last = s.cleared.get(key)
             if alert.level and last is not None and at <= _utc(last):
-                return AlertDelivery(
-                    alert_id=alert.alert_id,
-                    outcome=AlertOutcome.ignored,
-                    reason=(f"stale raise: observed {at.isoformat()}, not after the fault's "
-                            f"clear observed {_utc(last).isoformat()}; the fault is cleared"),
-                    repair_id=s.repair_id,
-                )
+                return ignored(f"stale raise: observed {at.isoformat()}, not after the "
+                               f"fault's clear observed {_utc(last).isoformat()}; the fault "
+                               "is cleared")
             return None
         last = s.cleared.pop(key, None)
         s.cleared[key] = at if last is None else max(at, _utc(last))
@@ -539,13 +540,8 @@ class NodeWorkflow:
         self._dirty = True
         f = s.active.get(key)
         if f is not None and f.alert.level and _utc(f.alert.observed_at) > at:
-            return AlertDelivery(
-                alert_id=alert.alert_id,
-                outcome=AlertOutcome.ignored,
-                reason=(f"stale clear: observed {at.isoformat()}, before the fault was "
-                        f"raised again at {_utc(f.alert.observed_at).isoformat()}"),
-                repair_id=s.repair_id,
-            )
+            return ignored(f"stale clear: observed {at.isoformat()}, before the fault was "
+                           f"raised again at {_utc(f.alert.observed_at).isoformat()}")
         return None
 
     async def _on_clear(self, alert: Alert, key: str) -> AlertDelivery:
