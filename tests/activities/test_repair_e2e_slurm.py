@@ -46,6 +46,21 @@ def _job_state(cluster: SlurmCluster, job: str) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
 
 
+async def _watch_job(cluster: SlurmCluster, job: str, seen: list[dict[str, str]]) -> None:
+    """Append each change of ``job``'s (JobState, Restarts) to ``seen`` until cancelled.
+
+    slurmctld forgets a finished job ``MinJobAge`` (30 s in the dev cluster) after it ends,
+    and the repair goes on well past that on a loaded machine (reboot, rejoin), so the
+    job's end is recorded while it happens, not read back afterwards.
+    """
+    while True:
+        js = await asyncio.to_thread(_job_state, cluster, job)
+        if js and (not seen or (seen[-1].get("JobState"), seen[-1].get("Restarts"))
+                   != (js.get("JobState"), js.get("Restarts"))):
+            seen.append(js)
+        await asyncio.sleep(0.3)
+
+
 async def test_reboot_repair_end_to_end_on_slurm(
     temporal_dev_env: Any, ledger_pool: Any, slurm_cluster: SlurmCluster,
     redfish_emulator: RedfishEmulator, bmc_secrets_file: Path,
@@ -67,6 +82,8 @@ async def test_reboot_repair_end_to_end_on_slurm(
         assert time.monotonic() < deadline, f"job {job} never RUNNING"
         await asyncio.sleep(0.2)
 
+    job_seen: list[dict[str, str]] = []
+    watcher = asyncio.create_task(_watch_job(slurm_cluster, job, job_seen))
     restarted: list[str] = []
 
     def machine_came_back(node: str, event: str) -> None:
@@ -78,29 +95,34 @@ async def test_reboot_repair_end_to_end_on_slurm(
     client = temporal_dev_env.client
     bridge = MachineBridge(redfish_emulator, machine_came_back,
                            systems={NODE: redfish_emulator.systems[NODE]})
-    with bridge:
-        async with running_workers(client, config, ledger_pool,
-                                   SchedulerActivities(config, {cluster.name: sched}), notes):
-            handle = await start_reboot(client, config, NODE, rid)
-            await wait_stage(handle, Stage.awaiting_approval)
-            assert "DRAIN" not in (await sched.node_health(NODE)).state  # nothing before consent
-            await handle.signal("approve", ApproveSignal(by="alice"))
+    try:
+        with bridge:
+            async with running_workers(client, config, ledger_pool,
+                                       SchedulerActivities(config, {cluster.name: sched}), notes):
+                handle = await start_reboot(client, config, NODE, rid)
+                await wait_stage(handle, Stage.awaiting_approval)
+                assert "DRAIN" not in (await sched.node_health(NODE)).state  # nothing before consent
+                await handle.signal("approve", ApproveSignal(by="alice"))
 
-            # cordoned with our reason while the job still runs: DRAINING, not DRAINED
-            await wait_stage(handle, Stage.waiting_for_idle)
-            n = await sched.read_node(NODE)
-            assert n.drain and n.owned_by(rid) and n.allocated, n
-            assert job in (await sched.check_idle(NODE)).running
+                # cordoned with our reason while the job still runs: DRAINING, not DRAINED
+                await wait_stage(handle, Stage.waiting_for_idle)
+                n = await sched.read_node(NODE)
+                assert n.drain and n.owned_by(rid) and n.allocated, n
+                assert job in (await sched.check_idle(NODE)).running
 
-            final: RepairStatus = await asyncio.wait_for(handle.result(), 240)
+                final: RepairStatus = await asyncio.wait_for(handle.result(), 240)
+    finally:
+        watcher.cancel()
 
     assert final.stage == Stage.succeeded, final.detail
     assert final.approved_by == "alice"
     assert distinct_stages([t.stage for t in final.history]) == [s.value for s in REBOOT_STAGES]
 
-    # the job was waited for, not requeued or killed
-    js = _job_state(slurm_cluster, job)
-    assert js.get("JobState") == "COMPLETED" and js.get("Restarts") == "0", js
+    # the job was waited for, not requeued or killed: it ran to COMPLETED, never restarted
+    states = [(js.get("JobState"), js.get("Restarts")) for js in job_seen]
+    assert states and states[-1] == ("COMPLETED", "0"), states
+    assert all(r == "0" for _s, r in states) and all(
+        s in ("RUNNING", "COMPLETING", "COMPLETED") for s, _r in states), states
 
     # the machine really rebooted through Redfish; the node came back with a new boot
     assert any(e[0] == NODE for e in bridge.edges) and restarted, bridge.edges
