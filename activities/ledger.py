@@ -380,10 +380,11 @@ class Ledger:
         rows = await self._db.fetch("SELECT kind, count FROM unmapped_alert_counts")
         return {r["kind"]: int(r["count"]) for r in rows}
 
-    async def open_level_alerts(self, cluster: str, source: str) -> list[Alert]:
-        """Level faults raised by ``source`` in ``cluster`` whose last recorded edge is a
-        raise (no clear after it): per (node, kind, code, gpu), the newest level alert,
-        kept when active. Newest first. What a watcher re-opens after a restart."""
+    async def last_level_edges(self, cluster: str, source: str) -> list[Alert]:
+        """The newest recorded edge of every level fault ``source`` raised in ``cluster``:
+        per (node, kind, code, gpu), the newest level alert, raise (``active``) or clear;
+        at one instant the clear. Newest first. What a watcher reads after a restart: it
+        re-opens the raises and stamps later raises of a cleared fault after its clear."""
         rows = await self._db.fetch(
             """SELECT * FROM (
                  SELECT DISTINCT ON (node, kind, coalesce(code, -1), coalesce(gpu, ''))
@@ -391,11 +392,17 @@ class Ledger:
                   WHERE cluster = $1 AND source = $2 AND level
                   ORDER BY node, kind, coalesce(code, -1), coalesce(gpu, ''),
                            observed_at DESC, active ASC
-               ) last WHERE active ORDER BY observed_at DESC""",
+               ) last ORDER BY observed_at DESC""",
             cluster,
             source,
         )
         return [_alert_from_row(r) for r in rows]
+
+    async def open_level_alerts(self, cluster: str, source: str) -> list[Alert]:
+        """Level faults raised by ``source`` in ``cluster`` whose last recorded edge is a
+        raise (no clear after it): :meth:`last_level_edges` kept when active. Newest
+        first."""
+        return [a for a in await self.last_level_edges(cluster, source) if a.active]
 
     # -- dead letters ---------------------------------------------------------------------
     async def record_dead_letter(

@@ -9,7 +9,8 @@ serves what those processes ask of the ledger:
   recorded in ``alerts`` before the push is answered, stamped with the node's provider
   facts as the workflows' own record would be;
 - the level faults a watcher left open before a restart (:meth:`open_level_alerts`), so
-  it can send their clears when the condition ended while it was down.
+  it can send their clears when the condition ended while it was down, and the last
+  clear of the others (:meth:`last_level_edges`), so a new raise sorts after it.
 
 The first connection applies pending migrations (:func:`activities.ledger.migrate`, under
 its advisory lock), so an ingest upgraded before the worker still finds the outbox columns.
@@ -87,6 +88,10 @@ class LazyLedger:
     async def open_level_alerts(self, cluster: str, source: str) -> list[Alert]:
         """``Ledger.open_level_alerts``: level faults of ``source`` still open."""
         return await (await self.get()).open_level_alerts(cluster, source)
+
+    async def last_level_edges(self, cluster: str, source: str) -> list[Alert]:
+        """``Ledger.last_level_edges``: the newest edge of each level fault of ``source``."""
+        return await (await self.get()).last_level_edges(cluster, source)
 
     async def close(self) -> None:
         """Close the pool (idempotent)."""

@@ -87,6 +87,25 @@ async def test_kube_restart_clears_what_ended_while_down(
     assert all(d.outcome == AlertOutcome.cleared for a, d in sink.results if not a.active)
     assert await s.ledger.open_level_alerts(s.cluster, "kube_watcher") == []
     assert await w2.scan_once() == [] and w2._open == {}
+    # the worker restarts again, then the node goes NotReady once more with the API
+    # server's clock 2 s behind the watcher's: lastTransitionTime sorts before the clear.
+    # The restarted watcher read that clear from the ledger: the raise is stamped after
+    # it, so the node's workflow takes it (not "stale") and the ledger reads it open.
+    behind = cleared[0].observed_at - timedelta(seconds=2)
+    set_conditions(kube, "gpu-04", [
+        {**NOT_READY, "lastTransitionTime": behind.strftime("%Y-%m-%dT%H:%M:%SZ")}])
+    w3 = KubeWatcher(s.config, c, sink, kube.api_client,
+                     open_alerts=s.ledger.last_level_edges)
+    (again,) = await w3.scan_once()
+    assert again.active and again.observed_at > cleared[0].observed_at, again
+    (taken,) = [d for a, d in sink.results if a.alert_id == again.alert_id]
+    assert "stale" not in taken.reason, taken  # observed only: "maps to no node action"
+    assert [a.alert_id for a in await s.ledger.open_level_alerts(
+        s.cluster, "kube_watcher")] == [again.alert_id]
+    set_conditions(kube, "gpu-04", [READY])
+    assert [(a.active, a.observed_at > again.observed_at)
+            for a in await w3.scan_once()] == [(False, True)]
+    assert await s.ledger.open_level_alerts(s.cluster, "kube_watcher") == []
 
 
 async def test_kube_bmc_reprobed_during_long_not_ready_and_memory_bounded(
@@ -255,6 +274,22 @@ async def test_slurm_down_again_right_after_a_clear_stays_open_in_the_ledger(
         return
     # a restarted watcher re-opens it and clears it once the node is back
     resume()
-    w2 = SlurmWatcher(s.config, c, sink, open_alerts=s.ledger.open_level_alerts)
-    assert [(a.node, a.active) for a in mine(await w2.scan_once())] == [("gpu-02", False)]
+    w2 = SlurmWatcher(s.config, c, sink, open_alerts=s.ledger.last_level_edges)
+    (clear2,) = mine(await w2.scan_once(now=datetime.now(UTC) + timedelta(seconds=5)))
+    assert not clear2.active
     assert await still_open() == []
+    # restarted between that clear and the next DOWN (clock still 5 s ahead): the new
+    # watcher read the clear from the ledger, so the raise is stamped after it and the
+    # episode reads open; without that floor it sorted before the clear, "stale"
+    w4 = SlurmWatcher(s.config, c, sink, open_alerts=s.ledger.last_level_edges)
+    slurm_cluster.run(*down)
+    raised = [a for a in mine(await w4.scan_once()) if a.active]
+    if not raised:  # slurmctld returned the node at once (ReturnToService=2): once more
+        slurm_cluster.run(*down)
+        raised = [a for a in mine(await w4.scan_once()) if a.active]
+    (third,) = raised
+    assert third.observed_at > clear2.observed_at and third.alert_id != again.alert_id
+    reasons = [d.reason for a, d in sink.results if a.alert_id == third.alert_id]
+    assert reasons and not any("stale" in r for r in reasons), reasons
+    assert await still_open() == [third.alert_id]
+    resume()

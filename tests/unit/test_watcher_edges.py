@@ -82,3 +82,52 @@ def test_reopened_raise_keeps_its_stamp_across_a_restart() -> None:
     plain.reopened("gpu-04", T0)
     assert plain.raise_at("gpu-04", T0) == T0
     assert plain.raise_at("gpu-04", T0 + timedelta(seconds=9)) == T0 + timedelta(seconds=9)
+
+
+def test_raise_after_a_restart_sorts_after_the_ledgers_last_clear() -> None:
+    """The watcher restarted between a clear and the next raise: it reads the clear from
+    the ledger (``Ledger.last_level_edges``), so a raise Slurm stamps earlier (no reason
+    time: slurmd's start time, long before) is still stamped after it, and two such
+    episodes never share a stamp (an ``alert_id``)."""
+    slurmd_start = T0 - timedelta(hours=3)
+    before = EdgeTimes()
+    first = before.raise_at("gpu-02", slurmd_start)
+    before.raised("gpu-02", first)
+    clear = before.clear_at("gpu-02", T0)
+    after = EdgeTimes()
+    after.cleared_before("gpu-02", clear)
+    again = after.raise_at("gpu-02", slurmd_start)
+    assert again == clear + EDGE_STEP and again != first
+    assert after.raise_at("gpu-02", slurmd_start) == again  # stable: one alert_id
+    # a later clear known already wins over an older one read afterwards
+    after.cleared_before("gpu-02", clear - timedelta(seconds=5))
+    assert after.raise_at("gpu-02", slurmd_start) == again
+
+
+@settings(max_examples=200, derandomize=True)
+@given(st.lists(st.tuples(st.integers(-3000, 3000), st.integers(-3000, 3000),
+                          st.sampled_from(["none", "after_raise", "after_clear"])),
+                min_size=1, max_size=30))
+def test_edges_stay_in_order_across_restarts(
+    episodes: list[tuple[int, int, str]]
+) -> None:
+    """Any raise/clear sequence with watcher restarts between any two edges; a restarted
+    watcher knows only the ledger's newest edge (re-opened when a raise, a floor when a
+    clear). The stamps strictly increase, and a raise re-computed right after a restart
+    keeps the stamp it had (one alert_id across the restart)."""
+    e = EdgeTimes()
+    stamped: list[datetime] = []
+    for raise_ms, clear_ms, restart in episodes:
+        peer = T0 + timedelta(milliseconds=raise_ms)
+        at = e.raise_at("n", peer)
+        e.raised("n", at)
+        stamped.append(at)
+        if restart == "after_raise":
+            e = EdgeTimes()
+            e.reopened("n", at)
+            assert e.raise_at("n", peer) == at
+        stamped.append(e.clear_at("n", T0 + timedelta(milliseconds=clear_ms)))
+        if restart == "after_clear":
+            e = EdgeTimes()
+            e.cleared_before("n", stamped[-1])
+    assert all(a < b for a, b in itertools.pairwise(stamped)), stamped

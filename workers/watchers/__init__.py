@@ -3,8 +3,9 @@
 :func:`start_watchers` starts, per configured cluster, the Slurm watcher
 (:mod:`workers.watchers.slurm`) or the Kubernetes watcher (:mod:`workers.watchers.kube`:
 annotation requests, node-problem-detector conditions, NotReady + BMC check). On start each
-watcher re-opens from the ledger the level faults it left open (their clears are sent
-when the condition ended while the worker was down). Alerts go
+watcher reads from the ledger the last edge of each level fault it raised: it re-opens the
+faults left open (their clears are sent when the condition ended while the worker was
+down) and stamps the next raise of a cleared fault after its clear. Alerts go
 through the same path as ingest (``ingest.handoff.TemporalAlertSink`` → NodeWorkflow
 update ``deliver_alert``); annotation requests through ``workers.repairs.intake.RepairIntake``
 (the ledger at ``ledger.dsn``).
@@ -45,7 +46,7 @@ async def _run_all(config: AutorepairConfig, client: Client, stop: asyncio.Event
             if c.scheduler == "slurm":
                 runs.append(SlurmWatcher(
                     config, c, sink, bmc_probe=redfish_probe(config),
-                    open_alerts=ledger.open_level_alerts if ledger is not None else None,
+                    open_alerts=ledger.last_level_edges if ledger is not None else None,
                 ).run(stop))
                 continue
             from kubernetes_asyncio import client as k8s
@@ -67,7 +68,7 @@ async def _run_all(config: AutorepairConfig, client: Client, stop: asyncio.Event
                 intake = await lazy.get()
             runs.append(KubeWatcher(
                 config, c, sink, api_client, intake=intake, bmc_probe=redfish_probe(config),
-                open_alerts=ledger.open_level_alerts if ledger is not None else None,
+                open_alerts=ledger.last_level_edges if ledger is not None else None,
             ).run(stop))
         log.info("event=watchers_started clusters=%d", len(runs))
         await asyncio.gather(*runs)

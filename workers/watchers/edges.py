@@ -20,12 +20,13 @@ scan (the key's last clear does not change during an episode), so an episode kee
 open (:meth:`reopened`), so an episode whose raise was moved keeps its ``alert_id``. The
 memory is one entry per key; :meth:`retain` drops nodes that left the cluster.
 
-Not covered: a restart between a clear and the next raise of its fault. The restarted
-watcher does not know the clear's time, so a raise that the peer stamps before it (within
-the clock skew, or much earlier when Slurm has no reason time and the episode falls back
-to slurmd's start time) sorts before the clear in the ledger. The node's workflow then
-answers that raise ``ignored`` as stale (``workflows.node``), and the ledger reads the
-episode closed.
+A restart between a clear and the next raise of its fault is covered the same way: the
+watcher reads the ledger's last clear of each fault (:meth:`cleared_before`,
+``Ledger.last_level_edges``), so a raise that the peer stamps before it (within the clock
+skew, or much earlier when Slurm has no reason time and the episode falls back to slurmd's
+start time) is still stamped after it. Without that floor the node's workflow would answer
+the raise ``ignored`` as stale (``workflows.node``), the ledger would read the episode
+closed, and two such Slurm episodes would share one ``alert_id``.
 """
 
 from __future__ import annotations
@@ -68,6 +69,13 @@ class EdgeTimes:
         floor = at - EDGE_STEP
         last = self._cleared.get(key)
         self._cleared[key] = floor if last is None else max(last, floor)
+
+    def cleared_before(self, key: Hashable, at: datetime) -> None:
+        """The ledger's last edge of ``key`` is a clear stamped ``at`` (read after a
+        restart): later raises of the key are stamped after it. Keeps the later of ``at``
+        and a clear already known."""
+        last = self._cleared.get(key)
+        self._cleared[key] = at if last is None else max(last, at)
 
     def clear_at(self, key: Hashable, now: datetime) -> datetime:
         """The time to stamp (and remember) a clear of ``key`` seen at ``now``: ``now``, or

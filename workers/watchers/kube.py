@@ -107,8 +107,10 @@ class KubeWatcher:
     ``api_client``: a ``kubernetes_asyncio`` ApiClient. ``intake``: where annotation
     requests go (``None``: annotations are ignored). ``bmc_probe``: NotReady check
     (``None``: NotReady stays an observation without BMC evidence). ``open_alerts``: the
-    ledger's open level faults, read once before the first scan (``None``: no
-    reconciliation). ``clock``: monotonic seconds, for the BMC re-probe interval.
+    ledger's last edge of each level fault this watcher raised (``Ledger.last_level_edges``;
+    ``Ledger.open_level_alerts`` also works, without the floor that clears give), read once
+    before the first scan (``None``: no reconciliation). ``clock``: monotonic seconds, for
+    the BMC re-probe interval.
     """
 
     def __init__(
@@ -279,13 +281,21 @@ class KubeWatcher:
 
     async def reconcile(self) -> int:
         """Re-open the level faults this watcher raised that the ledger holds open (a
-        restart lost them); returns how many. Raises what ``open_alerts`` raises."""
+        restart lost them); returns how many. A clear among ``open_alerts``'s answer (the
+        ledger's last edge of a fault that ended) floors the stamp of its next raise.
+        Raises what ``open_alerts`` raises."""
         if self.open_alerts is None:
             return 0
         alerts = await self.open_alerts(self.cluster.name, SOURCE)
         n = 0
         for a in alerts:
             key = self._key_of(a)
+            if key is not None and not a.active:
+                # the fault ended: its next raise is stamped after this clear. The ledger
+                # keys NotReady with and without BMC evidence as one fault: floor both.
+                for k in (("Ready", "Ready+bmc") if key.startswith("Ready") else (key,)):
+                    self._edges.cleared_before((a.node, k), a.observed_at)
+                continue
             if key is not None and (a.node, key) not in self._open:
                 self._open[(a.node, key)] = a
                 self._edges.reopened((a.node, key), a.observed_at)

@@ -25,7 +25,8 @@ out of order (:class:`workers.watchers.edges.EdgeTimes`): a raise that Slurm's
 whole-second time would stamp before the clear it follows is stamped 1 ms after that
 clear. Restarts do not lose clears: before its first scan the watcher re-opens the
 episodes the ledger still holds open (``open_alerts``), so an episode that ended while
-the worker was down gets its clear on the first scan. Memory is bounded by the node count
+the worker was down gets its clear on the first scan, and a node whose episode ended
+before the restart gets its next raise stamped after that clear. Memory is bounded by the node count
 (a node gone from ``scontrol`` is cleared and forgotten).
 """
 
@@ -70,8 +71,10 @@ class SlurmWatcher:
     """Polls one Slurm cluster and delivers ``slurm_node`` alerts to ``sink``.
 
     ``bmc_probe``: dead-host check of NOT_RESPONDING/DOWN nodes (``None``: observed only).
-    ``open_alerts``: the ledger's open level faults, read once before the first scan
-    (``None``: no reconciliation). ``clock``: monotonic seconds (BMC re-probe interval).
+    ``open_alerts``: the ledger's last edge of each level fault this watcher raised
+    (``Ledger.last_level_edges``; ``Ledger.open_level_alerts``, the raises alone, also
+    works, without the floor that clears give), read once before the first scan (``None``:
+    no reconciliation). ``clock``: monotonic seconds (BMC re-probe interval).
     Raises nothing from :meth:`scan_once` except ``RuntimeError`` naming the command when
     ``scontrol`` fails.
     """
@@ -152,12 +155,17 @@ class SlurmWatcher:
 
     async def reconcile(self) -> int:
         """Re-open the episodes this watcher raised that the ledger holds open (a restart
-        lost them); returns how many. Raises what ``open_alerts`` raises."""
+        lost them); returns how many. A clear among ``open_alerts``'s answer (the ledger's
+        last edge of an episode that ended) floors the stamp of the node's next raise.
+        Raises what ``open_alerts`` raises."""
         if self.open_alerts is None:
             return 0
         n = 0
         for a in await self.open_alerts(self.cluster.name, SOURCE):
             if a.kind != "slurm_node":
+                continue
+            if not a.active:  # the episode ended: the next one is stamped after its clear
+                self._edges.cleared_before(a.node, a.observed_at)
                 continue
             ep = self._episode_of(a)
             table = self._dead if ep.bmc is not None else self._open
