@@ -23,6 +23,7 @@ from activities.ledger import Ledger
 from activities.ledger_activities import LedgerActivities
 from tests.workflows.conftest import OWN_WORKFLOWS, FakeCluster, make_alert
 from tests.workflows.fake_validation import FakeValidationWorkflow
+from tests.workflows.worker_proc import write_state
 from workflows.activity_api import ACT, PolicySnapshot
 from workflows.config import PolicyConfig
 from workflows.models import (
@@ -169,7 +170,7 @@ async def test_scenario_11_worker_killed_mid_drain_and_mid_power_cycle(
         worker = Proc(args)
         await worker.start()
         await wait_event(state, "drain_started:2")  # resumed where it was: drain again
-        state.write_text(json.dumps({**json.loads(state.read_text()), "drain_release": True}))
+        write_state(state, {**read_state(state), "drain_release": True})
         await wait_event(state, "power_cycled:1")
         await worker.kill()  # killed while the power cycle is in flight
         worker = Proc(args)

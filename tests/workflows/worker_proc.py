@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,15 @@ from workflows.config import PolicyConfig
 from workflows.registry import WORKFLOWS
 
 
+def write_state(path: Path, doc: dict[str, Any]) -> None:
+    """Replace the JSON state file at once (a temporary file renamed over it): the test
+    and the worker read it while the other writes, and a plain ``write_text`` lets a
+    reader see it empty or half written."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, path)
+
+
 class FileCluster:
     """Cluster state in a JSON file (read-modify-write; one worker at a time)."""
 
@@ -58,7 +68,7 @@ class FileCluster:
         st.update(kw)
         if event:
             st.setdefault("events", []).append(event)
-        self.path.write_text(json.dumps(st))
+        write_state(self.path, st)
         return st
 
     async def gate(self, name: str) -> None:
