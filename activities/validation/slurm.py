@@ -193,7 +193,7 @@ class SlurmValidation(SlurmScheduler, ValidationBackend):
                 **timing,
             )
         marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(json.dumps({"prior_state": prior, "job_id": None}))
+        _write_marker(marker, {"prior_state": prior, "job_id": None})
         minutes = max(1, int(v.timeout_s // 60) + 1)
         if not await self._reservation_exists(res):
             rc, out, err = await self._run(
@@ -224,7 +224,7 @@ class SlurmValidation(SlurmScheduler, ValidationBackend):
         if rc != 0:
             raise RuntimeError(f"sbatch for {p.run_id} on {p.node} rc={rc}: {err.strip()}")
         job_id = out.strip().split(";", 1)[0]
-        marker.write_text(json.dumps({"prior_state": prior, "job_id": job_id}))
+        _write_marker(marker, {"prior_state": prior, "job_id": job_id})
         return PlacementResult(placed=True, job_id=job_id, prior_state=prior, **timing)
 
     async def job_output(self, c: CollectInput) -> JobOutput | None:
@@ -352,3 +352,16 @@ class SlurmValidation(SlurmScheduler, ValidationBackend):
     async def _placement_state(self, node: str) -> tuple[list[str], bool]:
         after = await self.read_node(node)
         return after.state, not after.drain and after.ready
+
+
+def _write_marker(marker: Path, doc: dict[str, Any]) -> None:
+    """Replace the placement marker at once (a temporary file renamed over it): a worker
+    killed mid-write leaves the old marker or the new one, never a truncated file that
+    every retry of ``place`` would fail to read."""
+    tmp = marker.with_name(f".{marker.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, marker)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
