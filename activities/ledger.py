@@ -391,7 +391,7 @@ class Ledger:
                         * FROM alerts
                   WHERE cluster = $1 AND source = $2 AND level
                   ORDER BY node, kind, coalesce(code, -1), coalesce(gpu, ''),
-                           observed_at DESC, active ASC
+                           observed_at DESC, active ASC, alert_id
                ) last ORDER BY observed_at DESC""",
             cluster,
             source,

@@ -8,9 +8,11 @@ serves what those processes ask of the ledger:
   :meth:`pending_handoff`: it is an ``ingest.handoff.AlertOutbox``): accepted alerts are
   recorded in ``alerts`` before the push is answered, stamped with the node's provider
   facts as the workflows' own record would be;
-- the level faults a watcher left open before a restart (:meth:`open_level_alerts`), so
-  it can send their clears when the condition ended while it was down, and the last
-  clear of the others (:meth:`last_level_edges`), so a new raise sorts after it.
+- the newest edge of each level fault a watcher raised (:meth:`last_level_edges`): it
+  re-opens the faults left open before a restart, so it can send their clears when the
+  condition ended while it was down, and stamps the next raise of a cleared fault after
+  its clear; ingest's ``node_unreachable`` check reads the open ones alone
+  (:meth:`open_level_alerts`).
 
 The first connection applies pending migrations (:func:`activities.ledger.migrate`, under
 its advisory lock), so an ingest upgraded before the worker still finds the outbox columns.

@@ -54,7 +54,10 @@ async def _watch_job(cluster: SlurmCluster, job: str, seen: list[dict[str, str]]
     job's end is recorded while it happens, not read back afterwards.
     """
     while True:
-        js = await asyncio.to_thread(_job_state, cluster, job)
+        try:
+            js = await asyncio.to_thread(_job_state, cluster, job)
+        except Exception:  # a slow scontrol on a loaded machine: ask again
+            js = {}
         if js and (not seen or (seen[-1].get("JobState"), seen[-1].get("Restarts"))
                    != (js.get("JobState"), js.get("Restarts"))):
             seen.append(js)

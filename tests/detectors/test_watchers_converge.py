@@ -275,21 +275,54 @@ async def test_slurm_down_again_right_after_a_clear_stays_open_in_the_ledger(
     # a restarted watcher re-opens it and clears it once the node is back
     resume()
     w2 = SlurmWatcher(s.config, c, sink, open_alerts=s.ledger.last_level_edges)
-    (clear2,) = mine(await w2.scan_once(now=datetime.now(UTC) + timedelta(seconds=5)))
-    assert not clear2.active
+    assert [(a.node, a.active) for a in mine(await w2.scan_once())] == [("gpu-02", False)]
     assert await still_open() == []
-    # restarted between that clear and the next DOWN (clock still 5 s ahead): the new
-    # watcher read the clear from the ledger, so the raise is stamped after it and the
-    # episode reads open; without that floor it sorted before the clear, "stale"
-    w4 = SlurmWatcher(s.config, c, sink, open_alerts=s.ledger.last_level_edges)
-    slurm_cluster.run(*down)
-    raised = [a for a in mine(await w4.scan_once()) if a.active]
-    if not raised:  # slurmctld returned the node at once (ReturnToService=2): once more
-        slurm_cluster.run(*down)
-        raised = [a for a in mine(await w4.scan_once()) if a.active]
-    (third,) = raised
-    assert third.observed_at > clear2.observed_at and third.alert_id != again.alert_id
-    reasons = [d.reason for a, d in sink.results if a.alert_id == third.alert_id]
+
+
+async def test_slurm_raise_after_a_restart_sorts_after_the_ledgers_last_clear(
+    slurm_bmc_stack: Stack, slurm_cluster: SlurmCluster
+) -> None:
+    """The watcher restarts between a clear and the next DOWN, and its clock runs 5 s
+    ahead of slurmctld's: the new DOWN's reason time is before the clear. The restarted
+    watcher read that clear from the ledger (``last_level_edges``), so the raise is
+    stamped after it, the node's workflow does not answer it "stale", and the ledger
+    reads the episode open. Without the floor the raise sorted before the clear."""
+    s = slurm_bmc_stack
+    c = s.config.clusters[0]
+    sink = DeliveringSink(TemporalAlertSink(s.env.client, s.config.temporal.task_queue))
+    down = ("scontrol", "update", "nodename=gpu-02", "state=down", "reason=flapping psu")
+
+    def mine(alerts: list[Alert]) -> list[Alert]:
+        return [a for a in alerts if a.node == "gpu-02"]  # slurmctld may flag others
+
+    async def still_open() -> list[str]:
+        return [a.alert_id for a in mine(
+            await s.ledger.open_level_alerts(s.cluster, "slurm_watcher"))]
+
+    def resume() -> None:
+        try:
+            slurm_cluster.run("scontrol", "update", "nodename=gpu-02", "state=resume")
+        except RuntimeError as e:  # ReturnToService=2 returned it already
+            assert "Invalid node state" in str(e), e
+
+    async def raise_down(w: SlurmWatcher) -> Alert:
+        for _ in range(3):  # a loaded slurmctld may return the node at once: DOWN again
+            slurm_cluster.run(*down)
+            raised = [a for a in mine(await w.scan_once()) if a.active]
+            if raised:
+                return raised[0]
+        raise AssertionError("gpu-02 never stayed DOWN for one scan")
+
+    w = SlurmWatcher(s.config, c, sink, open_alerts=s.ledger.last_level_edges)
+    first = await raise_down(w)
+    resume()
+    (clear,) = mine(await w.scan_once(now=datetime.now(UTC) + timedelta(seconds=5)))
+    assert not clear.active and clear.observed_at > first.observed_at
+    assert await still_open() == []
+    restarted = SlurmWatcher(s.config, c, sink, open_alerts=s.ledger.last_level_edges)
+    again = await raise_down(restarted)
+    assert again.observed_at > clear.observed_at and again.alert_id != first.alert_id
+    reasons = [d.reason for a, d in sink.results if a.alert_id == again.alert_id]
     assert reasons and not any("stale" in r for r in reasons), reasons
-    assert await still_open() == [third.alert_id]
+    assert await still_open() == [again.alert_id]
     resume()

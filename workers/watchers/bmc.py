@@ -14,6 +14,7 @@ from workflows.policy.bmc import DEFAULT_REPROBE_S, BmcChecks, BmcProbe, bmc_ver
 __all__ = ["DEFAULT_REPROBE_S", "BmcChecks", "BmcProbe", "OpenAlerts", "bmc_verdict",
            "redfish_probe"]
 
-#: ``(cluster, source) -> level alerts of that source still open in the ledger``
-#: (``workers.lazy_ledger.LazyLedger.open_level_alerts``).
+#: ``(cluster, source) -> the ledger's newest edge of each level fault of that source``
+#: (``workers.lazy_ledger.LazyLedger.last_level_edges``: raises still open, and clears;
+#: ``open_level_alerts``, the open raises alone, also fits).
 OpenAlerts = Callable[[str, str], Awaitable[list[Alert]]]

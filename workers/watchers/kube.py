@@ -33,8 +33,10 @@ Restarts do not replay old events: each alert's observation time is the conditio
 de-duplicates), and the annotation path is idempotent through the ledger. Restarts do not
 lose clears either: before its first scan the watcher re-opens the level faults it raised
 that the ledger still holds open (``open_alerts``), so a condition that ended while the
-worker was down gets its clear on the first scan. A node deleted from the cluster has its
-open faults cleared and is forgotten; the watcher's memory is bounded by the node count.
+worker was down gets its clear on the first scan; a fault the ledger holds cleared gets its
+next raise stamped after that clear (:class:`workers.watchers.edges.EdgeTimes`). A node
+deleted from the cluster has its open faults cleared and is forgotten; the watcher's memory
+is bounded by the node count.
 The node list is polled every ``interval_s`` (a list per poll survives API-server restarts and
 resourceVersion expiry without a watch cache).
 """
@@ -290,15 +292,20 @@ class KubeWatcher:
         n = 0
         for a in alerts:
             key = self._key_of(a)
-            if key is not None and not a.active:
-                # the fault ended: its next raise is stamped after this clear. The ledger
-                # keys NotReady with and without BMC evidence as one fault: floor both.
-                for k in (("Ready", "Ready+bmc") if key.startswith("Ready") else (key,)):
+            if key is None:
+                continue
+            # Both NotReady alerts (with and without BMC evidence) are stamped from the
+            # ``Ready`` key's edges, and the ledger keeps them as one fault: whichever of
+            # the two it returns sets the ``Ready`` edges too.
+            edge_keys = (key, "Ready") if key == "Ready+bmc" else (key,)
+            if not a.active:  # the fault ended: its next raise is stamped after this clear
+                for k in edge_keys:
                     self._edges.cleared_before((a.node, k), a.observed_at)
                 continue
-            if key is not None and (a.node, key) not in self._open:
+            if (a.node, key) not in self._open:
                 self._open[(a.node, key)] = a
-                self._edges.reopened((a.node, key), a.observed_at)
+                for k in edge_keys:
+                    self._edges.reopened((a.node, k), a.observed_at)
                 n += 1
         self._reconciled = True
         log.info("event=watcher_reconciled cluster=%s source=%s open=%d",

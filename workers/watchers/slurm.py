@@ -10,7 +10,8 @@ nothing about the hardware and the node may be one an admin is working on (DESIG
 rule zero), so the watcher forces ``actionable=False`` / ``action=none``. When the node
 leaves the bad state a clear (``active=False``) follows. ``NOT_RESPONDING`` without a
 reason counts from its second consecutive poll (it flaps for one ping cycle after a resume
-or a slurmd restart).
+or a slurmd restart); an episode in that state that the ledger holds open counts at once, so
+a worker restart does not clear and raise it again.
 
 **Dead host**: a node ``NOT_RESPONDING`` or ``DOWN`` has its BMC asked (``bmc_probe``,
 Redfish): power ``Off`` or a host the BMC reports dead makes a second ``slurm_node`` alert
@@ -235,15 +236,21 @@ class SlurmWatcher:
             flags = set(n.state)
             ours = n.reason.startswith(REASON_PREFIX)
             bad = bool(flags & WATCHED_FLAGS) and not ours
+            prev = self._open.get(name)
             if bad and not flags & (WATCHED_FLAGS - {"NOT_RESPONDING"}) and not n.reason:
                 # NOT_RESPONDING alone (no reason) flaps for a ping cycle after a resume or
-                # a slurmd restart: it counts from its second consecutive sighting.
-                if name not in self._unconfirmed:
+                # a slurmd restart: it counts from its second consecutive sighting. An
+                # episode already open in this state (re-opened from the ledger after a
+                # restart) is confirmed: clearing it would end a live episode.
+                known = prev or self._dead.get(name)
+                continuing = known is not None and known.state == tuple(n.state)
+                if name not in self._unconfirmed and not continuing:
                     self._unconfirmed.add(name)
                     bad = False
+                else:
+                    self._unconfirmed.add(name)
             else:
                 self._unconfirmed.discard(name)
-            prev = self._open.get(name)
             if bad:
                 at = self._edges.raise_at(
                     name, n.reason_time or n.slurmd_start_time or n.boot_time or now)
