@@ -225,6 +225,35 @@ async def test_slurm_down_with_bmc_off_is_a_power_cycle_and_converges(
     assert w2._open == {} and w2._dead == {} and len(w2._bmc) == 0
 
 
+class _Gpu02:
+    """gpu-02 as the Slurm edge-order tests drive it. Slurm is real: a loaded slurmctld
+    may flag other nodes NOT_RESPONDING meanwhile (not these tests' business), and with
+    ReturnToService=2 one that lost and re-heard slurmd's pings returns gpu-02 to service
+    by itself when it re-registers."""
+
+    DOWN = ("scontrol", "update", "nodename=gpu-02", "state=down", "reason=flapping psu")
+
+    def __init__(self, s: Stack, slurm_cluster: SlurmCluster) -> None:
+        self.s, self.slurm = s, slurm_cluster
+
+    @staticmethod
+    def mine(alerts: list[Alert]) -> list[Alert]:
+        return [a for a in alerts if a.node == "gpu-02"]
+
+    def down(self) -> None:
+        self.slurm.run(*self.DOWN)
+
+    def resume(self) -> None:
+        try:
+            self.slurm.run("scontrol", "update", "nodename=gpu-02", "state=resume")
+        except RuntimeError as e:  # ReturnToService=2 returned it already
+            assert "Invalid node state" in str(e), e
+
+    async def still_open(self) -> list[str]:
+        return [a.alert_id for a in self.mine(
+            await self.s.ledger.open_level_alerts(self.s.cluster, "slurm_watcher"))]
+
+
 async def test_slurm_down_again_right_after_a_clear_stays_open_in_the_ledger(
     slurm_bmc_stack: Stack, slurm_cluster: SlurmCluster
 ) -> None:
@@ -235,48 +264,33 @@ async def test_slurm_down_again_right_after_a_clear_stays_open_in_the_ledger(
     s = slurm_bmc_stack
     c = s.config.clusters[0]
     sink = DeliveringSink(TemporalAlertSink(s.env.client, s.config.temporal.task_queue))
-
-    def mine(alerts: list[Alert]) -> list[Alert]:
-        # a loaded slurmctld may flag other nodes NOT_RESPONDING meanwhile: not this test's
-        return [a for a in alerts if a.node == "gpu-02"]
-
-    async def still_open() -> list[str]:
-        return [a.alert_id for a in mine(
-            await s.ledger.open_level_alerts(s.cluster, "slurm_watcher"))]
-
-    def resume() -> None:
-        try:
-            slurm_cluster.run("scontrol", "update", "nodename=gpu-02", "state=resume")
-        except RuntimeError as e:
-            # ReturnToService=2: a loaded slurmctld that lost and re-heard slurmd's pings
-            # has already returned the node to service when it re-registered
-            assert "Invalid node state" in str(e), e
+    node = _Gpu02(s, slurm_cluster)
+    mine = node.mine
 
     w = SlurmWatcher(s.config, c, sink, open_alerts=s.ledger.open_level_alerts)
-    down = ("scontrol", "update", "nodename=gpu-02", "state=down", "reason=flapping psu")
-    slurm_cluster.run(*down)
+    node.down()
     assert [(a.node, a.active) for a in mine(await w.scan_once())] == [("gpu-02", True)]
-    resume()
+    node.resume()
     ahead = datetime.now(UTC) + timedelta(seconds=5)  # the watcher's clock is 5 s ahead
     cleared = mine(await w.scan_once(now=ahead))
     assert [(a.node, a.active) for a in cleared] == [("gpu-02", False)]
-    slurm_cluster.run(*down)  # reason time: slurmctld's clock, before `ahead`
+    node.down()  # reason time: slurmctld's clock, before `ahead`
     (again,) = mine(await w.scan_once())
     assert again.active and again.observed_at > cleared[0].observed_at
-    assert await still_open() == [again.alert_id]
+    assert await node.still_open() == [again.alert_id]
     # a watcher restarted mid-episode re-opens it and sends no new raise: the moved stamp
     # is kept, so the episode keeps its alert_id
     w3 = SlurmWatcher(s.config, c, sink, open_alerts=s.ledger.open_level_alerts)
     sent = mine(await w3.scan_once())
     assert [a for a in sent if a.active] == [], sent
     if sent:  # a loaded slurmctld returned the node to service meanwhile (ReturnToService=2)
-        assert await still_open() == []
+        assert await node.still_open() == []
         return
     # a restarted watcher re-opens it and clears it once the node is back
-    resume()
+    node.resume()
     w2 = SlurmWatcher(s.config, c, sink, open_alerts=s.ledger.last_level_edges)
     assert [(a.node, a.active) for a in mine(await w2.scan_once())] == [("gpu-02", False)]
-    assert await still_open() == []
+    assert await node.still_open() == []
 
 
 async def test_slurm_raise_after_a_restart_sorts_after_the_ledgers_last_clear(
@@ -290,39 +304,26 @@ async def test_slurm_raise_after_a_restart_sorts_after_the_ledgers_last_clear(
     s = slurm_bmc_stack
     c = s.config.clusters[0]
     sink = DeliveringSink(TemporalAlertSink(s.env.client, s.config.temporal.task_queue))
-    down = ("scontrol", "update", "nodename=gpu-02", "state=down", "reason=flapping psu")
-
-    def mine(alerts: list[Alert]) -> list[Alert]:
-        return [a for a in alerts if a.node == "gpu-02"]  # slurmctld may flag others
-
-    async def still_open() -> list[str]:
-        return [a.alert_id for a in mine(
-            await s.ledger.open_level_alerts(s.cluster, "slurm_watcher"))]
-
-    def resume() -> None:
-        try:
-            slurm_cluster.run("scontrol", "update", "nodename=gpu-02", "state=resume")
-        except RuntimeError as e:  # ReturnToService=2 returned it already
-            assert "Invalid node state" in str(e), e
+    node = _Gpu02(s, slurm_cluster)
 
     async def raise_down(w: SlurmWatcher) -> Alert:
         for _ in range(3):  # a loaded slurmctld may return the node at once: DOWN again
-            slurm_cluster.run(*down)
-            raised = [a for a in mine(await w.scan_once()) if a.active]
+            node.down()
+            raised = [a for a in node.mine(await w.scan_once()) if a.active]
             if raised:
                 return raised[0]
         raise AssertionError("gpu-02 never stayed DOWN for one scan")
 
     w = SlurmWatcher(s.config, c, sink, open_alerts=s.ledger.last_level_edges)
     first = await raise_down(w)
-    resume()
-    (clear,) = mine(await w.scan_once(now=datetime.now(UTC) + timedelta(seconds=5)))
+    node.resume()
+    (clear,) = node.mine(await w.scan_once(now=datetime.now(UTC) + timedelta(seconds=5)))
     assert not clear.active and clear.observed_at > first.observed_at
-    assert await still_open() == []
+    assert await node.still_open() == []
     restarted = SlurmWatcher(s.config, c, sink, open_alerts=s.ledger.last_level_edges)
     again = await raise_down(restarted)
     assert again.observed_at > clear.observed_at and again.alert_id != first.alert_id
     reasons = [d.reason for a, d in sink.results if a.alert_id == again.alert_id]
     assert reasons and not any("stale" in r for r in reasons), reasons
-    assert await still_open() == [again.alert_id]
-    resume()
+    assert await node.still_open() == [again.alert_id]
+    node.resume()

@@ -19,19 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from ingest.service import IngestService
+from tests.fixtures.sinks import ListSink
 from tests.integration.test_agent_push import ingest_config, make_agent, wait_for
 from workflows.models import Alert
 from workflows.protocol import fault_key
 
 
-class Sink:
+class Sink(ListSink):
     """Records what ingest hands off (the ``AlertSink`` protocol)."""
-
-    def __init__(self) -> None:
-        self.alerts: list[Alert] = []
-
-    async def submit(self, alert: Alert) -> None:
-        self.alerts.append(alert)
 
     def of(self, kind: str, **match: Any) -> list[Alert]:
         return [a for a in self.alerts if a.kind == kind

@@ -30,6 +30,7 @@ from opentelemetry.sdk.resources import Resource
 from agent.nccl import METRIC, TraceModel
 from agent.simulator import FleetSimulator
 from ingest.service import IngestService
+from tests.fixtures.sinks import ListSink
 from workflows.config import (
     AutorepairConfig,
     ClusterConfig,
@@ -42,20 +43,14 @@ from workflows.models import Alert
 NODES = ["gpu-01", "gpu-02", "gpu-03", "gpu-04"]
 
 
-class ListSink:
-    def __init__(self) -> None:
-        self.alerts: list[Alert] = []
-
-    async def submit(self, alert: Alert) -> None:
-        self.alerts.append(alert)
-
+class NcclSink(ListSink):
     def nccl(self) -> list[Alert]:
         return [a for a in self.alerts if a.kind == "nccl_slow_rank"]
 
 
 @pytest.fixture
-async def service() -> AsyncIterator[tuple[IngestService, ListSink]]:
-    sink = ListSink()
+async def service() -> AsyncIterator[tuple[IngestService, NcclSink]]:
+    sink = NcclSink()
     cfg = AutorepairConfig(
         ingest=IngestConfig(host="127.0.0.1", otlp_grpc_port=0, otlp_http_port=0, api_port=0,
                             admin_port=0),
@@ -119,7 +114,7 @@ async def scrape(svc: IngestService) -> str:
 
 @pytest.mark.parametrize("transport", ["http", "grpc"])
 async def test_sdk_exporters_feed_nccl_timings(
-    service: tuple[IngestService, ListSink], transport: str
+    service: tuple[IngestService, NcclSink], transport: str
 ) -> None:
     svc, sink = service
     port = svc.http_port if transport == "http" else svc.grpc_port
@@ -151,7 +146,7 @@ async def test_sdk_exporters_feed_nccl_timings(
 
 
 async def test_simulated_fleet_with_slow_rank(
-    service: tuple[IngestService, ListSink], tmp_path: Path
+    service: tuple[IngestService, NcclSink], tmp_path: Path
 ) -> None:
     svc, sink = service
     sim = FleetSimulator(

@@ -18,8 +18,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from ingest.otlp import _kv, attributes, make_fault_request, make_metrics_request
 from ingest.pipeline import Ingestor
 from ingest.service import IngestService
+from tests.fixtures.sinks import ListSink as Sink
 from workflows.config import AutorepairConfig
-from workflows.models import Alert
 
 PROVIDERS = {"currency": "USD", "rules": [
     {"match": {"cidr": "10.8.0.0/16"}, "provider": "coreweave", "region": "us-east-04",
@@ -33,14 +33,6 @@ def _cfg(**ingest: Any) -> AutorepairConfig:
         "ingest": {"host": "127.0.0.1", "otlp_grpc_port": 0, "otlp_http_port": 0,
                    "api_port": 0, "admin_port": 0, **ingest},
         "threshold": {"push_interval_s": 3600}, "providers": PROVIDERS})
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.alerts: list[Alert] = []
-
-    async def submit(self, alert: Alert) -> None:
-        self.alerts.append(alert)
 
 
 async def test_alert_evidence_and_snapshot_carry_provider_facts() -> None:

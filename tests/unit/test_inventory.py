@@ -10,19 +10,12 @@ from ingest.inventory import OTHER_CLUSTERS, NodeInventory, TokenBucket
 from ingest.otlp import make_fault_request
 from ingest.pipeline import Ingestor
 from ingest.service import IngestService
+from tests.fixtures.sinks import ListSink
 from workflows.config import AutorepairConfig, ClusterConfig, IngestConfig, NodeConfig
 from workflows.models import Action, Alert
 
 NOW = 1_700_000_000.0
 XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus."
-
-
-class ListSink:
-    def __init__(self) -> None:
-        self.alerts: list[Alert] = []
-
-    async def submit(self, alert: Alert) -> None:
-        self.alerts.append(alert)
 
 
 class Clock:

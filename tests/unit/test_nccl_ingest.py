@@ -25,6 +25,7 @@ from agent.nccl import (
 from agent.otlp import key_values, metrics_request
 from ingest.nccl_wire import decode_nccl
 from ingest.pipeline import NCCL_KIND, Ingestor
+from tests.fixtures.sinks import ListSink
 from workflows.config import AutorepairConfig, CatalogueConfig, NcclConfig
 from workflows.models import Action, Alert
 from workflows.policy.node_action import decide_node_action
@@ -32,14 +33,6 @@ from workflows.policy.node_action import decide_node_action
 NOW = 1_800_000_000.0
 LINE = {"comm": "7f3a9c2e51d04b18", "op": "AllReduce", "seq": 1042, "rank": 3, "nranks": 16,
         "bytes": 26214400, "duration_ms": 12.84, "ts": 1718000000.5}
-
-
-class ListSink:
-    def __init__(self) -> None:
-        self.alerts: list[Alert] = []
-
-    async def submit(self, alert: Alert) -> None:
-        self.alerts.append(alert)
 
 
 # ----------------------------------------------------------------------- trace lines

@@ -18,20 +18,13 @@ from kubernetes_asyncio import client as k8s
 
 from activities.scheduler.slurm import SlurmNode
 from tests.detectors.conftest import make_config
+from tests.fixtures.sinks import ListSink
 from workers.watchers.kube import KubeWatcher
 from workers.watchers.slurm import SlurmWatcher
 from workflows.config import AutorepairConfig
 from workflows.models import Alert
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
-
-
-class _Sink:
-    def __init__(self) -> None:
-        self.sent: list[Alert] = []
-
-    async def submit(self, alert: Alert) -> None:
-        self.sent.append(alert)
 
 
 class _Ledger:
@@ -52,8 +45,8 @@ class _Slurm(SlurmWatcher):
 
 
 def _slurm(cfg: AutorepairConfig, nodes: dict[str, SlurmNode],
-           ledger: _Ledger | None) -> tuple[_Slurm, _Sink]:
-    sink = _Sink()
+           ledger: _Ledger | None) -> tuple[_Slurm, ListSink]:
+    sink = ListSink()
     w = _Slurm(cfg, cfg.clusters[0], sink,
                open_alerts=ledger.last_level_edges if ledger is not None else None)
     w.nodes = nodes
@@ -128,11 +121,11 @@ def _node(name: str, ready: str, since: datetime) -> k8s.V1Node:
 
 
 async def _kube(cfg: AutorepairConfig, api: _Api, ledger: _Ledger | None,
-                bmc_off: bool = False) -> tuple[KubeWatcher, _Sink]:
+                bmc_off: bool = False) -> tuple[KubeWatcher, ListSink]:
     async def probe(cluster: str, node: str) -> dict[str, Any]:
         return {"power_state": "Off" if bmc_off else "On", "health": "OK", "state": "Enabled"}
 
-    sink = _Sink()
+    sink = ListSink()
     w = KubeWatcher(cfg, cfg.clusters[0], sink, k8s.ApiClient(),
                     bmc_probe=probe if bmc_off else None,
                     open_alerts=ledger.last_level_edges if ledger is not None else None)

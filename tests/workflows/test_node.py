@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tests.workflows.conftest import Harness, make_alert
-from workflows.models import Action, AlertOutcome, RepairStatus, Stage
+from workflows.models import Action, Alert, AlertOutcome, RepairStatus, Stage
 from workflows.protocol import NodeStatus, workflow_id_guard, workflow_id_node, workflow_id_repair
 
 
@@ -247,6 +247,12 @@ def test_repair_starts_with_its_search_attributes() -> None:
     assert no_machine.get(SA_MACHINE) is None
 
 
+def _level_raise(h: Harness, node: str, at: datetime) -> Alert:
+    """A level fault's raise (``xfs_shutdown``, mapped to ``reboot``) observed ``at``."""
+    return make_alert(h.cluster.cluster, node, "r1", kind="xfs_shutdown", code=None,
+                      level=True, action="reboot", observed_at=at)
+
+
 async def test_raise_arriving_after_its_clear_is_stale(harness: Harness) -> None:
     """Edges out of order (two ingest replicas, an outbox re-delivery, a replayed dead
     letter): the clear observed at 10:05 arrives first, then the raise observed at 10:00.
@@ -254,8 +260,7 @@ async def test_raise_arriving_after_its_clear_is_stale(harness: Harness) -> None
     node waits. A raise observed after the clear is a new episode again."""
     h = harness
     t0 = datetime(2025, 1, 1, 10, 0, tzinfo=UTC)
-    lvl = make_alert(h.cluster.cluster, "gpu-04", "r1", kind="xfs_shutdown", code=None,
-                     level=True, action="reboot", observed_at=t0)
+    lvl = _level_raise(h, "gpu-04", t0)
     clr = lvl.model_copy(update={"alert_id": "c1", "active": False,
                                  "observed_at": t0 + timedelta(minutes=5)})
     assert (await h.deliver(clr)).outcome == AlertOutcome.cleared
@@ -275,8 +280,7 @@ async def test_clear_arriving_after_a_newer_raise_is_stale(harness: Harness) -> 
     and is repaired."""
     h = harness
     t0 = datetime(2025, 1, 1, 10, 0, tzinfo=UTC)
-    r1 = make_alert(h.cluster.cluster, "gpu-05", "r1", kind="xfs_shutdown", code=None,
-                    level=True, action="reboot", observed_at=t0)
+    r1 = _level_raise(h, "gpu-05", t0)
     c1 = r1.model_copy(update={"alert_id": "c1", "active": False,
                                "observed_at": t0 + timedelta(minutes=5)})
     r2 = r1.model_copy(update={"alert_id": "r2", "observed_at": t0 + timedelta(minutes=10)})
