@@ -192,6 +192,10 @@ PATCH_HELD_BY_REPAIR = "held-by-repair"
 #: ``workflow.patched`` id of "the ladder and the per-node cap decide again once the
 #: lease is granted" (a repair queued behind another of the same node).
 PATCH_RECHECK_AFTER_LEASE = "recheck-after-lease"
+#: ``workflow.patched`` id of "the guard's last answer is forgotten before a lease request
+#: goes out, not after": the guard can answer before the send's own completion reaches the
+#: repair, and that answer was dropped (the repair then waited :data:`LEASE_RESEND_S`).
+PATCH_LEASE_REPLY_KEPT = "lease-reply-kept"
 #: Events in one run's history after which a long wait for idle continues as new: a fifth
 #: of Temporal's 51,200-event hard limit, below its 10,240-event warning.
 HISTORY_EVENTS_MAX = 10_000
@@ -766,13 +770,15 @@ class RepairWorkflow:
         lreq = self._lease_request()
         self._detail = "waiting for a lease from the cluster guard"
         workflow.set_current_details(self._detail)
-        await self._signal_guard(lreq, strict=not self._renewing)
-        self._lease_requested = True
         if self._renewing:
+            await self._send_lease_request(lreq)
+            self._lease_requested = True
             await self._wait_for_grant(lreq)
             reply = self._lease
             assert reply is not None
         else:
+            await self._signal_guard(lreq, strict=True)
+            self._lease_requested = True
             auto_resolvable = any(a.level for a in self._alerts)
             while True:
                 await workflow.wait_condition(
@@ -799,16 +805,29 @@ class RepairWorkflow:
                 "evidence predates the circuit breaker reset and is no longer current",
             )
 
+    async def _send_lease_request(self, lreq: LeaseRequest) -> None:
+        """Send ``lreq`` (:meth:`_signal_guard`), forgetting the guard's previous answer
+        first. The guard may answer before the send's own completion reaches this workflow
+        (both then arrive in one workflow task, the answer's signal handled first), so the
+        answer must not be cleared after the send. Histories from before
+        :data:`PATCH_LEASE_REPLY_KEPT` clear it after."""
+        kept = workflow.patched(PATCH_LEASE_REPLY_KEPT)
+        if kept:
+            self._lease = None
+        await self._signal_guard(lreq)
+        if not kept:
+            self._lease = None
+
     async def _wait_for_grant(self, lreq: LeaseRequest) -> None:
-        """Wait for a granted ``lease`` reply to ``lreq``, re-sending it every
-        :data:`LEASE_RESEND_S` (a guard that was terminated or reset learns of us again).
-        Ends the repair ``timed_out`` after ``rails.lease_wait_max_s`` with the guard's last
-        reason, ``auto_resolved`` when the level evidence clears, and on reject/cancel."""
+        """Wait for a granted ``lease`` reply to ``lreq`` (sent by
+        :meth:`_send_lease_request`), re-sending it every :data:`LEASE_RESEND_S` (a guard
+        that was terminated or reset learns of us again). Ends the repair ``timed_out``
+        after ``rails.lease_wait_max_s`` with the guard's last reason, ``auto_resolved``
+        when the level evidence clears, and on reject/cancel."""
         auto_resolvable = any(a.level for a in self._alerts)
         limit = self._policy.rails.lease_wait_max_s
         start = workflow.now()
         last_reason = "no answer from the cluster guard"
-        self._lease = None
         while True:
             waited = (workflow.now() - start).total_seconds()
             if waited >= limit:
@@ -878,7 +897,7 @@ class RepairWorkflow:
         reset_at = lease.reset_at if lease is not None else None
         await self._note(f"lease not held before {step} ({why}); re-acquiring")
         lreq = self._lease_request(renew=True)
-        await self._signal_guard(lreq)
+        await self._send_lease_request(lreq)
         await self._wait_for_grant(lreq)
         if reset_at is not None and self._lease is not None and self._lease.reset_at is None:
             self._lease = self._lease.model_copy(update={"reset_at": reset_at})
