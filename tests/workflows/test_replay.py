@@ -1,7 +1,15 @@
 """Replay saved histories of representative runs with the Replayer, so a change that
 breaks determinism fails CI.
 
-Regenerate the histories (after an intentional, versioned change) with
+``histories/<version>/`` holds one recording per released workflow version, and every one
+must keep replaying: workflows in flight when a worker is upgraded replay their history
+on the new code (``workflow.patched`` keeps the old command sequence for them).
+
+- ``r1``: the first release, before any ``workflow.patched`` change.
+- ``r2``: round 2, with every patch up to ``lease-reply-kept`` taken.
+
+Record the current version (into :data:`RECORD_INTO`, after an intentional, patched
+change: add a new version directory, never overwrite an old one) with
 ``AUTOREPAIR_RECORD_HISTORIES=1 pytest tests/workflows/test_replay.py``.
 """
 
@@ -9,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -18,18 +27,34 @@ from temporalio.worker import Replayer
 
 from tests.workflows.conftest import OWN_WORKFLOWS, Harness, make_alert
 from tests.workflows.fake_validation import FakeValidationWorkflow
-from tests.workflows.helpers import guard_status, result_skipping, start_repair, wait_stage
-from workflows.models import Action, ApproveSignal, RejectSignal, Stage
+from tests.workflows.helpers import (
+    eventually,
+    guard_status,
+    repair_status,
+    result_skipping,
+    start_repair,
+    wait_stage,
+)
+from workflows.models import (
+    Action,
+    ApproveSignal,
+    RejectSignal,
+    Requester,
+    RequesterKind,
+    Stage,
+)
 from workflows.protocol import workflow_id_guard, workflow_id_node
 
 HISTORIES = Path(__file__).parent / "histories"
+#: Where :func:`test_record_histories` writes: the current workflow version's directory.
+RECORD_INTO = HISTORIES / "r2"
 RECORD = os.environ.get("AUTOREPAIR_RECORD_HISTORIES") == "1"
 
 
 @pytest.mark.skipif(not RECORD, reason="set AUTOREPAIR_RECORD_HISTORIES=1 to re-record")
 async def test_record_histories(harness: Harness) -> None:
     h = harness
-    HISTORIES.mkdir(exist_ok=True)
+    RECORD_INTO.mkdir(parents=True, exist_ok=True)
     saved: dict[str, str] = {}
     # 1. node entity: event fault → automatic power cycle, a duplicate, a clear
     d = await h.deliver(make_alert(h.cluster.cluster, "gpu-01", 1))
@@ -54,14 +79,55 @@ async def test_record_histories(harness: Harness) -> None:
     await b.signal("reject", RejectSignal(by="oncall", reason="RMA"))
     await b.result()
     saved["repair_ladder_reject"] = b.id
+    # 4. two repairs of one node: the second's lease is queued behind the first's, then
+    #    granted, and the ladder decides again once it holds it
+    h.cluster.fail_actions.clear()
+    h.policy.wait_for_idle.poll_s = 60
+    h.policy.wait_for_idle.poll_max_s = 60
+    h.cluster.busy_polls["gpu-05"] = 2
+    # an operator's requests: the breaker (tripped by the ladder above) holds back
+    # automatic ones only
+    ops = Requester(kind=RequesterKind.user, name="ops")
+    first = await start_repair(h, "gpu-05", Action.reboot, "rec-first", requester=ops)
+    await wait_stage(h, "gpu-05", "rec-first", Stage.waiting_for_idle)
+    second = await start_repair(h, "gpu-05", Action.reboot, "rec-queued", requester=ops)
+    await eventually(
+        lambda: _lease_queued(h, "gpu-05", "rec-queued"), "second repair's lease queued"
+    )
+    await result_skipping(h, "gpu-05", "rec-first")
+    await result_skipping(h, "gpu-05", "rec-queued")
+    saved["repair_lease_queued"] = second.id
+    saved["repair_lease_holder"] = first.id
+    # 5. a level fault raised, its clear, then the raise arriving late (stale): nothing
+    #    is repaired past the persistence window
+    t0 = datetime(2025, 1, 1, 10, 0, tzinfo=UTC)
+    lvl = make_alert(h.cluster.cluster, "gpu-06", "lvl", kind="xfs_shutdown", code=None,
+                     level=True, action="reboot", observed_at=t0)
+    clr = lvl.model_copy(update={"alert_id": "lvl-clear", "active": False,
+                                 "observed_at": t0 + timedelta(minutes=5)})
+    await h.deliver(clr)
+    await h.deliver(lvl)
+    await h.env.sleep(timedelta(minutes=10))
+    await h.deliver(lvl.model_copy(update={"alert_id": "lvl-2",
+                                           "observed_at": t0 + timedelta(minutes=6)}))
+    await h.env.sleep(timedelta(minutes=10))
+    saved["node_level_stale_raise"] = workflow_id_node(h.cluster.cluster, "gpu-06")
     await guard_status(h)
     saved["guard"] = workflow_id_guard(h.cluster.cluster)
     for name, wid in saved.items():
         hist = await h.client.get_workflow_handle(wid).fetch_history()
-        (HISTORIES / f"{name}.json").write_text(hist.to_json())
+        (RECORD_INTO / f"{name}.json").write_text(hist.to_json())
 
 
-@pytest.mark.parametrize("path", sorted(HISTORIES.glob("*.json")), ids=lambda p: p.stem)
+async def _lease_queued(h: Harness, node: str, rid: str) -> bool:
+    return "lease queued" in (await repair_status(h, node, rid)).detail
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(HISTORIES.glob("*/*.json")),
+    ids=lambda p: f"{p.parent.name}/{p.stem}",
+)
 async def test_replay_history(path: Path) -> None:
     history = WorkflowHistory.from_json(path.stem, await asyncio.to_thread(path.read_text))
     replayer = Replayer(
