@@ -173,3 +173,76 @@ async def test_kube_moved_not_ready_keeps_its_alert_ids_whichever_row_the_ledger
         again = await w2.scan_once(T0 + timedelta(seconds=40))
         assert {a.alert_id for a in again} <= ids, (row.actionable, again)
         assert all(a.observed_at == raised[0].observed_at for a in again)
+
+
+class _FlakyLedger(_Ledger):
+    """Down for the first ``down`` reads (``ConnectionRefusedError``), then answers."""
+
+    def __init__(self, edges: list[Alert], down: int) -> None:
+        super().__init__(edges)
+        self.down = down
+        self.reads = 0
+
+    async def last_level_edges(self, cluster: str, source: str) -> list[Alert]:
+        self.reads += 1
+        if self.reads <= self.down:
+            raise ConnectionRefusedError("ledger: connection refused")
+        return await super().last_level_edges(cluster, source)
+
+
+async def test_slurm_ledger_down_at_start_still_stamps_after_the_last_clear() -> None:
+    """The ledger cannot be read when the restarted watcher starts: it scans anyway, and
+    a raise the peer stamps before the previous run's clear is stamped after the first
+    scan (the previous run's clears all came before it). Once the ledger answers, the
+    episode keeps that stamp: one ``alert_id``, nothing re-sent."""
+    cfg = make_config("s-unit")
+    start = T0 - timedelta(hours=3)
+    first, _ = _slurm(cfg, _not_responding(start), None)
+    (raise1,) = await _raised(first, T0)
+    first.nodes = {"gpu-02": SlurmNode(name="gpu-02", base="IDLE", slurmd_start_time=start)}
+    (clear1,) = await first.scan_once(T0 + timedelta(minutes=5))
+    ledger = _FlakyLedger([clear1], down=2)
+    after, _ = _slurm(cfg, _not_responding(start), ledger)  # type: ignore[arg-type]
+    restart = T0 + timedelta(minutes=10)
+    (raise2,) = await _raised(after, restart)
+    assert ledger.reads == 2  # both scans found the ledger down
+    assert raise2.observed_at > clear1.observed_at and raise2.observed_at > restart
+    assert raise2.alert_id != raise1.alert_id
+    # the ledger is back (its newest edge is still the old clear): reconciled, and the
+    # open episode is neither re-sent nor moved
+    assert await after.scan_once(restart + timedelta(minutes=1)) == []
+    assert ledger.reads == 3 and after._edges.floor is None
+    after.nodes = {"gpu-02": SlurmNode(name="gpu-02", base="IDLE", slurmd_start_time=start)}
+    (clear2,) = await after.scan_once(restart + timedelta(minutes=2))
+    assert not clear2.active and clear2.alert_id != clear1.alert_id
+    assert clear2.observed_at > raise2.observed_at
+
+
+async def test_kube_ledger_down_at_start_still_stamps_after_the_last_clear() -> None:
+    cfg = make_config("k-unit", scheduler="kubernetes")
+    api = _Api()
+    w, _ = await _kube(cfg, api, None)
+    api.nodes = [_node("gpu-04", "Unknown", T0)]
+    (raise1,) = await w.scan_once(T0 + timedelta(seconds=1))
+    api.nodes = [_node("gpu-04", "True", T0 + timedelta(seconds=30))]
+    (clear1,) = await w.scan_once(T0 + timedelta(seconds=31))
+    # restart with the ledger down; NotReady again, the API server 2 s behind
+    api.nodes = [_node("gpu-04", "Unknown", clear1.observed_at - timedelta(seconds=2))]
+    ledger = _FlakyLedger([clear1], down=1)
+    w2, _ = await _kube(cfg, api, ledger)  # type: ignore[arg-type]
+    (raise2,) = await w2.scan_once(T0 + timedelta(seconds=40))
+    assert raise2.active and raise2.observed_at > clear1.observed_at
+    assert raise2.alert_id != raise1.alert_id
+    assert await w2.scan_once(T0 + timedelta(seconds=50)) == []  # reconciled, same stamp
+    assert ledger.reads == 2 and w2._edges.floor is None
+
+
+async def test_ledger_up_at_start_leaves_new_faults_on_the_peers_time() -> None:
+    """The floor is only for a ledger that cannot be read: with it up, a fault the
+    ledger has no edge of is stamped with the peer's time, as before."""
+    cfg = make_config("k-unit", scheduler="kubernetes")
+    api = _Api()
+    api.nodes = [_node("gpu-04", "Unknown", T0)]
+    w, _ = await _kube(cfg, api, _Ledger([]))
+    (raised,) = await w.scan_once(T0 + timedelta(minutes=10))
+    assert raised.observed_at == T0

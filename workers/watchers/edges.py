@@ -27,6 +27,15 @@ skew, or much earlier when Slurm has no reason time and the episode falls back t
 start time) is still stamped after it. Without that floor the node's workflow would answer
 the raise ``ignored`` as stale (``workflows.node``), the ledger would read the episode
 closed, and two such Slurm episodes would share one ``alert_id``.
+
+When the ledger cannot be read at start, the watcher scans anyway (a ledger outage must
+not blind it) with a :attr:`EdgeTimes.floor`: the time of its first scan. A fault with no
+edge known yet is treated as cleared at the floor, since every clear the previous run sent
+was stamped before this run started; its raise is stamped after the floor, and keeps that
+stamp for the episode, also once the ledger answers. The cost: an episode still open from
+before the restart is raised again with a new ``alert_id`` (the node's workflow keeps the
+fault's first sighting), and a new fault's ``observed_at`` is the floor rather than the
+peer's time (the peer's time stays in the evidence, ``since``/``reason``).
 """
 
 from __future__ import annotations
@@ -45,20 +54,27 @@ class EdgeTimes:
     def __init__(self) -> None:
         self._raised: dict[Hashable, datetime] = {}
         self._cleared: dict[Hashable, datetime] = {}
+        #: While the ledger's last edges are unknown (it could not be read at start): the
+        #: time every key with no edge known is treated as cleared at; ``None`` otherwise.
+        self.floor: datetime | None = None
 
     def __len__(self) -> int:
         return len(self._raised.keys() | self._cleared.keys())
 
     def raise_at(self, key: Hashable, at: datetime) -> datetime:
         """The time to stamp a raise of ``key`` observed at ``at``: ``at``, or 1 ms after
-        the key's last clear when ``at`` is not later than it. Pure: call
-        :meth:`raised` once the raise is sent."""
-        last = self._cleared.get(key)
+        the key's last clear (:attr:`floor` for a key with no clear known) when ``at`` is
+        not later than it. Pure: call :meth:`raised` once the raise is sent."""
+        last = self._cleared.get(key, self.floor)
         return at if last is None or at > last else last + EDGE_STEP
 
     def raised(self, key: Hashable, at: datetime) -> None:
-        """A raise of ``key`` stamped ``at`` was sent."""
+        """A raise of ``key`` stamped ``at`` was sent. Under a :attr:`floor`, a key with
+        no clear known keeps the floor as its clear (its episode keeps its stamp once the
+        floor is lifted)."""
         self._raised[key] = at
+        if self.floor is not None and key not in self._cleared:
+            self._cleared[key] = min(self.floor, at)
 
     def reopened(self, key: Hashable, at: datetime) -> None:
         """A raise of ``key`` stamped ``at`` that the ledger still holds open was re-opened

@@ -308,6 +308,7 @@ class KubeWatcher:
                     self._edges.reopened((a.node, k), a.observed_at)
                 n += 1
         self._reconciled = True
+        self._edges.floor = None
         log.info("event=watcher_reconciled cluster=%s source=%s open=%d",
                  self.cluster.name, SOURCE, n)
         return n
@@ -319,6 +320,8 @@ class KubeWatcher:
             try:
                 await self.reconcile()
             except Exception as e:  # the ledger is down: scan anyway, reconcile next time
+                if self._edges.floor is None:
+                    self._edges.floor = now  # after every clear the previous run sent
                 log.warning("event=watcher_reconcile_failed cluster=%s error=%s",
                             self.cluster.name, e)
         nodes = await self.api.list_node()
