@@ -104,24 +104,34 @@ def test_raise_after_a_restart_sorts_after_the_ledgers_last_clear() -> None:
     assert after.raise_at("gpu-02", slurmd_start) == again
 
 
-@settings(max_examples=200, derandomize=True)
+@settings(max_examples=300, derandomize=True)
 @given(st.lists(st.tuples(st.integers(-3000, 3000), st.integers(-3000, 3000),
-                          st.sampled_from(["none", "after_raise", "after_clear"])),
+                          st.sampled_from(["none", "after_raise", "after_clear",
+                                           "after_clear_ledger_down"]),
+                          st.integers(0, 5000)),
                 min_size=1, max_size=30))
 def test_edges_stay_in_order_across_restarts(
-    episodes: list[tuple[int, int, str]]
+    episodes: list[tuple[int, int, str, int]]
 ) -> None:
     """Any raise/clear sequence with watcher restarts between any two edges; a restarted
     watcher knows only the ledger's newest edge (re-opened when a raise, a floor when a
-    clear). The stamps strictly increase, and a raise re-computed right after a restart
-    keeps the stamp it had (one alert_id across the restart)."""
+    clear), or, when the ledger is down at start, nothing until the next raise is sent
+    (:attr:`EdgeTimes.floor`: its first scan, ``wait_ms`` after the last edge it sent).
+    The stamps strictly increase, and a raise re-computed right after a restart or
+    right after the ledger answers keeps the stamp it had (one alert_id)."""
     e = EdgeTimes()
     stamped: list[datetime] = []
-    for raise_ms, clear_ms, restart in episodes:
+    ledger_back: datetime | None = None  # the clear the ledger answers once it is back
+    for raise_ms, clear_ms, restart, wait_ms in episodes:
         peer = T0 + timedelta(milliseconds=raise_ms)
         at = e.raise_at("n", peer)
         e.raised("n", at)
         stamped.append(at)
+        if ledger_back is not None:
+            e.floor = None
+            e.cleared_before("n", ledger_back)
+            assert e.raise_at("n", peer) == at
+            ledger_back = None
         if restart == "after_raise":
             e = EdgeTimes()
             e.reopened("n", at)
@@ -130,4 +140,8 @@ def test_edges_stay_in_order_across_restarts(
         if restart == "after_clear":
             e = EdgeTimes()
             e.cleared_before("n", stamped[-1])
+        if restart == "after_clear_ledger_down":
+            e = EdgeTimes()
+            e.floor = stamped[-1] + timedelta(milliseconds=wait_ms)
+            ledger_back = stamped[-1]
     assert all(a < b for a, b in itertools.pairwise(stamped)), stamped
