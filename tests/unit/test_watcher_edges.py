@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.watchers.edges import EDGE_STEP, EdgeTimes
+from workers.watchers.edges import DEPARTED_KEEP, EDGE_STEP, EdgeTimes
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 
@@ -40,10 +40,29 @@ def test_keys_are_independent_and_retain_forgets_deleted_nodes() -> None:
     e.clear_at(("gpu-02", "Ready"), T0 + timedelta(seconds=1))
     assert e.raise_at(("gpu-01", "KernelDeadlock"), T0) == T0
     assert len(e) == 2
-    e.retain({"gpu-02"})
+    e.retain({"gpu-02"}, T0 + timedelta(seconds=2))
+    assert len(e) == 2  # gone for less than DEPARTED_KEEP: kept
+    e.retain({"gpu-02"}, T0 + timedelta(seconds=2) + DEPARTED_KEEP)
     assert len(e) == 1
     assert e.raise_at(("gpu-01", "Ready"), T0) == T0  # forgotten with its node
     assert e.raise_at(("gpu-02", "Ready"), T0) == T0 + timedelta(seconds=1) + EDGE_STEP
+
+
+def test_node_deleted_and_registered_again_keeps_its_floor() -> None:
+    """A Kubernetes Node deleted (its NotReady cleared when it left) and registered again
+    a few seconds later, NotReady again with the API server's clock 2 s behind: the raise
+    is stamped after the clear, not answered "stale raise"."""
+    e = EdgeTimes()
+    key = ("gpu-01", "Ready")
+    e.raised(key, T0)
+    gone = e.clear_at(key, T0 + timedelta(seconds=30))  # the node left the list
+    e.retain(set(), T0 + timedelta(seconds=30))
+    e.retain(set(), T0 + timedelta(seconds=35))
+    e.retain({"gpu-01"}, T0 + timedelta(seconds=40))  # back: the clock restarts
+    behind = T0 + timedelta(seconds=38) - timedelta(seconds=10)
+    assert e.raise_at(key, behind) == gone + EDGE_STEP
+    e.retain(set(), T0 + timedelta(seconds=50) + DEPARTED_KEEP - timedelta(seconds=1))
+    assert len(e) == 1  # missing again, counted from then
 
 
 @settings(max_examples=200, derandomize=True)

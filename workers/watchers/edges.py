@@ -18,7 +18,11 @@ the microsecond resolution of ``timestamptz``). A raise is stamped the same way 
 scan (the key's last clear does not change during an episode), so an episode keeps one
 ``alert_id``. After a restart the watcher re-opens from the ledger the raises it left
 open (:meth:`reopened`), so an episode whose raise was moved keeps its ``alert_id``. The
-memory is one entry per key; :meth:`retain` drops nodes that left the cluster.
+memory is one entry per key; :meth:`retain` keeps the edges of a node that left the node
+list for :data:`DEPARTED_KEEP` (a Kubernetes Node deleted and registered again, e.g. after
+a reprovision, keeps its floor: its faults were cleared when it left, and its new
+conditions may carry the API server's clock, seconds behind the watcher's), then forgets
+them.
 
 A restart between a clear and the next raise of its fault is covered the same way: the
 watcher reads the ledger's last clear of each fault (:meth:`cleared_before`,
@@ -45,6 +49,10 @@ from datetime import datetime, timedelta
 
 #: The step that puts an edge after the previous one of its key (see the module text).
 EDGE_STEP = timedelta(milliseconds=1)
+#: How long the edges of a node that left the node list are kept: an hour, far beyond the
+#: clock skew between a peer and the watcher and the time a deleted Node takes to register
+#: again; memory stays bounded by the nodes that left within the last hour.
+DEPARTED_KEEP = timedelta(hours=1)
 
 
 class EdgeTimes:
@@ -54,6 +62,8 @@ class EdgeTimes:
     def __init__(self) -> None:
         self._raised: dict[Hashable, datetime] = {}
         self._cleared: dict[Hashable, datetime] = {}
+        #: Nodes not in the last node list, and when they were first missing.
+        self._departed: dict[object, datetime] = {}
         #: While the ledger's last edges are unknown (it could not be read at start): the
         #: time every key with no edge known is treated as cleared at; ``None`` otherwise.
         self.floor: datetime | None = None
@@ -101,11 +111,20 @@ class EdgeTimes:
         self._cleared[key] = at
         return at
 
-    def retain(self, nodes: set[str]) -> None:
-        """Forget every key whose node (the key, or its first item) is not in ``nodes``."""
+    def retain(self, nodes: set[str], now: datetime) -> None:
+        """Called with every node list read at ``now``: forget every key whose node (the
+        key, or its first item) has been missing from the list for :data:`DEPARTED_KEEP`;
+        a node back in the list keeps its edges."""
+        known = {_node(k) for table in (self._raised, self._cleared) for k in table}
+        for node in known - nodes:
+            self._departed.setdefault(node, now)
+        self._departed = {n: t for n, t in self._departed.items() if n in known - nodes}
+        gone = {n for n, t in self._departed.items() if now - t >= DEPARTED_KEEP}
         for table in (self._raised, self._cleared):
-            for key in [k for k in table if _node(k) not in nodes]:
+            for key in [k for k in table if _node(k) in gone]:
                 del table[key]
+        for n in gone:
+            del self._departed[n]
 
 
 def _node(key: Hashable) -> object:

@@ -340,7 +340,7 @@ class KubeWatcher:
         for node_name, key in [k for k in self._open if k[0] not in names]:
             await self._clear(node_name, key, now, sent)
         self._bmc.retain(names)
-        self._edges.retain(names)
+        self._edges.retain(names, now)
         return sent
 
     async def run(self, stop: asyncio.Event | None = None) -> None:

@@ -276,7 +276,7 @@ class SlurmWatcher:
             await self._clear(name, None, now, sent)
         self._unconfirmed &= set(nodes)
         self._bmc.retain(set(nodes))
-        self._edges.retain(set(nodes))
+        self._edges.retain(set(nodes), now)
         return sent
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
