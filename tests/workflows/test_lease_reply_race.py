@@ -6,8 +6,11 @@ completes and then wait :data:`workflows.protocol.LEASE_RESEND_S` (5 min) for a 
 Found by CI (stop 24): ``test_second_repair_on_the_same_node_is_queued`` saw the second
 repair stay "waiting for a lease from the cluster guard" for 30 s on a loaded machine.
 Here the ordering is forced: the second repair runs on its own worker, whose executor
-holds the activation that resolves the send until the guard's answer is in the repair's
-history, then fails that workflow task; the retry carries both events in one task.
+holds the activation that resolves the send until the guard has delivered its answer (the
+guard's history says so; the server buffers the answer behind the held task), then fails
+that workflow task; the retry carries both events in one task. The worker's 2 s deadlock
+detector is off, so the task fails only once the answer is buffered, however loaded the
+machine.
 """
 
 from __future__ import annotations
@@ -22,9 +25,15 @@ from temporalio.worker import Worker
 from activities.ledger_activities import LedgerActivities
 from tests.workflows.conftest import OWN_WORKFLOWS, Harness
 from tests.workflows.fake_validation import FakeValidationWorkflow
-from tests.workflows.helpers import eventually, guard_status, repair_status, wait_stage
+from tests.workflows.helpers import (
+    eventually,
+    guard_status,
+    repair_status,
+    terminate_between_tasks,
+    wait_stage,
+)
 from workflows.models import Action, RepairRequest, RepairStatus, Requester, RequesterKind, Stage
-from workflows.protocol import REPAIR_SIGNAL_LEASE, workflow_id_repair
+from workflows.protocol import REPAIR_SIGNAL_LEASE, workflow_id_guard, workflow_id_repair
 
 USER = Requester(kind=RequesterKind.user, name="ops")
 
@@ -32,9 +41,8 @@ USER = Requester(kind=RequesterKind.user, name="ops")
 class _HoldSendCompletion(ThreadPoolExecutor):
     """Workflow-task executor that holds the first activation of ``workflow_id`` resolving
     an external signal (the repair's send to the guard) until :attr:`release` is set, then
-    fails it (past 2 s the SDK's deadlock detector has failed it already), so the workflow
-    task is retried with every event recorded meanwhile. :attr:`held` is set once it
-    holds."""
+    fails it, so the workflow task is retried with every event recorded meanwhile.
+    :attr:`held` is set once it holds."""
 
     def __init__(self, workflow_id: str) -> None:
         super().__init__(max_workers=8)
@@ -67,14 +75,21 @@ class _HoldSendCompletion(ThreadPoolExecutor):
         return super().submit(fn, *args, **kwargs)
 
 
-async def _lease_signal_recorded(h: Harness, wid: str) -> bool:
-    async for ev in h.client.get_workflow_handle(wid).fetch_history_events():
-        if (
-            ev.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
-            and ev.workflow_execution_signaled_event_attributes.signal_name
-            == REPAIR_SIGNAL_LEASE
-        ):
-            return True
+async def _guard_answered(h: Harness, wid: str) -> bool:
+    """Whether the guard's history shows a ``lease`` signal to ``wid`` delivered."""
+    initiated: set[int] = set()
+    async for ev in h.client.get_workflow_handle(
+        workflow_id_guard(h.cluster.cluster)
+    ).fetch_history_events():
+        if ev.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED:
+            a = ev.signal_external_workflow_execution_initiated_event_attributes
+            if a.workflow_execution.workflow_id == wid and a.signal_name == REPAIR_SIGNAL_LEASE:
+                initiated.add(ev.event_id)
+        elif ev.event_type == EventType.EVENT_TYPE_EXTERNAL_WORKFLOW_EXECUTION_SIGNALED:
+            if ev.external_workflow_execution_signaled_event_attributes.initiated_event_id in (
+                initiated
+            ):
+                return True
     return False
 
 
@@ -101,44 +116,55 @@ async def test_guard_answer_in_the_same_task_as_the_send_is_kept(
     executor = _HoldSendCompletion(wid)
     queue = f"{h.task_queue}-held"
     ledger_acts = LedgerActivities(ledger_pool)
-    async with Worker(
+    worker = Worker(
         h.client,
         task_queue=queue,
         workflows=[*OWN_WORKFLOWS, FakeValidationWorkflow],
         activities=[*ledger_acts.all(), *h.cluster.scheduler_activities(), h.load_policy],
         workflow_task_executor=executor,
         max_concurrent_workflow_tasks=8,
-    ):
-        second = first.model_copy(update={"repair_id": "n2"})
-        b = await h.client.start_workflow(
-            "RepairWorkflow", second, id=wid, task_queue=queue, result_type=RepairStatus
-        )
-        async def held() -> bool:
-            return executor.held.is_set()
+    )
+    # the held task must fail when the test says, not when the 2 s detector fires
+    wf_worker = worker._workflow_worker
+    assert wf_worker is not None and hasattr(wf_worker, "_deadlock_timeout_seconds")
+    wf_worker._deadlock_timeout_seconds = None
+    try:
+        async with worker:
+            second = first.model_copy(update={"repair_id": "n2"})
+            b = await h.client.start_workflow(
+                "RepairWorkflow", second, id=wid, task_queue=queue, result_type=RepairStatus
+            )
 
-        await eventually(held, "the send's completion held on the second repair's worker")
+            async def held() -> bool:
+                return executor.held.is_set()
 
-        async def answered() -> bool:
-            return await _lease_signal_recorded(h, wid)
+            await eventually(held, "the send's completion held on the second repair's worker")
 
-        await eventually(answered, "the guard's answer recorded in the second repair's history")
+            async def answered() -> bool:
+                return await _guard_answered(h, wid)
+
+            await eventually(answered, "the guard's answer delivered to the second repair")
+            executor.release.set()
+
+            async def queued() -> bool:
+                st = await repair_status(h, "gpu-01", "n2")
+                return "node gpu-01 busy with repair n1" in st.detail
+
+            async def detail() -> str:
+                return (await repair_status(h, "gpu-01", "n2")).detail
+
+            # well within LEASE_RESEND_S: the answer was kept, not waited for again
+            await eventually(queued, "the guard's answer kept", explain=detail)
+            g = await guard_status(h)
+            assert [x.repair_id for x in g.leases] == ["n1"]
+            assert [p.repair_id for p in g.pending] == ["n2"]
+            assert h.cluster.count("cordon", "gpu-01") == 1
+            # the forced ordering happened: the held task failed, and the answer was
+            # delivered before it did
+            types = [ev.event_type async for ev in b.fetch_history_events()]
+            failed = types.index(EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED)
+            assert EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED in types[failed:]
+            await terminate_between_tasks(h, wid)
+    finally:
         executor.release.set()
-
-        async def queued() -> bool:
-            return "node gpu-01 busy with repair n1" in (await repair_status(h, "gpu-01", "n2")).detail
-
-        async def detail() -> str:
-            return (await repair_status(h, "gpu-01", "n2")).detail
-
-        # well within LEASE_RESEND_S: the answer was kept, not waited for again
-        await eventually(queued, "the guard's answer kept", explain=detail)
-        g = await guard_status(h)
-        assert [x.repair_id for x in g.leases] == ["n1"]
-        assert [p.repair_id for p in g.pending] == ["n2"]
-        assert h.cluster.count("cordon", "gpu-01") == 1
-        # the forced ordering happened: one failed task, the answer recorded before the
-        # task that resolved the send completed
-        types = [ev.event_type async for ev in b.fetch_history_events()]
-        assert EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED in types
-        await b.terminate("test finished")
-    executor.shutdown(wait=False)
+        executor.shutdown(wait=False)
