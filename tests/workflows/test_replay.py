@@ -6,7 +6,9 @@ must keep replaying: workflows in flight when a worker is upgraded replay their 
 on the new code (``workflow.patched`` keeps the old command sequence for them).
 
 - ``r1``: the first release, before any ``workflow.patched`` change.
-- ``r2``: round 2, with every patch up to ``lease-reply-kept`` taken.
+- ``r2``: every patch before ``lease-reply-kept`` (a repair whose lease answer came with
+  the send's completion waited for a re-send; ``repair_ladder_reject`` has that ordering).
+- ``r3``: the current code, every patch taken.
 
 Record the current version (into :data:`RECORD_INTO`, after an intentional, patched
 change: add a new version directory, never overwrite an old one) with
@@ -47,7 +49,7 @@ from workflows.protocol import workflow_id_guard, workflow_id_node
 
 HISTORIES = Path(__file__).parent / "histories"
 #: Where :func:`test_record_histories` writes: the current workflow version's directory.
-RECORD_INTO = HISTORIES / "r2"
+RECORD_INTO = HISTORIES / "r3"
 RECORD = os.environ.get("AUTOREPAIR_RECORD_HISTORIES") == "1"
 
 
