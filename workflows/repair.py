@@ -196,6 +196,10 @@ PATCH_RECHECK_AFTER_LEASE = "recheck-after-lease"
 #: goes out, not after": the guard can answer before the send's own completion reaches the
 #: repair, and that answer was dropped (the repair then waited :data:`LEASE_RESEND_S`).
 PATCH_LEASE_REPLY_KEPT = "lease-reply-kept"
+#: ``workflow.patched`` id of "a grant that arrives after the repair handed its lease back
+#: is not renewed": the guard's answer to a re-send that crossed the release made a repair
+#: waiting for a person renew, and so hold, a node's lease again.
+PATCH_RELEASED_STAYS_RELEASED = "released-lease-stays-released"
 #: Events in one run's history after which a long wait for idle continues as new: a fifth
 #: of Temporal's 51,200-event hard limit, below its 10,240-event warning.
 HISTORY_EVENTS_MAX = 10_000
@@ -725,8 +729,14 @@ class RepairWorkflow:
         )
 
     def _holding(self) -> bool:
-        """Whether we hold a granted lease and renew it (:data:`PATCH_LEASE_RENEWAL`)."""
-        return self._renewing and self._lease is not None and self._lease.granted
+        """Whether we hold a granted lease and renew it (:data:`PATCH_LEASE_RENEWAL`).
+        A grant while no request of ours is out (it came after we handed the lease back,
+        an answer to a re-send that crossed the release) is not held
+        (:data:`PATCH_RELEASED_STAYS_RELEASED`)."""
+        held = self._renewing and self._lease is not None and self._lease.granted
+        if held and not self._lease_requested:
+            return not workflow.patched(PATCH_RELEASED_STAYS_RELEASED)
+        return held
 
     def _renew_every(self) -> float:
         """Renewal interval, seconds: :data:`LEASE_RENEW_S`, at most half the lease TTL."""
