@@ -136,6 +136,14 @@ PATCH_CONCURRENT_READS = "node-concurrent-reads"
 #: observed before its fault's last clear, a clear observed before the fault was raised
 #: again); histories from before it replay without.
 PATCH_STALE_EDGES = "node-stale-edges"
+#: ``workflow.patched`` id of "a repair that said it finished before this run had
+#: reconciled is not taken as in flight": a fresh run that read the ledger's stale
+#: "running" row adopted it and waited up to :data:`REPAIR_PROBE_S` before closing it
+#: out, with a false "ended without finishing" warning.
+PATCH_FINISHED_BEFORE_RECONCILE = "node-finished-before-reconcile"
+#: Finished repairs remembered until this run has reconciled (a bound, not a window:
+#: one node has one repair at a time, so more than a few is already abnormal).
+MAX_FINISHED_EARLY = 16
 _ACT_TIMEOUT = timedelta(seconds=30)
 _ACT_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30))
 _BEST_EFFORT = RetryPolicy(maximum_interval=timedelta(seconds=30), maximum_attempts=5)
@@ -251,6 +259,9 @@ class NodeWorkflow:
         self._reconciling = False
         self._probed_at: datetime | None = None
         self._watch_task: asyncio.Task[None] | None = None
+        #: ``repair_finished`` of repairs not (yet) ours, received before this run
+        #: reconciled: the ledger's row may still say "running".
+        self._finished_early: dict[str, RepairFinished] = {}
 
     # ---- update / signal / query -------------------------------------------------
     @workflow.update(name=NODE_UPDATE_DELIVER_ALERT)
@@ -405,7 +416,14 @@ class NodeWorkflow:
         nothing was done to the node), drop the event faults it used."""
         s = self._s
         if msg.repair_id != s.repair_id:
+            if not self._reconciled and len(self._finished_early) < MAX_FINISHED_EARLY:
+                self._finished_early[msg.repair_id] = msg
             return
+        self._apply_finished(msg)
+
+    def _apply_finished(self, msg: RepairFinished) -> None:
+        """End the in-flight repair ``msg.repair_id`` as :meth:`repair_finished` says."""
+        s = self._s
         if msg.stage != Stage.auto_resolved:
             s.cooldown_until = cooldown_until(msg.at, self._rails())
         used = set(msg.alert_ids) | set(s.repair_alert_ids)
@@ -696,6 +714,18 @@ class NodeWorkflow:
             live = await self._liveness(s.repair_id)
             if live is None or live.repair_id is None:
                 return
+            early = self._finished_early.get(live.repair_id)
+            if (
+                live.running
+                and s.repair_id is None
+                and early is not None
+                and workflow.patched(PATCH_FINISHED_BEFORE_RECONCILE)
+            ):
+                # it told us it finished: the ledger's "running" is behind (the repair
+                # signals before its workflow closes)
+                s.repair_id = live.repair_id
+                self._apply_finished(early)
+                return
             if live.running:
                 if s.repair_id is None:
                     s.repair_id = live.repair_id
@@ -709,6 +739,7 @@ class NodeWorkflow:
                 await self._close_ledger(live.repair_id, live.status)
         finally:
             self._reconciled = True
+            self._finished_early.clear()
 
     async def _liveness(self, repair_id: str | None) -> RepairLiveness | None:
         """``ledger_open_repair`` for this node (None when the activity failed)."""

@@ -38,8 +38,10 @@ from workflows.node import (
     seen_digest,
 )
 from workflows.protocol import (
+    NODE_SIGNAL_REPAIR_FINISHED,
     NODE_UPDATE_DELIVER_ALERT,
     NodeStatus,
+    RepairFinished,
     workflow_id_node,
     workflow_id_repair,
 )
@@ -144,6 +146,50 @@ async def test_fresh_node_workflow_takes_the_running_repair_from_the_ledger(
     d2 = await h.deliver(make_alert(h.cluster.cluster, "gpu-03", 2))
     assert d2.outcome == AlertOutcome.attached and d2.repair_id == rid
     assert len(await h.ledger.list_repairs(cluster=h.cluster.cluster, node="gpu-03")) == 1
+
+
+async def test_repair_that_said_it_finished_before_the_reconcile_is_not_adopted(
+    harness: Harness,
+) -> None:
+    """A fresh node workflow receives its repair's ``repair_finished`` before it has read
+    the ledger, whose row still says the repair runs (the repair signals before its
+    workflow closes). The repair is not taken as in flight: the cooldown starts from the
+    repair's end, and the next alert is not attached to a finished repair."""
+    h = harness
+    h.policy.wait_for_idle.do_not_interrupt = True
+    h.policy.wait_for_idle.poll_s = 300
+    h.cluster.busy_polls["gpu-05"] = 10_000
+    c = h.cluster.cluster
+    d = await h.deliver(make_alert(c, "gpu-05", 1))
+    rid = d.repair_id
+    assert rid
+
+    async def recorded() -> bool:
+        return (await h.ledger.get_repair(rid)) is not None
+
+    await eventually(recorded, "repair row in the ledger")
+    await terminate_between_tasks(h, workflow_id_node(c, "gpu-05"))
+    ended = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
+    # the repair (still running here, as the stale ledger row says) tells the new run
+    # it finished, in the run's first task
+    await h.client.start_workflow(
+        "NodeWorkflow",
+        NodeInput(cluster=c, node="gpu-05"),
+        id=workflow_id_node(c, "gpu-05"),
+        task_queue=h.task_queue,
+        start_signal=NODE_SIGNAL_REPAIR_FINISHED,
+        start_signal_args=[RepairFinished(repair_id=rid, stage=Stage.succeeded, at=ended)],
+    )
+
+    async def cooling() -> bool:
+        return (await node_status(h, "gpu-05")).cooldown_until is not None
+
+    await eventually(cooling, "cooldown from the repair's end")
+    st = await node_status(h, "gpu-05")
+    assert st.repair_id is None
+    assert st.cooldown_until is not None and st.cooldown_until > ended
+    d2 = await h.deliver(make_alert(c, "gpu-05", 2))
+    assert d2.outcome != AlertOutcome.attached, d2
 
 
 async def test_configured_cooldown_survives_continue_as_new(harness: Harness) -> None:
