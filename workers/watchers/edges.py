@@ -39,7 +39,10 @@ was stamped before this run started; its raise is stamped after the floor, and k
 stamp for the episode, also once the ledger answers. The cost: an episode still open from
 before the restart is raised again with a new ``alert_id`` (the node's workflow keeps the
 fault's first sighting), and a new fault's ``observed_at`` is the floor rather than the
-peer's time (the peer's time stays in the evidence, ``since``/``reason``).
+peer's time (the peer's time stays in the evidence, ``since``/``reason``). The floor
+assumes the peer's clock is not ahead of the watcher's: a clear the previous run moved
+after a raise stamped in the future can sort after it. Such a raise is answered "stale"
+until the ledger answers; it is then stamped after the clear, under a new ``alert_id``.
 """
 
 from __future__ import annotations
