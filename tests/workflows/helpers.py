@@ -120,24 +120,29 @@ async def result_skipping(h: Harness, node: str, rid: str, step_s: float = 30) -
     raise AssertionError(f"repair {rid} did not finish")
 
 
-async def terminate_between_tasks(h: Harness, workflow_id: str) -> None:
-    """Terminate ``workflow_id`` (as an operator would from the Temporal UI) once it has
-    no activity or workflow task in flight: the time-skipping test server stops skipping
-    time for the rest of the session when a workflow is cut mid-task."""
-    handle = h.client.get_workflow_handle(workflow_id)
+async def between_tasks(handle: WorkflowHandle[Any, Any]) -> None:
+    """Return once ``handle``'s workflow has no activity or workflow task in flight (on
+    three reads 50 ms apart: a signal or timer that lands between a single read and the
+    caller's next step would catch it mid-task)."""
 
     async def idle_once() -> bool:
         raw = (await handle.describe()).raw_description
         return not raw.pending_activities and not raw.HasField("pending_workflow_task")
 
     async def idle() -> bool:
-        # idle on three reads 50 ms apart: a signal or timer that lands between a single
-        # read and the terminate would be cut mid-task
         for _ in range(3):
             if not await idle_once():
                 return False
             await asyncio.sleep(0.05)
         return True
 
-    await eventually(idle, f"{workflow_id} between tasks")
+    await eventually(idle, f"{handle.id} between tasks")
+
+
+async def terminate_between_tasks(h: Harness, workflow_id: str) -> None:
+    """Terminate ``workflow_id`` (as an operator would from the Temporal UI) once it has
+    no activity or workflow task in flight: the time-skipping test server stops skipping
+    time for the rest of the session when a workflow is cut mid-task."""
+    handle = h.client.get_workflow_handle(workflow_id)
+    await between_tasks(handle)
     await handle.terminate("terminated from the Temporal UI")

@@ -20,6 +20,7 @@ from temporalio.service import RPCError
 
 from tests.workflows.conftest import Harness, make_alert
 from tests.workflows.helpers import (
+    between_tasks,
     closed,
     eventually,
     guard_status,
@@ -147,6 +148,10 @@ async def test_workflow_cancel_from_temporal_ui_cleans_up(harness: Harness) -> N
     busy(h, "gpu-06")
     handle = await start_repair(h, "gpu-06", Action.reboot, "iui")
     await wait_stage(h, "gpu-06", "iui", Stage.waiting_for_idle)
+    # between two idle checks: the time-skipping test server, asked to cancel a workflow
+    # whose activity is scheduled, at times loses the activity and leaves the next
+    # workflow task started for good (its clock stops; real Temporal does not)
+    await between_tasks(handle)
     await handle.cancel()
     await closed(handle, "the cancelled repair cleaning up and closing")
     with pytest.raises(WorkflowFailureError) as exc:
@@ -162,6 +167,7 @@ async def test_workflow_cancel_while_awaiting_approval(harness: Harness) -> None
     h.policy.consent.mode = "approve"
     handle = await start_repair(h, "gpu-07", Action.reboot, "iuia")
     await wait_stage(h, "gpu-07", "iuia", Stage.awaiting_approval)
+    await between_tasks(handle)  # as above
     await handle.cancel()
     await closed(handle, "the cancelled repair cleaning up and closing")
     with pytest.raises(WorkflowFailureError):
