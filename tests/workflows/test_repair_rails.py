@@ -596,4 +596,3 @@ async def test_approval_given_before_another_repair_acted_is_asked_again(
     done = await second.result()
     assert done.stage == Stage.succeeded, done.history[-1]
     assert h.cluster.power_cycles == 2
-

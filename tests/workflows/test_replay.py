@@ -7,8 +7,9 @@ on the new code (``workflow.patched`` keeps the old command sequence for them).
 
 - ``r1``: the first release, before any ``workflow.patched`` change.
 - ``r2``: every patch before ``lease-reply-kept`` (a repair whose lease answer came with
-  the send's completion waited for a re-send; ``repair_ladder_reject`` has that ordering).
-- ``r3``: the current code, every patch taken.
+  the send's completion waited for a re-send).
+- ``r3``: the current code, every patch taken (its ``repair_ladder_reject`` has that
+  ordering: the answer in the same workflow task as the send's completion).
 
 Record the current version (into :data:`RECORD_INTO`, after an intentional, patched
 change: add a new version directory, never overwrite an old one) with
