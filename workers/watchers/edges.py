@@ -119,9 +119,8 @@ class EdgeTimes:
         key, or its first item) has been missing from the list for :data:`DEPARTED_KEEP`;
         a node back in the list keeps its edges."""
         known = {_node(k) for table in (self._raised, self._cleared) for k in table}
-        for node in known - nodes:
-            self._departed.setdefault(node, now)
-        self._departed = {n: t for n, t in self._departed.items() if n in known - nodes}
+        missing = known - nodes
+        self._departed = {n: self._departed.get(n, now) for n in missing}
         gone = {n for n, t in self._departed.items() if now - t >= DEPARTED_KEEP}
         for table in (self._raised, self._cleared):
             for key in [k for k in table if _node(k) in gone]:
