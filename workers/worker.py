@@ -38,6 +38,7 @@ from temporalio.worker import Worker
 from activities.ledger import connect, migrate
 from activities.registry import WorkerActivities, build_activities
 from workers.temporal_client import temporal_client
+from workers.versioning import deployment_config, promote_current_version
 from workflows.config import AutorepairConfig
 
 log = logging.getLogger("autorepair.worker")
@@ -107,12 +108,16 @@ def build_workers(
     :func:`activities.registry.build_activities` (or ``acts``) on their task queues."""
     acts = acts or build_activities(config, pool)
     wfs = list(workflows) if workflows is not None else workflow_classes()
+    # both queues poll as this build's Worker Deployment Version (None: unversioned), so
+    # a pinned repair's machine actions run on the build that started it
+    deployment = deployment_config(config.temporal)
     workers = [
         Worker(
             client,
             task_queue=config.temporal.task_queue,
             workflows=wfs,
             activities=acts.main,
+            deployment_config=deployment,
         )
     ]
     if acts.bmc:
@@ -122,6 +127,7 @@ def build_workers(
                 task_queue=config.temporal.bmc_task_queue,
                 activities=acts.bmc,
                 max_task_queue_activities_per_second=config.temporal.bmc_rate_per_s,
+                deployment_config=deployment,
             )
         )
     return workers
@@ -169,6 +175,7 @@ async def run_worker(config: AutorepairConfig, stop: asyncio.Event | None = None
             async with contextlib.AsyncExitStack() as stack:
                 for w in workers:
                     await stack.enter_async_context(w)
+                await promote_current_version(client, config.temporal)
                 if config.worker.watchers:
                     from workers.watchers import start_watchers
 

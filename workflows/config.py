@@ -39,6 +39,22 @@ class TemporalConfig(_Section):
     bmc_task_queue: str = BMC_TASK_QUEUE
     #: Max BMC activity starts per second across the BMC queue.
     bmc_rate_per_s: float = Field(2.0, gt=0)
+    #: Temporal Worker Versioning (docs/architecture.md "Upgrades"): the worker polls as
+    #: version ``deployment_name`` / ``build_id``; repairs and validations are pinned to
+    #: the build that started them, node and guard entities move to the current build on
+    #: continue-as-new. Off: the worker polls unversioned (a server without Worker
+    #: Deployments, e.g. the time-skipping test server).
+    worker_versioning: bool = True
+    #: Worker Deployment name (Temporal Worker Versioning).
+    deployment_name: str = Field("autorepair", min_length=1, max_length=255)
+    #: Build id of this worker; empty = the package version (``workers.version``).
+    build_id: str = Field("", max_length=255)
+    #: At start, make this build the deployment's current version when the deployment has
+    #: none or an older one (PEP 440 order of build ids); a newer current version is left
+    #: as it is, so an old build's worker that restarts while it drains never takes new
+    #: work back. Off: an operator promotes (``temporal worker deployment
+    #: set-current-version``).
+    promote_on_start: bool = True
 
 
 class LedgerConfig(_Section):

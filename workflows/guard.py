@@ -38,7 +38,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, VersioningBehavior
 from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
@@ -77,10 +77,6 @@ with workflow.unsafe.imports_passed_through():
 DEFAULT_HISTORY_LIMIT = 10_000
 #: Re-read the policy (``load_policy``) at most this often, seconds.
 POLICY_REFRESH_S = 300.0
-#: ``workflow.patched`` id of the durability changes: ledger rebuild and reported-GPU
-#: refresh, replies before side effects, the breaker reset's ledger record, asking a
-#: holder at expiry (histories recorded before them replay without).
-PATCH_DURABILITY = "guard-durability"
 #: Kind of the breaker's cluster-level alerts (a trip raises, a reset clears).
 BREAKER_KIND = "circuit_breaker"
 #: Bounds of the lists kept for operators (newest kept).
@@ -109,9 +105,6 @@ class GuardCarried(BaseModel):
     gpu_nodes_seen: list[str] = Field(default_factory=list)
     #: Nodes of the cluster with a GPU-naming alert in the ledger (same use).
     gpu_nodes_reported: int = 0
-    #: Every node that asked (the denominator of histories from before
-    #: :data:`PATCH_DURABILITY` only).
-    seen_nodes: list[str] = Field(default_factory=list)
     refused_total: int = 0
     breaker_queued: list[str] = Field(default_factory=list)
     expired: list[Lease] = Field(default_factory=list)
@@ -120,7 +113,7 @@ class GuardCarried(BaseModel):
     history_limit: int = DEFAULT_HISTORY_LIMIT
 
 
-@workflow.defn(name=GUARD_WORKFLOW)
+@workflow.defn(name=GUARD_WORKFLOW, versioning_behavior=VersioningBehavior.AUTO_UPGRADE)
 class ClusterGuardWorkflow:
     """Budget + breaker for one cluster; runs until cancelled, continuing as new."""
 
@@ -132,7 +125,6 @@ class ClusterGuardWorkflow:
         self._snapshot: PolicySnapshot | None = None
         self._loaded_at: datetime | None = None
         self._effects: list[Alert] = []
-        self._durable = False
 
     # ---- signals / queries -------------------------------------------------------
     @workflow.signal(name=GUARD_SIGNAL_ACQUIRE)
@@ -231,10 +223,7 @@ class ClusterGuardWorkflow:
         workflow.set_current_details(f"cluster guard for {inp.cluster}")
         fresh = not inp.carried
         await self._refresh_policy(force=True)
-        # Histories recorded before these changes replay without them.
-        self._durable = workflow.patched(PATCH_DURABILITY)
-        if self._durable:
-            await self._read_ledger_state(rebuild=fresh)
+        await self._read_ledger_state(rebuild=fresh)
         while True:
             timeout = self._next_expiry_in()
             try:
@@ -261,8 +250,6 @@ class ClusterGuardWorkflow:
 
     def _gpu_nodes_seen(self) -> int:
         """Denominator when no GPU node count is configured: nodes that reported a GPU."""
-        if not self._durable:
-            return len(self._s.seen_nodes)
         return max(self._s.gpu_nodes_reported, len(self._s.gpu_nodes_seen))
 
     def _pool_of(self, req: LeaseRequest) -> str | None:
@@ -291,7 +278,7 @@ class ClusterGuardWorkflow:
             # keep serving on the last policy (or the defaults) rather than fail
             self._note_error(f"load_policy failed: {_cause(err)}")
         self._loaded_at = now
-        if not force and self._durable:
+        if not force:
             await self._read_ledger_state(rebuild=False)
 
     async def _read_ledger_state(self, rebuild: bool) -> None:
@@ -389,12 +376,8 @@ class ClusterGuardWorkflow:
             await self._record_cluster_alert(alert)
 
     async def _effect(self, alert: Alert) -> None:
-        """Record ``alert`` after this round's replies (inline in histories from before
-        :data:`PATCH_DURABILITY`)."""
-        if self._durable:
-            self._effects.append(alert)
-        else:
-            await self._record_cluster_alert(alert)
+        """Record ``alert`` after this round's replies."""
+        self._effects.append(alert)
 
     async def _on_reset(self, msg: ResetBreakerSignal) -> None:
         s = self._s
@@ -408,7 +391,7 @@ class ClusterGuardWorkflow:
         workflow.set_current_details(
             f"breaker reset by {msg.by} at {now.isoformat()}: {msg.reason}"
         )
-        if was_open and self._durable:
+        if was_open:
             # the clear tells a guard rebuilt from the ledger that the breaker is closed
             since = tripped_at.isoformat() if tripped_at else now.isoformat()
             self._effects.append(
@@ -435,7 +418,7 @@ class ClusterGuardWorkflow:
         now = workflow.now()
         ttl = self._ttl()
         for lease in [x for x in self._s.leases if x.expires_at <= now]:
-            alive = self._durable and await self._send(
+            alive = await self._send(
                 lease.workflow_id,
                 LeaseReply(
                     repair_id=lease.repair_id,
@@ -462,8 +445,6 @@ class ClusterGuardWorkflow:
         s = self._s
         if req.gpu_evidence and req.node not in s.gpu_nodes_seen:
             s.gpu_nodes_seen.append(req.node)
-        if not self._durable and req.node not in s.seen_nodes:
-            s.seen_nodes.append(req.node)
         held = next((x for x in s.leases if x.repair_id == req.repair_id), None)
         if held is not None:
             held.expires_at = now + self._ttl()
@@ -537,9 +518,9 @@ class ClusterGuardWorkflow:
         rails = self._policy().rails
         others = [x for x in self._s.leases if x.repair_id != req.repair_id]
         same_node = [x for x in others if x.node == req.node]
-        if same_node and self._durable:
+        if same_node:
             return f"node {req.node} busy with repair {same_node[0].repair_id}"
-        pool = self._pool_of(req) if self._durable else req.node_pool
+        pool = self._pool_of(req)
         if rails.one_per_pool and pool is not None:
             busy = [x for x in others if x.node_pool == pool]
             if busy:
@@ -569,7 +550,7 @@ class ClusterGuardWorkflow:
                     repair_id=req.repair_id,
                     workflow_id=req.workflow_id,
                     node=req.node,
-                    node_pool=self._pool_of(req) if self._durable else req.node_pool,
+                    node_pool=self._pool_of(req),
                     automatic=req.automatic,
                     requester_kind=req.requester_kind,
                     granted_at=now,

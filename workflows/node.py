@@ -24,7 +24,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributePair, TypedSearchAttributes
+from temporalio.common import (
+    RetryPolicy,
+    SearchAttributePair,
+    TypedSearchAttributes,
+    VersioningBehavior,
+)
 from temporalio.exceptions import (
     ActivityError,
     CancelledError,
@@ -126,21 +131,6 @@ POLICY_REFRESH_S = 300.0
 #: (15 min; a repair started by this run is also awaited directly, which notices its end
 #: at once where the server reports a child's termination to its parent).
 REPAIR_PROBE_S = 900.0
-#: ``workflow.patched`` id of the repair reconciliation (ledger at a fresh start, the
-#: child's end awaited, liveness probes); histories from before it replay without.
-PATCH_RECONCILE = "node-reconcile"
-#: ``workflow.patched`` id of recording an alert, reconciling and reading the policy
-#: concurrently (histories from before it replay them one after another).
-PATCH_CONCURRENT_READS = "node-concurrent-reads"
-#: ``workflow.patched`` id of ignoring level edges that arrive out of order (a raise
-#: observed before its fault's last clear, a clear observed before the fault was raised
-#: again); histories from before it replay without.
-PATCH_STALE_EDGES = "node-stale-edges"
-#: ``workflow.patched`` id of "a repair that said it finished before this run had
-#: reconciled is not taken as in flight": a fresh run that read the ledger's stale
-#: "running" row adopted it and waited up to :data:`REPAIR_PROBE_S` before closing it
-#: out, with a false "ended without finishing" warning.
-PATCH_FINISHED_BEFORE_RECONCILE = "node-finished-before-reconcile"
 #: Finished repairs remembered until this run has reconciled (a bound, not a window:
 #: one node has one repair at a time, so more than a few is already abnormal).
 MAX_FINISHED_EARLY = 16
@@ -236,7 +226,7 @@ def _dump_seen(seen: dict[str, int]) -> list[tuple[int, str]]:
     return [(b, "".join(ds)) for b, ds in log]
 
 
-@workflow.defn(name=NODE_WORKFLOW)
+@workflow.defn(name=NODE_WORKFLOW, versioning_behavior=VersioningBehavior.AUTO_UPGRADE)
 class NodeWorkflow:
     """Node entity; see the module docstring for its interface."""
 
@@ -254,7 +244,6 @@ class NodeWorkflow:
         self._lock = asyncio.Lock()
         self._snapshot: PolicySnapshot | None = None
         self._loaded_at: datetime | None = None
-        self._reconcile: bool | None = None
         self._reconciled = False
         self._reconciling = False
         self._probed_at: datetime | None = None
@@ -293,18 +282,13 @@ class NodeWorkflow:
             start_to_close_timeout=_ACT_TIMEOUT,
             retry_policy=_ACT_RETRY,
         )
-        if workflow.patched(PATCH_CONCURRENT_READS):
-            # the ledger write, the reconcile and the policy read do not depend on one
-            # another: one round trip instead of three on a node's first alert
-            await asyncio.gather(record, self._ensure_reconciled(), self._policy())
-        else:
-            await record
-            await self._ensure_reconciled()
+        # the ledger write, the reconcile and the policy read do not depend on one
+        # another: one round trip instead of three on a node's first alert
+        await asyncio.gather(record, self._ensure_reconciled(), self._policy())
         key = fault_key(alert)
-        if workflow.patched(PATCH_STALE_EDGES):
-            stale = self._stale_edge(alert, key)
-            if stale is not None:
-                return stale
+        stale = self._stale_edge(alert, key)
+        if stale is not None:
+            return stale
         if not alert.active:
             return await self._on_clear(alert, key)
         occ_key = f"{alert.kind}:{alert.code}"
@@ -598,7 +582,7 @@ class NodeWorkflow:
             # ended without telling us (terminated, timed out).
             workflow.logger.info("repair gone; alert %s not attached", alert.alert_id)
             rid = self._s.repair_id
-            if rid is not None and self._reconcile_on():
+            if rid is not None:
                 live = await self._liveness(rid)
                 if self._s.repair_id == rid and (live is None or not live.running):
                     await self._repair_gone(rid, live.status if live else "closed")
@@ -618,7 +602,7 @@ class NodeWorkflow:
     def _next_deadline(self) -> timedelta | None:
         s = self._s
         if s.repair_id is not None:
-            return timedelta(seconds=REPAIR_PROBE_S) if self._reconcile else None
+            return timedelta(seconds=REPAIR_PROBE_S)
         if not s.active:
             return None
         now = workflow.now()
@@ -685,16 +669,9 @@ class NodeWorkflow:
             search_attributes=_repair_search_attributes(req),
         )
         workflow.set_current_details(f"repair {repair_id} ({action.value}) in flight")
-        if self._reconcile_on():
-            self._watch_task = asyncio.create_task(self._watch_child(handle, repair_id))
+        self._watch_task = asyncio.create_task(self._watch_child(handle, repair_id))
 
     # ---- the in-flight repair's end ---------------------------------------------------
-    def _reconcile_on(self) -> bool:
-        """Whether this execution reconciles its repair (:data:`PATCH_RECONCILE`)."""
-        if self._reconcile is None:
-            self._reconcile = workflow.patched(PATCH_RECONCILE)
-        return self._reconcile
-
     async def _ensure_reconciled(self) -> None:
         """Once per run: a fresh start takes the node's open repair from the ledger (a
         running one becomes the in-flight repair; one whose workflow ended without
@@ -706,8 +683,6 @@ class NodeWorkflow:
             return
         self._reconciling = True
         try:
-            if not self._reconcile_on():
-                return
             s = self._s
             if s.repair_id is None and not self._fresh:
                 return
@@ -715,12 +690,7 @@ class NodeWorkflow:
             if live is None or live.repair_id is None:
                 return
             early = self._finished_early.get(live.repair_id)
-            if (
-                live.running
-                and s.repair_id is None
-                and early is not None
-                and workflow.patched(PATCH_FINISHED_BEFORE_RECONCILE)
-            ):
+            if live.running and s.repair_id is None and early is not None:
                 # it told us it finished: the ledger's "running" is behind (the repair
                 # signals before its workflow closes)
                 s.repair_id = live.repair_id
@@ -760,7 +730,7 @@ class NodeWorkflow:
         """Every :data:`REPAIR_PROBE_S`, ask whether the in-flight repair still runs."""
         s = self._s
         rid = s.repair_id
-        if rid is None or not self._reconcile:
+        if rid is None:
             return
         now = workflow.now()
         if self._probed_at is not None and (now - self._probed_at).total_seconds() < (

@@ -49,7 +49,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, VersioningBehavior
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
@@ -169,37 +169,6 @@ MACHINE_ACTIVITY: dict[Action, str] = {
 REBOOTING: frozenset[Action] = frozenset(
     {Action.reboot, Action.power_cycle, Action.reprovision, Action.migrate}
 )
-#: ``workflow.patched`` id of the approval deadline (added after the first release).
-PATCH_APPROVAL_DEADLINE = "approval-deadline"
-#: ``workflow.patched`` id of lease re-sending, renewal and re-checks (DESIGN §5 rails:
-#: a lease lives as long as its holder); histories from before it replay without.
-PATCH_LEASE_RENEWAL = "lease-renewal"
-#: ``workflow.patched`` id of the rails added after the first release: cleanup on every
-#: ending, evidence before every disruptive step, kept early approvals, the per-node action
-#: cap, the recurrence check, idle back-off and continue-as-new. Histories recorded
-#: before it replay the old command sequence.
-PATCH_RAILS = "repair-rails-v2"
-#: ``workflow.patched`` id of "only actionable or cited alerts keep the evidence current"
-#: (DESIGN §5 rule zero): an observed-only alert attached during the repair (a silent
-#: node's ``node_unreachable``, a straggler score) no longer keeps a repair acting.
-PATCH_EVIDENCE_ACTIONABLE = "evidence-actionable"
-#: ``workflow.patched`` id of the idle check's ``detail`` (e.g. the Kubernetes
-#: out-of-service taint it applied) recorded as a note on the repair.
-PATCH_IDLE_DETAIL = "idle-detail-note"
-#: ``workflow.patched`` id of "a cordon that finds the node held by another repair ends
-#: this one" (DESIGN §5 rails: one repair per node).
-PATCH_HELD_BY_REPAIR = "held-by-repair"
-#: ``workflow.patched`` id of "the ladder and the per-node cap decide again once the
-#: lease is granted" (a repair queued behind another of the same node).
-PATCH_RECHECK_AFTER_LEASE = "recheck-after-lease"
-#: ``workflow.patched`` id of "the guard's last answer is forgotten before a lease request
-#: goes out, not after": the guard can answer before the send's own completion reaches the
-#: repair, and that answer was dropped (the repair then waited :data:`LEASE_RESEND_S`).
-PATCH_LEASE_REPLY_KEPT = "lease-reply-kept"
-#: ``workflow.patched`` id of "a grant that arrives after the repair handed its lease back
-#: is not renewed": the guard's answer to a re-send that crossed the release made a repair
-#: waiting for a person renew, and so hold, a node's lease again.
-PATCH_RELEASED_STAYS_RELEASED = "released-lease-stays-released"
 #: Events in one run's history after which a long wait for idle continues as new: a fifth
 #: of Temporal's 51,200-event hard limit, below its 10,240-event warning.
 HISTORY_EVENTS_MAX = 10_000
@@ -216,14 +185,6 @@ _RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30), non_retryable_error
 #: Asking whether another repair still runs: a few tries, then assume it does (the safe
 #: side: this repair ends instead of acting beside it).
 _LIVENESS_RETRY = RetryPolicy(maximum_attempts=3, maximum_interval=timedelta(seconds=10))
-#: Machine actions (history recorded before :data:`PATCH_RAILS`): 3 tries, then the
-#: failure is an attempt for the ladder.
-_MACHINE_RETRY_V1 = RetryPolicy(
-    initial_interval=timedelta(seconds=10),
-    maximum_interval=timedelta(minutes=2),
-    maximum_attempts=3,
-    non_retryable_error_types=_PERMANENT,
-)
 #: Machine actions: one try per activity; the workflow retries transient failures itself
 #: (:meth:`RepairWorkflow._machine_action`) so the bound is ``rails.action_retry_max_s``.
 _MACHINE_ONCE = RetryPolicy(maximum_attempts=1, non_retryable_error_types=_PERMANENT)
@@ -277,7 +238,7 @@ class Carried(BaseModel):
     continued: int = 0
 
 
-@workflow.defn(name=REPAIR_WORKFLOW)
+@workflow.defn(name=REPAIR_WORKFLOW, versioning_behavior=VersioningBehavior.PINNED)
 class RepairWorkflow:
     """Lifecycle of one repair; see the module docstring for names and payloads."""
 
@@ -300,7 +261,6 @@ class RepairWorkflow:
         self._lease: LeaseReply | None = None
         self._lease_requested = False
         self._last_renew: datetime | None = None
-        self._renewing = False
         self._cordoned_by_us = False
         self._policy = PolicyConfig()
         self._bmc_queue = BMC_TASK_QUEUE
@@ -308,8 +268,6 @@ class RepairWorkflow:
         self._critical: list[Alert] = []
         self._needs_human = False
         self._human_reason = ""
-        self._rails = False
-        self._actionable_evidence = False
         self._history_limit = HISTORY_EVENTS_MAX
         self._continued = 0
         self._acted: list[Action] = []
@@ -383,8 +341,6 @@ class RepairWorkflow:
 
         Raises ``asyncio.CancelledError`` after the cleanup when the workflow itself was
         cancelled (Temporal UI / CLI), so Temporal records it as cancelled too."""
-        self._rails = workflow.patched(PATCH_RAILS)
-        self._actionable_evidence = workflow.patched(PATCH_EVIDENCE_ACTIONABLE)
         carried = Carried.model_validate(req.carried or {})
         self._history_limit = carried.history_limit or HISTORY_EVENTS_MAX
         cancelled = False
@@ -415,8 +371,6 @@ class RepairWorkflow:
         except _Ended as end:
             stage, by, reason = end.stage, end.by, end.reason
         except (ActivityError, asyncio.CancelledError) as err:
-            if not self._rails:
-                raise
             if is_cancelled_exception(err):
                 cancelled = True
                 stage, by = S.cancelled, "temporal"
@@ -436,7 +390,7 @@ class RepairWorkflow:
         else:
             await self._prepare(req)
         await self._wait_for_idle(carried)
-        if self._rails and not self._evidence_ok():
+        if not self._evidence_ok():
             # re-checked before draining (DESIGN §5 rails); the cleanup uncordons
             raise _Ended(
                 S.auto_resolved, "system", "every alert behind the repair cleared before draining"
@@ -477,17 +431,13 @@ class RepairWorkflow:
         self._check_ended()
         await self._acquire_lease()
         self._check_evidence_before_cordon()
-        while (
-            self._rails
-            and workflow.patched(PATCH_RECHECK_AFTER_LEASE)
-            and not await self._decision_holds()
-        ):
+        while not await self._decision_holds():
             await self._acquire_lease()
             self._check_evidence_before_cordon()
         await self._cordon()
 
     def _check_evidence_before_cordon(self) -> None:
-        if self._rails and not self._evidence_ok():
+        if not self._evidence_ok():
             # re-checked before cordoning (DESIGN §5 rails): nothing was touched yet
             raise _Ended(
                 S.auto_resolved, "system", "every alert behind the repair cleared before cordoning"
@@ -554,8 +504,6 @@ class RepairWorkflow:
         during the repair (``node_unreachable`` of a node that went silent, a straggler
         score) is shown as evidence but never keeps the repair acting. A repair started
         without alerts (an operator's call) stays current: ``[]``."""
-        if not self._actionable_evidence:
-            return self._alerts
         assert self._req is not None
         cited = {a.alert_id for a in self._req.alerts}
         if not cited:
@@ -603,8 +551,7 @@ class RepairWorkflow:
         rails = self._policy.rails
         if not self._attempts and not self._critical:
             days = max(self._policy.ladder.window_s, self._policy.migrate_gate.window_s)
-            if self._rails:
-                days = max(days, rails.max_actions_window_s)
+            days = max(days, rails.max_actions_window_s)
             hist = await self._act(
                 ACT.ledger_attempt_history,
                 AttemptQuery(
@@ -629,14 +576,13 @@ class RepairWorkflow:
             reset=self._policy.reset_gpu,
             pool=self._pool,
             reset_blocked=reset_blocked,
-            node=self._req.node if self._rails else None,
-            legacy_active=not self._rails,
+            node=self._req.node,
         )
         action = dec.action
         rule = dec.rule
         needs_human = dec.needs_human
         self._human_reason = "ladder exhausted: a human must decide"
-        if self._rails and action not in (Action.none, Action.remove):
+        if action not in (Action.none, Action.remove):
             n = node_actions_in_window(
                 self._attempts, self._req.node, now, rails.max_actions_window_s
             )
@@ -665,8 +611,6 @@ class RepairWorkflow:
         An approval that arrived before this point is kept (operator intent is never
         dropped); the escalation path clears it first, since an approval of one action
         does not cover a heavier one."""
-        if not self._rails:
-            self._approve = None
         await self._transition(S.awaiting_approval, "system", f"approval needed: {why}")
         await self._upsert()
         assert self._req is not None
@@ -687,8 +631,7 @@ class RepairWorkflow:
             )
 
         deadline = self._policy.consent.approval_timeout_s
-        # Histories recorded before the approval deadline existed replay without it.
-        if deadline is not None and workflow.patched(PATCH_APPROVAL_DEADLINE):
+        if deadline is not None:
             if not await self._wait(decided, deadline):
                 raise _Ended(
                     S.timed_out, "system", f"no approval within {deadline:g} s; evidence is stale"
@@ -699,8 +642,7 @@ class RepairWorkflow:
         if self._approve is None:
             raise _Ended(S.auto_resolved, "system", "alert cleared before approval")
         sig = self._approve
-        if self._rails:
-            self._approve = None  # consumed
+        self._approve = None  # consumed
         self._approved_by = sig.by
         await self._decide(sig.action or self._action, approver=sig.by)
         self._rule = f"approved by {sig.by}; {self._rule}"
@@ -729,23 +671,18 @@ class RepairWorkflow:
         )
 
     def _holding(self) -> bool:
-        """Whether we hold a granted lease and renew it (:data:`PATCH_LEASE_RENEWAL`).
-        A grant while no request of ours is out (it came after we handed the lease back,
-        an answer to a re-send that crossed the release) is not held
-        (:data:`PATCH_RELEASED_STAYS_RELEASED`)."""
-        held = self._renewing and self._lease is not None and self._lease.granted
-        if held and not self._lease_requested:
-            return not workflow.patched(PATCH_RELEASED_STAYS_RELEASED)
-        return held
+        """Whether we hold a granted lease and renew it. A grant while no request of ours
+        is out (it came after we handed the lease back, an answer to a re-send that crossed
+        the release) is not held."""
+        return self._lease_requested and self._lease is not None and self._lease.granted
 
     def _renew_every(self) -> float:
         """Renewal interval, seconds: :data:`LEASE_RENEW_S`, at most half the lease TTL."""
         return min(LEASE_RENEW_S, self._policy.rails.lease_ttl_s / 2)
 
-    async def _signal_guard(self, lreq: LeaseRequest, strict: bool = False) -> None:
+    async def _signal_guard(self, lreq: LeaseRequest) -> None:
         """Send ``lreq`` to ``guard/{cluster}``, starting the guard when it is not running
-        (first use, or terminated). ``strict``: a failed second try raises (histories from
-        before :data:`PATCH_LEASE_RENEWAL`); otherwise it is logged and the next re-send or
+        (first use, or terminated). A failed second try is logged and the next re-send or
         renewal tries again."""
         gid = workflow_id_guard(lreq.cluster)
         try:
@@ -768,46 +705,19 @@ class RepairWorkflow:
         try:
             await workflow.get_external_workflow_handle(gid).signal(GUARD_SIGNAL_ACQUIRE, lreq)
         except FailureError:
-            if strict:
-                raise
             workflow.logger.warning("guard %s unreachable; the request is sent again later", gid)
 
     async def _acquire_lease(self) -> None:
         """Ask the cluster guard for a lease and wait for the grant (DESIGN §5 rails)."""
         assert self._req is not None
-        # Histories from before lease renewal replay the single request and wait.
-        self._renewing = workflow.patched(PATCH_LEASE_RENEWAL)
         lreq = self._lease_request()
         self._detail = "waiting for a lease from the cluster guard"
         workflow.set_current_details(self._detail)
-        if self._renewing:
-            await self._send_lease_request(lreq)
-            self._lease_requested = True
-            await self._wait_for_grant(lreq)
-            reply = self._lease
-            assert reply is not None
-        else:
-            await self._signal_guard(lreq, strict=True)
-            self._lease_requested = True
-            auto_resolvable = any(a.level for a in self._alerts)
-            while True:
-                await workflow.wait_condition(
-                    lambda: (
-                        self._lease is not None
-                        or self._reject is not None
-                        or self._cancel is not None
-                        or (auto_resolvable and not evidence_current(self._evidence()))
-                    )
-                )
-                self._check_ended()
-                if self._lease is None:
-                    raise _Ended(S.auto_resolved, "system", "alert cleared while waiting for lease")
-                reply = self._lease
-                if reply.granted:
-                    break
-                self._detail = f"lease queued: {reply.reason}"
-                workflow.set_current_details(self._detail)
-                self._lease = None
+        await self._send_lease_request(lreq)
+        self._lease_requested = True
+        await self._wait_for_grant(lreq)
+        reply = self._lease
+        assert reply is not None
         if reply.reset_at is not None and not evidence_current(self._evidence(), reply.reset_at):
             raise _Ended(
                 S.auto_resolved,
@@ -819,14 +729,9 @@ class RepairWorkflow:
         """Send ``lreq`` (:meth:`_signal_guard`), forgetting the guard's previous answer
         first. The guard may answer before the send's own completion reaches this workflow
         (both then arrive in one workflow task, the answer's signal handled first), so the
-        answer must not be cleared after the send. Histories from before
-        :data:`PATCH_LEASE_REPLY_KEPT` clear it after."""
-        kept = workflow.patched(PATCH_LEASE_REPLY_KEPT)
-        if kept:
-            self._lease = None
+        answer must not be cleared after the send."""
+        self._lease = None
         await self._signal_guard(lreq)
-        if not kept:
-            self._lease = None
 
     async def _wait_for_grant(self, lreq: LeaseRequest) -> None:
         """Wait for a granted ``lease`` reply to ``lreq`` (sent by
@@ -890,7 +795,7 @@ class RepairWorkflow:
     async def _ensure_lease(self, step: str) -> None:
         """Before a disruptive ``step``: hold an unexpired lease, or re-acquire one (and
         wait for it) first — an expired lease is never silently reused (DESIGN §5 rails)."""
-        if not (self._renewing and self._lease_requested):
+        if not self._lease_requested:
             return
         lease = self._lease
         now = workflow.now()
@@ -927,7 +832,7 @@ class RepairWorkflow:
             CordonResult,
         )
         self._cordoned_by_us = res.cordoned_by_us
-        if res.held_by_repair and workflow.patched(PATCH_HELD_BY_REPAIR):
+        if res.held_by_repair:
             await self._yield_to(res.held_by_repair)
         if res.by_other:
             self._detail = f"node already cordoned by someone else: {res.detail}"
@@ -978,10 +883,10 @@ class RepairWorkflow:
         noted = ""
         while True:
             self._check_cancel_before_act()
-            if self._rails and not self._evidence_ok():
+            if not self._evidence_ok():
                 return  # the caller ends the repair auto_resolved before draining
             idle = await self._act(ACT.check_idle, ref, IdleStatus)
-            if idle.detail and idle.detail != noted and workflow.patched(PATCH_IDLE_DETAIL):
+            if idle.detail and idle.detail != noted:
                 # what the check did beyond looking (a non-graceful-shutdown taint on a host
                 # the BMC reports off) goes in the repair's record, once per change
                 noted = idle.detail
@@ -1001,9 +906,9 @@ class RepairWorkflow:
                 else start + timedelta(seconds=wfi.max_wait_s),
                 S.waiting_for_idle.value)
             workflow.set_current_details(self._detail)
-            if self._rails and self._history_full():
+            if self._history_full():
                 self._continue_as_new(start, poll)
-            timeout = poll if self._rails else wfi.poll_s
+            timeout = poll
             if not wfi.do_not_interrupt:
                 timeout = min(timeout, max(wfi.max_wait_s - waited, 1.0))
 
@@ -1011,7 +916,7 @@ class RepairWorkflow:
                 return (
                     self._cancel is not None
                     or self._reject is not None
-                    or (self._rails and not self._evidence_ok())
+                    or not self._evidence_ok()
                 )
 
             await self._wait(stop, timeout)
@@ -1066,7 +971,6 @@ class RepairWorkflow:
         self._approved_by, self._rule = c.approved_by, c.rule
         self._lease = self._lease or c.lease
         self._lease_requested = c.lease_requested
-        self._renewing = workflow.patched(PATCH_LEASE_RENEWAL)
         self._cordoned_by_us = c.cordoned_by_us
         self._policy = c.policy or PolicyConfig()
         self._bmc_queue = c.bmc_queue
@@ -1117,15 +1021,13 @@ class RepairWorkflow:
         record the attempt and let the ladder (and the per-node cap) decide the next."""
         assert self._req is not None
         req = self._req
-        first = True
         while True:
             # evidence re-checked right before every action (DESIGN §5 rails)
-            if (first or self._rails) and not self._evidence_ok():
+            if not self._evidence_ok():
                 await self._rejoin()
                 raise _Ended(
                     S.auto_resolved, "system", "every alert behind the repair cleared before acting"
                 )
-            first = False
             action = self._action
             stage = S.migrating if action == Action.migrate else S.repairing
             await self._transition(
@@ -1157,7 +1059,7 @@ class RepairWorkflow:
                 consent = consent_decision(
                     self._action, self._alerts, req.requester, self._policy.consent
                 )
-                if not consent.automatic or (self._rails and self._needs_human):
+                if not consent.automatic or self._needs_human:
                     self._approve = None  # an approval of the last action does not cover it
                     await self._await_approval(
                         f"{action.value} cannot run; moves to {self._action.value}"
@@ -1174,9 +1076,8 @@ class RepairWorkflow:
                 await self._attempt(action, "succeeded")
                 ticket = self._last_ticket or "none"
                 self._hold = f"machine removed for RMA (ticket {ticket}); it stays out"
-                if self._rails:
-                    self._done = f"machine {faulty or req.node} removed for RMA"
-                await self._revalidate(faulty, "removed for RMA", "hold" if self._rails else "pool")
+                self._done = f"machine {faulty or req.node} removed for RMA"
+                await self._revalidate(faulty, "removed for RMA", "hold")
                 return
             if new_machine is not None:
                 self._machine = new_machine
@@ -1184,7 +1085,7 @@ class RepairWorkflow:
             acted_at = workflow.now()
             await self._transition(S.joining, "system", "waiting for the node to come back healthy")
             healthy = await self._wait_healthy(action, before, acted_at)
-            recurred = self._recurrence(acted_at, before) if self._rails else None
+            recurred = self._recurrence(acted_at, before)
             if recurred is not None:
                 # success needs the fault not to come back after the action
                 await self._attempt(action, "failed", machine=faulty)
@@ -1207,7 +1108,7 @@ class RepairWorkflow:
                     "after the action; left cordoned for a human",
                 )
             await self._rejoin()
-            await self._attempt(action, "succeeded", machine=faulty if self._rails else None)
+            await self._attempt(action, "succeeded", machine=faulty)
             if action == Action.migrate and faulty:
                 await self._revalidate(faulty, "node migrated off this machine", "spare")
             await self._transition(S.running, "system", "node back in service")
@@ -1220,12 +1121,7 @@ class RepairWorkflow:
         await self._decide(action, approver=None)
         if self._needs_human or self._action == Action.remove:
             self._approve = None  # an approval of the last action does not cover the next
-            reason = (
-                f"{why}; {self._human_reason}"
-                if self._rails
-                else f"{action.value} failed; ladder exhausted, a human must decide"
-            )
-            await self._await_approval(reason)
+            await self._await_approval(f"{why}; {self._human_reason}")
         elif self._action != action:
             consent = consent_decision(
                 self._action, self._alerts, self._req.requester, self._policy.consent
@@ -1257,49 +1153,38 @@ class RepairWorkflow:
         name = MACHINE_ACTIVITY[action]
         rtype: type[Any] = MigrateResult if action == Action.migrate else ActionResult
         hb = timedelta(seconds=self._policy.rails.heartbeat_timeout_s)
-        if not self._rails:
-            res = await workflow.execute_activity(
-                name,
-                minput,
-                result_type=rtype,
-                task_queue=self._bmc_queue,
-                start_to_close_timeout=_MACHINE_TIMEOUT,
-                heartbeat_timeout=hb,
-                retry_policy=_MACHINE_RETRY_V1,
-            )
-        else:
-            bound = self._policy.rails.action_retry_max_s
-            first_failure: datetime | None = None
-            backoff, backoff_max = _ACTION_BACKOFF_S
-            tries = 0
-            while True:
-                tries += 1
-                try:
-                    res = await workflow.execute_activity(
-                        name,
-                        minput,
-                        result_type=rtype,
-                        task_queue=self._bmc_queue,
-                        start_to_close_timeout=_MACHINE_TIMEOUT,
-                        heartbeat_timeout=hb,
-                        retry_policy=_MACHINE_ONCE,
-                    )
-                    break
-                except ActivityError as err:
-                    if is_cancelled_exception(err) or not _transient(err):
-                        raise
-                    now = workflow.now()
-                    first_failure = first_failure or now
-                    spent = (now - first_failure).total_seconds()
-                    if spent >= bound:
-                        raise
-                    self._detail = (
-                        f"{action.value}: transient failure (try {tries}, retrying for up to "
-                        f"{bound:g} s): {_cause(err)}"
-                    )
-                    workflow.set_current_details(self._detail)
-                    await self._wait(lambda: False, min(backoff, bound - spent))
-                    backoff = min(backoff * 2, backoff_max)
+        bound = self._policy.rails.action_retry_max_s
+        first_failure: datetime | None = None
+        backoff, backoff_max = _ACTION_BACKOFF_S
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                res = await workflow.execute_activity(
+                    name,
+                    minput,
+                    result_type=rtype,
+                    task_queue=self._bmc_queue,
+                    start_to_close_timeout=_MACHINE_TIMEOUT,
+                    heartbeat_timeout=hb,
+                    retry_policy=_MACHINE_ONCE,
+                )
+                break
+            except ActivityError as err:
+                if is_cancelled_exception(err) or not _transient(err):
+                    raise
+                now = workflow.now()
+                first_failure = first_failure or now
+                spent = (now - first_failure).total_seconds()
+                if spent >= bound:
+                    raise
+                self._detail = (
+                    f"{action.value}: transient failure (try {tries}, retrying for up to "
+                    f"{bound:g} s): {_cause(err)}"
+                )
+                workflow.set_current_details(self._detail)
+                await self._wait(lambda: False, min(backoff, bound - spent))
+                backoff = min(backoff * 2, backoff_max)
         if isinstance(res, MigrateResult):
             return res.new_machine
         assert isinstance(res, ActionResult)
@@ -1330,8 +1215,7 @@ class RepairWorkflow:
 
             def recurred() -> bool:
                 return (
-                    self._rails
-                    and acted_at is not None
+                    acted_at is not None
                     and self._recurrence(acted_at, before) is not None
                 )
 
@@ -1462,7 +1346,7 @@ class RepairWorkflow:
         assert self._req is not None
         req = self._req
         held: str | None = None
-        if self._rails and self._cordoned_by_us:
+        if self._cordoned_by_us:
             held = self._hold
             if held is None and self._acted and stage != S.succeeded:
                 tried = ", ".join(a.value for a in self._acted)
@@ -1498,8 +1382,7 @@ class RepairWorkflow:
         except FailureError:
             pass  # repair not driven by a NodeWorkflow (operator / detector request)
         except asyncio.CancelledError:
-            if not self._rails:
-                raise
+            pass  # a workflow cancellation interrupts the signal only; the ending goes on
         if stage in (S.failed, S.timed_out) or held is not None:
             subject = f"repair {req.repair_id} {stage.value}"
             if held is not None:
@@ -1552,9 +1435,6 @@ class RepairWorkflow:
     async def _safely(self, what: str, step: Callable[[], Awaitable[Any]]) -> None:
         """Run one cleanup step; a failure after its retries is logged and the ending
         goes on (a workflow cancellation arriving meanwhile interrupts one try only)."""
-        if not self._rails:
-            await step()
-            return
         for _ in range(2):
             try:
                 await step()
@@ -1577,8 +1457,7 @@ class RepairWorkflow:
             except FailureError:
                 pass
             except asyncio.CancelledError:
-                if not self._rails:
-                    raise
+                pass  # a workflow cancellation interrupts the signal only
 
     async def _act(
         self,

@@ -473,3 +473,35 @@ def test_kubernetes_clusters_give_ingest_the_node_list() -> None:
     assert by_kind(docs, "ServiceAccount")[f"{FULL}-ingest"]["automountServiceAccountToken"]
     slurm = render({"config": {"clusters": [{"name": "gpu-east", "scheduler": "slurm"}]}})
     assert _rules_of(slurm, f"{FULL}-ingest") == set()
+
+
+def test_worker_versioning_values_and_draining_builds(tmp_path: Path) -> None:
+    """Worker Versioning (docs/runbook.md "Upgrade the workers"): the current build's
+    workers and one Deployment per draining build, each polling as its own build id; the
+    ConfigMap carries the deployment name and the switches."""
+    docs = render({"image": {"tag": "0.4.0"},
+                   "worker": {"drainingBuilds": [{"buildId": "0.3.0"}]}})
+    workers = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"
+               and d["metadata"]["name"].startswith(f"{FULL}-worker")}
+    assert set(workers) == {f"{FULL}-worker", f"{FULL}-worker-build-0-3-0"}
+
+    def build_of(d: dict[str, Any]) -> tuple[str, str]:
+        c = d["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        return c["image"].rsplit(":", 1)[1], env["AUTOREPAIR__TEMPORAL__BUILD_ID"]
+
+    assert build_of(workers[f"{FULL}-worker"]) == ("0.4.0", "0.4.0")
+    old = workers[f"{FULL}-worker-build-0-3-0"]
+    assert build_of(old) == ("0.3.0", "0.3.0")
+    # the current Deployment's selector never matches a draining build's pods
+    sel = workers[f"{FULL}-worker"]["spec"]["selector"]["matchLabels"]
+    labels = old["spec"]["template"]["metadata"]["labels"]
+    assert not all(labels.get(k) == v for k, v in sel.items())
+    for d in workers.values():
+        kubernetes_validate.validate(d, KUBE_VERSIONS[-1], strict=True)
+    cm = next(d for d in docs if d["kind"] == "ConfigMap")
+    conf = yaml.safe_load(cm["data"]["autorepair.yaml"])["temporal"]
+    assert conf["worker_versioning"] is True and conf["deployment_name"] == "autorepair"
+    assert conf["promote_on_start"] is True
+    with pytest.raises(Exception, match="buildId"):
+        render({"worker": {"drainingBuilds": [{"tag": "x"}]}})

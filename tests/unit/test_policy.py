@@ -218,9 +218,6 @@ def test_migrate_gate_looks_at_age_not_at_still_active() -> None:
     # an Xid event is never cleared: "active" says nothing about whether it is recent
     stale_xid = alert(observed_at=NOW - timedelta(days=11))
     assert migrate_gate(Action.migrate, [stale_xid], [], NOW, g).action == Action.reprovision
-    assert migrate_gate(
-        Action.migrate, [stale_xid], [], NOW, g, legacy_active=True
-    ).action == Action.migrate
     # a critical level fault that cleared 2 days ago still counts (within 10 days)
     cleared = alert(level=True, active=False, observed_at=NOW - timedelta(days=2))
     d = migrate_gate(Action.migrate, [cleared], [], NOW, g)

@@ -1,19 +1,19 @@
 """Replay saved histories of representative runs with the Replayer, so a change that
 breaks determinism fails CI.
 
-``histories/<version>/`` holds one recording per released workflow version, and every one
-must keep replaying: workflows in flight when a worker is upgraded replay their history
-on the new code (``workflow.patched`` keeps the old command sequence for them).
+``histories/<package version>/`` holds one recording per tagged release, and every one
+must keep replaying (issue 26 item 6). ``0.3.0`` is the baseline: the first tagged
+version, cut after every ``workflow.patched`` branch of the untagged rounds was removed
+(their r1-r3 histories went with them). From here on upgrades use Temporal Worker
+Versioning (docs/architecture.md "Upgrades"): a repair is pinned to the build that started
+it, so its history only ever replays on that build; the node and guard entities move to
+a new build on continue-as-new, and a change to their code that alters the command
+sequence of a run in flight still needs ``workflow.patched`` -- these recordings are what
+catches one that does not.
 
-- ``r1``: the first release, before any ``workflow.patched`` change.
-- ``r2``: every patch before ``lease-reply-kept`` (a repair whose lease answer came with
-  the send's completion waited for a re-send).
-- ``r3``: the current code, every patch taken (its ``repair_ladder_reject`` has that
-  ordering: the answer in the same workflow task as the send's completion).
-
-Record the current version (into :data:`RECORD_INTO`, after an intentional, patched
-change: add a new version directory, never overwrite an old one) with
-``AUTOREPAIR_RECORD_HISTORIES=1 pytest tests/workflows/test_replay.py``.
+Record the current version (into :data:`RECORD_INTO`, the directory named after the
+package version in pyproject.toml: bump the version first, never overwrite an old one)
+with ``AUTOREPAIR_RECORD_HISTORIES=1 pytest tests/workflows/test_replay.py``.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from tests.workflows.helpers import (
     start_repair,
     wait_stage,
 )
+from workers.version import package_version
 from workflows.models import (
     Action,
     ApproveSignal,
@@ -49,8 +50,8 @@ from workflows.models import (
 from workflows.protocol import workflow_id_guard, workflow_id_node
 
 HISTORIES = Path(__file__).parent / "histories"
-#: Where :func:`test_record_histories` writes: the current workflow version's directory.
-RECORD_INTO = HISTORIES / "r3"
+#: Where :func:`test_record_histories` writes: the current package version's directory.
+RECORD_INTO = HISTORIES / package_version()
 RECORD = os.environ.get("AUTOREPAIR_RECORD_HISTORIES") == "1"
 
 

@@ -141,7 +141,6 @@ def migrate_gate(
     critical_history: Sequence[Alert],
     now: datetime,
     gate: MigrateGateConfig,
-    legacy_active: bool = False,
 ) -> GateDecision:
     """Migrate needs a critical alert firing now or one on the same machine within
     ``gate.window_s`` (default 10 days, DESIGN §5 migrate); otherwise it runs as a quick
@@ -150,14 +149,10 @@ def migrate_gate(
     "Firing now" is a critical level fault still raised; every other critical alert — the
     repair's own ``alerts`` (an Xid event, a level fault cleared since) or the machine's
     ``critical_history`` — counts by its age (``observed_at`` within the window), never by
-    whether it is still active. ``legacy_active``: the first release's rule (any active
-    critical alert counts as firing now), kept so repairs recorded under it replay."""
+    whether it is still active."""
     if action != Action.migrate:
         return GateDecision(action, "gate:not applicable")
-    if any(
-        a.severity == Severity.critical and a.active and (a.level or legacy_active)
-        for a in alerts
-    ):
+    if any(a.severity == Severity.critical and a.active and a.level for a in alerts):
         return GateDecision(Action.migrate, "gate:critical alert now")
     since = now - timedelta(seconds=gate.window_s)
     if any(
@@ -181,7 +176,6 @@ def choose_action(
     pool: str | None = None,
     reset_blocked: str | None = None,
     node: str | None = None,
-    legacy_active: bool = False,
 ) -> LadderDecision:
     """Reset preconditions, ladder, then migrate gate for ``requested``; returns the final
     action and the rule string of every step. The ladder key is the first alert's
@@ -192,7 +186,7 @@ def choose_action(
     ``reset_blocked``: why the node said the reset cannot run) before the ladder, so a
     reset the platform forbids becomes ``reboot`` before acting. ``None``: no such step.
     ``node`` makes attempts on the node count as well as those on ``machine_id`` (see
-    :func:`counted_attempts`); ``legacy_active`` as in :func:`migrate_gate`."""
+    :func:`counted_attempts`)."""
     kind = alerts[0].kind if alerts else "manual"
     code = alerts[0].code if alerts else None
     steps: list[str] = []
@@ -203,6 +197,6 @@ def choose_action(
         if rd.rule:
             steps.append(rd.rule)
     lad = ladder_decision(requested, attempts, kind, code, machine_id, now, ladder, node)
-    g = migrate_gate(lad.action, alerts, critical_history, now, gate, legacy_active)
+    g = migrate_gate(lad.action, alerts, critical_history, now, gate)
     steps += [lad.rule, g.rule]
     return LadderDecision(g.action, lad.escalated, lad.needs_human, "; ".join(steps))
