@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench fuzz fuzz-api property crash install slurm-deps clean
+.PHONY: run test lint bench fuzz fuzz-api property crash model-check install slurm-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -80,3 +80,10 @@ crash: install
 
 clean:
 	rm -rf $(VENV) .autorepair
+
+# Exhaustive bounded check of the lifecycle machines (tests/model/checker.py): every
+# event sequence up to DEPTH; the last line is `states=… transitions=… depth=…
+# violations=0 seconds=…`, exit 1 on a violation (printed with its shortest trace).
+DEPTH ?= 12
+model-check: install
+	$(BIN)/python -m tests.model --depth $(DEPTH)

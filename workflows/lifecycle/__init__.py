@@ -1,0 +1,7 @@
+"""Pure lifecycle state machines (issue 26): ``step(state, event, now) -> (state, commands)``.
+
+No I/O and no Temporal imports here: the workflows turn what Temporal delivers into
+events, call ``step`` and execute the commands; ``tests/model/`` checks the machines
+exhaustively. So far: :mod:`workflows.lifecycle.machine_action` (one machine action of a
+repair: power cycle, reboot, GPU reset, reprovision).
+"""
