@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from workflows.config import ClusterConfig
 from workflows.models import Action, Alert
+from workflows.policy.node_action import UNKNOWN_INVENTORY
 
 log = logging.getLogger("autorepair.ingest.inventory")
 
@@ -38,8 +39,9 @@ OTHER_CLUSTERS = "other"
 """Bucket and metric label of every cluster id outside ``clusters`` (bounded labels)."""
 MAX_ADMITTED = 10_000
 """Unknown nodes remembered as already started (an entry is ~200 bytes: ~2 MB at most)."""
-UNKNOWN = "unknown"
-"""``Alert.evidence["inventory"]`` of an alert about a node outside the inventory."""
+UNKNOWN = UNKNOWN_INVENTORY
+"""``Alert.evidence["inventory"]`` of an alert about a node outside the inventory; the
+``NodeWorkflow`` treats it as final (``workflows.policy.node_action``)."""
 
 #: Reads the schedulers' node lists: ``{cluster: node names}`` for every cluster it could
 #: read (a cluster missing from the answer keeps its previous list). ``autorepair ingest``
