@@ -40,6 +40,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 
 from ingest.threshold import DEFAULT_COHORT, NodeState
+from workflows.catalogue.vocabulary import SENDER_RESERVED_KINDS
 from workflows.config import IngestConfig
 
 # Wire contract names (DESIGN §4.3).
@@ -541,6 +542,10 @@ def _decode_fault(
         if len(kind) > MAX_KIND_LEN:
             return "fault", (f"{ATTR_FAULT_KIND}: {kind[:MAX_KIND_LEN]!r}… longer than "
                              f"{MAX_KIND_LEN} characters")
+        if kind.strip().lower() in SENDER_RESERVED_KINDS:
+            # control-plane kinds are raised by ingest, the guard and the intake only
+            return "fault", (f"{ATTR_FAULT_KIND}: {kind!r} is a control-plane kind "
+                             "that senders may not report")
     code_raw = attrs.get(ATTR_FAULT_CODE)
     code: int | None = None
     if code_raw is not None and code_raw != "":

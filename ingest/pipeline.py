@@ -61,6 +61,10 @@ log = logging.getLogger("autorepair.ingest")
 
 PANIC_KIND = "straggler_panic"
 """Kind of the cluster-level alert raised when a cohort enters panic mode (DESIGN §5)."""
+REPORTED_BY = "reported_by"
+"""Evidence key ingest stamps on a sender's alert: the role of its verified identity."""
+UNAUTHENTICATED = "unauthenticated"
+"""``evidence["reported_by"]`` when the receivers run without authentication."""
 NCCL_KIND = "nccl_slow_rank"
 """Kind of the alert naming the node that hosts a persistently late NCCL rank."""
 
@@ -495,9 +499,17 @@ class Ingestor:
 
     # -------------------------------------------------------------------- logs
     async def handle_logs(
-        self, req: ExportLogsServiceRequest, transport: str, raw: bytes | None = None
+        self, req: ExportLogsServiceRequest, transport: str, raw: bytes | None = None,
+        *, reporter: str | None = None,
     ) -> tuple[ExportLogsServiceResponse, ThresholdHint]:
         """Apply one logs export: each fault / straggler record becomes an alert.
+
+        ``reporter``: the role of the sender's verified identity (``"node"``: a per-node
+        token or certificate, bound to the one node it reports for; ``"collector"``;
+        ``None``: authentication off). Stamped on every alert as
+        ``evidence["reported_by"]`` (:data:`REPORTED_BY`; ``"unauthenticated"`` for
+        ``None``), replacing any value the sender put there: what confirms a Kubernetes
+        node condition (``workers.watchers.kube``) is the node's own report.
 
         The push's alerts are handed off together once all are built (stored in one round
         trip with an outbox). Raises :class:`HandoffRefused` when the hand-off cannot take
@@ -512,7 +524,7 @@ class Ingestor:
         try:
             for f in d.faults:
                 self.unreachable.seen(f.resource, now)
-                await self._fault_alert(f)
+                await self._fault_alert(f, reporter or UNAUTHENTICATED)
         finally:
             _PUSH.reset(token)
         await self._commit(batch)
@@ -526,7 +538,7 @@ class Ingestor:
                 rejected_log_records=d.rejected, error_message=d.error_message()))
         return resp, self._hint_for_request(d, req)
 
-    async def _fault_alert(self, f: FaultRecord) -> None:
+    async def _fault_alert(self, f: FaultRecord, reporter: str = "unauthenticated") -> None:
         # Level fault or event, and which raise a clear ends (ingest.levels).
         shape = fault_shape(f.kind, f.gpu, f.active, f.evidence)
         if f.kind == "straggler":
@@ -534,8 +546,8 @@ class Ingestor:
         try:
             alert = self.build_alert(
                 f.resource, kind=shape.kind, code=f.code, gpu=shape.gpu,
-                evidence_text=f.evidence_text, evidence=f.evidence, observed_at=f.time_s,
-                active=shape.active, level=shape.level, source="agent",
+                evidence_text=f.evidence_text, evidence={**f.evidence, REPORTED_BY: reporter},
+                observed_at=f.time_s, active=shape.active, level=shape.level, source="agent",
             )
         except (ValueError, TypeError) as e:
             log.warning("event=alert_build_failed cluster=%s node=%s kind=%s error=%s",

@@ -23,7 +23,8 @@ treat that as "no ledger" (the dead letter is then only logged, reconciliation s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from datetime import datetime
 
 import asyncpg
 
@@ -94,6 +95,11 @@ class LazyLedger:
     async def last_level_edges(self, cluster: str, source: str) -> list[Alert]:
         """``Ledger.last_level_edges``: the newest edge of each level fault of ``source``."""
         return await (await self.get()).last_level_edges(cluster, source)
+
+    async def node_bound_alert(self, cluster: str, node: str, kinds: Collection[str],
+                               since: datetime) -> str | None:
+        """``Ledger.node_bound_alert``: the node agent's own report confirming a condition."""
+        return await (await self.get()).node_bound_alert(cluster, node, kinds, since)
 
     async def close(self) -> None:
         """Close the pool (idempotent)."""

@@ -85,8 +85,9 @@ def decide_node_action(
     this one included). ``repeats_same_gpu``: occurrences of the same application Xid on
     the same GPU/GPC within ``cat.app_xid_repeat_window_s``.
 
-    Order: clear → node outside the inventory (observed only, final) → operator override (action/actionable/count) → secondary Xid →
-    straggler or late NCCL rank (:data:`SLOW_KINDS`) → application-level Xid
+    Order: clear → node outside the inventory (observed only, final) → operator override
+    (action/actionable/count) → secondary Xid → straggler or late NCCL rank
+    (:data:`SLOW_KINDS`) → application-level Xid
     (:data:`APP_LEVEL_XIDS` never repair a node; repeats of :data:`DIAGNOSTIC_XIDS`
     recommend diagnostics) → the catalogue's entry for
     the fault. Raises nothing for a valid :class:`Alert`.
