@@ -61,6 +61,9 @@ log = logging.getLogger("autorepair.ingest")
 
 PANIC_KIND = "straggler_panic"
 """Kind of the cluster-level alert raised when a cohort enters panic mode (DESIGN §5)."""
+REPORTED_HOST_ID = "reported_host_id"
+"""Evidence key of the sender's ``host.id`` (evidence only: the alert's machine comes from
+configuration and the ledger's bindings)."""
 REPORTED_BY = "reported_by"
 """Evidence key ingest stamps on a sender's alert: the role of its verified identity."""
 UNAUTHENTICATED = "unauthenticated"
@@ -225,12 +228,20 @@ class Ingestor:
         level: bool, source: str,
     ) -> Alert:
         """An :class:`Alert` through ``workflows.alerts.alert_from_fault`` (catalogue
-        applied); its evidence carries the node's provider facts (``autorepair.provider``…)."""
+        applied); its evidence carries the node's provider facts (``autorepair.provider``…).
+
+        ``machine_id`` is stamped from configuration and the ledger's bindings
+        (:meth:`NodeInventory.machine`), never from the sender: its ``host.id`` is kept as
+        ``evidence["reported_host_id"]`` only, so a node cannot put its alerts on another
+        machine's migrate gate or ladder history."""
+        if res.machine_id is not None:
+            evidence = {**evidence, REPORTED_HOST_ID: res.machine_id}
         return self._builder()(
             cluster=res.cluster, node=res.node, kind=kind, code=code, gpu=gpu,
             evidence_text=evidence_text, evidence=self._stamped(res, evidence),
             observed_at=datetime.fromtimestamp(observed_at, UTC),
-            catalogue=self.config.policy.catalogue, machine_id=res.machine_id,
+            catalogue=self.config.policy.catalogue,
+            machine_id=self.inventory.machine(res.cluster, res.node),
             node_pool=res.node_pool, active=active, level=level, source=source,
         )
 
@@ -426,7 +437,7 @@ class Ingestor:
             evidence=self._stamped(r, edge.evidence()) if r is not None else edge.evidence(),
             observed_at=datetime.fromtimestamp(edge.at, UTC),
             catalogue=self.config.policy.catalogue,
-            machine_id=r.machine_id if r is not None else None,
+            machine_id=self.inventory.machine(edge.cluster, edge.node),
             node_pool=r.node_pool if r is not None else None,
             active=edge.active, level=True, source="ingest",
         )

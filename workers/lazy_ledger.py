@@ -101,6 +101,19 @@ class LazyLedger:
         """``Ledger.node_bound_alert``: the node agent's own report confirming a condition."""
         return await (await self.get()).node_bound_alert(cluster, node, kinds, since)
 
+    async def machine_bindings(self) -> dict[str, dict[str, str]]:
+        """``BindingsSource`` of ingest: ``{cluster: {node: machine}}`` of every configured
+        cluster from the ledger's ``node_bindings`` (written by migrations,
+        ``activities.spares.MachineBindings``); a configured cluster without a binding
+        maps to ``{}``."""
+        rows = await (await self.get()).pool.fetch(
+            "SELECT cluster, node, machine FROM node_bindings WHERE cluster = ANY($1::text[])",
+            [c.name for c in self.config.clusters])
+        out: dict[str, dict[str, str]] = {c.name: {} for c in self.config.clusters}
+        for r in rows:
+            out[str(r["cluster"])][str(r["node"])] = str(r["machine"])
+        return out
+
     async def close(self) -> None:
         """Close the pool (idempotent)."""
         if self._ledger is not None:
