@@ -780,8 +780,9 @@ class Ledger:
     async def guard_state(self, q: GuardStateQuery) -> GuardLedgerState:
         """What a freshly started cluster guard rebuilds (see :class:`GuardLedgerState`):
         open repairs in :data:`HOLDING_STAGES`, automatic repairs that cordoned since
-        ``q.since`` (their lease was granted), the newest circuit-breaker alert, and the
-        nodes that reported a GPU."""
+        ``q.since`` (their lease was granted) and the guard's newest circuit-breaker alert.
+        ``gpu_nodes_reported`` stays 0: nodes named by alerts are no denominator
+        (issue 27 item 9)."""
         rows = await self.pool.fetch(
             """SELECT repair_id, node, workflow_id, approved_by, requester_kind, stage
                FROM repairs WHERE cluster = $1 AND stage = ANY($2::text[])
@@ -818,11 +819,6 @@ class Ledger:
             BREAKER_KIND,
             BREAKER_SOURCE,
         )
-        gpus = await self.pool.fetchval(
-            """SELECT count(DISTINCT node) FROM alerts
-               WHERE cluster = $1 AND gpu IS NOT NULL AND gpu <> '' AND node <> '*'""",
-            q.cluster,
-        )
         is_open = bool(breaker is not None and breaker["active"])
         evidence = (breaker["evidence"] or {}) if breaker is not None else {}
         return GuardLedgerState(
@@ -831,7 +827,6 @@ class Ledger:
             breaker_open=is_open,
             tripped_at=breaker["observed_at"] if is_open and breaker is not None else None,
             tripped_reason=str(evidence.get("reason", "")) if is_open else "",
-            gpu_nodes_reported=int(gpus or 0),
         )
 
     async def open_repair(
