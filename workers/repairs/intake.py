@@ -10,7 +10,9 @@ evidence gate, guard lease (capacity, budget, breaker) and rails inside that wor
 Intake rules (DESIGN §5):
 
 * **Idempotency, forever.** ``detector + request_id`` is claimed in the ledger
-  (``idempotency_keys``); the repair id is derived from that key
+  (``idempotency_keys``), the detector keyed by its source (:func:`request_key`: an
+  annotation's ``NAME#annotation`` is another key than the API detector ``NAME``, and so
+  is its per-detector cap count); the repair id is derived from that key
   (:func:`repair_id_for_request`), so a retried or racing create returns the one
   existing repair, also after it finished.
 * **Detector caps.** At most ``policy.rails.detector_cap`` detector-requested repairs in
@@ -117,6 +119,22 @@ class IntakeError(Exception):
         if self.status == 422 and self.field:
             return [{"loc": ["body", self.field], "msg": self.message, "type": "value_error"}]
         return self.message
+
+
+API_SOURCE = "api"
+"""Source of requests made through the repair API (``POST /api/v1/repairs``)."""
+ANNOTATION_SOURCE = "annotation"
+"""Source of Kubernetes node-annotation requests (``workers.watchers.kube``)."""
+
+
+def request_key(detector: str, source: str = API_SOURCE) -> str:
+    """The idempotency and per-detector cap key of a request: the detector's name for
+    the repair API, ``"{detector}#{source}"`` for any other source. An annotation names
+    its detector itself (any holder of ``nodes/patch`` writes it), so keyed by (detector,
+    source) it can neither pre-claim an API detector's request ids (a 409 or a "replayed"
+    repair for the real request) nor spend that detector's cap; ``#`` is outside the
+    detector-name pattern, so no API detector can name a key of another source."""
+    return detector if source == API_SOURCE else f"{detector}#{source}"
 
 
 def repair_id_for_request(detector: str, request_id: str) -> str:
@@ -276,6 +294,7 @@ class RepairIntake:
         *,
         skip_approval: bool = False,
         refuse_remove: bool | None = None,
+        source: str = API_SOURCE,
     ) -> CreateResult:
         """Record and start the repair ``req`` asks for (idempotent on detector +
         request id, forever).
@@ -283,6 +302,10 @@ class RepairIntake:
         ``requester``: who asks (a detector is never recorded as a user).
         ``skip_approval``: detector requests bypass the approval queue.
         ``refuse_remove``: record ``remove`` as refused (default: for detectors).
+        ``source``: where the request came from (:data:`API_SOURCE`,
+        :data:`ANNOTATION_SOURCE`); the idempotency key, the repair id and the
+        per-detector cap count use :func:`request_key` (the cap's configured value is the
+        detector's, ``clusters[].detectors.allowed.NAME.cap``).
 
         Raises :class:`IntakeError` (422 unknown cluster/node/evidence alert, 409 request
         id already used for another node).
@@ -297,9 +320,10 @@ class RepairIntake:
         machine_id = node_cfg.machine if node_cfg else None
         pool = node_cfg.pool if node_cfg else None
         now = self.clock()
+        name, detector = detector, request_key(detector, source)
         repair_id = repair_id_for_request(detector, req.request_id)
         alerts = await self._evidence(
-            req, cluster, requester, detector, repair_id, machine_id, pool, now
+            req, cluster, requester, name, repair_id, machine_id, pool, now
         )
 
         remove_refused = (
@@ -335,7 +359,7 @@ class RepairIntake:
                     cap = self.config.policy.rails.detector_cap
                     in_flight = await locked.count_detector_repairs(cluster)
                     own_cap, key = (cfg.detectors if cfg is not None
-                                    else DetectorsConfig()).cap_of(detector)
+                                    else DetectorsConfig()).cap_of(name)
                     own = await locked.count_detector_repairs(cluster, detector=detector)
                     if in_flight >= cap:
                         refusal = (
@@ -419,7 +443,8 @@ class RepairIntake:
         cfg = self.resolve_cluster(req.cluster, req.node)
         cluster = cfg.name if cfg is not None else str(req.cluster)
         node_cfg = next((n for n in cfg.nodes if n.name == req.node), None) if cfg else None
-        repair_id = repair_id_for_request(detector, req.request_id)
+        repair_id = repair_id_for_request(request_key(detector, ANNOTATION_SOURCE),
+                                          req.request_id)
         (*_, request) = await self._evidence(
             req, cluster, Requester(kind=RequesterKind.detector, name=detector), detector,
             repair_id, node_cfg.machine if node_cfg else None,

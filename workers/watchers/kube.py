@@ -8,7 +8,10 @@ patch node metadata sets the label :data:`REQUEST_LABEL` = ``"true"`` and the an
 :class:`workers.repairs.intake.RepairIntake` with the detector as an external requester
 (never a user), skipping the approval queue but not the evidence gate, the guard lease or
 the budgets; ``remove`` is refused (human-only); detector + request id is the idempotency
-key forever and the per-cluster and per-detector caps apply. Only detectors listed in the
+key forever and the per-cluster and per-detector caps apply — keyed by (detector, source)
+(``workers.repairs.intake.request_key``: ``NAME#annotation``), so an annotation under a
+detector's name can neither pre-claim that detector's API request ids nor spend its API
+cap. Only detectors listed in the
 cluster's ``detectors.allowed`` open repairs this way: the annotation names its detector
 itself and ``nodes/patch`` is held by many components (the kubelet for its own Node), so
 any other request is recorded as an observed alert (``RepairIntake.observe_request``)
@@ -66,7 +69,7 @@ from kubernetes_asyncio import client as k8s
 from pydantic import ValidationError
 
 from ingest.handoff import AlertSink
-from workers.repairs.intake import IntakeError, RepairIntake
+from workers.repairs.intake import ANNOTATION_SOURCE, IntakeError, RepairIntake
 from workers.repairs.models import RepairCreate
 from workers.watchers.bmc import BmcChecks, BmcProbe, OpenAlerts, bmc_verdict
 from workers.watchers.edges import EdgeTimes
@@ -313,7 +316,7 @@ class KubeWatcher:
             else:
                 res = await self.intake.create(
                     req, Requester(kind=RequesterKind.detector, name=detector),
-                    skip_approval=True, refuse_remove=True,
+                    skip_approval=True, refuse_remove=True, source=ANNOTATION_SOURCE,
                 )
                 result.update({"repair_id": res.repair.repair_id, "stage": res.repair.stage,
                                "refused": res.refused, "reason": res.refused_reason})
