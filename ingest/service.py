@@ -325,10 +325,11 @@ class IngestService:
         await self.stop()
 
 
-#: Builds extra API routers once the Temporal client exists; returns the routers and
-#: coroutines to await at shutdown. ``autorepair ingest`` passes the repair API's
+#: Builds extra API routers once the Temporal client exists (called with the client and
+#: the inventory's ``known(cluster, node)``); returns the routers and coroutines to await
+#: at shutdown. ``autorepair ingest`` passes the repair API's
 #: (``workers.repairs.router``): ingest itself depends only on ``workflows`` (DESIGN §2).
-RoutersFactory = Callable[[Any], tuple[list[APIRouter], list[Callable[[], Awaitable[None]]]]]
+RoutersFactory = Callable[..., tuple[list[APIRouter], list[Callable[[], Awaitable[None]]]]]
 
 
 async def _serve(config: AutorepairConfig, routers_for: RoutersFactory | None = None,
@@ -366,11 +367,15 @@ async def _serve(config: AutorepairConfig, routers_for: RoutersFactory | None = 
         on_outcome=lambda o: service.metrics.alert_handoff_total.labels(o).inc(),
         on_dead_letter=lambda r: service.metrics.alerts_dead_lettered_total.labels(r).inc(),
     )
-    routers, closers = routers_for(client) if routers_for is not None else ([], [])
-    service = IngestService(config, sink, temporal_ready=temporal_ready, routers=routers,
+    service = IngestService(config, sink, temporal_ready=temporal_ready,
                             require_auth=True, inventory_source=inventory_source,
                             bmc_probe=bmc_probe, open_alerts=open_alerts,
                             bindings_source=bindings_source)
+    # the repair API refuses nodes outside the same inventory the receivers gate on
+    routers, closers = (routers_for(client, service.ingestor.inventory.known)
+                        if routers_for is not None else ([], []))
+    for r in routers:
+        service.api_app.include_router(r)
     poller = RepairMetricsPoller(
         client, service.metrics,
         # configured clusters plus those admitted as metric labels: a bounded set however

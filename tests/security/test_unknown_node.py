@@ -61,3 +61,31 @@ def test_observed_mark_is_final_in_the_decision() -> None:
     assert not d.actionable and d.rule == "inventory:unknown"
     slow = base.model_copy(update={"kind": "straggler", "code": None})
     assert not decide_node_action(slow, CatalogueConfig()).diagnostic
+
+
+async def test_repair_api_refuses_a_node_outside_the_inventory(harness: Harness) -> None:
+    """The API path: a cluster without ``clusters[].nodes`` whose scheduler lists gpu-01;
+    a request for sim-01 is a 422 naming ``node`` and records nothing."""
+    import pytest
+
+    from ingest.inventory import NodeInventory
+    from workers.repairs.intake import IntakeError, RepairIntake
+    from workers.repairs.models import RepairCreate
+    from workflows.models import Requester, RequesterKind
+
+    h = harness
+    c = h.cluster.cluster
+    cfg = AutorepairConfig.model_validate({"temporal": {"task_queue": h.task_queue},
+                                           "clusters": [{"name": c}]})
+    inv = NodeInventory(cfg.clusters)
+    inv.replace(c, ["gpu-01"])
+    intake = RepairIntake(cfg, h.ledger, h.client, known=inv.known)
+    who = Requester(kind=RequesterKind.user, name="alice")
+    with pytest.raises(IntakeError) as ei:
+        await intake.create(RepairCreate(node="sim-01", cluster=c, mode="reboot",
+                                         request_id="op-1", reason="made up"), who)
+    assert ei.value.status == 422 and ei.value.field == "node"
+    assert await h.ledger.list_repairs(cluster=c) == []
+    ok = await intake.create(RepairCreate(node="gpu-01", cluster=c, mode="reboot",
+                                          request_id="op-2", reason="real"), who)
+    assert ok.created and ok.repair.node == "gpu-01"

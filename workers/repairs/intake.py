@@ -178,7 +178,10 @@ class RepairIntake:
 
     ``ledger``: the PostgreSQL ledger (its pool needs at least 2 connections: the cap
     check holds one under an advisory lock). ``client``: Temporal client with the
-    pydantic data converter. ``clock``: timezone-aware now, for tests.
+    pydantic data converter. ``clock``: timezone-aware now, for tests. ``known``:
+    ``(cluster, node) → bool``, the ingest inventory (``NodeInventory.known``); a request
+    for a node it does not list is refused (422 naming ``node``). ``None``: only
+    ``clusters[].nodes`` is checked.
     """
 
     def __init__(
@@ -188,11 +191,23 @@ class RepairIntake:
         client: Client,
         *,
         clock: Callable[[], datetime] | None = None,
+        known: Callable[[str, str], bool] | None = None,
     ) -> None:
         self.config = config
         self.ledger = ledger
         self.client = client
         self.clock = clock or (lambda: datetime.now(UTC))
+        self.known = known
+
+    def _check_inventory(self, cluster: str, node: str) -> None:
+        """Raises :class:`IntakeError` 422 naming ``node`` when ``known`` (the ingest
+        inventory: configured nodes plus the scheduler's node list) does not list
+        ``node`` in ``cluster``: a node outside the inventory is observed, never
+        repaired, on every path (issue 27 item 0)."""
+        if self.known is not None and not self.known(cluster, node):
+            raise IntakeError(
+                422, f"node {node!r} is not in the inventory of cluster {cluster!r} "
+                "(clusters[].nodes or the scheduler's node list)", "node")
 
     # -- lookups ---------------------------------------------------------------------
     def resolve_cluster(self, cluster: str | None, node: str) -> ClusterConfig | None:
@@ -316,6 +331,7 @@ class RepairIntake:
         )
         cfg = self.resolve_cluster(req.cluster, req.node)
         cluster = cfg.name if cfg is not None else str(req.cluster)
+        self._check_inventory(cluster, req.node)
         node_cfg = next((n for n in cfg.nodes if n.name == req.node), None) if cfg else None
         machine_id = node_cfg.machine if node_cfg else None
         pool = node_cfg.pool if node_cfg else None
@@ -553,9 +569,11 @@ class LazyIntake:
     ``get()`` raises ``RuntimeError`` naming ``ledger.dsn`` when it is empty or
     PostgreSQL is unreachable (the API answers 503)."""
 
-    def __init__(self, config: AutorepairConfig, client: Client) -> None:
+    def __init__(self, config: AutorepairConfig, client: Client,
+                 known: Callable[[str, str], bool] | None = None) -> None:
         self.config = config
         self.client = client
+        self.known = known
         self._intake: RepairIntake | None = None
         self._lock = asyncio.Lock()
 
@@ -573,7 +591,8 @@ class LazyIntake:
                 except (OSError, asyncpg.PostgresError) as e:
                     raise RuntimeError(f"ledger.dsn: cannot reach PostgreSQL: {e}") from e
                 ledger = Ledger(pool, providers=ProviderResolver(self.config.providers))
-                self._intake = RepairIntake(self.config, ledger, self.client)
+                self._intake = RepairIntake(self.config, ledger, self.client,
+                                            known=self.known)
         return self._intake
 
     async def close(self) -> None:

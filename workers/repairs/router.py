@@ -282,24 +282,30 @@ def build_repairs_router(
 
 def api_routers(
     config: AutorepairConfig,
-) -> Callable[[Client], tuple[list[APIRouter], list[Callable[[], Awaitable[None]]]]]:
+) -> Callable[..., tuple[list[APIRouter], list[Callable[[], Awaitable[None]]]]]:
     """The factory ``autorepair ingest`` hands to ``ingest.service.run_ingest``: the repair
-    router on the given Temporal client, and the intake's ``close`` for shutdown.
+    router on the given Temporal client (and ``known``, the ingest inventory's
+    ``(cluster, node) → bool``: requests for nodes outside it are refused), and the
+    intake's ``close`` for shutdown.
 
     Raises ``ValueError`` naming the tokens file when it is malformed (at call time)."""
 
-    def build(client: Client) -> tuple[list[APIRouter], list[Callable[[], Awaitable[None]]]]:
-        router, intake = repairs_router_for(config, client)
+    def build(client: Client, known: Callable[[str, str], bool] | None = None
+              ) -> tuple[list[APIRouter], list[Callable[[], Awaitable[None]]]]:
+        router, intake = repairs_router_for(config, client, known)
         return [router], [intake.close]
 
     return build
 
 
-def repairs_router_for(config: AutorepairConfig, client: Client) -> tuple[APIRouter, LazyIntake]:
+def repairs_router_for(config: AutorepairConfig, client: Client,
+                       known: Callable[[str, str], bool] | None = None,
+                       ) -> tuple[APIRouter, LazyIntake]:
     """Router wired to ``config`` (tokens from ``api.tokens_file``, falling back to
-    ``secrets.api_tokens_file``) and a :class:`LazyIntake`; close the intake on shutdown.
+    ``secrets.api_tokens_file``) and a :class:`LazyIntake` (``known``: the inventory
+    check of :class:`RepairIntake`); close the intake on shutdown.
 
     Raises ``ValueError`` naming the tokens file when it is malformed."""
     tokens = ApiTokens.load(config.api.tokens_file or config.secrets.api_tokens_file)
-    lazy = LazyIntake(config, client)
+    lazy = LazyIntake(config, client, known)
     return build_repairs_router(lazy.get, tokens), lazy
