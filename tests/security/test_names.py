@@ -125,3 +125,21 @@ async def test_star_node_from_a_collector_never_reaches_the_guard(tmp_path: Path
         assert svc.ingestor.alerts_submitted == 0
     finally:
         await svc.stop()
+
+
+async def test_nccl_communicator_must_pass_the_name_rule() -> None:
+    """A communicator id becomes an engine key, a metric label and a log field."""
+    from agent.nccl import NcclRecord, nccl_metric
+    from agent.otlp import metrics_request
+
+    ing = Ingestor(AutorepairConfig())
+    recs = [NcclRecord("abc\nevent=forged", "AllReduce", 1, 0, 4, 1.0),
+            NcclRecord("k1", "All Reduce", 1, 1, 4, 1.0),
+            NcclRecord("k1", "AllReduce", 1, 2, 4, 1.0)]
+    req = metrics_request({"host.name": "n1", "autorepair.cluster.id": "c"},
+                          [nccl_metric(recs, now_ns=1)])
+    resp, _ = await ing.handle_metrics(req, "grpc")
+    assert resp.partial_success.rejected_data_points == 2
+    assert "nccl.comm_id_hash" in resp.partial_success.error_message
+    assert "nccl.op_type" in resp.partial_success.error_message
+    assert list(ing.nccl.comms) == [("c", "k1")]
