@@ -610,6 +610,15 @@ class KubernetesConfig(_Section):
     #: 120 s by default, ``kernel.hung_task_timeout_secs``).
     confirm_window_s: float = Field(900.0, gt=0, le=24 * 3600.0)
 
+    @model_validator(mode="after")
+    def _condition_names(self) -> KubernetesConfig:
+        for c in self.actionable_conditions:
+            if not c or not c[0].isalpha() or not c.isalnum():
+                raise ValueError(
+                    f"kubernetes.actionable_conditions: {c!r} is not a node condition type "
+                    "(letters and digits, e.g. ReadonlyFilesystem)")
+        return self
+
 
 class ClusterConfig(_Section):
     """A cluster: its scheduler, its GPU nodes and how to reach them."""

@@ -107,3 +107,13 @@ async def test_condition_opted_in_per_cluster_is_actionable(
     sent = await w.scan_once()
     dead = [x for x in sent if x.kind == "hung_task"]
     assert dead and not dead[0].actionable
+
+
+def test_actionable_conditions_key_names_bad_values() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=r"kubernetes\.actionable_conditions: 'Kernel "):
+        _config(actionable_conditions=["Kernel Deadlock"])
+    assert _config(actionable_conditions=["KernelDeadlock"]).clusters[0].kubernetes \
+        .actionable_conditions == ["KernelDeadlock"]
