@@ -296,7 +296,8 @@ class Ingestor:
         alert, cut = cap_alert(alert, max_value_chars=lim.max_evidence_value_chars,
                                max_bytes=lim.max_alert_bytes)
         if cut:
-            log.warning("event=alert_capped cluster=%s node=%s kind=%s alert_id=%s cut=%s",
+            # the cut keys are sender-chosen: quoted (%r), never a forged log line
+            log.warning("event=alert_capped cluster=%s node=%s kind=%s alert_id=%s cut=%r",
                         alert.cluster, alert.node, alert.kind, alert.alert_id, ",".join(cut))
         staged = _Staged(alert, on_refused)
         batch = _PUSH.get()

@@ -143,3 +143,20 @@ async def test_nccl_communicator_must_pass_the_name_rule() -> None:
     assert "nccl.comm_id_hash" in resp.partial_success.error_message
     assert "nccl.op_type" in resp.partial_success.error_message
     assert list(ing.nccl.comms) == [("c", "k1")]
+
+
+async def test_sender_chosen_evidence_keys_never_forge_a_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cfg = AutorepairConfig.model_validate(
+        {"ingest": {"max_evidence_value_chars": 64},
+         "clusters": [{"name": "c1", "nodes": [{"name": "gpu-01"}]}]})
+    sink = ListSink()
+    ing = Ingestor(cfg, alert_sink=sink)
+    big = "a" * 100
+    req = make_fault_request("c1", "gpu-01", kind="xid", code=79, body="NVRM: Xid 79",
+                             evidence={"k\nevent=breaker_tripped cluster=c1": big})
+    with caplog.at_level("WARNING", logger="autorepair.ingest"):
+        await ing.handle_logs(req, "http")
+    capped = [r.getMessage() for r in caplog.records if "event=alert_capped" in r.getMessage()]
+    assert capped and all("\n" not in m for m in capped)
