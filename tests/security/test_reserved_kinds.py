@@ -17,7 +17,7 @@ from ingest.otlp import make_fault_request
 from ingest.pipeline import Ingestor
 from tests.workflows.conftest import make_alert
 from workflows.activity_api import GuardStateQuery
-from workflows.catalogue.vocabulary import SENDER_RESERVED_KINDS
+from workflows.catalogue.vocabulary import SENDER_RESERVED_KINDS, SIGNAL_KINDS
 from workflows.config import AutorepairConfig
 from workflows.models import Alert
 
@@ -36,6 +36,7 @@ class ListSink:
 def test_reserved_list_names_every_control_plane_kind() -> None:
     assert set(RESERVED) <= SENDER_RESERVED_KINDS
     assert "straggler" not in SENDER_RESERVED_KINDS  # the agent's own classification
+    assert not SIGNAL_KINDS & SENDER_RESERVED_KINDS  # nothing the agent reads is refused
 
 
 @pytest.mark.parametrize("kind", [*RESERVED, "CIRCUIT_BREAKER"])
