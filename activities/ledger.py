@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
@@ -169,6 +169,10 @@ HOLDING_STAGES: tuple[str, ...] = tuple(
 _TERMINAL: list[str] = sorted(s.value for s in TERMINAL_STAGES)
 #: Alert kind of the guard's circuit-breaker trips (raise) and resets (clear).
 BREAKER_KIND = "circuit_breaker"
+BREAKER_SOURCE = "guard"
+"""``Alert.source`` of the guard's breaker alerts: the only breaker state the ledger
+reads back (a sender's record of that kind is refused at ingest, and any other row is
+not control-plane state)."""
 
 #: :meth:`Ledger.accept_alerts`: one INSERT of the push's alerts from parallel arrays
 #: (``unnest … WITH ORDINALITY`` keeps their order), counting new unmapped kinds on the way.
@@ -397,6 +401,23 @@ class Ledger:
             source,
         )
         return [_alert_from_row(r) for r in rows]
+
+    async def node_bound_alert(self, cluster: str, node: str, kinds: Collection[str],
+                               since: datetime) -> str | None:
+        """The id of the newest active alert of one of ``kinds`` on ``node`` that the
+        node's own agent reported (``source = 'agent'`` and ingest's stamp
+        ``evidence.reported_by = 'node'``: a per-node identity) at or after ``since``;
+        ``None`` when there is none. Confirms a Kubernetes node condition
+        (``workers.watchers.kube``)."""
+        val = await self._db.fetchval(
+            """SELECT alert_id FROM alerts
+               WHERE cluster = $1 AND node = $2 AND source = 'agent' AND active
+                 AND kind = ANY($3::text[]) AND evidence->>'reported_by' = 'node'
+                 AND observed_at >= $4
+               ORDER BY observed_at DESC LIMIT 1""",
+            cluster, node, list(kinds), since,
+        )
+        return str(val) if val is not None else None
 
     async def open_level_alerts(self, cluster: str, source: str) -> list[Alert]:
         """Level faults raised by ``source`` in ``cluster`` whose last recorded edge is a
@@ -759,8 +780,9 @@ class Ledger:
     async def guard_state(self, q: GuardStateQuery) -> GuardLedgerState:
         """What a freshly started cluster guard rebuilds (see :class:`GuardLedgerState`):
         open repairs in :data:`HOLDING_STAGES`, automatic repairs that cordoned since
-        ``q.since`` (their lease was granted), the newest circuit-breaker alert, and the
-        nodes that reported a GPU."""
+        ``q.since`` (their lease was granted) and the guard's newest circuit-breaker alert.
+        ``gpu_nodes_reported`` stays 0: nodes named by alerts are no denominator
+        (issue 27 item 9)."""
         rows = await self.pool.fetch(
             """SELECT repair_id, node, workflow_id, approved_by, requester_kind, stage
                FROM repairs WHERE cluster = $1 AND stage = ANY($2::text[])
@@ -791,15 +813,11 @@ class Ledger:
         )
         breaker = await self.pool.fetchrow(
             """SELECT active, observed_at, evidence FROM alerts
-               WHERE cluster = $1 AND kind = $2
+               WHERE cluster = $1 AND kind = $2 AND source = $3 AND node = '*'
                ORDER BY observed_at DESC, active ASC LIMIT 1""",
             q.cluster,
             BREAKER_KIND,
-        )
-        gpus = await self.pool.fetchval(
-            """SELECT count(DISTINCT node) FROM alerts
-               WHERE cluster = $1 AND gpu IS NOT NULL AND gpu <> '' AND node <> '*'""",
-            q.cluster,
+            BREAKER_SOURCE,
         )
         is_open = bool(breaker is not None and breaker["active"])
         evidence = (breaker["evidence"] or {}) if breaker is not None else {}
@@ -809,7 +827,6 @@ class Ledger:
             breaker_open=is_open,
             tripped_at=breaker["observed_at"] if is_open and breaker is not None else None,
             tripped_reason=str(evidence.get("reason", "")) if is_open else "",
-            gpu_nodes_reported=int(gpus or 0),
         )
 
     async def open_repair(

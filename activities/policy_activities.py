@@ -6,12 +6,26 @@ change applies to new decisions without restarting running workflows.
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+
 import asyncpg
 from temporalio import activity
 
 from activities.spares import MachineBindings
 from workflows.activity_api import ACT, ERR_UNKNOWN_NODE, PolicySnapshot, permanent
 from workflows.config import AutorepairConfig
+
+log = logging.getLogger("autorepair.activities.policy")
+
+NODE_LIST_TTL_S = 300.0
+"""How long a scheduler's node count is reused, seconds (ingest re-reads its inventory on
+the same order, ``ingest.inventory_refresh_s``): ``load_policy`` runs on every workflow's
+policy refresh and must not run ``scontrol show node`` each time."""
+
+#: The scheduler's node names of a cluster (``Scheduler.node_names``).
+NodeNames = Callable[[str], Awaitable[Iterable[str]]]
 
 
 class PolicyActivities:
@@ -21,17 +35,44 @@ class PolicyActivities:
     configured machines, so the next repair and the search attributes name the machine
     the node runs on now."""
 
-    def __init__(self, config: AutorepairConfig, pool: asyncpg.Pool | None = None) -> None:
+    def __init__(self, config: AutorepairConfig, pool: asyncpg.Pool | None = None, *,
+                 node_names: NodeNames | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.pool = pool
+        self.node_names = node_names
+        self.clock = clock
+        self._counts: dict[str, tuple[float, int]] = {}
+
+    async def _listed(self, cluster: str) -> int:
+        """Nodes the scheduler lists for ``cluster`` (0 without ``node_names``), re-read
+        after :data:`NODE_LIST_TTL_S`; a failed read keeps the last count (logged)."""
+        if self.node_names is None:
+            return 0
+        now = self.clock()
+        got = self._counts.get(cluster)
+        if got is not None and now - got[0] < NODE_LIST_TTL_S:
+            return got[1]
+        try:
+            n = len(set(await self.node_names(cluster)))
+        except Exception as e:
+            log.warning("event=node_list_failed cluster=%s error=%s", cluster,
+                        type(e).__name__)
+            return got[1] if got is not None else 0
+        self._counts[cluster] = (now, n)
+        return n
 
     @activity.defn(name=ACT.load_policy)
     async def load_policy(self, cluster: str) -> PolicySnapshot:
         """Policy + GPU node count, scheduler, pools and machines of ``cluster``; the
         cluster's ``reset_gpu.policy`` replaces ``policy.reset_gpu`` when set.
 
-        An unconfigured cluster gets the global policy with ``gpu_nodes=0`` (rails then
-        size budgets from the nodes they have seen). Raises non-retryable
+        ``gpu_nodes`` (the budget and breaker denominator) is the configured count
+        (``clusters[].gpu_nodes``, else the listed ``nodes``), else the number of nodes
+        the cluster's scheduler lists (``node_names``), else 0 (the rails' minimums).
+
+        An unconfigured cluster gets the global policy with ``gpu_nodes=0`` (the rails
+        then apply their minimums: ``min_concurrent``, ``breaker_min``). Raises non-retryable
         ``UnknownNode`` only for an empty cluster name.
         """
         if not cluster:
@@ -55,7 +96,9 @@ class PolicyActivities:
         return PolicySnapshot(
             cluster=cluster,
             policy=policy,
-            gpu_nodes=c.gpu_node_count,
+            # the rails' denominator: configured inventory, else the scheduler's node
+            # list, never the nodes that alerts name (issue 27 item 9)
+            gpu_nodes=c.gpu_node_count or await self._listed(cluster),
             scheduler=c.scheduler,
             pools={n.name: n.pool for n in c.nodes},
             machines=machines,

@@ -15,7 +15,7 @@ heartbeat every poll, ≤ 1 s), 1 min start-to-close for the others.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +47,16 @@ class WorkerActivities:
     notifier: Notifier | None = None
 
 
+def _node_names(sched: SchedulerActivities) -> Callable[[str], Awaitable[list[str]]]:
+    """The scheduler's node list of a cluster (the guard's denominator, issue 27 item 9)."""
+
+    async def names(cluster: str) -> list[str]:
+        s: Any = sched.scheduler(cluster)
+        return list(await s.node_names())
+
+    return names
+
+
 def build_activities(
     config: AutorepairConfig,
     pool: asyncpg.Pool,
@@ -74,7 +84,7 @@ def build_activities(
     ledger_acts = LedgerActivities(pool, providers=config.providers, notifier=notifier)
     main: list[Callable[..., Any]] = [
         *ledger_acts.all(),
-        PolicyActivities(config, pool).load_policy,
+        PolicyActivities(config, pool, node_names=_node_names(sched)).load_policy,
         notify or NotifyActivities(config.notifications, notifier=notifier,
                                    ledger=Ledger(pool)).notify,
         *sched.all(),

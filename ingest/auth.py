@@ -6,10 +6,10 @@ collector token or a client certificate says which node(s) a request may report 
 receivers reject data about any other node (DESIGN §4.2). The admin endpoint keeps plain
 bearer tokens (:class:`TokenCheck`).
 
-Token files hold one token a line, the token first; blank lines and ``#`` comments are
-ignored (:func:`read_token_lines`). The ingest listeners use the first field only
-(:func:`load_tokens`, which also adds an environment variable holding comma-separated
-tokens); the repair API reads ``TOKEN ROLE USER`` lines from the same format
+Token files hold one token a line, the token first; blank lines and ``#`` comments (whole
+line or trailing) are ignored (:func:`read_token_lines`). The ingest listeners use the
+first field only (:func:`load_tokens`, which also adds an environment variable holding
+comma-separated tokens); the repair API reads ``TOKEN ROLE USER`` lines from the same format
 (``workers.repairs.auth``). Comparison is constant time in the token length and visits
 every configured token (``hmac.compare_digest``, :func:`find_token`), so neither timing
 nor early exit tells which token nearly matched. Tokens never reach logs.
@@ -37,7 +37,9 @@ ADMIN_TOKEN_ENV = "AUTOREPAIR_ADMIN_TOKEN"
 
 def read_token_lines(path: str | Path, field: str = "tokens file") -> list[tuple[int, list[str]]]:
     """``(line number, whitespace-separated fields)`` of every token line of ``path``
-    (1-based numbers; blank lines and ``#`` comments skipped).
+    (1-based numbers; blank lines and ``#`` comments skipped, whole-line or trailing: a
+    field starting with ``#`` ends the line's fields, so ``TOKEN ROLE USER  # who`` has
+    three; a ``#`` inside a field, as in a token, is kept).
 
     ``field``: the configuration field that named the file, for messages. Raises
     ``ValueError`` ``"{field} '{path}': {reason}"`` when the file cannot be read.
@@ -48,9 +50,13 @@ def read_token_lines(path: str | Path, field: str = "tokens file") -> list[tuple
         raise ValueError(f"{field} {str(path)!r}: {e.strerror}") from e
     out: list[tuple[int, list[str]]] = []
     for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if line and not line.startswith("#"):
-            out.append((n, line.split()))
+        fields: list[str] = []
+        for f in raw.split():
+            if f.startswith("#"):
+                break
+            fields.append(f)
+        if fields:
+            out.append((n, fields))
     return out
 
 

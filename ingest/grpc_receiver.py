@@ -127,7 +127,8 @@ class LogsServicer(_Common):
                                 f"request: not a valid ExportLogsServiceRequest: {e}")
         await self.check_identity(ident, request, "logs", context)
         try:
-            resp, hint = await self.ingestor.handle_logs(request, "grpc", raw)
+            resp, hint = await self.ingestor.handle_logs(
+                request, "grpc", raw, reporter=ident.role if ident is not None else None)
         except HandoffRefused as e:
             self.unavailable.inc()
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))

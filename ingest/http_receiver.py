@@ -216,7 +216,8 @@ class OtlpHttpApp:
                 partial = resp.partial_success.rejected_data_points > 0
             else:
                 assert isinstance(req, ExportLogsServiceRequest)
-                resp2, hint = await self.ingestor.handle_logs(req, "http", raw)
+                resp2, hint = await self.ingestor.handle_logs(
+                    req, "http", raw, reporter=ident.role if ident is not None else None)
                 resp = resp2  # type: ignore[assignment]
                 partial = resp2.partial_success.rejected_log_records > 0
         except HandoffRefused as e:

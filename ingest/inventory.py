@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from workflows.config import ClusterConfig
 from workflows.models import Action, Alert
+from workflows.policy.node_action import UNKNOWN_INVENTORY
 
 log = logging.getLogger("autorepair.ingest.inventory")
 
@@ -38,13 +39,18 @@ OTHER_CLUSTERS = "other"
 """Bucket and metric label of every cluster id outside ``clusters`` (bounded labels)."""
 MAX_ADMITTED = 10_000
 """Unknown nodes remembered as already started (an entry is ~200 bytes: ~2 MB at most)."""
-UNKNOWN = "unknown"
-"""``Alert.evidence["inventory"]`` of an alert about a node outside the inventory."""
+UNKNOWN = UNKNOWN_INVENTORY
+"""``Alert.evidence["inventory"]`` of an alert about a node outside the inventory; the
+``NodeWorkflow`` treats it as final (``workflows.policy.node_action``)."""
 
 #: Reads the schedulers' node lists: ``{cluster: node names}`` for every cluster it could
 #: read (a cluster missing from the answer keeps its previous list). ``autorepair ingest``
 #: passes ``workers.inventory.scheduler_inventory``; ingest itself does no scheduler I/O.
 InventorySource = Callable[[], Awaitable[Mapping[str, Iterable[str]]]]
+#: Reads the ledger's node → machine bindings (migrations rebind a node to a spare):
+#: ``{cluster: {node: machine}}`` for every cluster it could read. ``autorepair ingest``
+#: passes ``workers.lazy_ledger.LazyLedger.machine_bindings``.
+BindingsSource = Callable[[], Awaitable[Mapping[str, Mapping[str, str]]]]
 
 
 class NodeInventory:
@@ -54,9 +60,27 @@ class NodeInventory:
     """
 
     def __init__(self, clusters: Iterable[ClusterConfig]) -> None:
+        clusters = list(clusters)
         self._configured: dict[str, frozenset[str]] = {
             c.name: frozenset(n.name for n in c.nodes) for c in clusters}
         self._listed: dict[str, frozenset[str]] = {}
+        #: configured machine of each configured node (its name when none is set: the
+        #: worker's ``load_policy`` does the same)
+        self._machines: dict[tuple[str, str], str] = {
+            (c.name, n.name): n.machine or n.name for c in clusters for n in c.nodes}
+        self._bound: dict[str, dict[str, str]] = {}
+
+    def bind(self, cluster: str, bindings: Mapping[str, str]) -> None:
+        """Take ``bindings`` (node → machine, the ledger's ``node_bindings``) as the
+        current bindings of ``cluster`` (replacing the previous ones)."""
+        self._bound[cluster] = dict(bindings)
+
+    def machine(self, cluster: str, node: str) -> str | None:
+        """The machine ``node`` runs on: the ledger's binding, else the configured
+        machine (the node name for a configured node without one), else ``None``. Never
+        what the node's telemetry says (``host.id`` is evidence only)."""
+        bound = self._bound.get(cluster, {}).get(node)
+        return bound if bound is not None else self._machines.get((cluster, node))
 
     @property
     def clusters(self) -> frozenset[str]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ingest.otlp import any_value
+from workflows.names import name_problem
 
 METRIC_NCCL = "autorepair.nccl.collective.duration_ms"
 ATTR_COMM = "nccl.comm_id_hash"
@@ -26,7 +27,9 @@ ATTR_RANK = "nccl.rank"
 ATTR_NRANKS = "nccl.nranks"
 ATTR_BYTES = "nccl.bytes"
 MAX_TEXT = 128
-"""Longest ``nccl.comm_id_hash`` / ``nccl.op_type`` kept (a 64-bit hash is 16 hex digits)."""
+"""Longest ``nccl.comm_id_hash`` / ``nccl.op_type`` kept (a 64-bit hash is 16 hex digits).
+Both must also pass the name rule of :mod:`workflows.names` (no whitespace, control
+characters or separators: they become keys, metric labels and log fields)."""
 _INT_KEYS = {ATTR_OP_SEQ: 0, ATTR_RANK: 1, ATTR_NRANKS: 2}
 
 
@@ -103,6 +106,9 @@ def decode_nccl(metric: Any, reject: Callable[[str], None]) -> list[NcclColumns]
                     text = _text(v)
                 if text is None:
                     bad = f"{k}: not a string of 1..{MAX_TEXT} characters"
+                elif (why := name_problem(text, k)) is not None:
+                    # a communicator becomes a key, a metric label and a log field
+                    bad = why
                 elif k == ATTR_COMM:
                     comm = text
                 else:

@@ -40,7 +40,9 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 
 from ingest.threshold import DEFAULT_COHORT, NodeState
+from workflows.catalogue.vocabulary import SENDER_RESERVED_KINDS
 from workflows.config import IngestConfig
+from workflows.names import name_problem
 
 # Wire contract names (DESIGN §4.3).
 ATTR_HOST_NAME = "host.name"
@@ -73,6 +75,11 @@ ATTR_FAULT_ACTIVE = "autorepair.fault.active"
 ATTR_GPU_PCI = "autorepair.gpu.pci"
 FAULT_PREFIX = "autorepair.fault."
 
+IDENTITY_KEYS: frozenset[str] = frozenset({
+    ATTR_HOST_NAME, ATTR_HOST_ID, ATTR_BOOT_ID, ATTR_CLUSTER, ATTR_K8S_NODE, ATTR_NODE_POOL,
+    ATTR_WORKLOAD, INGERO_NODE, INGERO_CLUSTER,
+})
+"""Resource attributes that say who reports (DESIGN §4.3): each may appear once."""
 MAX_ID_LEN = 253
 """Longest accepted node / cluster id: the DNS name limit (RFC 1035), which host names obey."""
 MAX_EVIDENCE_LEN = 64 * 1024
@@ -304,13 +311,24 @@ def _str_attr(attrs: dict[str, Any], *names: str) -> str | None:
 
 
 def decode_resource(attrs: dict[str, Any]) -> Resource | str:
-    """Build the :class:`Resource` of a resource block, or return the rejection reason."""
+    """Build the :class:`Resource` of a resource block, or return the rejection reason.
+
+    The node and cluster ids, and the optional cohort (``autorepair.workload_type``), node
+    pool and Kubernetes node name, must each pass the one name rule
+    (:func:`workflows.names.name_problem`: the repair API's, reserved names such as ``*``
+    refused): each becomes a workflow id, a key, a label or a log field. A block naming
+    its node (or cluster) under both the contract key and the Ingero alias with different
+    values is refused (which would the credential check and the decoder read?)."""
     node = _str_attr(attrs, ATTR_HOST_NAME, INGERO_NODE)
     cluster = _str_attr(attrs, ATTR_CLUSTER, INGERO_CLUSTER)
     if node is None:
         return f"resource: no node id ({ATTR_HOST_NAME} or {INGERO_NODE})"
     if cluster is None:
         return f"resource: no cluster id ({ATTR_CLUSTER} or {INGERO_CLUSTER})"
+    for key, alias in ((ATTR_HOST_NAME, INGERO_NODE), (ATTR_CLUSTER, INGERO_CLUSTER)):
+        a, b = _str_attr(attrs, key), _str_attr(attrs, alias)
+        if a is not None and b is not None and a != b:
+            return f"resource: {key} and {alias} name different ids"
     if len(node) > MAX_ID_LEN:
         return f"resource: {ATTR_HOST_NAME} longer than {MAX_ID_LEN} characters"
     if len(cluster) > MAX_ID_LEN:
@@ -318,14 +336,23 @@ def decode_resource(attrs: dict[str, Any]) -> Resource | str:
     cohort = _str_attr(attrs, ATTR_WORKLOAD) or DEFAULT_COHORT
     if len(cohort) > MAX_ID_LEN:
         return f"resource: {ATTR_WORKLOAD} longer than {MAX_ID_LEN} characters"
+    pool = _str_attr(attrs, ATTR_NODE_POOL)
+    k8s_node = _str_attr(attrs, ATTR_K8S_NODE)
+    checks = ((ATTR_HOST_NAME, node), (ATTR_CLUSTER, cluster), (ATTR_WORKLOAD, cohort),
+              (ATTR_NODE_POOL, pool), (ATTR_K8S_NODE, k8s_node))
+    for key, value in checks:
+        if value is not None:
+            why = name_problem(value, key)
+            if why is not None:
+                return f"resource: {why}"
     return Resource(
         cluster=cluster,
         node=node,
         cohort=cohort,
         machine_id=_str_attr(attrs, ATTR_HOST_ID),
         boot_id=_str_attr(attrs, ATTR_BOOT_ID),
-        node_pool=_str_attr(attrs, ATTR_NODE_POOL),
-        k8s_node=_str_attr(attrs, ATTR_K8S_NODE),
+        node_pool=pool,
+        k8s_node=k8s_node,
         ingero=ATTR_HOST_NAME not in attrs and INGERO_NODE in attrs,
         attrs=attrs,
     )
@@ -358,8 +385,27 @@ def _count_points(m: Any) -> int:
     return len(getattr(m, which).data_points)
 
 
+def repeated_identity_key(kvs: Any) -> str | None:
+    """The first of :data:`IDENTITY_KEYS` that ``kvs`` (``repeated KeyValue``) holds more
+    than once, or ``None``: a repeated identity key is refused whole, since a credential
+    check and a decoder that read different copies would disagree on who is reported."""
+    seen: set[str] = set()
+    kv: KeyValue
+    for kv in kvs:
+        k = kv.key
+        if k in IDENTITY_KEYS:
+            if k in seen:
+                return k
+            seen.add(k)
+    return None
+
+
 def _resource_of(attrs: Any, lim: Limits) -> tuple[str, str] | Resource:
     """The resource, or ``(code, message)`` of its rejection."""
+    if len(attrs) <= lim.attributes:
+        dup = repeated_identity_key(attrs)
+        if dup is not None:
+            return "resource", f"resource: identity attribute {dup!r} repeated"
     d = bounded_attributes(attrs, lim)
     if isinstance(d, str):
         return "attributes", f"resource {d}"
@@ -541,6 +587,13 @@ def _decode_fault(
         if len(kind) > MAX_KIND_LEN:
             return "fault", (f"{ATTR_FAULT_KIND}: {kind[:MAX_KIND_LEN]!r}… longer than "
                              f"{MAX_KIND_LEN} characters")
+        why = name_problem(kind, ATTR_FAULT_KIND)
+        if why is not None:
+            return "fault", why
+        if kind.strip().lower() in SENDER_RESERVED_KINDS:
+            # control-plane kinds are raised by ingest, the guard and the intake only
+            return "fault", (f"{ATTR_FAULT_KIND}: {kind!r} is a control-plane kind "
+                             "that senders may not report")
     code_raw = attrs.get(ATTR_FAULT_CODE)
     code: int | None = None
     if code_raw is not None and code_raw != "":

@@ -61,6 +61,13 @@ log = logging.getLogger("autorepair.ingest")
 
 PANIC_KIND = "straggler_panic"
 """Kind of the cluster-level alert raised when a cohort enters panic mode (DESIGN §5)."""
+REPORTED_HOST_ID = "reported_host_id"
+"""Evidence key of the sender's ``host.id`` (evidence only: the alert's machine comes from
+configuration and the ledger's bindings)."""
+REPORTED_BY = "reported_by"
+"""Evidence key ingest stamps on a sender's alert: the role of its verified identity."""
+UNAUTHENTICATED = "unauthenticated"
+"""``evidence["reported_by"]`` when the receivers run without authentication."""
 NCCL_KIND = "nccl_slow_rank"
 """Kind of the alert naming the node that hosts a persistently late NCCL rank."""
 
@@ -221,12 +228,20 @@ class Ingestor:
         level: bool, source: str,
     ) -> Alert:
         """An :class:`Alert` through ``workflows.alerts.alert_from_fault`` (catalogue
-        applied); its evidence carries the node's provider facts (``autorepair.provider``…)."""
+        applied); its evidence carries the node's provider facts (``autorepair.provider``…).
+
+        ``machine_id`` is stamped from configuration and the ledger's bindings
+        (:meth:`NodeInventory.machine`), never from the sender: its ``host.id`` is kept as
+        ``evidence["reported_host_id"]`` only, so a node cannot put its alerts on another
+        machine's migrate gate or ladder history."""
+        if res.machine_id is not None:
+            evidence = {**evidence, REPORTED_HOST_ID: res.machine_id}
         return self._builder()(
             cluster=res.cluster, node=res.node, kind=kind, code=code, gpu=gpu,
             evidence_text=evidence_text, evidence=self._stamped(res, evidence),
             observed_at=datetime.fromtimestamp(observed_at, UTC),
-            catalogue=self.config.policy.catalogue, machine_id=res.machine_id,
+            catalogue=self.config.policy.catalogue,
+            machine_id=self.inventory.machine(res.cluster, res.node),
             node_pool=res.node_pool, active=active, level=level, source=source,
         )
 
@@ -281,7 +296,8 @@ class Ingestor:
         alert, cut = cap_alert(alert, max_value_chars=lim.max_evidence_value_chars,
                                max_bytes=lim.max_alert_bytes)
         if cut:
-            log.warning("event=alert_capped cluster=%s node=%s kind=%s alert_id=%s cut=%s",
+            # the cut keys are sender-chosen: quoted (%r), never a forged log line
+            log.warning("event=alert_capped cluster=%s node=%s kind=%s alert_id=%s cut=%r",
                         alert.cluster, alert.node, alert.kind, alert.alert_id, ",".join(cut))
         staged = _Staged(alert, on_refused)
         batch = _PUSH.get()
@@ -422,7 +438,7 @@ class Ingestor:
             evidence=self._stamped(r, edge.evidence()) if r is not None else edge.evidence(),
             observed_at=datetime.fromtimestamp(edge.at, UTC),
             catalogue=self.config.policy.catalogue,
-            machine_id=r.machine_id if r is not None else None,
+            machine_id=self.inventory.machine(edge.cluster, edge.node),
             node_pool=r.node_pool if r is not None else None,
             active=edge.active, level=True, source="ingest",
         )
@@ -495,9 +511,17 @@ class Ingestor:
 
     # -------------------------------------------------------------------- logs
     async def handle_logs(
-        self, req: ExportLogsServiceRequest, transport: str, raw: bytes | None = None
+        self, req: ExportLogsServiceRequest, transport: str, raw: bytes | None = None,
+        *, reporter: str | None = None,
     ) -> tuple[ExportLogsServiceResponse, ThresholdHint]:
         """Apply one logs export: each fault / straggler record becomes an alert.
+
+        ``reporter``: the role of the sender's verified identity (``"node"``: a per-node
+        token or certificate, bound to the one node it reports for; ``"collector"``;
+        ``None``: authentication off). Stamped on every alert as
+        ``evidence["reported_by"]`` (:data:`REPORTED_BY`; ``"unauthenticated"`` for
+        ``None``), replacing any value the sender put there: what confirms a Kubernetes
+        node condition (``workers.watchers.kube``) is the node's own report.
 
         The push's alerts are handed off together once all are built (stored in one round
         trip with an outbox). Raises :class:`HandoffRefused` when the hand-off cannot take
@@ -512,7 +536,7 @@ class Ingestor:
         try:
             for f in d.faults:
                 self.unreachable.seen(f.resource, now)
-                await self._fault_alert(f)
+                await self._fault_alert(f, reporter or UNAUTHENTICATED)
         finally:
             _PUSH.reset(token)
         await self._commit(batch)
@@ -526,7 +550,7 @@ class Ingestor:
                 rejected_log_records=d.rejected, error_message=d.error_message()))
         return resp, self._hint_for_request(d, req)
 
-    async def _fault_alert(self, f: FaultRecord) -> None:
+    async def _fault_alert(self, f: FaultRecord, reporter: str = "unauthenticated") -> None:
         # Level fault or event, and which raise a clear ends (ingest.levels).
         shape = fault_shape(f.kind, f.gpu, f.active, f.evidence)
         if f.kind == "straggler":
@@ -534,8 +558,8 @@ class Ingestor:
         try:
             alert = self.build_alert(
                 f.resource, kind=shape.kind, code=f.code, gpu=shape.gpu,
-                evidence_text=f.evidence_text, evidence=f.evidence, observed_at=f.time_s,
-                active=shape.active, level=shape.level, source="agent",
+                evidence_text=f.evidence_text, evidence={**f.evidence, REPORTED_BY: reporter},
+                observed_at=f.time_s, active=shape.active, level=shape.level, source="agent",
             )
         except (ValueError, TypeError) as e:
             log.warning("event=alert_build_failed cluster=%s node=%s kind=%s error=%s",

@@ -47,7 +47,7 @@ from ingest.forward import OtlpForwarder
 from ingest.grpc_receiver import start_grpc_server
 from ingest.handoff import AlertOutbox, AlertSink, DeadLetterStore, ManagedAlertSink
 from ingest.http_receiver import OtlpHttpApp, peercert_protocol
-from ingest.inventory import InventorySource
+from ingest.inventory import BindingsSource, InventorySource
 from ingest.metrics import IngestMetrics
 from ingest.pipeline import Ingestor
 from ingest.repair_metrics import RepairMetricsPoller
@@ -132,9 +132,11 @@ class IngestService:
         inventory_source: InventorySource | None = None,
         bmc_probe: BmcProbe | None = None,
         open_alerts: OpenAlerts | None = None,
+        bindings_source: BindingsSource | None = None,
     ) -> None:
         self.config = config
         self.inventory_source = inventory_source
+        self.bindings_source = bindings_source
         self._inventory_task: asyncio.Task[None] | None = None
         cfg = config.ingest
         self.metrics = IngestMetrics()
@@ -219,7 +221,7 @@ class IngestService:
         if self._started:
             return
         cfg = self.config.ingest
-        if self.inventory_source is not None:
+        if self.inventory_source is not None or self.bindings_source is not None:
             await self.refresh_inventory()
             self._inventory_task = asyncio.create_task(self._inventory_loop())
         if isinstance(self.alert_sink, ManagedAlertSink):
@@ -252,7 +254,17 @@ class IngestService:
 
     async def refresh_inventory(self, timeout_s: float = INVENTORY_TIMEOUT_S) -> bool:
         """Read the schedulers' node lists once into the inventory; False (logged) when
-        the source failed or took longer than ``timeout_s`` (the previous lists stay)."""
+        the source failed or took longer than ``timeout_s`` (the previous lists stay).
+        Reads the ledger's machine bindings too (``bindings_source``; a failure keeps the
+        previous bindings and is logged)."""
+        if self.bindings_source is not None:
+            try:
+                bound = await asyncio.wait_for(self.bindings_source(), timeout_s)
+            except Exception as e:
+                log.warning("event=bindings_refresh_failed error=%s", type(e).__name__)
+            else:
+                for cluster, b in bound.items():
+                    self.ingestor.inventory.bind(cluster, b)
         if self.inventory_source is None:
             return False
         try:
@@ -313,10 +325,11 @@ class IngestService:
         await self.stop()
 
 
-#: Builds extra API routers once the Temporal client exists; returns the routers and
-#: coroutines to await at shutdown. ``autorepair ingest`` passes the repair API's
+#: Builds extra API routers once the Temporal client exists (called with the client and
+#: the inventory's ``known(cluster, node)``); returns the routers and coroutines to await
+#: at shutdown. ``autorepair ingest`` passes the repair API's
 #: (``workers.repairs.router``): ingest itself depends only on ``workflows`` (DESIGN §2).
-RoutersFactory = Callable[[Any], tuple[list[APIRouter], list[Callable[[], Awaitable[None]]]]]
+RoutersFactory = Callable[..., tuple[list[APIRouter], list[Callable[[], Awaitable[None]]]]]
 
 
 async def _serve(config: AutorepairConfig, routers_for: RoutersFactory | None = None,
@@ -324,7 +337,8 @@ async def _serve(config: AutorepairConfig, routers_for: RoutersFactory | None = 
                  dead_letters: DeadLetterStore | None = None,
                  bmc_probe: BmcProbe | None = None,
                  open_alerts: OpenAlerts | None = None,
-                 outbox: AlertOutbox | None = None) -> None:
+                 outbox: AlertOutbox | None = None,
+                 bindings_source: BindingsSource | None = None) -> None:
     from temporalio.client import Client
     from temporalio.contrib.pydantic import pydantic_data_converter
 
@@ -353,10 +367,15 @@ async def _serve(config: AutorepairConfig, routers_for: RoutersFactory | None = 
         on_outcome=lambda o: service.metrics.alert_handoff_total.labels(o).inc(),
         on_dead_letter=lambda r: service.metrics.alerts_dead_lettered_total.labels(r).inc(),
     )
-    routers, closers = routers_for(client) if routers_for is not None else ([], [])
-    service = IngestService(config, sink, temporal_ready=temporal_ready, routers=routers,
+    service = IngestService(config, sink, temporal_ready=temporal_ready,
                             require_auth=True, inventory_source=inventory_source,
-                            bmc_probe=bmc_probe, open_alerts=open_alerts)
+                            bmc_probe=bmc_probe, open_alerts=open_alerts,
+                            bindings_source=bindings_source)
+    # the repair API refuses nodes outside the same inventory the receivers gate on
+    routers, closers = (routers_for(client, service.ingestor.inventory.known)
+                        if routers_for is not None else ([], []))
+    for r in routers:
+        service.api_app.include_router(r)
     poller = RepairMetricsPoller(
         client, service.metrics,
         # configured clusters plus those admitted as metric labels: a bounded set however
@@ -390,8 +409,8 @@ async def _serve(config: AutorepairConfig, routers_for: RoutersFactory | None = 
 def run_ingest(config: AutorepairConfig, routers_for: RoutersFactory | None = None,
                inventory_source: InventorySource | None = None,
                dead_letters: DeadLetterStore | None = None, bmc_probe: BmcProbe | None = None,
-               open_alerts: OpenAlerts | None = None, outbox: AlertOutbox | None = None
-               ) -> None:
+               open_alerts: OpenAlerts | None = None, outbox: AlertOutbox | None = None,
+               bindings_source: BindingsSource | None = None) -> None:
     """Blocking entry point of ``autorepair ingest``: serve until SIGINT/SIGTERM.
 
     Connects lazily to Temporal at ``config.temporal.address`` (ingest starts and buffers
@@ -403,7 +422,8 @@ def run_ingest(config: AutorepairConfig, routers_for: RoutersFactory | None = No
     ``open_alerts`` serve the ``node_unreachable`` check (:mod:`ingest.unreachable`);
     ``outbox`` stores every accepted alert before the push is answered and re-delivers
     what a killed ingest left (:mod:`ingest.handoff`; ``autorepair ingest`` passes the
-    ledger; ``None``: accepted alerts live in memory until delivered).
+    ledger; ``None``: accepted alerts live in memory until delivered). ``bindings_source``
+    reads the ledger's node → machine bindings, the machines alerts are stamped with.
     """
     asyncio.run(_serve(config, routers_for, inventory_source, dead_letters, bmc_probe,
-                       open_alerts, outbox))
+                       open_alerts, outbox, bindings_source))

@@ -23,7 +23,8 @@ treat that as "no ledger" (the dead letter is then only logged, reconciliation s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from datetime import datetime
 
 import asyncpg
 
@@ -94,6 +95,24 @@ class LazyLedger:
     async def last_level_edges(self, cluster: str, source: str) -> list[Alert]:
         """``Ledger.last_level_edges``: the newest edge of each level fault of ``source``."""
         return await (await self.get()).last_level_edges(cluster, source)
+
+    async def node_bound_alert(self, cluster: str, node: str, kinds: Collection[str],
+                               since: datetime) -> str | None:
+        """``Ledger.node_bound_alert``: the node agent's own report confirming a condition."""
+        return await (await self.get()).node_bound_alert(cluster, node, kinds, since)
+
+    async def machine_bindings(self) -> dict[str, dict[str, str]]:
+        """``BindingsSource`` of ingest: ``{cluster: {node: machine}}`` of every configured
+        cluster from the ledger's ``node_bindings`` (written by migrations,
+        ``activities.spares.MachineBindings``); a configured cluster without a binding
+        maps to ``{}``."""
+        rows = await (await self.get()).pool.fetch(
+            "SELECT cluster, node, machine FROM node_bindings WHERE cluster = ANY($1::text[])",
+            [c.name for c in self.config.clusters])
+        out: dict[str, dict[str, str]] = {c.name: {} for c in self.config.clusters}
+        for r in rows:
+            out[str(r["cluster"])][str(r["node"])] = str(r["machine"])
+        return out
 
     async def close(self) -> None:
         """Close the pool (idempotent)."""

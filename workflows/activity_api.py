@@ -437,9 +437,9 @@ class GuardLedgerState(BaseModel):
     ``holders``: open repairs that hold (or held) a lease; ``automatic``: automatically
     approved repairs that cordoned since the query's ``since`` (the breaker window);
     ``breaker_open``/``tripped_at``/``tripped_reason``: the newest ``circuit_breaker``
-    alert of the cluster is a raise, not the reset's clear; ``gpu_nodes_reported``: nodes
-    of the cluster with an alert that names a GPU (the breaker's denominator when no GPU
-    node count is configured).
+    alert of the guard (source ``guard``) is a raise, not the reset's clear;
+    ``gpu_nodes_reported``: kept for histories that carry it, always 0 now (nodes named
+    by alerts are no denominator; ``load_policy``'s ``gpu_nodes`` is, issue 27 item 9).
     """
 
     holders: list[HeldRepair] = Field(default_factory=list)

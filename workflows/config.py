@@ -604,6 +604,38 @@ class ResetGpuConfig(_Section):
     policy: ResetGpuPolicy | None = None
 
 
+class KubernetesConfig(_Section):
+    """How a Kubernetes cluster's node conditions are trusted (``workers.watchers.kube``).
+
+    Node conditions are written by whoever may patch ``nodes/status``: the built-in
+    ``system:node-problem-detector`` role grants it cluster-wide, and its token sits on
+    every node running node-problem-detector; ``managedFields`` names are client-chosen.
+    So a condition (``KernelDeadlock``, ``ReadonlyFilesystem``) is **observed only**
+    unless the node's own agent (a per-node identity at ingest, ``reported_by: node``)
+    reported the same fault family within ``confirm_window_s``, or its type is listed in
+    ``actionable_conditions``."""
+
+    #: Condition types that repair without the agent's confirmation. RISK: anyone who may
+    #: patch nodes/status (every node running node-problem-detector) can then reboot any
+    #: node of the cluster by setting the condition on it. Leave empty unless the
+    #: condition writers are trusted (docs/security.md).
+    actionable_conditions: list[str] = Field(default_factory=list)
+    #: Window around a condition's ``lastTransitionTime`` in which the node agent's own
+    #: report of the same fault family confirms it, seconds (15 min: three of the
+    #: watcher's 15 s polls are far inside it, and a kernel hung-task report repeats every
+    #: 120 s by default, ``kernel.hung_task_timeout_secs``).
+    confirm_window_s: float = Field(900.0, gt=0, le=24 * 3600.0)
+
+    @model_validator(mode="after")
+    def _condition_names(self) -> KubernetesConfig:
+        for c in self.actionable_conditions:
+            if not c or not c[0].isalpha() or not c.isalnum():
+                raise ValueError(
+                    f"kubernetes.actionable_conditions: {c!r} is not a node condition type "
+                    "(letters and digits, e.g. ReadonlyFilesystem)")
+        return self
+
+
 class ClusterConfig(_Section):
     """A cluster: its scheduler, its GPU nodes and how to reach them."""
 
@@ -635,6 +667,8 @@ class ClusterConfig(_Section):
     detectors: DetectorsConfig = Field(default_factory=DetectorsConfig)
     #: ``reset_gpu`` on this cluster's nodes: how the reset job runs, optional policy.
     reset_gpu: ResetGpuConfig = Field(default_factory=ResetGpuConfig)
+    #: Kubernetes: which node conditions may repair without the agent's confirmation.
+    kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
 
     @property
     def gpu_node_count(self) -> int:

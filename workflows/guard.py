@@ -249,8 +249,11 @@ class ClusterGuardWorkflow:
         return timedelta(seconds=self._policy().rails.lease_ttl_s)
 
     def _gpu_nodes_seen(self) -> int:
-        """Denominator when no GPU node count is configured: nodes that reported a GPU."""
-        return max(self._s.gpu_nodes_reported, len(self._s.gpu_nodes_seen))
+        """Always 0: the budget and breaker denominators come from ``load_policy`` only
+        (configured inventory, else the scheduler's node list), never from the distinct
+        nodes that alerts or lease requests name — a collector's made-up nodes would
+        raise the rails (issue 27 item 9). Without a count the rails' minimums apply."""
+        return 0
 
     def _pool_of(self, req: LeaseRequest) -> str | None:
         """The node's pool from the configuration (``load_policy``); the request's own

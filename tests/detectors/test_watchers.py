@@ -250,11 +250,14 @@ async def test_not_ready_needs_bmc_evidence_and_npd_conditions(
         await RedfishMachine(s.config, s.cluster, "gpu-04", "m-gpu-04").reset(sushy.RESET_ON)
     by = {(a.node, a.kind, a.actionable): a for a in sent}
     assert set(by) == {("gpu-03", "node_not_ready", False), ("gpu-04", "node_not_ready", False),
-                       ("gpu-04", "node_not_ready", True), ("gpu-02", "hung_task", True)}
+                       ("gpu-04", "node_not_ready", True), ("gpu-02", "hung_task", False)}
     cycle = by[("gpu-04", "node_not_ready", True)]
     assert cycle.action == Action.power_cycle and cycle.evidence["bmc"]["power_state"] == "Off"
     assert by[("gpu-03", "node_not_ready", False)].action == Action.none
-    assert by[("gpu-02", "hung_task", True)].evidence["condition"] == "KernelDeadlock"
+    # a condition alone is observed: nothing confirms it (issue 27 item 2)
+    deadlock = by[("gpu-02", "hung_task", False)]
+    assert deadlock.evidence["condition"] == "KernelDeadlock"
+    assert deadlock.evidence["confirmation"] == "unconfirmed"
     outcomes = {(a.node, a.actionable): d for a, d in sink.results}
     assert outcomes[("gpu-03", False)].repair_id is None
     # nothing changes → nothing re-sent; a restarted watcher de-duplicates by alert id

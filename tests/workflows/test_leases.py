@@ -319,8 +319,10 @@ async def test_holder_that_lost_its_lease_reacquires_before_draining(harness: Ha
 
 
 async def test_breaker_denominator_counts_only_gpu_nodes(harness: Harness) -> None:
-    """No GPU node count configured: nodes that asked for a lease without GPU evidence do
-    not size the breaker; nodes with a GPU-naming alert in the ledger do."""
+    """No GPU node count configured (neither in configuration nor from the scheduler):
+    neither nodes that asked for a lease nor nodes with a GPU-naming alert in the ledger
+    size the breaker (issue 27 item 9: made-up nodes would raise the rails); the rails'
+    minimums apply."""
     h = harness
     h.gpu_nodes = 0
     c = h.cluster.cluster
@@ -348,6 +350,6 @@ async def test_breaker_denominator_counts_only_gpu_nodes(harness: Harness) -> No
 
     await asyncio.sleep(2)  # let the guard take every request before asking it
     g = await guard_status(h)
-    # sized from the 30 GPU nodes, not the 90 that asked
-    assert (g.gpu_nodes, g.breaker_threshold, g.budget) == (30, 3, 2)
+    # not sized from the 30 nodes alerts named, nor the 60 that asked: the minimums
+    assert (g.gpu_nodes, g.breaker_threshold, g.budget) == (0, 2, 1)
     await _terminate_guard(h)

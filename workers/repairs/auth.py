@@ -2,9 +2,9 @@
 
 Tokens come from ``api.tokens_file`` (falling back to ``secrets.api_tokens_file``): one
 ``TOKEN ROLE USER`` a line, in the token-file format of :func:`ingest.auth.read_token_lines`
-(blank lines and ``#`` comments ignored). Lookup compares the presented token against
-*every* configured token in constant time (:func:`ingest.auth.find_token`). Tokens never
-reach logs or error messages.
+(blank lines and ``#`` comments, whole-line or trailing, ignored). Lookup compares the
+presented token against *every* configured token in constant time
+(:func:`ingest.auth.find_token`). Tokens never reach logs or error messages.
 
 Roles (DESIGN §4.1, §5): ``viewer`` reads; ``detector`` reads and creates (never
 ``remove``: human-only); ``operator`` also decides (approve, reject, cancel) and may

@@ -10,7 +10,9 @@ evidence gate, guard lease (capacity, budget, breaker) and rails inside that wor
 Intake rules (DESIGN §5):
 
 * **Idempotency, forever.** ``detector + request_id`` is claimed in the ledger
-  (``idempotency_keys``); the repair id is derived from that key
+  (``idempotency_keys``), the detector keyed by its source (:func:`request_key`: an
+  annotation's ``NAME#annotation`` is another key than the API detector ``NAME``, and so
+  is its per-detector cap count); the repair id is derived from that key
   (:func:`repair_id_for_request`), so a retried or racing create returns the one
   existing repair, also after it finished.
 * **Detector caps.** At most ``policy.rails.detector_cap`` detector-requested repairs in
@@ -119,6 +121,22 @@ class IntakeError(Exception):
         return self.message
 
 
+API_SOURCE = "api"
+"""Source of requests made through the repair API (``POST /api/v1/repairs``)."""
+ANNOTATION_SOURCE = "annotation"
+"""Source of Kubernetes node-annotation requests (``workers.watchers.kube``)."""
+
+
+def request_key(detector: str, source: str = API_SOURCE) -> str:
+    """The idempotency and per-detector cap key of a request: the detector's name for
+    the repair API, ``"{detector}#{source}"`` for any other source. An annotation names
+    its detector itself (any holder of ``nodes/patch`` writes it), so keyed by (detector,
+    source) it can neither pre-claim an API detector's request ids (a 409 or a "replayed"
+    repair for the real request) nor spend that detector's cap; ``#`` is outside the
+    detector-name pattern, so no API detector can name a key of another source."""
+    return detector if source == API_SOURCE else f"{detector}#{source}"
+
+
 def repair_id_for_request(detector: str, request_id: str) -> str:
     """Repair id of an external request: ``req-`` + 16 hex digits of
     sha256(detector NUL request_id). Deterministic, so racing creates agree."""
@@ -160,7 +178,10 @@ class RepairIntake:
 
     ``ledger``: the PostgreSQL ledger (its pool needs at least 2 connections: the cap
     check holds one under an advisory lock). ``client``: Temporal client with the
-    pydantic data converter. ``clock``: timezone-aware now, for tests.
+    pydantic data converter. ``clock``: timezone-aware now, for tests. ``known``:
+    ``(cluster, node) → bool``, the ingest inventory (``NodeInventory.known``); a request
+    for a node it does not list is refused (422 naming ``node``). ``None``: only
+    ``clusters[].nodes`` is checked.
     """
 
     def __init__(
@@ -170,11 +191,23 @@ class RepairIntake:
         client: Client,
         *,
         clock: Callable[[], datetime] | None = None,
+        known: Callable[[str, str], bool] | None = None,
     ) -> None:
         self.config = config
         self.ledger = ledger
         self.client = client
         self.clock = clock or (lambda: datetime.now(UTC))
+        self.known = known
+
+    def _check_inventory(self, cluster: str, node: str) -> None:
+        """Raises :class:`IntakeError` 422 naming ``node`` when ``known`` (the ingest
+        inventory: configured nodes plus the scheduler's node list) does not list
+        ``node`` in ``cluster``: a node outside the inventory is observed, never
+        repaired, on every path (issue 27 item 0)."""
+        if self.known is not None and not self.known(cluster, node):
+            raise IntakeError(
+                422, f"node {node!r} is not in the inventory of cluster {cluster!r} "
+                "(clusters[].nodes or the scheduler's node list)", "node")
 
     # -- lookups ---------------------------------------------------------------------
     def resolve_cluster(self, cluster: str | None, node: str) -> ClusterConfig | None:
@@ -276,6 +309,7 @@ class RepairIntake:
         *,
         skip_approval: bool = False,
         refuse_remove: bool | None = None,
+        source: str = API_SOURCE,
     ) -> CreateResult:
         """Record and start the repair ``req`` asks for (idempotent on detector +
         request id, forever).
@@ -283,6 +317,10 @@ class RepairIntake:
         ``requester``: who asks (a detector is never recorded as a user).
         ``skip_approval``: detector requests bypass the approval queue.
         ``refuse_remove``: record ``remove`` as refused (default: for detectors).
+        ``source``: where the request came from (:data:`API_SOURCE`,
+        :data:`ANNOTATION_SOURCE`); the idempotency key, the repair id and the
+        per-detector cap count use :func:`request_key` (the cap's configured value is the
+        detector's, ``clusters[].detectors.allowed.NAME.cap``).
 
         Raises :class:`IntakeError` (422 unknown cluster/node/evidence alert, 409 request
         id already used for another node).
@@ -293,13 +331,15 @@ class RepairIntake:
         )
         cfg = self.resolve_cluster(req.cluster, req.node)
         cluster = cfg.name if cfg is not None else str(req.cluster)
+        self._check_inventory(cluster, req.node)
         node_cfg = next((n for n in cfg.nodes if n.name == req.node), None) if cfg else None
         machine_id = node_cfg.machine if node_cfg else None
         pool = node_cfg.pool if node_cfg else None
         now = self.clock()
+        name, detector = detector, request_key(detector, source)
         repair_id = repair_id_for_request(detector, req.request_id)
         alerts = await self._evidence(
-            req, cluster, requester, detector, repair_id, machine_id, pool, now
+            req, cluster, requester, name, repair_id, machine_id, pool, now
         )
 
         remove_refused = (
@@ -335,7 +375,7 @@ class RepairIntake:
                     cap = self.config.policy.rails.detector_cap
                     in_flight = await locked.count_detector_repairs(cluster)
                     own_cap, key = (cfg.detectors if cfg is not None
-                                    else DetectorsConfig()).cap_of(detector)
+                                    else DetectorsConfig()).cap_of(name)
                     own = await locked.count_detector_repairs(cluster, detector=detector)
                     if in_flight >= cap:
                         refusal = (
@@ -419,7 +459,8 @@ class RepairIntake:
         cfg = self.resolve_cluster(req.cluster, req.node)
         cluster = cfg.name if cfg is not None else str(req.cluster)
         node_cfg = next((n for n in cfg.nodes if n.name == req.node), None) if cfg else None
-        repair_id = repair_id_for_request(detector, req.request_id)
+        repair_id = repair_id_for_request(request_key(detector, ANNOTATION_SOURCE),
+                                          req.request_id)
         (*_, request) = await self._evidence(
             req, cluster, Requester(kind=RequesterKind.detector, name=detector), detector,
             repair_id, node_cfg.machine if node_cfg else None,
@@ -528,9 +569,11 @@ class LazyIntake:
     ``get()`` raises ``RuntimeError`` naming ``ledger.dsn`` when it is empty or
     PostgreSQL is unreachable (the API answers 503)."""
 
-    def __init__(self, config: AutorepairConfig, client: Client) -> None:
+    def __init__(self, config: AutorepairConfig, client: Client,
+                 known: Callable[[str, str], bool] | None = None) -> None:
         self.config = config
         self.client = client
+        self.known = known
         self._intake: RepairIntake | None = None
         self._lock = asyncio.Lock()
 
@@ -548,7 +591,8 @@ class LazyIntake:
                 except (OSError, asyncpg.PostgresError) as e:
                     raise RuntimeError(f"ledger.dsn: cannot reach PostgreSQL: {e}") from e
                 ledger = Ledger(pool, providers=ProviderResolver(self.config.providers))
-                self._intake = RepairIntake(self.config, ledger, self.client)
+                self._intake = RepairIntake(self.config, ledger, self.client,
+                                            known=self.known)
         return self._intake
 
     async def close(self) -> None:

@@ -16,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from workflows.downtime import Downtime
 from workflows.models import Action, Alert, RepairStatus
+from workflows.names import MAX_NAME_LEN, NAME_PATTERN
 
 
 class RepairMode(StrEnum):
@@ -27,7 +28,8 @@ class RepairMode(StrEnum):
     remove = "remove"
 
 
-#: Node and detector names: Kubernetes node names, Slurm host names and ``user:NAME``.
+#: Detector names: ``user:NAME`` and the like. Node and cluster names follow the one rule
+#: of :mod:`workflows.names` (``NAME_PATTERN``), the same as OTLP decode.
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$"
 STORABLE = r"^[^\x00]*$"
 """Pattern of free text the ledger stores: no U+0000, which PostgreSQL ``text`` and
@@ -67,12 +69,13 @@ class RepairCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    node: str = Field(min_length=1, max_length=253, pattern=_NAME)
+    node: str = Field(min_length=1, max_length=MAX_NAME_LEN, pattern=NAME_PATTERN)
     mode: RepairMode
     request_id: _Text = Field(min_length=1, max_length=256)
     reason: _Text = Field(min_length=1, max_length=4000)
     detector: str | None = Field(None, min_length=1, max_length=128, pattern=_NAME)
-    cluster: _Text | None = Field(None, min_length=1, max_length=253)
+    cluster: str | None = Field(None, min_length=1, max_length=MAX_NAME_LEN,
+                                pattern=NAME_PATTERN)
     evidence_alert: _Text | None = Field(None, min_length=1, max_length=256)
     evidence_run: _Text | None = Field(None, min_length=1, max_length=256)
     detected_at: Annotated[datetime | None, AfterValidator(in_utc)] = None

@@ -18,14 +18,16 @@ GET    /api/v1/report?since&until&...  viewer+   200 fleet report: repairs, MTTR
 ====== ================================= ========= ==========================================
 
 Errors: 401 without or with an unknown token (or when no tokens file is configured),
-403 for a role that may not do it, 404 unknown repair, 409 decision on a finished
-repair or a request id reused for another node, 422 malformed body naming the field
-(FastAPI's ``{"detail": [{"loc": ["body", FIELD], "msg": ...}]}`` shape; ``["body"]``
-alone for a body that is not JSON text).
+403 for a role that may not do it (both checked before the ledger is touched), 503 when
+the ledger is unavailable (:data:`LEDGER_UNAVAILABLE`: no internal address), 404 unknown
+repair, 409 decision on a finished repair or a request id reused for another node, 422
+malformed body naming the field (FastAPI's ``{"detail": [{"loc": ["body", FIELD],
+"msg": ...}]}`` shape; ``["body"]`` alone for a body that is not JSON text).
 """
 
 # No ``from __future__ import annotations``: FastAPI resolves the dependency annotations
 # of the route closures at definition time.
+import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Annotated, Any, cast
@@ -58,6 +60,11 @@ from workflows.models import Requester, RequesterKind
 
 RepairId = Annotated[str, Path(min_length=1, max_length=256, pattern=STORABLE)]
 """The ``{repair_id}`` path parameter: text the ledger can look up (no U+0000)."""
+
+log = logging.getLogger("autorepair.api.repairs")
+
+LEDGER_UNAVAILABLE = "the repair ledger is unavailable; try again later"
+"""The 503 detail when the ledger cannot be reached (no DSN, host or port in it)."""
 
 _UNPARSED_BODY = "There was an error parsing the body"
 """FastAPI's bare 400 detail for a body it could not read (``fastapi.routing``): a JSON
@@ -132,11 +139,20 @@ def build_repairs_router(
 
         return dep
 
-    async def get_intake() -> RepairIntake:
+    def authenticated(
+        creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ) -> Principal:
+        return need("read")(creds)
+
+    async def get_intake(_: Annotated[Principal, Depends(authenticated)]) -> RepairIntake:
+        # Only an authenticated caller reaches the ledger (each route also declares its
+        # role check first), and the 503 names no internal address: the ledger's DSN,
+        # host and port go to the log only.
         try:
             return await intake()
         except RuntimeError as e:
-            raise HTTPException(503, str(e)) from e
+            log.warning("event=repair_api_ledger_unavailable error=%s", e)
+            raise HTTPException(503, LEDGER_UNAVAILABLE) from e
 
     def fail(e: IntakeError) -> HTTPException:
         return HTTPException(e.status, e.detail())
@@ -150,8 +166,8 @@ def build_repairs_router(
     @router.post("/repairs", response_model=CreateResult, status_code=201,
                  responses={200: {"model": CreateResult, "description": "existing repair"}})
     async def create(
-        body: RepairCreate, response: Response, ix: Intake,
-        who: Annotated[Principal, Depends(need("create"))],
+        body: RepairCreate, response: Response,
+        who: Annotated[Principal, Depends(need("create"))], ix: Intake,
     ) -> CreateResult:
         """Create a repair (idempotent on detector + request_id)."""
         if body.mode == RepairMode.remove and not who.may("remove"):
@@ -174,7 +190,7 @@ def build_repairs_router(
 
     @router.get("/repairs", response_model=RepairList)
     async def list_repairs(
-        ix: Intake, _: Annotated[Principal, Depends(need("read"))],
+        _: Annotated[Principal, Depends(need("read"))], ix: Intake,
         node: str | None = Query(None, max_length=253, pattern=STORABLE),
         cluster: str | None = Query(None, max_length=253, pattern=STORABLE),
         state: str | None = Query(None, max_length=64, pattern=STORABLE),
@@ -195,7 +211,7 @@ def build_repairs_router(
 
     @router.get("/alerts", response_model=AlertList)
     async def list_alerts(
-        ix: Intake, _: Annotated[Principal, Depends(need("read"))],
+        _: Annotated[Principal, Depends(need("read"))], ix: Intake,
         cluster: str | None = Query(None, max_length=253, pattern=STORABLE),
         node: str | None = Query(None, max_length=253, pattern=STORABLE),
         limit: int = Query(50, ge=1, le=1000),
@@ -206,7 +222,7 @@ def build_repairs_router(
 
     @router.get("/report")
     async def report(
-        ix: Intake, _: Annotated[Principal, Depends(need("read"))],
+        _: Annotated[Principal, Depends(need("read"))], ix: Intake,
         since: str = Query("7d", max_length=64, pattern=STORABLE),
         until: Annotated[datetime | None, Query(), AfterValidator(in_utc)] = None,
         cluster: str | None = Query(None, max_length=253, pattern=STORABLE),
@@ -223,8 +239,8 @@ def build_repairs_router(
                                   currency=ix.config.providers.currency)
 
     @router.get("/repairs/{repair_id}", response_model=RepairView)
-    async def show(repair_id: RepairId, ix: Intake,
-                   _: Annotated[Principal, Depends(need("read"))]) -> RepairView:
+    async def show(repair_id: RepairId,
+                   _: Annotated[Principal, Depends(need("read"))], ix: Intake) -> RepairView:
         """One repair with transitions and live workflow status."""
         try:
             return await ix.get(repair_id)
@@ -232,8 +248,8 @@ def build_repairs_router(
             raise fail(e) from e
 
     @router.post("/repairs/{repair_id}/approve", response_model=RepairView)
-    async def approve(repair_id: RepairId, ix: Intake,
-                      who: Annotated[Principal, Depends(need("decide"))],
+    async def approve(repair_id: RepairId,
+                      who: Annotated[Principal, Depends(need("decide"))], ix: Intake,
                       body: DecisionBody | None = None) -> RepairView:
         """Approve (optionally overriding the action)."""
         try:
@@ -242,8 +258,8 @@ def build_repairs_router(
             raise fail(e) from e
 
     @router.post("/repairs/{repair_id}/reject", response_model=RepairView)
-    async def reject(repair_id: RepairId, ix: Intake,
-                     who: Annotated[Principal, Depends(need("decide"))],
+    async def reject(repair_id: RepairId,
+                     who: Annotated[Principal, Depends(need("decide"))], ix: Intake,
                      body: DecisionBody | None = None) -> RepairView:
         """Reject with a reason."""
         try:
@@ -252,8 +268,8 @@ def build_repairs_router(
             raise fail(e) from e
 
     @router.post("/repairs/{repair_id}/cancel", response_model=RepairView)
-    async def cancel(repair_id: RepairId, ix: Intake,
-                     who: Annotated[Principal, Depends(need("decide"))],
+    async def cancel(repair_id: RepairId,
+                     who: Annotated[Principal, Depends(need("decide"))], ix: Intake,
                      body: DecisionBody | None = None) -> RepairView:
         """Cancel with a reason."""
         try:
@@ -266,24 +282,30 @@ def build_repairs_router(
 
 def api_routers(
     config: AutorepairConfig,
-) -> Callable[[Client], tuple[list[APIRouter], list[Callable[[], Awaitable[None]]]]]:
+) -> Callable[..., tuple[list[APIRouter], list[Callable[[], Awaitable[None]]]]]:
     """The factory ``autorepair ingest`` hands to ``ingest.service.run_ingest``: the repair
-    router on the given Temporal client, and the intake's ``close`` for shutdown.
+    router on the given Temporal client (and ``known``, the ingest inventory's
+    ``(cluster, node) → bool``: requests for nodes outside it are refused), and the
+    intake's ``close`` for shutdown.
 
     Raises ``ValueError`` naming the tokens file when it is malformed (at call time)."""
 
-    def build(client: Client) -> tuple[list[APIRouter], list[Callable[[], Awaitable[None]]]]:
-        router, intake = repairs_router_for(config, client)
+    def build(client: Client, known: Callable[[str, str], bool] | None = None
+              ) -> tuple[list[APIRouter], list[Callable[[], Awaitable[None]]]]:
+        router, intake = repairs_router_for(config, client, known)
         return [router], [intake.close]
 
     return build
 
 
-def repairs_router_for(config: AutorepairConfig, client: Client) -> tuple[APIRouter, LazyIntake]:
+def repairs_router_for(config: AutorepairConfig, client: Client,
+                       known: Callable[[str, str], bool] | None = None,
+                       ) -> tuple[APIRouter, LazyIntake]:
     """Router wired to ``config`` (tokens from ``api.tokens_file``, falling back to
-    ``secrets.api_tokens_file``) and a :class:`LazyIntake`; close the intake on shutdown.
+    ``secrets.api_tokens_file``) and a :class:`LazyIntake` (``known``: the inventory
+    check of :class:`RepairIntake`); close the intake on shutdown.
 
     Raises ``ValueError`` naming the tokens file when it is malformed."""
     tokens = ApiTokens.load(config.api.tokens_file or config.secrets.api_tokens_file)
-    lazy = LazyIntake(config, client)
+    lazy = LazyIntake(config, client, known)
     return build_repairs_router(lazy.get, tokens), lazy

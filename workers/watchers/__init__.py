@@ -69,6 +69,7 @@ async def _run_all(config: AutorepairConfig, client: Client, stop: asyncio.Event
             runs.append(KubeWatcher(
                 config, c, sink, api_client, intake=intake, bmc_probe=redfish_probe(config),
                 open_alerts=ledger.last_level_edges if ledger is not None else None,
+                confirm=ledger.node_bound_alert if ledger is not None else None,
             ).run(stop))
         log.info("event=watchers_started clusters=%d", len(runs))
         await asyncio.gather(*runs)

@@ -8,7 +8,10 @@ patch node metadata sets the label :data:`REQUEST_LABEL` = ``"true"`` and the an
 :class:`workers.repairs.intake.RepairIntake` with the detector as an external requester
 (never a user), skipping the approval queue but not the evidence gate, the guard lease or
 the budgets; ``remove`` is refused (human-only); detector + request id is the idempotency
-key forever and the per-cluster and per-detector caps apply. Only detectors listed in the
+key forever and the per-cluster and per-detector caps apply — keyed by (detector, source)
+(``workers.repairs.intake.request_key``: ``NAME#annotation``), so an annotation under a
+detector's name can neither pre-claim that detector's API request ids nor spend its API
+cap. Only detectors listed in the
 cluster's ``detectors.allowed`` open repairs this way: the annotation names its detector
 itself and ``nodes/patch`` is held by many components (the kubelet for its own Node), so
 any other request is recorded as an observed alert (``RepairIntake.observe_request``)
@@ -20,6 +23,16 @@ request). A request re-asserted on every scan maps to the same repair.
 **Conditions**: node-problem-detector's :data:`NPD_CONDITIONS` with status ``True``
 become alerts (KernelDeadlock → ``hung_task``, ReadonlyFilesystem → ``ext4_readonly`` in
 the catalogue; the restart conditions are observations), cleared when they turn False.
+A condition is **observed only** (``actionable=False``, ``evidence["confirmation"] =
+"unconfirmed"``) unless it is confirmed by a node-bound source — the node's own agent
+reported the same fault family (:data:`CONDITION_FAMILIES`) through a per-node identity
+within ``clusters[].kubernetes.confirm_window_s`` of the condition's transition
+(``confirm``: ``Ledger.node_bound_alert``) — or its type is listed in
+``clusters[].kubernetes.actionable_conditions``: anyone who may patch ``nodes/status``
+(every node running node-problem-detector holds that right cluster-wide) writes
+conditions, and ``managedFields`` names are client-chosen, so a condition alone
+authenticates nothing. An unconfirmed condition is checked again on every scan; once
+confirmed it is raised again (a new alert id naming the confirming alert) as actionable.
 
 **NotReady** (Ready ``False``/``Unknown``) alone is only observed (``node_not_ready``,
 never a repair). The watcher then asks the node's BMC (``activities.power``): power
@@ -47,16 +60,16 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kubernetes_asyncio import client as k8s
 from pydantic import ValidationError
 
 from ingest.handoff import AlertSink
-from workers.repairs.intake import IntakeError, RepairIntake
+from workers.repairs.intake import ANNOTATION_SOURCE, IntakeError, RepairIntake
 from workers.repairs.models import RepairCreate
 from workers.watchers.bmc import BmcChecks, BmcProbe, OpenAlerts, bmc_verdict
 from workers.watchers.edges import EdgeTimes
@@ -79,10 +92,21 @@ NPD_CONDITIONS: dict[str, str] = {
     "FrequentContainerdRestart": "k8s_frequent_containerd_restart",
 }
 """node-problem-detector condition type → alert kind (catalogue kinds where one fits)."""
+CONDITION_FAMILIES: dict[str, frozenset[str]] = {
+    "KernelDeadlock": frozenset({"hung_task"}),
+    "ReadonlyFilesystem": frozenset({"ext4_readonly", "xfs_shutdown"}),
+}
+"""Condition type → the agent's fault kinds of the same family (the kernel lines
+node-problem-detector itself reads for these conditions: ``task … blocked for more than``;
+``Remounting filesystem read-only`` / XFS shutdown)."""
 NOT_READY_KIND = "node_not_ready"
 DEFAULT_INTERVAL_S = 15.0
 """Poll interval, seconds (kubelet reports status every 10 s by default)."""
 SOURCE = "kube_watcher"
+
+#: Finds the node agent's own report of one of ``kinds`` on ``node`` since a time:
+#: ``(cluster, node, kinds, since) → alert id or None`` (``Ledger.node_bound_alert``).
+ConfirmSource = Callable[[str, str, frozenset[str], datetime], Awaitable[str | None]]
 
 @dataclass
 class _Cond:
@@ -112,7 +136,9 @@ class KubeWatcher:
     ledger's last edge of each level fault this watcher raised (``Ledger.last_level_edges``;
     ``Ledger.open_level_alerts`` also works, without the floor that clears give), read once
     before the first scan (``None``: no reconciliation). ``clock``: monotonic seconds, for
-    the BMC re-probe interval.
+    the BMC re-probe interval. ``confirm``: the node agent's confirmation of a condition
+    (``Ledger.node_bound_alert``; ``None``: only ``kubernetes.actionable_conditions``
+    repair).
     """
 
     def __init__(
@@ -120,6 +146,7 @@ class KubeWatcher:
         api_client: k8s.ApiClient, *, intake: RepairIntake | None = None,
         bmc_probe: BmcProbe | None = None, interval_s: float = DEFAULT_INTERVAL_S,
         open_alerts: OpenAlerts | None = None, clock: Callable[[], float] = time.monotonic,
+        confirm: ConfirmSource | None = None,
     ) -> None:
         self.config = config
         self.cluster = cluster
@@ -136,6 +163,7 @@ class KubeWatcher:
         self.clock = clock
         self._machines = {n.name: n.machine for n in cluster.nodes}
         self._pools = {n.name: n.pool for n in cluster.nodes}
+        self.confirm = confirm
 
     # -- alerts ----------------------------------------------------------------------
     def _alert(self, node: str, kind: str, text: str, evidence: dict[str, Any],
@@ -168,6 +196,39 @@ class KubeWatcher:
         await self.sink.submit(clear)
         sent.append(clear)
 
+    async def _trusted(self, node: str, ctype: str, alert: Alert, since: datetime) -> Alert:
+        """``alert`` as raised when its condition is opted in or confirmed by the node's
+        own agent (evidence ``confirmation``: ``"opted_in"`` / ``"agent"`` with
+        ``confirmed_by``); else its observed-only copy (``"unconfirmed"``). An alert the
+        catalogue does not make actionable is returned unchanged."""
+        if not alert.actionable:
+            return alert
+        kc = self.cluster.kubernetes
+        if ctype in kc.actionable_conditions:
+            return alert.model_copy(update={"evidence": {**alert.evidence,
+                                                         "confirmation": "opted_in"}})
+        found: str | None = None
+        kinds = CONDITION_FAMILIES.get(ctype)
+        if kinds and self.confirm is not None:
+            try:
+                found = await self.confirm(self.cluster.name, node, kinds,
+                                           since - timedelta(seconds=kc.confirm_window_s))
+            except Exception as e:  # the ledger is down: stays observed, asked next scan
+                log.warning("event=condition_confirm_failed cluster=%s node=%s error=%s",
+                            self.cluster.name, node, type(e).__name__)
+        if found is not None:
+            text = f"{alert.evidence_text} (confirmed by node agent alert {found})"
+            return self._alert(node, alert.kind, text, {
+                **{k: v for k, v in alert.evidence.items() if k != "watcher"},
+                "confirmation": "agent", "confirmed_by": found}, alert.observed_at)
+        return alert.model_copy(update={
+            "actionable": False, "action": Action.none,
+            "evidence": {**alert.evidence, "confirmation": "unconfirmed"},
+            "description": (f"{alert.description} Observed only: node condition {ctype} "
+                            "is not confirmed by the node's own agent and not listed in "
+                            f"clusters[{self.cluster.name}].kubernetes.actionable_conditions."),
+        })
+
     async def _conditions(self, name: str, conds: dict[str, _Cond], now: datetime,
                           sent: list[Alert]) -> None:
         for ctype, kind in NPD_CONDITIONS.items():
@@ -178,7 +239,9 @@ class KubeWatcher:
                 cev = {"condition": ctype, "reason": c.reason, "message": c.message,
                        "since": (c.since or at).isoformat(),
                        "detector": "node-problem-detector"}
-                await self._raise(name, ctype, self._alert(name, kind, text, cev, at), sent)
+                alert = await self._trusted(name, ctype, self._alert(name, kind, text, cev, at),
+                                            c.since or at)
+                await self._raise(name, ctype, alert, sent)
             else:
                 await self._clear(name, ctype, now, sent)
         ready = conds.get("Ready")
@@ -253,7 +316,7 @@ class KubeWatcher:
             else:
                 res = await self.intake.create(
                     req, Requester(kind=RequesterKind.detector, name=detector),
-                    skip_approval=True, refuse_remove=True,
+                    skip_approval=True, refuse_remove=True, source=ANNOTATION_SOURCE,
                 )
                 result.update({"repair_id": res.repair.repair_id, "stage": res.repair.stage,
                                "refused": res.refused, "reason": res.refused_reason})

@@ -32,6 +32,7 @@ __all__ = [
     "DIAGNOSTIC_XIDS",
     "KNOWN_KINDS",
     "LEVEL_KINDS",
+    "SENDER_RESERVED_KINDS",
     "SIGNAL_KINDS",
     "count_window_s",
     "override_for",
@@ -71,6 +72,19 @@ CONTROL_PLANE_KINDS: frozenset[str] = frozenset(
     }
 )
 """Kinds raised by control-plane components rather than read from a node."""
+
+SENDER_RESERVED_KINDS: frozenset[str] = (CONTROL_PLANE_KINDS - {"straggler"}) | {
+    # workers.repairs.intake: the evidence record of an external repair request.
+    "repair_request",
+    # DESIGN §5 round 3 controls: the failure-domain hold's cluster-level alert.
+    "failure_domain",
+}
+"""Kinds only the control plane raises, **refused from senders** (OTLP fault records;
+DESIGN §5: "Control-plane kinds … are never accepted from senders"): a node's own token
+reporting ``circuit_breaker`` would otherwise open or hide its cluster's breaker, and a
+``node_unreachable`` / ``nccl_slow_rank`` / ``repair_request`` would forge what ingest,
+the guard or the intake decide. ``straggler`` stays a sender kind (the agent classifies
+itself against the threshold it is sent back)."""
 
 KNOWN_KINDS: frozenset[str] = SIGNAL_KINDS | CONTROL_PLANE_KINDS
 """Every kind the catalogue maps; an alert of any other kind is recorded as unmapped and

@@ -6,7 +6,10 @@ and count-in-window thresholds included — and applies the node-level rules: a 
 never actionable, a secondary Xid follows its root, a straggler (or a late NCCL rank) asks
 for diagnostics, application-level Xids never repair a node (their repeats on one GPU/GPC
 recommend a diagnostic run). The ``action``/``actionable`` ingest stamped on the alert are an
-annotation only and are not read here.
+annotation only and are not read here, with one exception that only ever lowers the
+outcome: an alert ingest marked **observed only** because its node is outside the
+inventory (``evidence["inventory"] == "unknown"``, :data:`UNKNOWN_INVENTORY`, set by
+``ingest.inventory.observed``) is final: no recommendation, repair or notification.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ SLOW_KINDS: dict[str, str] = {
 }
 """Kinds that say a node is slow (DESIGN §1 rule zero: slow is not failed), with the reason
 text of their diagnostic recommendation."""
+
+UNKNOWN_INVENTORY = "unknown"
+"""``Alert.evidence["inventory"]`` of an alert about a node outside the inventory
+(``ingest.inventory.UNKNOWN``): observed only, on every path (issue 27 item 0)."""
 
 
 @dataclass(frozen=True)
@@ -78,14 +85,22 @@ def decide_node_action(
     this one included). ``repeats_same_gpu``: occurrences of the same application Xid on
     the same GPU/GPC within ``cat.app_xid_repeat_window_s``.
 
-    Order: clear → operator override (action/actionable/count) → secondary Xid →
-    straggler or late NCCL rank (:data:`SLOW_KINDS`) → application-level Xid
+    Order: clear → node outside the inventory (observed only, final) → operator override
+    (action/actionable/count) → secondary Xid → straggler or late NCCL rank
+    (:data:`SLOW_KINDS`) → application-level Xid
     (:data:`APP_LEVEL_XIDS` never repair a node; repeats of :data:`DIAGNOSTIC_XIDS`
     recommend diagnostics) → the catalogue's entry for
     the fault. Raises nothing for a valid :class:`Alert`.
     """
     if not alert.active:
         return NodeActionDecision(Action.none, False, "clear", "alert cleared")
+    if alert.evidence.get("inventory") == UNKNOWN_INVENTORY:
+        # ingest's observed-only mark is final: a made-up node name never pages anyone,
+        # never asks for diagnostics and never reaches the action path
+        return NodeActionDecision(
+            Action.none, False, "inventory:unknown",
+            "node outside the inventory: observed only", severity=alert.severity,
+        )
     entry = entry_for(alert.kind, alert.code, alert.evidence, cat)
     sev = entry.severity
     found = override_for(alert.kind, alert.code, cat)

@@ -33,9 +33,9 @@ def in_cooldown(until: datetime | None, now: datetime) -> bool:
 def concurrency_budget(gpu_nodes: int, rails: RailsConfig, seen_nodes: int = 0) -> int:
     """Repairs allowed at once in a cluster: ``max(min_concurrent, ceil(fraction × N))``.
 
-    ``N`` is ``gpu_nodes`` from the cluster config, or ``seen_nodes`` (nodes that
-    reported a GPU: ledger alerts naming one, lease requests with GPU evidence) when no
-    count is configured (``gpu_nodes == 0``).
+    ``N`` is ``gpu_nodes`` (``load_policy``: the configured inventory, else the
+    scheduler's node list), or ``seen_nodes`` when that is 0 (the guard passes 0: nodes
+    named by alerts are no denominator, issue 27 item 9).
     Defaults (DESIGN §5): fraction 0.05, min 1.
     """
     n = gpu_nodes or seen_nodes
@@ -45,7 +45,7 @@ def concurrency_budget(gpu_nodes: int, rails: RailsConfig, seen_nodes: int = 0) 
 def breaker_threshold(gpu_nodes: int, rails: RailsConfig, seen_nodes: int = 0) -> int:
     """Automatic repairs/cordons in ``breaker_window_s`` that trip the breaker:
     ``max(breaker_min, ceil(breaker_fraction × N))``, N = GPU nodes of the cluster
-    (``seen_nodes``, the nodes that reported a GPU, when unconfigured). Defaults
+    (``gpu_nodes``, else ``seen_nodes``; the guard passes 0 for the latter). Defaults
     (DESIGN §5): 0.10, min 2, 600 s."""
     n = gpu_nodes or seen_nodes
     return max(rails.breaker_min, math.ceil(rails.breaker_fraction * n))
