@@ -1,7 +1,9 @@
 """PCIe AER reports (Linux ``drivers/pci/pcie/aer.c``): header, ``PCIe Bus Error`` lines,
 status/mask and bit lines, grouped into one record per report.
 
-Uncorrected fatal → ``pcie_aer_fatal``; corrected and uncorrected non-fatal →
+Uncorrected fatal → ``pcie_aer_fatal``; corrected (``Corrected``, or ``Correctable`` as
+newer kernels print it: ``AER: Correctable error message received from …``,
+``severity=Correctable``) and uncorrected non-fatal →
 ``pcie_aer_corrected`` (``details["uncorrected_nonfatal"]`` marks the latter).
 """
 
@@ -14,13 +16,13 @@ from agent.readers.kernel.common import HEX, PCI_FULL, Record, single
 
 _AER_DEV = re.compile(r"(?P<drv>[\w.-]{1,40}) (?P<pci>" + PCI_FULL + r"):\s")
 _AER_HEAD = re.compile(
-    r"AER: (?:Multiple )?(?P<sev>Corrected|Uncorrected \((?:Non-)?Fatal\)|"
+    r"AER: (?:Multiple )?(?P<sev>Correct(?:ed|able)|Uncorrected \((?:Non-)?Fatal\)|"
     r"Uncorrectable \((?:Non-)?Fatal\)) error (?:message )?(?:received|reported)"
     r"(?::| from)?\s*(?P<src>id=" + HEX + r"{1,8}|" + PCI_FULL + r")?",
     re.IGNORECASE,
 )
 _AER_BUS = re.compile(
-    r"PCIe Bus Error: severity=(?P<sev>Corrected|Uncorrect(?:ed|able) \((?:Non-)?Fatal\))"
+    r"PCIe Bus Error: severity=(?P<sev>Correct(?:ed|able)|Uncorrect(?:ed|able) \((?:Non-)?Fatal\))"
     r"(?:,\s*type=(?P<type>[^,]{1,60}))?",
     re.IGNORECASE,
 )
@@ -32,9 +34,10 @@ _AER_CONT = re.compile(
 
 
 def aer_class(sev: str) -> str:
-    """``fatal`` / ``nonfatal`` / ``corrected`` from an AER severity phrase."""
+    """``fatal`` / ``nonfatal`` / ``corrected`` from an AER severity phrase (``Corrected`` and
+    the newer kernels' ``Correctable`` are both ``corrected``)."""
     s = sev.lower()
-    if s.startswith("corrected"):
+    if s.startswith(("corrected", "correctable")):
         return "corrected"
     if "non-fatal" in s:
         return "nonfatal"

@@ -36,6 +36,7 @@ from agent.readers.kernel import (
     hung,
     ib,
     mce,
+    nic,
     npd,
     oom,
     sxid,
@@ -75,6 +76,9 @@ _KERNEL_TABLE: list[tuple[Needle, Matcher]] = [
     (("XFS", ""), fs.match_xfs),
     (("only", ""), fs.match_readonly),  # "read-only", "readonly"
     (("blocked for more than", ""), hung.match),
+    (("mlx", ""), nic.match_mlx),
+    (("efa ", ""), nic.match_efa),
+    (("rdmap", ""), nic.match_efa),
     (("mlx", ""), ib.match_mlx),
     (("ort", "port"), ib.match_port),
     (("ort", "Port"), ib.match_port),

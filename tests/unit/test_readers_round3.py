@@ -1,0 +1,277 @@
+"""Fault signals, round 3 (issue 25): each family over its formats — every kernel-log
+prefix family, CRLF, wrapping, ANSI colours, interleaving — through the streaming reader,
+``read_text`` and ``autorepair classify``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agent.readers import FaultEvent, read_text
+from agent.readers.events import KINDS
+from agent.readers.kernel import read_kernel_lines
+from agent.readers.nvsmi import strip_annotation
+from workers.classify import classify_text
+
+PREFIXES = [
+    "",
+    "[12345.678901] ",
+    "[Fri Mar  3 04:28:38 2023] ",
+    "Mar  3 04:28:38 gpu-node-07 kernel: ",
+    "kernel: ",
+    "kern  :err   : [  219.470994] ",
+    "2024-03-29T15:38:59.123456+00:00 gpu-node-07 kernel: ",  # RFC 3339 syslog / short-iso
+    "2026-10-07T02:58:49+0000 gpu-node-07 kernel: ",  # journalctl -o short-iso
+    "<3>1 2026-10-07T02:58:49.123456+00:00 gpu-node-07 kernel - - - ",  # RFC 5424
+    "192.0.2.10: kern: err: [2026-04-22T21:25:20.466440686Z]: ",  # Talos
+]
+"""Prefix families a kernel line arrives with (dmesg, dmesg -T, syslog, journald, dmesg -x,
+ISO / short-iso, RFC 5424, Talos)."""
+
+ANSI = "\x1b[31m{}\x1b[0m"
+
+
+def _kernel(text: str) -> list[FaultEvent]:
+    events: list[FaultEvent] = []
+    read_kernel_lines(text.split("\n"), events.append)
+    return events
+
+
+def _both(text: str) -> list[FaultEvent]:
+    """Streaming reader and ``read_text`` agree (the agent and classify); returns events."""
+    direct = _kernel(text)
+    via = read_text(text)
+    assert [(e.kind, e.pci, e.details) for e in direct] == [
+        (e.kind, e.pci, e.details) for e in via
+    ], text
+    for ev in via:
+        json.dumps(ev.details)
+        assert ev.kind in KINDS
+    return via
+
+
+def _classified(text: str) -> list[dict[str, object]]:
+    return classify_text(text)
+
+
+# --- family 3: nvidia-smi -q values with trailing text ----------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw, want",
+    [
+        ("Yes   <===", "Yes"),
+        ("Yes  # needs reset", "Yes"),
+        ("Yes # needs reset", "Yes"),
+        ("1   <== look", "1"),
+        ("No  (ok)", "No"),
+        ("Yes <-- here", "Yes"),
+        ("Yes ← pending", "Yes"),
+        ("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"),  # free text keeps its words
+        ("Not Active  <==", "Not Active"),
+    ],
+)
+def test_nvsmi_value_annotation_is_cut(raw: str, want: str) -> None:
+    assert strip_annotation(raw) == want
+
+
+@pytest.mark.parametrize(
+    "marker", ["   <===", "  # needs reset", "\t<-- pending!", "  (needs reset)", " ***"]
+)
+@pytest.mark.parametrize("ending", ["\n", "\r\n"])
+def test_nvsmi_pending_flag_with_trailing_text(marker: str, ending: str) -> None:
+    text = ending.join(
+        [
+            "    Remapped Rows",
+            "        Uncorrectable Error               : 1",
+            f"        Pending                           : Yes{marker}",
+        ]
+    )
+    objs = [o for o in _classified(text) if o["kind"] == "nvsmi"]
+    assert len(objs) == 1, objs
+    assert objs[0]["remap_pending"] is True
+    assert objs[0]["action"] == "reset_gpu"
+
+
+def test_nvsmi_flat_paste_with_annotations_on_several_values() -> None:
+    text = "\n".join(
+        [
+            "GPU 00000000:18:00.0",
+            "    GPU Reset Status",
+            "        Reset Required                    : Yes  # needs reset",
+            "        Drain and Reset Recommended       : No",
+            "    GPU Recovery Action                   : Reset   <=== here",
+        ]
+    )
+    (ev,) = read_text(text)
+    assert ev.kind == "nvsmi"
+    assert ev.details["reset_required"] is True
+    assert ev.details["gpu_recovery_action"] == "reset"
+    assert ev.pci == "00000000:18:00.0"
+
+
+# --- family 4: AER "Correctable" wording ------------------------------------------------
+
+AER_CORRECTABLE = [
+    "pcieport 0000:00:03.1: AER: Correctable error message received from 0000:41:00.0",
+    "pcieport 0000:00:03.1: AER: Multiple Correctable error message received from "
+    "0000:41:00.0",
+    "nvidia 0000:41:00.0: PCIe Bus Error: severity=Correctable, type=Physical Layer, "
+    "(Receiver ID)",
+]
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+@pytest.mark.parametrize("line", AER_CORRECTABLE)
+def test_aer_correctable_wording_counts_as_corrected(prefix: str, line: str) -> None:
+    events = _both(prefix + line)
+    assert [e.kind for e in events] == ["pcie_aer_corrected"], events
+    assert events[0].pci == "0000:41:00.0"
+    assert "uncorrected_nonfatal" not in events[0].details
+
+
+def test_aer_correctable_report_is_one_event_with_its_status_lines() -> None:
+    text = "\n".join(
+        [
+            "[  5.1] pcieport 0000:00:03.1: AER: Correctable error message received from "
+            "0000:41:00.0",
+            "[  5.1] nvidia 0000:41:00.0: PCIe Bus Error: severity=Correctable, "
+            "type=Data Link Layer, (Transmitter ID)",
+            "[  5.1] nvidia 0000:41:00.0:   device [10de:2330] error status/mask=00001000/0000e000",
+            "[  5.1] nvidia 0000:41:00.0:    [12] Timeout",
+        ]
+    )
+    (ev,) = _both(text)
+    assert ev.kind == "pcie_aer_corrected"
+    assert ev.details["type"] == "Data Link Layer"
+    assert ev.text.count("\n") == 3
+
+
+def test_aer_uncorrectable_is_not_read_as_correctable() -> None:
+    (ev,) = _both("nvidia 0000:41:00.0: PCIe Bus Error: severity=Uncorrectable (Fatal), "
+                  "type=Transaction Layer, (Requester ID)")
+    assert ev.kind == "pcie_aer_fatal"
+
+
+# --- family 7: nic_fatal ----------------------------------------------------------------
+
+NIC_LINES = [
+    ("mlx5_core 0000:3b:00.0: poll_health:835:(pid 0): device's health compromised - "
+     "reached miss count", "0000:3b:00.0", "health_compromised", "reboot"),
+    ("mlx5_core 0000:3b:00.0: print_health_info:431:(pid 0): Health issue observed, "
+     "firmware internal error, severity(3) ERROR:", "0000:3b:00.0", "fw_internal_error",
+     "reboot"),
+    ("mlx5_core 0000:af:00.1: print_health_info:383:(pid 0): synd 0x1: firmware internal "
+     "error", "0000:af:00.1", "fw_internal_error", "reboot"),
+    ("mlx5_core 0000:af:00.1: mlx5_health_try_recover:330:(pid 77): Fatal error 1 detected",
+     "0000:af:00.1", "fw_fatal", "reboot"),
+    ("mlx5_core 0000:3b:00.0: ENABLE_HCA(0x104) timeout. Will cause a leak of a command "
+     "resource", "0000:3b:00.0", "cmd_timeout", "reboot"),
+    ("mlx5_core 0000:88:00.0: Port module event[error]: module 0, Cable error, High "
+     "Temperature", "0000:88:00.0", "module_error", "none"),
+    ("mlx5_core 0000:5c:00.0: mlx5_pcie_event:299:(pid 268269): Detected insufficient power "
+     "on the PCIe slot (27W).", "0000:5c:00.0", "pcie_insufficient_power", "none"),
+    ("mlx5_core 0000:5c:00.0: 63.008 Gb/s available PCIe bandwidth, limited by 8.0 GT/s PCIe "
+     "x8 link at 0000:00:01.0 (capable of 252.048 Gb/s with 16.0 GT/s PCIe x16 link)",
+     "0000:5c:00.0", "pcie_link_degraded", "none"),
+    ("efa 0000:00:06.0: Device isn't ready, abort com init 0x0", "0000:00:06.0",
+     "efa_device_not_ready", "reboot"),
+    ("infiniband rdmap16s27: Admin queue is closed", None, "efa_admin_queue_closed", "reboot"),
+    ("infiniband rdmap16s27: Failed to process command CREATE_QP (opcode 1) comp_status 0 err "
+     "-110: Wait for completion (polling) timeout", None, "efa_admin_timeout", "reboot"),
+]
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+@pytest.mark.parametrize("line, pci, event, action", NIC_LINES)
+def test_nic_fatal_family(
+    prefix: str, line: str, pci: str | None, event: str, action: str
+) -> None:
+    events = _both(prefix + line)
+    assert [e.kind for e in events] == ["nic_fatal"], events
+    ev = events[0]
+    assert ev.pci == pci
+    assert ev.details["nic_event"] == event
+    (obj,) = _classified(prefix + line)
+    assert obj["action"] == action
+    assert obj["kind"] == "nic_fatal" and "unmapped" not in obj
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "ena 0000:00:05.0: Device isn't ready, abort com init",  # ENA, not EFA
+        "ena 0000:00:05.0 eth0: Device isn't ready, can't reset device",
+        "mlx5_core 0000:12:00.0: Port module event: module 0, Cable plugged",
+        "mlx5_core 0000:12:00.0: PCIe slot advertised sufficient power (75W).",
+        "mlx5_core 0002:01:00.0: 126.028 Gb/s available PCIe bandwidth (32.0 GT/s PCIe x4 link)",
+        "mlx5_core 0000:3b:00.0: mlx5_fw_tracer_start:794:(pid 9): FWTracer: Ownership granted",
+    ],
+)
+def test_nic_lookalikes_are_not_faults(line: str) -> None:
+    assert [e for e in _both("[ 1.0] " + line) if e.kind == "nic_fatal"] == []
+
+
+def test_mlx5_health_dump_is_one_event_across_interleaved_lines() -> None:
+    text = "\r\n".join(
+        [
+            "[ 1234.5678] mlx5_core 0000:3b:00.0: poll_health:835:(pid 0): device's health "
+            "compromised - reached miss count",
+            "[ 1234.5679] mlx5_core 0000:3b:00.0: print_health_info:431:(pid 0): assert_var[0] "
+            "0x00000000",
+            "[ 1234.5679] systemd[1]: Started Session 4 of user root.",
+            "[ 1234.5680] mlx5_core 0000:3b:00.0: print_health_info:442:(pid 0): synd 0x1: "
+            "firmware internal error",
+            "[ 1234.5681] mlx5_core 0000:3b:00.0: print_health_info:443:(pid 0): ext_synd 0x8b5f",
+            "[ 1234.5682] mlx5_core 0000:3b:00.0: print_health_info:444:(pid 0): raw fw_ver "
+            "0x1c1f1000",
+            "[ 1234.5690] mlx5_core 0000:3b:00.1: poll_health:835:(pid 0): device's health "
+            "compromised - reached miss count",
+        ]
+    )
+    events = [e for e in _both(text) if e.kind == "nic_fatal"]
+    assert [e.pci for e in events] == ["0000:3b:00.0", "0000:3b:00.1"]
+    first = events[0]
+    assert first.details["nic_event"] == "health_compromised"
+    assert first.details["syndrome"] == "0x1"
+    assert first.details["ext_syndrome"] == "0x8b5f"
+    assert first.details["fw_version"] == "0x1c1f1000"
+    assert "Started Session" not in first.text
+
+
+@pytest.mark.parametrize("prefix", ["[ 1.0] ", "Mar  3 04:28:38 gpu-node-07 kernel: "])
+def test_nic_fatal_wrapped_and_coloured(prefix: str) -> None:
+    wrapped = (
+        prefix + "mlx5_core 0000:3b:00.0: poll_health:835:(pid 0): device's health\n"
+        + prefix + "    compromised - reached miss count"
+    )
+    events = _both(wrapped)
+    assert [e.kind for e in events] == ["nic_fatal"]
+    coloured = ANSI.format(prefix + NIC_LINES[0][0])
+    assert [e.kind for e in read_text(coloured)] == ["nic_fatal"]
+
+
+def test_nic_fatal_is_not_also_a_link_event() -> None:
+    text = "[ 9.0] mlx5_core 0000:3b:00.0 mlx5_3: Port: 1 Link DOWN"
+    assert [e.kind for e in _both(text)] == ["ib_link_down"]
+
+
+# --- unmapped is never a silent none ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["NVRM: Xid (PCI:0000:3b:00): 999, pid=1, name=x, what",
+     "[ 5.0] NVRM: Xid (PCI:0000:3b:00): 4242, pid=1, name=x, what"],
+)
+def test_classify_marks_an_uncatalogued_code_unmapped(text: str) -> None:
+    (obj,) = _classified(text)
+    assert obj["action"] == "none"
+    assert obj["unmapped"] is True
+
+
+def test_classify_mapped_events_carry_no_unmapped_mark() -> None:
+    (obj,) = _classified("NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off "
+                         "the bus.")
+    assert "unmapped" not in obj
