@@ -96,6 +96,10 @@ def summarize(
         extra.append(f"caused by Xid {ev['caused_by_xid']}")
     if kind in ("ib_link_down", "ib_link_up") and ev.get("device"):
         extra.append(f"{ev['device']}" + (f" port {ev['port']}" if "port" in ev else ""))
+    if kind == "dcgm_diag" and isinstance(ev.get("failed"), list) and ev["failed"]:
+        gpus = ev.get("failed_gpus")
+        on = f" on GPU {', '.join(str(g) for g in gpus)}" if isinstance(gpus, list) and gpus else ""
+        extra.append("failed " + ", ".join(str(t) for t in ev["failed"]) + on)
     if kind == "nic_fatal":
         nic = " ".join(str(ev[k]) for k in ("device", "nic_event", "module_error") if ev.get(k))
         extra.append(nic)

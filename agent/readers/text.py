@@ -1,9 +1,10 @@
 """``read_text``: any mixture of kernel log, ``nvidia-smi -q``, ``scontrol show node``,
-``dcgmi diag`` tables and slurmctld log lines."""
+``sinfo`` tables, ``dcgmi diag`` tables and ``-j`` JSON, and slurmctld log lines."""
 
 from __future__ import annotations
 
 from agent.readers.dcgm import is_dcgm_table, is_table_line, parse_dcgm_diag
+from agent.readers.dcgm_json import find_json, looks_like_dcgm_json, parse_dcgm_json
 from agent.readers.events import FaultEvent
 from agent.readers.kernel import KernelLogReader
 from agent.readers.nvsmi import (
@@ -67,7 +68,8 @@ def read_text(text: str) -> list[FaultEvent]:
     """Every fault event in ``text``, in order of appearance.
 
     Lines are routed by shape: ``NodeName=`` records (and their ``Key=value`` lines) to
-    the Slurm reader; boxed ``dcgmi diag`` tables to :mod:`agent.readers.dcgm`; slurmctld
+    the Slurm reader; ``dcgmi diag -j`` JSON objects to :mod:`agent.readers.dcgm_json`;
+    boxed ``dcgmi diag`` tables to :mod:`agent.readers.dcgm`; slurmctld
     node-state lines to :class:`~agent.readers.slurm.SlurmctldReader`; ``nvidia-smi -q``
     blocks (``Key : Value`` lines, known section titles, ``GPU 0000…`` headers; indented,
     tab-indented or flat) to the nvidia-smi reader; everything else to
@@ -82,8 +84,18 @@ def read_text(text: str) -> list[FaultEvent]:
     ctld = SlurmctldReader()
     i, n = 0, len(lines)
     plain_table_end = 0  # a boxed table already found not to be dcgmi's: read line by line
+    json_ok = looks_like_dcgm_json(text)
     while i < n:
         line = lines[i]
+        if json_ok and line.lstrip()[:1] == "{":
+            found = find_json(lines, i)
+            if found is not None:
+                events.extend(kernel.flush())
+                events.extend(ctld.flush())
+                j = found[1]
+                events.extend(parse_dcgm_json(found[0], "\n".join(lines[i:j])))
+                i = j
+                continue
         if is_slurm_start(line):
             events.extend(kernel.flush())
             events.extend(ctld.flush())

@@ -275,3 +275,226 @@ def test_classify_mapped_events_carry_no_unmapped_mark() -> None:
     (obj,) = _classified("NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off "
                          "the bus.")
     assert "unmapped" not in obj
+
+
+# --- families 1 and 2: dcgmi diag verdicts through DCGM's failure catalogue --------------
+
+DCGM_FAULTY = [
+    "| Diagnostic                | Pass - GPUs: 1, 2, 3, 4, 5, 6, 7               |",
+    "|                           | Fail - GPU: 0                                  |",
+    "| Warning                   | GPU 0 Found 56954234 faulty memory elements o  |",
+    "|                           | n GPU 0 Run a field diagnostic on the GPU.     |",
+]
+DCGM_ERROR_ROW = [
+    "|-----  Deployment  --------+------------------------------------------------|",
+    "| Error                     | GPU 3 has uncorrectable memory errors and row  |",
+    "|                           |  remappings are pending                        |",
+]
+
+
+def _dcgm(text: str) -> dict[str, object]:
+    objs = [o for o in _classified(text) if o["kind"] == "dcgm_diag"]
+    assert len(objs) == 1, objs
+    return objs[0]
+
+
+@pytest.mark.parametrize("ending", ["\n", "\r\n"])
+@pytest.mark.parametrize("indent", ["", "    ", "\t"])
+def test_dcgm_faulty_memory_is_hardware_class(ending: str, indent: str) -> None:
+    obj = _dcgm(ending.join(indent + r for r in DCGM_FAULTY))
+    assert obj["action"] == "remove"
+    assert obj["mnemonic"] == "DCGM_FR_FAULTY_MEMORY"
+    assert obj["dcgm_error_ids"] == [52]
+    assert obj["failed_gpus"] == [0]
+
+
+def test_dcgm_faulty_memory_inside_a_full_table_and_kernel_log() -> None:
+    text = "\n".join(
+        [
+            "[ 1.0] systemd[1]: Started dcgm.",
+            "+---------------------------+------------------------------------------------+",
+            "| Diagnostic                | Result                                         |",
+            "+===========================+================================================+",
+            "+-----  Hardware  ----------+------------------------------------------------+",
+            *DCGM_FAULTY,
+            "+---------------------------+------------------------------------------------+",
+            "[ 2.0] NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=x, An uncorrectable double bit",
+        ]
+    )
+    kinds = [o["kind"] for o in _classified(text)]
+    assert kinds == ["dcgm_diag", "xid"]
+    assert _dcgm(text)["action"] == "remove"
+
+
+@pytest.mark.parametrize("closing", ["|", "", "   "])
+@pytest.mark.parametrize("ending", ["\n", "\r\n"])
+def test_dcgm_error_row_without_fail_cell_or_closing_border(closing: str, ending: str) -> None:
+    rows = [*DCGM_ERROR_ROW[:-1], DCGM_ERROR_ROW[-1].rstrip("|").rstrip() + closing]
+    obj = _dcgm(ending.join(rows))
+    assert obj["action"] == "reset_gpu"
+    assert obj["mnemonic"] == "DCGM_FR_PENDING_ROW_REMAP"
+    assert obj["failed"] == ["Deployment"]
+    assert obj["errors"] == ["GPU 3 has uncorrectable memory errors and row remappings are pending"]
+
+
+def test_dcgm_last_row_cut_inside_a_message_is_still_read() -> None:
+    rows = [*DCGM_FAULTY[:3], "|                           | n GPU 0 Run a field diag"]
+    assert _dcgm("\n".join(rows))["action"] == "remove"
+
+
+@pytest.mark.parametrize(
+    "message, action, code",
+    [
+        ("GPU 0 failed to create a CUDA context: CUDA driver version is insufficient for CUDA "
+         "runtime version", "none", "CUDA_CONTEXT"),
+        ("GPU 0 failed to create a CUDA context: unknown error", "reset_gpu", "CUDA_CONTEXT"),
+        ("GPU 2 had memory errors and row remappings are pending", "reset_gpu",
+         "PENDING_ROW_REMAP"),
+        ("GPU 2 had uncorrectable memory errors and row remapping failed.", "remove",
+         "ROW_REMAP_FAILURE"),
+        ("GPU 1 fault may have left the OS in an inconsistent state. Recovery action: 2 "
+         "(NODE_REBOOT).", "reboot", "GPU_RECOVERY_REBOOT"),
+        ("GPU 1 requires a reset to recover from a fault. Recovery action: 1 (GPU_RESET).",
+         "reset_gpu", "GPU_RECOVERY_RESET"),
+        ("GPU 5 has fallen off the bus", "power_cycle", "FALLEN_OFF_BUS"),
+        ("Detected 2 volatile double-bit ECC error(s) in GPU 4.", "reset_gpu",
+         "VOLATILE_DBE_DETECTED"),
+        ("There were thermal violations totaling 12.0 seconds for GPU 0", "none",
+         "THERMAL_VIOLATIONS"),
+        ("Persistence mode for GPU 0 is disabled.", "none", "PERSISTENCE_MODE"),
+        ("NVVS has detected processes with graphics contexts open running on at least one GPU.",
+         "none", "GRAPHICS_PROCESSES"),
+        ("Detected XID 79 for GPU 3", "none", "XID_ERROR"),
+    ],
+)
+def test_dcgm_message_maps_through_dcgm_catalogue(message: str, action: str, code: str) -> None:
+    rows = [
+        "+-----  Hardware  ----------+------------------------------------------------+",
+        "| Memory                    | Fail - GPU: 0                                  |",
+        f"| Warning                   | {message} |",
+    ]
+    obj = _dcgm("\n".join(rows))
+    assert (obj["action"], obj["dcgm_errors"]) == (action, [code]), obj
+    assert str(obj["mnemonic"]).endswith(code)
+
+
+def test_dcgm_several_codes_take_the_heaviest_action() -> None:
+    rows = [
+        "+-----  Hardware  ----------+------------------------------------------------+",
+        "| Memory                    | Fail - GPU: 0                                  |",
+        "| Warning                   | GPU 0 had memory errors and row remappings are pending |",
+        "| Diagnostic                | Fail - GPU: 1                                  |",
+        "| Warning                   | GPU 1 Found 12 faulty memory elements on GPU 1 |",
+    ]
+    obj = _dcgm("\n".join(rows))
+    assert obj["action"] == "remove"
+    assert obj["dcgm_errors"] == ["PENDING_ROW_REMAP", "FAULTY_MEMORY"]
+    assert obj["dcgm_error_tests"] == ["Memory", "Diagnostic"]
+
+
+def test_dcgm_round2_sample_keeps_its_tests_and_maps_its_codes() -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "data" / "signals" / "dcgm_diag_3x.txt").read_text()
+    obj = _dcgm(text)
+    assert obj["dcgm_errors"] == ["CUDA_API", "API_FAIL"]
+    assert obj["action"] == "none"  # DCGM: CUDA_API MONITOR, API_FAIL TRIAGE
+
+
+DCGM_JSON_4X = {
+    "DCGM Diagnostic": {
+        "test_categories": [
+            {
+                "category": "Hardware",
+                "tests": [
+                    {
+                        "name": "memory",
+                        "results": [
+                            {"entity_group": "GPU", "entity_group_id": 1, "entity_id": 0,
+                             "status": "Fail",
+                             "warnings": [{"warning": "GPU 0 had memory errors and row "
+                                           "remappings are pending", "error_id": 85,
+                                           "error_category": 10, "error_severity": 6}]},
+                            {"entity_group": "GPU", "entity_group_id": 1, "entity_id": 1,
+                             "status": "Pass"},
+                        ],
+                        "test_summary": {"status": "Fail"},
+                    }
+                ],
+            }
+        ]
+    },
+    "metadata": {"version": "4.2.3", "Driver Version Detected": "570.124.06"},
+}
+DCGM_JSON_3X = {
+    "DCGM GPU Diagnostic": {
+        "test_categories": [
+            {
+                "category": "Hardware",
+                "tests": [
+                    {
+                        "name": "Diagnostic",
+                        "results": [
+                            {"gpu_ids": "0", "status": "FAIL",
+                             "warnings": [{"warning": "Found 3 faulty memory elements on GPU 0",
+                                           "error_id": 52}]},
+                            {"gpu_ids": "1,2", "status": "PASS"},
+                        ],
+                    }
+                ],
+            }
+        ]
+    }
+}
+
+
+@pytest.mark.parametrize("indent", [None, 4])
+@pytest.mark.parametrize(
+    "obj, action, gpus",
+    [(DCGM_JSON_4X, "reset_gpu", [0]), (DCGM_JSON_3X, "remove", [0])],
+)
+def test_dcgmi_diag_json(obj: dict[str, object], action: str, gpus: list[int],
+                         indent: int | None) -> None:
+    text = "$ dcgmi diag -r 3 -j\n" + json.dumps(obj, indent=indent) + "\n[ 1.0] kernel: hello"
+    got = _dcgm(text)
+    assert got["action"] == action
+    assert got["failed_gpus"] == gpus
+    assert got["failed"] in (["memory"], ["Diagnostic"])
+
+
+def test_dcgmi_diag_json_code_without_text_and_clean_pass() -> None:
+    obj = json.loads(json.dumps(DCGM_JSON_4X))
+    obj["DCGM Diagnostic"]["test_categories"][0]["tests"][0]["results"][0]["warnings"] = [
+        {"warning": "", "error_id": 126, "error_category": 15, "error_severity": 2}
+    ]
+    assert _dcgm(json.dumps(obj))["action"] == "reboot"
+    clean = json.loads(json.dumps(DCGM_JSON_4X))
+    test = clean["DCGM Diagnostic"]["test_categories"][0]["tests"][0]
+    test["results"] = [{"entity_group": "GPU", "entity_id": 0, "status": "Pass"}]
+    test["test_summary"] = {"status": "Pass"}
+    assert [o for o in _classified(json.dumps(clean)) if o["kind"] == "dcgm_diag"] == []
+
+
+def test_dcgm_catalogue_transcribes_every_code() -> None:
+    from agent.readers.dcgm_codes import _MESSAGES, CODES, NAMES
+    from workflows.catalogue.dcgm import DCGM_ERRORS, DEPARTURES, dcgm_action
+
+    assert set(DCGM_ERRORS) == set(CODES)
+    assert sorted(NAMES) == list(range(133))
+    assert {name for name, _ in _MESSAGES} <= set(CODES)
+    assert set(DEPARTURES) <= set(CODES)
+    for name in CODES:
+        got = dcgm_action(name)
+        if DCGM_ERRORS[name][0] == "UNKNOWN":
+            assert got is None, name
+        else:
+            assert got is not None and got[1].startswith(f"DCGM_FR_{name}"), name
+
+
+def test_dcgm_unknown_code_only_is_unmapped() -> None:
+    obj = json.loads(json.dumps(DCGM_JSON_4X))
+    obj["DCGM Diagnostic"]["test_categories"][0]["tests"][0]["results"][0]["warnings"] = [
+        {"warning": "Unknown error.", "error_id": 1}
+    ]
+    got = _dcgm(json.dumps(obj))
+    assert got["action"] == "none" and got["unmapped"] is True

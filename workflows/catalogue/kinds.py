@@ -10,8 +10,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from workflows.catalogue.dcgm import dcgm_entry
 from workflows.catalogue.entry import CatalogueEntry, make_entry
 from workflows.models import Action, Severity
+
+__all__ = [
+    "KIND_ENTRIES",
+    "dcgm_entry",
+    "nic_entry",
+    "node_not_ready_entry",
+    "node_unreachable_entry",
+    "npd_entry",
+    "nvsmi_entry",
+    "slurm_node_entry",
+]
 
 _W, _C, _I = Severity.warning, Severity.critical, Severity.info
 
@@ -321,21 +333,6 @@ def npd_entry(details: dict[str, Any]) -> CatalogueEntry:
         base.action,
         f"node-problem-detector reports {cond}: {base.description}",
         f"node-problem-detector {cond} → kind {kind} ({base.source})",
-    )
-
-
-def dcgm_entry(details: dict[str, Any]) -> CatalogueEntry:
-    """Entry of a ``dcgm_diag`` result: evidence for re-validation, never a repair alone."""
-    failed = details.get("failed")
-    names = ", ".join(str(f) for f in failed) if isinstance(failed, list) and failed else ""
-    what = f"failed: {names}" if names else "no failed test named"
-    return make_entry(
-        _W if names else _I,
-        "DCGM_DIAG",
-        Action.none,
-        f"dcgmi diag result ({what}). A diagnostic failure is evidence for re-validating "
-        "the machine, not a repair by itself; the fault it found arrives as its own event.",
-        "DESIGN §1 step 5 (re-validation runs the same GPU checks) and rule zero",
     )
 
 
