@@ -14,6 +14,7 @@ from agent.readers.nvsmi import (
     is_section_line,
     parse_nvsmi,
 )
+from agent.readers.sinfo import header_columns, is_sinfo_row, parse_sinfo
 from agent.readers.slurm import (
     SlurmctldReader,
     is_slurm_continuation,
@@ -68,7 +69,8 @@ def read_text(text: str) -> list[FaultEvent]:
     """Every fault event in ``text``, in order of appearance.
 
     Lines are routed by shape: ``NodeName=`` records (and their ``Key=value`` lines) to
-    the Slurm reader; ``dcgmi diag -j`` JSON objects to :mod:`agent.readers.dcgm_json`;
+    the Slurm reader; ``sinfo`` tables (a header of sinfo column titles and its rows) to
+    :mod:`agent.readers.sinfo`; ``dcgmi diag -j`` JSON objects to :mod:`agent.readers.dcgm_json`;
     boxed ``dcgmi diag`` tables to :mod:`agent.readers.dcgm`; slurmctld
     node-state lines to :class:`~agent.readers.slurm.SlurmctldReader`; ``nvidia-smi -q``
     blocks (``Key : Value`` lines, known section titles, ``GPU 0000…`` headers; indented,
@@ -107,6 +109,17 @@ def read_text(text: str) -> list[FaultEvent]:
                 events.append(ev)
             i = j
             continue
+        cols = header_columns(line) if ("NODELIST" in line or "HOSTNAMES" in line) else None
+        if cols is not None:
+            j = i + 1
+            while j < n and is_sinfo_row(cols, lines[j]):
+                j += 1
+            if j > i + 1:
+                events.extend(kernel.flush())
+                events.extend(ctld.flush())
+                events.extend(parse_sinfo(cols, lines[i + 1 : j]))
+                i = j
+                continue
         if i >= plain_table_end and is_table_line(line):
             j = i + 1
             while j < n and is_table_line(lines[j]):

@@ -498,3 +498,106 @@ def test_dcgm_unknown_code_only_is_unmapped() -> None:
     ]
     got = _dcgm(json.dumps(obj))
     assert got["action"] == "none" and got["unmapped"] is True
+
+
+# --- family 6: sinfo tables -> slurm_node, one per node --------------------------------
+
+SINFO_R = """REASON               USER      TIMESTAMP           NODELIST
+Epilog error         slurm     2026-10-07T02:58:49 sched-worker1
+Not responding       root      2026-10-07T03:01:00 gpu-[01-04,07]
+Kill task failed     root(0)   Unknown             gpu-09"""
+
+SINFO_LNE = """Tue Oct 07 03:00:00 2026
+NODELIST   NODES PARTITION       STATE CPUS    S:C:T MEMORY TMP_DISK WEIGHT AVAIL_FE REASON
+gpu-01         1      gpu*      down* 128   2:32:2 1024000        0      1   (null) Not responding
+gpu-01         1     debug      down* 128   2:32:2 1024000        0      1   (null) Not responding
+gpu-02         1      gpu*    drained 128   2:32:2 1024000        0      1   (null) Xid 79 GPU lost
+gpu-03         1      gpu*       drng 128   2:32:2 1024000        0      1   (null) rma ticket 7
+gpu-04         1      gpu*      idle~ 128   2:32:2 1024000        0      1   (null) none
+gpu-05         1      gpu*       idle 128   2:32:2 1024000        0      1   (null) none"""
+
+
+def _slurm(text: str) -> list[dict[str, object]]:
+    return [o for o in _classified(text) if o["kind"] == "slurm_node"]
+
+
+@pytest.mark.parametrize("ending", ["\n", "\r\n"])
+def test_sinfo_r_rows_one_event_per_node(ending: str) -> None:
+    objs = _slurm(ending.join(SINFO_R.split("\n")))
+    nodes = [o["node"] for o in objs]
+    assert nodes == ["sched-worker1", "gpu-01", "gpu-02", "gpu-03", "gpu-04", "gpu-07",
+                     "gpu-09"]
+    first = objs[0]
+    assert (first["reason"], first["reason_user"], first["reason_time"]) == (
+        "Epilog error", "slurm", "2026-10-07T02:58:49")
+    assert first["active"] is True and first["action"] == "none"
+    assert objs[-1]["reason_time"] is None and objs[-1]["reason"] == "Kill task failed"
+
+
+def test_sinfo_issue_example() -> None:
+    text = ("REASON               USER      TIMESTAMP           NODELIST\n"
+            "Epilog error         slurm     2026-10-07T02:58:49 sched-worker1")
+    (obj,) = _slurm(text)
+    assert obj["node"] == "sched-worker1" and obj["reason"] == "Epilog error"
+    assert obj["reason_user"] == "slurm" and obj["reason_time"] == "2026-10-07T02:58:49"
+
+
+def test_sinfo_lne_states_and_partitions() -> None:
+    objs = {o["node"]: o for o in _slurm(SINFO_LNE)}
+    assert list(objs) == ["gpu-01", "gpu-02", "gpu-03"]  # idle~ / idle with no reason: none
+    assert objs["gpu-01"]["state"] == ["DOWN", "NOT_RESPONDING"]
+    assert objs["gpu-01"]["partitions"] == ["gpu", "debug"]
+    assert objs["gpu-02"]["state"] == ["IDLE", "DRAIN"]
+    assert objs["gpu-02"]["reason"] == "Xid 79 GPU lost"
+    assert objs["gpu-03"]["state"] == ["DRAINING", "DRAIN"]
+
+
+def test_sinfo_custom_format_and_rl_and_default() -> None:
+    custom = ("NODELIST STATE REASON USER TIMESTAMP\n"
+              "gpu-[10-11] drained* GPU ECC errors admin 2026-10-07T04:00:00\n"
+              "gpu-12 idle none Unknown Unknown")
+    objs = _slurm(custom)
+    assert [o["node"] for o in objs] == ["gpu-10", "gpu-11"]
+    assert objs[0]["state"] == ["IDLE", "DRAIN", "NOT_RESPONDING"]
+    assert objs[0]["reason"] == "GPU ECC errors" and objs[0]["reason_user"] == "admin"
+    rl = ("REASON               USER         TIMESTAMP           STATE  NODELIST\n"
+          "NHC: nvidia-smi fail root         2026-10-07T05:00:00 drain  gpu-20")
+    (o,) = _slurm(rl)
+    assert o["state"] == ["IDLE", "DRAIN"] and o["reason"] == "NHC: nvidia-smi fail"
+    default = ("PARTITION AVAIL  TIMELIMIT  NODES  STATE NODELIST\n"
+               "gpu*         up   infinite      2  down* gpu-[30-31]\n"
+               "gpu*         up   infinite      6   idle gpu-[32-37]")
+    assert [(o["node"], o["state"]) for o in _slurm(default)] == [
+        ("gpu-30", ["DOWN", "NOT_RESPONDING"]), ("gpu-31", ["DOWN", "NOT_RESPONDING"])]
+
+
+@pytest.mark.parametrize(
+    "word, flags",
+    [
+        ("down*", ["DOWN", "NOT_RESPONDING"]),
+        ("drained", ["IDLE", "DRAIN"]),
+        ("drng", ["DRAINING", "DRAIN"]),
+        ("idle~", ["IDLE", "POWERED_DOWN"]),
+        ("alloc", ["ALLOCATED"]),
+        ("mix#", ["MIXED", "POWERING_UP"]),
+        ("comp", ["COMPLETING"]),
+        ("failg", ["FAILING"]),
+        ("inval", ["INVALID_REG"]),
+        ("unk*", ["UNKNOWN", "NOT_RESPONDING"]),
+        ("IDLE+DRAIN", ["IDLE", "DRAIN"]),
+        ("down~", ["DOWN", "POWERED_DOWN"]),
+    ],
+)
+def test_sinfo_state_words(word: str, flags: list[str]) -> None:
+    from agent.readers.sinfo import sinfo_state
+
+    assert sinfo_state(word) == flags
+
+
+def test_sinfo_table_between_kernel_lines_and_uppercase_lookalikes() -> None:
+    text = "\n".join(
+        ["[ 1.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.",
+         SINFO_R, "", "REASON WHY NOT NODELIST", "this is prose, not a row"]
+    )
+    kinds = [o["kind"] for o in _classified(text)]
+    assert kinds == ["xid"] + ["slurm_node"] * 7
