@@ -98,7 +98,7 @@ def sinfo_state(word: str) -> list[str]:
     A word outside the table is kept upper-cased; ``[]`` for no word."""
     flags: list[str] = []
     for part in word.strip().split("+"):
-        base, suffix = part, []
+        base, suffix = part, list[str]()
         while base and base[-1] in SUFFIX_FLAGS:
             suffix.insert(0, SUFFIX_FLAGS[base[-1]])
             base = base[:-1]
@@ -191,12 +191,12 @@ def parse_sinfo(cols: list[str], lines: list[str]) -> list[FaultEvent]:
     for node, d in nodes.items():
         state = [str(s) for s in d["state"]] if isinstance(d["state"], list) else []
         bad = any(s in BAD_FLAGS for s in state)
-        reason = d["reason"]
-        if not bad and reason is None:
+        why = d["reason"]
+        if not bad and why is None:
             continue
         summary = f"Slurm node {node} {'+'.join(state) or 'UNAVAILABLE'}"
-        if reason:
-            summary += f": {reason}"
+        if why:
+            summary += f": {why}"
         events.append(
             FaultEvent(
                 kind="slurm_node",
