@@ -601,3 +601,137 @@ def test_sinfo_table_between_kernel_lines_and_uppercase_lookalikes() -> None:
     )
     kinds = [o["kind"] for o in _classified(text)]
     assert kinds == ["xid"] + ["slurm_node"] * 7
+
+
+# --- family 5: multi-line records broken by unrelated lines -----------------------------
+
+BLOCK = [
+    "NVRM: The NVIDIA GPU 0000:b3:00.0",
+    "NVRM: (PCI ID: 10de:26b5) installed in this system has",
+    "NVRM: fallen off the bus and is not responding to commands.",
+]
+INTRUDERS = [
+    "",
+    "Mar  3 04:28:38 gpu-node-07 systemd[1]: Started Session 12 of user root.",
+    "[ 1843.308150] pcieport 0000:b2:00.0: pciehp: Slot(0): Link Down",
+    "[ 1843.308151] IPv6: ADDRCONF(NETDEV_CHANGE): ib0: link becomes ready",
+]
+
+
+def _gpu_lost(events: list[FaultEvent]) -> list[FaultEvent]:
+    return [e for e in events if e.kind == "gpu_lost"]
+
+
+def test_fallen_off_bus_issue_example() -> None:
+    text = "\n".join(
+        [
+            "[ 1843.308145] NVRM: The NVIDIA GPU 0000:b3:00.0",
+            "",
+            "               NVRM: (PCI ID: 10de:26b5) installed in this system has",
+            "               NVRM: fallen off the bus and is not responding to commands.",
+        ]
+    )
+    (ev,) = _gpu_lost(_both(text))
+    assert ev.pci == "0000:b3:00.0"
+    assert ev.text.count("NVRM:") == 3
+    (obj,) = _classified(text)
+    assert obj["action"] == "power_cycle"
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+@pytest.mark.parametrize("intruder", INTRUDERS)
+@pytest.mark.parametrize("where", [1, 2])
+def test_fallen_off_bus_joins_across_an_unrelated_line(
+    prefix: str, intruder: str, where: int
+) -> None:
+    lines = [prefix + b for b in BLOCK]
+    lines.insert(where, intruder)
+    events = _both("\n".join(lines))
+    (ev,) = _gpu_lost(events)
+    assert ev.pci == "0000:b3:00.0"
+    assert "fallen off the bus" in ev.text and "Started Session" not in ev.text
+    assert len(events) == len([e for e in events if e.kind != "gpu_lost"]) + 1
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+def test_fallen_off_bus_first_line_alone_is_gpu_lost(prefix: str) -> None:
+    text = "\n".join([prefix + BLOCK[0], "[ 1.0] systemd[1]: something else", "", "", ""])
+    (ev,) = _gpu_lost(_both(text))
+    assert ev.pci == "0000:b3:00.0"
+    assert ev.details["record"] == "multi_line"
+
+
+def test_other_nv_c_block_is_not_gpu_lost() -> None:
+    text = "\n".join(
+        [
+            "NVRM: The NVIDIA GPU 0000:01:00.0 (PCI ID: 10de:1eb8)",
+            "NVRM: installed in this system is not supported by the",
+            "NVRM: NVIDIA 535.129.03 driver release.",
+        ]
+    )
+    assert _gpu_lost(_both(text)) == []
+
+
+def test_fallen_off_bus_with_xid79_across_blank_lines_is_one_event() -> None:
+    text = "\n".join(
+        [
+            "[ 5.0] NVRM: Xid (PCI:0000:b3:00): 79, pid=1234, name=python, GPU has fallen off "
+            "the bus.",
+            "",
+            "[ 5.0] NVRM: The NVIDIA GPU 0000:b3:00.0",
+            "",
+            "[ 5.0] NVRM: (PCI ID: 10de:26b5) installed in this system has",
+            "[ 5.0] NVRM: fallen off the bus and is not responding to commands.",
+        ]
+    )
+    (ev,) = _both(text)
+    assert (ev.kind, ev.xid) == ("xid", 79)
+    assert len(ev.details["related_evidence"]) == 1
+
+
+def test_two_hosts_blocks_do_not_mix() -> None:
+    a = "Mar  3 04:28:38 node-a kernel: "
+    b = "Mar  3 04:28:38 node-b kernel: "
+    text = "\n".join(
+        [a + BLOCK[0], b + "NVRM: fallen off the bus and is not responding to commands.",
+         a + BLOCK[1], a + BLOCK[2]]
+    )
+    lost = _gpu_lost(_both(text))
+    assert lost[0].pci == "0000:b3:00.0"
+    assert "node-b" not in lost[0].text
+
+
+@pytest.mark.parametrize("intruder", INTRUDERS)
+def test_every_multi_line_kind_joins_across_an_unrelated_line(intruder: str) -> None:
+    records = {
+        "pcie_aer_fatal": [
+            "[ 7.1] pcieport 0000:00:03.1: AER: Uncorrected (Fatal) error received: "
+            "0000:41:00.0",
+            "[ 7.1] nvidia 0000:41:00.0: PCIe Bus Error: severity=Uncorrected (Fatal), "
+            "type=Transaction Layer, (Requester ID)",
+            "[ 7.1] nvidia 0000:41:00.0:   device [10de:2330] error status/mask=00004000/00000000",
+        ],
+        "sxid": [
+            "[ 7.2] nvidia-nvswitch3: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 16 sourcetrack "
+            "timeout error (First)",
+            "[ 7.2] nvidia-nvswitch3: SXid (PCI:0000:c3:00.0): 24007, Severity 1 Engine instance "
+            "16 Sub-engine instance 00",
+            "[ 7.2] nvidia-nvswitch3: SXid (PCI:0000:c3:00.0): 24007, Data {0x00000001, "
+            "0x00000000}",
+        ],
+        "gpu_init_failed": [
+            "[ 7.3] NVRM: GPU 0000:3b:00.0: RmInitAdapter failed! (0x26:0x56:1474)",
+            "[ 7.3] NVRM: GPU 0000:3b:00.0: rm_init_adapter failed, device minor number 2",
+        ],
+        "nic_fatal": [
+            "[ 7.4] mlx5_core 0000:3b:00.0: poll_health:835:(pid 0): device's health "
+            "compromised - reached miss count",
+            "[ 7.4] mlx5_core 0000:3b:00.0: print_health_info:442:(pid 0): synd 0x1: firmware "
+            "internal error",
+        ],
+    }
+    for kind, lines in records.items():
+        broken = [lines[0], intruder, *lines[1:]]
+        got = [e for e in _both("\n".join(broken)) if e.kind == kind]
+        assert len(got) == 1, (kind, got)
+        assert got[0].text.count("\n") == len(lines) - 1, (kind, got[0].text)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from agent.readers.events import FaultEvent
-from agent.readers.kernel.common import HEX, PCI_FULL, Record, single
+from agent.readers.kernel.common import HEX, MULTI_LINE_GAP, PCI_FULL, Record, single
 
 _AER_DEV = re.compile(r"(?P<drv>[\w.-]{1,40}) (?P<pci>" + PCI_FULL + r"):\s")
 _AER_HEAD = re.compile(
@@ -48,6 +48,7 @@ class AerRecord(Record):
     """One AER report."""
 
     max_lines = 24
+    max_gap = MULTI_LINE_GAP
 
     def __init__(self, line: str, cls: str) -> None:
         super().__init__(line)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import re
 
 from agent.readers.events import FaultEvent
-from agent.readers.kernel.common import PCI_FULL, Record, single
+from agent.readers.kernel.common import MULTI_LINE_GAP, PCI_FULL, Record, single
 
 _MLX = re.compile(r"\b(?P<drv>mlx[45]_(?:core|ib))\s+(?P<pci>" + PCI_FULL + r")\s*:?")
 _EFA_PCI = re.compile(r"\b(?P<drv>efa)\s+(?P<pci>" + PCI_FULL + r")\s*:")
@@ -117,7 +117,7 @@ class HealthDump(Record):
     one PCI function (other lines may come between them)."""
 
     max_lines = 40
-    max_gap = 3
+    max_gap = MULTI_LINE_GAP
 
     def __init__(self, line: str, drv: str, pci: str) -> None:
         super().__init__(line)
