@@ -735,3 +735,56 @@ def test_every_multi_line_kind_joins_across_an_unrelated_line(intruder: str) -> 
         got = [e for e in _both("\n".join(broken)) if e.kind == kind]
         assert len(got) == 1, (kind, got)
         assert got[0].text.count("\n") == len(lines) - 1, (kind, got[0].text)
+
+
+# --- device plugin + kernel Xid of one fault fold into one event ------------------------
+
+KERNEL_XID = ("Oct  7 02:58:48 gpu-07 kernel: NVRM: Xid (PCI:0000:b3:00): 79, pid=4121, "
+              "name=python3, GPU has fallen off the bus.")
+PLUGIN_XID = ("I1007 02:58:49.532111       1 health.go:152] XidCriticalError: Xid=79 on "
+              "Device=GPU-5c7b3b1e-2a9e-1d3a-8b42-2f1c1e9a0b77; marking device as unhealthy.")
+
+
+@pytest.mark.parametrize("order", ["kernel_first", "plugin_first"])
+@pytest.mark.parametrize("between", [[], ["Oct  7 02:58:49 gpu-07 systemd[1]: x"], [""]])
+def test_device_plugin_and_kernel_xid_fold(order: str, between: list[str]) -> None:
+    lines = [KERNEL_XID, *between, PLUGIN_XID]
+    if order == "plugin_first":
+        lines = [PLUGIN_XID, *between, KERNEL_XID]
+    events = [e for e in _both("\n".join(lines)) if e.kind == "xid"]
+    assert len(events) == 1, events
+    ev = events[0]
+    assert (ev.xid, ev.pci, ev.pid) == (79, "0000:b3:00", 4121)
+    assert ev.details["also_reported_by"] == "k8s-device-plugin"
+    assert ev.details["device"].startswith("GPU-5c7b3b1e")
+    assert any("XidCriticalError" in t for t in ev.details["related_evidence"])
+    (obj,) = [o for o in _classified("\n".join(lines)) if o["kind"] == "xid"]
+    assert obj["action"] == "power_cycle"
+
+
+def test_device_plugin_fold_with_the_gpu_lost_block_is_still_one_event() -> None:
+    text = "\n".join([KERNEL_XID, PLUGIN_XID, *(("Oct  7 02:58:49 gpu-07 kernel: " + b)
+                                               for b in BLOCK)])
+    events = _both(text)
+    assert [(e.kind, e.xid) for e in events] == [("xid", 79)]
+    assert len(events[0].details["related_evidence"]) == 2
+
+
+@pytest.mark.parametrize(
+    "plugin",
+    [
+        PLUGIN_XID.replace("Xid=79", "Xid=48"),  # another code
+        PLUGIN_XID.replace("02:58:49", "03:04:49"),  # six minutes later
+        PLUGIN_XID.replace("GPU-5c7b3b1e-2a9e-1d3a-8b42-2f1c1e9a0b77", "0000:3b:00.0"),  # other GPU
+    ],
+)
+def test_device_plugin_and_kernel_xid_that_are_not_one_fault(plugin: str) -> None:
+    events = [e for e in _both("\n".join([KERNEL_XID, plugin])) if e.kind == "xid"]
+    assert len(events) == 2
+    assert "also_reported_by" not in events[0].details
+
+
+def test_two_plugin_lines_fold_once() -> None:
+    events = [e for e in _both("\n".join([KERNEL_XID, PLUGIN_XID, PLUGIN_XID]))
+              if e.kind == "xid"]
+    assert len(events) == 2
