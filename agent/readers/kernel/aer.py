@@ -55,6 +55,9 @@ class AerRecord(Record):
         self.cls = cls
 
     def accepts(self, line: str) -> bool:
+        if not ("AER" in line or "Bus Error" in line or "error status" in line
+                or "   [" in line or "aer_" in line):
+            return False  # cheap reject: no part of an AER report (see _AER_CONT)
         if _AER_HEAD.search(line):
             return False
         bus = _AER_BUS.search(line)

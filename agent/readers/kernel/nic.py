@@ -125,6 +125,8 @@ class HealthDump(Record):
         self.pci = pci
 
     def accepts(self, line: str) -> bool:
+        if self.pci not in line:
+            return False
         m = _MLX.search(line)
         if not m or m.group("pci") != self.pci:
             return False

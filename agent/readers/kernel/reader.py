@@ -235,11 +235,11 @@ class KernelLogReader:
                 line = str(line)
             if len(line) > MAX_LINE_CHARS:
                 line = line[:MAX_LINE_CHARS]
-            line = line.rstrip("\r\n")
+            if line[-1:] in ("\n", "\r"):
+                line = line.rstrip("\r\n")
             if (
                 not self._open
                 and self._last is None
-                and not self._folder.held
                 and not has_needle(line)
                 # maybe_continuation(), inlined: this is the path of most lines
                 and not (
@@ -248,6 +248,8 @@ class KernelLogReader:
                 )
             ):
                 self._prev = line  # may be the head of a record wrapped onto the next line
+                if self._folder.held:
+                    self._folder.tick(out)
                 return out  # nothing open, no record here
             for piece in split_records(line):
                 self._piece(piece, out)
