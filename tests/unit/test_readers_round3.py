@@ -788,3 +788,35 @@ def test_two_plugin_lines_fold_once() -> None:
     events = [e for e in _both("\n".join([KERNEL_XID, PLUGIN_XID, PLUGIN_XID]))
               if e.kind == "xid"]
     assert len(events) == 2
+
+
+# --- the vendored Xid rows, checked against NVIDIA's page on 2026-12-01 ------------------
+
+
+@pytest.mark.parametrize(
+    "code, mnemonic, immediate, investigatory",
+    [
+        (8, "ROBUST_CHANNEL_FIFO_ERROR_IDLE_TIMEOUT", "RESTART_APP", "CONTACT_SUPPORT"),
+        (48, "ROBUST_CHANNEL_GPU_ECC_DBE", "WORKFLOW_XID_48", "WORKFLOW_XID_48"),
+        (54, "SILENT_RUNNING_PWR_REDUCED_CLOCKING", "CHECK_MECHANICALS", "CONTACT_SUPPORT"),
+        (79, "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS", "RESTART_BM", "CONTACT_SUPPORT"),
+        (95, "ROBUST_CHANNEL_UNCONTAINED_ERROR", "RESET_GPU", "IGNORE (sympathetic)"),
+        (109, "ROBUST_CHANNEL_CTXSW_TIMEOUT_ERROR", "RESET_GPU", "CONTACT_SUPPORT"),
+        (142, "ROBUST_CHANNEL_NVENC3_ERROR", "CONTACT_SUPPORT", ""),
+        (151, "ROBUST_CHANNEL_KEY_ROTATION_ERROR", "RESTART_VM", "CONTACT_SUPPORT"),
+        (159, "ROBUST_CHANNEL_CHI_NON_DATA_ERROR", "CHECK_UVM", "SYMPATHETIC_REPORT_SOLO"),
+        (161, "CHANNEL_RETIREMENT_FAILURE", "IGNORE", "INVESTIGATE_SW"),
+        (163, "PSHC_DISENGAGED", "", ""),
+        (172, "UNCORRECTABLE_SRAM_ERROR", "", ""),
+    ],
+)
+def test_vendored_xid_rows_as_on_nvidia_page(
+    code: int, mnemonic: str, immediate: str, investigatory: str
+) -> None:
+    from workflows.catalogue.nvidia_xid_catalog import BY_CODE, CHECKED, NVIDIA_XID_CATALOG
+
+    assert CHECKED == "2026-12-01"
+    assert [r.code for r in NVIDIA_XID_CATALOG] == list(range(1, 173))
+    row = BY_CODE[code]
+    assert (row.mnemonic, row.immediate, row.investigatory) == (
+        mnemonic, immediate, investigatory)
