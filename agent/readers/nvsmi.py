@@ -253,9 +253,12 @@ def is_section_line(line: str) -> bool:
     return bool(_TITLE.match(line.rstrip()))
 
 
-_ANNOTATION = re.compile(r"\s*(?:#|<|//|;|\(|\*|!|\u2190|-{2,}|={2,}).*$|\s{2,}\S.*$")
+_ANNOTATION = re.compile(
+    r"\s*(?:#|<|//|;|,|\(|\[|\*|!|\u2190|=>|-{2,}|={2,}).*$|\s+-\s.*$|\s{2,}\S.*$"
+)
 """Text an operator appends after a value (``Yes   <===``, ``Yes  # needs reset``,
-``1  (bad)``): a comment or arrow marker, or anything after two or more blanks."""
+``1  (bad)``, ``Yes, reset pending``, ``Yes - see ticket``): a comment, arrow or bracket
+marker, a comma, a spaced dash, or anything after two or more blanks."""
 _FLAG_OR_COUNT = re.compile(
     r"^(?:yes|no|true|false|active|not active|-?\d{1,18}(?:\s*(?:C|W|%|bank\(s\)|MiB))?)$",
     re.IGNORECASE,

@@ -70,6 +70,14 @@ def _classified(text: str) -> list[dict[str, object]]:
         ("Yes ← pending", "Yes"),
         ("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"),  # free text keeps its words
         ("Not Active  <==", "Not Active"),
+        ("Yes, reset pending", "Yes"),
+        ("Yes - see ticket 42", "Yes"),
+        ("Yes!!", "Yes"),
+        ("Yes => reset", "Yes"),
+        ("Yes [needs reset]", "Yes"),
+        ("[N/A]", "[N/A]"),
+        ("-1", "-1"),
+        ("0x2 (Node Reboot)", "0x2 (Node Reboot)"),
     ],
 )
 def test_nvsmi_value_annotation_is_cut(raw: str, want: str) -> None:
