@@ -128,6 +128,8 @@ def _parse(obj: Any, text: str) -> list[FaultEvent]:
         details["errors"] = errors
     add_codes(details, found)
     meta = obj.get("metadata")
+    if not isinstance(meta, dict):  # DCGM 3.x: the version keys sit in the root object
+        meta = root
     if isinstance(meta, dict):
         if isinstance(meta.get("version"), str):
             details["dcgm_version"] = meta["version"][:64]

@@ -176,6 +176,8 @@ NIC_LINES = [
      "0000:af:00.1", "fw_fatal", "reboot"),
     ("mlx5_core 0000:3b:00.0: ENABLE_HCA(0x104) timeout. Will cause a leak of a command "
      "resource", "0000:3b:00.0", "cmd_timeout", "reboot"),
+    ("mlx5_core 0000:3b:00.0: mlx5_fw_fatal_reporter_err_work:648:(pid 77): Driver is in error "
+     "state. Unloading", "0000:3b:00.0", "fw_fatal", "reboot"),
     ("mlx5_core 0000:88:00.0: Port module event[error]: module 0, Cable error, High "
      "Temperature", "0000:88:00.0", "module_error", "none"),
     ("mlx5_core 0000:5c:00.0: mlx5_pcie_event:299:(pid 268269): Detected insufficient power "
@@ -436,6 +438,8 @@ DCGM_JSON_4X = {
 }
 DCGM_JSON_3X = {
     "DCGM GPU Diagnostic": {
+        "version": "3.3.5",
+        "Driver Version Detected": "535.161.08",
         "test_categories": [
             {
                 "category": "Hardware",
@@ -467,6 +471,7 @@ def test_dcgmi_diag_json(obj: dict[str, object], action: str, gpus: list[int],
     got = _dcgm(text)
     assert got["action"] == action
     assert got["failed_gpus"] == gpus
+    assert got["dcgm_version"] in ("4.2.3", "3.3.5")
     assert got["failed"] in (["memory"], ["Diagnostic"])
 
 

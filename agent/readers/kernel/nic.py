@@ -49,7 +49,8 @@ _MLX_EVENTS: tuple[tuple[str, str, re.Pattern[str]], ...] = (
     ("fw_internal_error", "fatal", re.compile(r"firmware internal error", re.I)),
     ("fw_fatal", "fatal", re.compile(
         r"\bFW fatal\b|\bfw_fatal\b|\bFatal error \d{1,4} detected|\bunrecoverable hardware "
-        r"error|\bhealth (?:issue observed|recovery failed)|\benter(?:ing)? error state",
+        r"error|\bhealth (?:issue observed|recovery failed)|\benter(?:ing)? error state|"
+        r"\bis in error state",
         re.I,
     )),
     ("fw_syndrome", "fatal", re.compile(r"\b(?:synd|syndrome)\s*0x[0-9a-f]{1,8}", re.I)),
