@@ -51,6 +51,8 @@ def _next_is_nvsmi(lines: list[str], i: int, deeper: bool) -> bool:
 
 def _starts_nvsmi(lines: list[str], i: int) -> bool:
     line = lines[i]
+    if line[:1] == "[":
+        return False  # a dmesg line: no nvidia-smi line starts with "["
     if is_nvsmi_line(line):
         return True
     if is_known_section(line):
@@ -86,11 +88,13 @@ def read_text(text: str) -> list[FaultEvent]:
     ctld = SlurmctldReader()
     i, n = 0, len(lines)
     plain_table_end = 0  # a boxed table already found not to be dcgmi's: read line by line
-    json_ok = looks_like_dcgm_json(text)
+    json_ok: bool | None = None  # decided at the first line that opens a JSON object
     while i < n:
         line = lines[i]
-        if json_ok and line.lstrip()[:1] == "{":
-            found = find_json(lines, i)
+        if line[:64].lstrip()[:1] == "{":
+            if json_ok is None:
+                json_ok = looks_like_dcgm_json(text)
+            found = find_json(lines, i) if json_ok else None
             if found is not None:
                 events.extend(kernel.flush())
                 events.extend(ctld.flush())
@@ -109,7 +113,11 @@ def read_text(text: str) -> list[FaultEvent]:
                 events.append(ev)
             i = j
             continue
-        cols = header_columns(line) if ("NODELIST" in line or "HOSTNAMES" in line) else None
+        cols = (
+            header_columns(line)
+            if len(line) <= 400 and ("NODELIST" in line or "HOSTNAMES" in line)
+            else None
+        )
         if cols is not None:
             j = i + 1
             while j < n and is_sinfo_row(cols, lines[j]):

@@ -235,8 +235,7 @@ class KernelLogReader:
                 line = str(line)
             if len(line) > MAX_LINE_CHARS:
                 line = line[:MAX_LINE_CHARS]
-            if line[-1:] in ("\n", "\r"):
-                line = line.rstrip("\r\n")
+            line = line.rstrip("\r\n")
             if (
                 not self._open
                 and self._last is None
