@@ -156,6 +156,14 @@ def test_aer_correctable_report_is_one_event_with_its_status_lines() -> None:
     assert ev.text.count("\n") == 3
 
 
+@pytest.mark.parametrize("prefix", ["[  5.1] ", "Mar  3 04:28:38 gpu-node-07 kernel: ", ""])
+def test_aer_correctable_wrapped_at_the_source_address(prefix: str) -> None:
+    text = (prefix + "pcieport 0000:00:03.1: AER: Correctable error message received\n"
+            + prefix + "    from 0000:41:00.0")
+    (ev,) = _both(text)
+    assert ev.kind == "pcie_aer_corrected" and ev.pci == "0000:41:00.0"
+
+
 def test_aer_uncorrectable_is_not_read_as_correctable() -> None:
     (ev,) = _both("nvidia 0000:41:00.0: PCIe Bus Error: severity=Uncorrectable (Fatal), "
                   "type=Transaction Layer, (Requester ID)")

@@ -12,7 +12,14 @@ from __future__ import annotations
 import re
 
 from agent.readers.events import FaultEvent
-from agent.readers.kernel.common import HEX, MULTI_LINE_GAP, PCI_FULL, Record, single
+from agent.readers.kernel.common import (
+    HEX,
+    MULTI_LINE_GAP,
+    PCI_FULL,
+    Record,
+    continuation_body,
+    single,
+)
 
 _AER_DEV = re.compile(r"(?P<drv>[\w.-]{1,40}) (?P<pci>" + PCI_FULL + r"):\s")
 _AER_HEAD = re.compile(
@@ -65,11 +72,23 @@ class AerRecord(Record):
             return aer_class(bus.group("sev")) == self.cls
         return bool(_AER_CONT.search(line))
 
+    def _logical(self) -> list[str]:
+        """The report's lines with wrapped continuations joined onto the line they
+        continue (``… error message received`` + ``    from 0000:41:00.0``)."""
+        out: list[str] = []
+        pending = list(self.continued)
+        for line in self.lines:
+            if out and pending and continuation_body(line) == pending[0]:
+                out[-1] = out[-1].rstrip() + " " + pending.pop(0)
+            else:
+                out.append(line)
+        return out
+
     def finish(self) -> list[FaultEvent]:
         devices: list[str] = []
         pci: str | None = None
         details: dict[str, object] = {}
-        for line in self.lines:
+        for line in self._logical():
             dm = _AER_DEV.search(line)
             if dm and dm.group("pci") not in devices:
                 devices.append(dm.group("pci"))
