@@ -841,3 +841,16 @@ def test_vendored_xid_rows_as_on_nvidia_page(
     row = BY_CODE[code]
     assert (row.mnemonic, row.immediate, row.investigatory) == (
         mnemonic, immediate, investigatory)
+
+
+@pytest.mark.parametrize("indent", ["    ", "\t"])
+def test_sinfo_and_nvsmi_pasted_indented(indent: str) -> None:
+    sinfo = "\n".join(indent + line for line in SINFO_R.split("\n"))
+    assert len(_slurm(sinfo)) == 7
+    nvsmi = "\n".join(
+        [indent + "Remapped Rows",
+         indent * 2 + "Uncorrectable Error               : 1",
+         indent * 2 + "Pending                           : Yes   <=== look"]
+    )
+    (obj,) = [o for o in _classified(nvsmi) if o["kind"] == "nvsmi"]
+    assert obj["remap_pending"] is True
