@@ -44,11 +44,14 @@ COLUMNS = frozenset(
         "TIMESTAMP", "AVAIL", "TIMELIMIT", "GRES", "GRES_USED", "CPU_LOAD", "ALLOCMEM",
         "SOCKETS", "CORES", "THREADS", "NODE_ADDR", "ROOT", "JOB_SIZE", "OVERSUBSCRIBE",
         "GROUPS", "PRIO_TIER", "PRIO_JOB_FACTOR", "DEFAULTTIME", "ACTIVE_FE", "CLUSTER",
+        "FEATURES", "FEATURES_ACT", "PORT", "VERSION", "BOOT_TIME", "SLURMD_START_TIME",
+        "PREEMPT_MODE", "PRIORITY", "RESERVATION", "MAX_CPUS_PER_NODE", "ALLOCNODES",
+        "HOSTNAME",
     }
 )
 """Column titles ``sinfo`` prints (``sinfo(1)`` ``--format`` field names)."""
 
-_NODE_COLS = ("NODELIST", "HOSTNAMES")
+_NODE_COLS = ("NODELIST", "HOSTNAMES", "HOSTNAME")
 _HOSTLIST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-\[\],]{0,300}$")
 
 BASE_STATES: dict[str, list[str]] = {

@@ -115,7 +115,7 @@ def read_text(text: str) -> list[FaultEvent]:
             continue
         cols = (
             header_columns(line)
-            if len(line) <= 400 and ("NODELIST" in line or "HOSTNAMES" in line)
+            if len(line) <= 400 and ("NODELIST" in line or "HOSTNAME" in line)
             else None
         )
         if cols is not None:

@@ -193,6 +193,8 @@ NIC_LINES = [
     ("mlx5_core 0000:5c:00.0: 63.008 Gb/s available PCIe bandwidth, limited by 8.0 GT/s PCIe "
      "x8 link at 0000:00:01.0 (capable of 252.048 Gb/s with 16.0 GT/s PCIe x16 link)",
      "0000:5c:00.0", "pcie_link_degraded", "none"),
+    ("mlx5_core 0000:3b:00.0: mlx5_health_try_recover:327:(pid 1035): handling bad device here",
+     "0000:3b:00.0", "fw_fatal", "reboot"),
     ("efa 0000:00:06.0: Device isn't ready, abort com init 0x0", "0000:00:06.0",
      "efa_device_not_ready", "reboot"),
     ("infiniband rdmap16s27: Admin queue is closed", None, "efa_admin_queue_closed", "reboot"),
@@ -854,3 +856,12 @@ def test_sinfo_and_nvsmi_pasted_indented(indent: str) -> None:
     )
     (obj,) = [o for o in _classified(nvsmi) if o["kind"] == "nvsmi"]
     assert obj["remap_pending"] is True
+
+
+def test_sinfo_older_long_format_features_column() -> None:
+    text = ("NODELIST   NODES PARTITION STATE CPUS S:C:T MEMORY TMP_DISK WEIGHT FEATURES REASON\n"
+            "gpu-41        1      gpu*  down*   96 2:24:2 768000        0      1   (null) "
+            "Node unexpectedly rebooted")
+    (obj,) = _slurm(text)
+    assert obj["state"] == ["DOWN", "NOT_RESPONDING"]
+    assert obj["reason"] == "Node unexpectedly rebooted"

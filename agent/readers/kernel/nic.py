@@ -50,7 +50,7 @@ _MLX_EVENTS: tuple[tuple[str, str, re.Pattern[str]], ...] = (
     ("fw_fatal", "fatal", re.compile(
         r"\bFW fatal\b|\bfw_fatal\b|\bFatal error \d{1,4} detected|\bunrecoverable hardware "
         r"error|\bhealth (?:issue observed|recovery failed)|\benter(?:ing)? error state|"
-        r"\bis in error state",
+        r"\bis in error state|handling bad device|recovery flow aborted",
         re.I,
     )),
     ("fw_syndrome", "fatal", re.compile(r"\b(?:synd|syndrome)\s*0x[0-9a-f]{1,8}", re.I)),
