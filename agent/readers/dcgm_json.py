@@ -169,7 +169,7 @@ def find_json(lines: list[str], i: int) -> tuple[Any, int] | None:
     start = chunk.index("{")
     try:
         obj, end = json.JSONDecoder().raw_decode(chunk, start)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return None
     used = chunk[:end].count("\n") + 1
     return obj, i + used

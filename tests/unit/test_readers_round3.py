@@ -865,3 +865,19 @@ def test_sinfo_older_long_format_features_column() -> None:
     (obj,) = _slurm(text)
     assert obj["state"] == ["DOWN", "NOT_RESPONDING"]
     assert obj["reason"] == "Node unexpectedly rebooted"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"DCGM Diagnostic": ' + "[" * 100_000 + "test_categories",
+        '{"DCGM Diagnostic": {"test_categories": [{"tests": [{"name": 5, "results": 7}]}]}}',
+        '{"DCGM Diagnostic": {"test_categories": "x"}}',
+        "REASON USER TIMESTAMP NODELIST\n" + "x " * 5000,
+        "NODELIST STATE REASON\ngpu-[01-99999999] down* why",
+        "| Error | " + "row remappings are pending " * 500,
+    ],
+)
+def test_round3_readers_never_raise_on_hostile_input(text: str) -> None:
+    read_text(text)
+    _classified(text)
