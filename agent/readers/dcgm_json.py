@@ -10,7 +10,9 @@ dcgm_diag_schema.json``, ``testing/TestDiagManagerStrings.h``):
   Version Detected": "…"}}``;
 - DCGM 2.x/3.x: ``{"DCGM GPU Diagnostic": {"test_categories": [… "results": [{"gpu_ids":
   "0", "status": "FAIL", "warnings": [{"warning": "…", "error_id": 52}]}] …]}}``, warnings
-  also as plain strings in the oldest releases; a top-level ``runtime_error`` string.
+  also as plain strings in the oldest releases; a top-level ``runtime_error`` string;
+- ``--iterations N``: ``{"iterations": [<one result object per iteration>], …}`` (one event
+  per failing iteration); errors of no single entity sit in a test's ``test_summary``.
 
 Statuses are read case-insensitively (``PASS``/``Pass``/``FAIL``/``Warn``/``SKIP``/``Not
 Run``). ``error_id`` names the ``DCGM_FR_*`` code directly; a warning without one is
@@ -71,6 +73,10 @@ def parse_dcgm_json(obj: Any, text: str = "") -> list[FaultEvent]:
 def _parse(obj: Any, text: str) -> list[FaultEvent]:
     if not isinstance(obj, dict):
         return []
+    runs = obj.get("iterations")
+    if isinstance(runs, list) and not any(k in obj for k in _ROOT_KEYS):
+        # ``dcgmi diag --iterations N -j``: one result object per iteration
+        return [ev for run in runs[:64] for ev in _parse(run, text)]
     root = next((obj[k] for k in _ROOT_KEYS if isinstance(obj.get(k), dict)), None)
     if root is None:
         return []
@@ -87,7 +93,10 @@ def _parse(obj: Any, text: str) -> list[FaultEvent]:
             name = test["name"][:100]
             summary = test.get("test_summary")
             rank = _status(summary.get("status")) if isinstance(summary, dict) else None
-            for result in test.get("results") or []:
+            results = list(test.get("results") or [])
+            if isinstance(summary, dict) and summary.get("warnings"):
+                results.append({"warnings": summary["warnings"]})  # errors of no one entity
+            for result in results:
                 if not isinstance(result, dict):
                     continue
                 r = _status(result.get("status"))
@@ -100,7 +109,7 @@ def _parse(obj: Any, text: str) -> list[FaultEvent]:
                     if not isinstance(msg, str):
                         continue
                     msg = " ".join(msg.split())[:1000]
-                    if len(warnings) < MAX_MESSAGES:
+                    if len(warnings) < MAX_MESSAGES and msg not in warnings:
                         warnings.append(msg)
                     code = w.get("error_id") if isinstance(w, dict) else None
                     named = NAMES.get(code) if isinstance(code, int) else None
@@ -162,7 +171,7 @@ def find_json(lines: list[str], i: int) -> tuple[Any, int] | None:
     ``end`` the index of the line after it; None when it does not decode."""
     if not lines[i].lstrip().startswith("{"):
         return None
-    near = "\n".join(lines[i : i + 4])
+    near = "\n".join(lines[i : i + 8])
     if not any(k in near for k in _ROOT_KEYS):
         return None  # a nested object, or JSON of another tool
     chunk = "\n".join(lines[i:])[:MAX_JSON_CHARS]

@@ -881,3 +881,18 @@ def test_sinfo_older_long_format_features_column() -> None:
 def test_round3_readers_never_raise_on_hostile_input(text: str) -> None:
     read_text(text)
     _classified(text)
+
+
+def test_dcgmi_diag_json_iterations_and_summary_errors() -> None:
+    one = json.loads(json.dumps(DCGM_JSON_4X))
+    test = one["DCGM Diagnostic"]["test_categories"][0]["tests"][0]
+    test["results"] = [{"entity_group": "GPU", "entity_id": 0, "status": "Fail"}]
+    test["test_summary"] = {"status": "Fail", "warnings": [
+        {"warning": "GPU 0 fault may have left the OS in an inconsistent state. Recovery "
+         "action: 2 (NODE_REBOOT).", "error_id": 126, "error_category": 15,
+         "error_severity": 2}]}
+    got = _dcgm(json.dumps(one))
+    assert got["action"] == "reboot" and got["dcgm_error_ids"] == [126]
+    runs = {"iterations": [DCGM_JSON_4X, one], "Overall Result": "Fail"}
+    objs = [o for o in _classified(json.dumps(runs, indent=2)) if o["kind"] == "dcgm_diag"]
+    assert [o["action"] for o in objs] == ["reset_gpu", "reboot"]
