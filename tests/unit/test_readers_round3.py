@@ -384,7 +384,10 @@ def test_dcgm_last_row_cut_inside_a_message_is_still_read() -> None:
         ("Persistence mode for GPU 0 is disabled.", "none", "PERSISTENCE_MODE"),
         ("NVVS has detected processes with graphics contexts open running on at least one GPU.",
          "none", "GRAPHICS_PROCESSES"),
-        ("Detected XID 79 for GPU 3", "none", "XID_ERROR"),
+        ("Detected XID 79 for GPU 3", "power_cycle", "XID_ERROR"),
+        ("Detected XID 13 for GPU 3", "none", "XID_ERROR"),
+        ("Detected fatal NvSwitch SXID 24007", "reboot", "SXID_ERROR"),
+        ("GPU had an uncontained error (XID 95)", "reset_gpu", "UNCONTAINED_ERROR"),
     ],
 )
 def test_dcgm_message_maps_through_dcgm_catalogue(message: str, action: str, code: str) -> None:

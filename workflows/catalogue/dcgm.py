@@ -37,6 +37,8 @@ import re
 from typing import Any
 
 from workflows.catalogue.entry import CatalogueEntry, make_entry
+from workflows.catalogue.sxid import sxid_entry
+from workflows.catalogue.xid import xid_entry
 from workflows.models import ACTION_WEIGHT, Action, Severity
 
 SOURCE = (
@@ -216,13 +218,20 @@ DEPARTURES: dict[str, tuple[Action, str]] = {
         "DCGM severity ISOLATE: the end-user field diagnostic (EUD) itself failed, a "
         "hardware finding although its category is SOFTWARE_EUD: hardware service",
     ),
+    "UNCONTAINED_ERROR": (
+        Action.reset_gpu,
+        "DCGM severity ISOLATE, category SOFTWARE_XID (it is Xid 95), next step 'Drain the "
+        "GPU and reset it or reboot the node.': NVIDIA Xid Catalog row 95 RESET_GPU",
+    ),
     "XID_ERROR": (
         Action.none,
-        "the Xid DCGM saw arrives as its own xid event and its catalogue row decides",
+        "the Xid DCGM saw decides through its own Xid Catalog row when the message names it "
+        "('Detected XID N'); without a code, none (the xid event itself decides)",
     ),
     "SXID_ERROR": (
         Action.none,
-        "the SXid DCGM saw arrives as its own sxid event and its catalogue row decides",
+        "the SXid DCGM saw decides through its own SXid row when the message names it "
+        "('Detected fatal NvSwitch SXID N'); without a code, none",
     ),
 }
 """Codes whose product action differs from the rule, each with its reason."""
@@ -235,6 +244,9 @@ _MISMATCH = re.compile(
 )
 """A CUDA driver/runtime mismatch: the container's CUDA does not fit the host driver."""
 
+_XID_IN_MSG = re.compile(r"Detected\s*XID\s*(\d{1,6})", re.IGNORECASE)
+_SXID_IN_MSG = re.compile(r"NvSwitch\s*SXID\s*(\d{1,6})", re.IGNORECASE)
+
 _SEVERITY_TEXT = {
     "ISOLATE": "Cannot perform workload. GPU should be isolated.",
     "RESET": "Drain and reset GPU.",
@@ -246,10 +258,29 @@ _SEVERITY_TEXT = {
 """``dcgmErrorSeverity_t`` meanings, as ``dcgm_errors.h`` documents them."""
 
 
-def dcgm_action(name: str, mismatch: bool = False) -> tuple[Action, str] | None:
+def _named_code(name: str, texts: list[str]) -> tuple[Action, str] | None:
+    """The Xid/SXid row's action for ``XID_ERROR``/``SXID_ERROR`` whose message names the
+    code (heaviest of the codes named), else None."""
+    pattern = _XID_IN_MSG if name == "XID_ERROR" else _SXID_IN_MSG if name == "SXID_ERROR" else None
+    if pattern is None:
+        return None
+    found: list[tuple[Action, str]] = []
+    for text in texts:
+        for m in pattern.finditer(text):
+            code = int(m.group(1))
+            e = xid_entry(code, {}) if name == "XID_ERROR" else sxid_entry(code, {})
+            kind = "Xid" if name == "XID_ERROR" else "SXid"
+            found.append((e.action, f"{kind} {code}: {e.source}"))
+    return max(found, key=lambda f: ACTION_WEIGHT[f[0]]) if found else None
+
+
+def dcgm_action(
+    name: str, mismatch: bool = False, texts: list[str] | None = None
+) -> tuple[Action, str] | None:
     """``(action, why)`` for one ``DCGM_FR_<name>``; None for a code DCGM itself marks
     UNKNOWN or a name not in :data:`DCGM_ERRORS`. ``mismatch``: the message reports a CUDA
-    driver/runtime mismatch (→ none for the CUDA codes)."""
+    driver/runtime mismatch (→ none for the CUDA codes); ``texts``: the printed messages,
+    where ``XID_ERROR``/``SXID_ERROR`` find the Xid/SXid code they name."""
     row = DCGM_ERRORS.get(name)
     if row is None:
         return None
@@ -257,6 +288,9 @@ def dcgm_action(name: str, mismatch: bool = False) -> tuple[Action, str] | None:
     head = f"DCGM_FR_{name}: severity {sev} ({_SEVERITY_TEXT[sev]}), category {cat}, next {step}"
     if mismatch and cat == "SOFTWARE_CUDA":
         return Action.none, head + "; a CUDA driver/runtime mismatch is the workload's"
+    named = _named_code(name, texts or [])
+    if named is not None:
+        return named[0], f"{head}; the code it names decides: {named[1]}"
     if name in DEPARTURES:
         action, why = DEPARTURES[name]
         return action, f"{head}; departure: {why}"
@@ -292,7 +326,7 @@ def dcgm_entry(details: dict[str, Any]) -> CatalogueEntry:
     mismatch = any(_MISMATCH.search(t) for t in texts)
     failed = details.get("failed")
     tests = ", ".join(str(f) for f in failed) if isinstance(failed, list) and failed else ""
-    decided = [(n, got) for n in names if (got := dcgm_action(n, mismatch)) is not None]
+    decided = [(n, got) for n in names if (got := dcgm_action(n, mismatch, texts)) is not None]
     if decided:
         name, (action, why) = max(decided, key=lambda d: ACTION_WEIGHT[d[1][0]])
         others = [n for n, _ in decided if n != name]
