@@ -11,7 +11,9 @@ followed by kind-specific fields: ``slurm_node`` adds ``state``, ``reason``,
 their reader details (``gpc``/``tpc``/``sm``, ``link``, ``recovery_action``,
 ``caused_by_xid``, ...); a detail whose name is taken by a base field is printed as
 ``error_<name>`` (the NVLink/SXid ``severity`` fatal/nonfatal becomes
-``error_severity``). ``action`` is the default catalogue's lightest node action.
+``error_severity``). ``action`` is the default catalogue's lightest node action;
+``"unmapped": true`` follows the base fields whenever the catalogue has no row for the
+event (e.g. ``Xid 999``): its ``none`` is "not decided", never a silent decision.
 Lines that are not events print nothing.
 
 Exit codes: 0 on success (with or without events); 2 when FILE cannot be read (the
@@ -51,6 +53,8 @@ def event_to_json(ev: FaultEvent, catalogue: CatalogueConfig | None = None) -> d
         "action": entry.action.value,
         "summary": summarize(ev.kind, ev.xid, ev.pci, entry.mnemonic, evidence),
     }
+    if not entry.mapped:
+        out["unmapped"] = True  # the catalogue has no row: observed, never a silent none
     if ev.kind == "slurm_node":
         for key in ("state", "reason", "reason_user", "reason_time"):
             out[key] = ev.details.get(key)

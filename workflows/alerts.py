@@ -79,7 +79,7 @@ def summarize(
     where = f" on {node}" if node else ""
     if gpu:
         what = "NVSwitch" if kind == "sxid" else "GPU"
-        if kind.startswith(("pcie", "ib")):
+        if kind.startswith(("pcie", "ib", "nic")):
             what = "device"
         where += f" {what} {gpu}"
     extra: list[str] = []
@@ -96,6 +96,13 @@ def summarize(
         extra.append(f"caused by Xid {ev['caused_by_xid']}")
     if kind in ("ib_link_down", "ib_link_up") and ev.get("device"):
         extra.append(f"{ev['device']}" + (f" port {ev['port']}" if "port" in ev else ""))
+    if kind == "dcgm_diag" and isinstance(ev.get("failed"), list) and ev["failed"]:
+        gpus = ev.get("failed_gpus")
+        on = f" on GPU {', '.join(str(g) for g in gpus)}" if isinstance(gpus, list) and gpus else ""
+        extra.append("failed " + ", ".join(str(t) for t in ev["failed"]) + on)
+    if kind == "nic_fatal":
+        nic = " ".join(str(ev[k]) for k in ("device", "nic_event", "module_error") if ev.get(k))
+        extra.append(nic)
     if kind in ("xfs_shutdown", "ext4_readonly") and ev.get("device"):
         extra.append(str(ev["device"]))
     if kind == "nvsmi" and isinstance(ev.get("flags"), list):

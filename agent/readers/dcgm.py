@@ -11,9 +11,12 @@ result |`` inside ``+----+----+`` borders, grouped by category rows such as
 - DCGM 4.x: lower-case plugin names (``software``, ``memory``, ``targeted_stress``); the
   overall result on the test row and one ``GPU0: Fail`` row per entity below it.
 
-A table with at least one failed or warned test gives one event; a clean pass gives none.
-A diagnostic failure is evidence for re-validation, not a repair by itself (the catalogue
-decides). JSON output (``dcgmi diag -j``) is not read here.
+A table with at least one failed or warned test (or an ``Error`` row: a deployment-stage
+error prints one and no Fail cell, so the test or category it stopped in counts as failed)
+gives one event; a clean pass gives none. A last row that lost its closing ``|`` is read.
+The reader names the DCGM failure code of each message (:mod:`agent.readers.dcgm_codes`);
+the catalogue decides the action. JSON output (``dcgmi diag -j``) is read by
+:mod:`agent.readers.dcgm_json`.
 
 ``details`` of a ``dcgm_diag`` event (lists only when non-empty):
 
@@ -22,8 +25,11 @@ decides). JSON output (``dcgmi diag -j``) is not read here.
   ``Not Run`` counts as skipped).
 - ``failed_gpus`` (list[int]): GPU indices named on failing rows (``Fail - GPU: 0``,
   ``GPU0: Fail``); absent when the rows say ``All`` or name none.
-- ``warnings`` (list[str]): ``Warning`` row messages, wrapped rows re-joined (at most
-  :data:`MAX_MESSAGES`, each cut to 1000 characters).
+- ``warnings`` / ``errors`` (list[str]): ``Warning`` / ``Error`` row messages, wrapped rows
+  re-joined (at most :data:`MAX_MESSAGES` together, each cut to 1000 characters).
+- ``dcgm_errors`` (list[str], ``DCGM_FR_*`` names without the prefix), ``dcgm_error_ids``
+  (list[int]), ``dcgm_error_tests`` (list[str], the test each message was printed under):
+  parallel, one entry per (test, code), only when a message names a known code.
 - ``dcgm_version``, ``driver_version`` (str): from the ``Metadata`` rows when printed.
 
 Sources: DCGM ``dcgmi/Diag.cpp`` table output; samples in NVIDIA/DCGM issues 55, 139, 253 and
@@ -33,7 +39,9 @@ NVIDIA/go-dcgm issue 52 (3.x per-GPU rows), DCGM 4.x ``HelperDisplayEntityResult
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
+from agent.readers.dcgm_codes import CODES, identify
 from agent.readers.events import MAX_LINE_CHARS, FaultEvent
 
 MAX_MESSAGES = 16
@@ -94,15 +102,21 @@ DCGM 4.x plugin names (DCGM user guide, "Run Levels and Tests"). A boxed table w
 
 
 def is_table_line(line: str) -> bool:
-    """True for a line of a boxed table: starts with ``|`` or ``+`` and ends with one."""
+    """True for a line of a boxed table: starts with ``|`` or ``+`` and ends with one, or a
+    row that lost its closing ``|`` (``| Error | GPU 3 has …``, the last row of a cut
+    paste: it starts with ``|`` and has a second ``|`` between its cells)."""
     if line[:1] not in ("|", "+", " ", "\t"):
         return False
     s = line.strip()
-    return len(s) >= 2 and s[0] in "|+" and s[-1] in "|+"
+    if len(s) >= 2 and s[0] in "|+" and s[-1] in "|+":
+        return True
+    return len(s) >= 3 and s[0] == "|" and "|" in s[1:]
 
 
 def _cells(line: str) -> tuple[str, str] | None:
     s = line.strip()
+    if len(s) >= 3 and s[0] == "|" and s[-1] != "|" and "|" in s[1:]:
+        s += "|"  # a row without its closing border
     if len(s) < 3 or s[0] != "|" or s[-1] != "|" or "|" not in s[1:-1]:
         return None
     a, b = s[1:-1].split("|", 1)
@@ -134,14 +148,19 @@ class _Table:
         self.tests: dict[str, int] = {}
         self.failed_gpus: set[int] = set()
         self.warnings: list[str] = []
+        self.errors: list[str] = []
+        self.messages: list[tuple[str, str]] = []  # (test the message belongs to, text)
         self.meta: dict[str, str] = {}
         self.dcgm = False
         self.category = ""
+        self.category_name = ""  # as printed
         self.last_test: str | None = None
         self.message: list[str] | None = None
+        self.message_kind = ""  # "Warning" or "Error"
+        self.message_owner = ""
 
     def _close_message(self) -> None:
-        if self.message is not None and len(self.warnings) < MAX_MESSAGES:
+        if self.message is not None and len(self.messages) < MAX_MESSAGES:
             # dcgmi cuts a message at the column width, mid-word: a chunk as long as the
             # longest one filled the column and continues on the next row as is; a shorter
             # one ended at a space.
@@ -152,7 +171,9 @@ class _Table:
                 if k and len(bodies[k - 1]) < width:
                     text += " "
                 text += body
-            self.warnings.append(" ".join(text.split())[:1000])
+            msg = " ".join(text.split())[:1000]
+            (self.errors if self.message_kind == "Error" else self.warnings).append(msg)
+            self.messages.append((self.message_owner, msg))
         self.message = None
 
     def row(self, line: str) -> None:
@@ -161,7 +182,8 @@ class _Table:
         cat = _CATEGORY.match(s)
         if cat:
             self._close_message()
-            self.category = cat.group("name").strip().lower()
+            self.category_name = cat.group("name").strip()
+            self.category = self.category_name.lower()
             self.last_test = None
             if self.category in _CATEGORIES:
                 self.dcgm = True
@@ -183,6 +205,12 @@ class _Table:
             self._close_message()
             if a != "Info":
                 self.message = [cells[1]]
+                self.message_kind = a
+                self.message_owner = self.last_test or self.category_name or "Diagnostic"
+                if a == "Error":
+                    # a deployment-stage error prints this row and no Fail cell: the test
+                    # (or the category it stopped in) failed
+                    self._apply(self.message_owner, (_RANK["fail"], [], False))
             return
         st = _status(b)
         if not a:
@@ -224,6 +252,9 @@ class _Table:
             details["failed_gpus"] = sorted(self.failed_gpus)
         if self.warnings:
             details["warnings"] = list(self.warnings)
+        if self.errors:
+            details["errors"] = list(self.errors)
+        add_codes(details, ((owner, identify(text)) for owner, text in self.messages))
         details.update(self.meta)
         parts = []
         if "failed" in lists:
@@ -241,6 +272,20 @@ class _Table:
             details=details,
             level=False,
         )
+
+
+def add_codes(details: dict[str, object], found: Iterable[tuple[str, str | None]]) -> None:
+    """``details["dcgm_errors"]`` (``DCGM_FR_*`` names), ``dcgm_error_ids`` (their codes) and
+    ``dcgm_error_tests`` (the test each was printed under), parallel lists in table order,
+    one entry per (test, code); set only when some code was identified."""
+    seen: list[tuple[str, str]] = []
+    for owner, name in found:
+        if name is not None and (owner, name) not in seen:
+            seen.append((owner, name))
+    if seen:
+        details["dcgm_errors"] = [name for _, name in seen]
+        details["dcgm_error_ids"] = [CODES[name] for _, name in seen]
+        details["dcgm_error_tests"] = [owner for owner, _ in seen]
 
 
 def is_dcgm_table(lines: list[str]) -> bool:

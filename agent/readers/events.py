@@ -34,6 +34,7 @@ KINDS: frozenset[str] = frozenset(
         "uvm_fatal",
         "npd_condition",
         "dcgm_diag",
+        "nic_fatal",
     }
 )
 """The ``autorepair classify`` kinds (DESIGN §4.1): every kind the readers and the agent
@@ -105,6 +106,10 @@ class FaultEvent:
         ``gpu_index``, ``diff_ms``, ``timeout_ms``; ``gpu_init_failed``: ``error``,
         ``minor``; ``mce_ue``: ``controller``, ``count``, ``location``; ``ib_link_*``:
         ``driver``, ``device``, ``port``.
+      - ``nic_fatal``: ``driver``, ``device``, ``nic_event``, ``nic_severity``
+        (``fatal``/``nonfatal``), ``syndrome``, ``ext_syndrome``, ``fw_version``,
+        ``module``, ``module_error``, ``slot_power_w`` (see
+        :mod:`agent.readers.kernel.nic`).
       - ``slurm_node`` / ``nvsmi`` / ``dcgm_diag``: Slurm ``state``/``reason``/…,
         nvidia-smi counters and flags, ``dcgmi diag`` ``failed``/``warned`` tests.
     - ``level``: True for a state (raise/clear edges), False for a single observation.

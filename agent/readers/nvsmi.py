@@ -253,10 +253,30 @@ def is_section_line(line: str) -> bool:
     return bool(_TITLE.match(line.rstrip()))
 
 
+_ANNOTATION = re.compile(
+    r"\s*(?:#|<|//|;|,|\(|\[|\*|!|\u2190|=>|-{2,}|={2,}).*$|\s+-\s.*$|\s{2,}\S.*$"
+)
+"""Text an operator appends after a value (``Yes   <===``, ``Yes  # needs reset``,
+``1  (bad)``, ``Yes, reset pending``, ``Yes - see ticket``): a comment, arrow or bracket
+marker, a comma, a spaced dash, or anything after two or more blanks."""
+_FLAG_OR_COUNT = re.compile(
+    r"^(?:yes|no|true|false|active|not active|-?\d{1,18}(?:\s*(?:C|W|%|bank\(s\)|MiB))?)$",
+    re.IGNORECASE,
+)
+
+
+def strip_annotation(v: str) -> str:
+    """``v`` without an appended annotation when what is left is a flag or a count
+    (``"Yes   <==="`` → ``"Yes"``); ``v`` unchanged otherwise (free text such as a product
+    name keeps its words)."""
+    head = _ANNOTATION.sub("", v)
+    return head if head != v and _FLAG_OR_COUNT.match(head) else v
+
+
 def _value(raw: str | None) -> Any:
     if raw is None:
         return None
-    v = raw.strip()
+    v = strip_annotation(raw.strip())
     low = v.lower()
     if low in ("yes", "true", "active"):
         return True
@@ -275,7 +295,7 @@ def recovery_action(raw: str) -> str | None:
     ``"Drain and Reset"`` → ``"drain_and_reset"``, ``"Reboot"`` → ``"node_reboot"``, an NVML
     code (``"2"``, ``"0x2"``) → its name (:data:`RECOVERY_ACTIONS`); None for a placeholder
     or any other text."""
-    low = _lower_title(raw)
+    low = _lower_title(_ANNOTATION.sub("", raw.strip()) or raw)
     if low in _PLACEHOLDERS:
         return None
     code = re.fullmatch(r"(0x[0-9a-f]{1,2}|\d{1,2})", low)

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.readers import KINDS, FaultEvent, KernelLogReader, parse_state, read_text
+from agent.readers.kernel.fold import WINDOW_LINES
 from tests import corpus
 from workers.classify import classify_text
 
@@ -179,9 +180,14 @@ def test_streaming_reader_emits_record_once_on_next_line_or_flush() -> None:
     flushed = r.flush()
     assert len(flushed) == 1 and flushed[0].pci == "0000:5e:00.0"
     assert r.flush() == []
-    # a one-line record is complete once the next line shows it is not wrapped
+    # a one-line record is complete once the next line shows it is not wrapped; an Xid
+    # then waits WINDOW_LINES lines for the device plugin's report of it (issue 25)
     assert r.feed("[3.0] NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=p, x") == []
-    assert [e.xid for e in r.feed("[3.1] systemd[1]: Started Session 1.")] == [13]
+    got = [e.xid for i in range(WINDOW_LINES + 1) for e in r.feed(f"[3.{i}] systemd[1]: S.")]
+    assert got == [13]
+    assert r.feed("[4.0] NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=p, x") == []
+    assert [e.xid for e in r.feed("[4.1] systemd[1]: S.")] == []
+    assert [e.xid for e in r.flush()] == [13]
 
 
 def test_unsupported_gpu_block_is_not_gpu_lost() -> None:

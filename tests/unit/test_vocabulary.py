@@ -24,6 +24,7 @@ _EXAMPLE = {
     "sxid": (24007, {}),
     "npd_condition": (None, {"condition": "KernelDeadlock"}),
     "dcgm_diag": (None, {"failed": ["Memory"]}),
+    "nic_fatal": (None, {"nic_event": "health_compromised", "nic_severity": "fatal"}),
     "nvsmi": (None, {"flags": ["remap_pending"]}),
 }
 
@@ -56,12 +57,64 @@ def _texts() -> list[str]:
         if path.exists():
             out += [json.loads(x)["text"] for x in path.read_text().splitlines() if x.strip()]
     out.append((SIGNALS / "multiline.log").read_text())
+    out.append((SIGNALS / "round3.log").read_text())
     return out
 
 
 def test_every_kind_the_readers_emit_is_known() -> None:
     seen = {ev.kind for text in _texts() for ev in read_text(text)}
     assert seen and seen <= SIGNAL_KINDS, seen - SIGNAL_KINDS
+    assert {"nic_fatal", "dcgm_diag", "slurm_node", "pcie_aer_corrected"} <= seen
+
+
+def test_every_round3_event_the_readers_emit_has_a_mapped_entry() -> None:
+    # nic_fatal, dcgm_diag (DCGM failure codes) and sinfo's slurm_node decide through the
+    # catalogue (xid/sxid rows have their own row-by-row tests, unreadable 154s included)
+    seen = 0
+    for text in _texts():
+        for ev in read_text(text):
+            if ev.kind in ("nic_fatal", "dcgm_diag", "slurm_node", "pcie_aer_corrected"):
+                e = default_entry(ev.kind, ev.xid, ev.details)
+                assert e.mapped and e.source, (ev.kind, ev.details)
+                seen += 1
+    assert seen >= 6
+
+
+def test_every_dcgm_code_the_reader_names_is_in_the_catalogue() -> None:
+    from agent.readers.dcgm_codes import _MESSAGES, CODES
+    from workflows.catalogue.dcgm import DCGM_ERRORS
+
+    assert set(CODES) == set(DCGM_ERRORS)
+    assert {name for name, _ in _MESSAGES} <= set(CODES)
+    dcgm = [ev for ev in read_text((SIGNALS / "round3.log").read_text())
+            if ev.kind == "dcgm_diag"]
+    (ev,) = dcgm
+    e = default_entry(ev.kind, None, ev.details)
+    assert e.mnemonic == "DCGM_FR_PENDING_ROW_REMAP" and e.action.value == "reset_gpu"
+
+
+def test_nic_fatal_travels_agent_otlp_and_ingest() -> None:
+    from datetime import UTC, datetime
+
+    from agent.runner import Fault
+    from workflows.alerts import alert_from_fault
+    from workflows.config import CatalogueConfig
+
+    (ev,) = [e for e in read_text((SIGNALS / "round3.log").read_text())
+             if e.kind == "nic_fatal" and e.pci == "0000:3b:00.0"]
+    attrs = Fault.from_reader(ev).attributes()
+    assert attrs["autorepair.fault.kind"] == "nic_fatal"
+    assert attrs["autorepair.gpu.pci"] == "0000:3b:00.0"
+    assert attrs["autorepair.fault.nic_event"] == "health_compromised"
+    assert "nic_fatal" in ingest.pipeline.KNOWN_KINDS
+    evidence = {k.removeprefix("autorepair.fault."): v for k, v in attrs.items()
+                if k.startswith("autorepair.fault.") and v is not None}
+    alert = alert_from_fault(
+        cluster="c", node="n", kind="nic_fatal", code=None, gpu=ev.pci,
+        evidence_text=ev.text, evidence=evidence, observed_at=datetime(2026, 12, 1, tzinfo=UTC),
+        catalogue=CatalogueConfig(),
+    )
+    assert alert.action.value == "reboot" and "unmapped" not in alert.evidence
 
 
 def test_every_kind_literal_in_the_agent_is_known() -> None:

@@ -28,6 +28,7 @@ from workflows.catalogue.entry import CatalogueEntry, make_entry
 from workflows.catalogue.kinds import (
     KIND_ENTRIES,
     dcgm_entry,
+    nic_entry,
     node_not_ready_entry,
     node_unreachable_entry,
     npd_entry,
@@ -58,6 +59,7 @@ _PER_OCCURRENCE = {
     "nvsmi": nvsmi_entry,
     "npd_condition": npd_entry,
     "dcgm_diag": dcgm_entry,
+    "nic_fatal": nic_entry,
     "node_not_ready": node_not_ready_entry,
     "node_unreachable": node_unreachable_entry,
     "slurm_node": slurm_node_entry,

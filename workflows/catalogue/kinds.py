@@ -10,8 +10,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from workflows.catalogue.dcgm import dcgm_entry
 from workflows.catalogue.entry import CatalogueEntry, make_entry
 from workflows.models import Action, Severity
+
+__all__ = [
+    "KIND_ENTRIES",
+    "dcgm_entry",
+    "nic_entry",
+    "node_not_ready_entry",
+    "node_unreachable_entry",
+    "npd_entry",
+    "nvsmi_entry",
+    "slurm_node_entry",
+]
 
 _W, _C, _I = Severity.warning, Severity.critical, Severity.info
 
@@ -324,18 +336,46 @@ def npd_entry(details: dict[str, Any]) -> CatalogueEntry:
     )
 
 
-def dcgm_entry(details: dict[str, Any]) -> CatalogueEntry:
-    """Entry of a ``dcgm_diag`` result: evidence for re-validation, never a repair alone."""
-    failed = details.get("failed")
-    names = ", ".join(str(f) for f in failed) if isinstance(failed, list) and failed else ""
-    what = f"failed: {names}" if names else "no failed test named"
+NIC_FATAL_SOURCE = (
+    "Linux mlx5_core health.c: a function whose firmware misses its health polls or reports "
+    "a fatal syndrome enters the error state and stays down until the device is "
+    "re-initialised (driver reload or host reboot); AWS EFA efa_com.c: a device that is not "
+    "ready or whose admin queue closed is unusable until re-probed. NVSentinel NIC health "
+    "monitor (syslog detection, severity classification): these are 'Fatal' "
+    "(REPLACE_VM); the product's lightest host-level re-initialisation is reboot, and the "
+    "escalation ladder (DESIGN §5) moves repeats on to heavier actions"
+)
+NIC_NONFATAL_SOURCE = (
+    "NVSentinel NIC health monitor (syslog detection, severity classification): insufficient "
+    "slot power, module High Temperature / cable errors and PCIe bandwidth warnings are "
+    "'Non-Fatal', diagnostic context (NONE); the link itself is judged by ib_link_down"
+)
+
+
+def nic_entry(details: dict[str, Any]) -> CatalogueEntry:
+    """Entry of a ``nic_fatal`` event: a ConnectX/EFA firmware or device failure
+    (``details["nic_severity"] == "fatal"``, or no severity read) asks for a reboot, which
+    re-initialises the adapter; the module / slot-power / PCIe-bandwidth warnings
+    (``nonfatal``) are observed only."""
+    event = str(details.get("nic_event") or "")
+    if details.get("nic_severity") == "nonfatal":
+        return make_entry(
+            _W,
+            "NIC_DEGRADED",
+            Action.none,
+            f"The NIC reports {event or 'a warning'} (module cable/temperature, slot power or "
+            "PCIe bandwidth): a rail may be slow or about to fail. Check the cable, "
+            "transceiver cooling and slot; the link state itself is watched separately.",
+            NIC_NONFATAL_SOURCE,
+        )
     return make_entry(
-        _W if names else _I,
-        "DCGM_DIAG",
-        Action.none,
-        f"dcgmi diag result ({what}). A diagnostic failure is evidence for re-validating "
-        "the machine, not a repair by itself; the fault it found arrives as its own event.",
-        "DESIGN §1 step 5 (re-validation runs the same GPU checks) and rule zero",
+        _C,
+        "NIC_FATAL",
+        Action.reboot,
+        f"The NIC/HCA firmware failed ({event or 'fatal error'}): the adapter is down and "
+        "its fabric rail with it until it is re-initialised. Reboot the node; repeats "
+        "escalate (hardware service).",
+        NIC_FATAL_SOURCE,
     )
 
 

@@ -7,6 +7,18 @@ its downloadable spreadsheet, sheet "Catalog"): columns *Code*, *Mnemonic*, *Des
 copied verbatim (whitespace folded), revision of 2025-10-29 (codes 1–172). An empty
 bucket is printed as ``""``: the page gives none for that code (162–172 at this revision).
 
+Checked row by row against NVIDIA's page on :data:`CHECKED` (the stored copy of
+:data:`SOURCE` in the search index; round 2 had taken the rows from a peer's generated
+copy): all 172 codes, mnemonics and immediate / investigatory buckets agree. Differences
+found, none of them a bucket: (1) for the unused codes the page prints the investigatory
+bucket as ``N/A; Unused``, kept here as ``""`` (no bucket); (2) for 163–166, 168 and 170 the
+page carries recovery guidance text where the bucket columns are, not a bucket name (e.g.
+163 "No GPU reset required …", 168 "Should only be seen when ECC is disabled …"): they stay
+without a bucket; (3) the page has gained columns not vendored (Applies to A100 / H100 /
+B100 / GB200, Xid 154 linkage, trigger conditions); (4) 45's description prints an en dash
+where this copy has ``--``. The NVLink5 Xid 144–150 decode table further down the page is
+read by ``agent.readers.kernel.nvlink5``.
+
 This is data only; what the product does with each row is decided in
 :mod:`workflows.catalogue.xid`, and ``tests/unit/test_catalogue_nvidia.py`` checks, row by
 row, that the product follows the immediate bucket or writes down why it departs.
@@ -21,6 +33,9 @@ SOURCE = "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html"
 """Where every row comes from."""
 REVISION = "2025-10-29"
 """Date the rows were read from :data:`SOURCE`."""
+CHECKED = "2026-12-01"
+"""Date every row was last checked against NVIDIA's page (see the module docstring for the
+differences found)."""
 
 
 class NvidiaXid(NamedTuple):

@@ -1,7 +1,9 @@
 """PCIe AER reports (Linux ``drivers/pci/pcie/aer.c``): header, ``PCIe Bus Error`` lines,
 status/mask and bit lines, grouped into one record per report.
 
-Uncorrected fatal → ``pcie_aer_fatal``; corrected and uncorrected non-fatal →
+Uncorrected fatal → ``pcie_aer_fatal``; corrected (``Corrected``, or ``Correctable`` as
+newer kernels print it: ``AER: Correctable error message received from …``,
+``severity=Correctable``) and uncorrected non-fatal →
 ``pcie_aer_corrected`` (``details["uncorrected_nonfatal"]`` marks the latter).
 """
 
@@ -10,17 +12,24 @@ from __future__ import annotations
 import re
 
 from agent.readers.events import FaultEvent
-from agent.readers.kernel.common import HEX, PCI_FULL, Record, single
+from agent.readers.kernel.common import (
+    HEX,
+    MULTI_LINE_GAP,
+    PCI_FULL,
+    Record,
+    continuation_body,
+    single,
+)
 
 _AER_DEV = re.compile(r"(?P<drv>[\w.-]{1,40}) (?P<pci>" + PCI_FULL + r"):\s")
 _AER_HEAD = re.compile(
-    r"AER: (?:Multiple )?(?P<sev>Corrected|Uncorrected \((?:Non-)?Fatal\)|"
+    r"AER: (?:Multiple )?(?P<sev>Correct(?:ed|able)|Uncorrected \((?:Non-)?Fatal\)|"
     r"Uncorrectable \((?:Non-)?Fatal\)) error (?:message )?(?:received|reported)"
     r"(?::| from)?\s*(?P<src>id=" + HEX + r"{1,8}|" + PCI_FULL + r")?",
     re.IGNORECASE,
 )
 _AER_BUS = re.compile(
-    r"PCIe Bus Error: severity=(?P<sev>Corrected|Uncorrect(?:ed|able) \((?:Non-)?Fatal\))"
+    r"PCIe Bus Error: severity=(?P<sev>Correct(?:ed|able)|Uncorrect(?:ed|able) \((?:Non-)?Fatal\))"
     r"(?:,\s*type=(?P<type>[^,]{1,60}))?",
     re.IGNORECASE,
 )
@@ -32,9 +41,10 @@ _AER_CONT = re.compile(
 
 
 def aer_class(sev: str) -> str:
-    """``fatal`` / ``nonfatal`` / ``corrected`` from an AER severity phrase."""
+    """``fatal`` / ``nonfatal`` / ``corrected`` from an AER severity phrase (``Corrected`` and
+    the newer kernels' ``Correctable`` are both ``corrected``)."""
     s = sev.lower()
-    if s.startswith("corrected"):
+    if s.startswith(("corrected", "correctable")):
         return "corrected"
     if "non-fatal" in s:
         return "nonfatal"
@@ -45,12 +55,16 @@ class AerRecord(Record):
     """One AER report."""
 
     max_lines = 24
+    max_gap = MULTI_LINE_GAP
 
     def __init__(self, line: str, cls: str) -> None:
         super().__init__(line)
         self.cls = cls
 
     def accepts(self, line: str) -> bool:
+        if not ("AER" in line or "Bus Error" in line or "error status" in line
+                or "   [" in line or "aer_" in line):
+            return False  # cheap reject: no part of an AER report (see _AER_CONT)
         if _AER_HEAD.search(line):
             return False
         bus = _AER_BUS.search(line)
@@ -58,11 +72,23 @@ class AerRecord(Record):
             return aer_class(bus.group("sev")) == self.cls
         return bool(_AER_CONT.search(line))
 
+    def _logical(self) -> list[str]:
+        """The report's lines with wrapped continuations joined onto the line they
+        continue (``… error message received`` + ``    from 0000:41:00.0``)."""
+        out: list[str] = []
+        pending = list(self.continued)
+        for line in self.lines:
+            if out and pending and continuation_body(line) == pending[0]:
+                out[-1] = out[-1].rstrip() + " " + pending.pop(0)
+            else:
+                out.append(line)
+        return out
+
     def finish(self) -> list[FaultEvent]:
         devices: list[str] = []
         pci: str | None = None
         details: dict[str, object] = {}
-        for line in self.lines:
+        for line in self._logical():
             dm = _AER_DEV.search(line)
             if dm and dm.group("pci") not in devices:
                 devices.append(dm.group("pci"))

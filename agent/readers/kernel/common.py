@@ -136,6 +136,12 @@ def single(
     )
 
 
+MULTI_LINE_GAP = 3
+"""Unrelated lines (blank lines included) a multi-line record waits across for its own next
+part: a paste or a busy journal puts another program's line, a blank line or another
+kernel record between two lines of one record."""
+
+
 class Record:
     """A kernel record being collected; emitted once (``finish``) when closed.
 

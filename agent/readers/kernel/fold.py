@@ -6,6 +6,13 @@
   cycle, per-code consent); the ``gpu_lost`` text goes to the Xid event's
   ``details["related_evidence"]`` (list of raw texts). Two ``gpu_lost`` records for the
   same GPU (the block and the one-line form) fold the same way into the first.
+- Device plugin + kernel Xid: the Kubernetes device plugin's ``XidCriticalError: Xid=N on
+  Device=…`` and the kernel's ``Xid (PCI:…): N`` line of the same code, in either order
+  within the window (and within :data:`FOLD_SECONDS` when both print a wall-clock time):
+  the **kernel event remains** (address, pid, message), with ``also_reported_by`` =
+  ``"k8s-device-plugin"``, the plugin's ``device`` and its text in ``related_evidence``.
+  The plugin names a GPU by UUID, the kernel by address: they fold unless the plugin
+  prints an address that differs.
 - OOM summary + kill: ``oom-kill:constraint=…,pid=N`` and ``Killed process N (…)`` of the
   same pid. The ``Killed process`` event remains, with the summary's ``details`` merged in
   and its text in ``related_evidence``.
@@ -18,6 +25,7 @@ then released in input order.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from agent.readers.events import FaultEvent
@@ -32,7 +40,13 @@ OOM_WINDOW_LINES = 4
 """Lines an ``oom_kill`` event waits for the other half of the same kill."""
 
 
+FOLD_SECONDS = 10
+"""Most seconds between the Kubernetes device plugin's ``XidCriticalError`` line and the
+kernel's Xid line of one fault when both lines print a wall-clock time (the plugin reacts
+to the driver's NVML event within a second or two)."""
+
 _FOLDABLE = frozenset({"gpu_lost", "xid", "oom_kill"})
+_CLOCK = re.compile(r"(?<![\d:])(\d\d):(\d\d):(\d\d)(?![\d:])")
 
 
 def _is_xid79(ev: FaultEvent) -> bool:
@@ -43,6 +57,9 @@ def window(ev: FaultEvent) -> int:
     """Lines ``ev`` is held for a counterpart (0: emitted at once)."""
     if (ev.kind == "gpu_lost" or _is_xid79(ev)) and device_key(ev.pci):
         return WINDOW_LINES
+    if ev.kind == "xid" and ev.xid is not None:
+        return WINDOW_LINES  # the device plugin's report of the same Xid may follow
+
     if ev.kind == "oom_kill" and ev.pid is not None and "reporter" not in ev.details:
         return OOM_WINDOW_LINES
     return 0
@@ -55,8 +72,48 @@ def _related(into: FaultEvent, other: FaultEvent) -> FaultEvent:
     return into
 
 
+def _seconds(ev: FaultEvent) -> int | None:
+    m = _CLOCK.search(ev.text[:200])
+    if not m:
+        return None
+    h, mi, sec = (int(x) for x in m.groups())
+    return h * 3600 + mi * 60 + sec if h < 24 and mi < 60 and sec < 61 else None
+
+
+def _plugin_fold(held: FaultEvent, new: FaultEvent) -> FaultEvent | None:
+    """The kernel's Xid event carrying the device plugin's report of the same Xid, when
+    ``held``/``new`` are the two (either order), else None. Same code; the plugin's device,
+    when printed as an address, is the kernel line's GPU; wall-clock times, when both lines
+    print one, within :data:`FOLD_SECONDS` (compared modulo 30 minutes: the plugin's klog
+    and the journal may print different time zones)."""
+    if held.kind != "xid" or new.kind != "xid" or held.xid != new.xid:
+        return None
+    plugin = [e for e in (held, new) if e.details.get("reporter") == DEVICE_PLUGIN]
+    if len(plugin) != 1:
+        return None
+    dp = plugin[0]
+    kernel = new if dp is held else held
+    if "reporter" in kernel.details or kernel.details.get("also_reported_by"):
+        return None  # another reporter's event, or already folded with a plugin line
+    if dp.pci and kernel.pci and device_key(dp.pci) != device_key(kernel.pci):
+        return None
+    a, b = _seconds(dp), _seconds(kernel)
+    if a is not None and b is not None:
+        gap = abs(a - b) % 1800
+        if min(gap, 1800 - gap) > FOLD_SECONDS:
+            return None
+    kernel.details["also_reported_by"] = DEVICE_PLUGIN
+    for key in ("device", "all_devices"):
+        if key in dp.details:
+            kernel.details.setdefault(key, dp.details[key])
+    return _related(kernel, dp)
+
+
 def merge(held: FaultEvent, new: FaultEvent) -> FaultEvent | None:
     """The one event for ``held`` and ``new`` when they are one fault, else None."""
+    folded = _plugin_fold(held, new)
+    if folded is not None:
+        return folded
     if held.kind == "gpu_lost" or _is_xid79(held):
         if not (new.kind == "gpu_lost" or _is_xid79(new)):
             return None

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 
 from agent.readers.events import FaultEvent
-from agent.readers.kernel.common import Record, single
+from agent.readers.kernel.common import MULTI_LINE_GAP, Record, single
 
 _XFS = re.compile(r"XFS \((?P<dev>[^)\s]{1,64})\):")
 _XFS_SHUT = re.compile(
@@ -39,6 +39,7 @@ class XfsRecord(Record):
     """XFS shutdown: the lines ``XFS (<dev>): …`` printed together for one shutdown."""
 
     max_lines = 8
+    max_gap = MULTI_LINE_GAP
 
     def __init__(self, line: str, dev: str) -> None:
         super().__init__(line)

@@ -17,7 +17,15 @@ from __future__ import annotations
 import re
 
 from agent.readers.events import FaultEvent
-from agent.readers.kernel.common import ANY_PCI, GPU_INDEX, HEX, PCI_FULL, Record, single
+from agent.readers.kernel.common import (
+    ANY_PCI,
+    GPU_INDEX,
+    HEX,
+    MULTI_LINE_GAP,
+    PCI_FULL,
+    Record,
+    single,
+)
 
 _FALLEN_START = re.compile(r"NVRM:\s{0,4}The NVIDIA GPU (?P<pci>" + PCI_FULL + r")")
 _FALLEN_ONE = re.compile(
@@ -32,26 +40,51 @@ _NO_HANDLE = re.compile(
 _GPU_IS_LOST = re.compile(r"NVRM: .{0,200}?NV_ERR_GPU_IS_LOST")
 
 
+_BLOCK_PARTS = ("(PCI ID:", "installed in this system", "fallen off the bus",
+                "responding to commands")
+"""Words of the block's continuation lines (``nv.c``): a line holding none is not a part."""
+_OTHER_BLOCK = re.compile(r"not supported|requires use of|driver release|open kernel modules")
+"""Continuations of the other ``The NVIDIA GPU <pci> (PCI ID: …)`` messages of ``nv.c``."""
+_HOST = re.compile(r"(?P<host>\S{1,64}) kernel:")
+
+
+def _host(line: str) -> str | None:
+    m = _HOST.search(line)
+    return m.group("host") if m else None
+
+
 class FallenOffBus(Record):
-    """The ``nv.c`` "fallen off the bus" block (up to four lines)."""
+    """The ``nv.c`` "fallen off the bus" block (up to four lines). Its parts join across a
+    blank line or up to :attr:`max_gap` unrelated lines (another program's syslog line,
+    another kernel record); with a syslog host prefix, only lines of the same host join.
+    The first line alone (``NVRM: The NVIDIA GPU <pci>`` without ``(PCI ID:`` on it, as the
+    driver prints the fallen-off-the-bus block) already yields ``gpu_lost``."""
 
     max_lines = 4
+    max_gap = MULTI_LINE_GAP
 
     def __init__(self, line: str, pci: str) -> None:
         super().__init__(line)
         self.pci = pci
+        self.host = _host(line)
 
     def accepts(self, line: str) -> bool:
-        return (
-            "NVRM:" in line
-            and "Xid" not in line
-            and "responding to commands" not in self.lines[-1]
-            and not _FALLEN_START.search(line)
-            and not _FALLEN_ONE.search(line)
-        )
+        if (
+            "NVRM:" not in line
+            or "Xid" in line
+            or "responding to commands" in self.lines[-1]
+            or not any(p in line for p in _BLOCK_PARTS)
+            or _FALLEN_START.search(line)
+            or _FALLEN_ONE.search(line)
+        ):
+            return False
+        host = _host(line)
+        return self.host is None or host is None or host == self.host
 
     def finish(self) -> list[FaultEvent]:
-        if "fallen off the bus" not in self.text:
+        if "fallen off the bus" not in self.text and (
+            "(PCI ID:" in self.lines[0] or _OTHER_BLOCK.search(self.text)
+        ):
             return []  # e.g. "… is not supported by the NVIDIA … driver release"
         return [
             single(

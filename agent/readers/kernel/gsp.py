@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from agent.readers.events import FaultEvent
-from agent.readers.kernel.common import ANY_PCI, GPU_INDEX, PCI_FULL, Record, single
+from agent.readers.kernel.common import ANY_PCI, GPU_INDEX, MULTI_LINE_GAP, PCI_FULL, Record, single
 
 _GSP_HB = re.compile(r"NVRM: .{0,120}?[Hh]eartbeat timed out")
 _GSP_HB_NUM = re.compile(r"\b(?P<k>diff|timeout)\s+(?P<v>\d{1,12})\b")
@@ -64,6 +64,7 @@ class InitFailRecord(Record):
     """``RmInitAdapter failed!`` and the ``rm_init_adapter failed`` line after it."""
 
     max_lines = 8
+    max_gap = MULTI_LINE_GAP
 
     def __init__(self, line: str, pci: str | None, details: dict[str, object]) -> None:
         super().__init__(line)

@@ -9,8 +9,11 @@ Per physical line:
    ``Data`` line, an AER status line, the fallen-off-bus block) joins that record; a
    wrapped continuation (:func:`~agent.readers.kernel.common.is_continuation_shape`,
    starting no record of its own) joins the record of the line above; anything else is
-   looked up in :data:`TABLE`. A record closes on the first line it does not take (or
-   after ``max_gap`` unrelated lines), on a blank line, or on :meth:`flush`.
+   looked up in :data:`TABLE`. A record closes after ``max_gap`` unrelated lines (blank
+   lines count as unrelated; 0 for one-line records: the first line it does not take
+   closes it), or on :meth:`flush`. Multi-line records (fallen off the bus, AER, SXid, XFS,
+   RmInitAdapter, mlx5 health) wait :data:`~agent.readers.kernel.common.MULTI_LINE_GAP`
+   lines for their next part, so another program's line between two parts breaks nothing.
 3. **Fold** (:mod:`agent.readers.kernel.fold`): the Xid 79 and fallen-off-bus records of
    one GPU, and the two halves of one OOM kill, come out as one event.
 
@@ -36,6 +39,7 @@ from agent.readers.kernel import (
     hung,
     ib,
     mce,
+    nic,
     npd,
     oom,
     sxid,
@@ -75,6 +79,9 @@ _KERNEL_TABLE: list[tuple[Needle, Matcher]] = [
     (("XFS", ""), fs.match_xfs),
     (("only", ""), fs.match_readonly),  # "read-only", "readonly"
     (("blocked for more than", ""), hung.match),
+    (("mlx", ""), nic.match_mlx),
+    (("efa ", ""), nic.match_efa),
+    (("rdmap", ""), nic.match_efa),
     (("mlx", ""), ib.match_mlx),
     (("ort", "port"), ib.match_port),
     (("ort", "Port"), ib.match_port),
@@ -232,7 +239,6 @@ class KernelLogReader:
             if (
                 not self._open
                 and self._last is None
-                and not self._folder.held
                 and not has_needle(line)
                 # maybe_continuation(), inlined: this is the path of most lines
                 and not (
@@ -241,6 +247,8 @@ class KernelLogReader:
                 )
             ):
                 self._prev = line  # may be the head of a record wrapped onto the next line
+                if self._folder.held:
+                    self._folder.tick(out)
                 return out  # nothing open, no record here
             for piece in split_records(line):
                 self._piece(piece, out)
@@ -265,8 +273,12 @@ class KernelLogReader:
 
     def _piece(self, piece: str, out: list[FaultEvent]) -> None:
         if not piece.strip():
+            # a blank line ends wrapped continuations; a record waiting for its own next
+            # part counts it as one unrelated line (max_gap)
             for rec in self._open:
-                rec.closed = True
+                rec.gap += 1
+                if rec.gap > rec.max_gap:
+                    rec.closed = True
             self._last = self._prev = None
             self._drain(out)
             return

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from agent.readers.events import FaultEvent
-from agent.readers.kernel.common import PCI_ANY, Record, to_int
+from agent.readers.kernel.common import MULTI_LINE_GAP, PCI_ANY, Record, to_int
 
 _SXID = re.compile(
     r"(?:(?P<dev>nvidia-nvswitch\d*):\s*)?SXid[ \t]{0,8}\([ \t]{0,4}(?:PCI:[ \t]{0,4})?"
@@ -37,7 +37,7 @@ class SXidRecord(Record):
     """The lines of one SXid error (headline, ``Severity``, ``Data``), each part once."""
 
     max_lines = 8
-    max_gap = 2
+    max_gap = MULTI_LINE_GAP
 
     def __init__(self, line: str, dev: str | None, pci: str | None, code: int, part: str) -> None:
         super().__init__(line)
