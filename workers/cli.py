@@ -120,6 +120,11 @@ def _client_config(config: Path | None, data_dir: Path) -> tuple[AutorepairConfi
 def up(
     config: ConfigOpt = None,
     demo: Annotated[bool, typer.Option("--demo", help="add the demo cluster")] = False,
+    auto_approve: Annotated[bool, typer.Option(
+        "--auto-approve/--no-auto-approve",
+        help="with --demo: approve the storyline's own repair (the Xid 79 power cycle of "
+             "gpu-03) as demo-operator after 30 s; every other repair waits for a person "
+             "either way")] = True,
     data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
 ) -> None:
     """Start Temporal dev server, PostgreSQL, worker and ingest (Ctrl-C stops all)."""
@@ -127,7 +132,8 @@ def up(
 
     setup_logging()
     cfg = _load(config)
-    raise typer.Exit(run_up(cfg, data_dir=data_dir, demo=demo, config_path=config))
+    raise typer.Exit(run_up(cfg, data_dir=data_dir, demo=demo, config_path=config,
+                            auto_approve=auto_approve))
 
 
 @app.command()
@@ -193,7 +199,8 @@ def status(
     data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
     as_json: AsJson = False,
     watch: Annotated[bool, typer.Option("--watch", help="refresh every 2 s")] = False,
-    cluster: Annotated[str | None, typer.Option("--cluster")] = None,
+    cluster: Annotated[str | None, typer.Option(
+        "--cluster", help="one cluster only (default: every cluster)")] = None,
 ) -> None:
     """Nodes, scores, threshold, open alerts and repairs, as a table."""
     otlp = ops.stack_info(data_dir).get("otlp_http") or "http://127.0.0.1:4318"
@@ -496,8 +503,10 @@ def mcp(
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point (plain help: :func:`agent.clihelp.plain_help`)."""
+    from agent.clihelp import plain_help
+
+    plain_help(app)(prog_name="autorepair")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from workers.config import load_config
-from workers.demo import DemoCluster, DemoUnavailable, prepare_demo, run_demo
+from workers.demo import DemoCluster, DemoTimings, DemoUnavailable, prepare_demo, run_demo
 from workers.devpeers import PeerStartError
 from workers.devstack import DevStack, StackError, StackPorts
 from workers.temporal_client import release_runtimes
@@ -56,7 +56,8 @@ def print_endpoints(stack: DevStack, console: Console) -> None:
     console.print("Press Ctrl-C to stop everything started here.")
 
 
-async def _run(stack: DevStack, console: Console, demo: DemoCluster | None) -> int:
+async def _run(stack: DevStack, console: Console, demo: DemoCluster | None,
+               timings: DemoTimings | None = None) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -67,7 +68,7 @@ async def _run(stack: DevStack, console: Console, demo: DemoCluster | None) -> i
         await stack.start()
         print_endpoints(stack, console)
         if demo is not None:
-            demo_task = asyncio.create_task(run_demo(stack, demo, console, stop))
+            demo_task = asyncio.create_task(run_demo(stack, demo, console, stop, timings))
         await stack.supervise(stop)
         return 0
     except StackError as exc:
@@ -85,9 +86,12 @@ async def _run(stack: DevStack, console: Console, demo: DemoCluster | None) -> i
 
 
 def run_up(
-    cfg: AutorepairConfig, *, data_dir: Path, demo: bool, config_path: Path | None
+    cfg: AutorepairConfig, *, data_dir: Path, demo: bool, config_path: Path | None,
+    auto_approve: bool = True,
 ) -> int:
-    """Run the stack until Ctrl-C; returns the process exit code (module docstring)."""
+    """Run the stack until Ctrl-C; returns the process exit code (module docstring).
+    ``auto_approve``: whether the demo approves the storyline's own repair after
+    :attr:`DemoTimings.approve_after_s` (``--no-auto-approve`` turns it off)."""
     console = Console()
     data_dir = data_dir.resolve()
     cluster: DemoCluster | None = None
@@ -108,7 +112,8 @@ def run_up(
     stack = DevStack(config=cfg, data_dir=data_dir, ports=ports_from_config(cfg),
                      config_path=config_path.resolve() if config_path else None)
     try:
-        return asyncio.run(_run(stack, console, cluster))
+        timings = DemoTimings(auto_approve=auto_approve)
+        return asyncio.run(_run(stack, console, cluster, timings))
     finally:
         release_runtimes()  # the demo's Temporal client: join its threads before exit
         if cluster is not None:
