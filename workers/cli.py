@@ -68,6 +68,9 @@ Token = Annotated[str | None, typer.Option(
     help="bearer token (api.tokens_file); default: DATA_DIR/operator.token written by "
          "`autorepair up`")]
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON")]
+RepairId = Annotated[str, typer.Argument(
+    help="repair id (`autorepair repairs list` shows them)", show_default=False)]
+ClusterReq = Annotated[str, typer.Option("--cluster", help="cluster name")]
 TemporalOpt = Annotated[str | None, typer.Option(
     "--temporal-address",
     help="Temporal frontend (default: the stack of --data-dir, else temporal.address)")]
@@ -246,7 +249,7 @@ def repairs_list(
 
 @repairs_app.command("show")
 def repairs_show(
-    repair_id: str, api: Api = None, token: Token = None,
+    repair_id: RepairId, api: Api = None, token: Token = None,
     data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR, as_json: AsJson = False,
     watch: Annotated[bool, typer.Option(
         "--watch", help="follow the repair stage by stage until it ends (Ctrl-C stops "
@@ -268,7 +271,9 @@ def repairs_create(
     request_id: Annotated[str | None, typer.Option(
         "--request-id", help="idempotency key (default: a new uuid)")] = None,
     detector: Annotated[str | None, typer.Option("--detector", help="detector name")] = None,
-    cluster: Annotated[str | None, typer.Option("--cluster")] = None,
+    cluster: Annotated[str | None, typer.Option(
+        "--cluster", help="cluster of the node (default: the one whose agents report it)")]
+    = None,
     evidence_alert: Annotated[str | None, typer.Option("--evidence-alert",
                                                        help="ledger alert id cited")] = None,
     evidence_run: Annotated[str | None, typer.Option("--evidence-run",
@@ -285,7 +290,7 @@ def repairs_create(
 
 @repairs_app.command("approve")
 def repairs_approve(
-    repair_id: str, api: Api = None, token: Token = None,
+    repair_id: RepairId, api: Api = None, token: Token = None,
     data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR, as_json: AsJson = False,
     action: Annotated[str | None, typer.Option(help="override the action")] = None,
 ) -> None:
@@ -296,7 +301,7 @@ def repairs_approve(
 
 @repairs_app.command("reject")
 def repairs_reject(
-    repair_id: str, api: Api = None, token: Token = None,
+    repair_id: RepairId, api: Api = None, token: Token = None,
     data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR, as_json: AsJson = False,
     reason: Annotated[str, typer.Option(help="why")] = "",
 ) -> None:
@@ -307,7 +312,7 @@ def repairs_reject(
 
 @repairs_app.command("cancel")
 def repairs_cancel(
-    repair_id: str, api: Api = None, token: Token = None,
+    repair_id: RepairId, api: Api = None, token: Token = None,
     data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR, as_json: AsJson = False,
     reason: Annotated[str, typer.Option(help="why")] = "",
 ) -> None:
@@ -328,7 +333,8 @@ def validate(
     temporal_address: TemporalOpt = None,
     data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
     by: Annotated[str, typer.Option("--by", help="operator name")] = _default_user(),
-    reason: Annotated[str, typer.Option("--reason")] = "operator request",
+    reason: Annotated[str, typer.Option(
+        "--reason", help="why (recorded with the validation)")] = "operator request",
     api: Annotated[str | None, typer.Option(
         "--api", help="HTTP API (to find the cluster; default: the stack of --data-dir)")]
     = None,
@@ -359,7 +365,7 @@ def validate(
 
 @breaker_app.command("status")
 def breaker_status(
-    cluster: Annotated[str, typer.Option("--cluster")],
+    cluster: ClusterReq,
     config: ConfigOpt = None,
     temporal_address: TemporalOpt = None,
     data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
@@ -373,15 +379,18 @@ def breaker_status(
 
 @breaker_app.command("reset")
 def breaker_reset(
-    cluster: Annotated[str, typer.Option("--cluster")],
+    cluster: ClusterReq,
     by: Annotated[str, typer.Option("--by", help="operator name")] = _default_user(),
-    reason: Annotated[str, typer.Option("--reason")] = "",
+    reason: Annotated[str, typer.Option(
+        "--reason", help="why it is safe to repair again (required to reset an open "
+                         "breaker; recorded with the reset)")] = "",
     config: ConfigOpt = None,
     temporal_address: TemporalOpt = None,
     data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
     as_json: AsJson = False,
 ) -> None:
-    """Close the breaker (queued repairs then act only on evidence seen after now)."""
+    """Close an open breaker (queued repairs then act only on evidence seen after now);
+    a closed one is left as it is ("already closed")."""
     cfg, address, namespace = _client_config(config, data_dir)
     ops_temporal.breaker_print(ops_temporal.run_async(ops_temporal.breaker_call(
         temporal_address or address, namespace, cfg, cluster, reset_by=by, reason=reason)),
@@ -410,7 +419,8 @@ def dead_letters_list(
     cluster: Annotated[str | None, typer.Option("--cluster", help="one cluster only")] = None,
     include_replayed: Annotated[bool, typer.Option(
         "--all", help="also those already replayed")] = False,
-    limit: Annotated[int, typer.Option("--limit", min=1, max=10_000)] = 100,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=10_000,
+                                       help="at most this many rows")] = 100,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
     ledger_dsn: LedgerDsn = None,

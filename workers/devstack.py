@@ -318,6 +318,10 @@ class DevStack:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.check_ports()
         find_binary("temporal")
+        # written before anything starts: a client run while the stack is still coming
+        # up (``validate gpu-03`` right after ``up --demo``) finds the config, and with it
+        # the configured machines, instead of the defaults (rewritten once ready)
+        self.write_stack_file()
         self.start_temporal()
         await asyncio.to_thread(self.start_postgres)
         await self.migrate_ledger()

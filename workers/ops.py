@@ -506,24 +506,37 @@ def status_command(api: str, auth: ApiToken, as_json: bool, watch: bool,
 
 
 def resolve_cluster(cfg: Any, machine: str, api: str, auth: ApiToken | None = None) -> str:
-    """Cluster of ``machine``: the only configured cluster, or the configured cluster that
-    lists it as a node or machine, else the cluster whose agents report a node of that
-    name to the ingest API (read with ``auth``: ``/api/v1/state`` needs a token). Exits 2
-    naming the machine when none or several match."""
+    """Cluster of ``machine``: the configured cluster that lists it as a node, machine or
+    spare, else the cluster whose agents report a node of that name to the ingest API
+    (read with ``auth``: ``/api/v1/state`` needs a token), else the only configured
+    cluster when it lists no nodes at all (its nodes are known from agents only).
+
+    A machine nobody knows (not configured, not reported) exits 1 naming the known
+    machines — a typo must not start a validation that aborts later with
+    ``UnknownNode``; a machine in several clusters exits 2 (pass ``--cluster``)."""
     clusters = [c for c in cfg.clusters
                 if any(machine in (n.name, n.machine) for n in c.nodes) or machine in c.spares]
-    if not clusters and len(cfg.clusters) == 1:
-        clusters = list(cfg.clusters)
     names = sorted({c.name for c in clusters})
+    reported: list[dict[str, Any]] = []
     if not names:
         try:
-            state = _call("GET", api, "/api/v1/state", auth)
-            names = sorted({n["cluster"] for n in state.get("nodes", []) if n["node"] == machine})
+            reported = _call("GET", api, "/api/v1/state", auth).get("nodes", [])
         except typer.Exit:
-            names = []
+            reported = []
+        names = sorted({n["cluster"] for n in reported if n["node"] == machine})
+    if not names and len(cfg.clusters) == 1 and not cfg.clusters[0].nodes:
+        names = [cfg.clusters[0].name]
+    if not names:
+        known = sorted({x for c in cfg.clusters for n in c.nodes for x in (n.name, n.machine)
+                        if x} | {s for c in cfg.clusters for s in c.spares}
+                       | {str(n["node"]) for n in reported})
+        listed = (", ".join(known[:20]) + (" ..." if len(known) > 20 else "")) if known \
+            else "none (no cluster lists nodes and no agent has reported)"
+        _err.print(f"error: unknown machine {machine!r}: no configured cluster lists it and "
+                   f"no agent reports it; known machines: {listed}", highlight=False)
+        raise typer.Exit(1)
     if len(names) != 1:
-        found = f"it is in {names}" if names else "no cluster lists it"
-        _err.print(f"error: machine {machine!r}: cannot tell its cluster ({found}); "
-                   "pass --cluster")
+        _err.print(f"error: machine {machine!r}: cannot tell its cluster (it is in "
+                   f"{names}); pass --cluster", highlight=False)
         raise typer.Exit(2)
     return names[0]

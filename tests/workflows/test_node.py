@@ -7,6 +7,8 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from temporalio.api.sdk.v1 import WorkflowMetadata
+
 from tests.workflows.conftest import Harness, make_alert
 from workflows.models import Action, Alert, AlertOutcome, RepairStatus, Stage
 from workflows.protocol import NodeStatus, workflow_id_guard, workflow_id_node, workflow_id_repair
@@ -157,6 +159,11 @@ async def test_straggler_from_two_sources_is_one_diagnostic(harness: Harness) ->
     assert first.outcome == AlertOutcome.recommended and "diagnostic" in first.reason
     assert second.outcome == AlertOutcome.ignored
     assert h.cluster.count("cordon") == 0
+    # the Temporal UI's Current Details say it (they said only "node gpu-11 of ...")
+    handle = h.client.get_workflow_handle(workflow_id_node(h.cluster.cluster, "gpu-11"))
+    meta = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+    assert "diagnostic validation recommended" in meta.current_details
+    assert "autorepair validate gpu-11" in meta.current_details
 
 
 async def test_scenario_6_flapping_attaches_and_cooldown_applies(harness: Harness) -> None:
