@@ -49,7 +49,8 @@ def fitted_table(title: str, cols: Sequence[Col], rows: Sequence[Sequence[str]],
     ``width`` cells: lowest-priority columns are dropped (rightmost first among equals)
     until the kept ones fit at their natural width (wrapping columns at
     :data:`WRAP_MIN`). ``compact``: a lighter box without edges (three lines of
-    overhead instead of five). ``note``: a caption line (e.g. rows left out)."""
+    overhead instead of five) and no caption naming the dropped columns. ``note``: a
+    caption line (e.g. rows left out)."""
     natural = [max([cell_len(c.name), *(cell_len(r[i]) for r in rows)])
                for i, c in enumerate(cols)]
 
@@ -67,7 +68,7 @@ def fitted_table(title: str, cols: Sequence[Col], rows: Sequence[Sequence[str]],
         shown.remove(victim)
         dropped.append(cols[victim].name)
     captions = [note] if note else []
-    if dropped:
+    if dropped and not compact:  # compact (a live view): every line counts
         captions.append(f"not shown at {width} columns: {', '.join(dropped)} (--json has "
                         "every field)")
     t = Table(title=title, caption="\n".join(captions) or None, caption_justify="left",
