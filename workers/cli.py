@@ -142,9 +142,11 @@ def up(
 @app.command()
 def worker(config: ConfigOpt = None) -> None:
     """Run the Temporal worker (workflows and activities)."""
+    from workers import logfilter
     from workers.worker import run_worker
 
     setup_logging()
+    logfilter.install()  # expected permanent activity failures: one line, no traceback
     cfg = _load(config)
     code = 0
     try:

@@ -1167,7 +1167,14 @@ class RepairWorkflow:
                 if is_cancelled_exception(err):
                     raise
                 await self._attempt(action, "failed")
-                await self._note(f"{action.value} failed: {_cause(err)}")
+                if _untouched(err):
+                    # e.g. no provision image, no spare machine: it did not run, so the
+                    # ending must not say it ran
+                    self._acted.pop()
+                    await self._note(f"{action.value} cannot run, nothing touched: "
+                                     f"{_cause(err)}")
+                else:
+                    await self._note(f"{action.value} failed: {_cause(err)}")
                 await self._escalate(action, f"{action.value} failed")
                 continue
             if action == Action.remove:
@@ -1619,6 +1626,14 @@ def _transient(err: ActivityError) -> bool:
     if isinstance(cause, ApplicationError):
         return not cause.non_retryable and cause.type not in _PERMANENT
     return False
+
+
+def _untouched(err: ActivityError) -> bool:
+    """A permanent failure raised before the action touched anything: the action cannot
+    be done with this configuration (``ERR_UNSUPPORTED``: no provision image, no spare
+    machine, no BMC)."""
+    cause = err.cause
+    return isinstance(cause, ApplicationError) and cause.type == ERR_UNSUPPORTED
 
 
 def _cause(err: BaseException) -> str:
