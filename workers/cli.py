@@ -283,7 +283,13 @@ def repairs_create(
     api: Api = None, token: Token = None, data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
     as_json: AsJson = False,
 ) -> None:
-    """Create a repair (a retried create with the same request id returns the same one)."""
+    """Create a repair (a retried create with the same request id returns the same one).
+
+    An operator's own request counts as approved: with an operator token the repair is
+    recorded as approved by its creator and starts at once (cordon, wait for idle,
+    drain, act) without waiting in awaiting_approval; remove still needs a separate
+    approval. A detector's request (detector token) waits for approval like any
+    recommendation."""
     ops.repairs_create(*_api(api, token, data_dir), as_json, {
         "node": node, "mode": mode, "reason": reason,
         "request_id": request_id or str(uuid.uuid4()), "detector": detector,

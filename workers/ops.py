@@ -403,6 +403,11 @@ def repairs_create(api: str, auth: ApiToken, as_json: bool, body: dict[str, Any]
     verb = "created" if res["created"] else "exists"
     _out.print(f"{verb}: {r['repair_id']} ({r['cluster']}/{r['node']} {r['action']}, "
                f"stage {r['stage']})")
+    if res["created"] and r.get("requester_kind") == "user" and r["action"] != "remove":
+        _out.print(f"approved by its creator ({r['requester_name']}): an operator's own "
+                   "request needs no further approval, so it acts now; "
+                   f"`autorepair repairs cancel {r['repair_id']}` stops it at the next safe "
+                   "point", highlight=False)
     if res["refused"]:
         _out.print(f"refused: {res['refused_reason']}")
         raise typer.Exit(1)

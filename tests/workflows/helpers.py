@@ -9,17 +9,77 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
 from tests.workflows.conftest import Harness, make_alert
 from workflows.models import Action, RepairRequest, RepairStatus, Stage
-from workflows.protocol import GuardStatus, workflow_id_guard, workflow_id_repair
+from workflows.protocol import (
+    REPAIR_FAILED,
+    REPAIR_TIMED_OUT,
+    GuardStatus,
+    workflow_id_guard,
+    workflow_id_repair,
+)
+
+
+def status_of_failure(err: WorkflowFailureError) -> RepairStatus | None:
+    """The final status a RepairWorkflow failed with (a repair that ended ``failed`` or
+    ``timed_out``: ``REPAIR_FAILED`` / ``REPAIR_TIMED_OUT`` carry it as their first
+    detail), or None for any other failure."""
+    cause = err.cause
+    if isinstance(cause, ApplicationError) and cause.type in (REPAIR_FAILED, REPAIR_TIMED_OUT):
+        return RepairStatus.model_validate(cause.details[0])
+    return None
+
+
+async def repair_result(handle: WorkflowHandle[Any, Any], **kw: Any) -> RepairStatus:
+    """The final status of a repair, whatever way it ended: the workflow's result, or the
+    status a failed / timed-out repair failed the workflow with. Other failures raise."""
+    try:
+        res = await handle.result(**kw)
+    except WorkflowFailureError as err:
+        st = status_of_failure(err)
+        if st is None:
+            raise
+        return st
+    return res if isinstance(res, RepairStatus) else RepairStatus.model_validate(res)
+
+
+class RepairHandle(WorkflowHandle[Any, RepairStatus]):
+    """A RepairWorkflow handle whose :meth:`result` is :func:`repair_result`: the final
+    status also of a repair that ended failed / timed out (the workflow then fails, so
+    the Temporal UI shows it red)."""
+
+    @classmethod
+    def of(cls, h: Harness, handle: WorkflowHandle[Any, Any]) -> RepairHandle:
+        return cls(h.client, handle.id, run_id=handle.run_id,
+                   result_run_id=handle.result_run_id,
+                   first_execution_run_id=handle.first_execution_run_id,
+                   result_type=RepairStatus)
+
+    async def result(self, **kw: Any) -> RepairStatus:  # type: ignore[override]
+        try:
+            return await super().result(**kw)
+        except WorkflowFailureError as err:
+            st = status_of_failure(err)
+            if st is None:
+                raise
+            return st
+
+
+def repair_handle(h: Harness, node: str, rid: str) -> RepairHandle:
+    """:class:`RepairHandle` of repair ``rid`` on ``node`` (e.g. one a NodeWorkflow
+    started)."""
+    return RepairHandle.of(h, h.client.get_workflow_handle(
+        workflow_id_repair(h.cluster.cluster, node, rid), result_type=RepairStatus))
 
 
 async def start_repair(
     h: Harness, node: str, action: Action, rid: str, **kw: Any
-) -> WorkflowHandle[Any, RepairStatus]:
-    """Start a RepairWorkflow directly (as the repair API would)."""
+) -> RepairHandle:
+    """Start a RepairWorkflow directly (as the repair API would); the handle's
+    ``result()`` is the final status however the repair ended (:class:`RepairHandle`)."""
     req = RepairRequest(
         repair_id=rid,
         cluster=h.cluster.cluster,
@@ -28,13 +88,13 @@ async def start_repair(
         alerts=kw.pop("alerts", [make_alert(h.cluster.cluster, node, rid)]),
         **kw,
     )
-    return await h.client.start_workflow(
+    return RepairHandle.of(h, await h.client.start_workflow(
         "RepairWorkflow",
         req,
         id=workflow_id_repair(h.cluster.cluster, node, rid),
         task_queue=h.task_queue,
         result_type=RepairStatus,
-    )
+    ))
 
 
 async def eventually(

@@ -162,6 +162,20 @@ async def test_actions_that_cannot_run_are_not_said_to_have_run(harness: Harness
     fresh = make_alert(h.cluster.cluster, "gpu-06", "nr", observed_at=await h.env.get_current_time())
     handle = await start_repair(h, "gpu-06", Action.reprovision, "nr", alerts=[fresh])
     st = await wait_stage(h, "gpu-06", "nr", Stage.awaiting_approval)
+    # Current Details name the action asked for now (the static Summary keeps the first),
+    # why, and what a person can do
+    from temporalio.api.sdk.v1 import WorkflowMetadata
+
+    current = ""
+    for _ in range(100):
+        meta = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+        current = meta.current_details
+        if "why:" in current:
+            break
+        await asyncio.sleep(0.05)
+    assert f"waiting for approval of {st.action.value} on gpu-06" in current, current
+    assert "why: " in current and "cannot run, nothing touched" in current, current
+    assert "reject nr" in current and "cancel nr" in current and "--action" in current
     await handle.signal("cancel", CancelSignal(by="oncall", reason="not now"))
     st = await handle.result()
     assert st.stage == Stage.cancelled
