@@ -186,6 +186,15 @@ def breaker_not_started(cfg: AutorepairConfig, cluster: str) -> dict[str, Any]:
     }
 
 
+def reset_decision(breaker_open: bool, reason: str) -> str:
+    """What ``breaker reset`` does: ``"already_closed"`` (a closed breaker: send nothing,
+    record nothing), ``"reason_required"`` (an open breaker and no ``--reason``: refuse,
+    exit 2) or ``"send"`` (signal ``reset_breaker`` with the reason)."""
+    if not breaker_open:
+        return "already_closed"
+    return "send" if reason.strip() else "reason_required"
+
+
 async def breaker_call(address: str, namespace: str, cfg: AutorepairConfig, cluster: str,
                        reset_by: str | None = None, reason: str = "") -> dict[str, Any]:
     """Query (and with ``reset_by`` reset) ``guard/{cluster}``: the GuardStatus as
@@ -206,10 +215,11 @@ async def breaker_call(address: str, namespace: str, cfg: AutorepairConfig, clus
         try:
             st = await h.query(ClusterGuardWorkflow.status)
             if reset_by is not None:
-                if not st.breaker_open:
+                decision = reset_decision(st.breaker_open, reason)
+                if decision == "already_closed":
                     return {**st.model_dump(mode="json"), "guard_running": True,
                             "reset": "already_closed"}
-                if not reason.strip():
+                if decision == "reason_required":
                     raise typer.Exit(_usage(
                         f"breaker of {cluster} is OPEN ({st.tripped_reason or 'tripped'}): "
                         "--reason is required to reset it (why it is safe to repair "
