@@ -46,40 +46,47 @@ async def repair_result(handle: WorkflowHandle[Any, Any], **kw: Any) -> RepairSt
     return res if isinstance(res, RepairStatus) else RepairStatus.model_validate(res)
 
 
-class RepairHandle(WorkflowHandle[Any, RepairStatus]):
-    """A RepairWorkflow handle whose :meth:`result` is :func:`repair_result`: the final
-    status also of a repair that ended failed / timed out (the workflow then fails, so
-    the Temporal UI shows it red)."""
-
-    @classmethod
-    def of(cls, h: Harness, handle: WorkflowHandle[Any, Any]) -> RepairHandle:
-        return cls(h.client, handle.id, run_id=handle.run_id,
-                   result_run_id=handle.result_run_id,
-                   first_execution_run_id=handle.first_execution_run_id,
-                   result_type=RepairStatus)
-
-    async def result(self, **kw: Any) -> RepairStatus:  # type: ignore[override]
-        try:
-            return await super().result(**kw)
-        except WorkflowFailureError as err:
-            st = status_of_failure(err)
-            if st is None:
-                raise
-            return st
+_REPAIR_HANDLE_CLASSES: dict[type, type] = {}
 
 
-def repair_handle(h: Harness, node: str, rid: str) -> RepairHandle:
-    """:class:`RepairHandle` of repair ``rid`` on ``node`` (e.g. one a NodeWorkflow
-    started)."""
-    return RepairHandle.of(h, h.client.get_workflow_handle(
+def as_repair_handle(handle: WorkflowHandle[Any, Any]) -> WorkflowHandle[Any, RepairStatus]:
+    """``handle`` with ``result()`` = :func:`repair_result`: the final status also of a
+    repair that ended failed / timed out (the workflow then fails, so the Temporal UI
+    shows it red). The handle keeps its own class underneath (the time-skipping test
+    server's handle lets time skip while ``result()`` waits), so it is re-classed to a
+    subclass of its class rather than copied."""
+    base = type(handle)
+    cls = _REPAIR_HANDLE_CLASSES.get(base)
+    if cls is None:
+
+        async def result(self: Any, **kw: Any) -> RepairStatus:
+            try:
+                res = await base.result(self, **kw)
+            except WorkflowFailureError as err:
+                st = status_of_failure(err)
+                if st is None:
+                    raise
+                return st
+            return res if isinstance(res, RepairStatus) else RepairStatus.model_validate(res)
+
+        cls = type(f"Repair{base.__name__}", (base,), {"result": result})
+        _REPAIR_HANDLE_CLASSES[base] = cls
+    handle.__class__ = cls
+    return handle
+
+
+def repair_handle(h: Harness, node: str, rid: str) -> WorkflowHandle[Any, RepairStatus]:
+    """A repair handle (:func:`as_repair_handle`) of repair ``rid`` on ``node`` (e.g. one
+    a NodeWorkflow started)."""
+    return as_repair_handle(h.client.get_workflow_handle(
         workflow_id_repair(h.cluster.cluster, node, rid), result_type=RepairStatus))
 
 
 async def start_repair(
     h: Harness, node: str, action: Action, rid: str, **kw: Any
-) -> RepairHandle:
+) -> WorkflowHandle[Any, RepairStatus]:
     """Start a RepairWorkflow directly (as the repair API would); the handle's
-    ``result()`` is the final status however the repair ended (:class:`RepairHandle`)."""
+    ``result()`` is the final status however the repair ended (:func:`as_repair_handle`)."""
     req = RepairRequest(
         repair_id=rid,
         cluster=h.cluster.cluster,
@@ -88,7 +95,7 @@ async def start_repair(
         alerts=kw.pop("alerts", [make_alert(h.cluster.cluster, node, rid)]),
         **kw,
     )
-    return RepairHandle.of(h, await h.client.start_workflow(
+    return as_repair_handle(await h.client.start_workflow(
         "RepairWorkflow",
         req,
         id=workflow_id_repair(h.cluster.cluster, node, rid),
