@@ -10,6 +10,7 @@ from typing import Any
 from temporalio.api.sdk.v1 import WorkflowMetadata
 
 from tests.workflows.conftest import Harness, make_alert
+from tests.workflows.helpers import as_repair_handle
 from workflows.models import Action, Alert, AlertOutcome, RepairStatus, Stage
 from workflows.protocol import NodeStatus, workflow_id_guard, workflow_id_node, workflow_id_repair
 
@@ -28,7 +29,7 @@ async def repair_result(h: Harness, node: str, rid: str) -> RepairStatus:
     for _ in range(500):
         desc = await handle.describe()
         if desc.close_time is not None:
-            return await handle.result()
+            return await as_repair_handle(handle).result()
         await h.env.sleep(timedelta(seconds=30))
     raise AssertionError(f"repair {rid} did not finish")
 
