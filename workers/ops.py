@@ -449,6 +449,15 @@ def short_summary(kind: str, summary: str) -> str:
     return kind + summary[len(doubled):] if summary.startswith(doubled) else summary
 
 
+def _alert_action(a: dict[str, Any]) -> str:
+    """The action cell of an alert: the action when it drives a repair, ``diagnostics``
+    for a straggler (the catalogue recommends a diagnostic validation, never a reboot),
+    else ``(ACTION)``."""
+    if a.get("actionable"):
+        return str(a["action"])
+    return "diagnostics" if a["kind"] == "straggler" else f"({a['action']})"
+
+
 def alert_episodes(alerts: list[dict[str, Any]], present: set[tuple[str, str]]
                    ) -> list[dict[str, Any]]:
     """One row per alert episode, newest first, from the API's alerts (newest first).
@@ -550,7 +559,7 @@ def status_tables(doc: dict[str, Any], width: int | None = None,
                       for r in st.get("cluster_alerts", []) if r.get("active", True)]
     alert_rows = [[_ts(r.get("observed_at")), r["node"], r["kind"],
                    "" if r.get("code") is None else str(r["code"]), r["severity"],
-                   r["action"] if r.get("actionable") else f"({r['action']})", r["state"],
+                   _alert_action(r), r["state"],
                    "+".join(r["sources"]), short_summary(r["kind"], r["summary"])]
                   for r in alert_episodes(doc.get("alerts", []), present)]
     repairs = doc.get("repairs", [])

@@ -88,6 +88,7 @@ def test_alerts_are_one_row_per_episode_with_their_state() -> None:
     out = _render(200)
     rows = [ln for ln in out.splitlines() if "gpu-02" in ln and "straggler on" in ln]
     assert len(rows) == 1 and "agent+ingest" in rows[0] and "active" in rows[0]
+    assert "diagnostics" in rows[0] and "(none)" not in rows[0]
     assert "STRAGGLER" not in out  # the kind is not repeated in capitals
     (gone,) = [ln for ln in out.splitlines() if "gpu-09" in ln]
     assert "cleared" in gone  # the newest record of that episode cleared it
