@@ -182,7 +182,7 @@ async def result_skipping(h: Harness, node: str, rid: str, step_s: float = 30) -
     )
     for _ in range(500):
         if (await handle.describe()).close_time is not None:
-            return await handle.result()
+            return await as_repair_handle(handle).result()
         await h.env.sleep(timedelta(seconds=step_s))
     raise AssertionError(f"repair {rid} did not finish")
 
