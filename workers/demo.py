@@ -17,7 +17,9 @@ The storyline (about five minutes, visible in the Temporal UI and ``autorepair s
    is running there, so after approval the repair cordons, waits for the job to finish,
    drains, power-cycles the machine through Redfish, rejoins and ends ``running`` →
    ``succeeded``. The demo approves as ``demo-operator`` after ``approve_after_s`` unless
-   you run ``autorepair repairs approve ID`` first.
+   you run ``autorepair repairs approve ID`` first — that repair only
+   (:func:`is_storyline_repair`; none with ``--no-auto-approve``): every other repair
+   waits for a person.
 3. ``gpu-04`` logs Xid 13 (an application error): recorded, no repair.
 
 The demo config uses short waits (wait-for-idle 5 min, persistence 0 s, cooldown 2 min,
