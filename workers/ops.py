@@ -458,16 +458,23 @@ def _alert_action(a: dict[str, Any]) -> str:
     return "diagnostics" if a["kind"] == "straggler" else f"({a['action']})"
 
 
-def alert_episodes(alerts: list[dict[str, Any]], present: set[tuple[str, str]]
-                   ) -> list[dict[str, Any]]:
+def alert_episodes(alerts: list[dict[str, Any]], present: set[tuple[str, str]],
+                   repairs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """One row per alert episode, newest first, from the API's alerts (newest first).
 
     A level fault (``level``: straggler, ECC count, …) is one episode per cluster, node,
     kind, code and GPU however many sources reported it (the agent and the ingest both
     report a straggler): the newest record wins, ``sources`` lists them all. Event
     alerts (an Xid line) are one episode each. ``state``: ``active``, ``cleared`` (the
-    newest record clears it), or ``node gone`` (active, but the node no longer reports:
-    ``present`` holds the ``(cluster, node)`` pairs that do)."""
+    newest record clears it), ``repaired`` (an event alert of a node whose repair
+    succeeded after it was observed: ``repairs`` as the API lists them), or ``node gone``
+    (active, but the node no longer reports: ``present`` holds the ``(cluster, node)``
+    pairs that do)."""
+    fixed: dict[tuple[str, str], str] = {}
+    for r in repairs or []:
+        if r.get("stage") == "succeeded":
+            where = (r["cluster"], r["node"])
+            fixed[where] = max(fixed.get(where, ""), str(r.get("updated_at") or ""))
     out: list[dict[str, Any]] = []
     by_key: dict[tuple[Any, ...], dict[str, Any]] = {}
     for a in alerts:
@@ -476,8 +483,12 @@ def alert_episodes(alerts: list[dict[str, Any]], present: set[tuple[str, str]]
         ep = by_key.get(key)
         if ep is None:
             ep = {**a, "sources": [a.get("source") or "?"]}
+            repaired_at = fixed.get((a["cluster"], a["node"]), "")
             if not a.get("active", True):
                 ep["state"] = "cleared"
+            elif (not a.get("level") and repaired_at
+                  and _when(repaired_at) >= _when(a["observed_at"])):
+                ep["state"] = "repaired"
             elif (a["cluster"], a["node"]) not in present:
                 ep["state"] = "node gone"
             else:
@@ -561,7 +572,8 @@ def status_tables(doc: dict[str, Any], width: int | None = None,
                    "" if r.get("code") is None else str(r["code"]), r["severity"],
                    _alert_action(r), r["state"],
                    "+".join(r["sources"]), short_summary(r["kind"], r["summary"])]
-                  for r in alert_episodes(doc.get("alerts", []), present)]
+                  for r in alert_episodes(doc.get("alerts", []), present,
+                                          doc.get("repairs", []))]
     repairs = doc.get("repairs", [])
     rep = doc.get("downtime")
     downtime_rows = []

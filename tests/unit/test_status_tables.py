@@ -96,6 +96,14 @@ def test_alerts_are_one_row_per_episode_with_their_state() -> None:
     assert "node gone" in departed  # active, but the node no longer reports
 
 
+def test_an_event_alert_behind_a_succeeded_repair_reads_repaired() -> None:
+    doc = _doc()
+    doc["repairs"][2] = {**doc["repairs"][2], "stage": "succeeded", "cluster": "demo",
+                         "updated_at": "2026-12-01T19:59:30Z"}  # gpu-03, after its Xid 79
+    (row,) = [ln for ln in _render(200, doc=doc).splitlines() if "Xid 79" in ln]
+    assert "repaired" in row and "active" not in row
+
+
 def test_status_shows_the_diagnostics_recommended_for_a_straggler() -> None:
     (row,) = [ln for ln in _render(200).splitlines()
               if "gpu-02" in ln and "0.9600" in ln]
