@@ -349,15 +349,16 @@ def repairs_watch(api: str, auth: ApiToken, as_json: bool, repair_id: str,
     (the workflow's ``detail``). Ends with the outcome and exit 0. ``as_json``: one
     JSON object per new transition, then the final repair. Ctrl-C stops watching (the
     repair goes on) with exit 130. An unknown id exits 1 (the API's 404)."""
-    from workflows.models import TERMINAL_STAGES
-
-    terminal = {s.value for s in TERMINAL_STAGES}
     seen = 0
-    r = get_repair(api, auth, repair_id)
-    if not as_json:
-        _out.print(f"repair {r['repair_id']}: {r['action']} on {r['cluster']}/{r['node']} "
-                   f"(requested by {r['requester_kind']}:{r['requester_name']})")
-    try:
+    r: dict[str, Any] = {"stage": "not read yet"}
+    try:  # Ctrl-C before the first answer stops watching the same way
+        from workflows.models import TERMINAL_STAGES
+
+        terminal = {s.value for s in TERMINAL_STAGES}
+        r = get_repair(api, auth, repair_id)
+        if not as_json:
+            _out.print(f"repair {r['repair_id']}: {r['action']} on {r['cluster']}/{r['node']} "
+                       f"(requested by {r['requester_kind']}:{r['requester_name']})")
         with _out.status("", spinner="dots") as status:
             while True:
                 transitions = r.get("transitions", [])
