@@ -4,12 +4,13 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench fuzz fuzz-api property crash model-check install slurm-deps clean
+.PHONY: run fresh test lint bench fuzz fuzz-api property crash model-check install slurm-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,agent]'
+	@# setuptools' "Editable installation" banner is a UserWarning of the build backend
+	PYTHONWARNINGS=ignore::UserWarning $(BIN)/python -m pip install -q -e '.[dev,agent]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -20,6 +21,12 @@ slurm-deps:
 
 run: install slurm-deps
 	$(BIN)/autorepair up --demo
+
+# The demo from scratch: forget the dev stack's state (.autorepair: Temporal history,
+# PostgreSQL ledger, tokens, demo cluster) but keep .venv, then `make run`.
+fresh:
+	rm -rf .autorepair
+	$(MAKE) run
 
 test: install slurm-deps
 	$(BIN)/ruff check .
@@ -78,6 +85,7 @@ SEED ?= 1
 crash: install
 	$(BIN)/python tests/crash/crash.py --nodes $(NODES) --rounds $(ROUNDS) --seed $(SEED)
 
+# Everything `make run` created: .venv and .autorepair (`make fresh` keeps .venv).
 clean:
 	rm -rf $(VENV) .autorepair
 

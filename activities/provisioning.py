@@ -26,7 +26,8 @@ Providers (``ClusterConfig.provisioner``):
   Then it brings the new machine up as the node through its BMC: virtual-media
   reprovision with ``provision_image`` when set, else power on / restart. Returns
   ``MigrateResult(old_machine, new_machine)``; the RepairWorkflow hands the old machine
-  to re-validation. No spare → non-retryable ``ERR_ACTION_FAILED`` naming the cluster.
+  to re-validation. No spare → non-retryable ``ERR_UNSUPPORTED`` naming the cluster
+  (nothing touched).
 - ``remove``: opens a hardware ticket in the ledger (``Ledger.open_ticket``, run id
   ``remove/<repair_id>``), marks the machine out of the pool (``removed_machines``; also
   leaves the spare pool) and returns the ticket id in ``ActionResult.ticket_id``.
@@ -322,8 +323,8 @@ class ProvisioningActivities:
 
         Redfish provider: one ledger transaction takes the spare and records the binding
         under the repair id (a retry gets the same machine), then the new machine is
-        brought up as the node. Raises non-retryable ``ERR_ACTION_FAILED`` naming the
-        cluster when no spare is available.
+        brought up as the node. Raises non-retryable ``ERR_UNSUPPORTED`` naming the
+        cluster when no spare is available (nothing touched).
         """
         c = self._cluster(inp.cluster)
         if c.provisioner == "webhook":
@@ -342,8 +343,9 @@ class ProvisioningActivities:
         move = await bindings.migrate(c.name, inp.node, old.machine, inp.repair_id,
                                       seed=c.spares)
         if move is None:
+            # nothing was touched: the repair treats it as an action that cannot run
             raise permanent(
-                ERR_ACTION_FAILED,
+                ERR_UNSUPPORTED,
                 f"cluster {c.name}: no spare machine to migrate node {inp.node} to (hot-spare "
                 f"pool empty; clusters[{c.name}].spares = {c.spares})",
             )

@@ -55,6 +55,32 @@ def _logging(level: str) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
+EXIT_REFUSED = 3
+"""Exit code of ``simulate`` when the receiver refused its credential push after push."""
+AGENT_TOKEN_ENV = "AUTOREPAIR_AGENT_TOKEN"
+"""Environment variable holding the agent's / simulator's push token."""
+COLLECTOR_TOKEN_FILE = "collector.token"
+"""File in a dev stack's data directory holding its collector token (``autorepair up``)."""
+
+
+def resolve_push_token(token: str | None, token_file: Path | None,
+                       data_dir: Path) -> str | None:
+    """The simulator's push token: ``token``, else the first line of ``token_file``
+    (raises ``OSError`` when it cannot be read), else ``$AUTOREPAIR_AGENT_TOKEN``, else
+    ``data_dir/collector.token`` when that file exists, else ``None``."""
+    if token:
+        return token
+    if token_file is not None:
+        lines = token_file.read_text(encoding="utf-8").strip().splitlines()
+        return lines[0].strip() if lines else None
+    if os.environ.get(AGENT_TOKEN_ENV):
+        return os.environ[AGENT_TOKEN_ENV]
+    try:
+        return (data_dir / COLLECTOR_TOKEN_FILE).read_text(encoding="utf-8").strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def _fail(msg: str) -> typer.Exit:
     typer.echo(f"error: {msg}", err=True)
     return typer.Exit(code=2)
@@ -168,10 +194,30 @@ def simulate(
     slow_rank: Annotated[list[str] | None, typer.Option(
         help="NODE[:MS], repeatable: NODE's ranks arrive MS late (default 2) at every "
              "collective")] = None,
+    token: Annotated[str | None, typer.Option(
+        help="Bearer token of every push: a collector token of the ingest "
+             "(ingest.tokens_file). Default: --token-file, else $AUTOREPAIR_AGENT_TOKEN, "
+             "else DATA_DIR/collector.token of a dev stack")] = None,
+    token_file: Annotated[Path | None, typer.Option(
+        help="File holding the bearer token (first line)")] = None,
+    data_dir: Annotated[Path, typer.Option(
+        envvar="AUTOREPAIR_DATA_DIR",
+        help="Data directory of a dev stack (`autorepair up --data-dir`): its "
+             "collector.token is used when no other token is given")] = Path(".autorepair"),
     log_level: Annotated[str, typer.Option(help="debug|info|warning")] = "info",
 ) -> None:
-    """Run N simulated agents in one process, pushing real OTLP, with injected faults."""
+    """Run N simulated agents in one process, pushing real OTLP, with injected faults.
+
+    Credentials: the ingest refuses pushes without a collector token (outside a stack
+    started with ingest.insecure_allow_unauthenticated). After 10 pushes in a row
+    refused with 401/403 the simulator stops with exit 3 and says which token it sent.
+    Exit codes: 0 stopped (Ctrl-C or --duration), 2 bad arguments, 3 credentials
+    refused."""
     _logging(log_level)
+    try:
+        push_token = resolve_push_token(token, token_file, data_dir)
+    except OSError as exc:
+        raise _fail(f"--token-file {token_file}: {exc}") from None
     try:
         schedule = [ScheduledFault.parse(f) for f in fault or []]
         lines = load_kernel_lines(kernel_lines) if kernel_lines else None
@@ -181,7 +227,7 @@ def simulate(
             push_interval_s=push_interval, state_dir=state_dir, kernel_lines=lines, seed=seed,
             nccl_ranks=nccl_comm, nccl_ops_per_s=nccl_ops_per_s, slow_ranks=late or None,
             # one credential for the whole fleet: a collector token (docs/security.md)
-            token=os.environ.get("AUTOREPAIR_AGENT_TOKEN") or None,
+            token=push_token,
         )
         for f in schedule:
             sim._node(f.node)
@@ -197,6 +243,9 @@ def simulate(
         await sim.run(stop, schedule)
 
     asyncio.run(main())
+    if sim.refused:
+        typer.echo(f"error: {sim.refused}", err=True)
+        raise typer.Exit(EXIT_REFUSED)
 
 
 @app.command()
@@ -262,8 +311,10 @@ def reset_gpu(
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point (plain help: :func:`agent.clihelp.plain_help`)."""
+    from agent.clihelp import plain_help
+
+    plain_help(app)(prog_name="autorepair-agent")
 
 
 if __name__ == "__main__":

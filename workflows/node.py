@@ -357,6 +357,12 @@ class NodeWorkflow:
             while len(s.diagnosed) > MAX_DIAGNOSED:
                 s.diagnosed.pop(next(iter(s.diagnosed)))
             s.diagnostics = [*s.diagnostics, alert.alert_id][-MAX_DIAGNOSTICS:]
+            # the Temporal UI's Current Details: what is recommended and how to run it
+            workflow.set_current_details(
+                f"node {alert.node} of {alert.cluster}: diagnostic validation recommended "
+                f"— {alert.summary}: {dec.reason}. Run `autorepair validate {alert.node}` "
+                "(no repair is started for this)."
+            )
             await workflow.execute_activity(
                 ACT.notify,
                 Notification(

@@ -82,6 +82,15 @@ def workflow_id_validation(machine: str, n: str | int) -> str:
     return f"validate/{machine}/{n}"
 
 
+# --- how a RepairWorkflow ends ---
+REPAIR_FAILED = "RepairFailed"
+"""``ApplicationError`` type a RepairWorkflow fails with when the repair ended ``failed``
+(its final ``RepairStatus`` is the first detail): Temporal (UI, ``ExecutionStatus``)
+then shows the workflow as failed, not as a green Completed."""
+REPAIR_TIMED_OUT = "RepairTimedOut"
+"""``ApplicationError`` type a RepairWorkflow fails with when the repair ended
+``timed_out`` (final ``RepairStatus`` as the first detail)."""
+
 # --- ClusterGuardWorkflow (id guard/{cluster}) ---
 GUARD_SIGNAL_ACQUIRE = "acquire"
 GUARD_SIGNAL_RELEASE = "release"

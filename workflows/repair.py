@@ -130,12 +130,14 @@ with workflow.unsafe.imports_passed_through():
         LEASE_RENEW_S,
         LEASE_RESEND_S,
         NODE_SIGNAL_REPAIR_FINISHED,
+        REPAIR_FAILED,
         REPAIR_QUERY_STATUS,
         REPAIR_SIGNAL_APPROVE,
         REPAIR_SIGNAL_ATTACH_ALERT,
         REPAIR_SIGNAL_CANCEL,
         REPAIR_SIGNAL_LEASE,
         REPAIR_SIGNAL_REJECT,
+        REPAIR_TIMED_OUT,
         REPAIR_WORKFLOW,
         SA_ACTION,
         SA_MACHINE,
@@ -340,7 +342,11 @@ class RepairWorkflow:
         """Run the repair to a terminal stage and return its final status.
 
         Raises ``asyncio.CancelledError`` after the cleanup when the workflow itself was
-        cancelled (Temporal UI / CLI), so Temporal records it as cancelled too."""
+        cancelled (Temporal UI / CLI), so Temporal records it as cancelled too; a repair
+        that ended ``failed`` / ``timed_out`` fails the workflow with a non-retryable
+        ``ApplicationError`` of type :data:`~workflows.protocol.REPAIR_FAILED` /
+        ``REPAIR_TIMED_OUT`` whose first detail is the final status (after the cleanup),
+        so the Temporal UI lists it as failed."""
         carried = Carried.model_validate(req.carried or {})
         self._history_limit = carried.history_limit or HISTORY_EVENTS_MAX
         cancelled = False
@@ -382,6 +388,17 @@ class RepairWorkflow:
         await self._finish(stage, by, reason)
         if cancelled:
             raise asyncio.CancelledError(reason)
+        if stage in (S.failed, S.timed_out):
+            # shown as failed in Temporal (UI list, ExecutionStatus), with the final
+            # status as the failure's detail; cleanup and ledger are done above
+            final = self.status()
+            why = final.history[-1].reason if final.history else reason
+            raise ApplicationError(
+                f"repair {final.stage.value}: {why}",
+                final,
+                type=REPAIR_FAILED if stage == S.failed else REPAIR_TIMED_OUT,
+                non_retryable=True,
+            )
         return self.status()
 
     async def _lifecycle(self, req: RepairRequest, carried: Carried) -> None:
@@ -615,11 +632,15 @@ class RepairWorkflow:
         await self._upsert()
         assert self._req is not None
         timeout_s = self._policy.consent.approval_timeout_s
+        rid = self._req.repair_id
+        # what it asks for now (the static Summary keeps the first action), why, and
+        # what a person can do
         workflow.set_current_details(waiting_details(
             f"approval of {self._action.value} on {self._req.node} (`autorepair repairs "
-            f"approve {self._req.repair_id}` or signal approve)",
+            f"approve {rid}`, `approve {rid} --action ACTION` for another, `reject {rid}` "
+            f"or `cancel {rid}`; or signal approve)",
             workflow.now() + timedelta(seconds=timeout_s) if timeout_s is not None else None,
-            S.awaiting_approval.value))
+            S.awaiting_approval.value) + f" — why: {' '.join(why.split())[:1000]}")
         auto_resolvable = any(a.level for a in self._alerts)
 
         def decided() -> bool:
@@ -1069,8 +1090,15 @@ class RepairWorkflow:
                 if is_cancelled_exception(err):
                     raise
                 await self._attempt(action, "failed")
-                await self._note(f"{action.value} failed: {_cause(err)}")
-                await self._escalate(action, f"{action.value} failed")
+                if _untouched(err):
+                    # e.g. no provision image, no spare machine: it did not run, so the
+                    # ending must not say it ran
+                    self._acted.pop()
+                    why = f"{action.value} cannot run, nothing touched: {_cause(err)}"
+                else:
+                    why = f"{action.value} failed: {_cause(err)}"
+                await self._note(why)
+                await self._escalate(action, why)
                 continue
             if action == Action.remove:
                 await self._attempt(action, "succeeded")
@@ -1498,6 +1526,14 @@ def _transient(err: ActivityError) -> bool:
     if isinstance(cause, ApplicationError):
         return not cause.non_retryable and cause.type not in _PERMANENT
     return False
+
+
+def _untouched(err: ActivityError) -> bool:
+    """A permanent failure raised before the action touched anything: the action cannot
+    be done with this configuration (``ERR_UNSUPPORTED``: no provision image, no spare
+    machine, no BMC)."""
+    cause = err.cause
+    return isinstance(cause, ApplicationError) and cause.type == ERR_UNSUPPORTED
 
 
 def _cause(err: BaseException) -> str:

@@ -21,7 +21,7 @@ from activities.power import PowerActivities
 from activities.provisioning import ProvisioningActivities
 from activities.spares import MachineBindings, SparePool
 from workers.devpeers import RedfishEmulator
-from workflows.activity_api import ERR_ACTION_FAILED, MachineActionInput
+from workflows.activity_api import ERR_UNSUPPORTED, MachineActionInput
 from workflows.config import AutorepairConfig, BmcConfig, ClusterConfig, NodeConfig, SecretsConfig
 
 
@@ -85,7 +85,7 @@ async def test_migrate_takes_seeded_spare_binds_node_and_is_idempotent(
     with pytest.raises(ApplicationError) as ei:
         await ActivityEnvironment().run(prov.migrate_node, _inp(cluster_name, "gpu-01", "r-m2"))
     err = ei.value
-    assert err.type == ERR_ACTION_FAILED and err.non_retryable
+    assert err.type == ERR_UNSUPPORTED and err.non_retryable  # nothing touched
     assert f"cluster {cluster_name}" in str(err) and "no spare" in str(err)
     assert await bindings.move("r-m2", "migrate") is None
 
@@ -141,4 +141,4 @@ async def test_remove_opens_ticket_marks_out_of_pool_idempotent(
     # a removed machine is never seeded back as a spare
     with pytest.raises(ApplicationError) as ei:
         await ActivityEnvironment().run(prov.migrate_node, _inp(cluster_name, "gpu-01", "r-y"))
-    assert ei.value.type == ERR_ACTION_FAILED and cluster_name in str(ei.value)
+    assert ei.value.type == ERR_UNSUPPORTED and cluster_name in str(ei.value)

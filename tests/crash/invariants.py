@@ -17,8 +17,9 @@ Invariants (DESIGN §5 rule zero and rails, as the crash test states them):
 1. every repair ends exactly once: the ledger row is in a terminal stage, it has exactly
    one terminal transition and that transition's stage is the row's stage;
 2. the ledger matches Temporal: every ledger repair has its workflow, every repair
-   workflow has its ledger row, the workflow is closed ``COMPLETED`` and its result's
-   stage equals the ledger's;
+   workflow has its ledger row, the workflow is closed ``COMPLETED`` (``FAILED`` for a
+   repair that ended ``failed`` / ``timed_out``: its failure carries the status) and its
+   result's stage equals the ledger's;
 3. no host cycled twice for one repair: at most one executed machine action per repair in
    the ledger, at most one take-down of the node's machine inside the repair's window
    (created → terminal transition), none outside every repair's window, and a
@@ -33,6 +34,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 #: Terminal stages (``workflows.models.TERMINAL_STAGES``, by value).
+FAILED_STAGES = frozenset({"failed", "timed_out"})
+"""Stages with which a RepairWorkflow fails (``RepairFailed`` / ``RepairTimedOut``)."""
 TERMINAL = frozenset({"succeeded", "failed", "rejected", "cancelled", "auto_resolved",
                       "timed_out"})
 #: Attempt actions that power the host off and on (or restart it) through the BMC; each
@@ -63,7 +66,8 @@ class LedgerRepair:
 class WorkflowEnd:
     """One ``RepairWorkflow`` as Temporal reports it: ``status`` is the
     ``WorkflowExecutionStatus`` name without prefix; ``result_stage`` the stage of the
-    returned ``RepairStatus`` when ``COMPLETED``, else ``None``."""
+    returned ``RepairStatus`` when ``COMPLETED`` (or the one the failure of a ``FAILED``
+    failed / timed-out repair carries), else ``None``."""
 
     workflow_id: str
     status: str
@@ -116,9 +120,10 @@ def check(
         if wf is None:
             bad.append(f"{r.repair_id} ({r.node}): no RepairWorkflow {r.workflow_id!r} in "
                        "Temporal")
-        elif wf.status != "COMPLETED":
+        elif wf.status != "COMPLETED" and not (
+                wf.status == "FAILED" and wf.result_stage in FAILED_STAGES):
             bad.append(f"{r.repair_id} ({r.node}): workflow {wf.workflow_id} is {wf.status}, "
-                       "not COMPLETED")
+                       "not COMPLETED (nor FAILED with a failed / timed_out repair)")
         elif wf.result_stage != r.stage:
             bad.append(f"{r.repair_id} ({r.node}): workflow result {wf.result_stage!r} != "
                        f"ledger {r.stage!r}")

@@ -60,7 +60,8 @@ import kmock
 import psutil
 import yaml
 from kubernetes_asyncio import client as k8s
-from temporalio.client import WorkflowExecutionStatus
+from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
 from tests.bench.support.stack import XID79_LINE, Stack, dev_stack
@@ -77,6 +78,7 @@ from tests.fixtures.kube import NODES, PDBS, PODS, KubeApi, KubeEmulator
 from workers.devpeers import RedfishEmulator, start_redfish_emulator
 from workers.devstack import Child
 from workflows.models import RepairStatus
+from workflows.protocol import REPAIR_FAILED, REPAIR_TIMED_OUT
 
 CLUSTER = "crash"
 COMPONENTS = ("worker", "ingest", "postgres")
@@ -348,6 +350,16 @@ async def temporal_repairs(s: Stack) -> list[WorkflowEnd]:
         if wf.status == WorkflowExecutionStatus.COMPLETED:
             h = s.client.get_workflow_handle(wf.id, result_type=RepairStatus)
             stage = (await h.result()).stage.value
+        elif wf.status == WorkflowExecutionStatus.FAILED:
+            # a repair that ended failed / timed_out fails its workflow with its status
+            h = s.client.get_workflow_handle(wf.id, result_type=RepairStatus)
+            try:
+                await h.result()
+            except WorkflowFailureError as err:
+                cause = err.cause
+                if isinstance(cause, ApplicationError) and cause.type in (
+                        REPAIR_FAILED, REPAIR_TIMED_OUT):
+                    stage = RepairStatus.model_validate(cause.details[0]).stage.value
         out.append(WorkflowEnd(workflow_id=wf.id, status=status, result_stage=stage))
     return out
 

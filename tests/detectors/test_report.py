@@ -126,13 +126,34 @@ def test_status_shows_downtime_breakdown() -> None:
             {"cluster": "c1", "action": "power_cycle", "fault_kind": "xid", "repairs": 1,
              "failed": 0, "gpu_hours": 8.0, "cost": 20.0}]}}
     console = Console(record=True, width=200)
-    console.print(status_tables(doc))
+    console.print(status_tables(doc, width=200))
     text = cells(console.export_text())
     assert "downtime and cost, last 7d (16.00 GPU-h, 40.00 EUR)" in text
-    assert "c1 power_cycle xid 1 0 8.00 20.00" in text
+    assert "c1 power_cycle xid 1 0 8.00 20.00 EUR" in text
 
 
 async def test_report_json_exits_zero_with_no_repairs(stack: Stack, api_url: str) -> None:  # noqa: F811
     res = await cli("report", "--api", api_url, "--json", token="view-token")
     assert res.exit_code == 0 and json.loads(res.output)["repairs"] == 0
     await asyncio.sleep(0)
+
+
+def test_report_without_an_hourly_rate_says_so() -> None:
+    """No providers rule sets hourly_rate: the report said `0.00 USD` and drew an empty
+    cost panel on a −0.04…0.04 axis."""
+    from rich.console import Console
+
+    from workers.report import NO_RATE, report_tables, unpriced
+
+    doc = {"since": "2026-11-24T00:00", "until": "2026-12-01T00:00", "cluster": None,
+           "currency": "USD", "repairs": 2, "open": 0, "mttr_s": 600.0, "mttr_p50_s": 600.0,
+           "gpu_hours": 3.0, "idle_wait_gpu_hours": 1.0, "out_of_service_gpu_hours": 2.0,
+           "cost": 0.0, "unpriced_repairs": 2, "outcomes": {"succeeded": 2},
+           "by_cluster": [], "by_action": [], "top_fault_kinds": [], "top_machines": [],
+           "daily": []}
+    assert unpriced(doc)
+    console = Console(record=True, width=200)
+    console.print(report_tables(doc))
+    text = cells(console.export_text())
+    assert f"cost (USD) {NO_RATE}" in text and "0.00 USD" not in text
+    assert not unpriced({**doc, "unpriced_repairs": 1})

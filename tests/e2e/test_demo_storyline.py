@@ -155,6 +155,16 @@ async def test_demo_storyline(tmp_path: Path) -> None:
         # the machine came back: slurmd restarted (node usable again) after the cycle
         state = await asyncio.to_thread(demo.slurm.run, "sinfo", "-h", "-n", XID79_NODE, "-o", "%T")
         assert state.strip().rstrip("*") in {"idle", "mixed", "allocated"}, state
+        # `autorepair validate gpu-01 --wait` on the demo ends passed: the check job (a real
+        # sbatch) runs the venv's agent by absolute path on its simulated GPUs (it aborted
+        # with 'autorepair-agent: not found' when the caller's PATH lacked .venv/bin)
+        from workers.ops_temporal import start_validations
+
+        (verdict,) = await start_validations(
+            f"127.0.0.1:{stack.ports.temporal}", stack.config.temporal.namespace,
+            stack.config.temporal.task_queue, [("demo", "gpu-01")], "e2e", "demo check",
+            wait=True, announce=False)
+        assert verdict["verdict"] == "passed", verdict
     finally:
         stop.set()
         if task is not None:

@@ -11,7 +11,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -63,9 +65,12 @@ class Recorder:
     status: int = 200
     metrics: list[ExportMetricsServiceRequest] = field(default_factory=list)
     logs: list[tuple[dict[str, Any], dict[str, Any], str]] = field(default_factory=list)
+    #: ``Authorization`` header of every metrics request ("" when none was sent).
+    auth: list[str] = field(default_factory=list)
 
     def app(self) -> Starlette:
         async def metrics(request: Request) -> Response:
+            self.auth.append(request.headers.get("authorization", ""))
             req = ExportMetricsServiceRequest.FromString(await request.body())
             assert request.headers["content-type"] == "application/x-protobuf"
             if self.status == 200:
@@ -350,3 +355,57 @@ async def test_simulator_control_endpoint(recorder: tuple[Recorder, str], tmp_pa
     finally:
         stop.set()
         await task
+
+
+AGENT_CLI = str(Path(sys.executable).parent / "autorepair-agent")
+
+
+async def _simulate(url: str, tmp: Path, *args: str, env: dict[str, str] | None = None
+                    ) -> tuple[int, str]:
+    """``autorepair-agent simulate`` as a person runs it (a subprocess); (rc, stderr)."""
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("AUTOREPAIR_AGENT_TOKEN", "AUTOREPAIR_DATA_DIR")}
+    proc = await asyncio.create_subprocess_exec(
+        AGENT_CLI, "simulate", "--endpoint", url, "--cluster", "it", "--nodes", "2",
+        "--push-interval", "0.2", "--gpus-per-node", "2", "--state-dir", str(tmp / "sim"),
+        *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        env={**base, **(env or {})}, cwd=tmp)
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode or 0, err.decode()
+
+
+async def test_simulator_exits_3_when_every_push_is_refused(
+        recorder: tuple[Recorder, str], tmp_path: Path) -> None:
+    """Without a token the receiver answers 401 forever: the simulator stops after
+    MAX_AUTH_REFUSALS pushes in a row with exit 3 and says how to pass one (it used to log
+    401 forever and exit 0)."""
+    rec, url = recorder
+    rec.status = 401
+    rc, err = await _simulate(url, tmp_path, "--duration", "30")
+    assert rc == 3, err
+    assert "refused with HTTP 401" in err and "no token was sent" in err
+    assert "--token-file" in err and len(rec.auth) < 30
+    assert set(rec.auth) == {""}
+
+
+async def test_simulator_finds_the_collector_token_through_data_dir(
+        recorder: tuple[Recorder, str], tmp_path: Path) -> None:
+    """--data-dir (as every other client): DATA_DIR/collector.token is sent; --token
+    wins over it; a refused token says it was refused."""
+    rec, url = recorder
+    data = tmp_path / "stack"
+    data.mkdir()
+    (data / "collector.token").write_text("tok-from-stack\n")
+    rc, err = await _simulate(url, tmp_path, "--duration", "1.5", "--data-dir", str(data))
+    assert rc == 0, err
+    assert rec.auth and set(rec.auth) == {"Bearer tok-from-stack"}
+    rec.auth.clear()
+    rc, err = await _simulate(url, tmp_path, "--duration", "1.5", "--data-dir", str(data),
+                              "--token", "explicit")
+    assert rc == 0 and set(rec.auth) == {"Bearer explicit"}, err
+    rec.status = 403
+    token_file = tmp_path / "tok"
+    token_file.write_text("wrong\n")
+    rc, err = await _simulate(url, tmp_path, "--duration", "30", "--token-file",
+                              str(token_file))
+    assert rc == 3 and "HTTP 403" in err and "the token was refused" in err, err

@@ -149,8 +149,12 @@ async def test_status_of_an_empty_stack_says_how_to_start_agents(data_dir: Path)
     assert r.returncode == 0, r.stderr
     note = " ".join(r.stderr.split())
     token = f"AUTOREPAIR_AGENT_TOKEN=$(cat {data_dir / 'collector.token'})"
-    assert f"{token} autorepair-agent simulate --endpoint {otlp}" in note
-    assert "autorepair-agent run" in note and "autorepair up --demo" in note
+    assert f"{token} autorepair-agent run --endpoint {otlp}" in note
+    # the simulator finds the token through --data-dir, under names of its own (the
+    # hint's `--cluster demo --nodes 8` collided with the demo's gpu-01..gpu-04)
+    assert (f"autorepair-agent simulate --endpoint {otlp} --data-dir {data_dir} "
+            "--cluster sim --node-prefix sim- --nodes 8") in note
+    assert "autorepair up --demo" in note
 
 
 async def _create_remove(data_dir: Path, request_id: str) -> str:

@@ -180,3 +180,31 @@ def test_dev_stack_writes_collector_token_once(tmp_path: Path) -> None:
     own = DevStack(config=AutorepairConfig(ingest=IngestConfig(tokens_file="/etc/t")),
                    data_dir=tmp_path / "own", ports=_ports())
     assert own.ensure_ingest_tokens().as_posix() == "/etc/t" and own.collector_token() is None
+
+
+async def test_clients_find_the_config_while_the_stack_is_starting(tmp_path: Path) -> None:
+    """stack.json (with the config file) is written before the first child starts, so a
+    client run while the stack comes up finds the configured machines: `validate gpu-03`
+    right after `up --demo` used to fall back to the defaults and fail with 'cannot tell
+    its cluster'."""
+    import json
+
+    config_path = tmp_path / "autorepair.yaml"
+    config_path.write_text("clusters: [{name: demo, nodes: [{name: gpu-03}]}]\n")
+    stack = DevStack(config=AutorepairConfig(), data_dir=tmp_path / "data", ports=_ports(),
+                     config_path=config_path)
+    seen: dict[str, object] = {}
+
+    def temporal_not_started_yet() -> None:
+        seen.update(json.loads((tmp_path / "data" / "stack.json").read_text()))
+        raise StackError("stopped here by the test")
+
+    stack.start_temporal = temporal_not_started_yet  # type: ignore[method-assign]
+    try:
+        await stack.start()
+    except StackError:
+        pass
+    finally:
+        stack.stop()
+    assert seen["config"] == str(config_path.absolute())
+    assert seen["api"] == f"http://127.0.0.1:{stack.ports.api}"

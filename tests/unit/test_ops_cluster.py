@@ -33,6 +33,29 @@ def test_unknown_machine_is_a_clear_error(capsys: pytest.CaptureFixture[str]) ->
     cfg = _cfg([{"name": "a"}, {"name": "b"}])
     with pytest.raises(typer.Exit) as e:
         resolve_cluster(cfg, "gpu-77", UNREACHABLE)
-    assert e.value.exit_code == 2
+    assert e.value.exit_code == 1
     err = capsys.readouterr().err
-    assert "gpu-77" in err and "--cluster" in err
+    assert "unknown machine 'gpu-77'" in err
+
+
+def test_a_typo_is_refused_naming_the_known_machines(capsys: pytest.CaptureFixture[str]
+                                                     ) -> None:
+    """`validate nosuch-99` on the demo (one cluster listing its nodes) used to start a
+    workflow on that cluster and exit 0; it aborted later with UnknownNode."""
+    cfg = _cfg([{"name": "demo", "nodes": [{"name": "gpu-01"}, {"name": "gpu-02"}],
+                 "spares": ["spare-01"]}])
+    with pytest.raises(typer.Exit) as e:
+        resolve_cluster(cfg, "nosuch-99", UNREACHABLE)
+    assert e.value.exit_code == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "unknown machine 'nosuch-99'" in err
+    assert "known machines: gpu-01, gpu-02, spare-01" in err
+    assert resolve_cluster(cfg, "gpu-02", UNREACHABLE) == "demo"
+
+
+def test_a_machine_in_two_clusters_needs_cluster(capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = _cfg([{"name": "a", "nodes": [{"name": "gpu-01"}]},
+                {"name": "b", "nodes": [{"name": "gpu-01"}]}])
+    with pytest.raises(typer.Exit) as e:
+        resolve_cluster(cfg, "gpu-01", UNREACHABLE)
+    assert e.value.exit_code == 2 and "--cluster" in capsys.readouterr().err

@@ -9,17 +9,84 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
 from tests.workflows.conftest import Harness, make_alert
 from workflows.models import Action, RepairRequest, RepairStatus, Stage
-from workflows.protocol import GuardStatus, workflow_id_guard, workflow_id_repair
+from workflows.protocol import (
+    REPAIR_FAILED,
+    REPAIR_TIMED_OUT,
+    GuardStatus,
+    workflow_id_guard,
+    workflow_id_repair,
+)
+
+
+def status_of_failure(err: WorkflowFailureError) -> RepairStatus | None:
+    """The final status a RepairWorkflow failed with (a repair that ended ``failed`` or
+    ``timed_out``: ``REPAIR_FAILED`` / ``REPAIR_TIMED_OUT`` carry it as their first
+    detail), or None for any other failure."""
+    cause = err.cause
+    if isinstance(cause, ApplicationError) and cause.type in (REPAIR_FAILED, REPAIR_TIMED_OUT):
+        return RepairStatus.model_validate(cause.details[0])
+    return None
+
+
+async def repair_result(handle: WorkflowHandle[Any, Any], **kw: Any) -> RepairStatus:
+    """The final status of a repair, whatever way it ended: the workflow's result, or the
+    status a failed / timed-out repair failed the workflow with. Other failures raise."""
+    try:
+        res = await handle.result(**kw)
+    except WorkflowFailureError as err:
+        st = status_of_failure(err)
+        if st is None:
+            raise
+        return st
+    return res if isinstance(res, RepairStatus) else RepairStatus.model_validate(res)
+
+
+_REPAIR_HANDLE_CLASSES: dict[type, type] = {}
+
+
+def as_repair_handle(handle: WorkflowHandle[Any, Any]) -> WorkflowHandle[Any, RepairStatus]:
+    """``handle`` with ``result()`` = :func:`repair_result`: the final status also of a
+    repair that ended failed / timed out (the workflow then fails, so the Temporal UI
+    shows it red). The handle keeps its own class underneath (the time-skipping test
+    server's handle lets time skip while ``result()`` waits), so it is re-classed to a
+    subclass of its class rather than copied."""
+    base = type(handle)
+    cls = _REPAIR_HANDLE_CLASSES.get(base)
+    if cls is None:
+
+        async def result(self: Any, **kw: Any) -> RepairStatus:
+            try:
+                res = await base.result(self, **kw)
+            except WorkflowFailureError as err:
+                st = status_of_failure(err)
+                if st is None:
+                    raise
+                return st
+            return res if isinstance(res, RepairStatus) else RepairStatus.model_validate(res)
+
+        cls = type(f"Repair{base.__name__}", (base,), {"result": result})
+        _REPAIR_HANDLE_CLASSES[base] = cls
+    handle.__class__ = cls
+    return handle
+
+
+def repair_handle(h: Harness, node: str, rid: str) -> WorkflowHandle[Any, RepairStatus]:
+    """A repair handle (:func:`as_repair_handle`) of repair ``rid`` on ``node`` (e.g. one
+    a NodeWorkflow started)."""
+    return as_repair_handle(h.client.get_workflow_handle(
+        workflow_id_repair(h.cluster.cluster, node, rid), result_type=RepairStatus))
 
 
 async def start_repair(
     h: Harness, node: str, action: Action, rid: str, **kw: Any
 ) -> WorkflowHandle[Any, RepairStatus]:
-    """Start a RepairWorkflow directly (as the repair API would)."""
+    """Start a RepairWorkflow directly (as the repair API would); the handle's
+    ``result()`` is the final status however the repair ended (:func:`as_repair_handle`)."""
     req = RepairRequest(
         repair_id=rid,
         cluster=h.cluster.cluster,
@@ -28,13 +95,13 @@ async def start_repair(
         alerts=kw.pop("alerts", [make_alert(h.cluster.cluster, node, rid)]),
         **kw,
     )
-    return await h.client.start_workflow(
+    return as_repair_handle(await h.client.start_workflow(
         "RepairWorkflow",
         req,
         id=workflow_id_repair(h.cluster.cluster, node, rid),
         task_queue=h.task_queue,
         result_type=RepairStatus,
-    )
+    ))
 
 
 async def eventually(
@@ -115,7 +182,7 @@ async def result_skipping(h: Harness, node: str, rid: str, step_s: float = 30) -
     )
     for _ in range(500):
         if (await handle.describe()).close_time is not None:
-            return await handle.result()
+            return await as_repair_handle(handle).result()
         await h.env.sleep(timedelta(seconds=step_s))
     raise AssertionError(f"repair {rid} did not finish")
 

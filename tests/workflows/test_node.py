@@ -7,7 +7,10 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from temporalio.api.sdk.v1 import WorkflowMetadata
+
 from tests.workflows.conftest import Harness, make_alert
+from tests.workflows.helpers import as_repair_handle
 from workflows.models import Action, Alert, AlertOutcome, RepairStatus, Stage
 from workflows.protocol import NodeStatus, workflow_id_guard, workflow_id_node, workflow_id_repair
 
@@ -26,7 +29,7 @@ async def repair_result(h: Harness, node: str, rid: str) -> RepairStatus:
     for _ in range(500):
         desc = await handle.describe()
         if desc.close_time is not None:
-            return await handle.result()
+            return await as_repair_handle(handle).result()
         await h.env.sleep(timedelta(seconds=30))
     raise AssertionError(f"repair {rid} did not finish")
 
@@ -157,6 +160,11 @@ async def test_straggler_from_two_sources_is_one_diagnostic(harness: Harness) ->
     assert first.outcome == AlertOutcome.recommended and "diagnostic" in first.reason
     assert second.outcome == AlertOutcome.ignored
     assert h.cluster.count("cordon") == 0
+    # the Temporal UI's Current Details say it (they said only "node gpu-11 of ...")
+    handle = h.client.get_workflow_handle(workflow_id_node(h.cluster.cluster, "gpu-11"))
+    meta = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+    assert "diagnostic validation recommended" in meta.current_details
+    assert "autorepair validate gpu-11" in meta.current_details
 
 
 async def test_scenario_6_flapping_attaches_and_cooldown_applies(harness: Harness) -> None:

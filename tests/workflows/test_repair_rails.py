@@ -90,6 +90,19 @@ async def test_idle_check_403_fails_the_repair_and_uncordons(harness: Harness) -
     row = await assert_ended_cleanly(h, "gpu-01", "i403", Stage.failed)
     assert "check_idle failed" in row["transitions"][-1]["reason"]
     assert "AuthFailure" in row["transitions"][-1]["reason"]
+    # Temporal (the UI's workflow list) shows it failed, not a green Completed, with the
+    # final status as the failure's detail
+    from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
+    from temporalio.exceptions import ApplicationError
+
+    assert (await handle.describe()).status == WorkflowExecutionStatus.FAILED
+    raw = h.client.get_workflow_handle(handle.id, result_type=RepairStatus)
+    with pytest.raises(WorkflowFailureError) as ei:
+        await raw.result()
+    cause = ei.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == "RepairFailed"
+    assert cause.non_retryable and "check_idle failed" in cause.message
+    assert RepairStatus.model_validate(cause.details[0]).stage == Stage.failed
     assert h.cluster.count("cordon") == 1 and h.cluster.count("rejoin") == 1
     assert h.cluster.count("reboot") == 0
     assert any(n.subject == "repair i403 failed" for n in h.cluster.notifications)

@@ -149,3 +149,39 @@ async def test_scenario_10_duplicate_detector_requests(harness: Harness) -> None
     assert c.stage == Stage.cancelled and "duplicate" in c.detail
     assert len(await h.ledger.list_repairs(cluster=h.cluster.cluster)) == 1
     assert h.cluster.count("reboot") == 1
+
+
+async def test_actions_that_cannot_run_are_not_said_to_have_run(harness: Harness) -> None:
+    """The demo's runbook path before it had an image and a spare: reprovision (no
+    provision image) → migrate (no spare) → a person; a cancel then left the node
+    cordoned with a note that both actions 'ran' though neither touched it."""
+    from workflows.models import CancelSignal
+
+    h = harness
+    h.cluster.broken.update({"reprovision": "UnsupportedAction", "migrate": "UnsupportedAction"})
+    fresh = make_alert(h.cluster.cluster, "gpu-06", "nr", observed_at=await h.env.get_current_time())
+    handle = await start_repair(h, "gpu-06", Action.reprovision, "nr", alerts=[fresh])
+    st = await wait_stage(h, "gpu-06", "nr", Stage.awaiting_approval)
+    # Current Details name the action asked for now (the static Summary keeps the first),
+    # why, and what a person can do
+    from temporalio.api.sdk.v1 import WorkflowMetadata
+
+    current = ""
+    for _ in range(100):
+        meta = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+        current = meta.current_details
+        if "why:" in current:
+            break
+        await asyncio.sleep(0.05)
+    assert f"waiting for approval of {st.action.value} on gpu-06" in current, current
+    assert "why: " in current and "cannot run, nothing touched" in current, current
+    assert "reject nr" in current and "cancel nr" in current and "--action" in current
+    await handle.signal("cancel", CancelSignal(by="oncall", reason="not now"))
+    st = await handle.result()
+    assert st.stage == Stage.cancelled
+    row = await h.ledger.get_repair("nr")
+    assert row is not None
+    reasons = [t["reason"] for t in row["transitions"]]
+    assert any("reprovision cannot run, nothing touched" in r for r in reasons), reasons
+    assert not any(" ran and the node was not verified healthy" in r for r in reasons), reasons
+    assert "gpu-06" not in h.cluster.cordons  # uncordoned: nothing was done to it
