@@ -11,8 +11,10 @@ limits starts per second to ``temporal.bmc_rate_per_s``):
   the scheduler already reports a different boot, the host came back and nothing is done
   (DESIGN §5: a retry never cycles a host that already came back). A retry after a crash
   between off and on finds the host ``Off`` with the old boot identity and only powers it
-  on; the phase reached is kept in the activity's
-  heartbeat details, so a retry after ``On`` was sent never cycles again;
+  on; the phase reached is reported in the activity's
+  heartbeat details, its failure details and its result, and the workflow carries it
+  into the next try (``MachineActionInput.resume_phase``), so a retry after ``On`` was
+  sent never cycles again (issue 26, I16);
 
 ``reset_gpu`` is not here: Redfish resets hosts, not single GPUs; the GPU reset runs on
 the node (:mod:`activities.reset`).
@@ -55,8 +57,11 @@ from workflows.activity_api import (
     MachineActionInput,
     NodeHealth,
     permanent,
+    phased_failure,
 )
 from workflows.config import AutorepairConfig, BmcConfig, NodeConfig
+from workflows.lifecycle.machine_action import PHASES
+from workflows.models import Action
 from workflows.policy.bmc import BmcProbe
 
 log = logging.getLogger(__name__)
@@ -83,6 +88,20 @@ def heartbeat(details: dict[str, Any]) -> None:
     """``activity.heartbeat`` inside an activity, nothing outside."""
     if activity.in_activity():
         activity.heartbeat(details)
+
+
+def resume_from(inp: MachineActionInput, phases: tuple[str, ...]) -> str:
+    """The phase to resume from: the further of ``inp.resume_phase`` and the last
+    heartbeat of an earlier try of this activity; raises a permanent
+    ``ERR_UNSUPPORTED`` naming the field when ``inp.resume_phase`` is not one of
+    ``phases``."""
+    if inp.resume_phase not in phases:
+        raise permanent(ERR_UNSUPPORTED, f"resume_phase: {inp.resume_phase!r} is not one of "
+                        f"{', '.join(phases)}")
+    beat = last_phase()
+    if beat in phases and phases.index(beat) > phases.index(inp.resume_phase):
+        return beat
+    return inp.resume_phase
 
 
 def last_phase() -> str | None:
@@ -298,59 +317,88 @@ class PowerActivities:
 
     @activity.defn(name=ACT.reboot_machine)
     async def reboot_machine(self, inp: MachineActionInput) -> ActionResult:
-        """Restart the host in place; skipped when it already rebooted since ``*_before``."""
-        why = await boot_changed(self.health, inp.cluster, inp.node, inp.boot_id_before,
-                                 inp.boot_time_before)
-        if why:
-            return ActionResult(done=True, skipped_reason=f"host already rebooted: {why}")
-        inp = await self.current(inp)
-        m = self.machine(inp)
-        detail = "restart already requested by a previous attempt"
-        if last_phase() not in ("restart_sent",):
-            if (await m.power_state()).lower() == "off":
-                await m.reset(sushy.RESET_ON)
-                detail = "host was off: powered on"
-            else:
-                allowed = await m.allowed_resets()
-                kind = (sushy.RESET_GRACEFUL_RESTART if sushy.RESET_GRACEFUL_RESTART in allowed
-                        else sushy.RESET_FORCE_RESTART)
-                await m.reset(kind)
-                detail = f"{kind.value} sent"
-            heartbeat({"phase": "restart_sent"})
-        log.info("event=reboot_sent cluster=%s node=%s machine=%s repair=%s", inp.cluster,
-                 inp.node, inp.machine, inp.repair_id)
-        await m.wait_power("On", "restart_sent")
-        return ActionResult(done=True, detail=detail)
+        """Restart the host in place; skipped when it already rebooted since ``*_before``.
+
+        Phases (``workflows.lifecycle.machine_action.PHASES``): ``not_started`` →
+        ``restart_sent`` → ``booted``, resumed from ``inp.resume_phase`` (or the last
+        heartbeat of an earlier try): the restart is sent once per attempt. A failure
+        carries the phase reached (:func:`workflows.activity_api.phased_failure`)."""
+        phase = resume_from(inp, PHASES[Action.reboot])
+        try:
+            why = await boot_changed(self.health, inp.cluster, inp.node, inp.boot_id_before,
+                                     inp.boot_time_before)
+            if why:
+                return ActionResult(done=True, skipped_reason=f"host already rebooted: {why}",
+                                    phase="booted")
+            inp = await self.current(inp)
+            m = self.machine(inp)
+            detail = "restart already requested by a previous attempt"
+            if phase == "not_started":
+                if (await m.power_state()).lower() == "off":
+                    await m.reset(sushy.RESET_ON)
+                    detail = "host was off: powered on"
+                else:
+                    allowed = await m.allowed_resets()
+                    kind = (sushy.RESET_GRACEFUL_RESTART
+                            if sushy.RESET_GRACEFUL_RESTART in allowed
+                            else sushy.RESET_FORCE_RESTART)
+                    await m.reset(kind)
+                    detail = f"{kind.value} sent"
+                phase = "restart_sent"
+                heartbeat({"phase": phase})
+            log.info("event=reboot_sent cluster=%s node=%s machine=%s repair=%s key=%s",
+                     inp.cluster, inp.node, inp.machine, inp.repair_id, inp.idempotency_key)
+            await m.wait_power("On", "restart_sent")
+        except Exception as e:
+            raise phased_failure(e, phase) from None
+        return ActionResult(done=True, detail=detail, phase="booted")
 
     @activity.defn(name=ACT.power_cycle_machine)
     async def power_cycle_machine(self, inp: MachineActionInput) -> ActionResult:
-        """ForceOff → wait Off → On → wait On, at most once per boot (boot-ID guard, DESIGN §5)."""
-        why = await boot_changed(self.health, inp.cluster, inp.node, inp.boot_id_before,
-                                 inp.boot_time_before)
-        if why:
-            return ActionResult(done=True, skipped_reason=f"host already came back: {why}")
-        inp = await self.current(inp)
-        m = self.machine(inp)
-        phase = last_phase()
+        """ForceOff → wait Off → On → wait On, at most once per attempt (I16).
+
+        Phases: ``not_started`` → ``off_sent`` → ``off_seen`` → ``on_sent`` → ``booted``,
+        resumed from ``inp.resume_phase`` (the workflow carries the phase the earlier try
+        reached) or the last heartbeat of an earlier try, whichever is further: a retry
+        after ``On`` only waits for the host, never sends ForceOff again. Guarded too by
+        the boot identity (DESIGN §5) and by a host found ``Off`` (resumes at On). A
+        failure carries the phase reached (:func:`workflows.activity_api.phased_failure`)."""
+        phase = resume_from(inp, PHASES[Action.power_cycle])
         steps: list[str] = []
-        if phase != "on_sent":
-            state = (await m.power_state()).lower()
-            if state != "off" and phase != "off_sent":
-                await m.reset(sushy.RESET_FORCE_OFF)
-                steps.append("ForceOff")
-                heartbeat({"phase": "off_sent"})
-            elif state == "off":
-                steps.append("found Off (cycle interrupted after off): resuming")
-            await m.wait_power("Off", "off_sent")
-            await m.reset(sushy.RESET_ON)
-            steps.append("On")
-            heartbeat({"phase": "on_sent"})
-        else:
-            steps.append("On already sent by a previous attempt")
-        log.info("event=power_cycle cluster=%s node=%s machine=%s repair=%s steps=%s",
-                 inp.cluster, inp.node, inp.machine, inp.repair_id, "/".join(steps))
-        await m.wait_power("On", "on_sent")
-        return ActionResult(done=True, detail="; ".join(steps))
+        try:
+            why = await boot_changed(self.health, inp.cluster, inp.node, inp.boot_id_before,
+                                     inp.boot_time_before)
+            if why:
+                return ActionResult(done=True, skipped_reason=f"host already came back: {why}",
+                                    phase="booted")
+            inp = await self.current(inp)
+            m = self.machine(inp)
+            if phase == "not_started":
+                if (await m.power_state()).lower() == "off":
+                    steps.append("found Off (cycle interrupted after off): resuming")
+                else:
+                    await m.reset(sushy.RESET_FORCE_OFF)
+                    steps.append("ForceOff")
+                phase = "off_sent"
+                heartbeat({"phase": phase})
+            if phase == "off_sent":
+                await m.wait_power("Off", "off_sent")
+                phase = "off_seen"
+                heartbeat({"phase": phase})
+            if phase == "off_seen":
+                await m.reset(sushy.RESET_ON)
+                steps.append("On")
+                phase = "on_sent"
+                heartbeat({"phase": phase})
+            else:
+                steps.append(f"resumed at {phase}: On already sent")
+            log.info("event=power_cycle cluster=%s node=%s machine=%s repair=%s key=%s steps=%s",
+                     inp.cluster, inp.node, inp.machine, inp.repair_id, inp.idempotency_key,
+                     "/".join(steps))
+            await m.wait_power("On", "on_sent")
+        except Exception as e:
+            raise phased_failure(e, phase) from None
+        return ActionResult(done=True, detail="; ".join(steps), phase="booted")
 
     def all(self) -> list[Callable[..., Any]]:
         """The activity methods of this class."""

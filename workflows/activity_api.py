@@ -204,6 +204,29 @@ class MachineActionInput(BaseModel):
     gpus: list[str] = Field(default_factory=list)
     boot_id_before: str | None = None
     boot_time_before: datetime | None = None
+    #: Phase the attempt already reached (``workflows.lifecycle.machine_action.PHASES``):
+    #: the activity resumes from it, never sending a disruptive command again that an
+    #: earlier try sent (I16). ``not_started``: a fresh attempt.
+    resume_phase: str = "not_started"
+    #: Idempotency key of the attempt (``repair id / action / attempt``), for logs and BMC
+    #: audit trails.
+    idempotency_key: str = ""
+
+
+#: Key of the phase reached in a phased machine activity's heartbeat details and in the
+#: ``details[0]`` of the ``ApplicationError`` it fails with (``{"phase": ...}``).
+PHASE_DETAIL = "phase"
+
+
+def phased_failure(err: BaseException, phase: str) -> ApplicationError:
+    """``err`` as an ``ApplicationError`` carrying ``{"phase": phase}`` in its details, so
+    the workflow learns the phase reached even where heartbeat details are not kept with
+    a failure. Keeps the type, message and retryability of an ``ApplicationError``; any
+    other exception becomes a retryable error of its class name (e.g. ``BmcUnavailable``)."""
+    if isinstance(err, ApplicationError):
+        return ApplicationError(err.message, {PHASE_DETAIL: phase}, type=err.type,
+                                non_retryable=err.non_retryable)
+    return ApplicationError(str(err), {PHASE_DETAIL: phase}, type=type(err).__name__)
 
 
 class ActionResult(BaseModel):
@@ -216,6 +239,8 @@ class ActionResult(BaseModel):
     detail: str = ""
     ticket_id: str | None = None
     not_run: str = ""
+    #: The phase reached (the last one on success; "" from activities without phases).
+    phase: str = ""
 
 
 class MigrateResult(BaseModel):

@@ -43,7 +43,7 @@ events, so a *do not interrupt* wait of any length stays far below Temporal's li
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -54,6 +54,7 @@ from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
     FailureError,
+    TimeoutType,
     WorkflowAlreadyStartedError,
     is_cancelled_exception,
 )
@@ -70,6 +71,7 @@ with workflow.unsafe.imports_passed_through():
         ERR_DRAIN_DEADLINE,
         ERR_UNKNOWN_NODE,
         ERR_UNSUPPORTED,
+        PHASE_DETAIL,
         ActionResult,
         AttemptHistory,
         AttemptQuery,
@@ -102,6 +104,24 @@ with workflow.unsafe.imports_passed_through():
         validation_summary,
         waiting_details,
     )
+    from workflows.lifecycle.machine_action import DISRUPTIVE as MA_DISRUPTIVE
+    from workflows.lifecycle.machine_action import PHASES as MA_PHASES
+    from workflows.lifecycle.machine_action import ActivityFailed as MaFailed
+    from workflows.lifecycle.machine_action import ActivityOk as MaOk
+    from workflows.lifecycle.machine_action import BmcReadFailed as MaBmcReadFailed
+    from workflows.lifecycle.machine_action import Cancel as MaCancel
+    from workflows.lifecycle.machine_action import Event as MachineEvent
+    from workflows.lifecycle.machine_action import Finish as MaFinish
+    from workflows.lifecycle.machine_action import MachineActionState
+    from workflows.lifecycle.machine_action import RecordAttempt as MaRecord
+    from workflows.lifecycle.machine_action import RunActivity as MaRun
+    from workflows.lifecycle.machine_action import SetDetails as MaDetails
+    from workflows.lifecycle.machine_action import Start as MaStart
+    from workflows.lifecycle.machine_action import StartTimer as MaTimer
+    from workflows.lifecycle.machine_action import TimerFired as MaTimerFired
+    from workflows.lifecycle.machine_action import WorkerRestart as MaWorkerRestart
+    from workflows.lifecycle.machine_action import new_state as new_machine_action
+    from workflows.lifecycle.machine_action import step as ma_step
     from workflows.models import (
         AUTO_APPROVED,
         Action,
@@ -190,9 +210,6 @@ _LIVENESS_RETRY = RetryPolicy(maximum_attempts=3, maximum_interval=timedelta(sec
 #: Machine actions: one try per activity; the workflow retries transient failures itself
 #: (:meth:`RepairWorkflow._machine_action`) so the bound is ``rails.action_retry_max_s``.
 _MACHINE_ONCE = RetryPolicy(maximum_attempts=1, non_retryable_error_types=_PERMANENT)
-#: Back-off between tries of a machine action after a transient failure: 10 s doubling to
-#: 2 min (the retry interval of the first release's machine actions).
-_ACTION_BACKOFF_S = (10.0, 120.0)
 _MACHINE_TIMEOUT = timedelta(minutes=30)
 #: Bound on retrying one cleanup activity (uncordon, ledger, notification) before the
 #: failure is noted and the ending goes on.
@@ -202,6 +219,18 @@ T = TypeVar("T")
 
 class _NotRun(Exception):
     """Internal: the machine action could not run and touched nothing (``not_run``)."""
+
+
+class _ActionFailed(Exception):
+    """Internal: the machine action failed for good; ``touched``: it touched the machine;
+    ``unsupported``: it cannot run with this configuration."""
+
+    def __init__(self, detail: str, touched: bool, unsupported: bool = False) -> None:
+        super().__init__(detail)
+        self.touched = touched
+        #: the last failure was ``ERR_UNSUPPORTED`` (the action cannot run with this
+        #: configuration: no provision image, no spare machine, no BMC)
+        self.unsupported = unsupported
 
 
 class _Ended(Exception):
@@ -1086,19 +1115,24 @@ class RepairWorkflow:
                         f"{action.value} cannot run; moves to {self._action.value}"
                     )
                 continue
-            except ActivityError as err:
-                if is_cancelled_exception(err):
-                    raise
-                await self._attempt(action, "failed")
-                if _untouched(err):
-                    # e.g. no provision image, no spare machine: it did not run, so the
-                    # ending must not say it ran
+            except _ActionFailed as af:
+                # the machine recorded the attempt when the action touched the machine (I22)
+                if not af.touched and af.unsupported:
+                    # e.g. no provision image, no spare machine: it cannot run with this
+                    # configuration, nothing was touched and no attempt counts; the ladder
+                    # moves on (a person approves the next rung) and the ending must not
+                    # say it ran
                     self._acted.pop()
-                    why = f"{action.value} cannot run, nothing touched: {_cause(err)}"
-                else:
-                    why = f"{action.value} failed: {_cause(err)}"
-                await self._note(why)
-                await self._escalate(action, why)
+                    why = f"{action.value} cannot run, nothing touched: {af}"
+                    await self._note(why)
+                    await self._escalate(action, why)
+                    continue
+                await self._note(f"{action.value} failed: {af}")
+                if not af.touched:
+                    self._acted.pop()
+                    raise _Ended(S.failed, "system", f"{action.value} could not run and "
+                                 f"touched nothing: {af}") from None
+                await self._escalate(action, f"{action.value} failed")
                 continue
             if action == Action.remove:
                 await self._attempt(action, "succeeded")
@@ -1173,51 +1207,98 @@ class RepairWorkflow:
         return None
 
     async def _machine_action(self, action: Action, minput: MachineActionInput) -> str | None:
-        """Run ``action`` on the BMC queue; returns the new machine of a migrate.
+        """Run ``action`` on the BMC queue through the pure machine
+        (:mod:`workflows.lifecycle.machine_action`): Temporal's outcomes become events,
+        ``step`` decides, and its commands are executed here, nothing else. Returns the
+        new machine of a migrate.
 
-        A transient failure (any retryable error: BMC connection refused, HTTP 5xx, a
-        timeout) is retried with back-off for up to ``rails.action_retry_max_s``; raises
-        ``ActivityError`` for a permanent failure or once that bound is spent."""
+        A transient failure is retried with back-off for up to
+        ``rails.action_retry_max_s``, each try resuming from the phase the last reached
+        (I16). Raises :class:`_NotRun` (nothing touched), :class:`_ActionFailed` (the
+        attempt failed; recorded by the machine when it touched the machine, I22) or
+        :class:`_Ended` ``cancelled`` (a cancel or reject during the action: the machine
+        was brought to a safe power state first, I19)."""
+        assert self._req is not None
         name = MACHINE_ACTIVITY[action]
         rtype: type[Any] = MigrateResult if action == Action.migrate else ActionResult
         hb = timedelta(seconds=self._policy.rails.heartbeat_timeout_s)
-        bound = self._policy.rails.action_retry_max_s
-        first_failure: datetime | None = None
-        backoff, backoff_max = _ACTION_BACKOFF_S
-        tries = 0
-        while True:
-            tries += 1
-            try:
-                res = await workflow.execute_activity(
-                    name,
-                    minput,
-                    result_type=rtype,
-                    task_queue=self._bmc_queue,
-                    start_to_close_timeout=_MACHINE_TIMEOUT,
-                    heartbeat_timeout=hb,
-                    retry_policy=_MACHINE_ONCE,
-                )
-                break
-            except ActivityError as err:
-                if is_cancelled_exception(err) or not _transient(err):
-                    raise
-                now = workflow.now()
-                first_failure = first_failure or now
-                spent = (now - first_failure).total_seconds()
-                if spent >= bound:
-                    raise
-                self._detail = (
-                    f"{action.value}: transient failure (try {tries}, retrying for up to "
-                    f"{bound:g} s): {_cause(err)}"
-                )
-                workflow.set_current_details(self._detail)
-                await self._wait(lambda: False, min(backoff, bound - spent))
-                backoff = min(backoff * 2, backoff_max)
+        key = f"{self._req.repair_id}/{action.value}/{len(self._acted)}"
+        m = new_machine_action(action, key, self._policy.rails.action_retry_max_s)
+        events: list[MachineEvent] = [MaStart()]
+        res: Any = None
+        unsupported = False
+        while events:
+            m, cmds = ma_step(m, events.pop(0), workflow.now())
+            for cmd in cmds:
+                if isinstance(cmd, MaRun):
+                    if cmd.purpose == "make_safe":
+                        await self._note(f"{action.value} cancelled after {m.phase}: "
+                                         "bringing the machine to a safe power state")
+                    run_input = minput.model_copy(update={
+                        "resume_phase": cmd.resume_phase, "idempotency_key": cmd.key})
+                    try:
+                        res = await workflow.execute_activity(
+                            name,
+                            run_input,
+                            result_type=rtype,
+                            task_queue=self._bmc_queue,
+                            start_to_close_timeout=_MACHINE_TIMEOUT,
+                            heartbeat_timeout=hb,
+                            retry_policy=_MACHINE_ONCE,
+                        )
+                        outcome: MachineEvent = _ok_event(action, res)
+                    except ActivityError as err:
+                        if is_cancelled_exception(err):
+                            raise
+                        outcome = _failure_event(action, err, m.phase)
+                        unsupported = _untouched(err)
+                    # a cancel or reject that came while the call was out is decided first
+                    events += [*self._stop_event(m), outcome]
+                elif isinstance(cmd, MaTimer):
+                    # the back-off ends early for a cancel or reject the machine has not
+                    # been told of yet (one it knows of waits the back-off out)
+                    await self._wait(self._untold_stop(m.cancel is not None), cmd.seconds)
+                    events += self._stop_event(m) or [MaTimerFired()]
+                elif isinstance(cmd, MaRecord):
+                    await self._attempt(action, cmd.outcome)
+                elif isinstance(cmd, MaDetails):
+                    self._detail = cmd.text
+                    workflow.set_current_details(self._detail)
+                elif isinstance(cmd, MaFinish):
+                    return await self._machine_finished(action, cmd, res, unsupported)
+        raise AssertionError("the machine action ended without finishing")  # pragma: no cover
+
+    def _untold_stop(self, told: bool) -> Callable[[], bool]:
+        """Condition: a cancel or reject arrived that the machine was not told of yet."""
+        return lambda: not told and (self._cancel or self._reject) is not None
+
+    def _stop_event(self, m: MachineActionState) -> list[MachineEvent]:
+        """A pending cancel or reject as the machine's ``Cancel`` (once)."""
+        stop = self._cancel or self._reject
+        if stop is None or m.cancel is not None:
+            return []
+        return [MaCancel(by=stop.by, reason=stop.reason or "")]
+
+    async def _machine_finished(
+        self, action: Action, fin: MaFinish, res: Any, unsupported: bool = False
+    ) -> str | None:
+        if fin.outcome == "not_run":
+            raise _NotRun(fin.detail)
+        if fin.outcome == "failed":
+            raise _ActionFailed(fin.detail, fin.touched, unsupported)
+        if fin.outcome == "cancelled":
+            stop = self._cancel or self._reject
+            assert stop is not None
+            stage = S.cancelled if self._cancel is not None else S.rejected
+            if fin.touched:
+                self._hold = f"{action.value} was cancelled after it touched the machine " \
+                    f"({fin.detail}); left cordoned for a human"
+            else:
+                self._acted.pop()  # nothing touched: the cleanup uncordons
+            raise _Ended(stage, stop.by, f"{stop.reason or stage.value}: {fin.detail}")
         if isinstance(res, MigrateResult):
             return res.new_machine
         assert isinstance(res, ActionResult)
-        if res.not_run:
-            raise _NotRun(res.not_run)
         self._detail = res.detail or res.skipped_reason
         self._last_ticket = res.ticket_id
         return None
@@ -1539,3 +1620,52 @@ def _untouched(err: ActivityError) -> bool:
 def _cause(err: BaseException) -> str:
     cause = err.__cause__
     return str(cause) if cause is not None else str(err)
+
+
+#: Machine activities that report the phase they reached (activities/power.py); the
+#: others report none, and a permanent failure of theirs is taken to have touched the
+#: machine (the safe side for the ladder), a transient one to have reached nothing new.
+PHASED_ACTIVITIES = frozenset({Action.power_cycle, Action.reboot})
+
+
+def _ok_event(action: Action, res: Any) -> MachineEvent:
+    final = MA_PHASES[action][-1]
+    if isinstance(res, ActionResult):
+        if res.not_run:
+            return MaOk(phase=MA_PHASES[action][0], not_run=res.not_run, detail=res.detail)
+        return MaOk(phase=final, detail=res.detail or res.skipped_reason)
+    return MaOk(phase=final)
+
+
+def _reported_phase(action: Action, err: ActivityError) -> str | None:
+    """The phase in the failure's details, else in the last heartbeat (a timeout)."""
+    cause = err.cause
+    details: Sequence[Any] = ()
+    if isinstance(cause, ApplicationError):
+        details = cause.details
+    elif isinstance(cause, TemporalTimeoutError):
+        details = cause.last_heartbeat_details
+    for d in reversed(list(details)):
+        if isinstance(d, dict) and d.get(PHASE_DETAIL) in MA_PHASES[action]:
+            return str(d[PHASE_DETAIL])
+    return None
+
+
+def _failure_event(action: Action, err: ActivityError, current: str) -> MachineEvent:
+    """An activity failure as the machine's event, with the phase it reached."""
+    phase = _reported_phase(action, err)
+    cause = err.cause
+    if isinstance(cause, TemporalTimeoutError):
+        p = phase or current
+        if cause.type == TimeoutType.HEARTBEAT:
+            return MaWorkerRestart(phase=p)  # the worker running it died (or hung)
+        return MaFailed(outcome="timed_out", phase=p, message=_cause(err))
+    if not _transient(err):
+        if phase is None and _untouched(err):
+            phase = current  # ERR_UNSUPPORTED is raised before anything is touched
+        elif phase is None:
+            phase = current if action in PHASED_ACTIVITIES else MA_DISRUPTIVE[action]
+        return MaFailed(outcome="permanent", phase=phase, message=_cause(err))
+    if isinstance(cause, ApplicationError) and cause.type == "BmcUnavailable":
+        return MaBmcReadFailed(phase=phase or current, message=_cause(err))
+    return MaFailed(outcome="transient", phase=phase or current, message=_cause(err))

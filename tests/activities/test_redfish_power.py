@@ -103,7 +103,26 @@ async def test_retry_after_on_sent_does_not_cycle_again(
     env = ActivityEnvironment()
     env.info = Info(**{**env.info.__dict__, "heartbeat_details": [{"phase": "on_sent"}]})
     res = await env.run(acts.power_cycle_machine, _inp("gpu-03"))
-    assert res.done and res.detail == "On already sent by a previous attempt"
+    assert res.done and res.detail == "resumed at on_sent: On already sent"
+    assert res.phase == "booted"
+
+
+async def test_resume_phase_from_the_workflow_never_sends_forceoff_again(
+    redfish_emulator: RedfishEmulator, bmc_secrets_file: Path
+) -> None:
+    """Issue 26 reproduction 2 at the BMC: the workflow carries the phase the earlier try
+    reached (``resume_phase``), no heartbeat needed; a bad phase is refused by name."""
+    acts = PowerActivities(_config(redfish_emulator, bmc_secrets_file))
+    m = acts.machine(_inp("gpu-03"))
+    assert (await m.power_state()).lower() == "on"
+    inp = _inp("gpu-03").model_copy(update={"resume_phase": "on_sent"})
+    res = await ActivityEnvironment().run(acts.power_cycle_machine, inp)
+    assert res.done and "ForceOff" not in res.detail and res.phase == "booted"
+    assert (await m.power_state()).lower() == "on"
+    bad = _inp("gpu-03").model_copy(update={"resume_phase": "halfway"})
+    with pytest.raises(ApplicationError) as ei:
+        await ActivityEnvironment().run(acts.power_cycle_machine, bad)
+    assert ei.value.non_retryable and "resume_phase: 'halfway'" in str(ei.value)
 
 
 async def test_wrong_credentials_non_retryable_without_password(

@@ -38,6 +38,7 @@ from tests.workflows.fake_validation import FakeValidationWorkflow
 from workflows.activity_api import (
     ACT,
     ERR_ACTION_FAILED,
+    PHASE_DETAIL,
     ActionResult,
     CordonInput,
     CordonResult,
@@ -54,7 +55,8 @@ from workflows.activity_api import (
     RejoinResult,
 )
 from workflows.config import PolicyConfig
-from workflows.models import Alert, AlertDelivery, NodeInput
+from workflows.lifecycle.machine_action import DISRUPTIVE as MA_DISRUPTIVE
+from workflows.models import Action, Alert, AlertDelivery, NodeInput
 from workflows.protocol import (
     NODE_UPDATE_DELIVER_ALERT,
     SEARCH_ATTRIBUTES,
@@ -89,6 +91,13 @@ class FakeCluster:
     transient: dict[str, int] = field(default_factory=dict)
     #: Answer every notification like a webhook that says 404 (non-retryable).
     notify_rejects: bool = False
+    #: Reset requests each BMC received, in order: (node, "FORCE_OFF" | "ON" | "RESTART").
+    resets: list[tuple[str, str]] = field(default_factory=list)
+    #: node -> BMC status reads still to fail (``BmcUnavailable``) once ``On`` was sent
+    #: (the host is still booting: its boot id has not changed yet).
+    bmc_read_failures_after_on: dict[str, int] = field(default_factory=dict)
+    #: node -> BMC status reads still to fail once ForceOff was sent (waiting for Off).
+    bmc_read_failures_after_off: dict[str, int] = field(default_factory=dict)
 
     def _log(self, name: str, node: str) -> None:
         self.calls.append((name, node))
@@ -155,11 +164,15 @@ class FakeCluster:
         )
 
     def _maybe_fail(self, action: str) -> None:
+        """An injected definitive failure after the action touched the machine (its
+        disruptive phase reached, as the real activities report it)."""
         left = self.fail_actions.get(action, 0)
         if left > 0:
             self.fail_actions[action] = left - 1
+            phase = MA_DISRUPTIVE.get(Action(action))
             raise ApplicationError(
-                f"{action} failed (injected)", type=ERR_ACTION_FAILED, non_retryable=True
+                f"{action} failed (injected)", *([{PHASE_DETAIL: phase}] if phase else []),
+                type=ERR_ACTION_FAILED, non_retryable=True,
             )
 
     def _reboot(self, node: str) -> None:
@@ -173,23 +186,50 @@ class FakeCluster:
 
     @activity.defn(name=ACT.reboot_machine)
     async def reboot_machine(self, inp: MachineActionInput) -> ActionResult:
+        """Phased like activities/power.py: the restart is sent once per attempt."""
         self._log("reboot", inp.node)
         self._maybe_fail("reboot")
+        if inp.resume_phase == "not_started":
+            self.resets.append((inp.node, "RESTART"))
         self._reboot(inp.node)
-        return ActionResult(done=True)
+        return ActionResult(done=True, phase="booted")
 
     @activity.defn(name=ACT.power_cycle_machine)
     async def power_cycle_machine(self, inp: MachineActionInput) -> ActionResult:
+        """Phased like activities/power.py (ForceOff → Off → On → On seen), resuming from
+        ``inp.resume_phase``; the boot id changes once the host is seen On again. A
+        status read while ``bmc_read_failures_after_on`` lasts fails with
+        ``BmcUnavailable`` carrying the phase reached."""
         self._log("power_cycle", inp.node)
         self._maybe_fail("power_cycle")
         if (
             inp.boot_id_before is not None
             and inp.boot_id_before != f"boot-{self.boot.get(inp.node, 0)}"
         ):
-            return ActionResult(done=True, skipped_reason="host already came back")
-        self.power_cycles += 1
+            return ActionResult(done=True, skipped_reason="host already came back",
+                                phase="booted")
+        phase = inp.resume_phase
+        if phase == "not_started":
+            self.resets.append((inp.node, "FORCE_OFF"))
+            self.power_cycles += 1
+            phase = "off_sent"
+        if phase == "off_sent":
+            self._bmc_read(inp.node, self.bmc_read_failures_after_off, phase)
+            phase = "off_seen"
+        if phase == "off_seen":
+            self.resets.append((inp.node, "ON"))
+            phase = "on_sent"
+        self._bmc_read(inp.node, self.bmc_read_failures_after_on, phase)
         self._reboot(inp.node)
-        return ActionResult(done=True)
+        return ActionResult(done=True, phase="booted")
+
+    @staticmethod
+    def _bmc_read(node: str, failures: dict[str, int], phase: str) -> None:
+        left = failures.get(node, 0)
+        if left > 0:
+            failures[node] = left - 1
+            raise ApplicationError(f"BMC of {node} unavailable: ConnectionError (injected)",
+                                   {PHASE_DETAIL: phase}, type="BmcUnavailable")
 
     @activity.defn(name=ACT.reprovision_machine)
     async def reprovision_machine(self, inp: MachineActionInput) -> ActionResult:

@@ -1,5 +1,6 @@
 """The machine action lifecycle: one attempt of ``power_cycle`` / ``reboot`` /
-``reset_gpu`` / ``reprovision`` on one machine, across activity retries, BMC read
+``reset_gpu`` / ``reprovision`` (and ``migrate`` / ``remove``, whose activities report
+no phases yet) on one machine, across activity retries, BMC read
 failures, worker restarts, back-off timers and a cancel (issue 26, reproduction 2).
 
 ``step(state, event, now) -> (state, commands)`` decides every (status, event) pair
@@ -41,6 +42,8 @@ PHASES: dict[Action, tuple[str, ...]] = {
     Action.reboot: ("not_started", "restart_sent", "booted"),
     Action.reset_gpu: ("not_started", "reset_sent", "done"),
     Action.reprovision: ("not_started", "provision_started", "booted"),
+    Action.migrate: ("not_started", "started", "done"),
+    Action.remove: ("not_started", "started", "done"),
 }
 #: Phase in which each action's disruptive command has been sent (at most once, I16).
 DISRUPTIVE: dict[Action, str] = {
@@ -48,6 +51,8 @@ DISRUPTIVE: dict[Action, str] = {
     Action.reboot: "restart_sent",
     Action.reset_gpu: "reset_sent",
     Action.reprovision: "provision_started",
+    Action.migrate: "started",
+    Action.remove: "started",
 }
 #: Phases after which the machine is not in a safe power state: a power cycle that sent
 #: ForceOff may have left the host off until On is sent (I19).
@@ -215,7 +220,7 @@ Command = RunActivity | StartTimer | RecordAttempt | SetDetails | Finish
 # ---- the machine -------------------------------------------------------------------
 def new_state(action: Action, key: str, retry_max_s: float) -> MachineActionState:
     """A machine for one attempt of ``action``; raises ``ValueError`` naming the action
-    when it has no phases (migrate and remove are not machine actions of this kind)."""
+    when it has no phases (``none``)."""
     if action not in PHASES:
         raise ValueError(f"action: {action.value!r} is not a phased machine action")
     return MachineActionState(action=action, key=key, retry_max_s=retry_max_s)
