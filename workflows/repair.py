@@ -1119,13 +1119,15 @@ class RepairWorkflow:
                 # the machine recorded the attempt when the action touched the machine (I22)
                 if not af.touched and af.unsupported:
                     # e.g. no provision image, no spare machine: it cannot run with this
-                    # configuration, nothing was touched and no attempt counts; the ladder
-                    # moves on (a person approves the next rung) and the ending must not
+                    # configuration. Nothing was touched, so no attempt counts (I22) and
+                    # the ladder has nothing to climb on; a person decides (another action
+                    # with approve --action, or reject / cancel), and the ending must not
                     # say it ran
                     self._acted.pop()
                     why = f"{action.value} cannot run, nothing touched: {af}"
                     await self._note(why)
-                    await self._escalate(action, why)
+                    self._approve = None  # an approval of this action does not cover another
+                    await self._await_approval(f"{why}; a person decides what runs instead")
                     continue
                 await self._note(f"{action.value} failed: {af}")
                 if not af.touched:
