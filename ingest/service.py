@@ -39,6 +39,7 @@ from ingest.auth import (
     INGEST_TOKENS_ENV,
     ReceiverAuth,
     TokenCheck,
+    cn_binding,
     load_identities,
     load_tokens,
     server_ssl_context,
@@ -48,6 +49,7 @@ from ingest.grpc_receiver import start_grpc_server
 from ingest.handoff import AlertOutbox, AlertSink, DeadLetterStore, ManagedAlertSink
 from ingest.http_receiver import OtlpHttpApp, peercert_protocol
 from ingest.inventory import InventorySource
+from ingest.kube_tokens import TokenReviewer
 from ingest.metrics import IngestMetrics
 from ingest.pipeline import Ingestor
 from ingest.repair_metrics import RepairMetricsPoller
@@ -67,9 +69,10 @@ try:  # httptools is uvicorn's fast HTTP/1.1 parser (uvicorn[standard]); h11 oth
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _Proto
 except ImportError:  # pragma: no cover - depends on the environment
     from uvicorn.protocols.http.h11_impl import H11Protocol as _Proto  # type: ignore[assignment]
-#: uvicorn protocol of every listener: the fast parser, with the TLS client certificate
-#: in each request's scope (mTLS identities, :func:`ingest.http_receiver.peercert_protocol`).
-_HTTP_IMPL = peercert_protocol(_Proto)
+#: uvicorn protocol of the listeners: the fast parser, with the TLS client certificate in
+#: each request's scope (mTLS identities) and a header timeout
+#: (:func:`ingest.http_receiver.peercert_protocol`, built per listener in ``_start_uvicorn``).
+_HTTP_BASE = _Proto
 
 UNAUTHENTICATED_REFUSAL = (
     "ingest: the OTLP receivers would accept data from anyone: set ingest.tokens_file "
@@ -118,6 +121,8 @@ class IngestService:
     ``clusters[].nodes`` only).
     ``bmc_probe`` / ``open_alerts``: the BMC check and the ledger's open alerts of the
     ``node_unreachable`` tracker (:mod:`ingest.unreachable`).
+    ``token_reviewer``: verifies Kubernetes ServiceAccount tokens (``None``: built from
+    ``ingest.service_account_tokens`` when enabled; :mod:`ingest.kube_tokens`).
     """
 
     def __init__(
@@ -132,6 +137,7 @@ class IngestService:
         inventory_source: InventorySource | None = None,
         bmc_probe: BmcProbe | None = None,
         open_alerts: OpenAlerts | None = None,
+        token_reviewer: TokenReviewer | None = None,
     ) -> None:
         self.config = config
         self.inventory_source = inventory_source
@@ -154,8 +160,16 @@ class IngestService:
             temporal_ready=temporal_ready, bmc_probe=bmc_probe, open_alerts=open_alerts,
             **kwargs,
         )
-        self.receiver_auth = ReceiverAuth(load_identities(cfg.tokens_file, INGEST_TOKENS_ENV),
-                                          mtls=bool(cfg.tls.client_ca))
+        cn_allowed, cn_cluster = cn_binding(cfg.tls.cn_cluster,
+                                            [c.name for c in config.clusters])
+        self.token_reviewer = token_reviewer
+        if token_reviewer is None and cfg.service_account_tokens.enabled:
+            self.token_reviewer = TokenReviewer.from_config(
+                cfg.service_account_tokens, [c.name for c in config.clusters])
+        self.receiver_auth = ReceiverAuth(
+            load_identities(cfg.tokens_file, INGEST_TOKENS_ENV),
+            mtls=bool(cfg.tls.client_ca), cn_allowed=cn_allowed, cn_cluster=cn_cluster,
+            resolver=self.token_reviewer.identify if self.token_reviewer else None)
         if require_auth and not self.receiver_auth.enabled:
             if not cfg.insecure_allow_unauthenticated:
                 raise RuntimeError(UNAUTHENTICATED_REFUSAL)
@@ -193,10 +207,13 @@ class IngestService:
             kw = {"ssl_certfile": tls_cfg.cert, "ssl_keyfile": tls_cfg.key}
             if tls_cfg.client_ca:
                 kw |= {"ssl_ca_certs": tls_cfg.client_ca, "ssl_cert_reqs": ssl.CERT_REQUIRED}
+        ic = self.config.ingest
         config = uvicorn.Config(
-            app, http=_HTTP_IMPL, lifespan="off", access_log=False, log_level="warning",
+            app, http=peercert_protocol(_HTTP_BASE, ic.header_timeout_s), lifespan="off",
+            access_log=False, log_level="warning",
             # keep connections of agents pushing every push interval open between pushes
             timeout_keep_alive=int(t.push_interval_s * 2 + 5),
+            limit_concurrency=ic.limit_concurrency,
             server_header=False, date_header=False, **kw,
         )
         server = _Server(config)
@@ -292,6 +309,8 @@ class IngestService:
         await asyncio.gather(*self._serve_tasks, return_exceptions=True)
         self._servers, self._serve_tasks = [], []
         self.http_app.close()
+        if self.token_reviewer is not None:
+            await self.token_reviewer.close()
         if self.forwarder is not None:
             await self.forwarder.stop()
         await self.ingestor.unreachable.close()
