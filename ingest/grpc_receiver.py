@@ -14,10 +14,11 @@ answers RESOURCE_EXHAUSTED beyond it — retryable per OTLP); per HTTP/2 connect
 calls in flight (RESOURCE_EXHAUSTED beyond); the message must arrive within
 ``ingest.receive_timeout_s`` of the call's start (DEADLINE_EXCEEDED otherwise), so stalled
 streams end. A payload that does not decode gets INVALID_ARGUMENT; a missing/wrong bearer
-token (and, with mTLS, no client certificate naming a node) UNAUTHENTICATED; data about a node the sender's identity may
-not report for PERMISSION_DENIED (counted as ``reason="identity"``); an alert hand-off that
-cannot take the push's alerts (queue full, or PostgreSQL unable to store them)
-UNAVAILABLE (retryable: nothing of the push was kept). gzip request compression is handled by grpc.
+token (and, with mTLS, no client certificate naming a node) UNAUTHENTICATED; data about a
+node the sender's identity may not report for PERMISSION_DENIED (counted as
+``reason="identity"``); an alert hand-off that cannot take the push's alerts (queue full,
+or PostgreSQL unable to store them) UNAVAILABLE (retryable: nothing of the push was kept).
+gzip request compression is handled by grpc.
 """
 
 from __future__ import annotations

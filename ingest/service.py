@@ -53,6 +53,7 @@ from ingest.kube_tokens import TokenReviewer
 from ingest.metrics import IngestMetrics
 from ingest.pipeline import Ingestor
 from ingest.repair_metrics import RepairMetricsPoller
+from ingest.temporal_conn import connect as temporal_connect
 from ingest.unreachable import OpenAlerts
 from workflows.config import AutorepairConfig
 from workflows.policy.bmc import BmcProbe
@@ -344,15 +345,10 @@ async def _serve(config: AutorepairConfig, routers_for: RoutersFactory | None = 
                  bmc_probe: BmcProbe | None = None,
                  open_alerts: OpenAlerts | None = None,
                  outbox: AlertOutbox | None = None) -> None:
-    from temporalio.client import Client
-    from temporalio.contrib.pydantic import pydantic_data_converter
-
     from ingest.handoff import TemporalAlertSink
 
-    client = await Client.connect(
-        config.temporal.address, namespace=config.temporal.namespace,
-        data_converter=pydantic_data_converter, lazy=True,
-    )
+    # temporal.tls and temporal.api_key_file, as every Temporal client of the project
+    client = await temporal_connect(config.temporal, lazy=True)
 
     async def temporal_ready() -> bool:
         try:

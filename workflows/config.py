@@ -71,8 +71,8 @@ class TemporalConfig(_Section):
     #: TLS / mTLS of every Temporal client (worker, ingest, CLI).
     tls: TemporalTLSConfig = Field(default_factory=TemporalTLSConfig)
     #: File holding a Temporal API key (first line; Temporal Cloud API keys, or a
-    #: frontend authorizer that takes ``Authorization: Bearer``). Sent on every call;
-    #: re-read when the file changes (key rotation). None = no key.
+    #: frontend authorizer that takes ``Authorization: Bearer``). Sent on every call; read
+    #: when the process starts (restart to rotate). None = no key.
     api_key_file: str | None = None
     #: Environment variable holding the API key instead of ``api_key_file``.
     api_key_env: str | None = None

@@ -133,8 +133,8 @@ def _head(token: str, length: int = 100) -> bytes:
             f"Authorization: Bearer {token}\r\nContent-Length: {length}\r\n\r\n").encode()
 
 
-async def _status_line(r: asyncio.StreamReader, timeout: float = 5) -> bytes:
-    return await asyncio.wait_for(r.readline(), timeout)
+async def _status_line(r: asyncio.StreamReader, limit_s: float = 5) -> bytes:
+    return await asyncio.wait_for(r.readline(), limit_s)
 
 
 async def test_transport_http_one_identity_cannot_take_every_slot(svc: IngestService) -> None:
