@@ -78,6 +78,10 @@ def run(
     config: Annotated[Path | None, typer.Option(help="agent.yaml; flags override it")] = None,
     backend: Annotated[str | None, typer.Option(help="nvml | simulated (explicit)")] = None,
     transport: Annotated[str | None, typer.Option(help="http (default) | grpc")] = None,
+    token_file: Annotated[str | None, typer.Option(
+        envvar="AUTOREPAIR_AGENT_TOKEN_FILE",
+        help="Bearer token file, re-read when it changes (the projected ServiceAccount "
+             "token on Kubernetes); $AUTOREPAIR_AGENT_TOKEN wins over it")] = None,
     push_interval: Annotated[float | None, typer.Option(help="Seconds between pushes")] = None,
     sample_interval: Annotated[float | None, typer.Option(help="Seconds between samples")] = None,
     expected_gpus: Annotated[int | None, typer.Option(help="GPUs this node must show")] = None,
@@ -104,7 +108,8 @@ def run(
         "expected_gpus": expected_gpus, "state_dir": state_dir, "kernel_log": kernel_log,
         "infiniband_root": infiniband_root, "rail_owner": rail_owner,
         "workload_type": workload_type, "node_pool": node_pool, "nccl_trace": nccl_trace,
-        "push": {"transport": transport} if transport else None,
+        "push": {k: v for k, v in (("transport", transport), ("token_file", token_file))
+                 if v} or None,
     }
     try:
         if config is not None:

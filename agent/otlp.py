@@ -152,18 +152,27 @@ class Transport(Protocol):
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 
 
+def _with_token(headers: dict[str, str], token: str | Callable[[], str | None] | None
+                ) -> dict[str, str]:
+    """``headers`` plus ``Authorization: Bearer`` of ``token`` (asked now when callable)."""
+    value = token() if callable(token) else token
+    return {**headers, "Authorization": f"Bearer {value}"} if value else headers
+
+
 class HttpTransport:
     """OTLP/HTTP protobuf: POST ``{endpoint}/v1/metrics`` and ``/v1/logs``.
 
     ``client`` may be shared by many agents (the simulator does); it is then not closed
     here. TLS: ``ca_file`` verifies the server; ``client_cert``/``client_key`` for mTLS.
+    ``token``: the bearer token, or a callable asked before every push (a token file
+    re-read on rotation, :class:`agent.token.TokenFile`).
     """
 
     def __init__(
         self,
         endpoint: str,
         *,
-        token: str | None = None,
+        token: str | Callable[[], str | None] | None = None,
         timeout_s: float = 5.0,
         use_gzip: bool = False,
         ca_file: str | None = None,
@@ -173,8 +182,7 @@ class HttpTransport:
     ) -> None:
         self.endpoint = endpoint.rstrip("/")
         self._headers = {"Content-Type": "application/x-protobuf"}
-        if token:
-            self._headers["Authorization"] = f"Bearer {token}"
+        self._token = token
         if use_gzip:
             self._headers["Content-Encoding"] = "gzip"
         self._gzip = use_gzip
@@ -190,7 +198,8 @@ class HttpTransport:
             body = gzip.compress(body)
         try:
             resp = await self._client.post(
-                self.endpoint + path, content=body, headers=self._headers
+                self.endpoint + path, content=body, headers=_with_token(self._headers,
+                                                                        self._token)
             )
         except httpx.HTTPError as exc:
             return PushResult(False, True, error=f"{type(exc).__name__}: {exc}")
@@ -226,7 +235,7 @@ class GrpcTransport:
         self,
         endpoint: str,
         *,
-        token: str | None = None,
+        token: str | Callable[[], str | None] | None = None,
         timeout_s: float = 5.0,
         ca_file: str | None = None,
     ) -> None:
@@ -248,13 +257,15 @@ class GrpcTransport:
             self._channel = grpc.aio.insecure_channel(target)
         self._metrics = metrics_service_pb2_grpc.MetricsServiceStub(self._channel)
         self._logs = logs_service_pb2_grpc.LogsServiceStub(self._channel)
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._token = token
         self._timeout = timeout_s
 
     async def _call(self, stub_method: Any, req: Any) -> PushResult:
         grpc = self._grpc
         try:
-            call = stub_method(req, metadata=self._metadata, timeout=self._timeout)
+            auth = _with_token({}, self._token).get("Authorization")
+            metadata = (("authorization", auth),) if auth else ()
+            call = stub_method(req, metadata=metadata, timeout=self._timeout)
             await call
             md = dict(await call.initial_metadata() or ())
             return PushResult(

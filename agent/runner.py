@@ -149,7 +149,7 @@ class Agent:
         self.clock = clock
         self.persist = persist
         if transport is None:
-            token = cfg.token()
+            token = cfg.token_source()
             if cfg.push.transport == "grpc":
                 transport = GrpcTransport(
                     cfg.endpoint, token=token, timeout_s=cfg.push.timeout_s,
