@@ -203,7 +203,8 @@ Call with (dict "root" $ "component" "ingest"|"worker"). */}}
 {{- fail "secrets.ingestTokensFile is required when ingest.auth.tokensFile is true and the chart creates the Secret: the receivers' per-node / collector tokens ('TOKEN ROLE SUBJECT' lines, docs/security.md); or set ingest.auth.tokensFile: false and authenticate otherwise" -}}
 {{- end -}}
 {{- $mtls = or $mtls (and .Values.ingest.tls.secretName .Values.ingest.tls.clientCA) -}}
-{{- if not (or (include "autorepair.tokenReview" .) $auth.tokensFile .Values.secrets.ingestTokens $mtls $tokensFile $insecure) -}}
+{{- $shared := and .Values.agent.enabled (eq .Values.agent.identity "sharedToken") -}}
+{{- if not (or (include "autorepair.tokenReview" .) $shared $auth.tokensFile .Values.secrets.ingestTokens $mtls $tokensFile $insecure) -}}
 {{- fail "ingest.auth: the OTLP receivers would accept data from anyone: use agent.identity serviceAccountToken (the default), set ingest.auth.tokensFile (per-node / collector tokens), secrets.ingestTokens or ingest.tls (mTLS), or set ingest.auth.insecureAllowUnauthenticated: true to run without authentication" -}}
 {{- end -}}
 {{- end -}}
