@@ -585,8 +585,21 @@ class ValidationConfig(_Section):
     image: str = "ghcr.io/autorepair/agent:latest"
     #: Kubernetes: ``nvidia.com/gpu`` the Job requests (0 = use the node's GPUs unclaimed).
     gpus: int = Field(0, ge=0)
-    #: Optional HTTP endpoint that receives each hardware ticket (JSON POST).
+    #: Optional HTTP endpoint that receives each hardware ticket (JSON POST). A URL that
+    #: holds a credential belongs in ``ticket_webhook_env`` / ``ticket_webhook_file``.
     ticket_webhook: str | None = None
+    #: Environment variable of the worker holding the ticket webhook URL.
+    ticket_webhook_env: str | None = None
+    #: File holding the ticket webhook URL (first line), read when a ticket is posted.
+    ticket_webhook_file: str | None = None
+
+    @model_validator(mode="after")
+    def _one_ticket_webhook(self) -> ValidationConfig:
+        given = [k for k in ("ticket_webhook", "ticket_webhook_env", "ticket_webhook_file")
+                 if getattr(self, k)]
+        if len(given) > 1:
+            raise ValueError(f"validation: give one of {', '.join(given)}")
+        return self
 
 
 class AllowedDetector(_Section):
@@ -731,8 +744,13 @@ class ClusterConfig(_Section):
     provisioner: Literal["redfish", "webhook"] = "redfish"
     #: Redfish virtual-media image URL used by reprovision.
     provision_image: str | None = None
-    #: Webhook provider URL (provisioner ``webhook``).
+    #: Webhook provider URL (provisioner ``webhook``). A URL that holds a credential
+    #: belongs in ``provision_webhook_env`` / ``provision_webhook_file``.
     provision_webhook: str | None = None
+    #: Environment variable of the worker holding the provisioning webhook URL.
+    provision_webhook_env: str | None = None
+    #: File holding the provisioning webhook URL (first line), read at each call.
+    provision_webhook_file: str | None = None
     #: Machines in the hot-spare pool.
     spares: list[str] = Field(default_factory=list)
     #: Machine re-validation (DESIGN §1 step 5).
@@ -741,6 +759,20 @@ class ClusterConfig(_Section):
     detectors: DetectorsConfig = Field(default_factory=DetectorsConfig)
     #: ``reset_gpu`` on this cluster's nodes: how the reset job runs, optional policy.
     reset_gpu: ResetGpuConfig = Field(default_factory=ResetGpuConfig)
+
+    @model_validator(mode="after")
+    def _one_provision_webhook(self) -> ClusterConfig:
+        given = [k for k in ("provision_webhook", "provision_webhook_env",
+                             "provision_webhook_file") if getattr(self, k)]
+        if len(given) > 1:
+            raise ValueError(f"clusters[{self.name}]: give one of {', '.join(given)}")
+        return self
+
+    @property
+    def has_provision_webhook(self) -> bool:
+        """True when some form of ``provision_webhook`` is configured."""
+        return bool(self.provision_webhook or self.provision_webhook_env
+                    or self.provision_webhook_file)
 
     @property
     def gpu_node_count(self) -> int:
