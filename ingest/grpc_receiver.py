@@ -11,7 +11,8 @@ RESOURCE_EXHAUSTED above it); ``maximum_concurrent_rpcs = ingest.max_inflight`` 
 answers RESOURCE_EXHAUSTED beyond it — retryable per OTLP); per HTTP/2 connection
 ``ingest.max_streams_per_connection`` streams; per peer address
 ``ingest.max_inflight_per_peer`` and per identity ``ingest.max_inflight_per_identity``
-calls in flight (RESOURCE_EXHAUSTED beyond); the message must arrive within
+(``max_inflight_per_collector`` for a collector) calls in flight (RESOURCE_EXHAUSTED
+beyond); the message must arrive within
 ``ingest.receive_timeout_s`` of the call's start (DEADLINE_EXCEEDED otherwise), so stalled
 streams end. A payload that does not decode gets INVALID_ARGUMENT; a missing/wrong bearer
 token (and, with mTLS, no client certificate naming a node) UNAUTHENTICATED; data about a
@@ -42,7 +43,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from ingest.auth import Identity, ReceiverAuth, grpc_tls_material
+from ingest.auth import ROLE_COLLECTOR, Identity, ReceiverAuth, grpc_tls_material
 from ingest.handoff import HandoffRefused
 from ingest.otlp import identity_violation
 from ingest.pipeline import Ingestor
@@ -55,7 +56,7 @@ LOGS_SERVICE = "opentelemetry.proto.collector.logs.v1.LogsService"
 
 AUTH_REFUSED = "missing or invalid bearer token or client certificate"
 ANONYMOUS = "anonymous"
-"""Identity key of calls when authentication is off (they share one per-identity cap)."""
+"""Identity key of calls when authentication is off (no per-identity cap applies)."""
 
 
 def _peer_host(peer: str) -> str:
@@ -67,7 +68,8 @@ def _peer_host(peer: str) -> str:
 
 class _Slots:
     """In-flight counts per key with a cap; :meth:`take` is an async context manager that
-    answers RESOURCE_EXHAUSTED beyond the cap."""
+    answers RESOURCE_EXHAUSTED beyond the cap (``cap`` given to :meth:`take` replaces the
+    default one for that key)."""
 
     def __init__(self, cap: int, what: str) -> None:
         self.cap = cap
@@ -76,11 +78,13 @@ class _Slots:
 
     @asynccontextmanager
     async def take(self, key: str, context: grpc.aio.ServicerContext[Any, Any],
-                   on_full: Callable[[], None]) -> AsyncIterator[None]:
-        if self.count[key] >= self.cap:
+                   on_full: Callable[[], None], cap: int | None = None
+                   ) -> AsyncIterator[None]:
+        cap = self.cap if cap is None else cap
+        if self.count[key] >= cap:
             on_full()
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"too many calls in flight for this {self.what} ({self.cap})")
+                                f"too many calls in flight for this {self.what} ({cap})")
         self.count[key] += 1
         try:
             yield
@@ -99,6 +103,7 @@ class _Common:
         self.per_identity = per_identity or _Slots(cfg.max_inflight_per_identity, "identity")
         self.per_peer = per_peer or _Slots(cfg.max_inflight_per_peer, "peer address")
         self.receive_timeout_s = cfg.receive_timeout_s
+        self.per_collector = cfg.max_inflight_per_collector
         m = ingestor.metrics
         self.hist = m.otlp_request_seconds.labels("grpc")
         self.ok = m.otlp_requests_total.labels("grpc", "ok")
@@ -146,9 +151,11 @@ class _Common:
         ident = await self.check_cert(ident, context)
         peer = _peer_host(context.peer() or "")
         key = ident.label if ident is not None else ANONYMOUS
+        cap = (1 << 62 if ident is None else self.per_collector
+               if ident.role == ROLE_COLLECTOR else None)
         try:
             async with self.per_peer.take(peer, context, self.overloaded.inc), \
-                    self.per_identity.take(key, context, self.overloaded.inc):
+                    self.per_identity.take(key, context, self.overloaded.inc, cap):
                 raw = await self.receive(requests, context)
                 return await body(raw, ident)
         finally:

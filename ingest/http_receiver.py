@@ -56,7 +56,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from ingest.auth import Identity, ReceiverAuth
+from ingest.auth import ROLE_COLLECTOR, Identity, ReceiverAuth
 from ingest.handoff import HandoffRefused
 from ingest.otlp import identity_violation
 from ingest.pipeline import Ingestor, ThresholdHint
@@ -106,6 +106,7 @@ class OtlpHttpApp:
         self.max_inflight = cfg.max_inflight
         self.inflight = 0
         self.max_per_identity = cfg.max_inflight_per_identity
+        self.max_per_collector = cfg.max_inflight_per_collector
         self.per_identity: dict[str, int] = {}
         self.receive_timeout_s = cfg.receive_timeout_s
         m = ingestor.metrics
@@ -159,10 +160,11 @@ class OtlpHttpApp:
             return
         key = ident.label if ident is not None else ""
         mine = self.per_identity.get(key, 0)
-        if self.inflight >= self.max_inflight or mine >= self.max_per_identity:
+        cap = _identity_cap(ident, self.max_per_identity, self.max_per_collector)
+        if self.inflight >= self.max_inflight or mine >= cap:
             self._count("overloaded")
-            limit = (f"{self.max_per_identity} of {ident.label}" if ident is not None
-                     and mine >= self.max_per_identity else str(self.max_inflight))
+            limit = (f"{cap} of {ident.label}" if ident is not None and mine >= cap
+                     else str(self.max_inflight))
             await _status(send, 429, code_pb2.RESOURCE_EXHAUSTED,
                           f"too many requests in flight ({limit})", as_json,
                           [(b"retry-after", str(RETRY_AFTER_S).encode())])
@@ -334,6 +336,14 @@ class OtlpHttpApp:
         if not d.eof:
             raise _Reject(400, code_pb2.INVALID_ARGUMENT, "body: truncated gzip stream")
         return b"".join(out)
+
+
+def _identity_cap(ident: Identity | None, per_node: int, per_collector: int) -> int:
+    """In-flight cap of ``ident``: ``per_node`` for a node identity, ``per_collector`` for
+    a collector; no cap of its own without authentication (``None``)."""
+    if ident is None:
+        return 1 << 62
+    return per_collector if ident.role == ROLE_COLLECTOR else per_node
 
 
 _OUTCOME = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 408: "timeout",

@@ -184,9 +184,14 @@ class IngestConfig(_Section):
     #: so one token holder cannot take every slot of ``max_inflight``. 16: an agent has at
     #: most 2 pushes in flight (metrics and logs); a collector batches.
     max_inflight_per_identity: int = Field(16, gt=0)
+    #: The same cap for one collector identity (it speaks for many nodes: an OTel
+    #: Collector, the fleet simulator). 256: half of ``max_inflight``, so one collector
+    #: cannot take every slot. Without authentication no per-identity cap applies.
+    max_inflight_per_collector: int = Field(256, gt=0)
     #: gRPC calls in flight from one peer address (IP) at once; beyond it that peer gets
     #: RESOURCE_EXHAUSTED (a neighbour opening stalled streams cannot starve others).
-    max_inflight_per_peer: int = Field(32, gt=0)
+    #: Agents behind one NAT address share it: raise it there.
+    max_inflight_per_peer: int = Field(64, gt=0)
     #: gRPC streams one HTTP/2 connection may hold open (``grpc.max_concurrent_streams``).
     max_streams_per_connection: int = Field(8, gt=0)
     #: Longest time to receive a request's message (gRPC) or body (HTTP) after its

@@ -29,7 +29,8 @@ from workflows.config import AutorepairConfig, IngestConfig, ThresholdConfig
 
 PB = {"Content-Type": "application/x-protobuf"}
 EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
-TOKENS = "tok-n1 node sec/n1\ntok-n2 node sec/n2\ntok-n3 node sec/n3\ntok-n4 node sec/n4\n"
+TOKENS = ("tok-n1 node sec/n1\ntok-n2 node sec/n2\ntok-n3 node sec/n3\ntok-n4 node sec/n4\n"
+          "tok-col collector sec\n")
 
 
 def body(node: str) -> bytes:
@@ -41,7 +42,7 @@ async def svc(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[I
     tokens = tmp_path / "tokens"
     tokens.write_text(TOKENS)
     limits: dict[str, Any] = {"max_inflight": 8, "max_inflight_per_identity": 2,
-                              "max_inflight_per_peer": 6, "receive_timeout_s": 1.0,
+                              "max_inflight_per_collector": 3, "max_inflight_per_peer": 6, "receive_timeout_s": 1.0,
                               "header_timeout_s": 1.0, **getattr(request, "param", {})}
     cfg = AutorepairConfig(
         ingest=IngestConfig(host="127.0.0.1", otlp_grpc_port=0, otlp_http_port=0,
@@ -74,16 +75,25 @@ async def _status(call: Any) -> grpc.StatusCode:
 
 async def test_transport_grpc_stalled_unauthenticated_streams_do_not_starve(
         svc: IngestService) -> None:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{svc.grpc_port}") as ch:
-        stalled = ch.stream_unary(EXPORT, request_serializer=None, response_deserializer=None)
-        # more stalled streams than max_inflight, without a token or with a wrong one
-        calls = [stalled(_never(), metadata=_md(None if i % 2 else "wrong"), timeout=30)
-                 for i in range(12)]
+    target = f"127.0.0.1:{svc.grpc_port}"
+    # more stalled streams than max_inflight (8), without a token or with a wrong one, on
+    # three connections (each within ingest.max_streams_per_connection, which would
+    # refuse the excess streams of one connection with REFUSED_STREAM)
+    channels = [grpc.aio.insecure_channel(  # one TCP connection each
+        target, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(3)]
+    try:
+        calls = [ch.stream_unary(EXPORT, request_serializer=None, response_deserializer=None)(
+                     _never(), metadata=_md(None if i % 2 else "wrong"), timeout=30)
+                 for ch in channels for i in range(4)]
         t0 = time.monotonic()
         codes = await asyncio.wait_for(asyncio.gather(*(_status(c) for c in calls)), 10)
         # refused from the metadata, before any message (on main they wait for one)
         assert set(codes) == {grpc.StatusCode.UNAUTHENTICATED}
         assert time.monotonic() - t0 < 5
+    finally:
+        for ch in channels:
+            await ch.close()
+    async with grpc.aio.insecure_channel(target) as ch:
         export = ch.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
         await export(body("n1"), metadata=_md("tok-n1"), timeout=5)
 
@@ -147,6 +157,16 @@ async def test_transport_http_one_identity_cannot_take_every_slot(svc: IngestSer
         assert r.status_code == 200  # on main: 429, n2 holds all 8 slots
     lines = await asyncio.gather(*(_status_line(rd) for rd, _ in conns))
     assert sorted(line.split()[1] for line in lines) == [b"408"] * 2 + [b"429"] * 6
+    for _, w in conns:
+        w.close()
+
+
+async def test_transport_http_collector_has_its_own_cap(svc: IngestService) -> None:
+    conns = [await _raw(svc.http_port, _head("tok-col")) for _ in range(5)]
+    await asyncio.sleep(0.3)
+    lines = await asyncio.gather(*(_status_line(rd) for rd, _ in conns))
+    # max_inflight_per_collector (3) held until the body timeout, the rest refused
+    assert sorted(line.split()[1] for line in lines) == [b"408"] * 3 + [b"429"] * 2
     for _, w in conns:
         w.close()
 
