@@ -28,7 +28,7 @@ import signal
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Generator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from fastapi import APIRouter, FastAPI
@@ -49,7 +49,6 @@ from ingest.grpc_receiver import start_grpc_server
 from ingest.handoff import AlertOutbox, AlertSink, DeadLetterStore, ManagedAlertSink
 from ingest.http_receiver import OtlpHttpApp, peercert_protocol
 from ingest.inventory import InventorySource
-from ingest.kube_tokens import TokenReviewer
 from ingest.metrics import IngestMetrics
 from ingest.pipeline import Ingestor
 from ingest.repair_metrics import RepairMetricsPoller
@@ -57,6 +56,9 @@ from ingest.temporal_conn import connect as temporal_connect
 from ingest.unreachable import OpenAlerts
 from workflows.config import AutorepairConfig
 from workflows.policy.bmc import BmcProbe
+
+if TYPE_CHECKING:
+    from ingest.kube_tokens import TokenReviewer
 
 log = logging.getLogger("autorepair.ingest")
 
@@ -165,6 +167,8 @@ class IngestService:
                                             [c.name for c in config.clusters])
         self.token_reviewer = token_reviewer
         if token_reviewer is None and cfg.service_account_tokens.enabled:
+            from ingest.kube_tokens import TokenReviewer  # kubernetes_asyncio: only when used
+
             self.token_reviewer = TokenReviewer.from_config(
                 cfg.service_account_tokens, [c.name for c in config.clusters])
         self.receiver_auth = ReceiverAuth(
