@@ -12,6 +12,7 @@ import asyncio
 import gzip
 import logging
 import random
+import ssl
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -152,6 +153,24 @@ class Transport(Protocol):
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 
 
+def client_ssl_context(ca_file: str | None, client_cert: str | None,
+                       client_key: str | None) -> ssl.SSLContext:
+    """TLS context of the HTTP transport: verifies the server with ``ca_file`` (else the
+    system / certifi roots) and presents ``client_cert`` / ``client_key`` (mTLS) when both
+    are given. One context, because httpx ≥ 0.28 ignores ``cert=`` when ``verify`` is a
+    path (the client certificate was then never sent). Raises ``OSError`` / ``ssl.SSLError``
+    when a file cannot be read."""
+    if ca_file:
+        ctx = ssl.create_default_context(cafile=ca_file)
+    else:
+        import certifi
+
+        ctx = ssl.create_default_context(cafile=certifi.where())
+    if client_cert and client_key:
+        ctx.load_cert_chain(client_cert, client_key)
+    return ctx
+
+
 def _with_token(headers: dict[str, str], token: str | Callable[[], str | None] | None
                 ) -> dict[str, str]:
     """``headers`` plus ``Authorization: Bearer`` of ``token`` (asked now when callable)."""
@@ -188,9 +207,9 @@ class HttpTransport:
         self._gzip = use_gzip
         self._own = client is None
         if client is None:
-            verify: Any = ca_file if ca_file else True
-            cert = (client_cert, client_key) if client_cert and client_key else None
-            client = httpx.AsyncClient(timeout=timeout_s, verify=verify, cert=cert)
+            client = httpx.AsyncClient(timeout=timeout_s,
+                                       verify=client_ssl_context(ca_file, client_cert,
+                                                                 client_key))
         self._client = client
 
     async def _post(self, path: str, body: bytes) -> PushResult:
@@ -228,7 +247,8 @@ class GrpcTransport:
     """OTLP/gRPC (``grpcio`` imported lazily, only when this transport is configured).
 
     Reads ``autorepair-threshold`` / ``autorepair-quorum-met`` from initial metadata.
-    ``endpoint`` ``http://host:4317`` → insecure channel; ``https://`` → TLS.
+    ``endpoint`` ``http://host:4317`` → insecure channel; ``https://`` → TLS (``ca_file``
+    verifies the server; ``client_cert`` / ``client_key`` for mTLS).
     """
 
     def __init__(
@@ -238,6 +258,8 @@ class GrpcTransport:
         token: str | Callable[[], str | None] | None = None,
         timeout_s: float = 5.0,
         ca_file: str | None = None,
+        client_cert: str | None = None,
+        client_key: str | None = None,
     ) -> None:
         import grpc
         import grpc.aio
@@ -250,9 +272,12 @@ class GrpcTransport:
             from pathlib import Path
 
             root = Path(ca_file).read_bytes() if ca_file else None
-            self._channel = grpc.aio.secure_channel(
-                target, grpc.ssl_channel_credentials(root_certificates=root)
-            )
+            mtls = client_cert and client_key
+            self._channel = grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(
+                root_certificates=root,
+                private_key=Path(client_key).read_bytes() if mtls and client_key else None,
+                certificate_chain=Path(client_cert).read_bytes() if mtls and client_cert
+                else None))
         else:
             self._channel = grpc.aio.insecure_channel(target)
         self._metrics = metrics_service_pb2_grpc.MetricsServiceStub(self._channel)

@@ -153,7 +153,8 @@ class Agent:
             if cfg.push.transport == "grpc":
                 transport = GrpcTransport(
                     cfg.endpoint, token=token, timeout_s=cfg.push.timeout_s,
-                    ca_file=cfg.push.ca_file,
+                    ca_file=cfg.push.ca_file, client_cert=cfg.push.client_cert,
+                    client_key=cfg.push.client_key,
                 )
             else:
                 transport = HttpTransport(

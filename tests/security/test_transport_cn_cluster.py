@@ -119,3 +119,35 @@ def test_transport_cn_cluster_must_be_configured() -> None:
         cn_binding("qa", ["prod", "staging"])
     assert cn_binding(None, ["prod", "staging"]) == (False, None)
     assert cn_binding(None, []) == (True, None)
+
+
+async def test_transport_agent_certificate_identity_spiffe_san(pki: dict[str, Path]) -> None:
+    """The agent's certificate mode (the chart's ``agent.identity: certificate``: a CSI
+    volume's certificate passed as ``--client-cert`` / ``--client-key`` / ``--ca-file``):
+    the SPIFFE URI SAN binds the agent to its cluster and node, over HTTP and gRPC. (On
+    main the HTTP transport never sent its certificate with httpx 0.28 — ``cert=`` is
+    ignored when ``verify`` is a path — and the gRPC transport had no client certificate.)"""
+    from agent.otlp import GrpcTransport, HttpTransport
+
+    svc = IngestService(config(pki, ["prod", "staging"], None))
+    await svc.start()
+    transport = HttpTransport(f"https://127.0.0.1:{svc.http_port}", ca_file=str(pki["ca.pem"]),
+                              client_cert=str(pki["spiffe.pem"]),
+                              client_key=str(pki["spiffe.key"]))
+    try:
+        own = await transport.export_metrics(make_metrics_request("staging", "gpu-01", 0.9))
+        assert own.ok
+        other = await transport.export_metrics(make_metrics_request("staging", "gpu-02", 0.9))
+        assert not other.ok and other.status == 403
+        g = GrpcTransport(f"https://127.0.0.1:{svc.grpc_port}", ca_file=str(pki["ca.pem"]),
+                          client_cert=str(pki["spiffe.pem"]),
+                          client_key=str(pki["spiffe.key"]))
+        try:
+            assert (await g.export_metrics(make_metrics_request("staging", "gpu-01", 0.9))).ok
+            bad = await g.export_metrics(make_metrics_request("staging", "gpu-02", 0.9))
+            assert not bad.ok and "PERMISSION_DENIED" in (bad.error or "")
+        finally:
+            await g.aclose()
+    finally:
+        await transport.aclose()
+        await svc.stop()
