@@ -54,7 +54,7 @@ from temporalio import activity
 
 from activities.ledger import Ledger, connect
 from activities.power import POWER_POLL_S, HealthReader, RedfishMachine, heartbeat, last_phase
-from activities.secrets import redact_url, scrub_url
+from activities.secrets import CredentialsError, redact_url, scrub_url, secret_url
 from activities.spares import MachineBindings
 from workflows.activity_api import (
     ACT,
@@ -220,12 +220,18 @@ class ProvisioningActivities:
     async def _webhook(
         self, c: ClusterConfig, action: str, inp: MachineActionInput
     ) -> dict[str, Any]:
-        if not c.provision_webhook:
+        try:
+            configured = secret_url(c.provision_webhook, c.provision_webhook_env,
+                                    c.provision_webhook_file,
+                                    f"clusters[{c.name}].provision_webhook")
+        except CredentialsError as e:
+            raise permanent(ERR_UNSUPPORTED, str(e)) from None
+        if not configured:
             raise permanent(
                 ERR_UNSUPPORTED,
                 f"clusters[{c.name}].provision_webhook: not set for provisioner 'webhook'",
             )
-        url = c.provision_webhook.rstrip("/")
+        url = configured.rstrip("/")
         shown = redact_url(url)  # the path/query may hold the endpoint's credential
         payload = {"action": action, "cluster": inp.cluster, "node": inp.node,
                    "machine": inp.machine, "repair_id": inp.repair_id,

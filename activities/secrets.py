@@ -18,13 +18,17 @@ are used.
 Errors: ``CredentialsError`` (a ``ValueError``) naming the file/field or env var, never
 the secret value.
 
-Webhook URLs are secrets too (their path or query is the credential):
-:func:`redact_url` gives what may be shown of one, :func:`scrub_url` cleans quoted text.
+Webhook URLs are secrets too (their path or query is the credential): they may be given
+inline or, like the other secrets, by environment variable or file (:func:`secret_url`:
+``clusters[].provision_webhook_env`` / ``_file``, ``clusters[].validation.
+ticket_webhook_env`` / ``_file``); :func:`redact_url` gives what may be shown of one,
+:func:`scrub_url` cleans quoted text.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -123,3 +127,33 @@ def scrub_url(text: str, url: str) -> str:
         if len(secret) > 1:
             text = text.replace(secret, "…")
     return text
+
+
+def secret_url(value: str | None, env: str | None, file: str | None, field: str,
+               environ: Mapping[str, str] | None = None) -> str | None:
+    """A webhook URL given inline (``value``), by environment variable (``env``) or by
+    file (``file``, first line), read now in the worker; ``None`` when none is given.
+
+    ``field``: the configuration key, for messages (``clusters[c].provision_webhook``).
+    Raises :class:`CredentialsError` naming ``{field}_env`` / ``{field}_file`` and the
+    variable or path (never the URL) when it is unset, empty or unreadable, or the value
+    is not an http(s) URL."""
+    environ = os.environ if environ is None else environ
+    url = value
+    if not url and env:
+        url = environ.get(env, "").strip()
+        if not url:
+            raise CredentialsError(f"{field}_env: environment variable {env} is empty or unset")
+    elif not url and file:
+        try:
+            lines = Path(file).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise CredentialsError(f"{field}_file: cannot read {file}: "
+                                   f"{getattr(e, 'strerror', None) or type(e).__name__}"
+                                   ) from None
+        url = lines[0].strip() if lines else ""
+        if not url:
+            raise CredentialsError(f"{field}_file: {file} is empty")
+    if url and not url.startswith(("http://", "https://")):
+        raise CredentialsError(f"{field}: not an http(s) URL ({redact_url(url)})")
+    return url or None

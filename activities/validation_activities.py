@@ -18,7 +18,7 @@ import httpx
 from temporalio import activity
 
 from activities.ledger import Ledger
-from activities.secrets import redact_url
+from activities.secrets import CredentialsError, redact_url, secret_url
 from activities.spares import SparePool
 from activities.validation import ValidationBackend, validation_backend_for
 from workflows.activity_api import (
@@ -103,13 +103,19 @@ class ValidationActivities:
 
     @activity.defn(name=ACT.post_ticket)
     async def post_ticket(self, t: TicketPost) -> bool:
-        """POST the ticket to the cluster's ``validation.ticket_webhook`` (JSON body,
+        """POST the ticket to the cluster's ``validation.ticket_webhook`` (inline, ``_env``
+        or ``_file``, :func:`activities.secrets.secret_url`; JSON body,
         ``Idempotency-Key: <ticket_id>`` so a retried post is recognised); False when no
         webhook is configured. 4xx → non-retryable ``ActionFailed``; 5xx/network → retry."""
         try:
-            url = self.config.cluster(t.cluster).validation.ticket_webhook
+            v = self.config.cluster(t.cluster).validation
         except KeyError as e:
             raise permanent(ERR_UNKNOWN_NODE, str(e)) from e
+        try:
+            url = secret_url(v.ticket_webhook, v.ticket_webhook_env, v.ticket_webhook_file,
+                             f"clusters[{t.cluster}].validation.ticket_webhook")
+        except CredentialsError as e:
+            raise permanent(ERR_ACTION_FAILED, str(e)) from None
         if not url:
             return False
         shown = redact_url(url)  # the path/query may hold the endpoint's credential

@@ -104,6 +104,15 @@ def run(
     config: Annotated[Path | None, typer.Option(help="agent.yaml; flags override it")] = None,
     backend: Annotated[str | None, typer.Option(help="nvml | simulated (explicit)")] = None,
     transport: Annotated[str | None, typer.Option(help="http (default) | grpc")] = None,
+    token_file: Annotated[str | None, typer.Option(
+        envvar="AUTOREPAIR_AGENT_TOKEN_FILE",
+        help="Bearer token file, re-read when it changes (the projected ServiceAccount "
+             "token on Kubernetes); $AUTOREPAIR_AGENT_TOKEN wins over it")] = None,
+    ca_file: Annotated[str | None, typer.Option(
+        help="CA bundle that verifies the ingest's TLS certificate")] = None,
+    client_cert: Annotated[str | None, typer.Option(
+        help="Client certificate (mTLS identity; URI SAN spiffe://…/cluster/C/node/N)")] = None,
+    client_key: Annotated[str | None, typer.Option(help="Key of --client-cert")] = None,
     push_interval: Annotated[float | None, typer.Option(help="Seconds between pushes")] = None,
     sample_interval: Annotated[float | None, typer.Option(help="Seconds between samples")] = None,
     expected_gpus: Annotated[int | None, typer.Option(help="GPUs this node must show")] = None,
@@ -130,7 +139,9 @@ def run(
         "expected_gpus": expected_gpus, "state_dir": state_dir, "kernel_log": kernel_log,
         "infiniband_root": infiniband_root, "rail_owner": rail_owner,
         "workload_type": workload_type, "node_pool": node_pool, "nccl_trace": nccl_trace,
-        "push": {"transport": transport} if transport else None,
+        "push": {k: v for k, v in (("transport", transport), ("token_file", token_file),
+                                   ("ca_file", ca_file), ("client_cert", client_cert),
+                                   ("client_key", client_key)) if v} or None,
     }
     try:
         if config is not None:

@@ -19,11 +19,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+
+from agent.token import TokenFile, TokenFileError
 
 Backend = Literal["nvml", "simulated"]
 Transport = Literal["http", "grpc"]
@@ -104,7 +107,8 @@ class PushConfig:
     backoff_cap_s: float = 60.0
     #: Per-request timeout, seconds.
     timeout_s: float = 5.0
-    #: Bearer token file (never logged); ``AUTOREPAIR_AGENT_TOKEN`` env overrides.
+    #: Bearer token file (never logged), re-read when it changes (a rotated projected
+    #: ServiceAccount token); ``AUTOREPAIR_AGENT_TOKEN`` env overrides.
     token_file: str | None = None
     #: CA bundle to verify the ingest's TLS certificate; client cert/key for mTLS.
     ca_file: str | None = None
@@ -212,21 +216,27 @@ class AgentConfig:
         return Path(self.state_dir) / "agent-state.json"
 
     def token(self) -> str | None:
-        """Bearer token from ``AUTOREPAIR_AGENT_TOKEN`` or ``push.token_file``.
+        """Bearer token from ``AUTOREPAIR_AGENT_TOKEN`` or ``push.token_file`` (read now).
 
         Raises :class:`ConfigError` when the token file cannot be read.
         """
+        return self.token_source()()
+
+    def token_source(self) -> Callable[[], str | None]:
+        """What the transports call before each push for the bearer token: the
+        ``AUTOREPAIR_AGENT_TOKEN`` value, else the ``push.token_file`` re-read whenever it
+        changes (:class:`agent.token.TokenFile`: a rotated projected ServiceAccount
+        token), else no token. Raises :class:`ConfigError` when the file cannot be read."""
         env = os.environ.get("AUTOREPAIR_AGENT_TOKEN")
         if env:
-            return env.strip()
+            value = env.strip()
+            return lambda: value
         if self.push.token_file is None:
-            return None
+            return lambda: None
         try:
-            return Path(self.push.token_file).read_text().strip() or None
-        except OSError as exc:
-            raise ConfigError(
-                f"push.token_file: cannot read {self.push.token_file!r}: {exc.strerror}"
-            ) from exc
+            return TokenFile(self.push.token_file)
+        except TokenFileError as exc:
+            raise ConfigError(str(exc)) from None
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any]) -> AgentConfig:

@@ -12,6 +12,7 @@ import asyncio
 import gzip
 import logging
 import random
+import ssl
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -152,18 +153,45 @@ class Transport(Protocol):
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 
 
+def client_ssl_context(ca_file: str | None, client_cert: str | None,
+                       client_key: str | None) -> ssl.SSLContext:
+    """TLS context of the HTTP transport: verifies the server with ``ca_file`` (else the
+    system / certifi roots) and presents ``client_cert`` / ``client_key`` (mTLS) when both
+    are given. One context, because httpx ≥ 0.28 ignores ``cert=`` when ``verify`` is a
+    path (the client certificate was then never sent). Raises ``OSError`` / ``ssl.SSLError``
+    when a file cannot be read."""
+    if ca_file:
+        ctx = ssl.create_default_context(cafile=ca_file)
+    else:
+        import certifi
+
+        ctx = ssl.create_default_context(cafile=certifi.where())
+    if client_cert and client_key:
+        ctx.load_cert_chain(client_cert, client_key)
+    return ctx
+
+
+def _with_token(headers: dict[str, str], token: str | Callable[[], str | None] | None
+                ) -> dict[str, str]:
+    """``headers`` plus ``Authorization: Bearer`` of ``token`` (asked now when callable)."""
+    value = token() if callable(token) else token
+    return {**headers, "Authorization": f"Bearer {value}"} if value else headers
+
+
 class HttpTransport:
     """OTLP/HTTP protobuf: POST ``{endpoint}/v1/metrics`` and ``/v1/logs``.
 
     ``client`` may be shared by many agents (the simulator does); it is then not closed
     here. TLS: ``ca_file`` verifies the server; ``client_cert``/``client_key`` for mTLS.
+    ``token``: the bearer token, or a callable asked before every push (a token file
+    re-read on rotation, :class:`agent.token.TokenFile`).
     """
 
     def __init__(
         self,
         endpoint: str,
         *,
-        token: str | None = None,
+        token: str | Callable[[], str | None] | None = None,
         timeout_s: float = 5.0,
         use_gzip: bool = False,
         ca_file: str | None = None,
@@ -173,16 +201,15 @@ class HttpTransport:
     ) -> None:
         self.endpoint = endpoint.rstrip("/")
         self._headers = {"Content-Type": "application/x-protobuf"}
-        if token:
-            self._headers["Authorization"] = f"Bearer {token}"
+        self._token = token
         if use_gzip:
             self._headers["Content-Encoding"] = "gzip"
         self._gzip = use_gzip
         self._own = client is None
         if client is None:
-            verify: Any = ca_file if ca_file else True
-            cert = (client_cert, client_key) if client_cert and client_key else None
-            client = httpx.AsyncClient(timeout=timeout_s, verify=verify, cert=cert)
+            client = httpx.AsyncClient(timeout=timeout_s,
+                                       verify=client_ssl_context(ca_file, client_cert,
+                                                                 client_key))
         self._client = client
 
     async def _post(self, path: str, body: bytes) -> PushResult:
@@ -190,7 +217,8 @@ class HttpTransport:
             body = gzip.compress(body)
         try:
             resp = await self._client.post(
-                self.endpoint + path, content=body, headers=self._headers
+                self.endpoint + path, content=body, headers=_with_token(self._headers,
+                                                                        self._token)
             )
         except httpx.HTTPError as exc:
             return PushResult(False, True, error=f"{type(exc).__name__}: {exc}")
@@ -219,16 +247,19 @@ class GrpcTransport:
     """OTLP/gRPC (``grpcio`` imported lazily, only when this transport is configured).
 
     Reads ``autorepair-threshold`` / ``autorepair-quorum-met`` from initial metadata.
-    ``endpoint`` ``http://host:4317`` → insecure channel; ``https://`` → TLS.
+    ``endpoint`` ``http://host:4317`` → insecure channel; ``https://`` → TLS (``ca_file``
+    verifies the server; ``client_cert`` / ``client_key`` for mTLS).
     """
 
     def __init__(
         self,
         endpoint: str,
         *,
-        token: str | None = None,
+        token: str | Callable[[], str | None] | None = None,
         timeout_s: float = 5.0,
         ca_file: str | None = None,
+        client_cert: str | None = None,
+        client_key: str | None = None,
     ) -> None:
         import grpc
         import grpc.aio
@@ -241,20 +272,25 @@ class GrpcTransport:
             from pathlib import Path
 
             root = Path(ca_file).read_bytes() if ca_file else None
-            self._channel = grpc.aio.secure_channel(
-                target, grpc.ssl_channel_credentials(root_certificates=root)
-            )
+            mtls = client_cert and client_key
+            self._channel = grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(
+                root_certificates=root,
+                private_key=Path(client_key).read_bytes() if mtls and client_key else None,
+                certificate_chain=Path(client_cert).read_bytes() if mtls and client_cert
+                else None))
         else:
             self._channel = grpc.aio.insecure_channel(target)
         self._metrics = metrics_service_pb2_grpc.MetricsServiceStub(self._channel)
         self._logs = logs_service_pb2_grpc.LogsServiceStub(self._channel)
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._token = token
         self._timeout = timeout_s
 
     async def _call(self, stub_method: Any, req: Any) -> PushResult:
         grpc = self._grpc
         try:
-            call = stub_method(req, metadata=self._metadata, timeout=self._timeout)
+            auth = _with_token({}, self._token).get("Authorization")
+            metadata = (("authorization", auth),) if auth else ()
+            call = stub_method(req, metadata=metadata, timeout=self._timeout)
             await call
             md = dict(await call.initial_metadata() or ())
             return PushResult(

@@ -149,11 +149,12 @@ class Agent:
         self.clock = clock
         self.persist = persist
         if transport is None:
-            token = cfg.token()
+            token = cfg.token_source()
             if cfg.push.transport == "grpc":
                 transport = GrpcTransport(
                     cfg.endpoint, token=token, timeout_s=cfg.push.timeout_s,
-                    ca_file=cfg.push.ca_file,
+                    ca_file=cfg.push.ca_file, client_cert=cfg.push.client_cert,
+                    client_key=cfg.push.client_key,
                 )
             else:
                 transport = HttpTransport(

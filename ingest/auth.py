@@ -22,7 +22,7 @@ import hmac
 import os
 import re
 import ssl
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -225,29 +225,71 @@ def load_identities(path: str | None, env: str | None = None
     return out
 
 
-class ReceiverAuth:
-    """Authenticates OTLP requests: bearer tokens (per node, per collector, hashed or not)
-    and client certificates (mTLS). ``enabled``: some credential is required."""
+#: Resolves a bearer token that no tokens-file entry holds (a Kubernetes ServiceAccount
+#: token: :class:`ingest.kube_tokens.TokenReviewer`); ``None`` = not an identity.
+TokenResolver = Callable[[bytes], Awaitable["Identity | None"]]
 
-    def __init__(self, entries: list[tuple[bytes, bool, Identity]], *, mtls: bool = False
-                 ) -> None:
+
+def cn_binding(cn_cluster: str | None, clusters: Sequence[str]) -> tuple[bool, str | None]:
+    """``(CN-only certificates accepted, cluster they are bound to)`` for
+    ``ingest.tls.cn_cluster`` and the configured cluster names (``clusters[].name``).
+
+    ``cn_cluster`` set: bound to it (raises ``ValueError`` naming the field when clusters
+    are configured and it is none of them). Unset: one configured cluster → bound to it;
+    several → CN-only certificates are refused (a CN such as ``gpu-01`` repeats across
+    clusters); none configured (a dev setup) → accepted, bound to no cluster."""
+    if cn_cluster is not None:
+        if clusters and cn_cluster not in clusters:
+            raise ValueError(f"ingest.tls.cn_cluster: {cn_cluster!r} is not a configured "
+                             f"cluster ({', '.join(sorted(clusters))})")
+        return True, cn_cluster
+    if len(clusters) == 1:
+        return True, clusters[0]
+    if len(clusters) > 1:
+        return False, None
+    return True, None
+
+
+class ReceiverAuth:
+    """Authenticates OTLP requests: bearer tokens (per node, per collector, hashed or not),
+    Kubernetes ServiceAccount tokens (``resolver``, verified by TokenReview) and client
+    certificates (mTLS). ``enabled``: some credential is required.
+
+    ``cn_allowed`` / ``cn_cluster``: whether a certificate naming its node by subject CN
+    alone is accepted, and the cluster it is then bound to (:func:`cn_binding`)."""
+
+    def __init__(self, entries: list[tuple[bytes, bool, Identity]], *, mtls: bool = False,
+                 cn_allowed: bool = True, cn_cluster: str | None = None,
+                 resolver: TokenResolver | None = None) -> None:
         self.entries = entries
         self.mtls = mtls
+        self.cn_allowed = cn_allowed
+        self.cn_cluster = cn_cluster
+        self.resolver = resolver
 
     @property
     def enabled(self) -> bool:
         """True when requests must carry a token or a client certificate."""
-        return bool(self.entries) or self.mtls
+        return bool(self.entries) or self.mtls or self.resolver is not None
 
-    def from_header(self, value: str | bytes | None) -> Identity | None:
-        """The identity of ``Authorization: Bearer <token>``, or ``None``. Visits every
-        entry and compares in constant time (plain tokens) or compares SHA-256 digests."""
+    @staticmethod
+    def bearer(value: str | bytes | None) -> bytes | None:
+        """The token of ``Authorization: Bearer <token>`` (``None`` for another scheme)."""
         if value is None:
             return None
         raw = value.encode("latin-1", "replace") if isinstance(value, str) else value
         scheme, _, cand = raw.partition(b" ")
         cand = cand.strip()
         if scheme.lower() != b"bearer" or not cand:
+            return None
+        return cand
+
+    def from_header(self, value: str | bytes | None) -> Identity | None:
+        """The tokens-file identity of ``Authorization: Bearer <token>``, or ``None``.
+        Visits every entry and compares in constant time (plain tokens) or compares
+        SHA-256 digests."""
+        cand = self.bearer(value)
+        if cand is None:
             return None
         digest = hashlib.sha256(cand).digest()
         found: Identity | None = None
@@ -256,10 +298,33 @@ class ReceiverAuth:
                 found = ident
         return found
 
+    async def authenticate(self, value: str | bytes | None) -> Identity | None:
+        """:meth:`from_header`, then (for a token no entry holds) the ``resolver``
+        (TokenReview). ``None``: no identity (the caller answers 401/UNAUTHENTICATED)."""
+        ident = self.from_header(value)
+        if ident is not None or self.resolver is None:
+            return ident
+        cand = self.bearer(value)
+        if cand is None:
+            return None
+        return await self.resolver(cand)
 
-def identity_from_cert(uris: list[str], common_name: str | None) -> Identity | None:
+    def from_peercert(self, cert: dict[str, Any] | None) -> Identity | None:
+        """Identity of a verified client certificate (``ssl`` ``getpeercert()`` dict)."""
+        return identity_from_peercert(cert, cn_allowed=self.cn_allowed,
+                                      cn_cluster=self.cn_cluster)
+
+    def from_auth_context(self, ctx: dict[str, list[bytes]]) -> Identity | None:
+        """Identity of a verified client certificate (gRPC ``auth_context()``)."""
+        return identity_from_auth_context(ctx, cn_allowed=self.cn_allowed,
+                                          cn_cluster=self.cn_cluster)
+
+
+def identity_from_cert(uris: list[str], common_name: str | None, *, cn_allowed: bool = True,
+                       cn_cluster: str | None = None) -> Identity | None:
     """Identity of a verified client certificate: a SPIFFE-style URI SAN
-    (:data:`SPIFFE_PATH`), else the subject CN as the node name (any cluster)."""
+    (:data:`SPIFFE_PATH`), else (when ``cn_allowed``) the subject CN as the node name of
+    ``cn_cluster`` (``None``: any cluster; :func:`cn_binding` decides both)."""
     for uri in uris:
         m = SPIFFE_PATH.fullmatch(uri)
         if m:
@@ -268,25 +333,28 @@ def identity_from_cert(uris: list[str], common_name: str | None) -> Identity | N
                 return Identity(ROLE_COLLECTOR, f"collector of {cluster} (certificate)",
                                 clusters=frozenset({cluster}))
             return Identity(ROLE_NODE, f"node {cluster}/{node} (certificate)", cluster, node)
-    if common_name:
-        return Identity(ROLE_NODE, f"node {common_name} (certificate CN)", None, common_name)
+    if common_name and cn_allowed:
+        where = f"{cn_cluster}/{common_name}" if cn_cluster else common_name
+        return Identity(ROLE_NODE, f"node {where} (certificate CN)", cn_cluster, common_name)
     return None
 
 
-def identity_from_peercert(cert: dict[str, Any] | None) -> Identity | None:
-    """:func:`identity_from_cert` of an ``ssl`` ``getpeercert()`` dict (HTTP receiver)."""
+def identity_from_peercert(cert: dict[str, Any] | None, **kw: Any) -> Identity | None:
+    """:func:`identity_from_cert` (``kw``: its ``cn_*`` arguments) of an ``ssl``
+    ``getpeercert()`` dict (HTTP receiver)."""
     if not cert:
         return None
     uris = [v for k, v in cert.get("subjectAltName", ()) if k == "URI"]
     cn = next((v for rdn in cert.get("subject", ()) for k, v in rdn if k == "commonName"),
               None)
-    return identity_from_cert(uris, cn)
+    return identity_from_cert(uris, cn, **kw)
 
 
-def identity_from_auth_context(ctx: dict[str, list[bytes]]) -> Identity | None:
-    """:func:`identity_from_cert` of a gRPC ``auth_context()`` (gRPC receiver)."""
+def identity_from_auth_context(ctx: dict[str, list[bytes]], **kw: Any) -> Identity | None:
+    """:func:`identity_from_cert` (``kw``: its ``cn_*`` arguments) of a gRPC
+    ``auth_context()`` (gRPC receiver)."""
     sans = [v.decode("utf-8", "replace") for v in ctx.get("x509_subject_alternative_name", [])]
     uris = [s for s in sans if s.startswith("spiffe://")]
     cn_raw = ctx.get("x509_common_name", [])
     cn = cn_raw[0].decode("utf-8", "replace") if cn_raw else None
-    return identity_from_cert(uris, cn)
+    return identity_from_cert(uris, cn, **kw)

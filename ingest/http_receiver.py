@@ -18,10 +18,18 @@ Answers as the OTLP/HTTP specification says:
   ``ingest.max_decompressed_bytes`` (gzip bomb guard: decompression stops at the limit), or
   a JSON body decodes beyond ``ingest.max_json_bytes``.
 * 415 for other content types or content encodings than gzip/identity.
-* 429 + ``Retry-After`` when ``ingest.max_inflight`` requests are already being handled;
+* 408 when the body does not arrive within ``ingest.receive_timeout_s``.
+* 429 + ``Retry-After`` when ``ingest.max_inflight`` requests are already being handled,
+  or ``ingest.max_inflight_per_identity`` of the sender's identity;
   503 + ``Retry-After`` when the alert hand-off cannot take the push's alerts: its queue
   is full, or PostgreSQL cannot store them (:class:`ingest.handoff.HandoffRefused`;
   retryable: nothing of the push was kept, so 200 always means stored).
+
+The sender is identified from the headers before anything else and before the body is
+read (a request without credentials never takes an in-flight slot), and in-flight slots
+are counted per identity as well as in total. The listener's protocol
+(:func:`peercert_protocol`) closes a connection whose request headers take longer than
+``ingest.header_timeout_s`` (slowloris).
 
 Decoding (gunzip, then protobuf or JSON parsing) of anything but a small uncompressed
 protobuf body runs in a pool of :data:`DECODE_THREADS` threads, so that a large JSON
@@ -48,7 +56,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from ingest.auth import Identity, ReceiverAuth, identity_from_peercert
+from ingest.auth import ROLE_COLLECTOR, Identity, ReceiverAuth
 from ingest.handoff import HandoffRefused
 from ingest.otlp import identity_violation
 from ingest.pipeline import Ingestor, ThresholdHint
@@ -97,6 +105,10 @@ class OtlpHttpApp:
         self._pool: ThreadPoolExecutor | None = None
         self.max_inflight = cfg.max_inflight
         self.inflight = 0
+        self.max_per_identity = cfg.max_inflight_per_identity
+        self.max_per_collector = cfg.max_inflight_per_collector
+        self.per_identity: dict[str, int] = {}
+        self.receive_timeout_s = cfg.receive_timeout_s
         m = ingestor.metrics
         self._hist = m.otlp_request_seconds.labels("http")
         self._outcomes: dict[str, Any] = {}
@@ -140,34 +152,51 @@ class OtlpHttpApp:
         headers = _headers(scope)
         ctype = headers.get(b"content-type", b"").split(b";")[0].strip().lower().decode("latin-1")
         as_json = ctype == JSON
-        if self.inflight >= self.max_inflight:
+        try:
+            ident = await self._identify(headers, scope)
+        except _Reject as e:
+            self._count(_OUTCOME.get(e.status, "error"))
+            await _status(send, e.status, e.code, e.message, as_json, e.extra)
+            return
+        key = ident.label if ident is not None else ""
+        mine = self.per_identity.get(key, 0)
+        cap = _identity_cap(ident, self.max_per_identity, self.max_per_collector)
+        if self.inflight >= self.max_inflight or mine >= cap:
             self._count("overloaded")
+            limit = (f"{cap} of {ident.label}" if ident is not None and mine >= cap
+                     else str(self.max_inflight))
             await _status(send, 429, code_pb2.RESOURCE_EXHAUSTED,
-                          f"too many requests in flight ({self.max_inflight})", as_json,
+                          f"too many requests in flight ({limit})", as_json,
                           [(b"retry-after", str(RETRY_AFTER_S).encode())])
             return
         self.inflight += 1
+        self.per_identity[key] = mine + 1
         try:
             status, body, out_headers, outcome = await self._handle(
-                signal, ctype, headers, receive, scope)
+                signal, ctype, headers, receive, ident)
         except _Reject as e:
             self._count(_OUTCOME.get(e.status, "error"))
             await _status(send, e.status, e.code, e.message, as_json, e.extra)
             return
         finally:
             self.inflight -= 1
+            left = self.per_identity[key] - 1
+            if left:
+                self.per_identity[key] = left
+            else:
+                del self.per_identity[key]
             self._hist.observe(time.perf_counter() - t0)
         self._count(outcome)
         await send({"type": "http.response.start", "status": status, "headers": out_headers})
         await send({"type": "http.response.body", "body": body})
 
-    def _identify(self, headers: dict[bytes, bytes], scope: Scope) -> Identity | None:
+    async def _identify(self, headers: dict[bytes, bytes], scope: Scope) -> Identity | None:
         """The sender's identity (``None`` when authentication is off); raises 401."""
         if self.auth is None:
             return None
-        ident = self.auth.from_header(headers.get(b"authorization"))
+        ident = await self.auth.authenticate(headers.get(b"authorization"))
         if ident is None and self.auth.mtls:
-            ident = identity_from_peercert(scope.get("state", {}).get(PEERCERT))
+            ident = self.auth.from_peercert(scope.get("state", {}).get(PEERCERT))
         if ident is None:
             raise _Reject(401, code_pb2.UNAUTHENTICATED,
                           "missing or invalid bearer token or client certificate",
@@ -176,9 +205,8 @@ class OtlpHttpApp:
 
     async def _handle(
         self, signal: str, ctype: str, headers: dict[bytes, bytes], receive: Receive,
-        scope: Scope,
+        ident: Identity | None,
     ) -> tuple[int, bytes, list[tuple[bytes, bytes]], str]:
-        ident = self._identify(headers, scope)
         if ctype not in (PROTOBUF, JSON):
             raise _Reject(415, code_pb2.INVALID_ARGUMENT,
                           f"Content-Type: {ctype!r} is not {PROTOBUF} or {JSON}")
@@ -190,7 +218,12 @@ class OtlpHttpApp:
         if clen is not None and clen.isdigit() and int(clen) > self.max_body:
             raise _Reject(413, code_pb2.RESOURCE_EXHAUSTED,
                           f"Content-Length: {int(clen)} exceeds {self.max_body} bytes")
-        body = await self._read_body(receive)
+        try:
+            body = await asyncio.wait_for(self._read_body(receive), self.receive_timeout_s)
+        except TimeoutError:
+            raise _Reject(408, code_pb2.DEADLINE_EXCEEDED,
+                          f"body: not received within {self.receive_timeout_s} s "
+                          "(ingest.receive_timeout_s)") from None
         gzipped = encoding == b"gzip"
         if ctype == PROTOBUF and not gzipped and len(body) <= INLINE_DECODE_BYTES:
             req, raw = self._decode(signal, ctype, gzipped, body)
@@ -306,24 +339,73 @@ class OtlpHttpApp:
         return b"".join(out)
 
 
-_OUTCOME = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 413: "too_large",
+def _identity_cap(ident: Identity | None, per_node: int, per_collector: int) -> int:
+    """In-flight cap of ``ident``: ``per_node`` for a node identity, ``per_collector`` for
+    a collector; no cap of its own without authentication (``None``)."""
+    if ident is None:
+        return 1 << 62
+    return per_collector if ident.role == ROLE_COLLECTOR else per_node
+
+
+_OUTCOME = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 408: "timeout",
+            413: "too_large",
             415: "unsupported", 429: "overloaded", 503: "unavailable"}
 PEERCERT = "autorepair.peercert"
 """Key of the verified client certificate (``getpeercert()`` dict) in the ASGI scope's
 ``state``, set by :func:`peercert_protocol`."""
 
 
-def peercert_protocol(base: type) -> type:
+def peercert_protocol(base: type, header_timeout_s: float | None = None) -> type:
     """A uvicorn HTTP protocol class (``base``: httptools' or h11's) that puts the TLS
     client certificate into every request's ``scope["state"][PEERCERT]`` (uvicorn itself
-    does not expose it; mTLS identities need it)."""
+    does not expose it; mTLS identities need it).
+
+    ``header_timeout_s``: close a connection whose request line and headers are not
+    complete within this many seconds of the connection (first request) or of the
+    request's first byte (later requests) — uvicorn has no header timeout, so a client
+    sending a header byte now and then would hold the connection for ever (slowloris).
+    Needs the httptools parser (its ``on_message_begin`` / ``on_headers_complete``
+    callbacks); with h11 only the first request is timed."""
 
     class _PeerCert(base):  # type: ignore[misc,valid-type]
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def _arm_header_timer(self) -> None:
+            if header_timeout_s is None or self._header_timer is not None:
+                return
+            self._header_timer = asyncio.get_running_loop().call_later(
+                header_timeout_s, self._header_timeout)
+
+        def _disarm_header_timer(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _header_timeout(self) -> None:
+            self._header_timer = None
+            transport = getattr(self, "transport", None)
+            if transport is not None and not transport.is_closing():
+                log.info("event=http_header_timeout timeout_s=%s", header_timeout_s)
+                transport.close()
+
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             cert = transport.get_extra_info("peercert")
             if cert:
                 self.app_state = {**self.app_state, PEERCERT: cert}  # type: ignore[has-type]
+            self._arm_header_timer()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm_header_timer()
+            super().connection_lost(exc)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm_header_timer()
+
+        def on_headers_complete(self) -> None:
+            self._disarm_header_timer()
+            super().on_headers_complete()
 
     _PeerCert.__name__ = f"PeerCert{base.__name__}"
     return _PeerCert

@@ -28,7 +28,7 @@ import signal
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Generator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from fastapi import APIRouter, FastAPI
@@ -39,6 +39,7 @@ from ingest.auth import (
     INGEST_TOKENS_ENV,
     ReceiverAuth,
     TokenCheck,
+    cn_binding,
     load_identities,
     load_tokens,
     server_ssl_context,
@@ -51,9 +52,13 @@ from ingest.inventory import BindingsSource, InventorySource
 from ingest.metrics import IngestMetrics
 from ingest.pipeline import Ingestor
 from ingest.repair_metrics import RepairMetricsPoller
+from ingest.temporal_conn import connect as temporal_connect
 from ingest.unreachable import OpenAlerts
 from workflows.config import AutorepairConfig
 from workflows.policy.bmc import BmcProbe
+
+if TYPE_CHECKING:
+    from ingest.kube_tokens import TokenReviewer
 
 log = logging.getLogger("autorepair.ingest")
 
@@ -67,9 +72,10 @@ try:  # httptools is uvicorn's fast HTTP/1.1 parser (uvicorn[standard]); h11 oth
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _Proto
 except ImportError:  # pragma: no cover - depends on the environment
     from uvicorn.protocols.http.h11_impl import H11Protocol as _Proto  # type: ignore[assignment]
-#: uvicorn protocol of every listener: the fast parser, with the TLS client certificate
-#: in each request's scope (mTLS identities, :func:`ingest.http_receiver.peercert_protocol`).
-_HTTP_IMPL = peercert_protocol(_Proto)
+#: uvicorn protocol of the listeners: the fast parser, with the TLS client certificate in
+#: each request's scope (mTLS identities) and a header timeout
+#: (:func:`ingest.http_receiver.peercert_protocol`, built per listener in ``_start_uvicorn``).
+_HTTP_BASE = _Proto
 
 UNAUTHENTICATED_REFUSAL = (
     "ingest: the OTLP receivers would accept data from anyone: set ingest.tokens_file "
@@ -118,6 +124,8 @@ class IngestService:
     ``clusters[].nodes`` only).
     ``bmc_probe`` / ``open_alerts``: the BMC check and the ledger's open alerts of the
     ``node_unreachable`` tracker (:mod:`ingest.unreachable`).
+    ``token_reviewer``: verifies Kubernetes ServiceAccount tokens (``None``: built from
+    ``ingest.service_account_tokens`` when enabled; :mod:`ingest.kube_tokens`).
     """
 
     def __init__(
@@ -133,6 +141,7 @@ class IngestService:
         bmc_probe: BmcProbe | None = None,
         open_alerts: OpenAlerts | None = None,
         bindings_source: BindingsSource | None = None,
+        token_reviewer: TokenReviewer | None = None,
     ) -> None:
         self.config = config
         self.inventory_source = inventory_source
@@ -156,8 +165,18 @@ class IngestService:
             temporal_ready=temporal_ready, bmc_probe=bmc_probe, open_alerts=open_alerts,
             **kwargs,
         )
-        self.receiver_auth = ReceiverAuth(load_identities(cfg.tokens_file, INGEST_TOKENS_ENV),
-                                          mtls=bool(cfg.tls.client_ca))
+        cn_allowed, cn_cluster = cn_binding(cfg.tls.cn_cluster,
+                                            [c.name for c in config.clusters])
+        self.token_reviewer = token_reviewer
+        if token_reviewer is None and cfg.service_account_tokens.enabled:
+            from ingest.kube_tokens import TokenReviewer  # kubernetes_asyncio: only when used
+
+            self.token_reviewer = TokenReviewer.from_config(
+                cfg.service_account_tokens, [c.name for c in config.clusters])
+        self.receiver_auth = ReceiverAuth(
+            load_identities(cfg.tokens_file, INGEST_TOKENS_ENV),
+            mtls=bool(cfg.tls.client_ca), cn_allowed=cn_allowed, cn_cluster=cn_cluster,
+            resolver=self.token_reviewer.identify if self.token_reviewer else None)
         if require_auth and not self.receiver_auth.enabled:
             if not cfg.insecure_allow_unauthenticated:
                 raise RuntimeError(UNAUTHENTICATED_REFUSAL)
@@ -195,10 +214,13 @@ class IngestService:
             kw = {"ssl_certfile": tls_cfg.cert, "ssl_keyfile": tls_cfg.key}
             if tls_cfg.client_ca:
                 kw |= {"ssl_ca_certs": tls_cfg.client_ca, "ssl_cert_reqs": ssl.CERT_REQUIRED}
+        ic = self.config.ingest
         config = uvicorn.Config(
-            app, http=_HTTP_IMPL, lifespan="off", access_log=False, log_level="warning",
+            app, http=peercert_protocol(_HTTP_BASE, ic.header_timeout_s), lifespan="off",
+            access_log=False, log_level="warning",
             # keep connections of agents pushing every push interval open between pushes
             timeout_keep_alive=int(t.push_interval_s * 2 + 5),
+            limit_concurrency=ic.limit_concurrency,
             server_header=False, date_header=False, **kw,
         )
         server = _Server(config)
@@ -304,6 +326,8 @@ class IngestService:
         await asyncio.gather(*self._serve_tasks, return_exceptions=True)
         self._servers, self._serve_tasks = [], []
         self.http_app.close()
+        if self.token_reviewer is not None:
+            await self.token_reviewer.close()
         if self.forwarder is not None:
             await self.forwarder.stop()
         await self.ingestor.unreachable.close()
@@ -339,15 +363,10 @@ async def _serve(config: AutorepairConfig, routers_for: RoutersFactory | None = 
                  open_alerts: OpenAlerts | None = None,
                  outbox: AlertOutbox | None = None,
                  bindings_source: BindingsSource | None = None) -> None:
-    from temporalio.client import Client
-    from temporalio.contrib.pydantic import pydantic_data_converter
-
     from ingest.handoff import TemporalAlertSink
 
-    client = await Client.connect(
-        config.temporal.address, namespace=config.temporal.namespace,
-        data_converter=pydantic_data_converter, lazy=True,
-    )
+    # temporal.tls and temporal.api_key_file, as every Temporal client of the project
+    client = await temporal_connect(config.temporal, lazy=True)
 
     async def temporal_ready() -> bool:
         try:

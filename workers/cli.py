@@ -360,7 +360,7 @@ def validate(
     targets = [(cluster or ops.resolve_cluster(cfg, m, api_url, auth), m) for m in machines]
     started = ops_temporal.run_async(ops_temporal.start_validations(
         temporal_address or address, namespace, cfg.temporal.task_queue, targets, by,
-        reason, wait=wait, announce=not as_json),
+        reason, wait=wait, announce=not as_json, temporal=cfg.temporal),
         interrupted="stopped waiting; the validations go on (`temporal workflow list` or the "
                     "Temporal UI shows them)")
     if as_json:

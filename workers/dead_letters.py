@@ -191,7 +191,7 @@ async def replay(config: AutorepairConfig, address: str, namespace: str, *,
                     "run again for the rest"))]
         rows.sort(key=lambda r: (_observed(r), r["recorded_at"]))
         results: list[dict[str, Any]] = []
-        async with temporal_client(address, namespace) as client:
+        async with temporal_client(address, namespace, config=config.temporal) as client:
             sink = TemporalAlertSink(client, config.temporal.task_queue)
             for row in rows:
                 results.append(await _replay_one(ledger, sink, row, config, not_before,

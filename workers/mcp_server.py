@@ -289,7 +289,8 @@ async def serve(config: Any, *, transport: str, dsn: str, temporal_address: str 
             if temporal_address:
                 # a runtime of its own, joined before the interpreter exits (run_mcp)
                 client = await stack.enter_async_context(
-                    temporal_client(temporal_address, config.temporal.namespace, lazy=True))
+                    temporal_client(temporal_address, config.temporal.namespace, lazy=True,
+                                    config=config.temporal))
             await _serve_on(build_server(FleetQuery(config, pool, client)), transport,
                             tokens, host, port)
     finally:

@@ -26,7 +26,7 @@ from rich.table import Table
 
 from workers.ops import EXIT_INTERRUPTED
 from workers.temporal_client import TemporalUnreachable, release_runtimes, temporal_client
-from workflows.config import AutorepairConfig
+from workflows.config import AutorepairConfig, TemporalConfig
 from workflows.console import validation_details, validation_summary
 from workflows.policy.rails import breaker_threshold, concurrency_budget
 
@@ -88,14 +88,16 @@ def validation_id(machine: str, now: datetime | None = None) -> str:
 
 async def start_validations(address: str, namespace: str, task_queue: str,
                             targets: Sequence[tuple[str, str]], by: str, reason: str,
-                            wait: bool = False, announce: bool = True
+                            wait: bool = False, announce: bool = True,
+                            temporal: TemporalConfig | None = None
                             ) -> list[dict[str, Any]]:
     """Start one ``ValidationWorkflow`` per ``(cluster, machine)`` of ``targets``.
 
     Returns ``[{"machine", "cluster", "workflow_id"}]``; with ``wait`` each also gets
     ``"verdict"`` (passed, failed, aborted) and ``"reason"``, while a rich progress bar
     counts finished runs and names the stage of each (the workflow's ``status`` query).
-    ``announce``: print ``started WORKFLOW_ID`` as each starts. Raises
+    ``announce``: print ``started WORKFLOW_ID`` as each starts. ``temporal``: the
+    configuration's ``temporal`` section (TLS, API key; ``None`` = plain). Raises
     :class:`TemporalUnreachable`; Ctrl-C while waiting raises ``KeyboardInterrupt`` (the
     workflows go on)."""
     from temporalio.client import WorkflowQueryFailedError
@@ -104,7 +106,7 @@ async def start_validations(address: str, namespace: str, task_queue: str,
     from workflows.models import ValidationRequest
     from workflows.validation import ValidationWorkflow
 
-    async with temporal_client(address, namespace) as client:
+    async with temporal_client(address, namespace, config=temporal) as client:
         started: list[dict[str, Any]] = []
         for cluster, machine in targets:
             wf_id = validation_id(machine)
@@ -210,7 +212,7 @@ async def breaker_call(address: str, namespace: str, cfg: AutorepairConfig, clus
     from workflows.guard import ClusterGuardWorkflow
     from workflows.protocol import ResetBreakerSignal, workflow_id_guard
 
-    async with temporal_client(address, namespace) as client:
+    async with temporal_client(address, namespace, config=cfg.temporal) as client:
         h = client.get_workflow_handle_for(ClusterGuardWorkflow.run, workflow_id_guard(cluster))
         try:
             st = await h.query(ClusterGuardWorkflow.status)

@@ -27,6 +27,9 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import Runtime, TelemetryConfig
 
+from ingest.temporal_conn import connect_options
+from workflows.config import TemporalConfig
+
 __all__ = ["TemporalUnreachable", "release_runtimes", "temporal_client"]
 
 _runtimes: weakref.WeakSet[Runtime] = weakref.WeakSet()
@@ -38,18 +41,24 @@ class TemporalUnreachable(RuntimeError):
 
 @asynccontextmanager
 async def temporal_client(address: str, namespace: str = "default", *,
-                          lazy: bool = False) -> AsyncIterator[Client]:
+                          lazy: bool = False, config: TemporalConfig | None = None
+                          ) -> AsyncIterator[Client]:
     """A client for ``address`` (``host:port``) and ``namespace`` with the pydantic data
     converter, on a runtime of its own that :func:`release_runtimes` can shut down.
 
+    ``config``: ``temporal`` of the configuration, for its TLS and API key
+    (:func:`ingest.temporal_conn.connect_options`; ``None`` = plain gRPC, no key).
     ``lazy``: connect on first use instead of now. Raises :class:`TemporalUnreachable`
-    naming the address when the connection fails. Callers must not keep the client past
+    naming the address when the connection fails, ``ValueError`` naming the field of a
+    TLS / API key file that cannot be read. Callers must not keep the client past
     the ``async with`` block (a kept reference keeps the runtime's threads alive)."""
+    options = connect_options(config)
     runtime = Runtime(telemetry=TelemetryConfig())
     _runtimes.add(runtime)
     try:
         client = await Client.connect(address, namespace=namespace, runtime=runtime,
-                                      data_converter=pydantic_data_converter, lazy=lazy)
+                                      data_converter=pydantic_data_converter, lazy=lazy,
+                                      **options)
     except RuntimeError as exc:
         raise TemporalUnreachable(
             f"cannot reach Temporal at {address} (namespace {namespace}): {exc}") from None

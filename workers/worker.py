@@ -51,7 +51,8 @@ def connect_temporal(config: AutorepairConfig) -> AbstractAsyncContextManager[Cl
 
     Raises :class:`workers.temporal_client.TemporalUnreachable` (a ``RuntimeError``)
     naming the address when Temporal cannot be reached."""
-    return temporal_client(config.temporal.address, config.temporal.namespace)
+    return temporal_client(config.temporal.address, config.temporal.namespace,
+                           config=config.temporal)
 
 
 def precompile_workflow_modules() -> str | None:

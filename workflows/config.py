@@ -24,8 +24,37 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class TemporalTLSConfig(_Section):
+    """TLS of every Temporal client (worker, ingest, CLI): server verification and,
+    with ``client_cert``/``client_key``, mTLS. Temporal Cloud and any frontend behind its
+    own authorizer need it (docs/security.md). TLS is on when any key is set."""
+
+    #: PEM client certificate file (mTLS); requires ``client_key``.
+    client_cert: str | None = None
+    #: PEM private key file of ``client_cert``.
+    client_key: str | None = None
+    #: PEM CA bundle that signed the frontend's certificate (None = the system roots).
+    server_ca: str | None = None
+    #: Name to verify in the frontend's certificate (SNI too) when it differs from the
+    #: host of ``temporal.address`` (None = that host).
+    server_name: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """True when the client connects with TLS (any key set)."""
+        return any((self.client_cert, self.client_key, self.server_ca, self.server_name))
+
+    @model_validator(mode="after")
+    def _pair(self) -> TemporalTLSConfig:
+        if bool(self.client_cert) != bool(self.client_key):
+            raise ValueError(f"temporal.tls: client_cert={self.client_cert!r} and "
+                             f"client_key={self.client_key!r} must both be set")
+        return self
+
+
 class TemporalConfig(_Section):
-    """Where the Temporal frontend is. Defaults match ``temporal server start-dev``."""
+    """Where the Temporal frontend is and how clients authenticate to it. Defaults match
+    ``temporal server start-dev`` (plain gRPC, no credential)."""
 
     #: Temporal frontend ``host:port``.
     address: str = "127.0.0.1:7233"
@@ -55,6 +84,20 @@ class TemporalConfig(_Section):
     #: work back. Off: an operator promotes (``temporal worker deployment
     #: set-current-version``).
     promote_on_start: bool = True
+    #: TLS / mTLS of every Temporal client (worker, ingest, CLI).
+    tls: TemporalTLSConfig = Field(default_factory=TemporalTLSConfig)
+    #: File holding a Temporal API key (first line; Temporal Cloud API keys, or a
+    #: frontend authorizer that takes ``Authorization: Bearer``). Sent on every call; read
+    #: when the process starts (restart to rotate). None = no key.
+    api_key_file: str | None = None
+    #: Environment variable holding the API key instead of ``api_key_file``.
+    api_key_env: str | None = None
+
+    @model_validator(mode="after")
+    def _one_key(self) -> TemporalConfig:
+        if self.api_key_file and self.api_key_env:
+            raise ValueError("temporal: give one of api_key_file, api_key_env")
+        return self
 
 
 class LedgerConfig(_Section):
@@ -77,6 +120,60 @@ class TLSConfig(_Section):
     key: str | None = None
     #: PEM CA bundle; when set, clients must present a certificate it signed (mTLS).
     client_ca: str | None = None
+    #: Cluster a client certificate identified by its subject CN alone (no SPIFFE URI
+    #: SAN) reports for: ``CN=gpu-01`` is node ``gpu-01`` of this cluster only. None: the
+    #: one configured cluster; with several clusters configured, CN-only certificates are
+    #: refused (401 / UNAUTHENTICATED). The SPIFFE SAN ``spiffe://…/cluster/C/node/N``
+    #: names the cluster itself and is the recommended form (docs/security.md).
+    cn_cluster: str | None = None
+
+
+class ServiceAccountTokensConfig(_Section):
+    """Kubernetes ServiceAccount tokens as per-node receiver identities (the Helm chart's
+    default; docs/security.md). The agent presents its pod's projected token (audience
+    ``audience``, expiry of minutes); ingest verifies it with the TokenReview API and binds
+    it to the node the pod runs on: the API server's ``authentication.kubernetes.io/
+    node-name`` claim (Kubernetes ≥ 1.30), else the pod named by the token's pod name +
+    uid claims, whose ``spec.nodeName`` is read once and cached. A token that names no pod
+    is refused: anyone allowed to create tokens for the service account could mint one."""
+
+    #: Accept ServiceAccount tokens on the OTLP receivers.
+    enabled: bool = False
+    #: Audience the tokens must be issued for (the projected volume's ``audience``).
+    audience: str = "autorepair-ingest"
+    #: Cluster id of the nodes whose pods present these tokens (None = the one configured
+    #: cluster; required when several are configured).
+    cluster: str | None = None
+    #: Service accounts whose tokens identify agents, ``NAMESPACE/NAME`` (the agent
+    #: DaemonSet's); tokens of any other account are refused. Required when enabled.
+    service_accounts: list[str] = Field(default_factory=list)
+    #: Kubeconfig of the API server that reviews the tokens (None = in-cluster config).
+    kubeconfig: str | None = None
+    #: How long a verified token's identity is kept before it is reviewed again, seconds
+    #: (never past the token's own ``exp``). 60: a revoked pod's token stops within a
+    #: minute while one agent costs one review a minute, not one a push.
+    cache_s: float = Field(60.0, gt=0)
+    #: How long a refused token stays refused without asking again, seconds.
+    failure_cache_s: float = Field(10.0, ge=0)
+    #: TokenReview / pod reads in flight at once; a token that would exceed it is
+    #: refused (401, retried by the agent), so unknown tokens cannot flood the API server.
+    max_concurrent_reviews: int = Field(8, gt=0)
+    #: Most tokens (verified or refused) remembered at once; the oldest go first.
+    max_cached_tokens: int = Field(100_000, gt=0)
+    #: Longest wait for one TokenReview or pod read, seconds.
+    timeout_s: float = Field(5.0, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> ServiceAccountTokensConfig:
+        for sa in self.service_accounts:
+            ns, sep, name = sa.partition("/")
+            if not sep or not ns or not name or "/" in name:
+                raise ValueError(f"ingest.service_account_tokens.service_accounts: {sa!r} is "
+                                 "not NAMESPACE/NAME")
+        if self.enabled and not self.service_accounts:
+            raise ValueError("ingest.service_account_tokens.service_accounts: required when "
+                             "enabled (the agent DaemonSet's NAMESPACE/NAME)")
+        return self
 
 
 class IngestConfig(_Section):
@@ -98,6 +195,33 @@ class IngestConfig(_Section):
     max_decompressed_bytes: int = Field(32 * 1024 * 1024, gt=0)
     #: Bounded in-flight request queue; beyond it the receivers answer 429/503.
     max_inflight: int = Field(512, gt=0)
+    #: Requests of one identity (a node, a collector, a client certificate) in flight at
+    #: once on each receiver; beyond it that identity alone gets 429 / RESOURCE_EXHAUSTED,
+    #: so one token holder cannot take every slot of ``max_inflight``. 16: an agent has at
+    #: most 2 pushes in flight (metrics and logs); a collector batches.
+    max_inflight_per_identity: int = Field(16, gt=0)
+    #: The same cap for one collector identity (it speaks for many nodes: an OTel
+    #: Collector, the fleet simulator). 256: half of ``max_inflight``, so one collector
+    #: cannot take every slot. Without authentication no per-identity cap applies.
+    max_inflight_per_collector: int = Field(256, gt=0)
+    #: gRPC calls in flight from one peer address (IP) at once; beyond it that peer gets
+    #: RESOURCE_EXHAUSTED (a neighbour opening stalled streams cannot starve others).
+    #: Agents behind one NAT address share it: raise it there.
+    max_inflight_per_peer: int = Field(64, gt=0)
+    #: gRPC streams one HTTP/2 connection may hold open (``grpc.max_concurrent_streams``).
+    max_streams_per_connection: int = Field(8, gt=0)
+    #: Longest time to receive a request's message (gRPC) or body (HTTP) after its
+    #: headers, seconds; a slower sender gets DEADLINE_EXCEEDED / 408. 10 s: twice the
+    #: agent's push timeout (``push.timeout_s``, 5 s).
+    receive_timeout_s: float = Field(10.0, gt=0)
+    #: Longest time an HTTP connection may take to send a request's headers (from the
+    #: connection or the request's first byte), seconds; then the connection is closed
+    #: (slowloris guard).
+    header_timeout_s: float = Field(10.0, gt=0)
+    #: HTTP connections plus requests one HTTP listener serves at once (uvicorn's
+    #: ``limit_concurrency``); beyond it new requests get 503. Agents keep one
+    #: keep-alive connection each: size it above the nodes one ingest serves.
+    limit_concurrency: int = Field(8192, gt=0)
     #: TLS / mTLS of both OTLP receivers.
     tls: TLSConfig = Field(default_factory=TLSConfig)
     #: Receiver tokens file, one per line: ``TOKEN node CLUSTER/NODE`` (may report for
@@ -105,6 +229,9 @@ class IngestConfig(_Section):
     #: node of those clusters), or a bare ``TOKEN`` (collector of every cluster); ``TOKEN``
     #: may be ``sha256:<hex>``. See docs/security.md.
     tokens_file: str | None = None
+    #: Kubernetes ServiceAccount tokens (TokenReview) as per-node identities.
+    service_account_tokens: ServiceAccountTokensConfig = Field(
+        default_factory=ServiceAccountTokensConfig)
     #: Serve the OTLP receivers without authentication (no tokens, no mTLS):
     #: ``autorepair ingest`` refuses to start so unless this is true (logged loudly).
     insecure_allow_unauthenticated: bool = False
@@ -479,8 +606,21 @@ class ValidationConfig(_Section):
     image: str = "ghcr.io/autorepair/agent:latest"
     #: Kubernetes: ``nvidia.com/gpu`` the Job requests (0 = use the node's GPUs unclaimed).
     gpus: int = Field(0, ge=0)
-    #: Optional HTTP endpoint that receives each hardware ticket (JSON POST).
+    #: Optional HTTP endpoint that receives each hardware ticket (JSON POST). A URL that
+    #: holds a credential belongs in ``ticket_webhook_env`` / ``ticket_webhook_file``.
     ticket_webhook: str | None = None
+    #: Environment variable of the worker holding the ticket webhook URL.
+    ticket_webhook_env: str | None = None
+    #: File holding the ticket webhook URL (first line), read when a ticket is posted.
+    ticket_webhook_file: str | None = None
+
+    @model_validator(mode="after")
+    def _one_ticket_webhook(self) -> ValidationConfig:
+        given = [k for k in ("ticket_webhook", "ticket_webhook_env", "ticket_webhook_file")
+                 if getattr(self, k)]
+        if len(given) > 1:
+            raise ValueError(f"validation: give one of {', '.join(given)}")
+        return self
 
 
 class AllowedDetector(_Section):
@@ -657,8 +797,13 @@ class ClusterConfig(_Section):
     provisioner: Literal["redfish", "webhook"] = "redfish"
     #: Redfish virtual-media image URL used by reprovision.
     provision_image: str | None = None
-    #: Webhook provider URL (provisioner ``webhook``).
+    #: Webhook provider URL (provisioner ``webhook``). A URL that holds a credential
+    #: belongs in ``provision_webhook_env`` / ``provision_webhook_file``.
     provision_webhook: str | None = None
+    #: Environment variable of the worker holding the provisioning webhook URL.
+    provision_webhook_env: str | None = None
+    #: File holding the provisioning webhook URL (first line), read at each call.
+    provision_webhook_file: str | None = None
     #: Machines in the hot-spare pool.
     spares: list[str] = Field(default_factory=list)
     #: Machine re-validation (DESIGN §1 step 5).
@@ -669,6 +814,20 @@ class ClusterConfig(_Section):
     reset_gpu: ResetGpuConfig = Field(default_factory=ResetGpuConfig)
     #: Kubernetes: which node conditions may repair without the agent's confirmation.
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
+
+    @model_validator(mode="after")
+    def _one_provision_webhook(self) -> ClusterConfig:
+        given = [k for k in ("provision_webhook", "provision_webhook_env",
+                             "provision_webhook_file") if getattr(self, k)]
+        if len(given) > 1:
+            raise ValueError(f"clusters[{self.name}]: give one of {', '.join(given)}")
+        return self
+
+    @property
+    def has_provision_webhook(self) -> bool:
+        """True when some form of ``provision_webhook`` is configured."""
+        return bool(self.provision_webhook or self.provision_webhook_env
+                    or self.provision_webhook_file)
 
     @property
     def gpu_node_count(self) -> int:

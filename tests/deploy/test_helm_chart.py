@@ -84,10 +84,12 @@ def test_helm_lint_strict_has_no_warnings_or_errors() -> None:
          "agent": {"shard": "west", "privileged": False}},
         {"agent": {"enabled": False}, "rbac": {"nodeWatcher": "ingest"},
          "worker": {"replicas": 1, "jobsNamespace": "autorepair-validation"},
+         "ingest": {"auth": {"tokensFile": True}},
          "secrets": {"create": False, "existingSecret": "site-secrets"}},
         {"secrets": {"bmcUsername": "admin", "bmcPassword": "pw", "ingestTokens": "a,b",
                      "adminToken": "t", "apiTokens": "tok operator alice\n",
-                     "agentToken": "agent-tok"}},
+                     "agentToken": "agent-tok"},
+         "agent": {"identity": "sharedToken", "sharedToken": {"acknowledgeRisk": True}}},
     ],
     ids=["defaults", "shards-unprivileged-agent", "no-agent-existing-secret", "all-secrets"],
 )
@@ -103,7 +105,15 @@ def test_expected_objects(default_docs: list[dict[str, Any]]) -> None:
     kinds = sorted({(d["kind"], d["metadata"]["name"]) for d in default_docs})
     assert kinds == sorted([
         ("ConfigMap", f"{FULL}-config"),
-        ("Secret", f"{FULL}-secrets"),
+        ("Secret", f"{FULL}-ingest-secrets"),
+        ("Secret", f"{FULL}-worker-secrets"),
+        ("NetworkPolicy", f"{FULL}-ingest"),
+        ("NetworkPolicy", f"{FULL}-worker"),
+        ("NetworkPolicy", f"{FULL}-agent"),
+        ("ClusterRole", f"{FULL}-token-review"),
+        ("ClusterRoleBinding", f"{FULL}-token-review"),
+        ("Role", f"{FULL}-agent-pods"),
+        ("RoleBinding", f"{FULL}-agent-pods"),
         ("ServiceAccount", f"{FULL}-ingest"),
         ("ServiceAccount", f"{FULL}-worker"),
         ("ServiceAccount", f"{FULL}-agent"),
@@ -159,22 +169,25 @@ WORKER_RIGHTS = {
     (NS, "", "pods", "list"), (NS, "", "pods/log", "get"),
 }
 NODE_WATCHER_RIGHTS = {("*", "", "nodes", v) for v in ("get", "list", "watch", "patch")}
+#: ingest/kube_tokens.py: create_token_review, read_namespaced_pod (the agents' pods).
+TOKEN_REVIEW_RIGHTS = {("*", "authentication.k8s.io", "tokenreviews", "create"),
+                       (NS, "", "pods", "get")}
 
 
 def test_rbac_is_least_privilege(default_docs: list[dict[str, Any]]) -> None:
     assert _rules_of(default_docs, f"{FULL}-worker") == WORKER_RIGHTS
-    assert _rules_of(default_docs, f"{FULL}-ingest") == set()
+    assert _rules_of(default_docs, f"{FULL}-ingest") == TOKEN_REVIEW_RIGHTS
     assert _rules_of(default_docs, f"{FULL}-agent") == set()
     sas = by_kind(default_docs, "ServiceAccount")
     assert sas[f"{FULL}-worker"]["automountServiceAccountToken"] is True
-    assert sas[f"{FULL}-ingest"]["automountServiceAccountToken"] is False
+    assert sas[f"{FULL}-ingest"]["automountServiceAccountToken"] is True  # TokenReview
     assert sas[f"{FULL}-agent"]["automountServiceAccountToken"] is False
 
 
 def test_node_watcher_can_move_to_ingest_and_jobs_namespace_is_configurable() -> None:
     docs = render({"rbac": {"nodeWatcher": "ingest"},
                    "worker": {"jobsNamespace": "autorepair-validation"}})
-    assert _rules_of(docs, f"{FULL}-ingest") == NODE_WATCHER_RIGHTS
+    assert _rules_of(docs, f"{FULL}-ingest") == NODE_WATCHER_RIGHTS | TOKEN_REVIEW_RIGHTS
     worker = _rules_of(docs, f"{FULL}-worker")
     assert {r for r in worker if r[0] != "*"} == {
         ("autorepair-validation", g, r, v) for (_, g, r, v) in WORKER_RIGHTS if _ != "*"}
@@ -232,8 +245,8 @@ def test_control_plane_hardening_and_secret_split(default_docs: list[dict[str, A
         env = {e["name"]: e for e in c["env"]}
         assert env["AUTOREPAIR_CONFIG"]["value"] == "/etc/autorepair/autorepair.yaml"
         for e in env.values():  # secrets only by reference, never inline
-            if "valueFrom" in e:
-                assert e["valueFrom"]["secretKeyRef"]["name"] == f"{FULL}-secrets"
+            if "valueFrom" in e and "secretKeyRef" in e["valueFrom"]:
+                assert e["valueFrom"]["secretKeyRef"]["name"] == f"{FULL}-{comp}-secrets"
         ref = env["AUTOREPAIR__LEDGER__DSN"]["valueFrom"]["secretKeyRef"]
         assert ref["key"] == "ledger-dsn" and not ref.get("optional")
         bmc = {"AUTOREPAIR_BMC_USERNAME", "AUTOREPAIR_BMC_PASSWORD"}
@@ -250,6 +263,7 @@ def test_configmap_is_a_valid_autorepair_yaml_without_secrets(tmp_path: Path) ->
     secret_values = {"ledgerDsn": "postgresql://ar:S3cretPw@pg/ar", "bmcPassword": "B0mcPw",
                      "agentToken": "AgentTok", "ingestTokens": "IngTok", "adminToken": "AdmTok"}
     docs = render({"secrets": secret_values,
+                   "agent": {"identity": "sharedToken", "sharedToken": {"acknowledgeRisk": True}},
                    "temporal": {"address": "temporal.prod:7233", "namespace": "gpu-prod"},
                    "config": {"threshold": {"k": 2.5},
                               "clusters": [{"name": "gpu-east", "scheduler": "kubernetes",
@@ -266,7 +280,7 @@ def test_configmap_is_a_valid_autorepair_yaml_without_secrets(tmp_path: Path) ->
     assert cfg.temporal.namespace == "gpu-prod"
     assert cfg.threshold.k == 2.5 and cfg.threshold.statistical_min == 5
     assert cfg.cluster("gpu-east").gpu_node_count == 64
-    secret = by_kind(docs, "Secret")[f"{FULL}-secrets"]
+    secret = by_kind(docs, "Secret")[f"{FULL}-worker-secrets"]
     assert secret["stringData"]["bmc-password"] == "B0mcPw"
     # A config change rolls the pods.
     before = by_kind(render(), "Deployment")[f"{FULL}-worker"]
@@ -317,7 +331,7 @@ def test_agent_daemonset_minimal_privileges(default_docs: list[dict[str, Any]]) 
     assert mounts["kmsg"] == {"name": "kmsg", "mountPath": "/dev/kmsg", "readOnly": True}
     vols = {v["name"]: v for v in pod["volumes"]}
     assert vols["kmsg"]["hostPath"] == {"path": "/dev/kmsg", "type": "CharDevice"}
-    assert set(vols) == {"kmsg", "state", "tmp"}
+    assert set(vols) == {"kmsg", "state", "tmp", "identity"}
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert c["securityContext"]["runAsUser"] == 0  # caps only reach root; root-owned hostPath
 
@@ -396,8 +410,8 @@ def test_receiver_tokens_file_is_wired_to_ingest_only(tmp_path: Path) -> None:
     from ingest.auth import ReceiverAuth, load_identities
     from workers.config import load_config
 
-    docs = render()
-    secret = by_kind(docs, "Secret")[f"{FULL}-secrets"]
+    docs = render({"ingest": {"auth": {"tokensFile": True}}})
+    secret = by_kind(docs, "Secret")[f"{FULL}-ingest-secrets"]
     assert secret["stringData"]["ingest-tokens-file"] == RECEIVER_TOKENS
     deps = by_kind(docs, "Deployment")
     ingest, worker = deps[f"{FULL}-ingest"], deps[f"{FULL}-worker"]
@@ -407,7 +421,7 @@ def test_receiver_tokens_file_is_wired_to_ingest_only(tmp_path: Path) -> None:
     vol = {v["name"]: v for v in ingest["spec"]["template"]["spec"]["volumes"]}[
         "receiver-tokens"]["secret"]
     assert vol["items"] == [{"key": "ingest-tokens-file", "path": "tokens"}]
-    assert vol["secretName"] == f"{FULL}-secrets" and not vol.get("optional")
+    assert vol["secretName"] == f"{FULL}-ingest-secrets" and not vol.get("optional")
     assert "receiver-tokens" not in {
         v["name"] for v in worker["spec"]["template"]["spec"]["volumes"]}
     env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
@@ -429,8 +443,9 @@ def test_receiver_tokens_file_is_wired_to_ingest_only(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("values", "needle"),
     [
-        ({"secrets": {"ingestTokensFile": ""}}, "secrets.ingestTokensFile is required"),
-        ({"secrets": {"ingestTokensFile": ""}, "ingest": {"auth": {"tokensFile": False}}},
+        ({"secrets": {"ingestTokensFile": ""}, "ingest": {"auth": {"tokensFile": True}}},
+         "secrets.ingestTokensFile is required"),
+        ({"secrets": {"ingestTokensFile": ""}, "agent": {"enabled": False}},
          "ingest.auth.insecureAllowUnauthenticated"),
     ],
 )
@@ -469,10 +484,10 @@ def test_kubernetes_clusters_give_ingest_the_node_list() -> None:
     """Ingest reads a Kubernetes cluster's node list (the inventory: unknown nodes are
     observed, not repaired); list only, and only when such a cluster is configured."""
     docs = render({"config": {"clusters": [{"name": "gpu-east", "scheduler": "kubernetes"}]}})
-    assert _rules_of(docs, f"{FULL}-ingest") == {("*", "", "nodes", "list")}
+    assert _rules_of(docs, f"{FULL}-ingest") == {("*", "", "nodes", "list")} | TOKEN_REVIEW_RIGHTS
     assert by_kind(docs, "ServiceAccount")[f"{FULL}-ingest"]["automountServiceAccountToken"]
     slurm = render({"config": {"clusters": [{"name": "gpu-east", "scheduler": "slurm"}]}})
-    assert _rules_of(slurm, f"{FULL}-ingest") == set()
+    assert _rules_of(slurm, f"{FULL}-ingest") == TOKEN_REVIEW_RIGHTS
 
 
 def test_worker_versioning_values_and_draining_builds(tmp_path: Path) -> None:

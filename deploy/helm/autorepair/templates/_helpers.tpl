@@ -34,12 +34,24 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
+{{/* The Secret of one consumer: (dict "root" $ "component" "ingest"|"worker"|"agent").
+secrets.existing.<component>, else the older one-for-all secrets.existingSecret, else the
+chart's <fullname>-<component>-secrets. */}}
 {{- define "autorepair.secretName" -}}
-{{- if .Values.secrets.existingSecret -}}
-{{- .Values.secrets.existingSecret -}}
+{{- $root := .root -}}
+{{- $existing := index (default dict $root.Values.secrets.existing) .component -}}
+{{- if $existing -}}
+{{- $existing -}}
+{{- else if $root.Values.secrets.existingSecret -}}
+{{- $root.Values.secrets.existingSecret -}}
 {{- else -}}
-{{- printf "%s-secrets" (include "autorepair.fullname" .) -}}
+{{- printf "%s-%s-secrets" (include "autorepair.fullname" $root) .component -}}
 {{- end -}}
+{{- end -}}
+
+{{/* "true" when ingest verifies the agents' ServiceAccount tokens (TokenReview). */}}
+{{- define "autorepair.tokenReview" -}}
+{{- if and .Values.agent.enabled (eq .Values.agent.identity "serviceAccountToken") -}}true{{- end -}}
 {{- end -}}
 
 {{- define "autorepair.jobsNamespace" -}}
@@ -60,11 +72,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{/* Environment of ingest and worker: config file, Temporal, and only the secrets the
-component needs (BMC credentials: worker; receiver and admin tokens: ingest).
+component needs (BMC credentials and webhook URLs: worker; receiver and admin tokens:
+ingest), each from that component's own Secret.
 Call with (dict "root" $ "component" "ingest"|"worker"). */}}
 {{- define "autorepair.controlPlaneEnv" -}}
 {{- $root := .root -}}
-{{- $secret := include "autorepair.secretName" $root -}}
+{{- $secret := include "autorepair.secretName" . -}}
 - name: AUTOREPAIR_CONFIG
   value: /etc/autorepair/autorepair.yaml
 - name: TEMPORAL_ADDRESS
@@ -77,18 +90,14 @@ Call with (dict "root" $ "component" "ingest"|"worker"). */}}
       name: {{ $secret }}
       key: ledger-dsn
 {{- if eq .component "worker" }}
-- name: AUTOREPAIR_BMC_USERNAME
+{{- range $env, $key := dict "AUTOREPAIR_BMC_USERNAME" "bmc-username" "AUTOREPAIR_BMC_PASSWORD" "bmc-password" "AUTOREPAIR_PROVISION_WEBHOOK" "provision-webhook" "AUTOREPAIR_TICKET_WEBHOOK" "ticket-webhook" "AUTOREPAIR_NOTIFY_WEBHOOK" "notify-webhook" }}
+- name: {{ $env }}
   valueFrom:
     secretKeyRef:
       name: {{ $secret }}
-      key: bmc-username
+      key: {{ $key }}
       optional: true
-- name: AUTOREPAIR_BMC_PASSWORD
-  valueFrom:
-    secretKeyRef:
-      name: {{ $secret }}
-      key: bmc-password
-      optional: true
+{{- end }}
 {{- else }}
 - name: AUTOREPAIR_INGEST_TOKENS
   valueFrom:
@@ -105,29 +114,68 @@ Call with (dict "root" $ "component" "ingest"|"worker"). */}}
 {{- end }}
 {{- end -}}
 
-{{/* Volumes shared by ingest and worker. */}}
+{{/* Volumes of ingest and worker: the config, /tmp, the Temporal client credentials
+(temporal.tls / temporal.apiKey) and, for ingest only, the repair API's tokens file --
+single keys of the component's own Secret, never the whole Secret.
+Call with (dict "root" $ "component" "ingest"|"worker"). */}}
 {{- define "autorepair.controlPlaneVolumes" -}}
+{{- $root := .root -}}
+{{- $t := $root.Values.temporal -}}
 - name: config
   configMap:
-    name: {{ include "autorepair.fullname" . }}-config
+    name: {{ include "autorepair.fullname" $root }}-config
+{{- if eq .component "ingest" }}
 - name: secrets
   secret:
     secretName: {{ include "autorepair.secretName" . }}
     optional: true
     defaultMode: 0440
+    items:
+      - key: api-tokens
+        path: api-tokens
+{{- end }}
+{{- if or $t.tls.enabled $t.apiKey }}
+- name: temporal-credentials
+  secret:
+    secretName: {{ include "autorepair.secretName" . }}
+    defaultMode: 0440
+    items:
+      {{- if and $t.tls.enabled $t.tls.clientCertificate }}
+      - key: temporal-client-cert
+        path: client.pem
+      - key: temporal-client-key
+        path: client.key
+      {{- end }}
+      {{- if and $t.tls.enabled $t.tls.serverCA }}
+      - key: temporal-server-ca
+        path: ca.pem
+      {{- end }}
+      {{- if $t.apiKey }}
+      - key: temporal-api-key
+        path: api-key
+      {{- end }}
+{{- end }}
 - name: tmp
   emptyDir:
     sizeLimit: 256Mi
 {{- end -}}
 
 {{- define "autorepair.controlPlaneMounts" -}}
+{{- $t := .root.Values.temporal -}}
 - name: config
   mountPath: /etc/autorepair/autorepair.yaml
   subPath: autorepair.yaml
   readOnly: true
+{{- if eq .component "ingest" }}
 - name: secrets
   mountPath: /etc/autorepair/secrets
   readOnly: true
+{{- end }}
+{{- if or $t.tls.enabled $t.apiKey }}
+- name: temporal-credentials
+  mountPath: /etc/autorepair/temporal
+  readOnly: true
+{{- end }}
 - name: tmp
   mountPath: /tmp
 {{- end -}}
@@ -154,7 +202,26 @@ Call with (dict "root" $ "component" "ingest"|"worker"). */}}
 {{- if and $auth.tokensFile .Values.secrets.create (not .Values.secrets.existingSecret) (not .Values.secrets.ingestTokensFile) -}}
 {{- fail "secrets.ingestTokensFile is required when ingest.auth.tokensFile is true and the chart creates the Secret: the receivers' per-node / collector tokens ('TOKEN ROLE SUBJECT' lines, docs/security.md); or set ingest.auth.tokensFile: false and authenticate otherwise" -}}
 {{- end -}}
-{{- if not (or $auth.tokensFile .Values.secrets.ingestTokens $mtls $tokensFile $insecure) -}}
-{{- fail "ingest.auth: the OTLP receivers would accept data from anyone: set ingest.auth.tokensFile (per-node / collector tokens), secrets.ingestTokens or config.ingest.tls.client_ca (mTLS), or set ingest.auth.insecureAllowUnauthenticated: true to run without authentication" -}}
+{{- $mtls = or $mtls (and .Values.ingest.tls.secretName .Values.ingest.tls.clientCA) -}}
+{{- $shared := and .Values.agent.enabled (eq .Values.agent.identity "sharedToken") -}}
+{{- if not (or (include "autorepair.tokenReview" .) $shared $auth.tokensFile .Values.secrets.ingestTokens $mtls $tokensFile $insecure) -}}
+{{- fail "ingest.auth: the OTLP receivers would accept data from anyone: use agent.identity serviceAccountToken (the default), set ingest.auth.tokensFile (per-node / collector tokens), secrets.ingestTokens or ingest.tls (mTLS), or set ingest.auth.insecureAllowUnauthenticated: true to run without authentication" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Refuses agent identities that do not hold: a shared token without the explicit
+acknowledgement, a certificate identity without its volume or without mTLS on ingest. */}}
+{{- define "autorepair.agentIdentityCheck" -}}
+{{- $a := .Values.agent -}}
+{{- if and (or (eq $a.identity "sharedToken") .Values.secrets.agentToken) (not $a.sharedToken.acknowledgeRisk) -}}
+{{- fail "agent.sharedToken.acknowledgeRisk: a shared agent token is one credential for every node -- root on any node can read it and report faults (and get repairs) for every other node. Use agent.identity serviceAccountToken or certificate, or set agent.sharedToken.acknowledgeRisk: true" -}}
+{{- end -}}
+{{- if eq $a.identity "certificate" -}}
+{{- if not $a.certificate.volume -}}
+{{- fail "agent.certificate.volume: required with agent.identity certificate (a CSI volume issuing the pod a certificate with the URI SAN spiffe://<domain>/cluster/<cluster>/node/<node>)" -}}
+{{- end -}}
+{{- if not (and .Values.ingest.tls.secretName .Values.ingest.tls.clientCA) -}}
+{{- fail "ingest.tls.secretName: required (with ingest.tls.clientCA: true) for agent.identity certificate: ingest must ask for client certificates" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
