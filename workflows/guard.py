@@ -149,9 +149,6 @@ class ClusterGuardWorkflow:
             else gm.new_state(inp.cluster, default)
         )
         self._inbox: list[gm.Event] = []
-        #: (event, commands) of every step, in order: the fidelity record (the commands
-        #: executed are exactly the machine's).
-        self.steps: list[tuple[gm.Event, list[gm.Command]]] = []
 
     # ---- signals / queries -------------------------------------------------------
     @workflow.signal(name=GUARD_SIGNAL_ACQUIRE)
@@ -241,7 +238,6 @@ class ClusterGuardWorkflow:
         while todo:
             ev = todo.popleft()
             self._m, cmds = gm.step(self._m, ev, workflow.now())
-            self.steps.append((ev, list(cmds)))
             for cmd in cmds:
                 follow = await self._execute(cmd)
                 if follow is not None:
