@@ -75,15 +75,17 @@ DEFECTS: dict[str, str] = {
 
 
 class Status(StrEnum):
+    """Where the guard's lifecycle is (see the module's docstring)."""
+
     starting = "starting"
     rebuilding = "rebuilding"
     serving = "serving"
 
 
 class Why(StrEnum):
-    """Why a request waits."""
+    """Why a queued request waits (a request that came while the guard was starting or
+    rebuilding is kept in ``deferred`` and decided, in order, once it serves)."""
 
-    rebuilding = "rebuilding"
     node = "node"
     pool = "pool"
     budget = "budget"
