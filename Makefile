@@ -89,9 +89,11 @@ crash: install
 clean:
 	rm -rf $(VENV) .autorepair
 
-# Exhaustive bounded check of the lifecycle machines (tests/model/checker.py): every
-# event sequence up to DEPTH; the last line is `states=… transitions=… depth=…
+# Exhaustive bounded check of the lifecycle machines (tests/model/checker.py, and the
+# cluster guard's world tests/model/guard_world.py to GUARD_DEPTH): every event sequence
+# up to DEPTH; the last line is `states=… transitions=… depth=…
 # violations=0 seconds=…`, exit 1 on a violation (printed with its shortest trace).
 DEPTH ?= 12
+GUARD_DEPTH ?= 6
 model-check: install
-	$(BIN)/python -m tests.model --depth $(DEPTH)
+	$(BIN)/python -m tests.model --depth $(DEPTH) --guard-depth $(GUARD_DEPTH)

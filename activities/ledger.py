@@ -779,16 +779,23 @@ class Ledger:
     # -- cluster guard ----------------------------------------------------------------------
     async def guard_state(self, q: GuardStateQuery) -> GuardLedgerState:
         """What a freshly started cluster guard rebuilds (see :class:`GuardLedgerState`):
-        open repairs in :data:`HOLDING_STAGES`, automatic repairs that cordoned since
+        open repairs in :data:`HOLDING_STAGES` or awaiting approval after they cordoned
+        (a holder waiting for a person after it acted), automatic repairs that cordoned since
         ``q.since`` (their lease was granted) and the guard's newest circuit-breaker alert.
         ``gpu_nodes_reported`` stays 0: nodes named by alerts are no denominator
         (issue 27 item 9)."""
+        # a repair waiting for a person after it cordoned (an escalation after acting)
+        # still holds its node: it counts (issue 26 I21)
         rows = await self.pool.fetch(
             """SELECT repair_id, node, workflow_id, approved_by, requester_kind, stage
-               FROM repairs WHERE cluster = $1 AND stage = ANY($2::text[])
+               FROM repairs r WHERE cluster = $1 AND (stage = ANY($2::text[])
+                 OR (stage = $3 AND EXISTS (SELECT 1 FROM repair_transitions t
+                     WHERE t.repair_id = r.repair_id AND t.stage = $4)))
                ORDER BY created_at""",
             q.cluster,
             list(HOLDING_STAGES),
+            Stage.awaiting_approval.value,
+            Stage.cordoning.value,
         )
         holders = [
             HeldRepair(

@@ -1,7 +1,8 @@
 """Generates docs/lifecycle.md from the machines' transition tables (issue 26 item 3).
 
-The document is derived, never hand-written: the table per machine is
-:data:`workflows.lifecycle.machine_action.TRANSITIONS`, and the Mermaid state diagram's
+The document is derived, never hand-written: the table per machine is its
+``TRANSITIONS`` (:mod:`~workflows.lifecycle.machine_action`,
+:mod:`~workflows.lifecycle.guard`), and the Mermaid state diagram's
 edges are the status changes :func:`~workflows.lifecycle.machine_action.step` actually
 makes, found by stepping the machine through every event at every phase
 (:func:`observed_edges`). A test compares the committed file with :func:`render`.
@@ -13,6 +14,8 @@ from __future__ import annotations
 import sys
 from datetime import UTC, datetime, timedelta
 
+from workflows.leases import LeaseRelease, LeaseRequest, ResetBreakerSignal
+from workflows.lifecycle import guard as gm
 from workflows.lifecycle import machine_action as ma
 from workflows.models import Action
 
@@ -52,6 +55,75 @@ def observed_edges(depth: int = 6) -> set[tuple[str, str, str]]:
                         nxt.append((s1, t1))
             frontier = nxt
     return edges
+
+
+_GUARD_POLICY = gm.PolicyView(gpu_nodes=3, budget=1, breaker_threshold=2,
+                              breaker_window_s=600.0, one_per_pool=True, detector_cap=3,
+                              lease_ttl_s=86400.0)
+
+
+def _guard_probe_events() -> list[gm.Event]:
+    req = LeaseRequest(repair_id="r", workflow_id="w", cluster="c", node="n")
+    return [gm.Started(fresh=True), gm.Started(fresh=False), gm.PolicyRead(view=_GUARD_POLICY),
+            gm.PolicyFailed(), gm.LedgerRead(view=gm.LedgerView()), gm.LedgerUnavailable(),
+            gm.Request(req=req), gm.Release(rel=LeaseRelease(repair_id="r")),
+            gm.ResetBreaker(sig=ResetBreakerSignal(by="op")),
+            gm.TimerFired(name=gm.LEDGER_TIMER), gm.TimerFired(name=gm.EXPIRY_TIMER),
+            gm.HistoryLong(), gm.Clock()]
+
+
+def guard_edges(depth: int = 5) -> set[tuple[str, str, str]]:
+    """``(status, event kind, next status)`` for every status change the guard machine
+    makes within ``depth`` events of a fresh guard (a clock event advances 60 s)."""
+    edges: set[tuple[str, str, str]] = set()
+    frontier = [(gm.new_state("c", _GUARD_POLICY), 0.0)]
+    seen: set[str] = set()
+    for _ in range(depth):
+        nxt = []
+        for s, t in frontier:
+            for ev in _guard_probe_events():
+                t1 = t + (60.0 if isinstance(ev, gm.Clock) else 0.0)
+                s1, _ = gm.step(s, ev, _T0 + timedelta(seconds=t1))
+                if s1.status != s.status:
+                    edges.add((s.status.value, ev.kind, s1.status.value))
+                k = s1.model_dump_json() + str(t1)
+                if k not in seen:
+                    seen.add(k)
+                    nxt.append((s1, t1))
+        frontier = nxt
+    return edges
+
+
+def _guard_section() -> list[str]:
+    out = [
+        "",
+        "## Cluster guard (`workflows/lifecycle/guard.py`)",
+        "",
+        "`ClusterGuardWorkflow`'s leases, queue, circuit breaker and rebuild from the",
+        "ledger. A fresh guard reads the policy, then the ledger, retrying every "
+        f"{gm.LEDGER_RETRY_S:g} s",
+        "until it answers; it grants nothing before (I21). A queued request records why it",
+        "waits (" + ", ".join(f"`{w.value}`" for w in gm.Why) + ") and since when. A reset of",
+        "the open breaker marks every queued request, whatever queued it: its grant carries",
+        "`reset_at` and the repair acts only on evidence observed after it; the reset starts",
+        "a fresh window and a repair counted before it is never counted again (I23).",
+        "",
+        "Planted defects the model checker must find (`tests/model/test_guard_model.py`):",
+        "",
+    ]
+    out += [f"- `{name}`: {what}" for name, what in gm.DEFECTS.items()]
+    out += ["", "### Transition table", "", "| status | event | decision |", "|---|---|---|"]
+    for (st, kind), what in gm.TRANSITIONS.items():
+        out.append(f"| `{st.value}` | `{kind}` | {what} |")
+    out += ["", "### State diagram", "", "```mermaid", "stateDiagram-v2",
+            f"    [*] --> {gm.Status.starting.value}"]
+    by_pair: dict[tuple[str, str], set[str]] = {}
+    for a, kind, b in sorted(guard_edges()):
+        by_pair.setdefault((a, b), set()).add(kind)
+    for (a, b), kinds in sorted(by_pair.items()):
+        out.append(f"    {a} --> {b}: {', '.join(sorted(kinds))}")
+    out += ["```", ""]
+    return out
 
 
 def render() -> str:
@@ -97,7 +169,8 @@ def render() -> str:
     for (a, b), kinds in sorted(by_pair.items()):
         out.append(f"    {a} --> {b}: {', '.join(sorted(kinds))}")
     out += [f"    {st.value} --> [*]" for st in ma.Status if st in ma.TERMINAL]
-    out += ["```", ""]
+    out += ["```"]
+    out += _guard_section()
     return "\n".join(out)
 
 

@@ -1,0 +1,297 @@
+"""Exhaustive bounded model checker of the cluster guard (``GuardMachine``, issue 26).
+
+The world (issue 26 item 4): one cluster, 3 nodes (``a1``, ``a2`` in pool ``A``, ``b1``
+in pool ``B``), budget 1, breaker threshold 2. One automatic repair per node goes
+idle → waiting (its request sent) → holding (granted) → done, or dies while waiting or
+holding (its signals become undeliverable, its ledger row stays). Events: a request or
+its re-send, a renewal, a release, a repair dying, the breaker reset, the clock
+crossing the lease TTL and the breaker window, each armed timer firing, a guard restart
+(the machine's state lost), the ledger going down and coming back, the policy read
+answering or failing, the ledger read answering (holders: every repair holding a node,
+dead ones included; breaker: the newest alert the guard wrote), continue-as-new (the
+state round-trips through JSON). The interpreter's inline follow-up (an undeliverable
+lease signal) is stepped at once, as :mod:`workflows.guard` does.
+
+States are hashed (canonical JSON of the machine's state plus the world) with symmetry
+reduction over the two nodes of pool ``A`` (swapping them maps a state onto an
+equivalent one), so the bounded run is exhaustive. Invariants after every step:
+
+- leases held (repairs that believe they hold one and are alive) ≤ budget, at most one
+  per pool and one per node; the machine's own leases likewise;
+- nothing automatic and new is granted while the breaker is open;
+- **I23** a repair that waited through a reset of the open breaker, whatever queued it,
+  is granted only with ``reset_at`` (it acts on evidence after the reset); after a
+  reset nothing counted before it is counted in the window again;
+- **I21** a fresh guard grants nothing before the ledger answered.
+
+Not modelled: a guard restarted after a reset knows the reset only from the ledger's
+breaker alerts, not which requests waited through it, so the I23 bookkeeping of the
+world starts afresh at a guard restart (see the report of issue 26's guard branch).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+
+from workflows.leases import LeaseRelease, LeaseRequest, ResetBreakerSignal
+from workflows.lifecycle import guard as gm
+
+NODES = ("a1", "a2", "b1")
+POOLS = {"a1": "A", "a2": "A", "b1": "B"}
+#: Lease TTL and breaker window of the model, seconds; the clock step crosses the TTL in
+#: two steps and the window in three.
+TTL_S = 150.0
+WINDOW_S = 250.0
+CLOCK_STEP_S = 100.0
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+POLICY = gm.PolicyView(gpu_nodes=3, budget=1, breaker_threshold=2, breaker_window_s=WINDOW_S,
+                       one_per_pool=True, detector_cap=3, lease_ttl_s=TTL_S, pools=POOLS)
+
+
+@dataclass(frozen=True)
+class World:
+    now_s: float = 0.0
+    #: per node: idle / waiting / holding / done / dead
+    repairs: tuple[str, ...] = ("idle", "idle", "idle")
+    out: str | None = None  # "policy" / "ledger": a read of the guard's is out
+    ledger_up: bool = True
+    ledger_breaker: bool = False  # the newest breaker alert the guard wrote is a trip
+    granted_at: tuple[float | None, ...] = (None, None, None)  # automatic grant times
+    #: per node: waited through a reset of the open breaker (evidence predates it)
+    stale: tuple[bool, ...] = (False, False, False)
+    #: per node: counted (sent an automatic request) before the last reset
+    pre_reset: tuple[bool, ...] = (False, False, False)
+    bad: tuple[str, ...] = ()
+
+
+@dataclass
+class Result:
+    states: int = 0
+    transitions: int = 0
+    depth: int = 0
+    seconds: float = 0.0
+    violations: list[tuple[str, list[str]]] = field(default_factory=list)
+
+    def line(self) -> str:
+        return (f"states={self.states} transitions={self.transitions} depth={self.depth} "
+                f"violations={len(self.violations)} seconds={self.seconds:.2f}")
+
+
+def _rid(i: int) -> str:
+    return f"r-{NODES[i]}"
+
+
+def _req(i: int, renew: bool = False) -> LeaseRequest:
+    return LeaseRequest(repair_id=_rid(i), workflow_id=f"w-{NODES[i]}", cluster="c",
+                        node=NODES[i], node_pool=POOLS[NODES[i]], automatic=True,
+                        renew=renew)
+
+
+def _set(t: tuple, i: int, v: object) -> tuple:  # type: ignore[type-arg]
+    return (*t[:i], v, *t[i + 1:])
+
+
+def _node_of(repair_id: str) -> int:
+    return NODES.index(repair_id.removeprefix("r-"))
+
+
+def _ledger(w: World, m: gm.GuardState) -> gm.LedgerView:
+    holders = [gm.HeldRepair(repair_id=_rid(i), node=NODES[i], workflow_id=f"w-{NODES[i]}",
+                             automatic=True)
+               for i, st in enumerate(w.repairs) if st == "holding"
+               or (st == "dead" and w.granted_at[i] is not None)]
+    auto = [(_rid(i), T0 + timedelta(seconds=t)) for i, t in enumerate(w.granted_at)
+            if t is not None and w.now_s - t <= WINDOW_S]
+    return gm.LedgerView(holders=holders, automatic=auto, breaker_open=w.ledger_breaker,
+                         tripped_at=T0 if w.ledger_breaker else None,
+                         tripped_reason="tripped" if w.ledger_breaker else "")
+
+
+def _events(m: gm.GuardState, w: World) -> list[tuple[str, gm.Event | None]]:
+    """(label, event) of every enabled step; event None: a world-only change."""
+    evs: list[tuple[str, gm.Event | None]] = []
+    for i, st in enumerate(w.repairs):
+        if st in ("idle", "waiting"):
+            evs.append((f"request {NODES[i]}", gm.Request(req=_req(i))))
+        if st == "holding":
+            evs.append((f"renew {NODES[i]}", gm.Request(req=_req(i, renew=True))))
+        if st in ("waiting", "holding"):
+            evs.append((f"release {NODES[i]}",
+                        gm.Release(rel=LeaseRelease(repair_id=_rid(i), outcome="succeeded"))))
+            evs.append((f"die {NODES[i]}", None))
+    evs.append(("reset", gm.ResetBreaker(sig=ResetBreakerSignal(by="oncall"))))
+    evs.append(("clock", gm.Clock()))
+    now = T0 + timedelta(seconds=w.now_s)
+    for name, at in sorted(m.timers.items()):
+        if at <= now:
+            evs.append((f"timer {name}", gm.TimerFired(name=name)))
+    evs.append(("guard restart", gm.Started(fresh=True)))
+    evs.append(("ledger down" if w.ledger_up else "ledger back", None))
+    if w.out == "policy":
+        evs.append(("policy ok", gm.PolicyRead(view=POLICY)))
+        evs.append(("policy failed", gm.PolicyFailed(message="timeout")))
+    if w.out == "ledger":
+        evs.append(("ledger answers" if w.ledger_up else "ledger unavailable",
+                    gm.LedgerRead(view=_ledger(w, m)) if w.ledger_up
+                    else gm.LedgerUnavailable(message="connection refused")))
+    evs.append(("continue-as-new", gm.HistoryLong()))
+    return evs
+
+
+def _world_only(label: str, w: World) -> World:
+    if label.startswith("die "):
+        i = NODES.index(label.removeprefix("die "))
+        return replace(w, repairs=_set(w.repairs, i, "dead"))
+    return replace(w, ledger_up=not w.ledger_up)
+
+
+def _before(label: str, ev: gm.Event, m: gm.GuardState, w: World) -> World:
+    """The world's side of delivering ``ev`` (before the machine steps)."""
+    if isinstance(ev, gm.Clock):
+        return replace(w, now_s=w.now_s + CLOCK_STEP_S)
+    if isinstance(ev, gm.Request) and not ev.req.renew:
+        i = _node_of(ev.req.repair_id)
+        return replace(w, repairs=_set(w.repairs, i, "waiting"))
+    if isinstance(ev, gm.Release):
+        i = _node_of(ev.rel.repair_id)
+        return replace(w, repairs=_set(w.repairs, i, "done"))
+    if isinstance(ev, gm.Started):
+        # a fresh guard knows nothing of an earlier reset (see the module's notes)
+        return replace(w, out=None, stale=(False,) * 3, pre_reset=(False,) * 3)
+    if isinstance(ev, gm.PolicyRead | gm.PolicyFailed | gm.LedgerRead | gm.LedgerUnavailable):
+        return replace(w, out=None)
+    return w
+
+
+def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
+         ) -> tuple[gm.GuardState, World]:
+    """Step ``ev`` and execute its commands as the interpreter does."""
+    todo: deque[gm.Event] = deque([ev])
+    bad = list(w.bad)
+    while todo:
+        e = todo.popleft()
+        now = T0 + timedelta(seconds=w.now_s)
+        was_open, reset_at, counted = m.breaker_open, m.reset_at, m.counted
+        m, cmds = gm.step(m, e, now, defects)
+        if m.reset_at != reset_at:  # the machine applied a reset in this step
+            pre = tuple(p or any(c.repair_id == _rid(i) for c in counted)
+                        for i, p in enumerate(w.pre_reset))
+            stale = tuple(x or (was_open and st == "waiting")
+                          for x, st in zip(w.stale, w.repairs, strict=True))
+            w = replace(w, pre_reset=pre, stale=stale)
+        for c in cmds:
+            if isinstance(c, gm.LoadPolicy):
+                w = replace(w, out="policy")
+            elif isinstance(c, gm.ReadLedger):
+                w = replace(w, out="ledger")
+            elif isinstance(c, gm.WriteAlert) and c.alert.kind == gm.BREAKER_KIND:
+                w = replace(w, ledger_breaker=c.alert.active)
+            elif isinstance(c, gm.ContinueAsNew):
+                m = gm.GuardState.model_validate_json(m.model_dump_json())
+                todo.append(gm.Started(fresh=False))
+            elif isinstance(c, gm.SendLease):
+                i = _node_of(c.reply.repair_id)
+                st = w.repairs[i]
+                if st in ("dead", "done", "idle"):
+                    todo.append(gm.ReplyUndeliverable(repair_id=c.reply.repair_id,
+                                                      purpose=c.purpose))
+                    continue
+                if c.reply.granted:
+                    if st == "waiting":
+                        if m.breaker_open and c.purpose == "reply":
+                            bad.append("breaker: an automatic new repair granted while open")
+                        if m.status != gm.Status.serving or m.rebuilt_at is None:
+                            bad.append("I21: granted before the ledger answered")
+                        if w.stale[i] and c.reply.reset_at is None:
+                            bad.append(f"I23: {NODES[i]} waited through a reset and acts on "
+                                       "pre-reset evidence")
+                        w = replace(w, repairs=_set(w.repairs, i, "holding"),
+                                    granted_at=_set(w.granted_at, i, w.now_s))
+                elif st == "holding":  # a refused renewal: the lease lapsed, do not act
+                    w = replace(w, repairs=_set(w.repairs, i, "waiting"))
+    return m, replace(w, bad=tuple(bad))
+
+
+def check_invariants(m: gm.GuardState, w: World) -> list[str]:
+    bad = list(w.bad)
+    holding = [NODES[i] for i, st in enumerate(w.repairs) if st == "holding"]
+    if len(holding) > POLICY.budget:
+        bad.append(f"budget: {len(holding)} repairs hold a lease (budget {POLICY.budget})")
+    pools = [POOLS[n] for n in holding]
+    if len(set(pools)) < len(pools):
+        bad.append("pool: two leases in one pool")
+    if len(m.leases) > POLICY.budget or len({x.node for x in m.leases}) < len(m.leases):
+        bad.append("guard: leases beyond the budget or two on a node")
+    for c in m.counted:
+        if c.in_window and w.pre_reset[_node_of(c.repair_id)]:
+            bad.append(f"I23: {c.repair_id} counted before the reset is counted again")
+    return bad
+
+
+def _mirror(w: World) -> World:
+    """The world with ``a1`` and ``a2`` swapped (per-node tuples reordered)."""
+    def sw(t: tuple) -> tuple:  # type: ignore[type-arg]
+        return (t[1], t[0], t[2])
+    return replace(w, repairs=sw(w.repairs), granted_at=sw(w.granted_at), stale=sw(w.stale),
+                   pre_reset=sw(w.pre_reset))
+
+
+def _key(m: gm.GuardState, w: World) -> str:
+    """Canonical text of (machine, world): the smaller of it and its a1↔a2 mirror image
+    (symmetry reduction: the two nodes of pool A are interchangeable)."""
+    text = m.model_dump_json() + repr(w)
+    mirrored = m.model_dump_json().replace("a1", "\0").replace("a2", "a1").replace(
+        "\0", "a2") + repr(_mirror(w))
+    return min(text, mirrored)
+
+
+def initial(defects: frozenset[str] = frozenset()) -> tuple[gm.GuardState, World]:
+    """A guard that started, read its policy and rebuilt from an empty ledger."""
+    m, w = _run(gm.new_state("c", POLICY), World(), gm.Started(fresh=True), defects)
+    m, w = _run(m, replace(w, out=None), gm.PolicyRead(view=POLICY), defects)
+    m, w = _run(m, replace(w, out=None), gm.LedgerRead(view=_ledger(w, m)), defects)
+    assert m.status == gm.Status.serving, m.status
+    return m, w
+
+
+def check(depth: int, defects: frozenset[str] = frozenset(),
+          stop_at_first: bool = False) -> Result:
+    """Explore every event sequence of length ≤ ``depth`` from a guard's first start;
+    ``defects`` re-introduces the named ones (test-only)."""
+    res = Result(depth=depth)
+    t0 = time.monotonic()
+    m0, w0 = initial(defects)
+    seen = {_key(m0, w0)}
+    queue: deque[tuple[gm.GuardState, World, list[str]]] = deque([(m0, w0, [])])
+    while queue:
+        m, w, trace = queue.popleft()
+        if len(trace) >= depth:
+            continue
+        for label, ev in _events(m, w):
+            if ev is None:
+                m1, w1 = m, _world_only(label, w)
+            else:
+                w1 = _before(label, ev, m, w)
+                # a guard restart loses the machine's state
+                base = gm.new_state("c", POLICY) if isinstance(ev, gm.Started) else m
+                m1, w1 = _run(base, w1, ev, defects)
+            res.transitions += 1
+            t1 = [*trace, label]
+            bad = check_invariants(m1, w1)
+            if bad:
+                res.violations.append(("guard: " + "; ".join(bad), t1))
+                if stop_at_first:
+                    res.states = len(seen)
+                    res.seconds = time.monotonic() - t0
+                    return res
+                continue
+            k = _key(m1, w1)
+            if k not in seen:
+                seen.add(k)
+                queue.append((m1, w1, t1))
+    res.states = len(seen)
+    res.seconds = time.monotonic() - t0
+    return res

@@ -1,0 +1,41 @@
+"""The model checker over the cluster guard (issue 26 item 4): the CI bound, every
+(status, event) pair decided, and the planted defects found with short traces."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.model.guard_world import check
+from workflows.lifecycle.guard import DEFECTS, EVENT_KINDS, TRANSITIONS, Status
+
+#: The CI bound: every event sequence of up to 5 events from a serving guard (~15 s
+#: here); ``make model-check`` goes as deep as asked.
+CI_DEPTH = 5
+
+
+def test_guard_holds_every_invariant_to_the_ci_bound() -> None:
+    res = check(CI_DEPTH)
+    assert not res.violations, res.violations[:3]
+    assert res.states > 5000, res.line()  # the whole bounded space, not a sample
+
+
+def test_every_guard_status_event_pair_is_in_the_table() -> None:
+    assert set(TRANSITIONS) == {(s, k) for s in Status for k in EVENT_KINDS}
+
+
+@pytest.mark.parametrize(
+    ("defect", "invariant"),
+    [
+        ("reset_marks_breaker_queued_only", "waited through a reset"),
+        ("reset_recounts", "counted again"),
+        ("rebuild_gives_up", "I21"),
+        ("breaker_ignores_queue", "granted while open"),
+    ],
+)
+def test_guard_checker_finds_each_planted_defect(defect: str, invariant: str) -> None:
+    assert defect in DEFECTS
+    res = check(CI_DEPTH, defects=frozenset({defect}), stop_at_first=True)
+    assert res.violations, f"{defect} not found"
+    what, trace = res.violations[0]
+    assert invariant in what, what
+    assert len(trace) <= CI_DEPTH

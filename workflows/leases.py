@@ -1,0 +1,82 @@
+"""The lease protocol's messages between repairs and the cluster guard (DESIGN §4.4),
+kept free of Temporal so the pure guard machine (:mod:`workflows.lifecycle.guard`) can
+use them; :mod:`workflows.protocol` re-exports every name (the wire format is unchanged).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel
+
+from workflows.models import RequesterKind
+
+
+class LeaseRequest(BaseModel):
+    """Ask the cluster guard for a repair lease (signal ``acquire``).
+
+    ``node_pool``: the pool the requester found in the configuration; the guard uses its
+    own configuration's pool for the node when it has one. ``renew``: the requester holds
+    (or held) a lease and is renewing it. ``gpu_evidence``: the repair's evidence names a
+    GPU (counted for the breaker's denominator when no GPU node count is configured).
+    ``requested_at``: when the repair first asked (kept across re-sends).
+    """
+
+    repair_id: str
+    workflow_id: str
+    cluster: str
+    node: str
+    node_pool: str | None = None
+    automatic: bool = True
+    requester_kind: RequesterKind = RequesterKind.system
+    renew: bool = False
+    gpu_evidence: bool = False
+    requested_at: datetime | None = None
+
+
+class LeaseReply(BaseModel):
+    """Guard → requester (signal ``lease``).
+
+    ``granted`` false with ``queued`` true: wait, a later reply grants it (a renewal
+    answered so means the lease expired and its slot is taken: do not act until granted).
+    ``reset_at``: set when the grant came after a breaker reset — evidence observed
+    before it is stale (DESIGN §5 rails: evidence is re-checked right before acting).
+    """
+
+    repair_id: str
+    granted: bool
+    queued: bool = False
+    reason: str = ""
+    reset_at: datetime | None = None
+    #: When the granted lease expires unless renewed (None on a refusal).
+    expires_at: datetime | None = None
+
+
+class LeaseRelease(BaseModel):
+    """Requester → guard (signal ``release``) when the repair ends or stops waiting."""
+
+    repair_id: str
+    outcome: str = ""
+
+
+class ResetBreakerSignal(BaseModel):
+    """Payload of ``reset_breaker``: ``{"by": "alice", "reason": "storage back"}``."""
+
+    by: str
+    reason: str = ""
+
+
+class Lease(BaseModel):
+    """A granted lease as the guard holds it."""
+
+    repair_id: str
+    workflow_id: str
+    node: str
+    node_pool: str | None = None
+    automatic: bool = True
+    requester_kind: RequesterKind = RequesterKind.system
+    granted_at: datetime
+    expires_at: datetime
+    #: ``ledger`` for a lease the guard rebuilt from the ledger's open repairs after a
+    #: fresh start (its holder re-registers on its next renewal), else ``granted``.
+    source: str = "granted"

@@ -1,0 +1,811 @@
+"""The cluster guard's lifecycle (``ClusterGuardWorkflow``, issue 26): leases, the queue,
+the circuit breaker and the rebuild from the ledger, as a pure machine.
+
+``step(state, event, now) -> (state, commands)`` decides every (status, event) pair
+(:data:`TRANSITIONS` is the table; docs/lifecycle.md is generated from it). The workflow
+(:mod:`workflows.guard`) turns signals, activity results and timers into events and
+executes the commands; nothing is decided there.
+
+Statuses: ``starting`` (the policy is being read), ``rebuilding`` (a fresh guard reads
+the ledger's holders, automatic starts and breaker; it retries every
+:data:`LEDGER_RETRY_S` until the ledger answers and grants nothing meanwhile), ``serving``.
+
+Rules (DESIGN §5 rails), checked by ``tests/model/guard_world.py``:
+
+- leases held ≤ the budget, one per node, one per pool (``one_per_pool``), at most
+  ``detector_cap`` detector-requested ones;
+- an automatic, non-renewing request is counted once in the breaker window; more than
+  ``breaker_threshold`` counted in ``breaker_window_s`` trips the breaker; while open,
+  automatic new requests are queued (renewals and a person's requests are not held);
+- **I23** a reset marks every request queued at that moment, whatever queued it (budget,
+  pool, node or breaker): its grant carries ``reset_at``, so the repair acts only on
+  evidence observed after the reset; a reset starts a fresh window, and a repair counted
+  before it is never counted again (its re-sent requests included);
+- **I21** a fresh guard grants nothing until the ledger answered (a holder the ledger
+  lists, in any stage that holds a node, keeps its slot).
+
+The policy numbers come in :class:`PolicyView` (computed by the interpreter from
+``load_policy`` with :func:`workflows.policy.concurrency_budget` and
+:func:`workflows.policy.breaker_threshold`: the policy package reads
+``workflows.config``, which the pure machines may not import).
+
+``defects`` (a parameter of :func:`step`, empty in production; only ``tests/model``
+passes it) re-introduces known defects (:data:`DEFECTS`).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from workflows.leases import Lease, LeaseRelease, LeaseReply, LeaseRequest, ResetBreakerSignal
+from workflows.models import Alert, RequesterKind, Severity
+
+#: How long a fresh guard waits before asking the ledger again, seconds (each read is
+#: itself a few activity tries; 60 s keeps a down database from flooding the history).
+LEDGER_RETRY_S = 60.0
+#: Re-read the policy (``load_policy``) at most this often, seconds (the first release's
+#: refresh interval).
+POLICY_REFRESH_S = 300.0
+#: Kind of the breaker's cluster-level alerts (a trip raises, a reset clears).
+BREAKER_KIND = "circuit_breaker"
+#: Bounds of the lists kept for operators (newest kept).
+MAX_EXPIRED = 50
+MAX_ERRORS = 20
+#: History length after which the guard continues as new (Temporal's own suggestion
+#: also triggers it); overridable through the carried ``history_limit``.
+DEFAULT_HISTORY_LIMIT = 10_000
+#: Timer names.
+EXPIRY_TIMER = "lease_expiry"
+LEDGER_TIMER = "ledger_retry"
+
+DEFECTS: dict[str, str] = {
+    "reset_marks_breaker_queued_only": "a breaker reset marks only breaker-queued requests; "
+                                       "a budget-queued one acts on pre-reset evidence (I23)",
+    "reset_recounts": "a reset forgets which repairs were counted, so their re-sent "
+                      "requests are counted again in the fresh window (I23)",
+    "rebuild_gives_up": "a fresh guard that cannot read the ledger serves without its "
+                        "holders and grants a second lease beside one (I21)",
+    "breaker_ignores_queue": "a budget-queued automatic request is granted while the "
+                             "breaker is open",
+}
+
+
+class Status(StrEnum):
+    """Where the guard's lifecycle is (see the module's docstring)."""
+
+    starting = "starting"
+    rebuilding = "rebuilding"
+    serving = "serving"
+
+
+class Why(StrEnum):
+    """Why a queued request waits (a request that came while the guard was starting or
+    rebuilding is kept in ``deferred`` and decided, in order, once it serves)."""
+
+    node = "node"
+    pool = "pool"
+    budget = "budget"
+    detector_cap = "detector_cap"
+    breaker = "breaker"
+
+
+class PolicyView(BaseModel):
+    """The rails the guard applies (from ``load_policy``; defaults: RailsConfig's)."""
+
+    gpu_nodes: int = Field(ge=0)
+    budget: int = Field(ge=1)
+    breaker_threshold: int = Field(ge=1)
+    breaker_window_s: float = Field(gt=0)
+    one_per_pool: bool
+    detector_cap: int = Field(ge=0)
+    lease_ttl_s: float = Field(gt=0)
+    pools: dict[str, str] = Field(default_factory=dict)
+    loaded: bool = False
+    loaded_at: datetime | None = None
+
+
+class Queued(BaseModel):
+    """A waiting request: ``why`` and ``reason`` (the last refusal), ``since`` (first
+    queued), ``evidence_after`` (a breaker reset happened while it waited: only evidence
+    observed after it counts, I23)."""
+
+    req: LeaseRequest
+    why: Why
+    reason: str
+    since: datetime
+    evidence_after: datetime | None = None
+
+
+class Counted(BaseModel):
+    """An automatic repair counted for the breaker; ``in_window`` false once a reset
+    started a fresh window (the id is kept so it is never counted again)."""
+
+    repair_id: str
+    at: datetime
+    in_window: bool = True
+
+
+class HeldRepair(BaseModel):
+    """A holder the ledger lists (a repair in a stage that holds a node)."""
+
+    repair_id: str
+    node: str
+    workflow_id: str
+    automatic: bool = False
+    requester_kind: RequesterKind = RequesterKind.system
+
+
+class LedgerView(BaseModel):
+    """What ``ledger_guard_state`` answered: holders, automatic starts in the window
+    (``(repair_id, at)``), the breaker as the ledger has it."""
+
+    holders: list[HeldRepair] = Field(default_factory=list)
+    automatic: list[tuple[str, datetime]] = Field(default_factory=list)
+    breaker_open: bool = False
+    tripped_at: datetime | None = None
+    tripped_reason: str = ""
+
+
+class GuardState(BaseModel):
+    """Everything the guard keeps across continue-as-new (``GuardInput.carried``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    cluster: str
+    status: Status = Status.starting
+    reading: Literal["policy", "ledger"] | None = None
+    fresh: bool = True
+    policy: PolicyView
+    leases: list[Lease] = Field(default_factory=list)
+    queue: list[Queued] = Field(default_factory=list)
+    deferred: list[Annotated[Request | Release | ResetBreaker, Field(discriminator="kind")]] = (
+        Field(default_factory=list))
+    breaker_open: bool = False
+    tripped_at: datetime | None = None
+    tripped_reason: str = ""
+    reset_at: datetime | None = None
+    reset_by: str | None = None
+    counted: list[Counted] = Field(default_factory=list)
+    refused_total: int = 0
+    expired: list[Lease] = Field(default_factory=list)
+    errors: list[str] = Field(default_factory=list)
+    rebuilt_at: datetime | None = None
+    timers: dict[str, datetime] = Field(default_factory=dict)
+    history_limit: int = DEFAULT_HISTORY_LIMIT
+
+
+# ---- events ------------------------------------------------------------------------
+class Started(BaseModel):
+    """The workflow run began: ``fresh`` for a first start or a restart after it was
+    terminated (rebuild from the ledger), false after continue-as-new."""
+
+    kind: Literal["started"] = "started"
+    fresh: bool
+
+
+class PolicyRead(BaseModel):
+    kind: Literal["policy_ok"] = "policy_ok"
+    view: PolicyView
+
+
+class PolicyFailed(BaseModel):
+    kind: Literal["policy_failed"] = "policy_failed"
+    message: str = ""
+
+
+class LedgerRead(BaseModel):
+    kind: Literal["ledger_ok"] = "ledger_ok"
+    view: LedgerView
+
+
+class LedgerUnavailable(BaseModel):
+    kind: Literal["ledger_unavailable"] = "ledger_unavailable"
+    message: str = ""
+
+
+class Request(BaseModel):
+    """Signal ``acquire`` (a new request, a re-send, or a renewal: ``req.renew``)."""
+
+    kind: Literal["request"] = "request"
+    req: LeaseRequest
+
+
+class Release(BaseModel):
+    kind: Literal["release"] = "release"
+    rel: LeaseRelease
+
+
+class ResetBreaker(BaseModel):
+    kind: Literal["reset_breaker"] = "reset_breaker"
+    sig: ResetBreakerSignal
+
+
+class ClusterAlert(BaseModel):
+    """Signal ``cluster_alert`` (ingest's panic mode): recorded and notified."""
+
+    kind: Literal["cluster_alert"] = "cluster_alert"
+    alert: Alert
+
+
+class TimerFired(BaseModel):
+    kind: Literal["timer"] = "timer"
+    name: str
+
+
+class ReplyUndeliverable(BaseModel):
+    """A lease signal could not be delivered: the holder/requester is gone."""
+
+    kind: Literal["reply_undeliverable"] = "reply_undeliverable"
+    repair_id: str
+    purpose: Literal["reply", "extend", "rebuilt"]
+
+
+class EffectFailed(BaseModel):
+    """A best-effort side effect failed after its tries (``what``: ``write_alert`` or
+    ``notify``; ``subject``: the alert id or the notification's subject)."""
+
+    kind: Literal["effect_failed"] = "effect_failed"
+    what: Literal["write_alert", "notify"]
+    subject: str
+    message: str = ""
+
+
+class HistoryLong(BaseModel):
+    """The history is long (Temporal suggests continue-as-new, or ``history_limit``)."""
+
+    kind: Literal["history_long"] = "history_long"
+
+
+class Clock(BaseModel):
+    """Time passed (``now`` of :func:`step`); nothing else."""
+
+    kind: Literal["clock"] = "clock"
+
+
+GuardState.model_rebuild()
+
+Event = Annotated[
+    Started | PolicyRead | PolicyFailed | LedgerRead | LedgerUnavailable | Request | Release
+    | ResetBreaker | ClusterAlert | TimerFired | ReplyUndeliverable | EffectFailed
+    | HistoryLong | Clock,
+    Field(discriminator="kind"),
+]
+EVENT_KINDS = ("started", "policy_ok", "policy_failed", "ledger_ok", "ledger_unavailable",
+               "request", "release", "reset_breaker", "cluster_alert", "timer",
+               "reply_undeliverable", "effect_failed", "history_long", "clock")
+
+
+# ---- commands ----------------------------------------------------------------------
+class LoadPolicy(BaseModel):
+    kind: Literal["load_policy"] = "load_policy"
+
+
+class ReadLedger(BaseModel):
+    """``ledger_guard_state`` for the cluster; ``since``: start of the breaker window."""
+
+    kind: Literal["read_ledger"] = "read_ledger"
+    since: datetime
+
+
+class SendLease(BaseModel):
+    """Signal ``lease`` ``reply`` to ``workflow_id``; undeliverable → ReplyUndeliverable."""
+
+    kind: Literal["send_lease"] = "send_lease"
+    workflow_id: str
+    reply: LeaseReply
+    purpose: Literal["reply", "extend", "rebuilt"] = "reply"
+
+
+class WriteAlert(BaseModel):
+    """Record a cluster-level alert in the ledger (idempotent on its id)."""
+
+    kind: Literal["write_alert"] = "write_alert"
+    alert: Alert
+
+
+class Notify(BaseModel):
+    kind: Literal["notify"] = "notify"
+    subject: str
+    body: str
+    severity: str
+    event: str
+    dedup_key: str
+
+
+class StartTimer(BaseModel):
+    kind: Literal["start_timer"] = "start_timer"
+    name: str
+    at: datetime
+
+
+class CancelTimer(BaseModel):
+    kind: Literal["cancel_timer"] = "cancel_timer"
+    name: str
+
+
+class SetDetails(BaseModel):
+    kind: Literal["set_details"] = "set_details"
+    text: str
+
+
+class Warn(BaseModel):
+    """Log a warning (the guard's operators read it with the errors)."""
+
+    kind: Literal["warn"] = "warn"
+    text: str
+
+
+class ContinueAsNew(BaseModel):
+    """Continue as new carrying the state."""
+
+    kind: Literal["continue_as_new"] = "continue_as_new"
+
+
+Command = (LoadPolicy | ReadLedger | SendLease | WriteAlert | Notify | StartTimer
+           | CancelTimer | SetDetails | Warn | ContinueAsNew)
+Cmds = list[Command]
+
+
+# ---- the machine -------------------------------------------------------------------
+def new_state(cluster: str, policy: PolicyView) -> GuardState:
+    """A fresh guard for ``cluster`` with ``policy`` (the defaults until read)."""
+    if not cluster:
+        raise ValueError("cluster: must be a non-empty name (got '')")
+    return GuardState(cluster=cluster, policy=policy)
+
+
+def window_count(s: GuardState, now: datetime) -> list[datetime]:
+    """Times of the automatic starts counted in the current breaker window."""
+    start = now - timedelta(seconds=s.policy.breaker_window_s)
+    return sorted(c.at for c in s.counted if c.in_window and start <= c.at <= now)
+
+
+def _note(s: GuardState, now: datetime, text: str) -> tuple[GuardState, Cmds]:
+    errors = [*s.errors, f"{now.isoformat()} {text}"][-MAX_ERRORS:]
+    return s.model_copy(update={"errors": errors}), [Warn(text=text)]
+
+
+def _ttl(s: GuardState) -> timedelta:
+    return timedelta(seconds=s.policy.lease_ttl_s)
+
+
+def _pool(s: GuardState, req: LeaseRequest) -> str | None:
+    """The node's pool from the configuration; the request's only for unconfigured
+    nodes."""
+    return s.policy.pools.get(req.node) or req.node_pool
+
+
+def refusal(s: GuardState, req: LeaseRequest) -> tuple[Why, str] | None:
+    """Why ``req`` cannot be granted now (node, pool, budget, detector cap), or None."""
+    others = [x for x in s.leases if x.repair_id != req.repair_id]
+    same_node = [x for x in others if x.node == req.node]
+    if same_node:
+        return Why.node, f"node {req.node} busy with repair {same_node[0].repair_id}"
+    pool = _pool(s, req)
+    if s.policy.one_per_pool and pool is not None:
+        busy = [x for x in others if x.node_pool == pool]
+        if busy:
+            return Why.pool, f"node pool {pool} busy with repair {busy[0].repair_id}"
+    if len(others) >= s.policy.budget:
+        return Why.budget, f"concurrency budget {s.policy.budget} in use"
+    if req.requester_kind == RequesterKind.detector:
+        n = sum(1 for x in others if x.requester_kind == RequesterKind.detector)
+        if n >= s.policy.detector_cap:
+            return Why.detector_cap, f"detector cap {s.policy.detector_cap} reached"
+    return None
+
+
+def _breaker_holds(s: GuardState, req: LeaseRequest) -> bool:
+    """Whether the open breaker holds ``req`` back: automatic new starts only."""
+    return s.breaker_open and req.automatic and not req.renew
+
+
+def _drop(s: GuardState, repair_id: str) -> GuardState:
+    return s.model_copy(update={
+        "leases": [x for x in s.leases if x.repair_id != repair_id],
+        "queue": [q for q in s.queue if q.req.repair_id != repair_id],
+        "counted": [c for c in s.counted if c.repair_id != repair_id],
+    })
+
+
+def _grant_queued(s: GuardState, now: datetime, defects: frozenset[str]
+                  ) -> tuple[GuardState, Cmds]:
+    """Grant every queued request the rules allow, in queue order."""
+    leases = list(s.leases)
+    still: list[Queued] = []
+    cmds: Cmds = []
+    for q in s.queue:
+        req = q.req
+        held_by_breaker = _breaker_holds(s, req) and not (
+            "breaker_ignores_queue" in defects and q.why != Why.breaker)
+        if held_by_breaker:
+            still.append(q.model_copy(update={"why": Why.breaker}))
+            continue
+        no = refusal(s.model_copy(update={"leases": leases}), req)
+        if no is not None:
+            still.append(q.model_copy(update={"why": no[0], "reason": no[1]}))
+            continue
+        exp = now + _ttl(s)
+        leases.append(Lease(repair_id=req.repair_id, workflow_id=req.workflow_id,
+                            node=req.node, node_pool=_pool(s, req), automatic=req.automatic,
+                            requester_kind=req.requester_kind, granted_at=now, expires_at=exp))
+        cmds.append(SendLease(workflow_id=req.workflow_id, reply=LeaseReply(
+            repair_id=req.repair_id, granted=True,
+            reason="re-acquired" if req.renew else "granted",
+            reset_at=q.evidence_after, expires_at=exp)))
+    return s.model_copy(update={"leases": leases, "queue": still}), cmds
+
+
+def _timers(s: GuardState) -> tuple[GuardState, Cmds]:
+    """Arm the lease-expiry timer at the soonest expiry (cancel it with no lease)."""
+    timers = dict(s.timers)
+    cmds: Cmds = []
+    soonest = min((x.expires_at for x in s.leases), default=None)
+    if soonest is None:
+        if EXPIRY_TIMER in timers:
+            del timers[EXPIRY_TIMER]
+            cmds.append(CancelTimer(name=EXPIRY_TIMER))
+    elif timers.get(EXPIRY_TIMER) != soonest:
+        timers[EXPIRY_TIMER] = soonest
+        cmds.append(StartTimer(name=EXPIRY_TIMER, at=soonest))
+    return s.model_copy(update={"timers": timers}), cmds
+
+
+def _expire(s: GuardState, now: datetime) -> tuple[GuardState, Cmds]:
+    """Leases past expiry: extended, and the holder asked (a signal); a holder that is
+    gone frees its slot (:class:`ReplyUndeliverable` ``extend``)."""
+    cmds: Cmds = []
+    leases = []
+    for x in s.leases:
+        if x.expires_at <= now:
+            x = x.model_copy(update={"expires_at": now + _ttl(s)})
+            cmds.append(SendLease(workflow_id=x.workflow_id, purpose="extend", reply=LeaseReply(
+                repair_id=x.repair_id, granted=True,
+                reason="lease extended at expiry: holder still running",
+                expires_at=x.expires_at)))
+        leases.append(x)
+    return s.model_copy(update={"leases": leases}), cmds
+
+
+def _trip(s: GuardState, now: datetime, count: int) -> tuple[GuardState, Cmds]:
+    reason = (f"{count} automatic repair/cordon requests within "
+              f"{s.policy.breaker_window_s:g} s exceeded threshold {s.policy.breaker_threshold}")
+    s = s.model_copy(update={"breaker_open": True, "tripped_at": now, "tripped_reason": reason})
+    alert = Alert(
+        alert_id=f"breaker/{s.cluster}/{now.isoformat()}", cluster=s.cluster, node="*",
+        kind=BREAKER_KIND, severity=Severity.critical,
+        summary=f"Circuit breaker tripped on cluster {s.cluster}",
+        description=reason + "; automatic repairs are paused until an operator runs "
+        f"`autorepair breaker reset --cluster {s.cluster}`",
+        evidence={"count": count, "threshold": s.policy.breaker_threshold, "reason": reason},
+        level=True, source="guard", observed_at=now)
+    return s, [SetDetails(text=f"circuit breaker OPEN: {reason}"), *_record(alert)]
+
+
+def _record(alert: Alert) -> Cmds:
+    """Ledger write, then (while active) the notification."""
+    cmds: Cmds = [WriteAlert(alert=alert)]
+    if alert.active:
+        breaker = alert.kind == BREAKER_KIND
+        cmds.append(Notify(
+            subject=alert.summary, body=alert.description, severity=alert.severity.value,
+            event="breaker_tripped" if breaker else "cluster_alert",
+            dedup_key=f"breaker/{alert.cluster}" if breaker else alert.alert_id))
+    return cmds
+
+
+def _on_request(s: GuardState, req: LeaseRequest, now: datetime, defects: frozenset[str]
+                ) -> tuple[GuardState, Cmds, Cmds]:
+    """(state, replies, effects) for one request while serving."""
+    held = next((x for x in s.leases if x.repair_id == req.repair_id), None)
+    if held is not None:
+        exp = now + _ttl(s)
+        leases = [x.model_copy(update={"expires_at": exp, "workflow_id": req.workflow_id,
+                                       "source": "granted"})
+                  if x.repair_id == req.repair_id else x for x in s.leases]
+        s = s.model_copy(update={"leases": leases})
+        return s, [SendLease(workflow_id=req.workflow_id, reply=LeaseReply(
+            repair_id=req.repair_id, granted=True,
+            reason="renewed" if req.renew else "already held", expires_at=exp))], []
+    old = next((q for q in s.queue if q.req.repair_id == req.repair_id), None)
+    counts = req.automatic and not req.renew
+    effects: Cmds = []
+    if counts and all(c.repair_id != req.repair_id for c in s.counted):
+        s = s.model_copy(update={"counted": [*s.counted, Counted(repair_id=req.repair_id,
+                                                                  at=now)]})
+    # prune: outside the window and neither held nor queued
+    start = now - timedelta(seconds=s.policy.breaker_window_s)
+    live = {q.req.repair_id for q in s.queue} | {x.repair_id for x in s.leases} | {
+        req.repair_id}
+    s = s.model_copy(update={"counted": [c for c in s.counted
+                                         if c.at >= start or c.repair_id in live]})
+    recent = window_count(s, now)
+    if counts and not s.breaker_open and len(recent) > s.policy.breaker_threshold:
+        s, effects = _trip(s, now, len(recent))
+    q = old or Queued(req=req, why=Why.breaker, reason="", since=now)
+    if counts and s.breaker_open:
+        q = q.model_copy(update={"why": Why.breaker,
+                                 "reason": f"circuit breaker open: {s.tripped_reason}"})
+        total = s.refused_total + (0 if old else 1)
+    else:
+        q = q.model_copy(update={"req": req})
+        total = s.refused_total
+    queue = ([q if x.req.repair_id == req.repair_id else x for x in s.queue] if old
+             else [*s.queue, q])
+    s = s.model_copy(update={"queue": queue, "refused_total": total})
+    if counts and s.breaker_open:
+        return s, [SendLease(workflow_id=req.workflow_id, reply=LeaseReply(
+            repair_id=req.repair_id, granted=False, queued=True, reason=q.reason))], effects
+    no = refusal(s, req)
+    if no is not None:
+        text = no[1]
+        if req.renew:
+            lapsed = next((x for x in s.expired if x.repair_id == req.repair_id), None)
+            when = f" at {lapsed.expires_at.isoformat()}" if lapsed else ""
+            text = f"lease lapsed{when} and cannot be renewed: {text}"
+        queue = [x.model_copy(update={"why": no[0], "reason": text})
+                 if x.req.repair_id == req.repair_id else x for x in s.queue]
+        s = s.model_copy(update={"queue": queue})
+        return s, [SendLease(workflow_id=req.workflow_id, reply=LeaseReply(
+            repair_id=req.repair_id, granted=False, queued=True, reason=text))], effects
+    return s, [], effects
+
+
+def _on_reset(s: GuardState, sig: ResetBreakerSignal, now: datetime,
+              defects: frozenset[str]) -> tuple[GuardState, Cmds]:
+    was_open, tripped_at = s.breaker_open, s.tripped_at
+    counted = ([] if "reset_recounts" in defects
+               else [c.model_copy(update={"in_window": False}) for c in s.counted])
+    queue = s.queue
+    if was_open:
+        queue = [q.model_copy(update={"evidence_after": now})
+                 if "reset_marks_breaker_queued_only" not in defects
+                 or q.reason.startswith("circuit breaker open")  # (re-)sent while open
+                 else q for q in s.queue]
+    s = s.model_copy(update={"breaker_open": False, "reset_at": now, "reset_by": sig.by,
+                             "counted": counted, "queue": queue})
+    cmds: Cmds = [SetDetails(text=f"breaker reset by {sig.by} at {now.isoformat()}: "
+                                  f"{sig.reason}")]
+    if was_open:
+        since = (tripped_at or now).isoformat()
+        cmds.append(WriteAlert(alert=Alert(
+            alert_id=f"breaker/{s.cluster}/{since}/reset", cluster=s.cluster, node="*",
+            kind=BREAKER_KIND, severity=Severity.info,
+            summary=f"Circuit breaker reset on cluster {s.cluster} by {sig.by}",
+            description=sig.reason, evidence={"by": sig.by, "reason": sig.reason},
+            level=True, active=False, source="guard", observed_at=now)))
+    return s, cmds
+
+
+def _rebuild(s: GuardState, v: LedgerView, now: datetime) -> tuple[GuardState, Cmds]:
+    """Take the ledger's holders, automatic starts and breaker as ours; tell each
+    rebuilt holder (one that is gone is dropped)."""
+    leases = list(s.leases)
+    cmds: Cmds = []
+    for hr in v.holders:
+        if any(x.repair_id == hr.repair_id for x in leases):
+            continue
+        lease = Lease(repair_id=hr.repair_id, workflow_id=hr.workflow_id, node=hr.node,
+                      node_pool=s.policy.pools.get(hr.node), automatic=hr.automatic,
+                      requester_kind=hr.requester_kind, granted_at=now,
+                      expires_at=now + _ttl(s), source="ledger")
+        leases.append(lease)
+        cmds.append(SendLease(workflow_id=lease.workflow_id, purpose="rebuilt", reply=LeaseReply(
+            repair_id=lease.repair_id, granted=True,
+            reason="lease re-registered from the ledger after a guard restart",
+            expires_at=lease.expires_at)))
+    counted = list(s.counted)
+    for rid, at in v.automatic:
+        if all(c.repair_id != rid for c in counted):
+            counted.append(Counted(repair_id=rid, at=at))
+    upd: dict[str, object] = {"leases": leases, "counted": counted, "rebuilt_at": now,
+                              "status": Status.serving, "reading": None}
+    if v.breaker_open and not s.breaker_open:
+        reason = v.tripped_reason or "breaker open in the ledger"
+        upd |= {"breaker_open": True, "tripped_at": v.tripped_at, "tripped_reason": reason}
+        cmds.insert(0, SetDetails(text=f"circuit breaker OPEN: {reason}"))
+    return s.model_copy(update=upd), cmds
+
+
+def _serve(s: GuardState, ev: Request | Release | ResetBreaker, now: datetime,
+           defects: frozenset[str]) -> tuple[GuardState, Cmds]:
+    """One message while serving (the policy is fresh)."""
+    if isinstance(ev, Request):
+        s, replies, effects = _on_request(s, ev.req, now, defects)
+        return s, [*replies, *effects]
+    if isinstance(ev, Release):
+        return _drop(s, ev.rel.repair_id), []
+    return _on_reset(s, ev.sig, now, defects)
+
+
+def _settle(s: GuardState, cmds: Cmds, now: datetime, defects: frozenset[str]
+            ) -> tuple[GuardState, Cmds]:
+    """After every event while serving: expire, grant what the rules allow, re-arm the
+    expiry timer. Replies go out before effects (ledger writes, notifications)."""
+    if s.status != Status.serving:
+        return s, cmds
+    s, exp = _expire(s, now)
+    s, grants = _grant_queued(s, now, defects)
+    s, timers = _timers(s)
+    replies = [c for c in cmds if isinstance(c, SendLease)]
+    rest = [c for c in cmds if not isinstance(c, SendLease)]
+    return s, [*exp, *replies, *grants, *rest, *timers]
+
+
+def _drain(s: GuardState, now: datetime, defects: frozenset[str]) -> tuple[GuardState, Cmds]:
+    """Serve the deferred messages in order (the policy was just read)."""
+    cmds: Cmds = []
+    deferred, s = s.deferred, s.model_copy(update={"deferred": []})
+    for ev in deferred:
+        s, c = _serve(s, ev, now, defects)
+        cmds += c
+    return s, cmds
+
+
+def _stale(s: GuardState, now: datetime) -> bool:
+    at = s.policy.loaded_at
+    return at is None or (now - at).total_seconds() >= POLICY_REFRESH_S
+
+
+def step(state: GuardState, event: Event, now: datetime,
+         defects: frozenset[str] = frozenset()) -> tuple[GuardState, Cmds]:
+    """Decide ``event`` in ``state`` at ``now`` (the control plane's clock): the next
+    state and the commands to execute, in order. Pure: same input, same output."""
+    s, cmds = _step(state, event, now, defects)
+    return _settle(s, cmds, now, defects)
+
+
+def _step(s: GuardState, ev: Event, now: datetime, defects: frozenset[str]
+          ) -> tuple[GuardState, Cmds]:
+    if isinstance(ev, Clock):
+        return s, []
+    if isinstance(ev, Started):
+        s = s.model_copy(update={"status": Status.starting, "reading": "policy",
+                                 "fresh": ev.fresh})
+        return s, [SetDetails(text=f"cluster guard for {s.cluster}"), LoadPolicy()]
+    if isinstance(ev, ClusterAlert):
+        return s, _record(ev.alert)
+    if isinstance(ev, EffectFailed):
+        what = (f"ledger write of {ev.subject}" if ev.what == "write_alert"
+                else f"notification {ev.subject!r}")
+        return _note(s, now, f"{what} failed: {ev.message}")
+    if isinstance(ev, ReplyUndeliverable):
+        gone = next((x for x in s.leases if x.repair_id == ev.repair_id), None)
+        s = _drop(s, ev.repair_id)
+        if ev.purpose == "extend" and gone is not None:
+            s = s.model_copy(update={"expired": [*s.expired, gone][-MAX_EXPIRED:]})
+            return s, [Warn(text=f"lease expired, holder gone cluster={s.cluster} "
+                                 f"repair_id={gone.repair_id} node={gone.node}")]
+        return s, []
+    if isinstance(ev, PolicyRead | PolicyFailed):
+        if s.reading != "policy":
+            return s, []  # no read of ours is out
+        cmds: Cmds = []
+        if isinstance(ev, PolicyRead):
+            s = s.model_copy(update={"policy": ev.view.model_copy(update={
+                "loaded": True, "loaded_at": now})})
+        else:  # keep serving on the last policy (or the defaults)
+            s, cmds = _note(s, now, f"load_policy failed: {ev.message}")
+            s = s.model_copy(update={"policy": s.policy.model_copy(update={"loaded_at": now})})
+        s = s.model_copy(update={"reading": None})
+        if s.status == Status.starting:
+            if s.fresh:
+                window = timedelta(seconds=s.policy.breaker_window_s)
+                s = s.model_copy(update={"status": Status.rebuilding, "reading": "ledger"})
+                return s, [*cmds, ReadLedger(since=now - window)]
+            s = s.model_copy(update={"status": Status.serving})
+        s, more = _drain(s, now, defects)
+        return s, [*cmds, *more]
+    if isinstance(ev, LedgerRead | LedgerUnavailable):
+        if s.reading != "ledger" or s.status != Status.rebuilding:
+            return s, []
+        if isinstance(ev, LedgerRead):
+            s, cmds = _rebuild(s, ev.view, now)
+            s, more = _drain(s, now, defects)
+            return s, [*cmds, *more]
+        s, cmds = _note(s, now, f"reading the ledger's guard state failed: {ev.message}")
+        if "rebuild_gives_up" in defects:
+            s = s.model_copy(update={"status": Status.serving, "reading": None})
+            s, more = _drain(s, now, defects)
+            return s, [*cmds, *more]
+        at = now + timedelta(seconds=LEDGER_RETRY_S)
+        s = s.model_copy(update={"reading": None, "timers": {**s.timers, LEDGER_TIMER: at}})
+        return s, [*cmds, SetDetails(text="rebuilding from the ledger: the ledger does not "
+                                          f"answer ({ev.message}); retrying"),
+                   StartTimer(name=LEDGER_TIMER, at=at)]
+    if isinstance(ev, TimerFired):
+        due = s.timers.get(ev.name)
+        if due is None or now < due:
+            return s, []  # not armed, or re-armed later
+        timers = {k: v for k, v in s.timers.items() if k != ev.name}
+        s = s.model_copy(update={"timers": timers})
+        if ev.name == LEDGER_TIMER and s.status == Status.rebuilding and s.reading is None:
+            window = timedelta(seconds=s.policy.breaker_window_s)
+            return s.model_copy(update={"reading": "ledger"}), [ReadLedger(
+                since=now - window)]
+        return s, []  # the expiry timer: _settle expires what is due
+    if isinstance(ev, HistoryLong):
+        if s.status == Status.serving and s.reading is None and not s.deferred:
+            return s, [ContinueAsNew()]
+        return s, []  # asked again on a later round
+    # a message: request, release, reset
+    if s.status != Status.serving or s.reading is not None:
+        s = s.model_copy(update={"deferred": [*s.deferred, ev]})
+        if isinstance(ev, Request) and s.status == Status.rebuilding:
+            return s, [SendLease(workflow_id=ev.req.workflow_id, reply=LeaseReply(
+                repair_id=ev.req.repair_id, granted=False, queued=True,
+                reason="guard rebuilding its state from the ledger"))]
+        return s, []
+    if isinstance(ev, Request) and _stale(s, now):
+        s = s.model_copy(update={"deferred": [ev], "reading": "policy"})
+        return s, [LoadPolicy()]
+    return _serve(s, ev, now, defects)
+
+
+#: The transition table: (status, event kind) → what :func:`step` decides, in words.
+TRANSITIONS: dict[tuple[Status, str], str] = {}
+
+
+def _table() -> None:
+    msg_wait = "deferred until the read out returns (decided in order then)"
+    for st in Status:
+        for kind in EVENT_KINDS:
+            if kind == "clock":
+                what = "nothing: time alone decides nothing (expiry runs on its timer)"
+            elif kind == "started":
+                what = "→ starting: read the policy (a fresh start then rebuilds)"
+            elif kind == "cluster_alert":
+                what = "record in the ledger; notify while active"
+            elif kind == "effect_failed":
+                what = "noted in errors (best effort); nothing else changes"
+            elif kind == "reply_undeliverable":
+                what = "the holder/requester is gone: its lease and queue entry dropped " \
+                       "(an expiry probe's lease goes to expired)"
+            elif kind in ("policy_ok", "policy_failed"):
+                what = {
+                    Status.starting: "fresh → rebuilding (read the ledger); after "
+                                     "continue-as-new → serving; failure keeps the defaults",
+                    Status.rebuilding: "ignored: no policy read is out",
+                    Status.serving: "policy refreshed (failure: kept, noted); deferred "
+                                    "messages decided in order",
+                }[st]
+            elif kind in ("ledger_ok", "ledger_unavailable"):
+                what = {
+                    Status.rebuilding: "ok → serving: holders (every stage that holds a node) "
+                                       "re-registered and told, automatic starts counted, "
+                                       "breaker taken; unavailable → retry timer "
+                                       f"({LEDGER_RETRY_S:g} s), nothing granted (I21)",
+                }.get(st, "ignored: no ledger read is out")
+            elif kind == "timer":
+                what = {
+                    Status.rebuilding: "ledger retry due → read the ledger again",
+                    Status.serving: "lease expiry: each expired lease extended and its "
+                                    "holder asked; a gone holder frees its slot",
+                }.get(st, "ignored: no timer of this status runs")
+            elif kind == "history_long":
+                what = ("continue as new carrying the state (when nothing is read or "
+                        "deferred)") if st == Status.serving else "ignored: asked again later"
+            elif st != Status.serving:
+                what = msg_wait + ("; a request is told it is queued (rebuilding)"
+                                   if st == Status.rebuilding and kind == "request" else "")
+            elif kind == "request":
+                what = ("held → renewed; automatic new → counted once (a repair counted "
+                        "before a reset is never counted again), trips the breaker past "
+                        "the threshold, queued while open; else granted if node, pool, "
+                        "budget and detector cap allow, queued with why; a stale policy "
+                        "is re-read first")
+            elif kind == "release":
+                what = "lease / queue entry dropped; the queue granted in order"
+            else:
+                what = ("breaker closed, a fresh window (what was counted before it is "
+                        "not counted again); if it was open every queued request, whatever "
+                        "queued it, "
+                        "acts only on evidence after the reset (I23); the clear recorded")
+            TRANSITIONS[(st, kind)] = what
+
+
+_table()
