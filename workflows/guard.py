@@ -38,7 +38,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, VersioningBehavior
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
@@ -113,7 +113,7 @@ class GuardCarried(BaseModel):
     history_limit: int = DEFAULT_HISTORY_LIMIT
 
 
-@workflow.defn(name=GUARD_WORKFLOW, versioning_behavior=VersioningBehavior.AUTO_UPGRADE)
+@workflow.defn(name=GUARD_WORKFLOW)
 class ClusterGuardWorkflow:
     """Budget + breaker for one cluster; runs until cancelled, continuing as new."""
 
