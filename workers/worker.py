@@ -89,8 +89,14 @@ def precompile_workflow_modules() -> str | None:
     return prefix
 
 
-def workflow_classes() -> list[type]:
-    """Every workflow class of the project (``workflows.registry.WORKFLOWS``)."""
+def workflow_classes(versioned: bool = False) -> list[type]:
+    """Every workflow class of the project: ``workflows.registry.WORKFLOWS``, or with
+    ``versioned`` the same workflows declaring their versioning behaviour
+    (``workflows.versioned.VERSIONED_WORKFLOWS``: repairs pinned, entities auto-upgrading)."""
+    if versioned:
+        from workflows.versioned import VERSIONED_WORKFLOWS
+
+        return list(VERSIONED_WORKFLOWS)
     from workflows.registry import WORKFLOWS
 
     return list(WORKFLOWS)
@@ -108,10 +114,11 @@ def build_workers(
     ``workflows.registry.WORKFLOWS``) and the activities of
     :func:`activities.registry.build_activities` (or ``acts``) on their task queues."""
     acts = acts or build_activities(config, pool)
-    wfs = list(workflows) if workflows is not None else workflow_classes()
     # both queues poll as this build's Worker Deployment Version (None: unversioned), so
     # a pinned repair's machine actions run on the build that started it
     deployment = deployment_config(config.temporal)
+    wfs = (list(workflows) if workflows is not None
+           else workflow_classes(versioned=deployment is not None))
     workers = [
         Worker(
             client,

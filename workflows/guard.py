@@ -44,7 +44,7 @@ from collections import deque
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, VersioningBehavior
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
@@ -130,7 +130,7 @@ def ledger_view(cluster: str, st: GuardLedgerState) -> gm.LedgerView:
     )
 
 
-@workflow.defn(name=GUARD_WORKFLOW, versioning_behavior=VersioningBehavior.AUTO_UPGRADE)
+@workflow.defn(name=GUARD_WORKFLOW)
 class ClusterGuardWorkflow:
     """Budget + breaker for one cluster; runs until cancelled, continuing as new. A thin
     interpreter of :mod:`workflows.lifecycle.guard`."""

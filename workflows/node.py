@@ -28,7 +28,6 @@ from temporalio.common import (
     RetryPolicy,
     SearchAttributePair,
     TypedSearchAttributes,
-    VersioningBehavior,
 )
 from temporalio.exceptions import (
     ActivityError,
@@ -226,7 +225,7 @@ def _dump_seen(seen: dict[str, int]) -> list[tuple[int, str]]:
     return [(b, "".join(ds)) for b, ds in log]
 
 
-@workflow.defn(name=NODE_WORKFLOW, versioning_behavior=VersioningBehavior.AUTO_UPGRADE)
+@workflow.defn(name=NODE_WORKFLOW)
 class NodeWorkflow:
     """Node entity; see the module docstring for its interface."""
 

@@ -49,7 +49,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field
 from temporalio import workflow
-from temporalio.common import RetryPolicy, VersioningBehavior
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
@@ -269,7 +269,7 @@ class Carried(BaseModel):
     continued: int = 0
 
 
-@workflow.defn(name=REPAIR_WORKFLOW, versioning_behavior=VersioningBehavior.PINNED)
+@workflow.defn(name=REPAIR_WORKFLOW)
 class RepairWorkflow:
     """Lifecycle of one repair; see the module docstring for names and payloads."""
 

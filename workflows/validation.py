@@ -28,7 +28,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, VersioningBehavior
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
@@ -78,7 +78,7 @@ def return_target(req: ValidationRequest) -> str:
     return "pool"
 
 
-@workflow.defn(name=VALIDATION_WORKFLOW, versioning_behavior=VersioningBehavior.PINNED)
+@workflow.defn(name=VALIDATION_WORKFLOW)
 class ValidationWorkflow:
     """Re-validation of one machine; query ``status`` → ``{"stage", "job_id", "result"}``."""
 

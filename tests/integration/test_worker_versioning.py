@@ -18,11 +18,12 @@ from temporalio.worker import Worker
 from tests.workflows.helpers import eventually
 from workers.version import package_version
 from workers.versioning import build_id, deployment_config, promote_current_version
+from workers.worker import workflow_classes
 from workflows.config import TemporalConfig
 from workflows.models import NodeInput, RepairRequest, Requester, RequesterKind
 from workflows.node import NodeWorkflow
 from workflows.protocol import workflow_id_node, workflow_id_repair
-from workflows.repair import RepairWorkflow
+from workflows.versioned import VERSIONED_WORKFLOWS
 
 
 async def _current_build(client: Client, name: str) -> str:
@@ -47,7 +48,7 @@ async def test_worker_promotes_its_build_and_pins_repairs(temporal_dev_env: Any)
     dc = deployment_config(cfg)
     assert dc is not None and dc.version.build_id == package_version()
     async with Worker(
-        client, task_queue=cfg.task_queue, workflows=[RepairWorkflow, NodeWorkflow],
+        client, task_queue=cfg.task_queue, workflows=workflow_classes(versioned=True),
         deployment_config=dc,
     ):
         assert await promote_current_version(client, cfg) == package_version()
@@ -92,3 +93,28 @@ def test_versioning_off_polls_unversioned() -> None:
     cfg = TemporalConfig(worker_versioning=False)
     assert deployment_config(cfg) is None
     assert TemporalConfig(build_id="1.0.0rc1").build_id == "1.0.0rc1"
+
+
+async def test_unversioned_worker_runs_the_workflows(temporal_dev_env: Any) -> None:
+    """``temporal.worker_versioning: false`` on a server with Worker Deployments: the
+    plain registry declares no behaviour, so an unversioned worker runs it (one naming a
+    behaviour is refused by the server; hence workflows.versioned)."""
+    assert all(c.__name__.startswith("Versioned") for c in VERSIONED_WORKFLOWS)
+    client: Client = temporal_dev_env.client
+    tq = f"unver-{uuid.uuid4().hex[:8]}"
+    async with Worker(client, task_queue=tq, workflows=[NodeWorkflow]):
+        nid = workflow_id_node(tq, "n1")
+        await client.start_workflow(
+            "NodeWorkflow", NodeInput(cluster=tq, node="n1"), id=nid, task_queue=tq
+        )
+
+        async def first_task_done() -> bool:
+            hist = await client.get_workflow_handle(nid).fetch_history()
+            kinds = [e.event_type for e in hist.events]
+            from temporalio.api.enums.v1 import EventType
+
+            assert EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED not in kinds, kinds
+            return EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED in kinds
+
+        await eventually(first_task_done, "first workflow task completed")
+        await client.get_workflow_handle(nid).terminate("test done")
