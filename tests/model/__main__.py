@@ -1,34 +1,63 @@
-"""``python -m tests.model [--depth N] [--defect NAME ...]`` (``make model-check DEPTH=N``).
+"""``python -m tests.model [--depth N] [--node-depth M] [--defect NAME ...]``
+(``make model-check DEPTH=N NODE_DEPTH=M``).
 
-Prints each violation with its shortest event trace, then the last line
-``states=… transitions=… depth=… violations=… seconds=…``; exit 1 on a violation."""
+Checks the machine action lifecycle to ``--depth`` and the node lifecycle to
+``--node-depth`` (its world branches more widely). Prints each violation with its
+shortest event trace, one line per machine, then the last line
+``states=… transitions=… depth=… violations=… seconds=…`` (sums; ``depth`` the largest
+bound); exit 1 on a violation."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from tests.model.checker import check
-from workflows.lifecycle.machine_action import DEFECTS
+from tests.model import checker, node_world
+from workflows.lifecycle import machine_action, node
+
+#: Default bounds: every event sequence of up to 8 machine-action events and of up to
+#: 5 node events (about 20 s on one core here).
+DEFAULT_DEPTH = 8
+DEFAULT_NODE_DEPTH = 5
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.model", description=__doc__)
-    ap.add_argument("--depth", type=int, default=8, help="longest event sequence (default 8)")
-    ap.add_argument("--defect", action="append", default=[], choices=sorted(DEFECTS),
+    ap.add_argument("--depth", type=int, default=DEFAULT_DEPTH,
+                    help=f"longest machine-action event sequence (default {DEFAULT_DEPTH})")
+    ap.add_argument("--node-depth", type=int, default=DEFAULT_NODE_DEPTH,
+                    help=f"longest node event sequence (default {DEFAULT_NODE_DEPTH})")
+    ap.add_argument("--defect", action="append", default=[],
+                    choices=sorted({*machine_action.DEFECTS, *node.DEFECTS}),
                     help="re-introduce a known defect (test-only; repeatable)")
     args = ap.parse_args(argv)
-    if args.depth < 1:
-        ap.error(f"--depth: must be at least 1 (got {args.depth})")
-    res = check(args.depth, defects=frozenset(args.defect))
+    for name in ("depth", "node_depth"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')}: must be at least 1 "
+                     f"(got {getattr(args, name)})")
+    defects = frozenset(args.defect)
+    runs = [
+        ("machine_action", checker.check(args.depth,
+                                         defects=defects & set(machine_action.DEFECTS))),
+        ("node", node_world.check(args.node_depth, defects=defects & set(node.DEFECTS))),
+    ]
+    total = checker.Result(depth=max(args.depth, args.node_depth))
     shown: set[str] = set()
-    for what, trace in res.violations:
-        if what in shown:
-            continue  # the shortest trace of each violation (BFS order) is enough
-        shown.add(what)
-        print(f"VIOLATION {what}\n  trace: {' -> '.join(trace)}")
-    print(res.line())
-    return 1 if res.violations else 0
+    for name, res in runs:
+        for what, trace in res.violations:
+            if what in shown:
+                continue  # the shortest trace of each violation (BFS order) is enough
+            shown.add(what)
+            print(f"VIOLATION {what}\n  trace: {' -> '.join(trace)}")
+        print(f"{name}: states={res.states} transitions={res.transitions} "
+              f"depth={res.depth} violations={len(res.violations)} "
+              f"seconds={res.seconds:.2f}")
+        total.states += res.states
+        total.transitions += res.transitions
+        total.seconds += res.seconds
+        total.violations += res.violations
+    print(total.line())
+    return 1 if total.violations else 0
 
 
 if __name__ == "__main__":
