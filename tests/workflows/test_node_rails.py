@@ -315,3 +315,38 @@ async def test_node_continues_as_new_at_the_dedup_maximum(harness: Harness) -> N
                        action="none", actionable=False)
     d = await handle.execute_update(NODE_UPDATE_DELIVER_ALERT, again, result_type=AlertDelivery)
     assert d.outcome == AlertOutcome.deduplicated
+
+
+async def test_fresh_node_workflow_waits_for_the_ledger_before_deciding(
+    harness: Harness,
+) -> None:
+    """Issue 26 reproduction 8 (I21): the node workflow is started fresh while the
+    ledger cannot be read (its ``repairs`` table is unreachable) and a repair it does
+    not know of runs. It retries until the ledger answers, then attaches the alert to
+    that repair: never a second repair for one episode."""
+    import asyncio
+
+    h = harness
+    h.policy.wait_for_idle.do_not_interrupt = True
+    h.policy.wait_for_idle.poll_s = 300
+    h.cluster.busy_polls["gpu-06"] = 10_000
+    d = await h.deliver(make_alert(h.cluster.cluster, "gpu-06", 1))
+    rid = d.repair_id
+    assert rid
+
+    async def recorded() -> bool:
+        return (await h.ledger.get_repair(rid)) is not None
+
+    await eventually(recorded, "repair row in the ledger")
+    await terminate_between_tasks(h, workflow_id_node(h.cluster.cluster, "gpu-06"))
+    await h.ledger.pool.execute("ALTER TABLE repairs RENAME TO repairs_unreachable")
+    try:
+        pending = asyncio.create_task(h.deliver(make_alert(h.cluster.cluster, "gpu-06", 2)))
+        await h.env.sleep(timedelta(minutes=3))  # well past the first read's ~15 s of tries
+        assert not pending.done()  # no decision while the ledger does not answer
+    finally:
+        await h.ledger.pool.execute("ALTER TABLE repairs_unreachable RENAME TO repairs")
+    await h.env.sleep(timedelta(minutes=2))  # the next retry (at most 60 s apart)
+    d2 = await asyncio.wait_for(pending, timeout=60)
+    assert d2.outcome == AlertOutcome.attached and d2.repair_id == rid
+    assert len(await h.ledger.list_repairs(cluster=h.cluster.cluster, node="gpu-06")) == 1
