@@ -350,3 +350,38 @@ async def test_fresh_node_workflow_waits_for_the_ledger_before_deciding(
     d2 = await asyncio.wait_for(pending, timeout=60)
     assert d2.outcome == AlertOutcome.attached and d2.repair_id == rid
     assert len(await h.ledger.list_repairs(cluster=h.cluster.cluster, node="gpu-06")) == 1
+
+
+async def test_node_reconciles_after_continue_as_new_and_opens_a_new_repair(
+    harness: Harness,
+) -> None:
+    """Issue 26 reproduction 9 (I24): a node entity that continued as new (as it does on
+    a worker upgrade: AUTO_UPGRADE moves it to the new build there) still reconciles. Its
+    repair is terminated; the next alert is not attached to it, a warning is sent, and
+    once the cooldown is over the alert's fault gets a new repair."""
+    h = harness
+    h.policy.wait_for_idle.do_not_interrupt = True
+    h.policy.wait_for_idle.poll_s = 300
+    h.cluster.busy_polls["gpu-07"] = 10_000
+    c = h.cluster.cluster
+    d = await h.deliver(make_alert(c, "gpu-07", 1), history_limit=40)
+    rid = d.repair_id
+    assert rid
+    await _until_continued(h, "gpu-07")
+    await terminate_between_tasks(h, workflow_id_repair(c, "gpu-07", rid))
+    d2 = await h.deliver(make_alert(c, "gpu-07", 2))
+    assert d2.outcome != AlertOutcome.attached and d2.repair_id != rid, d2
+    assert any(n.repair_id == rid and n.severity == "warning"
+               and "ended without finishing" in n.subject for n in h.cluster.notifications)
+    h.cluster.busy_polls["gpu-07"] = 0
+    until = (await node_status(h, "gpu-07")).cooldown_until
+    assert until is not None  # it may have acted: the cooldown applies
+    await h.env.sleep(until - await h.env.get_current_time() + timedelta(minutes=1))
+    # the fault d2 brought is acted on by a new repair of its own
+
+    async def second() -> bool:
+        return (await node_status(h, "gpu-07")).recommendations == 2
+
+    await eventually(second, "a new repair after the cooldown")
+    rows = await h.ledger.list_repairs(cluster=c, node="gpu-07")
+    assert len(rows) == 2 and {r["repair_id"] for r in rows} > {rid}
