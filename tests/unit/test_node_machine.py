@@ -127,7 +127,7 @@ def test_continue_as_new_carries_everything_and_reads_the_ledger_again() -> None
     assert nxt.repair == s.repair and nxt.active == s.active
     assert nxt.reconcile == nm.Reconcile.pending
     _, cmds = nm.step(nxt, nm.Begin(), T0 + timedelta(seconds=63))
-    assert [c.kind for c in cmds][0] == "read_ledger"
+    assert cmds[0].kind == "read_ledger"
 
 
 def test_new_state_names_an_empty_field() -> None:
