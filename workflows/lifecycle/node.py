@@ -28,6 +28,10 @@ count-in-window thresholds, persistence and cooldown (``workflows.policy``).
 
 ``defects`` (test-only, empty in production) re-introduces known defects so the
 checker can show it finds them (:data:`DEFECTS`).
+
+Status: not yet wired. ``NodeWorkflow`` (workflows/node.py) still decides in its own
+code; it shares :data:`NON_BOOTING` and :data:`LEDGER_RETRY_S` with this machine, and its
+I20 / I21 fixes follow the rules decided here.
 """
 
 from __future__ import annotations
