@@ -195,6 +195,9 @@ class Agent:
         self._window: list[ScoreResult] = []
         self._known_pcis: set[str] = set()
         self._level: dict[tuple[str, str], bool] = {}
+        #: Level signals whose state this process has emitted (I20: each one's current
+        #: state goes out once after start, a clear included).
+        self._announced: set[tuple[str, str]] = set()
         self._links: dict[str, set[int]] = {}
         self._readable: dict[str, set[str]] = {}
         self._raised_pci: dict[tuple[str, str], str | None] = {}
@@ -367,11 +370,16 @@ class Agent:
         failure): the state is *unknown*, so nothing is raised or cleared and the last
         known state stands. Every edge carries ``autorepair.fault.level = true`` so ingest
         treats it as a state with a matching clear, not as a one-off event.
+
+        The first known state of each signal after the agent starts is emitted whatever
+        it is (I20): a restarted agent clears what a repair fixed while it was down,
+        instead of leaving the control plane with a raise that nothing clears.
         """
         if on is None:
             return
         prev = self._level.get(key, False)
-        if on != prev:
+        if on != prev or key not in self._announced:
+            self._announced.add(key)
             self._level[key] = on
             # The clear names the device its raise named (a lost GPU is no longer
             # "missing" once it is back), so both edges share one fault identity.

@@ -233,10 +233,11 @@ class Ingestor:
         ``machine_id`` is stamped from configuration and the ledger's bindings
         (:meth:`NodeInventory.machine`), never from the sender: its ``host.id`` is kept as
         ``evidence["reported_host_id"]`` only, so a node cannot put its alerts on another
-        machine's migrate gate or ladder history."""
+        machine's migrate gate or ladder history. ``received_at`` is stamped with the
+        control plane's clock (I17), not the sender's."""
         if res.machine_id is not None:
             evidence = {**evidence, REPORTED_HOST_ID: res.machine_id}
-        return self._builder()(
+        alert = self._builder()(
             cluster=res.cluster, node=res.node, kind=kind, code=code, gpu=gpu,
             evidence_text=evidence_text, evidence=self._stamped(res, evidence),
             observed_at=datetime.fromtimestamp(observed_at, UTC),
@@ -244,6 +245,10 @@ class Ingestor:
             machine_id=self.inventory.machine(res.cluster, res.node),
             node_pool=res.node_pool, active=active, level=level, source=source,
         )
+        # I17: the control plane's receipt time judges recurrence, persistence and edge
+        # order; the sender's observed_at is evidence only (its clock may be off)
+        return alert.model_copy(
+            update={"received_at": datetime.fromtimestamp(self.clock(), UTC)})
 
     def _resource_for(self, cluster: str, node: str) -> Resource:
         """A node identity from the configuration (for nodes known before they push)."""

@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from workflows.models import Action, Severity
-from workflows.protocol import BMC_TASK_QUEUE, TASK_QUEUE
+from workflows.queues import BMC_TASK_QUEUE, TASK_QUEUE
 
 
 class _Section(BaseModel):

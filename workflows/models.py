@@ -155,6 +155,10 @@ class Alert(BaseModel):
     active: bool = True
     source: str = "agent"
     observed_at: datetime
+    #: When the control plane (ingest) received the report, its own clock (UTC); None for
+    #: an alert that did not pass through ingest. Judges recurrence, persistence and the
+    #: order of edges (I17); ``observed_at`` is the sender's clock: evidence only.
+    received_at: datetime | None = None
 
 
 class AlertOutcome(StrEnum):

@@ -54,6 +54,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.catalogue.vocabulary import count_window_s
     from workflows.config import PolicyConfig, RailsConfig
     from workflows.console import repair_details, repair_summary
+    from workflows.lifecycle.node import LEDGER_RETRY_S, NON_BOOTING
     from workflows.models import (
         ACTION_WEIGHT,
         TERMINAL_STAGES,
@@ -163,6 +164,10 @@ class ActiveFault(BaseModel):
     action: Action
     rule: str
     first_seen: datetime
+    #: When the control plane received the latest raise (``Alert.received_at``, else
+    #: this workflow's clock at delivery): I20 retires what was received before a
+    #: successful repair ended.
+    received: datetime | None = None
 
 
 class NodeCarried(BaseModel):
@@ -192,6 +197,11 @@ class NodeCarried(BaseModel):
     #: Per level fault (``fault_key``): the newest observation time of its clears.
     cleared: dict[str, datetime] = Field(default_factory=dict)
     history_limit: int = DEFAULT_HISTORY_LIMIT
+    #: Action of the open repair this run started (None: found in the ledger, unknown).
+    repair_action: Action | None = None
+    #: End of the last successful repair that booted the machine again: a raise
+    #: received at or before it is from the boot it replaced (I20).
+    booted_at: datetime | None = None
 
 
 def _utc(t: datetime) -> datetime:
@@ -323,6 +333,7 @@ class NodeWorkflow:
                 action=dec.action,
                 rule=dec.rule,
                 first_seen=prev.first_seen if prev else now,
+                received=_utc(alert.received_at) if alert.received_at else now,
             )
             if len(s.active) > MAX_ACTIVE_FAULTS:
                 drop = min(
@@ -419,9 +430,30 @@ class NodeWorkflow:
         s.active = {
             k: f for k, f in s.active.items() if f.alert.level or f.alert.alert_id not in used
         }
+        if msg.stage == Stage.succeeded:
+            self._retire(msg, used)
         s.repair_id = None
+        s.repair_action = None
         s.repair_alert_ids = []
         self._dirty = True
+
+    def _retire(self, msg: RepairFinished, used: set[str]) -> None:
+        """I20: a successful repair retires the level faults it acted on. After an action
+        that booted the machine again (all but ``reset_gpu``; a repair found in the
+        ledger counts as one) every fault received before its end is retired and later
+        raises received by then are stale: the restarted agent reports what is still
+        wrong (``agent.runner`` emits every level signal's state when it starts). After
+        ``reset_gpu`` only the faults it used are retired."""
+        s = self._s
+        end = _utc(msg.at)
+        if s.repair_action in NON_BOOTING:
+            s.active = {k: f for k, f in s.active.items() if f.alert.alert_id not in used}
+            return
+        s.booted_at = end if s.booted_at is None else max(end, _utc(s.booted_at))
+        s.active = {
+            k: f for k, f in s.active.items()
+            if _utc(f.received or f.first_seen) > end
+        }
 
     @workflow.query(name=NODE_QUERY_STATUS)
     def status(self) -> NodeStatus:
@@ -534,6 +566,11 @@ class NodeWorkflow:
                                  reason=reason, repair_id=s.repair_id)
 
         if alert.active:
+            rcv = _utc(alert.received_at) if alert.received_at else workflow.now()
+            if s.booted_at is not None and rcv <= _utc(s.booted_at):
+                return ignored(f"stale raise: received {rcv.isoformat()}, not after the "
+                               "successful repair that booted the machine again at "
+                               f"{_utc(s.booted_at).isoformat()} (I20)")
             last = s.cleared.get(key)
             if alert.level and last is not None and at <= _utc(last):
                 return ignored(f"stale raise: observed {at.isoformat()}, not after the "
@@ -659,6 +696,7 @@ class NodeWorkflow:
             alerts=[f.alert for f in due],
         )
         s.repair_id = repair_id
+        s.repair_action = action
         s.repair_alert_ids = [f.alert.alert_id for f in due]
         s.recommendations += 1
         handle = await workflow.start_child_workflow(
@@ -680,7 +718,9 @@ class NodeWorkflow:
     async def _ensure_reconciled(self) -> None:
         """Once per run: a fresh start takes the node's open repair from the ledger (a
         running one becomes the in-flight repair; one whose workflow ended without
-        finishing is closed out); a carried repair is checked the same way."""
+        finishing is closed out); a carried repair is checked the same way. While the
+        ledger does not answer, retry with back-off (:data:`LEDGER_RETRY_S`: 5 s doubling
+        to 60 s) without end: no decision before it answers (I21)."""
         if self._reconciled:
             return
         if self._reconciling:
@@ -692,7 +732,17 @@ class NodeWorkflow:
             if s.repair_id is None and not self._fresh:
                 return
             live = await self._liveness(s.repair_id)
-            if live is None or live.repair_id is None:
+            wait, tries = LEDGER_RETRY_S[0], 0
+            while live is None:
+                # I21: the ledger did not answer; another repair may own this episode.
+                # Nothing is decided until it does (alerts are taken and wait).
+                tries += 1
+                workflow.set_current_details(
+                    f"ledger unavailable: retry {tries} in {wait:g} s before deciding")
+                await workflow.sleep(wait)
+                wait = min(wait * 2, LEDGER_RETRY_S[1])
+                live = await self._liveness(s.repair_id)
+            if live.repair_id is None:
                 return
             early = self._finished_early.get(live.repair_id)
             if live.running and s.repair_id is None and early is not None:
@@ -781,6 +831,7 @@ class NodeWorkflow:
         s = self._s
         now = workflow.now()
         s.repair_id = None
+        s.repair_action = None
         s.repair_alert_ids = []
         s.cooldown_until = cooldown_until(now, self._rails())
         self._dirty = True

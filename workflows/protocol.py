@@ -52,12 +52,9 @@ from workflows.leases import LeaseRequest as LeaseRequest
 from workflows.leases import ResetBreakerSignal as ResetBreakerSignal
 from workflows.models import TERMINAL_STAGES, Alert, RepairRequest, Stage
 
-# --- task queues ---
-TASK_QUEUE = "autorepair"
-"""Task queue of every workflow and activity (DESIGN §4.4)."""
-BMC_TASK_QUEUE = "autorepair-bmc"
-"""Default task queue of the machine-side (BMC) activities, kept apart so their start
-rate can be limited (``temporal.bmc_task_queue``, ``temporal.bmc_rate_per_s``)."""
+# --- task queues (defined in workflows.queues, which imports no Temporal) ---
+from workflows.queues import BMC_TASK_QUEUE as BMC_TASK_QUEUE
+from workflows.queues import TASK_QUEUE as TASK_QUEUE
 
 # --- workflow types (DESIGN §4.4) ---
 NODE_WORKFLOW = "NodeWorkflow"

@@ -1196,11 +1196,19 @@ class RepairWorkflow:
 
     def _recurrence(self, acted_at: datetime, before: NodeHealth) -> Alert | None:
         """An active alert of the same fault (kind and code of the repair's evidence)
-        observed at or after the action completed — and, when its evidence names the
-        ``boot_id``, from another boot than the one before the action."""
-        faults = {(a.kind, a.code) for a in self._alerts if a.observed_at < acted_at}
+        received by the control plane at or after the action completed — and, when its
+        evidence names the ``boot_id``, from another boot than the one before the action.
+
+        I17: judged on ``received_at`` (ingest's clock); the sender's ``observed_at``
+        only for an alert that did not pass through ingest (``received_at`` None), so an
+        agent clock minutes fast cannot make a pre-action report a recurrence."""
+
+        def at(a: Alert) -> datetime:
+            return a.received_at if a.received_at is not None else a.observed_at
+
+        faults = {(a.kind, a.code) for a in self._alerts if at(a) < acted_at}
         for a in self._alerts:
-            if not a.active or a.observed_at < acted_at or (a.kind, a.code) not in faults:
+            if not a.active or at(a) < acted_at or (a.kind, a.code) not in faults:
                 continue
             boot = a.evidence.get("boot_id")
             if boot is not None and before.boot_id is not None and boot == before.boot_id:

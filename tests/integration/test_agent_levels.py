@@ -53,10 +53,15 @@ async def test_level_faults_and_events_from_the_real_agent(tmp_path: Path) -> No
     task = asyncio.create_task(agent.run(stop))
     try:
         await wait_for(lambda: agent.mode == "fleet", 20, "fleet tier")
+        # I20: on start, the current state of every level signal (healthy: clears)
+        await wait_for(lambda: bool(sink.of("gpu_lost", active=False)), 10, "start clear")
+        assert not sink.of("gpu_lost", active=True)
+        assert sink.of("nvsmi", active=False)
+        start_clears = len(sink.of("gpu_lost", active=False))
         # GPU lost (NVML sees 3 of 4 GPUs): a level fault, not an event
         backend.faults.lost_gpus = 1
-        await wait_for(lambda: bool(sink.of("gpu_lost")), 10, "gpu_lost raise")
-        raised = sink.of("gpu_lost")[0]
+        await wait_for(lambda: bool(sink.of("gpu_lost", active=True)), 10, "gpu_lost raise")
+        raised = sink.of("gpu_lost", active=True)[0]
         assert raised.level is True and raised.active is True
         # an Xid kernel line is an event
         kernel.push("[74889.644138] NVRM: Xid (PCI:0000:28:00): 48, pid=1, "
@@ -65,8 +70,9 @@ async def test_level_faults_and_events_from_the_real_agent(tmp_path: Path) -> No
         assert sink.of("xid")[0].level is False
         # the GPU is back: the matching clear follows
         backend.faults.lost_gpus = 0
-        await wait_for(lambda: bool(sink.of("gpu_lost", active=False)), 10, "gpu_lost clear")
-        clear = sink.of("gpu_lost", active=False)[0]
+        await wait_for(lambda: len(sink.of("gpu_lost", active=False)) > start_clears, 10,
+                       "gpu_lost clear")
+        clear = sink.of("gpu_lost", active=False)[-1]
         assert clear.level is True and fault_key(clear) == fault_key(raised)
 
         # InfiniBand: ib_link_up is the clear of ib_link_down on the same port
@@ -95,7 +101,11 @@ async def test_level_faults_and_events_from_the_real_agent(tmp_path: Path) -> No
         # the queries read again and the counters are healthy: now the clear comes
         backend.faults.failing_queries = set()
         backend.faults.ecc_uncorrectable = 0
-        await wait_for(lambda: bool(sink.of("nvsmi", active=False)), 10, "ecc clear")
+        await wait_for(lambda: any(a.evidence.get("dram_uncorrectable") == 0
+                                   for a in sink.of("nvsmi", active=False)
+                                   if a.alert_id not in {b.alert_id for b in
+                                                         sink.alerts[:n_before]}),
+                       10, "ecc clear")
         assert not any("links down [" in a.evidence_text and a.active
                        for a in sink.of("nvsmi"))
     finally:

@@ -1,53 +1,69 @@
-"""``python -m tests.model [--depth N] [--guard-depth N] [--defect NAME ...]``
-(``make model-check DEPTH=N``).
+"""``python -m tests.model [--depth N] [--guard-depth N] [--node-depth N] [--defect NAME ...]``
+(``make model-check DEPTH=N GUARD_DEPTH=N NODE_DEPTH=N``).
 
-Checks the machine action (:mod:`tests.model.checker`, to ``--depth``) and the cluster
-guard (:mod:`tests.model.guard_world`, to ``--guard-depth``: its world branches wider).
-Prints each violation with its shortest event trace, then the last line
-``states=… transitions=… depth=… violations=… seconds=…`` (both machines summed; depth
-the deeper bound); exit 1 on a violation."""
+Checks the machine action lifecycle (:mod:`tests.model.checker`, to ``--depth``), the
+cluster guard (:mod:`tests.model.guard_world`, to ``--guard-depth``) and the node
+lifecycle (:mod:`tests.model.node_world`, to ``--node-depth``); the guard's and the
+node's worlds branch more widely, so their bounds are their own. Prints each violation
+with its shortest event trace, one line per machine, then the last line
+``states=… transitions=… depth=… violations=… seconds=…`` (sums; ``depth`` the largest
+bound); exit 1 on a violation."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from tests.model import guard_world
-from tests.model.checker import check
-from workflows.lifecycle import guard as gm
-from workflows.lifecycle.machine_action import DEFECTS
+from tests.model import checker, guard_world, node_world
+from workflows.lifecycle import guard, machine_action, node
+
+#: Default bounds: every event sequence of up to 8 machine-action events, 5 guard events
+#: and 5 node events.
+DEFAULT_DEPTH = 8
+DEFAULT_GUARD_DEPTH = 5
+DEFAULT_NODE_DEPTH = 5
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.model", description=__doc__)
-    ap.add_argument("--depth", type=int, default=8, help="longest event sequence (default 8)")
-    ap.add_argument("--guard-depth", type=int, default=5,
-                    help="longest event sequence for the guard (default 5)")
+    ap.add_argument("--depth", type=int, default=DEFAULT_DEPTH,
+                    help=f"longest machine-action event sequence (default {DEFAULT_DEPTH})")
+    ap.add_argument("--guard-depth", type=int, default=DEFAULT_GUARD_DEPTH,
+                    help=f"longest guard event sequence (default {DEFAULT_GUARD_DEPTH})")
+    ap.add_argument("--node-depth", type=int, default=DEFAULT_NODE_DEPTH,
+                    help=f"longest node event sequence (default {DEFAULT_NODE_DEPTH})")
     ap.add_argument("--defect", action="append", default=[],
-                    choices=sorted(DEFECTS) + sorted(gm.DEFECTS),
+                    choices=sorted({*machine_action.DEFECTS, *guard.DEFECTS, *node.DEFECTS}),
                     help="re-introduce a known defect (test-only; repeatable)")
     args = ap.parse_args(argv)
-    for name in ("depth", "guard_depth"):
+    for name in ("depth", "guard_depth", "node_depth"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')}: must be at least 1 "
                      f"(got {getattr(args, name)})")
-    res = check(args.depth, defects=frozenset(d for d in args.defect if d in DEFECTS))
-    g = guard_world.check(args.guard_depth,
-                          defects=frozenset(d for d in args.defect if d in gm.DEFECTS))
-    res.states += g.states
-    res.transitions += g.transitions
-    res.depth = max(res.depth, g.depth)
-    res.seconds += g.seconds
-    res.violations += g.violations
+    defects = frozenset(args.defect)
+    runs = [
+        ("machine_action", checker.check(args.depth,
+                                         defects=defects & set(machine_action.DEFECTS))),
+        ("guard", guard_world.check(args.guard_depth, defects=defects & set(guard.DEFECTS))),
+        ("node", node_world.check(args.node_depth, defects=defects & set(node.DEFECTS))),
+    ]
+    total = checker.Result(depth=max(args.depth, args.guard_depth, args.node_depth))
     shown: set[str] = set()
-    for what, trace in res.violations:
-        if what in shown:
-            continue  # the shortest trace of each violation (BFS order) is enough
-        shown.add(what)
-        print(f"VIOLATION {what}\n  trace: {' -> '.join(trace)}")
-    print(f"guard: {g.line()}")
-    print(res.line())
-    return 1 if res.violations else 0
+    for name, res in runs:
+        for what, trace in res.violations:
+            if what in shown:
+                continue  # the shortest trace of each violation (BFS order) is enough
+            shown.add(what)
+            print(f"VIOLATION {what}\n  trace: {' -> '.join(trace)}")
+        print(f"{name}: states={res.states} transitions={res.transitions} "
+              f"depth={res.depth} violations={len(res.violations)} "
+              f"seconds={res.seconds:.2f}")
+        total.states += res.states
+        total.transitions += res.transitions
+        total.seconds += res.seconds
+        total.violations += res.violations
+    print(total.line())
+    return 1 if total.violations else 0
 
 
 if __name__ == "__main__":

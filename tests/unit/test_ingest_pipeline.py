@@ -226,3 +226,24 @@ async def test_nodes_expire_from_snapshot() -> None:
     clock.t += 51
     await ing.compute()
     assert ing.snapshot()["nodes"] == [] and ing.threshold_view("c")["cohorts"] == {}
+
+
+async def test_alert_carries_the_control_planes_receipt_time() -> None:
+    """I17 (issue 26 reproduction 3): ``received_at`` is ingest's clock; the sender's
+    time (here 4 min ahead) stays ``observed_at``, evidence only. A re-sent record keeps
+    its alert id (receipt time is not part of it)."""
+    from datetime import UTC, datetime
+
+    sink = ListSink()
+    ing, clock = ingestor(sink)
+    req = make_fault_request("c", "gpu-3", kind="xid", code=79, gpu="0000:3b:00.0",
+                             body="NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",
+                             time_ns=int((NOW + 240) * 1e9))
+    await ing.handle_logs(req, "test")
+    clock.t = NOW + 30
+    await ing.handle_logs(req, "test")
+    a, b = sink.alerts
+    assert a.observed_at == datetime.fromtimestamp(NOW + 240, UTC)
+    assert a.received_at == datetime.fromtimestamp(NOW, UTC)
+    assert b.received_at == datetime.fromtimestamp(NOW + 30, UTC)
+    assert a.alert_id == b.alert_id

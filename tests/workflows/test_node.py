@@ -192,12 +192,18 @@ async def test_scenario_6_flapping_attaches_and_cooldown_applies(harness: Harnes
     assert {a.alert_id for a in st.evidence} >= {lvl.alert_id, "again"}
     ns = await node_status(h, "gpu-10")
     assert ns.cooldown_until is not None and ns.recommendations == 1
-    # still active after the repair: no second repair inside the cooldown
+    # the success retired the fault it acted on (I20): no second repair inside the
+    # cooldown, nor after it, until the fault is reported again after the new boot
     await h.env.sleep(timedelta(minutes=20))
     assert (await node_status(h, "gpu-10")).recommendations == 1
     assert h.cluster.count("reboot") == 1
-    # after the cooldown the still-active fault is acted on again
     await h.env.sleep(timedelta(minutes=11))
+    ns = await node_status(h, "gpu-10")
+    assert ns.recommendations == 1 and not ns.active_alerts
+    # a fresh report after the boot: acted on again, the cooldown being over
+    fresh = lvl.model_copy(update={"alert_id": "after-boot",
+                                   "observed_at": t + timedelta(minutes=40)})
+    assert (await h.deliver(fresh)).outcome == AlertOutcome.recommended
 
     async def second() -> bool:
         return (await node_status(h, "gpu-10")).recommendations == 2
@@ -304,3 +310,28 @@ async def test_clear_arriving_after_a_newer_raise_is_stale(harness: Harness) -> 
         return (await node_status(h, "gpu-05")).recommendations == 1
 
     await wait_for(started, "repair of the 10:10 episode after persistence")
+
+
+async def test_level_fault_fixed_by_a_repair_is_retired(harness: Harness) -> None:
+    """Issue 26 reproduction 1 (I20): the agent reports ``gpu_lost``, the power cycle
+    fixes it, the restarted agent sends no clear: the success retires the fault, so the
+    healthy node is not repaired again after the cooldown; a raise received before the
+    repair ended and delivered late is stale."""
+    h = harness
+    h.policy.rails.persistence_by_kind = {"gpu_lost": 0}
+    now = await h.env.get_current_time()
+    lost = make_alert(h.cluster.cluster, "gpu-11", "lost", kind="gpu_lost", code=None,
+                      gpu=None, level=True, action="power_cycle", summary="3 of 4 GPUs",
+                      observed_at=now, received_at=now)
+    d = await h.deliver(lost)
+    assert d.outcome == AlertOutcome.recommended and d.repair_id
+    st = await repair_result(h, "gpu-11", d.repair_id)
+    assert st.stage == Stage.succeeded and h.cluster.power_cycles == 1
+    # an ingest outbox re-delivers a raise it received before the repair ended
+    late = lost.model_copy(update={"alert_id": "lost-late"})
+    late_d = await h.deliver(late)
+    assert late_d.outcome == AlertOutcome.ignored and "stale raise" in late_d.reason
+    await h.env.sleep(timedelta(hours=3))
+    ns = await node_status(h, "gpu-11")
+    assert ns.recommendations == 1 and not ns.active_alerts
+    assert h.cluster.power_cycles == 1

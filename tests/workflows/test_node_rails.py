@@ -315,3 +315,73 @@ async def test_node_continues_as_new_at_the_dedup_maximum(harness: Harness) -> N
                        action="none", actionable=False)
     d = await handle.execute_update(NODE_UPDATE_DELIVER_ALERT, again, result_type=AlertDelivery)
     assert d.outcome == AlertOutcome.deduplicated
+
+
+async def test_fresh_node_workflow_waits_for_the_ledger_before_deciding(
+    harness: Harness,
+) -> None:
+    """Issue 26 reproduction 8 (I21): the node workflow is started fresh while the
+    ledger cannot be read (its ``repairs`` table is unreachable) and a repair it does
+    not know of runs. It retries until the ledger answers, then attaches the alert to
+    that repair: never a second repair for one episode."""
+    import asyncio
+
+    h = harness
+    h.policy.wait_for_idle.do_not_interrupt = True
+    h.policy.wait_for_idle.poll_s = 300
+    h.cluster.busy_polls["gpu-06"] = 10_000
+    d = await h.deliver(make_alert(h.cluster.cluster, "gpu-06", 1))
+    rid = d.repair_id
+    assert rid
+
+    async def recorded() -> bool:
+        return (await h.ledger.get_repair(rid)) is not None
+
+    await eventually(recorded, "repair row in the ledger")
+    await terminate_between_tasks(h, workflow_id_node(h.cluster.cluster, "gpu-06"))
+    await h.ledger.pool.execute("ALTER TABLE repairs RENAME TO repairs_unreachable")
+    try:
+        pending = asyncio.create_task(h.deliver(make_alert(h.cluster.cluster, "gpu-06", 2)))
+        await h.env.sleep(timedelta(minutes=3))  # well past the first read's ~15 s of tries
+        assert not pending.done()  # no decision while the ledger does not answer
+    finally:
+        await h.ledger.pool.execute("ALTER TABLE repairs_unreachable RENAME TO repairs")
+    await h.env.sleep(timedelta(minutes=2))  # the next retry (at most 60 s apart)
+    d2 = await asyncio.wait_for(pending, timeout=60)
+    assert d2.outcome == AlertOutcome.attached and d2.repair_id == rid
+    assert len(await h.ledger.list_repairs(cluster=h.cluster.cluster, node="gpu-06")) == 1
+
+
+async def test_node_reconciles_after_continue_as_new_and_opens_a_new_repair(
+    harness: Harness,
+) -> None:
+    """Issue 26 reproduction 9 (I24): a node entity that continued as new (as it does on
+    a worker upgrade: AUTO_UPGRADE moves it to the new build there) still reconciles. Its
+    repair is terminated; the next alert is not attached to it, a warning is sent, and
+    once the cooldown is over the alert's fault gets a new repair."""
+    h = harness
+    h.policy.wait_for_idle.do_not_interrupt = True
+    h.policy.wait_for_idle.poll_s = 300
+    h.cluster.busy_polls["gpu-07"] = 10_000
+    c = h.cluster.cluster
+    d = await h.deliver(make_alert(c, "gpu-07", 1), history_limit=40)
+    rid = d.repair_id
+    assert rid
+    await _until_continued(h, "gpu-07")
+    await terminate_between_tasks(h, workflow_id_repair(c, "gpu-07", rid))
+    d2 = await h.deliver(make_alert(c, "gpu-07", 2))
+    assert d2.outcome != AlertOutcome.attached and d2.repair_id != rid, d2
+    assert any(n.repair_id == rid and n.severity == "warning"
+               and "ended without finishing" in n.subject for n in h.cluster.notifications)
+    h.cluster.busy_polls["gpu-07"] = 0
+    until = (await node_status(h, "gpu-07")).cooldown_until
+    assert until is not None  # it may have acted: the cooldown applies
+    await h.env.sleep(until - await h.env.get_current_time() + timedelta(minutes=1))
+    # the fault d2 brought is acted on by a new repair of its own
+
+    async def second() -> bool:
+        return (await node_status(h, "gpu-07")).recommendations == 2
+
+    await eventually(second, "a new repair after the cooldown")
+    rows = await h.ledger.list_repairs(cluster=c, node="gpu-07")
+    assert len(rows) == 2 and {r["repair_id"] for r in rows} > {rid}

@@ -610,3 +610,27 @@ async def test_approval_given_before_another_repair_acted_is_asked_again(
     done = await second.result()
     assert done.stage == Stage.succeeded, done.history[-1]
     assert h.cluster.power_cycles == 2
+
+
+# ---- I17 (issue 26 reproduction 3): the control plane's clock judges recurrence ----------
+async def test_agent_clock_fast_cannot_make_a_pre_action_report_a_recurrence(
+    harness: Harness,
+) -> None:
+    h = harness
+    h.policy.rails.rejoin_poll_s = 60
+    h.cluster.unhealthy.add("gpu-16")  # held in joining while the late report arrives
+    before = await h.env.get_current_time()
+    handle = await start_repair(h, "gpu-16", Action.power_cycle, "iskew")
+    await wait_stage(h, "gpu-16", "iskew", Stage.joining)
+    # received by ingest before the action, sender clock 4 min fast (ingest accepts
+    # up to 300 s ahead); delivered late (an outbox re-delivery)
+    late = make_alert(
+        h.cluster.cluster, "gpu-16", "late", observed_at=before + timedelta(minutes=4),
+        received_at=before,
+    )
+    await handle.signal("attach_alert", late)
+    h.cluster.unhealthy.discard("gpu-16")
+    st = await handle.result()
+    assert st.stage == Stage.succeeded
+    assert h.cluster.power_cycles == 1
+    assert not any("recurred" in t.reason for t in st.history)

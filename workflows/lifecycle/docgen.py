@@ -2,9 +2,8 @@
 
 The document is derived, never hand-written: the table per machine is its
 ``TRANSITIONS`` (:mod:`~workflows.lifecycle.machine_action`,
-:mod:`~workflows.lifecycle.guard`), and the Mermaid state diagram's
-edges are the status changes :func:`~workflows.lifecycle.machine_action.step` actually
-makes, found by stepping the machine through every event at every phase
+:mod:`~workflows.lifecycle.guard`, :mod:`~workflows.lifecycle.node`), and the Mermaid
+state diagram's edges are the status changes each machine's ``step`` actually makes, found by stepping the machine through every event at every phase
 (:func:`observed_edges`). A test compares the committed file with :func:`render`.
 Regenerate with ``python -m workflows.lifecycle.docgen > docs/lifecycle.md``.
 """
@@ -14,9 +13,11 @@ from __future__ import annotations
 import sys
 from datetime import UTC, datetime, timedelta
 
+from workflows.config import CatalogueConfig, RailsConfig
 from workflows.leases import LeaseRelease, LeaseRequest, ResetBreakerSignal
 from workflows.lifecycle import guard as gm
 from workflows.lifecycle import machine_action as ma
+from workflows.lifecycle import node as nm
 from workflows.models import Action
 
 _T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -126,6 +127,84 @@ def _guard_section() -> list[str]:
     return out
 
 
+def _node_probe_events() -> list[nm.Event]:
+    rails, cat = RailsConfig(), CatalogueConfig()
+
+    def alert(active: bool) -> nm.Alert:
+        return nm.Alert(alert_id=f"a{int(active)}", cluster="c", node="n", kind="gpu_lost",
+                        summary="gpu_lost", level=True, active=active, observed_at=_T0)
+
+    return [nm.Begin(), nm.AlertRaised(alert=alert(True), catalogue=cat, rails=rails),
+            nm.AlertCleared(alert=alert(False), rails=rails), nm.RepairStarted(repair_id="r"),
+            nm.RepairFinishedEv(repair_id="r", stage=nm.Stage.succeeded, at=_T0),
+            nm.RepairEnded(repair_id="r", how="terminated"),
+            nm.LedgerRead(repair_id="r", running=True, stage="repairing", status="running"),
+            nm.LedgerRead(), nm.LedgerUnavailable(), nm.TimerFired(), nm.HistoryFull(),
+            nm.Clock()]
+
+
+def node_edges(depth: int = 4) -> set[tuple[str, str, str]]:
+    """``(reconcile status, event kind, next status)`` for every reconcile change the node
+    machine makes within ``depth`` probe events of a fresh entity (continue-as-new: the
+    status the next run starts in)."""
+    edges: set[tuple[str, str, str]] = set()
+    frontier = [nm.new_state("c", "n", "seed")]
+    seen: set[str] = set()
+    for _ in range(depth):
+        nxt = []
+        for s in frontier:
+            for ev in _node_probe_events():
+                s1, cmds = nm.step(s, ev, _T0)
+                cont = [c.state for c in cmds if isinstance(c, nm.ContinueAsNew)]
+                after = cont[0] if cont else s1
+                if after.reconcile != s.reconcile:
+                    edges.add((s.reconcile.value, ev.kind, after.reconcile.value))
+                k = after.model_dump_json()
+                if k not in seen:
+                    seen.add(k)
+                    nxt.append(after)
+        frontier = nxt
+    return edges
+
+
+def _node_section() -> list[str]:
+    out = [
+        "",
+        "## Node (`workflows/lifecycle/node.py`)",
+        "",
+        "The node entity's lifecycle. Its whole state (`NodeState`: active faults with",
+        "their receipt times, clears, retired faults, the open repair and what it acted",
+        "on, cooldown, the last successful boot, finished-repair messages that came",
+        "before the ledger answered, counters) is carried across continue-as-new. The",
+        "table is keyed on whether this run knows the node's open repair (`reconcile`).",
+        "Not yet wired: `NodeWorkflow` (workflows/node.py) still decides in the shell",
+        "and calls the machine's rules only where noted in its code.",
+        "",
+        "Invariants (checked by `tests/model/node_world.py`): one repair per node at a",
+        "time; **I17** receipt times (`Alert.received_at`, stamped by ingest) judge",
+        "persistence and edge order; **I20** a success retires the faults it acted on",
+        "(after a booting action: every fault received before its end); **I21** no",
+        "decision before the ledger answered, a failed read retried with back-off;",
+        "rule zero: no repair without a current, persisted fault behind it.",
+        "",
+        "Planted defects the model checker must find (`tests/model/test_node_model.py`):",
+        "",
+    ]
+    out += [f"- `{name}`: {what}" for name, what in nm.DEFECTS.items()]
+    out += ["", "### Transition table", "", "| reconcile | event | decision |", "|---|---|---|"]
+    for (rc, kind), what in nm.TRANSITIONS.items():
+        out.append(f"| `{rc.value}` | `{kind}` | {what} |")
+    out += ["", "### State diagram", "", "```mermaid", "stateDiagram-v2",
+            f"    [*] --> {nm.Reconcile.pending.value}"]
+    by_pair: dict[tuple[str, str], set[str]] = {}
+    for a, kind, b in sorted(node_edges()):
+        by_pair.setdefault((a, b), set()).add(kind)
+    for (a, b), kinds in sorted(by_pair.items()):
+        out.append(f"    {a} --> {b}: {', '.join(sorted(kinds))}")
+    out += ["```", ""]
+    return out
+
+
 def render() -> str:
     """The whole of docs/lifecycle.md."""
     out = [
@@ -171,6 +250,7 @@ def render() -> str:
     out += [f"    {st.value} --> [*]" for st in ma.Status if st in ma.TERMINAL]
     out += ["```"]
     out += _guard_section()
+    out += _node_section()
     return "\n".join(out)
 
 

@@ -1,0 +1,307 @@
+"""Exhaustive bounded model checker of the node lifecycle
+(:mod:`workflows.lifecycle.node`, issue 26 item 4).
+
+Breadth-first search over every event sequence up to ``depth`` from a fresh node entity,
+in a small world of one node (symmetry: nodes share nothing in this machine, so one
+stands for all) with
+
+- a level fault ``gpu_lost`` that appears and heals (the agent sends the edge; an agent
+  that restarts sends the current state of every level signal, I20's agent side) and
+  an event fault (``xid 79``), each report sent with a sender clock 5 min slow, right or
+  5 min fast and stamped by ingest with the control plane's clock (``received_at``);
+- up to :data:`QUEUE_MAX` reports in flight between ingest and the node, delivered in any
+  order (replicas, an outbox re-delivery);
+- the repair the machine starts (or one another run started before this fresh entity,
+  world ``W_OWNED``) ending succeeded (fixing the faults: a new boot), failed, or without
+  telling (terminated);
+- the ledger going down and coming back, reads answered from the world's truth;
+- timers, the clock crossing persistence and cooldown edges, continue-as-new and a
+  worker restart (the run starts again from :func:`~workflows.lifecycle.node.carry`;
+  calls that were out are lost).
+
+States are hashed (canonical JSON of the machine's state plus the world). After every
+step the invariants are checked: one repair per node at a time (I21), rule zero and I20
+(a repair starts only on a fault reported after its last fix and not cleared since),
+I17 (its persistence counted on the control plane's receipt times). A violation comes
+with the shortest event trace (BFS order).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+
+from workflows.config import CatalogueConfig, RailsConfig
+from workflows.lifecycle import node as nm
+from workflows.models import Action, Alert, Severity, Stage
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+#: Rails of the world: persistence 60 s for level faults (event faults 0 s), cooldown
+#: 1800 s (the defaults, DESIGN §5).
+RAILS = RailsConfig()
+CATALOGUE = CatalogueConfig()
+#: Clock step of a bare ``clock`` event, seconds (more than the persistence window).
+CLOCK_STEP_S = 120.0
+#: Sender clock offsets, seconds (ingest accepts up to 300 s ahead).
+SKEWS = (-300.0, 0.0, 300.0)
+#: Most reports in flight to the node at once.
+QUEUE_MAX = 2
+LEVEL, EVENT = "gpu_lost::", "xid:79:"
+
+
+def _alert(key: str, active: bool, sent_s: float, skew: float, boot: int, n: int) -> Alert:
+    kind, code = ("gpu_lost", None) if key == LEVEL else ("xid", 79)
+    return Alert(
+        alert_id=f"{key}{'r' if active else 'c'}{n}", cluster="c1", node="n1", kind=kind,
+        code=code, severity=Severity.critical, summary=kind, level=key == LEVEL,
+        active=active, actionable=True, action=Action.power_cycle,
+        evidence={"boot_id": f"b{boot}"},
+        observed_at=T0 + timedelta(seconds=sent_s + skew),
+        received_at=T0 + timedelta(seconds=sent_s))
+
+
+@dataclass(frozen=True)
+class World:
+    """The node's truth, what is in flight, and what the invariants need."""
+
+    now_s: float = 0.0
+    level_present: bool = False
+    event_pending: bool = False
+    boot: int = 0
+    sent: int = 0
+    queue: tuple[tuple[str, bool, float, float, int, int], ...] = ()
+    ledger_up: bool = True
+    read_out: bool = False
+    probe_out: bool = False
+    timer_s: float | None = None
+    repair: tuple[str, tuple[str, ...]] | None = None  # running: (id, fault keys)
+    repair_told: bool = True  # the machine knows (False: owned by another run)
+    # per fault key, control-plane receipt times delivered to the node
+    raised_at: tuple[tuple[str, float], ...] = ()
+    episode_at: tuple[tuple[str, float], ...] = ()
+    cleared_at: tuple[tuple[str, float], ...] = ()
+    fixed_at: tuple[tuple[str, float], ...] = ()
+    started: int = 0
+    bad: tuple[str, ...] = ()
+
+
+def _get(t: tuple[tuple[str, float], ...], k: str) -> float | None:
+    return dict(t).get(k)
+
+
+def _put(t: tuple[tuple[str, float], ...], k: str, v: float | None
+         ) -> tuple[tuple[str, float], ...]:
+    d = dict(t)
+    if v is None:
+        d.pop(k, None)
+    else:
+        d[k] = v
+    return tuple(sorted(d.items()))
+
+
+W_FRESH = World()
+#: A fresh entity for a node whose fault another run's repair already owns.
+W_OWNED = World(level_present=True, repair=("r0", (LEVEL,)), repair_told=False,
+                raised_at=((LEVEL, -600.0),), episode_at=((LEVEL, -600.0),))
+
+
+@dataclass
+class Result:
+    states: int = 0
+    transitions: int = 0
+    depth: int = 0
+    seconds: float = 0.0
+    violations: list[tuple[str, list[str]]] = field(default_factory=list)
+
+
+def _send(w: World, key: str, active: bool, skew: float) -> World:
+    if len(w.queue) >= QUEUE_MAX:
+        return w
+    item = (key, active, w.now_s, skew, w.boot, w.sent)
+    return replace(w, queue=(*w.queue, item), sent=w.sent + 1)
+
+
+def _world_events(w: World) -> list[tuple[str, World, nm.Event | None]]:
+    """(label, world after, event to the machine or None)."""
+    out: list[tuple[str, World, nm.Event | None]] = []
+    if len(w.queue) < QUEUE_MAX:
+        if not w.level_present:
+            for sk in SKEWS:
+                out.append((f"gpu_lost_appears(skew={sk:+g})",
+                            _send(replace(w, level_present=True), LEVEL, True, sk), None))
+        else:
+            out.append(("gpu_lost_heals",
+                        _send(replace(w, level_present=False), LEVEL, False, 0.0), None))
+        if not w.event_pending:
+            for sk in SKEWS:
+                out.append((f"xid79(skew={sk:+g})",
+                            _send(replace(w, event_pending=True), EVENT, True, sk), None))
+        # an agent restart: the current state of every level signal (I20, agent side)
+        out.append(("agent_restart", _send(w, LEVEL, w.level_present, 0.0), None))
+    for i, (key, active, sent_s, skew, boot, n) in enumerate(w.queue):
+        a = _alert(key, active, sent_s, skew, boot, n)
+        w1 = replace(w, queue=w.queue[:i] + w.queue[i + 1:])
+        ev: nm.Event = (nm.AlertRaised(alert=a, catalogue=CATALOGUE, rails=RAILS) if active
+                        else nm.AlertCleared(alert=a, rails=RAILS))
+        if active:
+            last = _get(w1.raised_at, key)
+            w1 = replace(w1, raised_at=_put(w1.raised_at, key, max(sent_s, last or sent_s)))
+            open_ep = _get(w1.episode_at, key)
+            cl = _get(w1.cleared_at, key)
+            fx = _get(w1.fixed_at, key)
+            fresh = (cl is None or sent_s > cl) and (fx is None or sent_s > fx)
+            ends = [t for t in (cl, fx) if t is not None]
+            if fresh and (open_ep is None or (ends and open_ep <= max(ends))):
+                w1 = replace(w1, episode_at=_put(w1.episode_at, key, sent_s))
+        else:
+            cl = _get(w1.cleared_at, key)
+            w1 = replace(w1, cleared_at=_put(w1.cleared_at, key, max(sent_s, cl or sent_s)))
+        out.append((f"deliver({a.alert_id},{'raise' if active else 'clear'},skew={skew:+g})",
+                    w1, ev))
+    if w.repair is not None:
+        rid, keys = w.repair
+        fixed = w.fixed_at
+        for k in keys + ((LEVEL,) if w.level_present else ()) + (
+                (EVENT,) if w.event_pending else ()):
+            fixed = _put(fixed, k, w.now_s)
+        ok = replace(w, repair=None, level_present=False, event_pending=False,
+                     boot=w.boot + 1, fixed_at=fixed)
+        out.append((f"repair_succeeded({rid})", ok,
+                    nm.RepairFinishedEv(repair_id=rid, stage=Stage.succeeded,
+                                        at=T0 + timedelta(seconds=w.now_s))))
+        out.append((f"repair_failed({rid})", replace(w, repair=None),
+                    nm.RepairFinishedEv(repair_id=rid, stage=Stage.failed,
+                                        at=T0 + timedelta(seconds=w.now_s))))
+        out.append((f"repair_terminated({rid})", replace(w, repair=("", ())), None))
+    out.append(("ledger_down" if w.ledger_up else "ledger_up",
+                replace(w, ledger_up=not w.ledger_up), None))
+    if w.read_out:
+        w1 = replace(w, read_out=False)
+        if not w.ledger_up:
+            out.append(("ledger_read_fails", w1, nm.LedgerUnavailable(message="pg down")))
+        else:
+            running = w.repair is not None and w.repair[0] != ""
+            if w.repair == ("", ()):  # the ledger knows the terminated repair is over
+                w1 = replace(w1, repair=None)
+            out.append(("ledger_read", w1, nm.LedgerRead(
+                repair_id=w.repair[0] if running and w.repair else None, running=running,
+                stage="repairing" if running else "", status="running" if running else "")))
+    if w.probe_out:
+        w1 = replace(w, probe_out=False)
+        if w.repair == ("", ()):
+            out.append(("probe_finds_it_gone", replace(w1, repair=None),
+                        nm.RepairEnded(repair_id="?", how="terminated")))
+        else:
+            out.append(("probe_finds_it_running", w1, None))
+    if w.repair == ("", ()):
+        out.append(("watch_sees_it_end", replace(w, repair=None),
+                    nm.RepairEnded(repair_id="?", how="terminated")))
+    if w.timer_s is not None:
+        out.append(("timer", replace(w, now_s=max(w.now_s, w.timer_s), timer_s=None),
+                    nm.TimerFired()))
+    out.append(("clock", replace(w, now_s=w.now_s + CLOCK_STEP_S), nm.Clock()))
+    out.append(("history_full", w, nm.HistoryFull()))
+    out.append(("worker_restart", replace(w, read_out=False, probe_out=False, timer_s=None),
+                None))
+    return out
+
+
+def _apply(w: World, cmds: list[nm.Command], now_s: float) -> World:
+    for c in cmds:
+        if isinstance(c, nm.StartRepair):
+            bad = list(w.bad)
+            if w.repair is not None:
+                bad.append("one repair per node: a second repair started while "
+                           f"{w.repair[0] or 'one'} may still run (I21)")
+            if not any(_justified(w, k, now_s) for k in c.fault_keys):
+                bad.append(_why(w, c.fault_keys, now_s))
+            w = replace(w, repair=(c.repair_id, tuple(c.fault_keys)), started=w.started + 1,
+                        bad=tuple(bad))
+        elif isinstance(c, (nm.ReadLedger)):
+            w = replace(w, read_out=True)
+        elif isinstance(c, nm.ProbeRepair):
+            w = replace(w, probe_out=True)
+        elif isinstance(c, nm.SetTimer):
+            w = replace(w, timer_s=None if c.at is None else (c.at - T0).total_seconds())
+    return w
+
+
+def _justified(w: World, k: str, now_s: float) -> bool:
+    """Rule zero, I20 and I17 for fault ``k`` at ``now_s``: a raise received after its
+    last fix and its last clear, its episode older than the persistence window."""
+    r, cl, fx, ep = (_get(w.raised_at, k), _get(w.cleared_at, k), _get(w.fixed_at, k),
+                     _get(w.episode_at, k))
+    if r is None or ep is None or (cl is not None and r <= cl) or (fx is not None and r <= fx):
+        return False
+    persist = RAILS.persistence_s if k == LEVEL else 0.0
+    return now_s - ep >= persist
+
+
+def _why(w: World, keys: list[str], now_s: float) -> str:
+    k = keys[0]
+    r, fx, ep = _get(w.raised_at, k), _get(w.fixed_at, k), _get(w.episode_at, k)
+    if r is not None and fx is not None and r <= fx:
+        return f"I20: repair on {k} that a successful repair fixed, with no report since"
+    if r is not None and ep is not None and (now_s - ep) < (
+            RAILS.persistence_s if k == LEVEL else 0.0):
+        return f"I17: repair on {k} before its persistence window, by receipt time"
+    return f"rule zero: repair on {k} with no current failed check behind it"
+
+
+def _key(m: nm.NodeState, w: World) -> str:
+    return m.model_dump_json(exclude={"rails", "details"}) + repr(w)
+
+
+def check(depth: int, defects: frozenset[str] = frozenset(),
+          stop_at_first: bool = False) -> Result:
+    """Explore every event sequence of length ≤ ``depth`` from each starting world
+    (:data:`W_FRESH`, :data:`W_OWNED`); ``defects`` re-introduces the named ones."""
+    res = Result(depth=depth)
+    t0 = time.monotonic()
+    for w0 in (W_FRESH, W_OWNED):
+        m0, cmds0 = nm.step(nm.new_state("c1", "n1", "seed"), nm.Begin(), T0, defects)
+        w0 = _apply(w0, cmds0, 0.0)
+        seen = {_key(m0, w0)}
+        queue: deque[tuple[nm.NodeState, World, list[str]]] = deque([(m0, w0, [])])
+        while queue:
+            m, w, trace = queue.popleft()
+            if len(trace) >= depth:
+                continue
+            for label, w1, ev in _world_events(w):
+                now = T0 + timedelta(seconds=w1.now_s)
+                m1 = m
+                cmds: list[nm.Command] = []
+                if label == "worker_restart" or (
+                        ev is not None and isinstance(ev, nm.HistoryFull)):
+                    if isinstance(ev, nm.HistoryFull):
+                        m1, cmds = nm.step(m, ev, now, defects)
+                        cont = [c for c in cmds if isinstance(c, nm.ContinueAsNew)]
+                        m1 = cont[0].state if cont else m1
+                    else:
+                        m1 = nm.carry(m)
+                    w1 = replace(w1, read_out=False, probe_out=False, timer_s=None)
+                    m1, cmds = nm.step(m1.model_copy(update={"timer_at": None}), nm.Begin(),
+                                       now, defects)
+                elif ev is not None:
+                    if isinstance(ev, nm.RepairEnded) and m.repair is not None:
+                        ev = ev.model_copy(update={"repair_id": m.repair.repair_id})
+                    m1, cmds = nm.step(m, ev, now, defects)
+                w1 = _apply(w1, cmds, w1.now_s)
+                res.transitions += 1
+                t1 = [*trace, label]
+                if w1.bad:
+                    res.violations.append(("node: " + "; ".join(w1.bad), t1))
+                    if stop_at_first:
+                        res.states += len(seen)
+                        res.seconds = time.monotonic() - t0
+                        return res
+                    continue
+                k = _key(m1, w1)
+                if k not in seen:
+                    seen.add(k)
+                    queue.append((m1, w1, t1))
+        res.states += len(seen)
+    res.seconds = time.monotonic() - t0
+    return res

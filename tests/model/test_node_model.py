@@ -1,0 +1,40 @@
+"""The model checker over the node lifecycle (issue 26 item 4): the CI bound, every
+(reconcile status, event) pair decided, and the planted defects found."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.model.node_world import check
+from workflows.lifecycle.node import DEFECTS, EVENT_KINDS, TRANSITIONS, Reconcile
+
+#: The CI bound: every node event sequence of up to 5 events (about 20 s here).
+CI_DEPTH = 5
+
+
+def test_node_machine_holds_every_invariant_to_the_ci_bound() -> None:
+    res = check(CI_DEPTH)
+    assert not res.violations, res.violations[:3]
+    assert res.states > 10_000  # the whole bounded space, not a sample
+
+
+def test_every_reconcile_event_pair_is_in_the_table() -> None:
+    assert set(TRANSITIONS) == {(r, k) for r in Reconcile for k in EVENT_KINDS}
+
+
+@pytest.mark.parametrize(
+    ("defect", "invariant", "depth"),
+    [
+        ("level_fault_survives_success", "I20", 6),
+        ("decide_without_ledger", "I21", 4),
+        ("sender_clock_judges", "I17", 3),
+    ],
+)
+def test_checker_finds_each_planted_node_defect(defect: str, invariant: str,
+                                                depth: int) -> None:
+    assert defect in DEFECTS
+    res = check(depth, defects=frozenset({defect}), stop_at_first=True)
+    assert res.violations, f"{defect} not found"
+    what, trace = res.violations[0]
+    assert invariant in what, what
+    assert len(trace) <= depth

@@ -1,0 +1,834 @@
+"""The node lifecycle: what ``NodeWorkflow`` decides for one node across alerts, its
+repair, the ledger, timers, continue-as-new, worker restarts and upgrades (issue 26).
+
+``step(state, event, now) -> (state, commands)`` decides every (reconcile status, event)
+pair (:data:`TRANSITIONS` is the table; docs/lifecycle.md is generated from it). ``now``
+is the control plane's clock. Everything the entity must keep lives in
+:class:`NodeState` (carried whole across continue-as-new: :func:`carry`).
+
+Invariants (checked by ``tests/model/node_world.py``):
+
+- **one repair per node at a time**: a repair child starts only while no repair of this
+  node is open, or may be open (the ledger not yet read, I21).
+- **I17 the control plane's clock decides**: a fault's first observation, its
+  persistence and the stale-edge order are judged on when the control plane received
+  the report (``Alert.received_at``, stamped by ingest; else ``now`` at delivery). The
+  sender's ``observed_at`` is evidence only.
+- **I20 a fixed level fault is retired**: a repair that succeeded retires every fault it
+  acted on; a later raise re-confirms it only when it was received after the repair
+  ended and is not from the boot the repair acted on.
+- **I21 decide only on what you know**: a fresh entity (or one carrying an open repair)
+  reads the ledger before it decides; a failed read is retried with back-off
+  (:data:`LEDGER_RETRY_S`) and no repair starts meanwhile.
+- **rule zero**: no repair without an actionable, unretired, uncleared fault that
+  outlived its persistence window behind it.
+
+Policy is called, not re-implemented: the catalogue (``decide_node_action``), the
+count-in-window thresholds, persistence and cooldown (``workflows.policy``).
+
+``defects`` (test-only, empty in production) re-introduces known defects so the
+checker can show it finds them (:data:`DEFECTS`).
+
+Status: not yet wired. ``NodeWorkflow`` (workflows/node.py) still decides in its own
+code; it shares :data:`NON_BOOTING` and :data:`LEDGER_RETRY_S` with this machine, and its
+I20 / I21 fixes follow the rules decided here.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Annotated, Literal, TypeVar
+
+from pydantic import BaseModel, Field
+
+from workflows.catalogue.vocabulary import count_window_s
+from workflows.config import CatalogueConfig, RailsConfig
+from workflows.models import (
+    ACTION_WEIGHT,
+    TERMINAL_STAGES,
+    Action,
+    Alert,
+    AlertOutcome,
+    Stage,
+)
+from workflows.policy.node_action import count_in_window, decide_node_action, repeat_key
+from workflows.policy.rails import cooldown_until, in_cooldown, persistence_for
+
+#: Back-off between ledger reads while the ledger is unavailable, seconds: 5 s doubling
+#: to 60 s, without end (I21: a fresh entity never decides blind).
+LEDGER_RETRY_S = (5.0, 60.0)
+#: While a repair is open, ask whether it still runs this often, seconds (15 min, the
+#: first release's ``REPAIR_PROBE_S``).
+REPAIR_PROBE_S = 900.0
+#: Most active faults, remembered clears and occurrence keys carried (bounds on the
+#: carried payload; the ledger holds everything).
+MAX_ACTIVE_FAULTS = 32
+MAX_CLEARED = 256
+MAX_OCCURRENCE_KEYS = 32
+MAX_OCCURRENCES = 256
+MAX_DIAGNOSED = 256
+#: Finished-repair messages kept until the ledger was read (one node has one repair at
+#: a time: more than a few is already abnormal).
+MAX_FINISHED_EARLY = 16
+#: Occurrence times are kept this long, seconds (8 days: beyond the 7-day ladder window).
+OCCURRENCE_TTL_S = 8 * 86400.0
+
+#: Actions after whose success the machine has not booted again: only the faults the
+#: repair acted on (or that were attached to it) are retired. After any other action
+#: (power cycle, reboot, reprovision, migrate; or a repair found in the ledger, action
+#: unknown) every fault received before its end is retired: the boot they were seen on
+#: is gone, and the restarted agent reports what is still wrong (I20, agent side).
+NON_BOOTING = frozenset({Action.reset_gpu, Action.none})
+#: Test-only defects :func:`step` can re-introduce (``tests/model`` shows each is found).
+DEFECTS: dict[str, str] = {
+    "level_fault_survives_success": "a success keeps the level faults it acted on "
+    "(the healthy node is repaired again after the cooldown; reproduction 1)",
+    "decide_without_ledger": "a fresh entity whose ledger read failed decides anyway "
+    "(a second repair for an episode another repair owns; reproduction 8)",
+    "sender_clock_judges": "persistence is judged on the sender's observed_at "
+    "(a clock 5 min fast makes a new fault due at once; I17)",
+}
+
+
+_V = TypeVar("_V")
+
+
+def _utc(t: datetime) -> datetime:
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+
+
+class Reconcile(StrEnum):
+    """Whether this run knows the node's open repair (the ledger's answer)."""
+
+    pending = "pending"  # not asked yet (fresh start, continue-as-new, restart)
+    reading = "reading"  # a ledger read is out
+    retry_wait = "retry_wait"  # the ledger was unavailable; a retry timer runs
+    done = "done"  # known: decisions may be taken
+
+
+class Fault(BaseModel):
+    """An actionable fault: its latest alert (action and severity as decided), the rule
+    that decided, when the control plane first and last received it."""
+
+    alert: Alert
+    action: Action
+    rule: str
+    first_seen: datetime
+    received: datetime
+
+
+class OpenRepair(BaseModel):
+    """The repair this node has open: its id, the fault keys and alert ids it acted on
+    (``acted_on`` empty when found in the ledger: it acted on what it was started for)."""
+
+    repair_id: str
+    action: Action | None = None  # None: found in the ledger (not known here)
+    acted_on: list[str] = Field(default_factory=list)
+    alert_ids: list[str] = Field(default_factory=list)
+    boots: dict[str, str] = Field(default_factory=dict)  # fault key → boot_id acted on
+    probed_at: datetime | None = None
+
+
+class Finished(BaseModel):
+    """A ``repair_finished`` message (kept when it arrived before the ledger was read)."""
+
+    repair_id: str
+    stage: Stage
+    at: datetime
+    alert_ids: list[str] = Field(default_factory=list)
+
+
+class NodeState(BaseModel):
+    """Everything the node entity keeps across continue-as-new, a worker restart or an
+    upgrade. Times are the control plane's (UTC). ``retired``: fault key → (end of the
+    successful repair, boot id it acted on or ""): a raise received before that end, or
+    from that boot, is stale (I20). ``cleared``: fault key → newest receipt time of its
+    clears (a raise received at or before it is stale)."""
+
+    cluster: str
+    node: str
+    id_seed: str  # from the shell (``workflow.uuid4``): repair ids are seed + counter
+    rails: RailsConfig = Field(default_factory=RailsConfig)
+    reconcile: Reconcile = Reconcile.pending
+    ledger_tries: int = 0
+    active: dict[str, Fault] = Field(default_factory=dict)
+    cleared: dict[str, datetime] = Field(default_factory=dict)
+    retired: dict[str, tuple[datetime, str]] = Field(default_factory=dict)
+    occurrences: dict[str, list[datetime]] = Field(default_factory=dict)
+    diagnosed: dict[str, datetime] = Field(default_factory=dict)
+    repair: OpenRepair | None = None
+    cooldown_until: datetime | None = None
+    #: End of the last successful repair that booted the machine again: any raise
+    #: received at or before it is from the boot it replaced (I20).
+    booted_at: datetime | None = None
+    finished_early: dict[str, Finished] = Field(default_factory=dict)
+    recommendations: int = 0
+    repairs_started: int = 0
+    timer_at: datetime | None = None
+    details: str = ""
+
+
+# ---- events ------------------------------------------------------------------------
+class Begin(BaseModel):
+    """A run began (first start, continue-as-new, a worker restart replaying)."""
+
+    kind: Literal["begin"] = "begin"
+
+
+class AlertRaised(BaseModel):
+    """An alert raise delivered (de-duplicated by the shell), with the policy of the
+    last read (``catalogue`` decides, ``rails`` time the persistence and cooldown)."""
+
+    kind: Literal["alert_raised"] = "alert_raised"
+    alert: Alert
+    catalogue: CatalogueConfig
+    rails: RailsConfig
+
+
+class AlertCleared(BaseModel):
+    """A level fault's clear delivered."""
+
+    kind: Literal["alert_cleared"] = "alert_cleared"
+    alert: Alert
+    rails: RailsConfig
+
+
+class RepairStarted(BaseModel):
+    """The repair child the machine asked for started (or already existed: same id)."""
+
+    kind: Literal["repair_started"] = "repair_started"
+    repair_id: str
+
+
+class RepairFinishedEv(BaseModel):
+    """The repair told us it reached a terminal stage (signal ``repair_finished``)."""
+
+    kind: Literal["repair_finished"] = "repair_finished"
+    repair_id: str
+    stage: Stage
+    at: datetime
+    alert_ids: list[str] = Field(default_factory=list)
+
+
+class RepairEnded(BaseModel):
+    """The repair ended without telling (terminated, timed out, failed): ``how`` is
+    Temporal's status in lower case."""
+
+    kind: Literal["repair_ended"] = "repair_ended"
+    repair_id: str
+    how: str
+
+
+class LedgerRead(BaseModel):
+    """The ledger's answer about the node's open repair (``ledger_open_repair``)."""
+
+    kind: Literal["ledger_read"] = "ledger_read"
+    repair_id: str | None = None
+    stage: str = ""
+    running: bool = False
+    status: str = ""
+
+
+class LedgerUnavailable(BaseModel):
+    """The ledger read failed (PostgreSQL down, timeout)."""
+
+    kind: Literal["ledger_unavailable"] = "ledger_unavailable"
+    message: str = ""
+
+
+class TimerFired(BaseModel):
+    """The timer the machine asked for fired."""
+
+    kind: Literal["timer"] = "timer"
+
+
+class HistoryFull(BaseModel):
+    """The history is long (or Temporal suggests continue-as-new)."""
+
+    kind: Literal["history_full"] = "history_full"
+
+
+class Clock(BaseModel):
+    """Time passed; nothing else (time alone is judged at the next timer)."""
+
+    kind: Literal["clock"] = "clock"
+
+
+Event = Annotated[
+    Begin | AlertRaised | AlertCleared | RepairStarted | RepairFinishedEv | RepairEnded
+    | LedgerRead | LedgerUnavailable | TimerFired | HistoryFull | Clock,
+    Field(discriminator="kind"),
+]
+EVENT_KINDS = ("begin", "alert_raised", "alert_cleared", "repair_started",
+               "repair_finished", "repair_ended", "ledger_read", "ledger_unavailable",
+               "timer", "history_full", "clock")
+
+
+# ---- commands ----------------------------------------------------------------------
+class Reply(BaseModel):
+    """The answer to the alert's delivery (update ``deliver_alert``)."""
+
+    kind: Literal["reply"] = "reply"
+    alert_id: str
+    outcome: AlertOutcome
+    reason: str = ""
+    repair_id: str | None = None
+
+
+class StartRepair(BaseModel):
+    """Start the ``RepairWorkflow`` child ``repair_id`` for ``action`` on the faults
+    ``fault_keys`` (their alerts ``alerts``)."""
+
+    kind: Literal["start_repair"] = "start_repair"
+    repair_id: str
+    action: Action
+    fault_keys: list[str]
+    alerts: list[Alert]
+    reason: str
+
+
+class AttachAlert(BaseModel):
+    """Signal the open repair with the alert (``attach_alert``)."""
+
+    kind: Literal["attach_alert"] = "attach_alert"
+    repair_id: str
+    alert: Alert
+
+
+class ReadLedger(BaseModel):
+    """Ask the ledger for the node's open repair (``ledger_open_repair``)."""
+
+    kind: Literal["read_ledger"] = "read_ledger"
+    repair_id: str | None = None
+
+
+class ProbeRepair(BaseModel):
+    """Ask whether the open repair still runs (``ledger_open_repair`` with its id)."""
+
+    kind: Literal["probe_repair"] = "probe_repair"
+    repair_id: str
+
+
+class CloseLedger(BaseModel):
+    """Record the terminal stage of a repair that ended without writing it."""
+
+    kind: Literal["close_ledger"] = "close_ledger"
+    repair_id: str
+    how: str
+
+
+class ReleaseLease(BaseModel):
+    """Give the ended repair's lease back to the guard."""
+
+    kind: Literal["release_lease"] = "release_lease"
+    repair_id: str
+    outcome: str
+
+
+class Notify(BaseModel):
+    kind: Literal["notify"] = "notify"
+    subject: str
+    body: str
+    severity: str = "warning"
+    event: str = ""
+    repair_id: str | None = None
+
+
+class SetTimer(BaseModel):
+    """(Re)arm the one timer at ``at`` (None: no timer needed)."""
+
+    kind: Literal["set_timer"] = "set_timer"
+    at: datetime | None
+
+
+class SetDetails(BaseModel):
+    kind: Literal["set_details"] = "set_details"
+    text: str
+
+
+class ContinueAsNew(BaseModel):
+    """Continue as new carrying ``state`` (:func:`carry`)."""
+
+    kind: Literal["continue_as_new"] = "continue_as_new"
+    state: NodeState
+
+
+Command = (Reply | StartRepair | AttachAlert | ReadLedger | ProbeRepair | CloseLedger
+           | ReleaseLease | Notify | SetTimer | SetDetails | ContinueAsNew)
+
+
+# ---- the machine -------------------------------------------------------------------
+def new_state(cluster: str, node: str, id_seed: str,
+              rails: RailsConfig | None = None) -> NodeState:
+    """A fresh node entity (nothing known: the ledger is read first, I21). Raises
+    ``ValueError`` naming the field when ``cluster``, ``node`` or ``id_seed`` is empty."""
+    for name, v in (("cluster", cluster), ("node", node), ("id_seed", id_seed)):
+        if not v:
+            raise ValueError(f"{name}: must not be empty (got {v!r})")
+    return NodeState(cluster=cluster, node=node, id_seed=id_seed,
+                     rails=rails or RailsConfig())
+
+
+def carry(s: NodeState) -> NodeState:
+    """The state the next run starts from (continue-as-new, an upgrade): all of it, but
+    the ledger is read again when a repair is open (it may have ended meanwhile)."""
+    reconcile = Reconcile.pending if s.repair is not None else Reconcile.done
+    if s.reconcile != Reconcile.done:
+        reconcile = Reconcile.pending
+    return s.model_copy(update={"reconcile": reconcile, "ledger_tries": 0, "timer_at": None})
+
+
+def fault_key(alert: Alert) -> str:
+    """``kind:code:gpu`` (as :func:`workflows.protocol.fault_key`)."""
+    return f"{alert.kind}:{'' if alert.code is None else alert.code}:{alert.gpu or ''}"
+
+
+def received(alert: Alert, now: datetime, defects: frozenset[str] = frozenset()) -> datetime:
+    """When the control plane received ``alert`` (I17): ingest's ``received_at``, else
+    ``now`` at delivery; never the sender's ``observed_at`` (the ``sender_clock_judges``
+    defect brings that back)."""
+    if "sender_clock_judges" in defects:
+        return _utc(alert.observed_at)
+    return _utc(alert.received_at) if alert.received_at is not None else _utc(now)
+
+
+def _boot(alert: Alert) -> str:
+    b = alert.evidence.get("boot_id")
+    return b if isinstance(b, str) else ""
+
+
+def due_faults(s: NodeState, now: datetime) -> list[tuple[str, Fault]]:
+    """Active faults that outlived their persistence window at ``now``, heaviest action
+    first (``persistence_for`` of the carried rails)."""
+    due = [(k, f) for k, f in s.active.items()
+           if now >= f.first_seen + timedelta(seconds=persistence_for(f.alert, s.rails))]
+    due.sort(key=lambda kf: (-ACTION_WEIGHT[kf[1].action], kf[1].first_seen))
+    return due
+
+
+def next_deadline(s: NodeState, now: datetime) -> datetime | None:
+    """The next time something is due: a ledger retry, a repair probe, a persistence
+    window or the cooldown's end (None: nothing is)."""
+    if s.reconcile == Reconcile.retry_wait:
+        return s.timer_at
+    if s.reconcile != Reconcile.done:
+        return None
+    if s.repair is not None:
+        base = s.repair.probed_at or now
+        return base + timedelta(seconds=REPAIR_PROBE_S)
+    if not s.active:
+        return None
+    times = [f.first_seen + timedelta(seconds=persistence_for(f.alert, s.rails))
+             for f in s.active.values()]
+    if in_cooldown(s.cooldown_until, now):
+        assert s.cooldown_until is not None
+        times = [max(t, s.cooldown_until) for t in times]
+    future = [t for t in times if t > now]
+    return min(future) if future else None
+
+
+def _timer(s: NodeState, now: datetime) -> tuple[NodeState, list[Command]]:
+    at = next_deadline(s, now)
+    if at == s.timer_at:
+        return s, []
+    return s.model_copy(update={"timer_at": at}), [SetTimer(at=at)]
+
+
+def _evaluate(s: NodeState, now: datetime, defects: frozenset[str]
+              ) -> tuple[NodeState, list[Command]]:
+    """Start a repair for the faults that outlived their persistence window (rule zero),
+    if none is open, the ledger was read (I21) and the cooldown is over."""
+    known = s.reconcile == Reconcile.done or (
+        "decide_without_ledger" in defects and s.reconcile == Reconcile.retry_wait)
+    if s.repair is not None or not known or in_cooldown(s.cooldown_until, now):
+        return s, []
+    due = due_faults(s, now)
+    if not due:
+        return s, []
+    action = due[0][1].action
+    rid = f"{s.id_seed}{s.repairs_started:04x}"[-16:]
+    keys = [k for k, _ in due]
+    alerts = [f.alert for _, f in due]
+    repair = OpenRepair(repair_id=rid, action=action, acted_on=keys,
+                        alert_ids=[a.alert_id for a in alerts],
+                        boots={k: _boot(f.alert) for k, f in due}, probed_at=now)
+    s = s.model_copy(update={
+        "repair": repair, "recommendations": s.recommendations + 1,
+        "repairs_started": s.repairs_started + 1,
+        "details": f"repair {rid} ({action.value}) in flight"})
+    reason = "; ".join(f"{f.alert.summary} ({f.rule})" for _, f in due)
+    return s, [StartRepair(repair_id=rid, action=action, fault_keys=keys, alerts=alerts,
+                           reason=reason), SetDetails(text=s.details)]
+
+
+def _finish(s: NodeState, msg: Finished, defects: frozenset[str]) -> NodeState:
+    """End the open repair as ``msg`` says: cooldown from its end (not after
+    ``auto_resolved``), event faults it used dropped, and on success every fault it
+    acted on retired (I20)."""
+    assert s.repair is not None
+    rep = s.repair
+    used = set(msg.alert_ids) | set(rep.alert_ids)
+    at = _utc(msg.at)
+    active = dict(s.active)
+    retired = dict(s.retired)
+    for k, f in list(active.items()):
+        if not f.alert.level and f.alert.alert_id in used:
+            active.pop(k)
+    if msg.stage == Stage.succeeded and "level_fault_survives_success" not in defects:
+        acted = set(rep.acted_on) | {k for k, f in s.active.items()
+                                     if f.alert.alert_id in used or (
+                                         rep.action not in NON_BOOTING and f.received <= at)}
+        for k in acted:
+            gone = active.pop(k, None)
+            boot = rep.boots.get(k) or (_boot(gone.alert) if gone is not None else "")
+            retired[k] = (at, boot)
+    booted = s.booted_at
+    if (msg.stage == Stage.succeeded and rep.action not in NON_BOOTING
+            and "level_fault_survives_success" not in defects):
+        booted = max(at, booted or at)
+    cooldown = s.cooldown_until
+    if msg.stage != Stage.auto_resolved:
+        cooldown = cooldown_until(at, s.rails)
+    return s.model_copy(update={
+        "active": active, "retired": _bounded(retired, MAX_CLEARED), "repair": None,
+        "cooldown_until": cooldown, "booted_at": booted,
+        "details": f"repair {msg.repair_id} ended {msg.stage.value}"})
+
+
+def _foreign_finish(s: NodeState, msg: Finished) -> NodeState:
+    """A repair of this node that another run started told us it finished before the
+    ledger answered: its cooldown holds (not after ``auto_resolved``), and a success
+    retires every fault received before its end (what it acted on is not known here;
+    a fault still there is reported again after the new boot, I20)."""
+    at = _utc(msg.at)
+    update: dict[str, object] = {}
+    if msg.stage != Stage.auto_resolved:
+        end = cooldown_until(at, s.rails)
+        update["cooldown_until"] = max(end, s.cooldown_until or end)
+    if msg.stage == Stage.succeeded:
+        update["booted_at"] = max(at, s.booted_at or at)
+        retired = dict(s.retired)
+        active = dict(s.active)
+        for k, f in s.active.items():
+            if f.received <= at:
+                active.pop(k)
+                retired[k] = (at, "")
+        update |= {"active": active, "retired": _bounded(retired, MAX_CLEARED)}
+    return s.model_copy(update=update)
+
+
+def _gone(s: NodeState, rid: str, how: str, now: datetime) -> tuple[NodeState, list[Command]]:
+    """The open repair ``rid`` ended without telling: cooldown (it may have acted),
+    ledger closed, lease released, people told (its cordon may remain)."""
+    s = s.model_copy(update={"repair": None, "cooldown_until": cooldown_until(now, s.rails),
+                             "details": f"repair {rid} ended without finishing ({how})"})
+    return s, [
+        SetDetails(text=s.details), CloseLedger(repair_id=rid, how=how),
+        ReleaseLease(repair_id=rid, outcome=how),
+        Notify(subject=f"repair {rid} on {s.node} ended without finishing ({how})",
+               body="The repair workflow stopped before its cleanup ran; the node may still "
+               "be cordoned by it. Check the node and uncordon it if healthy.",
+               repair_id=rid),
+    ]
+
+
+def _bounded(d: dict[str, _V], cap: int) -> dict[str, _V]:
+    while len(d) > cap:
+        d.pop(next(iter(d)))
+    return d
+
+
+def _reply(alert: Alert, outcome: AlertOutcome, reason: str,
+           repair_id: str | None = None) -> Reply:
+    return Reply(alert_id=alert.alert_id, outcome=outcome, reason=reason, repair_id=repair_id)
+
+
+def _stale_raise(s: NodeState, alert: Alert, key: str, at: datetime) -> str | None:
+    if s.booted_at is not None and at <= s.booted_at:
+        return (f"stale raise: received {at.isoformat()}, not after the successful repair "
+                f"that booted the machine again at {s.booted_at.isoformat()}")
+    last = s.cleared.get(key)
+    if alert.level and last is not None and at <= last:
+        return (f"stale raise: received {at.isoformat()}, not after the fault's clear "
+                f"received {last.isoformat()}; the fault is cleared")
+    ret = s.retired.get(key)
+    if ret is not None:
+        end, boot = ret
+        if at <= end:
+            return (f"stale raise: received {at.isoformat()}, before repair success at "
+                    f"{end.isoformat()} retired the fault")
+        if boot and _boot(alert) == boot:
+            return f"stale raise: from boot {boot}, which the successful repair replaced"
+    return None
+
+
+def _on_raise(s: NodeState, ev: AlertRaised, now: datetime, defects: frozenset[str]
+              ) -> tuple[NodeState, list[Command]]:
+    alert = ev.alert
+    key = fault_key(alert)
+    at = received(alert, now, defects)
+    s = s.model_copy(update={"rails": ev.rails})
+    stale = _stale_raise(s, alert, key, at)
+    rid = s.repair.repair_id if s.repair else None
+    if stale is not None:
+        return s, [_reply(alert, AlertOutcome.ignored, stale, rid)]
+    cat = ev.catalogue
+    occ = {k: list(v) for k, v in s.occurrences.items()}
+    occ_key, rep_key = f"{alert.kind}:{alert.code}", "repeat:" + repeat_key(alert)
+    for k in (occ_key, rep_key):
+        times = [t for t in occ.pop(k, []) if (at - t).total_seconds() <= OCCURRENCE_TTL_S]
+        occ[k] = [*times, at][-MAX_OCCURRENCES:]
+    s = s.model_copy(update={"occurrences": _bounded(occ, MAX_OCCURRENCE_KEYS)})
+    dec = decide_node_action(
+        alert, cat,
+        occurrences_in_window=count_in_window(occ[occ_key], at,
+                                              count_window_s(alert.kind, alert.code, cat)),
+        repeats_same_gpu=count_in_window(occ[rep_key], at, cat.app_xid_repeat_window_s))
+    cmds: list[Command] = []
+    if dec.actionable:
+        sev = dec.severity or alert.severity
+        alert = alert.model_copy(update={"action": dec.action, "actionable": True,
+                                         "severity": sev})
+        prev = s.active.get(key)
+        active = dict(s.active)
+        active[key] = Fault(alert=alert, action=dec.action, rule=dec.rule,
+                            first_seen=prev.first_seen if prev else at, received=at)
+        if len(active) > MAX_ACTIVE_FAULTS:
+            drop = min(active, key=lambda k: (ACTION_WEIGHT[active[k].action],
+                                              active[k].first_seen))
+            active.pop(drop)
+        s = s.model_copy(update={"active": active})
+    if s.repair is not None:
+        rep = s.repair
+        if dec.actionable:
+            s = s.model_copy(update={"repair": rep.model_copy(
+                update={"alert_ids": [*rep.alert_ids, alert.alert_id]})})
+        return s, [AttachAlert(repair_id=rep.repair_id, alert=alert),
+                   _reply(alert, AlertOutcome.attached,
+                          f"repair {rep.repair_id} in flight; {dec.reason}", rep.repair_id)]
+    if dec.diagnostic:
+        dk = repeat_key(alert)
+        last = s.diagnosed.get(dk)
+        if last is not None and (at - last).total_seconds() < cat.app_xid_repeat_window_s:
+            return s, [_reply(alert, AlertOutcome.ignored, "diagnostic validation already "
+                              f"recommended at {last.isoformat()}")]
+        diag = dict(s.diagnosed)
+        diag.pop(dk, None)
+        diag[dk] = at
+        s = s.model_copy(update={"diagnosed": _bounded(diag, MAX_DIAGNOSED)})
+        return s, [Notify(subject=f"diagnostic validation recommended for {alert.node}",
+                          body=dec.reason, event="diagnostic_recommended"),
+                   _reply(alert, AlertOutcome.recommended, dec.reason)]
+    if not dec.actionable:
+        return s, [_reply(alert, AlertOutcome.ignored, f"{dec.rule}: {dec.reason}")]
+    s, started = _evaluate(s, now, defects)
+    cmds += started
+    if s.repair is not None and key in s.repair.acted_on:
+        cmds.append(_reply(alert, AlertOutcome.recommended,
+                           f"{dec.action.value} recommended ({dec.rule})", s.repair.repair_id))
+    else:
+        cmds.append(_reply(alert, AlertOutcome.new, _waiting(s, key, now)))
+    return s, cmds
+
+
+def _waiting(s: NodeState, key: str, now: datetime) -> str:
+    if s.reconcile != Reconcile.done:
+        return "waiting for the ledger before deciding (the node's open repair is unknown)"
+    if in_cooldown(s.cooldown_until, now):
+        assert s.cooldown_until is not None
+        return f"in cooldown until {s.cooldown_until.isoformat()}"
+    f = s.active.get(key)
+    if f is None:
+        return "not active"
+    due = f.first_seen + timedelta(seconds=persistence_for(f.alert, s.rails))
+    return f"waiting for persistence until {due.isoformat()}"
+
+
+def _on_clear(s: NodeState, ev: AlertCleared, now: datetime, defects: frozenset[str]
+              ) -> tuple[NodeState, list[Command]]:
+    alert = ev.alert
+    key = fault_key(alert)
+    at = received(alert, now, defects)
+    rid = s.repair.repair_id if s.repair else None
+    cleared = dict(s.cleared)
+    last = cleared.pop(key, None)
+    cleared[key] = at if last is None else max(at, last)
+    s = s.model_copy(update={"rails": ev.rails, "cleared": _bounded(cleared, MAX_CLEARED)})
+    f = s.active.get(key)
+    if f is not None and f.alert.level and f.received > at:
+        return s, [_reply(alert, AlertOutcome.ignored, f"stale clear: received "
+                          f"{at.isoformat()}, before the fault was raised again at "
+                          f"{f.received.isoformat()}", rid)]
+    active = dict(s.active)
+    removed = active.pop(key, None)
+    s = s.model_copy(update={"active": active})
+    if rid is not None:
+        return s, [AttachAlert(repair_id=rid, alert=alert),
+                   _reply(alert, AlertOutcome.cleared, f"clear attached to repair {rid}", rid)]
+    if removed is not None:
+        return s, [_reply(alert, AlertOutcome.cleared,
+                          "fault cleared before action: recommendation auto-resolved")]
+    return s, [_reply(alert, AlertOutcome.cleared, "no active fault to clear")]
+
+
+def _on_ledger(s: NodeState, ev: LedgerRead, now: datetime, defects: frozenset[str]
+               ) -> tuple[NodeState, list[Command]]:
+    early = s.finished_early
+    s = s.model_copy(update={"reconcile": Reconcile.done, "ledger_tries": 0,
+                             "finished_early": {}})
+    cmds: list[Command] = []
+    rid = ev.repair_id
+    ours = s.repair.repair_id if s.repair is not None else None
+    for msg in early.values():
+        if msg.repair_id not in (rid, ours):
+            s = _foreign_finish(s, msg)
+    if rid is None:
+        if s.repair is not None:  # the ledger has no open repair: ours is gone
+            if ours in early:
+                return _finish(s, early[ours], defects), []
+            s, cmds = _gone(s, s.repair.repair_id, ev.status or "not_found", now)
+        return s, cmds
+    if s.repair is None and ev.running:
+        if rid in early:  # it told us it finished: the ledger's "running" is behind
+            s = s.model_copy(update={"repair": OpenRepair(repair_id=rid)})
+            return _finish(s, early[rid], defects), []
+        s = s.model_copy(update={"repair": OpenRepair(repair_id=rid, probed_at=now),
+                                 "details": f"repair {rid} in flight (found in the ledger)"})
+        return s, [SetDetails(text=s.details)]
+    if ev.running:
+        return s, []
+    if s.repair is not None and s.repair.repair_id == rid:
+        if rid in early:
+            return _finish(s, early[rid], defects), []
+        return _gone(s, rid, ev.status, now)
+    if ev.stage and ev.stage not in {t.value for t in TERMINAL_STAGES}:
+        return s, [CloseLedger(repair_id=rid, how=ev.status)]
+    return s, []
+
+
+def step(state: NodeState, event: Event, now: datetime,
+         defects: frozenset[str] = frozenset()) -> tuple[NodeState, list[Command]]:
+    """Decide ``event`` in ``state`` at ``now`` (the control plane's clock, UTC): the next
+    state and the commands to execute, in order. Pure: same input, same output. After
+    every event the one timer is re-armed to :func:`next_deadline` (a ``SetTimer`` when it
+    changed). Raises nothing for valid events."""
+    s, cmds = _step(state, event, _utc(now), defects)
+    if not any(isinstance(c, ContinueAsNew) for c in cmds):
+        s, more = _evaluate(s, _utc(now), defects)
+        s, timer = _timer(s, _utc(now))
+        cmds = [*cmds, *more, *timer]
+    return s, cmds
+
+
+def _step(s: NodeState, ev: Event, now: datetime, defects: frozenset[str]
+          ) -> tuple[NodeState, list[Command]]:
+    rc = s.reconcile
+    if isinstance(ev, Clock):
+        return s, []
+    if isinstance(ev, Begin):
+        if rc == Reconcile.pending:
+            rid = s.repair.repair_id if s.repair else None
+            return (s.model_copy(update={"reconcile": Reconcile.reading}),
+                    [ReadLedger(repair_id=rid)])
+        return s, []
+    if isinstance(ev, AlertRaised):
+        return _on_raise(s, ev, now, defects)
+    if isinstance(ev, AlertCleared):
+        return _on_clear(s, ev, now, defects)
+    if isinstance(ev, LedgerRead):
+        if rc != Reconcile.reading:
+            return s, []  # not asked (a late answer of a lost read)
+        return _on_ledger(s, ev, now, defects)
+    if isinstance(ev, LedgerUnavailable):
+        if rc != Reconcile.reading:
+            return s, []
+        tries = s.ledger_tries + 1
+        wait = min(LEDGER_RETRY_S[0] * 2 ** (tries - 1), LEDGER_RETRY_S[1])
+        at = now + timedelta(seconds=wait)
+        s = s.model_copy(update={
+            "reconcile": Reconcile.retry_wait, "ledger_tries": tries, "timer_at": at,
+            "details": f"ledger unavailable ({ev.message or 'read failed'}); retry {tries} "
+                       f"in {wait:g} s before deciding"})
+        return s, [SetDetails(text=s.details), SetTimer(at=at)]
+    if isinstance(ev, TimerFired):
+        if rc == Reconcile.retry_wait:
+            rid = s.repair.repair_id if s.repair else None
+            return (s.model_copy(update={"reconcile": Reconcile.reading, "timer_at": None}),
+                    [ReadLedger(repair_id=rid)])
+        s = s.model_copy(update={"timer_at": None})
+        if rc == Reconcile.done and s.repair is not None:
+            probed = s.repair.probed_at
+            if probed is None or (now - probed).total_seconds() >= REPAIR_PROBE_S:
+                rep = s.repair.model_copy(update={"probed_at": now})
+                return s.model_copy(update={"repair": rep}), [
+                    ProbeRepair(repair_id=rep.repair_id)]
+        return s, []
+    if isinstance(ev, HistoryFull):
+        return s, [ContinueAsNew(state=carry(s))]
+    if isinstance(ev, RepairStarted):
+        return s, []
+    if isinstance(ev, RepairFinishedEv):
+        msg = Finished(repair_id=ev.repair_id, stage=ev.stage, at=ev.at,
+                       alert_ids=ev.alert_ids)
+        if s.repair is not None and s.repair.repair_id == ev.repair_id:
+            return _finish(s, msg, defects), []
+        if rc != Reconcile.done and len(s.finished_early) < MAX_FINISHED_EARLY:
+            early = dict(s.finished_early)
+            early[ev.repair_id] = msg
+            return s.model_copy(update={"finished_early": early}), []
+        return s, []
+    if isinstance(ev, RepairEnded):
+        if s.repair is not None and s.repair.repair_id == ev.repair_id:
+            return _gone(s, ev.repair_id, ev.how, now)
+        return s, []
+    raise AssertionError(f"event: {ev!r} is not a node event")  # pragma: no cover
+
+
+#: The transition table: (reconcile status, event kind) → what :func:`step` decides, in
+#: words. docs/lifecycle.md is generated from it; ``tests/model`` checks every pair is
+#: listed. After every event (but continue-as-new) a due repair starts when the ledger is
+#: known, none is open and the cooldown is over, and the timer is re-armed.
+TRANSITIONS: dict[tuple[Reconcile, str], str] = {}
+
+
+def _table() -> None:
+    wait = "recorded; no decision until the ledger answers (reply `new`, waiting)"
+    for rc in Reconcile:
+        known = rc == Reconcile.done
+        TRANSITIONS[(rc, "begin")] = ("→ reading: ask the ledger (repair carried or fresh)"
+                                      if rc == Reconcile.pending else "ignored")
+        TRANSITIONS[(rc, "alert_raised")] = (
+            "stale (at/before a clear, before a success that retired it, or from the boot "
+            "it replaced) → ignored; else catalogue decides; open repair → attached; "
+            "diagnostic → notify once per window; actionable → tracked from its receipt "
+            "time, repair started once persistence is over" if known else
+            "stale → ignored; actionable → tracked from its receipt time; " + wait)
+        TRANSITIONS[(rc, "alert_cleared")] = (
+            "clear remembered; before a newer raise → ignored; else fault dropped "
+            "(auto-resolved, or attached to the open repair)")
+        TRANSITIONS[(rc, "repair_started")] = "nothing (the repair was opened when asked for)"
+        TRANSITIONS[(rc, "repair_finished")] = (
+            "ours → cooldown (not after auto_resolved), used event faults dropped; "
+            "succeeded → acted-on faults retired (I20); not ours → ignored" if known else
+            "ours → as when known; not ours → kept until the ledger answers")
+        TRANSITIONS[(rc, "repair_ended")] = ("ours → cooldown, ledger closed, lease released, "
+                                             "warning sent; else ignored")
+        TRANSITIONS[(rc, "ledger_read")] = (
+            "→ done: running repair adopted (or finished, if it told us early); ours gone "
+            "→ closed out with a warning; stale open row → closed"
+            if rc == Reconcile.reading else "ignored: no read is out")
+        TRANSITIONS[(rc, "ledger_unavailable")] = (
+            "→ retry_wait: timer 5 s doubling to 60 s; no decision meanwhile (I21)"
+            if rc == Reconcile.reading else "ignored: no read is out")
+        TRANSITIONS[(rc, "timer")] = {
+            Reconcile.retry_wait: "→ reading: ask the ledger again",
+            Reconcile.done: "open repair → probe it every 15 min; else due faults decided",
+        }.get(rc, "nothing")
+        TRANSITIONS[(rc, "history_full")] = ("continue as new carrying the whole state; the "
+                                             "next run reads the ledger again if a repair is "
+                                             "open or it was not yet known")
+        TRANSITIONS[(rc, "clock")] = "nothing: time alone is judged at the timer"
+
+
+_table()
