@@ -3,7 +3,8 @@
 The document is derived, never hand-written: the table per machine is its
 ``TRANSITIONS`` (:mod:`~workflows.lifecycle.machine_action`,
 :mod:`~workflows.lifecycle.guard`, :mod:`~workflows.lifecycle.node`), and the Mermaid
-state diagram's edges are the status changes each machine's ``step`` actually makes, found by stepping the machine through every event at every phase
+state diagram's edges are the status changes each machine's ``step`` actually makes,
+found by stepping the machine through every event at every phase
 (:func:`observed_edges`). A test compares the committed file with :func:`render`.
 Regenerate with ``python -m workflows.lifecycle.docgen > docs/lifecycle.md``.
 """
