@@ -489,6 +489,30 @@ def test_table_needles_pass_the_gate() -> None:
         assert matcher(f"{gate} {needle}") in (None, []), needle  # a needle alone is no record
 
 
+
+def _table_says(line: str) -> bool:
+    return any(gate in line and needle in line for (gate, needle), _m in TABLE)
+
+
+_FRAGMENTS = [
+    *sorted({t for (gate, needle), _m in TABLE for t in (gate, needle) if t}),
+    "[ 12.345678] ", "NVRM: GPU at PCI:0000:3b:00: ", "kernel: ", "x", " ", "ort", "Xi", "d",
+]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_FRAGMENTS), max_size=6), st.text(max_size=40))
+def test_has_needle_is_exactly_the_table(parts: list[str], noise: str) -> None:
+    """The compiled gate (key character first, then gate, then needle) says True exactly
+    when some TABLE entry's gate and needle are both in the line: the key-character pre-test
+    drops no record."""
+    line = noise.join(parts) + noise
+    assert has_needle(line) == _table_says(line)
+    for (gate, needle), _m in TABLE:
+        for probe in (f"x {gate} {needle} y", gate, needle, gate[1:], gate[:-1]):
+            assert has_needle(probe) == _table_says(probe), probe
+
+
 RECORDS = [
     "NVRM: Xid (PCI:0000:{b:02x}:00): 13, pid={n}, name=p, Graphics SM Warp Exception on "
     "(GPC 1, TPC 2, SM 0): Out Of Range Address",

@@ -114,20 +114,43 @@ TABLE: list[tuple[Needle, Matcher]] = [
 then :data:`_KERNEL_TABLE`."""
 
 
+_COMMON_CHARS = " :.[]-_=()/,0123456789etaoinshrdlcumwfgypbvkjxqz"
+"""Characters of kernel-log text, most common first: the blank and the punctuation and digits
+of timestamp prefixes, PCI addresses and ``key=value`` fields, then the lower-case letters
+in English letter-frequency order (``etaoinshrdlcumwfgypbvkjxqz``, the standard ranking of
+cryptanalysis texts). Any other character (capitals, other punctuation) counts as rarer
+than all of these."""
+
+
+def _key_char(gate: str) -> str:
+    """The character of ``gate`` least likely in a log line (first of equals), by
+    :data:`_COMMON_CHARS`."""
+    return max(gate, key=lambda c: _COMMON_CHARS.find(c) % (len(_COMMON_CHARS) + 1))
+
+
 def _table_test(table: list[tuple[Needle, Matcher]]) -> Callable[[str], bool]:
     """``line → True`` when some entry's gate and needle are both in ``line``, compiled to
-    straight-line ``in`` tests grouped by gate: the reader's fast path for the many lines
-    that hold no record (a loop over the table costs several times as much)."""
-    groups: dict[str, list[str]] = {}
+    straight-line ``in`` tests: the reader's fast path for the many lines that hold no
+    record (a loop over the table costs several times as much).
+
+    Each gate is searched only on lines holding its key character (:func:`_key_char`, one
+    test shared by the gates of that character): a one-character ``in`` is a ``memchr``,
+    several times cheaper than the multi-character search, and most lines lack most keys.
+    The key is a character of its gate, so the test is exactly "some gate and its needle
+    are in the line"."""
+    groups: dict[str, dict[str, list[str]]] = {}
     for (gate, needle), _ in table:
-        groups.setdefault(gate, []).append(needle)
+        groups.setdefault(_key_char(gate), {}).setdefault(gate, []).append(needle)
     terms = []
-    for gate, needles in groups.items():
-        if "" in needles:
-            terms.append(f"{gate!r} in line")
-        else:
-            inner = " or ".join(f"{n!r} in line" for n in dict.fromkeys(needles))
-            terms.append(f"({gate!r} in line and ({inner}))")
+    for key, gates in groups.items():
+        inner = []
+        for gate, needles in gates.items():
+            if "" in needles:
+                inner.append(f"{gate!r} in line")
+            else:
+                alts = " or ".join(f"{n!r} in line" for n in dict.fromkeys(needles))
+                inner.append(f"({gate!r} in line and ({alts}))")
+        terms.append(f"({key!r} in line and ({' or '.join(inner)}))")
     # eval of repr()-quoted literals from this table only
     test: Callable[[str], bool] = eval(f"lambda line: {' or '.join(terms)}")
     return test
@@ -236,22 +259,20 @@ class KernelLogReader:
             if len(line) > MAX_LINE_CHARS:
                 line = line[:MAX_LINE_CHARS]
             line = line.rstrip("\r\n")
-            if (
-                not self._open
-                and self._last is None
-                and not has_needle(line)
-                # maybe_continuation(), inlined: this is the path of most lines
-                and not (
+            needle: bool | None = None  # has_needle(line), once computed
+            if not self._open and self._last is None:
+                needle = has_needle(line)
+                if not needle and not (
+                    # maybe_continuation(), inlined: this is the path of most lines
                     self._prev
                     and (line[:1] in " \t" or "]  " in line or ":  " in line or "\t" in line)
-                )
-            ):
-                self._prev = line  # may be the head of a record wrapped onto the next line
-                if self._folder.held:
-                    self._folder.tick(out)
-                return out  # nothing open, no record here
+                ):
+                    self._prev = line  # may head a record wrapped onto the next line
+                    if self._folder.held:
+                        self._folder.tick(out)
+                    return out  # nothing open, no record here
             for piece in split_records(line):
-                self._piece(piece, out)
+                self._piece(piece, out, needle if piece is line else None)
             if self._folder.held:
                 self._folder.tick(out)
         except Exception:  # a reader never takes the agent down
@@ -271,7 +292,9 @@ class KernelLogReader:
         self._open, self._last, self._prev = [], None, None
         return out
 
-    def _piece(self, piece: str, out: list[FaultEvent]) -> None:
+    def _piece(self, piece: str, out: list[FaultEvent], needle: bool | None = None) -> None:
+        """Assemble one record piece; ``needle`` is ``has_needle(piece)`` when the caller
+        already computed it (None: not yet)."""
         if not piece.strip():
             # a blank line ends wrapped continuations; a record waiting for its own next
             # part counts it as one unrelated line (max_gap)
@@ -295,7 +318,9 @@ class KernelLogReader:
             if cont and last is None and self._prev:
                 new = self._joined(self._prev, piece)
             if not new:
-                new = match_line(piece) if has_needle(piece) else []
+                if needle is None:
+                    needle = has_needle(piece)
+                new = match_line(piece) if needle else []
             if (
                 cont
                 and not new
