@@ -34,7 +34,7 @@ test: install slurm-deps
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
-# lint-imports: the layering of DESIGN §2 (contracts in .importlinter).
+# lint-imports: the layering of docs/design.md §2 (contracts in .importlinter).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy

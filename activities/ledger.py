@@ -153,7 +153,7 @@ def _alert_from_row(row: asyncpg.Record) -> Alert:
 
 
 #: Stages of a repair that holds (or held) its lease: from cordoning to running
-#: (DESIGN §4.4 stage order; the lease is granted right before cordoning).
+#: (docs/design.md §4.4 stage order; the lease is granted right before cordoning).
 HOLDING_STAGES: tuple[str, ...] = tuple(
     s.value
     for s in (

@@ -20,7 +20,7 @@ import asyncpg
 
 from workflows.models import TERMINAL_STAGES, Alert
 
-#: Terminal stage names (DESIGN §4.4), as stored in ``repairs.stage``.
+#: Terminal stage names (docs/design.md §4.4), as stored in ``repairs.stage``.
 _TERMINAL = tuple(sorted(s.value for s in TERMINAL_STAGES))
 
 

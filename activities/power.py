@@ -9,7 +9,7 @@ limits starts per second to ``temporal.bmc_rate_per_s``):
   boot identity recorded before acting (``boot_id_before`` / ``boot_time_before``: agent
   boot id, Kubernetes ``status.nodeInfo.bootID`` or Slurm ``BootTime/SlurmdStartTime``): when
   the scheduler already reports a different boot, the host came back and nothing is done
-  (DESIGN §5: a retry never cycles a host that already came back). A retry after a crash
+  (docs/design.md §5: a retry never cycles a host that already came back). A retry after a crash
   between off and on finds the host ``Off`` with the old boot identity and only powers it
   on; the phase reached is reported in the activity's
   heartbeat details, its failure details and its result, and the workflow carries it
@@ -361,7 +361,7 @@ class PowerActivities:
         resumed from ``inp.resume_phase`` (the workflow carries the phase the earlier try
         reached) or the last heartbeat of an earlier try, whichever is further: a retry
         after ``On`` only waits for the host, never sends ForceOff again. Guarded too by
-        the boot identity (DESIGN §5) and by a host found ``Off`` (resumes at On). A
+        the boot identity (docs/design.md §5) and by a host found ``Off`` (resumes at On). A
         failure carries the phase reached (:func:`workflows.activity_api.phased_failure`)."""
         phase = resume_from(inp, PHASES[Action.power_cycle])
         steps: list[str] = []

@@ -1,6 +1,6 @@
 """Every activity the worker registers: ``build_activities(config, pool) -> WorkerActivities``.
 
-- main task queue (``temporal.task_queue``, DESIGN §4.4): ledger, ``load_policy``,
+- main task queue (``temporal.task_queue``, docs/design.md §4.4): ledger, ``load_policy``,
   ``notify``, scheduler (cordon, idle, drain, rejoin, node health) and validation
   (place, collect, release, return machine, post ticket) activities;
 - BMC task queue (``temporal.bmc_task_queue``, rate limited by the worker to

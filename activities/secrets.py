@@ -2,7 +2,7 @@
 
 Credentials are read in the worker when an activity runs, held as ``pydantic.SecretStr``
 (``repr``/``str`` print ``**********``) and never returned, logged or put into error text
-(DESIGN §4.4: workflow histories never contain credentials).
+(docs/design.md §4.4: workflow histories never contain credentials).
 
 Secret file (``secrets.bmc_credentials_file``), YAML or JSON, mode 0600 recommended::
 

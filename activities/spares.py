@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import asyncpg
 from prometheus_client import REGISTRY, CollectorRegistry, Gauge
 
-#: Gauge name (DESIGN §4.5 naming: ``autorepair_`` prefix, ``cluster_id`` label).
+#: Gauge name (docs/design.md §4.5 naming: ``autorepair_`` prefix, ``cluster_id`` label).
 SPARE_POOL_METRIC = "autorepair_spare_pool_size"
 
 

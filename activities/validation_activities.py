@@ -1,4 +1,4 @@
-"""Validation activities on the main task queue (re-validation, DESIGN §1 step 5):
+"""Validation activities on the main task queue (re-validation, docs/design.md §1 step 5):
 ``place_validation``, ``collect_validation``, ``release_validation``, ``return_machine``,
 ``post_ticket``.
 

@@ -1,8 +1,8 @@
-"""``autorepair-agent`` console script (DESIGN §4.1): ``run``, ``simulate``, ``validate``
+"""``autorepair-agent`` console script (docs/design.md §4.1): ``run``, ``simulate``, ``validate``
 and ``reset-gpu``.
 
-``validate`` runs the local validation suite of ``agent/validation/`` (DESIGN §1 step 5);
-``reset-gpu`` resets one GPU in place (``agent/gpureset/``, DESIGN §5 ``reset_gpu``).
+``validate`` runs the local validation suite of ``agent/validation/`` (docs/design.md §1 step 5);
+``reset-gpu`` resets one GPU in place (``agent/gpureset/``, docs/design.md §5 ``reset_gpu``).
 
 Exit codes: 0 normal stop (SIGINT/SIGTERM or ``--duration`` elapsed); 2 bad
 configuration or an unavailable GPU backend (the message names the field/value).

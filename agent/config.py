@@ -5,11 +5,11 @@ checked here and a bad value raises :class:`ConfigError` naming the field and th
 
 Defaults and their sources:
 
-* ``push_interval_s`` 10 s — DESIGN §5 push interval.
+* ``push_interval_s`` 10 s — docs/design.md §5 push interval.
 * weights 0.40 / 0.25 / 0.20 / 0.15 — the agent's specified health score (four signals,
-  DESIGN §1 step 1; throughput weighs most).
+  docs/design.md §1 step 1; throughput weighs most).
 * ``grace_s`` 300 s — the agent's specified cached tier: the last fleet threshold is used
-  for up to 5 minutes (DESIGN §1 step 2).
+  for up to 5 minutes (docs/design.md §1 step 2).
 * the remaining numbers are this module's engineering choices and are documented where
   they are declared.
 """

@@ -83,7 +83,7 @@ def memory_available_fraction(proc_root: str = "/proc") -> float:
 
 
 def boot_id(proc_root: str = "/proc") -> str:
-    """``/proc/sys/kernel/random/boot_id`` (changes on every boot; DESIGN §4.3)."""
+    """``/proc/sys/kernel/random/boot_id`` (changes on every boot; docs/design.md §4.3)."""
     return _read(Path(proc_root) / "sys" / "kernel" / "random" / "boot_id").strip()
 
 

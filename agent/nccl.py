@@ -14,7 +14,7 @@ collective calls appends to, one line per rank and collective::
 start of the collective to its end) are required; ``bytes`` and ``ts`` (epoch seconds at
 the end of the op) are optional. The agent follows the file (rotation handled, lines read
 from where it starts) and sends each line as one data point of the gauge
-``autorepair.nccl.collective.duration_ms`` (DESIGN §4.5) with the attributes
+``autorepair.nccl.collective.duration_ms`` (docs/design.md §4.5) with the attributes
 ``nccl.comm_id_hash``, ``nccl.op_type``, ``nccl.op_seq``, ``nccl.rank``, ``nccl.nranks``,
 ``nccl.bytes``. Malformed lines are counted and skipped, never raised.
 
@@ -170,7 +170,7 @@ class NcclBuffer:
 
 def nccl_metric(records: Sequence[NcclRecord], now_ns: int | None = None) -> Metric:
     """One gauge ``autorepair.nccl.collective.duration_ms`` (unit ``ms``) with a data point
-    per record (DESIGN §4.5 attributes)."""
+    per record (docs/design.md §4.5 attributes)."""
     now_ns = time.time_ns() if now_ns is None else now_ns
     points = []
     for r in records:

@@ -1,4 +1,4 @@
-"""OTLP messages (DESIGN §4.3) and their push: HTTP/protobuf by default, gRPC optional.
+"""OTLP messages (docs/design.md §4.3) and their push: HTTP/protobuf by default, gRPC optional.
 
 Messages are built with the ``opentelemetry.proto`` classes directly. :class:`Pusher`
 keeps bounded in-memory queues (oldest dropped and counted), retries with full-jitter

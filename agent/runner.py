@@ -1,4 +1,4 @@
-"""The node agent: sample → score → classify → push (DESIGN §4.1 ``autorepair-agent run``).
+"""The node agent: sample → score → classify → push (docs/design.md §4.1 ``autorepair-agent run``).
 
 :class:`Agent` ties the samplers (:mod:`agent.nvml`, :mod:`agent.host`,
 :mod:`agent.kmsg`), the scorer (:mod:`agent.score`), the tiers (:mod:`agent.tiers`) and the
@@ -57,7 +57,7 @@ SAVE_EVERY_S = 60.0
 
 @dataclass(frozen=True)
 class Fault:
-    """One fault event as it goes on the wire (DESIGN §4.3).
+    """One fault event as it goes on the wire (docs/design.md §4.3).
 
     ``details`` become ``autorepair.fault.<key>`` attributes.
     """
@@ -208,7 +208,7 @@ class Agent:
     # ----- identity -------------------------------------------------------------------
     @property
     def resource_attrs(self) -> dict[str, AttrValue]:
-        """Resource attributes of DESIGN §4.3."""
+        """Resource attributes of docs/design.md §4.3."""
         c = self.cfg
         return {
             "host.name": c.node,

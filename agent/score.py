@@ -1,4 +1,4 @@
-"""Node health score in [0, 1] from four signals (DESIGN §1 step 1).
+"""Node health score in [0, 1] from four signals (docs/design.md §1 step 1).
 
 Signals, each normalised to [0, 1]:
 

@@ -1,4 +1,4 @@
-"""Threshold tiers and straggler self-classification (DESIGN §1 step 2).
+"""Threshold tiers and straggler self-classification (docs/design.md §1 step 2).
 
 Tiers, best first (exported as ``autorepair.agent.detection_mode``):
 
@@ -10,7 +10,7 @@ Tiers, best first (exported as ``autorepair.agent.detection_mode``):
 
 A threshold outside (0, 1) (or not a number) sent with quorum is *invalid*: counted, and the
 cached one is kept. ``threshold 0`` without quorum is the ingest's before-quorum shape
-(DESIGN §4.3) and simply means "no fleet threshold".
+(docs/design.md §4.3) and simply means "no fleet threshold".
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ API app (:func:`build_api_app`):
 * ``GET /api/v1/threshold?cluster_id=C[&cohort=W]`` → ``{"cluster_id", "cohort",
   "threshold", "quorum_met", "median", "mad", "active_nodes", "panic", "computed_at",
   "idle_nodes", "calibrating_nodes", "coverage_low", "stragglers", "cohorts": {...}}``
-  (DESIGN §4.3); before quorum ``threshold`` is 0 and ``quorum_met`` false; an unknown
+  (docs/design.md §4.3); before quorum ``threshold`` is 0 and ``quorum_met`` false; an unknown
   cluster gets that cold-start shape too. ``cluster_id`` missing → 422 naming the field.
 * ``GET /api/v1/state[?cluster_id=C]`` → read-only snapshot (scores, thresholds,
   stragglers, cluster alerts; no credentials) for ``autorepair status``. Needs
@@ -15,7 +15,7 @@ API app (:func:`build_api_app`):
 * ``GET /healthz`` (open, for probes) → 200 ``{"status": "ok"}`` while the process serves.
 * ``GET /readyz`` (open, for probes) → 200 once the first threshold computation ran and
   Temporal is reachable, else 503; body names each condition.
-* ``GET /metrics`` → Prometheus text exposition of the service registry (DESIGN §4.5).
+* ``GET /metrics`` → Prometheus text exposition of the service registry (docs/design.md §4.5).
 
 Other modules add routes (the repair API of ``workers/``) by passing ``routers`` or calling
 ``app.include_router`` on the returned app.

@@ -3,7 +3,7 @@ and the one token-file reader of the project.
 
 Receiver identities (:class:`Identity`, :class:`ReceiverAuth`): a per-node token, a
 collector token or a client certificate says which node(s) a request may report for; the
-receivers reject data about any other node (DESIGN §4.2). The admin endpoint keeps plain
+receivers reject data about any other node (docs/design.md §4.2). The admin endpoint keeps plain
 bearer tokens (:class:`TokenCheck`).
 
 Token files hold one token a line, the token first; blank lines and ``#`` comments (whole

@@ -2,7 +2,7 @@
 
 grpc.aio servicers from ``opentelemetry-proto`` on the service's event loop. The
 threshold travels back in the initial metadata (``autorepair-threshold``,
-``autorepair-quorum-met``, DESIGN §4.3) so the agent reads it from the same call.
+``autorepair-quorum-met``, docs/design.md §4.3) so the agent reads it from the same call.
 Credentials are checked by a server interceptor (:class:`AuthInterceptor`) from the call's
 metadata, before its message is read: a caller without a known bearer token (and, without
 mTLS, nothing else to show) is answered UNAUTHENTICATED at once and holds no slot.

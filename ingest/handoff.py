@@ -25,14 +25,14 @@ record never blocks the others:
   limit (``too_large``), the alert goes to the dead-letter store (the ledger's
   ``dead_letters`` table, :class:`DeadLetterStore`) with a log line
   ``event=alert_dead_lettered`` and ``on_dead_letter(reason)`` (the
-  ``autorepair_alerts_dead_lettered_total{reason}`` counter, DESIGN §4.5); the node's
+  ``autorepair_alerts_dead_lettered_total{reason}`` counter, docs/design.md §4.5); the node's
   next alert is delivered after it.
 
 When the queue is full ``submit`` raises :class:`HandoffQueueFull`; the receiver answers
 503 + ``Retry-After`` so the agent re-sends (alert ids are stable, the NodeWorkflow
 de-duplicates).
 
-Durable hand-off (the outbox, ``outbox``: the ledger's ``alerts`` table, DESIGN §2): an
+Durable hand-off (the outbox, ``outbox``: the ledger's ``alerts`` table, docs/design.md §2): an
 answered push must never lose an alert, even when the ingest process is killed before the
 node's workflow has it (agents do not re-send a kernel log line). With an outbox,
 :meth:`TemporalAlertSink.submit_many` records the alerts of one push in PostgreSQL in one

@@ -7,7 +7,7 @@ Answers as the OTLP/HTTP specification says:
   and a message when points were rejected), encoded like the request
   (``application/x-protobuf`` or ``application/json``), plus the threshold headers
   ``X-Autorepair-Threshold`` / ``X-Autorepair-Quorum-Met`` (and ``X-Ingero-*`` for Ingero
-  agents, DESIGN §4.3).
+  agents, docs/design.md §4.3).
 * 400 with a ``google.rpc.Status`` body for a payload that does not decode (truncated
   protobuf, bad JSON, corrupt gzip).
 * 401 when authentication is on and neither a known bearer token nor (with mTLS) a client

@@ -188,7 +188,7 @@ class UnknownNodeGate:
 
 def observed(alert: Alert) -> Alert:
     """``alert`` as an observation: not actionable, action ``none``, marked
-    ``evidence["inventory"] = "unknown"`` (DESIGN §1 rule zero: no repair without a
+    ``evidence["inventory"] = "unknown"`` (docs/design.md §1 rule zero: no repair without a
     trusted failed check; a node outside the inventory is not trusted)."""
     return alert.model_copy(update={
         "actionable": False, "action": Action.none,

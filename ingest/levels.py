@@ -1,4 +1,4 @@
-"""Level faults and events: what an agent fault record means for its node (DESIGN §5
+"""Level faults and events: what an agent fault record means for its node (docs/design.md §5
 rails, "persistence per signal").
 
 A *level* fault is a state with a raise and a matching clear — a GPU NVML no longer lists,

@@ -1,7 +1,7 @@
-"""Prometheus metrics of the ingest service (DESIGN §4.5), on a per-service registry.
+"""Prometheus metrics of the ingest service (docs/design.md §4.5), on a per-service registry.
 
 Each :class:`IngestMetrics` owns its own ``CollectorRegistry`` so several services in one
-process (tests) never collide. Names of DESIGN §4.5 are kept exactly; the extra series
+process (tests) never collide. Names of docs/design.md §4.5 are kept exactly; the extra series
 (``autorepair_otlp_rejected_total``, ``autorepair_alert_handoff_total``, …) are this
 service's own and documented here. ``autorepair_unknown_nodes_limited_total{cluster}`` and
 ``autorepair_unknown_node_alerts_total{cluster}`` count alerts about nodes outside the
@@ -11,7 +11,7 @@ inventory (:mod:`ingest.inventory`), labelled by configured cluster or ``other``
 (``autorepair_repair_downtime_gpu_hours_total``,
 ``autorepair_repair_idle_wait_gpu_hours_total``, ``autorepair_repair_cost_total``, labels
 ``cluster``, ``action``, ``fault_kind``) belong to the repair path;
-they are registered here because DESIGN §4.5 serves every series on the API port's
+they are registered here because docs/design.md §4.5 serves every series on the API port's
 ``/metrics``, and kept current from Temporal by :mod:`ingest.repair_metrics`.
 
 Bounded cardinality: label values chosen by whoever pushes (fault kinds, cluster ids,
@@ -47,7 +47,7 @@ from ingest.threshold import CohortResult
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 #: Default distinct sender-chosen label values (``ingest.max_label_values``).
 DEFAULT_MAX_LABEL_VALUES = 64
-#: Cohorts exported per cluster: DESIGN §4.3 names two workload types (training,
+#: Cohorts exported per cluster: docs/design.md §4.3 names two workload types (training,
 #: inference); sixteen leaves room for site-defined pools without unbounded series.
 MAX_COHORTS_PER_CLUSTER = 16
 #: Label value substituted for values outside the guard's budget.
@@ -200,7 +200,7 @@ class IngestMetrics:
             ["cluster"], registry=r)
         self.alerts_dead_lettered_total = Counter(
             "autorepair_alerts_dead_lettered_total",
-            "Alerts that could not be delivered, written to the dead-letter table (DESIGN §4.5)",
+            "Alerts that could not be delivered, written to the dead-letter table (design.md §4.5)",
             ["reason"], registry=r)
         self.alert_queue_depth = Gauge("autorepair_alert_queue_depth",
                                        "Alerts waiting for hand-off", registry=r)
@@ -271,11 +271,11 @@ class IngestMetrics:
 class NcclCollector(Collector):
     """Series of :class:`ingest.nccl.NcclEngine`, read from the engine on each scrape.
 
-    - ``autorepair_nccl_rank_lag_ms{cluster,comm}`` (histogram, DESIGN §4.5): every rank's
+    - ``autorepair_nccl_rank_lag_ms{cluster,comm}`` (histogram, docs/design.md §4.5): every rank's
       lag behind its peers' median per completed op (ms; early ranks in ``le="0"``). One
       series set per live communicator: communicators expire, so the label set is bounded
       by ``nccl.max_ranks`` / 3.
-    - ``autorepair_nccl_slow_rank_info{cluster,comm,node}`` (DESIGN §4.5): 1 per node
+    - ``autorepair_nccl_slow_rank_info{cluster,comm,node}`` (docs/design.md §4.5): 1 per node
       currently attributed as hosting a late rank.
     - ``autorepair_nccl_ops_total{outcome}``: ops closed ``complete``, ``aged`` (closed with
       missing ranks) or ``dropped`` (too few ranks); ``autorepair_nccl_communicators``.

@@ -1,4 +1,4 @@
-"""NCCL collective health: per-op peer lag and slow-rank attribution (DESIGN §4.5).
+"""NCCL collective health: per-op peer lag and slow-rank attribution (docs/design.md §4.5).
 
 Input: per-rank collective durations, the ``autorepair.nccl.collective.duration_ms`` points
 decoded by :mod:`ingest.nccl_wire`. For each (cluster, communicator, op sequence) the

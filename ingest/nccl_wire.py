@@ -1,4 +1,4 @@
-"""Decoding of ``autorepair.nccl.collective.duration_ms`` points (DESIGN §4.5) into columns
+"""Decoding of ``autorepair.nccl.collective.duration_ms`` points (docs/design.md §4.5) into columns
 for :class:`ingest.nccl.NcclEngine`.
 
 The metric is a gauge (one point per rank and op, value = the rank's duration in ms) or a

@@ -1,4 +1,4 @@
-"""Decoding and validation of OTLP payloads against the wire contract (DESIGN §4.3).
+"""Decoding and validation of OTLP payloads against the wire contract (docs/design.md §4.3).
 
 Turns ``ExportMetricsServiceRequest`` / ``ExportLogsServiceRequest`` messages into plain
 records (:class:`ScorePoint`, :class:`SignalPoint`, :class:`FaultRecord`) and counts what
@@ -44,7 +44,7 @@ from workflows.catalogue.vocabulary import SENDER_RESERVED_KINDS
 from workflows.config import IngestConfig
 from workflows.names import name_problem
 
-# Wire contract names (DESIGN §4.3).
+# Wire contract names (docs/design.md §4.3).
 ATTR_HOST_NAME = "host.name"
 ATTR_HOST_ID = "host.id"
 ATTR_BOOT_ID = "autorepair.host.boot_id"
@@ -58,7 +58,7 @@ INGERO_CLUSTER = "ingero.cluster.id"
 INGERO_SCORE = "ingero.node.health_score"
 INGERO_STATE = "ingero.node.state"
 METRIC_SCORE = "autorepair.node.health_score"
-#: NCCL collective timings (DESIGN §4.5), decoded by ingest.nccl_wire.
+#: NCCL collective timings (docs/design.md §4.5), decoded by ingest.nccl_wire.
 METRIC_NCCL = "autorepair.nccl.collective.duration_ms"
 SIGNAL_METRICS: dict[str, str] = {
     "autorepair.node.throughput_ratio": "throughput_ratio",
@@ -79,7 +79,7 @@ IDENTITY_KEYS: frozenset[str] = frozenset({
     ATTR_HOST_NAME, ATTR_HOST_ID, ATTR_BOOT_ID, ATTR_CLUSTER, ATTR_K8S_NODE, ATTR_NODE_POOL,
     ATTR_WORKLOAD, INGERO_NODE, INGERO_CLUSTER,
 })
-"""Resource attributes that say who reports (DESIGN §4.3): each may appear once."""
+"""Resource attributes that say who reports (docs/design.md §4.3): each may appear once."""
 MAX_ID_LEN = 253
 """Longest accepted node / cluster id: the DNS name limit (RFC 1035), which host names obey."""
 MAX_EVIDENCE_LEN = 64 * 1024
@@ -670,7 +670,7 @@ def make_metrics_request(
     boot_id: str | None = None,
     extra_resource: dict[str, Any] | None = None,
 ) -> ExportMetricsServiceRequest:
-    """A contract-shaped agent push (DESIGN §4.3): resource attributes, the health score
+    """A contract-shaped agent push (docs/design.md §4.3): resource attributes, the health score
     gauge with its state attribute and the signal gauges (short names, e.g.
     ``throughput_ratio``). For tests, the benchmark and tools; the agent has its own."""
     req = ExportMetricsServiceRequest()
@@ -714,7 +714,7 @@ def make_fault_request(
     time_ns: int = 0,
     evidence: dict[str, Any] | None = None,
 ) -> ExportLogsServiceRequest:
-    """A contract-shaped fault (or straggler) log record push (DESIGN §4.3)."""
+    """A contract-shaped fault (or straggler) log record push (docs/design.md §4.3)."""
     req = ExportLogsServiceRequest()
     rl = req.resource_logs.add()
     rl.resource.attributes.extend([_kv(ATTR_HOST_NAME, node), _kv(ATTR_CLUSTER, cluster)])

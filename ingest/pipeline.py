@@ -60,7 +60,7 @@ log = logging.getLogger("autorepair.ingest")
 
 
 PANIC_KIND = "straggler_panic"
-"""Kind of the cluster-level alert raised when a cohort enters panic mode (DESIGN §5)."""
+"""Kind of the cluster-level alert raised when a cohort enters panic mode (docs/design.md §5)."""
 REPORTED_HOST_ID = "reported_host_id"
 """Evidence key of the sender's ``host.id`` (evidence only: the alert's machine comes from
 configuration and the ledger's bindings)."""
@@ -639,7 +639,7 @@ class Ingestor:
 
     # ------------------------------------------------------------------- views
     def threshold_view(self, cluster_id: str, cohort: str | None = None) -> dict[str, Any]:
-        """``GET /api/v1/threshold`` body (DESIGN §4.3) for ``cluster_id``.
+        """``GET /api/v1/threshold`` body (docs/design.md §4.3) for ``cluster_id``.
 
         Top-level fields describe ``cohort`` when given, else the cluster's only cohort, else
         the cohort with most active nodes (``DEFAULT_COHORT`` first on ties); ``cohorts``

@@ -1,6 +1,6 @@
-"""Repair-path series on the API port's ``/metrics`` (DESIGN §4.5), read from Temporal.
+"""Repair-path series on the API port's ``/metrics`` (docs/design.md §4.5), read from Temporal.
 
-Repairs run in the worker, but DESIGN §4.5 serves every series on the ingest API port.
+Repairs run in the worker, but docs/design.md §4.5 serves every series on the ingest API port.
 This poller keeps two of them current from Temporal itself, the system of record:
 
 - ``autorepair_repairs_total{action,outcome}``: every ``RepairWorkflow`` that closed since
@@ -9,7 +9,7 @@ This poller keeps two of them current from Temporal itself, the system of record
   the process, as Prometheus counters do.
 - ``autorepair_repair_downtime_gpu_hours_total{cluster,action,fault_kind}``,
   ``autorepair_repair_idle_wait_gpu_hours_total{…}`` and ``autorepair_repair_cost_total{…}``
-  (DESIGN §4.5): for each of those closed repairs that completed, its result (the final
+  (docs/design.md §4.5): for each of those closed repairs that completed, its result (the final
   ``RepairStatus``: stage history and evidence) gives its downtime through
   :func:`workflows.downtime.compute_downtime` — the same computation the ledger records
   — priced by the ``providers`` rules. ``fault_kind`` is the first alert's kind

@@ -119,7 +119,7 @@ class IngestService:
     ``clock``: seconds since the epoch, for tests.
     ``require_auth``: refuse (``RuntimeError`` naming the settings) to serve the receivers
     without authentication unless ``ingest.insecure_allow_unauthenticated`` is set, which
-    is then logged loudly (``autorepair ingest`` passes True; DESIGN §4.2).
+    is then logged loudly (``autorepair ingest`` passes True; docs/design.md §4.2).
     ``inventory_source``: reads the schedulers' node lists (``None``: the inventory is
     ``clusters[].nodes`` only).
     ``bmc_probe`` / ``open_alerts``: the BMC check and the ledger's open alerts of the
@@ -352,7 +352,7 @@ class IngestService:
 #: Builds extra API routers once the Temporal client exists (called with the client and
 #: the inventory's ``known(cluster, node)``); returns the routers and coroutines to await
 #: at shutdown. ``autorepair ingest`` passes the repair API's
-#: (``workers.repairs.router``): ingest itself depends only on ``workflows`` (DESIGN §2).
+#: (``workers.repairs.router``): ingest itself depends only on ``workflows`` (docs/design.md §2).
 RoutersFactory = Callable[..., tuple[list[APIRouter], list[Callable[[], Awaitable[None]]]]]
 
 

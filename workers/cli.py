@@ -1,4 +1,4 @@
-"""The ``autorepair`` command line (DESIGN §4.1), built with typer.
+"""The ``autorepair`` command line (docs/design.md §4.1), built with typer.
 
 Every command and option is declared here, in one way: a thin function that parses
 options and calls the module doing the work — the process entry points (``up`` →

@@ -6,7 +6,7 @@ Order of precedence (highest first):
    path parts, case-insensitive), values parsed as YAML scalars/flow collections, e.g.
    ``AUTOREPAIR__THRESHOLD__K=2.5`` or ``AUTOREPAIR__POLICY__CONSENT__AUTOMATIC_XIDS=[79]``;
 2. the YAML file (``--config FILE`` or ``AUTOREPAIR_CONFIG``);
-3. the defaults of :class:`workflows.config.AutorepairConfig` (DESIGN §5).
+3. the defaults of :class:`workflows.config.AutorepairConfig` (docs/design.md §5).
 
 Errors: :class:`ConfigError` whose message names every bad field by its dotted path
 and shows the bad value, e.g. ``threshold.k: Input should be greater than 0 (got -1)``.

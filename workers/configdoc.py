@@ -23,7 +23,7 @@ _INTRO = """# Configuration reference
 
 One YAML file, `autorepair.yaml` (`autorepair --config FILE …` or `$AUTOREPAIR_CONFIG`),
 loaded into pydantic models (`workflows/config.py`). Every key is optional; defaults follow
-DESIGN §5. Environment variables override the file: `AUTOREPAIR__SECTION__KEY=value`
+docs/design.md §5. Environment variables override the file: `AUTOREPAIR__SECTION__KEY=value`
 (double underscores between path parts; values parsed as YAML, e.g.
 `AUTOREPAIR__POLICY__CONSENT__AUTOMATIC_XIDS=[79]`). Unknown keys and bad values stop the
 process at start with the field path and the value, e.g.

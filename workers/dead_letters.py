@@ -2,7 +2,7 @@
 
 An alert that ingest or a watcher could not hand to its node's workflow (refused, over the
 size limit, still failing after ``ingest.handoff_max_attempts``) is kept in the ledger's
-``dead_letters`` table (``ingest.handoff``, DESIGN §4.5). Once the cause is fixed (the
+``dead_letters`` table (``ingest.handoff``, docs/design.md §4.5). Once the cause is fixed (the
 node's workflow was reset, a worker bug deployed away), :func:`replay` re-delivers chosen
 dead letters through the same path as ingest (``TemporalAlertSink.deliver``: update-with-
 start of the node's ``NodeWorkflow``), oldest observation first, so a fault's raise still

@@ -1,4 +1,4 @@
-"""The demo cluster and storyline of ``autorepair up --demo`` (DESIGN §4.1).
+"""The demo cluster and storyline of ``autorepair up --demo`` (docs/design.md §4.1).
 
 What it starts (besides the dev stack): a real 4-node Slurm cluster on loopback
 (slurmctld + ``slurmd -N gpu-01..gpu-04`` on ports 17001-17004, munge), the sushy-tools
@@ -207,7 +207,7 @@ def prepare_demo(data_dir: Path, timings: DemoTimings | None = None,
                  control_port: int = SIM_CONTROL_PORT) -> DemoCluster:
     """Start Slurm and the Redfish emulator; write ``DATA/demo/autorepair.yaml``.
 
-    ``slurmd_ports`` default to 17001-17004 (DESIGN §3); tests pass free ports.
+    ``slurmd_ports`` default to 17001-17004 (docs/design.md §3); tests pass free ports.
     ``control_port`` is the simulator's control endpoint (checked free here).
     Raises :class:`DemoUnavailable` (not root / Slurm missing / port busy)."""
     from workers.devpeers import (

@@ -1,7 +1,7 @@
 """``autorepair up``: the dev stack on one machine, supervised.
 
 Starts, in order: the Temporal dev server (state in ``DATA/temporal.db``, custom search
-attributes of DESIGN §4.4 registered, UI on 8233), embedded PostgreSQL (``DATA/pg``,
+attributes of docs/design.md §4.4 registered, UI on 8233), embedded PostgreSQL (``DATA/pg``,
 ledger migrated), then the worker and the ingest service as child processes of the
 ``autorepair`` CLI. A child that dies is restarted with backoff. Ctrl-C (SIGINT) or
 SIGTERM stops everything that was started, in reverse order. A second ``up`` on the same
@@ -103,7 +103,7 @@ def start_embedded_postgres(pgdata: Path, attempts: int = 4) -> Any:
 
 @dataclass
 class StackPorts:
-    """Ports of the stack (DESIGN §4.2 defaults)."""
+    """Ports of the stack (docs/design.md §4.2 defaults)."""
 
     temporal: int = 7233
     temporal_ui: int = 8233

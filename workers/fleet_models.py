@@ -31,7 +31,7 @@ TOP_CAP = 50
 """Most entries of each ``fleet_summary`` top list."""
 STATE_FILTERS = ("open", STATE_IN_PROGRESS, STATE_AWAITING_APPROVAL)
 """``list_repairs`` state filters beside the stage names: ``open`` (not terminal), and the
-``RepairState`` search-attribute values (DESIGN §4.4)."""
+``RepairState`` search-attribute values (docs/design.md §4.4)."""
 
 _DURATION = re.compile(r"^(\d+)\s*([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -377,7 +377,7 @@ class FaultExplanation(BaseModel):
 class ExplanationOut(BaseModel):
     """Answer of ``explain_recommendation``: one :class:`FaultExplanation` per fault;
     ``recommended_action``: the heaviest final action among the actionable faults (the
-    NodeWorkflow starts one repair with the heaviest, DESIGN §5), ``none`` when none;
+    NodeWorkflow starts one repair with the heaviest, docs/design.md §5), ``none`` when none;
     ``summary``: one plain-language line; ``source``: where the faults came from
     (``live`` NodeWorkflow status, ``alert_id``, or ``ledger`` newest alerts)."""
 

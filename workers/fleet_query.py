@@ -6,7 +6,7 @@ repair policy, answered as the models of :mod:`workers.fleet_models`.
 - the ledger through a read-only pool (:func:`activities.ledger_queries.connect_read_only`:
   PostgreSQL refuses any write on it);
 - Temporal, when a client is given: visibility (``list_workflows`` / ``count_workflows``
-  over the search attributes of DESIGN §4.4) and the ``status`` queries of
+  over the search attributes of docs/design.md §4.4) and the ``status`` queries of
   ``NodeWorkflow`` and ``RepairWorkflow`` (queries never change a workflow). Temporal is
   optional: when it does not answer, the ledger still does and the answer's ``notes``
   say what is missing;

@@ -3,7 +3,7 @@
 :func:`scheduler_inventory` builds the ``InventorySource`` that ``autorepair ingest``
 hands to the ingest service: per configured cluster, ``scontrol show node`` (Slurm) or the
 Kubernetes node list, through the same scheduler clients the repair activities use
-(:mod:`activities.scheduler`). Ingest itself does no scheduler I/O (DESIGN §2).
+(:mod:`activities.scheduler`). Ingest itself does no scheduler I/O (docs/design.md §2).
 """
 
 from __future__ import annotations

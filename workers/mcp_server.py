@@ -79,10 +79,10 @@ log = logging.getLogger("autorepair.mcp")
 
 SERVER_NAME = "autorepair"
 DEFAULT_HOST = "127.0.0.1"
-"""Default bind address of the HTTP transport: loopback (DESIGN §4.2 keeps admin surfaces
+"""Default bind address of the HTTP transport: loopback (docs/design.md §4.2 keeps admin surfaces
 on loopback; exposing it is a decision: ``--host``)."""
 DEFAULT_PORT = 8082
-"""Default port of the HTTP transport (next to the API's 8080 and admin 8081, DESIGN §4.2)."""
+"""Default port of the HTTP transport (next to the API's 8080 and admin 8081, design.md §4.2)."""
 MCP_PATH = "/mcp"
 """Path of the streamable HTTP endpoint (the SDK's default)."""
 DEV_TOKENS_FILE = "api-tokens"

@@ -1,4 +1,4 @@
-"""Operator commands of the ``autorepair`` CLI (DESIGN §4.1): what ``status``, ``repairs``,
+"""Operator commands of the ``autorepair`` CLI (docs/design.md §4.1): what ``status``, ``repairs``,
 ``validate`` and ``breaker`` do. The commands themselves (options, help) are declared in
 :mod:`workers.cli`.
 
@@ -32,20 +32,20 @@ from rich.text import Text
 from workers.tables import Col, fitted_table, limit_rows
 
 DEFAULT_API = "http://127.0.0.1:8080"
-"""Default API address: the API port of DESIGN §4.2 on loopback."""
+"""Default API address: the API port of docs/design.md §4.2 on loopback."""
 TOKEN_ENV = "AUTOREPAIR_TOKEN"
 """Environment variable holding the API bearer token (``--token``)."""
 DATA_DIR_ENV = "AUTOREPAIR_DATA_DIR"
 """Environment variable naming the dev stack's data directory (``--data-dir``)."""
 DEFAULT_DATA_DIR = Path(".autorepair")
-"""Default data directory of ``autorepair up`` and of the client commands (DESIGN §4.1)."""
+"""Default data directory of ``autorepair up`` and of the client commands (docs/design.md §4.1)."""
 STATUS_WINDOW = "7d"
 """Window of the downtime table of ``autorepair status`` (a week, as ``report``'s default)."""
 OPERATOR_TOKEN_FILE = "operator.token"
-"""File in the data directory where ``autorepair up`` leaves its operator token (DESIGN §4.2)."""
+"""File in the data directory where ``autorepair up`` leaves its operator token (design.md §4.2)."""
 COLLECTOR_TOKEN_FILE = "collector.token"
 """File in the data directory where ``autorepair up`` leaves the collector token agents push
-with (DESIGN §4.2)."""
+with (docs/design.md §4.2)."""
 DEV_PG_DIR = "pg"
 """The dev stack's PostgreSQL data directory in the data directory (``workers.devstack``)."""
 STACK_FILE = "stack.json"

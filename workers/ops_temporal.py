@@ -1,5 +1,5 @@
 """Operator commands that talk to Temporal directly: ``autorepair validate`` and
-``autorepair breaker status|reset`` (DESIGN §4.1). Declared in :mod:`workers.cli`.
+``autorepair breaker status|reset`` (docs/design.md §4.1). Declared in :mod:`workers.cli`.
 
 Every coroutine here opens its client with :func:`workers.temporal_client.temporal_client`
 and runs under :func:`run_async`, which releases the client's runtime threads before the
@@ -78,7 +78,7 @@ def run_async(coro: Coroutine[Any, Any, T], interrupted: str = "interrupted") ->
 # ---------------------------------------------------------------------- validate
 def validation_id(machine: str, now: datetime | None = None) -> str:
     """Workflow id of an operator's validation: ``validate/{machine}/op-{UTC time}-{hex}``
-    (DESIGN §4.4 ``validate/{machine}/{n}``; the random suffix keeps two requests in the
+    (docs/design.md §4.4 ``validate/{machine}/{n}``; the random suffix keeps two requests in the
     same second apart)."""
     from workflows.protocol import workflow_id_validation
 
@@ -157,7 +157,7 @@ async def start_validations(address: str, namespace: str, task_queue: str,
 
 def validation_exit_code(results: Sequence[dict[str, Any]]) -> int:
     """0 when every run passed (or none was waited for), 1 when any failed, else 2 when
-    any aborted — the exit codes of ``autorepair-agent validate`` (DESIGN §4.1)."""
+    any aborted — the exit codes of ``autorepair-agent validate`` (docs/design.md §4.1)."""
     verdicts = {r.get("verdict") for r in results if r.get("verdict")}
     if "failed" in verdicts:
         return 1

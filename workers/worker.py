@@ -2,7 +2,7 @@
 
 Two Temporal workers share one client:
 
-- task queue ``autorepair`` (DESIGN §4.4): every workflow and the main-queue activities;
+- task queue ``autorepair`` (docs/design.md §4.4): every workflow and the main-queue activities;
 - task queue ``temporal.bmc_task_queue``: machine-side (BMC) activities, limited to
   ``temporal.bmc_rate_per_s`` activity starts per second across all workers.
 

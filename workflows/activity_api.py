@@ -11,7 +11,7 @@ records the repair id on the target where the target allows it. Permanent failur
 raise non-retryable ``ApplicationError`` with one of the ``ERR_*`` types below;
 transient ones raise anything else and are retried.
 
-No credentials ever appear in these models (DESIGN §4.4).
+No credentials ever appear in these models (docs/design.md §4.4).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class ACT:
     notify = "notify"
 
 
-# Non-retryable ApplicationError types (DESIGN §6: permanent failures are non-retryable
+# Non-retryable ApplicationError types (docs/design.md §6: permanent failures are non-retryable
 # ApplicationErrors; workflows list them in their RetryPolicy.non_retryable_error_types).
 #: Credentials refused (BMC, Kubernetes API, provisioning webhook).
 ERR_AUTH = "AuthFailure"
@@ -129,7 +129,7 @@ class CordonResult(BaseModel):
     rejoin then never uncordons it (someone else's cordon is theirs to lift).
     ``held_by_repair`` names the other repair when that someone is one of ours (the
     Kubernetes repair annotation, the Slurm ``autorepair:<id>`` drain reason): the
-    repair asking then ends, as one repair acts on a node at a time (DESIGN §5 rails).
+    repair asking then ends, as one repair acts on a node at a time (docs/design.md §5 rails).
     """
 
     cordoned_by_us: bool
@@ -189,7 +189,7 @@ class MachineActionInput(BaseModel):
 
     ``boot_id_before`` / ``boot_time_before`` are read before acting and recorded in the
     workflow history, so a retried power cycle sees the host already came back and does
-    not cycle it again (DESIGN §5: power cycle guarded by a boot-ID check).
+    not cycle it again (docs/design.md §5: power cycle guarded by a boot-ID check).
 
     ``gpu``: the GPU of the first alert; ``gpus``: every GPU the active evidence names
     (:func:`workflows.policy.reset_targets`: PCI ``0000:bb:dd`` or index), the targets of
@@ -278,7 +278,7 @@ class TransitionRecord(BaseModel):
 
 
 class AttemptRecord(BaseModel):
-    """One executed action on a machine, for the ladder (DESIGN §5)."""
+    """One executed action on a machine, for the ladder (docs/design.md §5)."""
 
     repair_id: str
     cluster: str
@@ -306,7 +306,7 @@ class AttemptHistory(BaseModel):
 
 
 class ClaimInput(BaseModel):
-    """Idempotency claim: detector + request id is unique forever (DESIGN §5)."""
+    """Idempotency claim: detector + request id is unique forever (docs/design.md §5)."""
 
     detector: str
     request_id: str

@@ -5,7 +5,7 @@ Pure and sandbox-safe: no I/O, no clock (callers pass times), no globals mutated
 plain-language description and an evidence payload carrying the catalogue mnemonic.
 
 What an alert means for its node — count-in-window thresholds and app-level repeats on
-one GPU/GPC (both DESIGN §5 catalogue), persistence from the first observation, cooldown —
+one GPU/GPC (both docs/design.md §5 catalogue), persistence from the first observation, cooldown —
 is decided by the ``NodeWorkflow`` with :mod:`workflows.policy`.
 """
 

@@ -1,6 +1,6 @@
 """Configuration models of the control plane (``autorepair.yaml``).
 
-Pure pydantic models with every default from DESIGN.md §5; loading from YAML and
+Pure pydantic models with every default from docs/design.md §5; loading from YAML and
 environment overrides lives in :mod:`workers.config` (I/O stays out of this package).
 Every section is documented key by key in ``docs/configuration.md``.
 
@@ -60,9 +60,9 @@ class TemporalConfig(_Section):
     address: str = "127.0.0.1:7233"
     #: Temporal namespace of every workflow.
     namespace: str = "default"
-    #: Task queue of workflows and activities (DESIGN §4.4: ``autorepair``).
+    #: Task queue of workflows and activities (docs/design.md §4.4: ``autorepair``).
     task_queue: str = TASK_QUEUE
-    #: Temporal Web UI port of the dev stack (DESIGN §4.2: 8233).
+    #: Temporal Web UI port of the dev stack (docs/design.md §4.2: 8233).
     ui_port: int = Field(8233, ge=1, le=65535)
     #: Separate task queue for BMC calls so they can be rate limited (``bmc_rate_per_s``).
     bmc_task_queue: str = BMC_TASK_QUEUE
@@ -177,17 +177,17 @@ class ServiceAccountTokensConfig(_Section):
 
 
 class IngestConfig(_Section):
-    """Ingest listeners (DESIGN §4.2) and request limits."""
+    """Ingest listeners (docs/design.md §4.2) and request limits."""
 
     #: Address the receivers and the API bind (the admin port always binds loopback).
     host: str = "0.0.0.0"
-    #: OTLP gRPC port (DESIGN §4.2: 4317; 0 = any free port, for tests).
+    #: OTLP gRPC port (docs/design.md §4.2: 4317; 0 = any free port, for tests).
     otlp_grpc_port: int = Field(4317, ge=0, le=65535)
-    #: OTLP HTTP port (DESIGN §4.2: 4318).
+    #: OTLP HTTP port (docs/design.md §4.2: 4318).
     otlp_http_port: int = Field(4318, ge=0, le=65535)
-    #: HTTP API port: threshold, repairs, health, metrics (DESIGN §4.2: 8080).
+    #: HTTP API port: threshold, repairs, health, metrics (docs/design.md §4.2: 8080).
     api_port: int = Field(8080, ge=0, le=65535)
-    #: Admin port, loopback only, bearer token (DESIGN §4.2: 8081).
+    #: Admin port, loopback only, bearer token (docs/design.md §4.2: 8081).
     admin_port: int = Field(8081, ge=0, le=65535)
     #: Largest accepted request body (compressed or not), bytes.
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
@@ -288,7 +288,7 @@ class IngestConfig(_Section):
     max_alert_bytes: int = Field(256 * 1024, ge=8192, le=2 * 1024 * 1024)
     #: Delivery attempts of one alert (exponential backoff between them) before it is
     #: written to the ledger's dead-letter table and counted in
-    #: ``autorepair_alerts_dead_lettered_total`` (DESIGN §4.5); the node's later alerts
+    #: ``autorepair_alerts_dead_lettered_total`` (docs/design.md §4.5); the node's later alerts
     #: then go on.
     handoff_max_attempts: int = Field(12, ge=1)
     #: Longest wait for PostgreSQL to store one push's alerts (the ingest's outbox, the
@@ -309,21 +309,21 @@ class IngestConfig(_Section):
 
 
 class ThresholdConfig(_Section):
-    """Straggler threshold engine (DESIGN §5)."""
+    """Straggler threshold engine (docs/design.md §5)."""
 
-    #: MAD multiplier k (DESIGN §5 default 2.0).
+    #: MAD multiplier k (docs/design.md §5 default 2.0).
     k: float = Field(2.0, gt=0)
-    #: EMA smoothing factor α (DESIGN §5 default 0.2).
+    #: EMA smoothing factor α (docs/design.md §5 default 0.2).
     ema_alpha: float = Field(0.2, gt=0, le=1)
-    #: Minimum active nodes for quorum (DESIGN §5 default 5).
+    #: Minimum active nodes for quorum (docs/design.md §5 default 5).
     statistical_min: int = Field(5, ge=1)
-    #: Fraction of expected nodes that must report (DESIGN §5 default 0.80).
+    #: Fraction of expected nodes that must report (docs/design.md §5 default 0.80).
     coverage: float = Field(0.80, ge=0, le=1)
-    #: Agent push interval, seconds (DESIGN §5 default 10).
+    #: Agent push interval, seconds (docs/design.md §5 default 10).
     push_interval_s: float = Field(10.0, gt=0)
-    #: Node TTL = ttl_multiplier × push interval (DESIGN §5 default 5).
+    #: Node TTL = ttl_multiplier × push interval (docs/design.md §5 default 5).
     ttl_multiplier: float = Field(5.0, gt=0)
-    #: Panic when more than this fraction of active nodes would be flagged (DESIGN §5: half).
+    #: Panic when more than this fraction of active nodes would be flagged (design.md §5: half).
     panic_fraction: float = Field(0.5, gt=0, le=1)
     #: Consecutive pushes below threshold before a node is a straggler (server side).
     straggler_pushes: int = Field(3, ge=1)
@@ -337,7 +337,7 @@ class ThresholdConfig(_Section):
 
 DEFAULT_COUNT_WINDOW_S = 600.0
 """Count window of a catalogue entry or override that names none, seconds (10 minutes:
-the operator example of DESIGN §5, "Xid 43 counts after 5 in 10 min"). Single source for
+the operator example of docs/design.md §5, "Xid 43 counts after 5 in 10 min"). Single source for
 the catalogue, the ``NodeWorkflow`` and ingest (:mod:`workflows.catalogue.vocabulary`)."""
 
 
@@ -349,7 +349,7 @@ class NcclConfig(_Section):
     plus a few hundred bytes per communicator (see docs/scaling.md).
     """
 
-    #: Read ``autorepair.nccl.collective.duration_ms`` points (DESIGN §4.5); false ignores them.
+    #: Read ``autorepair.nccl.collective.duration_ms`` points (design.md §4.5); false ignores them.
     enabled: bool = True
     #: Sliding window of completed ops per communicator for the attribution.
     window_ops: int = Field(64, ge=8, le=4096)
@@ -392,7 +392,7 @@ class NcclConfig(_Section):
         return self
 
 class CatalogueOverride(_Section):
-    """Operator override for one code: action, severity, count in window (DESIGN §5)."""
+    """Operator override for one code: action, severity, count in window (docs/design.md §5)."""
 
     #: Action for this code (None = catalogue default).
     action: Action | None = None
@@ -420,14 +420,14 @@ class CatalogueConfig(_Section):
     #: Overrides per fault kind (the ``classify`` kinds, ``straggler``, watcher kinds).
     kinds: dict[str, CatalogueOverride] = Field(default_factory=dict)
     #: Repeats of an app-level Xid on the same GPU/GPC within this window recommend a
-    #: diagnostic validation run (DESIGN §5 catalogue; 24 h).
+    #: diagnostic validation run (docs/design.md §5 catalogue; 24 h).
     app_xid_repeat_window_s: float = Field(24 * 3600.0, gt=0)
-    #: Repeats on the same GPU/GPC within the window that recommend diagnostics (DESIGN §5).
+    #: Repeats on the same GPU/GPC within the window that recommend diagnostics (docs/design.md §5).
     app_xid_repeat_count: int = Field(2, ge=2)
 
 
 class ConsentConfig(_Section):
-    """Who decides whether (DESIGN §5): approve-before-repair by default."""
+    """Who decides whether (docs/design.md §5): approve-before-repair by default."""
 
     #: ``approve``: every repair waits for the approve signal unless listed below;
     #: ``automatic``: every repair but ``remove`` runs without approval.
@@ -444,13 +444,13 @@ class ConsentConfig(_Section):
     def _remove_is_human(self) -> ConsentConfig:
         if Action.remove in self.automatic_actions:
             raise ValueError(
-                "consent.automatic_actions: 'remove' is always human-initiated (DESIGN §5)"
+                "consent.automatic_actions: 'remove' is always human-initiated (docs/design.md §5)"
             )
         return self
 
 
 class WaitForIdleConfig(_Section):
-    """Wait-for-idle bound (DESIGN §5: default 2 h, cap 24 h, or do-not-interrupt)."""
+    """Wait-for-idle bound (docs/design.md §5: default 2 h, cap 24 h, or do-not-interrupt)."""
 
     #: Longest wait for the node to go idle before draining anyway (cap 24 h).
     max_wait_s: float = Field(2 * 3600.0, gt=0, le=24 * 3600.0)
@@ -473,7 +473,7 @@ class WaitForIdleConfig(_Section):
 
 
 class LadderConfig(_Section):
-    """Escalation ladder (DESIGN §5): 2 attempts of one action in 7 days → next rung."""
+    """Escalation ladder (docs/design.md §5): 2 attempts of one action in 7 days → next rung."""
 
     #: Attempts of the same action (same machine, alert kind and code) before moving up.
     attempts: int = Field(2, ge=1)
@@ -493,13 +493,13 @@ class MigrateGateConfig(_Section):
 
 
 class RailsConfig(_Section):
-    """Safety rails (DESIGN §5)."""
+    """Safety rails (docs/design.md §5)."""
 
     #: Default persistence for level signals before they become actionable, seconds.
     persistence_s: float = Field(60.0, ge=0)
     #: Per-kind persistence overrides, seconds.
     persistence_by_kind: dict[str, float] = Field(default_factory=dict)
-    #: Cooldown after any repair on a node (DESIGN §5: ~30 min).
+    #: Cooldown after any repair on a node (docs/design.md §5: ~30 min).
     cooldown_s: float = Field(1800.0, ge=0)
     #: Concurrent repairs allowed = max(min_concurrent, ceil(fraction × GPU nodes)).
     concurrency_fraction: float = Field(0.05, gt=0, le=1)
@@ -521,7 +521,7 @@ class RailsConfig(_Section):
     lease_ttl_s: float = Field(24 * 3600.0, gt=0)
     #: Longest wait for a lease (budget, node pool, breaker); past it the repair ends
     #: ``timed_out`` with the guard's last reason (its evidence is stale by then), seconds
-    #: (24 h: the wait-for-idle cap of DESIGN §5).
+    #: (24 h: the wait-for-idle cap of docs/design.md §5).
     lease_wait_max_s: float = Field(24 * 3600.0, gt=0)
     #: Bound on waiting for a node to come back healthy after the action.
     rejoin_timeout_s: float = Field(1800.0, gt=0)
@@ -541,7 +541,7 @@ class RailsConfig(_Section):
     #: Disruptive actions (every executed action, failed ones included; cancelled and
     #: auto-resolved ones excluded) allowed on one node within ``max_actions_window_s``;
     #: the next one waits for a person (stage ``awaiting_approval``). Default 6: one full
-    #: climb of the default ladder (3 rungs × 2 attempts, DESIGN §5 ladder).
+    #: climb of the default ladder (3 rungs × 2 attempts, docs/design.md §5 ladder).
     max_actions_per_node: int = Field(6, ge=1)
     #: Window of ``max_actions_per_node``, seconds (7 days, the ladder's window).
     max_actions_window_s: float = Field(7 * 86400.0, gt=0)
@@ -572,7 +572,7 @@ class NodeConfig(_Section):
 
 
 class ValidationConfig(_Section):
-    """Machine re-validation (DESIGN §1 step 5): where and how the check job runs.
+    """Machine re-validation (docs/design.md §1 step 5): where and how the check job runs.
 
     ``command`` is what the job runs on the node (the agent's suite, JSON on stdout).
     Slurm: a maintenance reservation ``{reservation_prefix}-<run>`` on the node and an
@@ -588,7 +588,7 @@ class ValidationConfig(_Section):
     #: Extra environment for the check job (e.g. ``AUTOREPAIR_VALIDATE_CONFIG``).
     env: dict[str, str] = Field(default_factory=dict)
     #: Bound on one run from placement to result, seconds (30 min: DCGM level 3 takes
-    #: ~15 min, NCCL sweeps a few; DESIGN §5 drain deadline uses the same order).
+    #: ~15 min, NCCL sweeps a few; docs/design.md §5 drain deadline uses the same order).
     timeout_s: float = Field(1800.0, gt=0, le=24 * 3600.0)
     #: Longest single wait of the collecting activity before it reports "not yet", seconds.
     poll_s: float = Field(30.0, gt=0)
@@ -656,7 +656,7 @@ class DetectorsConfig(_Section):
 
 
 class ResetGpuPlatform(_Section):
-    """What a node pool's platform allows for ``reset_gpu`` (DESIGN §5: "GPU reset on the
+    """What a node pool's platform allows for ``reset_gpu`` (docs/design.md §5: "GPU reset on the
     node, where the platform allows it"). Anything it forbids moves the repair to
     ``reboot`` before acting, with the reason in the repair's rule.
 
@@ -806,7 +806,7 @@ class ClusterConfig(_Section):
     provision_webhook_file: str | None = None
     #: Machines in the hot-spare pool.
     spares: list[str] = Field(default_factory=list)
-    #: Machine re-validation (DESIGN §1 step 5).
+    #: Machine re-validation (docs/design.md §1 step 5).
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
     #: External detectors this cluster trusts, and their caps.
     detectors: DetectorsConfig = Field(default_factory=DetectorsConfig)

@@ -1,7 +1,7 @@
 """What the Temporal UI shows for each workflow: static summary and details (Temporal user
 metadata, ``static_summary=`` / ``static_details=`` at start) and current details.
 
-The Temporal UI is the operator's console (DESIGN §4.4: signals and inputs a person can
+The Temporal UI is the operator's console (docs/design.md §4.4: signals and inputs a person can
 type): the workflow list shows each run's summary, the detail page its details and the
 current details the workflow keeps up to date. Every place that starts a workflow builds
 its text here:

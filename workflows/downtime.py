@@ -1,7 +1,7 @@
 """Downtime and cost of one repair, from its recorded stage transitions (pure).
 
 A repair takes a node out of service from its ``cordoning`` transition until the node is
-back: the ``running`` transition (node back in service, DESIGN §4.4) or, when it never
+back: the ``running`` transition (node back in service, docs/design.md §4.4) or, when it never
 got there, the repair's terminal transition (a node left cordoned after ``failed`` /
 ``timed_out`` keeps costing, but from then on it is a person's work, not this repair's).
 Of that time, the ``waiting_for_idle`` stretches are the part spent waiting for the

@@ -9,7 +9,7 @@ circuit breaker when automatic repair/cordon requests within ``rails.breaker_win
 exceed ``max(breaker_min, ceil(breaker_fraction × GPU nodes))``. While open, automatic
 requests are queued (refused) and a cluster-level alert is raised; an operator's
 ``reset_breaker`` signal closes it and queued requests are granted with the reset time,
-so the repairs only act on evidence observed after it (DESIGN §5 rails: evidence is
+so the repairs only act on evidence observed after it (docs/design.md §5 rails: evidence is
 re-checked right before acting).
 
 "GPU nodes" is the configured count; with none configured, the nodes that reported a GPU
@@ -20,7 +20,7 @@ Every decision is made by the pure machine :mod:`workflows.lifecycle.guard`
 (``step(state, event, now) -> (state, commands)``, issue 26); this workflow turns
 signals, activity results and timers into its events and executes its commands.
 
-Durability (DESIGN §5 rails must hold across restarts):
+Durability (docs/design.md §5 rails must hold across restarts):
 
 - grants are signalled before any side effect runs; notifications and ledger writes are
   best effort (bounded retries; a failure is noted in ``GuardStatus.errors`` and logged,

@@ -1,4 +1,4 @@
-"""The lease protocol's messages between repairs and the cluster guard (DESIGN §4.4),
+"""The lease protocol's messages between repairs and the cluster guard (docs/design.md §4.4),
 kept free of Temporal so the pure guard machine (:mod:`workflows.lifecycle.guard`) can
 use them; :mod:`workflows.protocol` re-exports every name (the wire format is unchanged).
 """
@@ -40,7 +40,7 @@ class LeaseReply(BaseModel):
     ``granted`` false with ``queued`` true: wait, a later reply grants it (a renewal
     answered so means the lease expired and its slot is taken: do not act until granted).
     ``reset_at``: set when the grant came after a breaker reset — evidence observed
-    before it is stale (DESIGN §5 rails: evidence is re-checked right before acting).
+    before it is stale (docs/design.md §5 rails: evidence is re-checked right before acting).
     """
 
     repair_id: str

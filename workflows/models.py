@@ -5,7 +5,7 @@ signals, query results, validation results) is defined here so that `ingest`,
 `activities`, `workers` and the workflows agree on one shape. These models import
 no I/O library and are safe inside the Temporal workflow sandbox.
 
-Names and vocabularies follow ``DESIGN.md`` §4.4 (stages, terminal states, signal
+Names and vocabularies follow ``docs/design.md`` §4.4 (stages, terminal states, signal
 payloads) and §5 (action vocabulary); the Temporal names themselves (workflow types,
 ids, task queue, signal/query/update names, search attributes) are in
 :mod:`workflows.protocol`.
@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Severity(StrEnum):
-    """Alert severity (DESIGN §5)."""
+    """Alert severity (docs/design.md §5)."""
 
     info = "info"
     warning = "warning"
@@ -29,7 +29,7 @@ class Severity(StrEnum):
 
 
 class Action(StrEnum):
-    """Node-level action vocabulary, lightest first (DESIGN §5).
+    """Node-level action vocabulary, lightest first (docs/design.md §5).
 
     ``power_cycle`` sits beside ``reboot`` (host power off/on through the BMC, for faults
     that need the GPU to lose power); ``remove`` is human-only.
@@ -57,7 +57,7 @@ ACTION_WEIGHT: dict[Action, int] = {
 
 
 class Stage(StrEnum):
-    """Repair stages and terminal states (DESIGN §4.4)."""
+    """Repair stages and terminal states (docs/design.md §4.4)."""
 
     recommended = "recommended"
     awaiting_approval = "awaiting_approval"
@@ -238,7 +238,7 @@ class RepairRequest(BaseModel):
 
 AUTO_APPROVED = "auto-approved"
 """``RepairStatus.approved_by`` of a repair the consent policy approved without a person
-(DESIGN §5 consent: *fully automatic* per action and Xid code)."""
+(docs/design.md §5 consent: *fully automatic* per action and Xid code)."""
 
 
 class RepairStatus(BaseModel):
@@ -277,7 +277,7 @@ class ValidationRequest(BaseModel):
 
 
 class Verdict(StrEnum):
-    """Validation verdict (DESIGN §1.5)."""
+    """Validation verdict (docs/design.md §1.5)."""
 
     passed = "passed"
     failed = "failed"

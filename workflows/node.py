@@ -9,7 +9,7 @@ only annotates), tracks persistence per fault from its first observation, the co
 after a repair and the in-flight repair, and turns an actionable fault that outlives its
 persistence window into a ``RepairWorkflow`` child (parent close policy ABANDON). Alerts
 arriving during a repair attach to it (no second repair starts; the cooldown follows its
-end, DESIGN §5 rails); a fault that clears before a repair starts auto-resolves the
+end, docs/design.md §5 rails); a fault that clears before a repair starts auto-resolves the
 recommendation.
 
 Interface: update ``deliver_alert`` (Alert → AlertDelivery), signal ``repair_finished``
@@ -825,7 +825,7 @@ class NodeWorkflow:
         """The in-flight repair ``rid`` ended without telling us (``how``: Temporal's
         status). Stop attaching alerts to it, start the cooldown (it may have acted),
         record its end in the ledger, give its lease back and tell people — the node
-        may be left cordoned by it (DESIGN §5: someone else's cordon is never lifted
+        may be left cordoned by it (docs/design.md §5: someone else's cordon is never lifted
         blindly)."""
         assert self._inp is not None
         s = self._s
@@ -885,7 +885,7 @@ class NodeWorkflow:
 
 
 def _repair_search_attributes(req: RepairRequest) -> TypedSearchAttributes:
-    """DESIGN §4.4's search attributes of a repair about to start (the values its own
+    """docs/design.md §4.4's search attributes of a repair about to start (the values its own
     first upsert sets: :func:`~workflows.protocol.repair_identity_attributes`, action,
     stage ``recommended``)."""
     pairs: list[SearchAttributePair[Any]] = [

@@ -1,6 +1,6 @@
 """Every Temporal name of gpu-autorepair, and the messages between its workflows.
 
-Names (DESIGN §4.4; this module is their only home — workflows, ingest, activities and
+Names (docs/design.md §4.4; this module is their only home — workflows, ingest, activities and
 workers import them from here):
 
 - task queues :data:`TASK_QUEUE` (``autorepair``) and :data:`BMC_TASK_QUEUE`;
@@ -56,31 +56,31 @@ from workflows.models import TERMINAL_STAGES, Alert, RepairRequest, Stage
 from workflows.queues import BMC_TASK_QUEUE as BMC_TASK_QUEUE
 from workflows.queues import TASK_QUEUE as TASK_QUEUE
 
-# --- workflow types (DESIGN §4.4) ---
+# --- workflow types (docs/design.md §4.4) ---
 NODE_WORKFLOW = "NodeWorkflow"
 REPAIR_WORKFLOW = "RepairWorkflow"
 GUARD_WORKFLOW = "ClusterGuardWorkflow"
 VALIDATION_WORKFLOW = "ValidationWorkflow"
 
 
-# --- workflow ids (DESIGN §4.4) ---
+# --- workflow ids (docs/design.md §4.4) ---
 def workflow_id_node(cluster: str, node: str) -> str:
-    """``node/{cluster}/{node}`` (DESIGN §4.4)."""
+    """``node/{cluster}/{node}`` (docs/design.md §4.4)."""
     return f"node/{cluster}/{node}"
 
 
 def workflow_id_repair(cluster: str, node: str, repair_id: str) -> str:
-    """``repair/{cluster}/{node}/{repair_id}`` (DESIGN §4.4)."""
+    """``repair/{cluster}/{node}/{repair_id}`` (docs/design.md §4.4)."""
     return f"repair/{cluster}/{node}/{repair_id}"
 
 
 def workflow_id_guard(cluster: str) -> str:
-    """``guard/{cluster}`` (DESIGN §4.4)."""
+    """``guard/{cluster}`` (docs/design.md §4.4)."""
     return f"guard/{cluster}"
 
 
 def workflow_id_validation(machine: str, n: str | int) -> str:
-    """``validate/{machine}/{n}`` (DESIGN §4.4)."""
+    """``validate/{machine}/{n}`` (docs/design.md §4.4)."""
     return f"validate/{machine}/{n}"
 
 
@@ -131,7 +131,7 @@ NODE_QUERY_STATUS = "status"
 # --- ValidationWorkflow (id validate/{machine}/{n}) ---
 VALIDATION_QUERY_STATUS = "status"
 
-# --- custom search attributes (DESIGN §4.4; all Keyword) ---
+# --- custom search attributes (docs/design.md §4.4; all Keyword) ---
 SA_NODE = SearchAttributeKey.for_keyword("NodeId")
 SA_CLUSTER = SearchAttributeKey.for_keyword("ClusterId")
 SA_MACHINE = SearchAttributeKey.for_keyword("MachineId")
@@ -169,7 +169,7 @@ STATE_AWAITING_APPROVAL = "awaiting_approval"
 
 
 def repair_state(stage: Stage | str) -> str:
-    """``RepairState`` search-attribute value of a repair stage (DESIGN §4.4 stage names).
+    """``RepairState`` search-attribute value of a repair stage (docs/design.md §4.4 stage names).
 
     The terminal stage name once ended (``succeeded``, ``failed``, ...),
     :data:`STATE_AWAITING_APPROVAL` while waiting for a person, :data:`STATE_IN_PROGRESS`
@@ -185,7 +185,7 @@ def repair_state(stage: Stage | str) -> str:
 def repair_identity_attributes(
     req: RepairRequest, machine: str | None
 ) -> list[tuple[SearchAttributeKey[str], str]]:
-    """The search attributes that name a repair (DESIGN §4.4), as ``(key, value)`` pairs:
+    """The search attributes that name a repair (docs/design.md §4.4), as ``(key, value)`` pairs:
     node, cluster, requester (``kind:name``), the first alert's kind (``manual`` without
     one), and the machine when known. One builder for the NodeWorkflow, which starts the
     repair with them, and the RepairWorkflow, which upserts them first."""

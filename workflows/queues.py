@@ -1,4 +1,4 @@
-"""Task queue names (DESIGN §4.4), in a module without Temporal imports so that
+"""Task queue names (docs/design.md §4.4), in a module without Temporal imports so that
 configuration (``workflows.config``) and the pure lifecycle machines
 (``workflows.lifecycle``, import-linter contract ``lifecycle-pure``) can use them;
 :mod:`workflows.protocol` re-exports both."""
@@ -6,7 +6,7 @@ configuration (``workflows.config``) and the pure lifecycle machines
 from __future__ import annotations
 
 TASK_QUEUE = "autorepair"
-"""Task queue of every workflow and activity (DESIGN §4.4)."""
+"""Task queue of every workflow and activity (docs/design.md §4.4)."""
 BMC_TASK_QUEUE = "autorepair-bmc"
 """Default task queue of the machine-side (BMC) activities, kept apart so their start
 rate can be limited (``temporal.bmc_task_queue``, ``temporal.bmc_rate_per_s``)."""

@@ -1,6 +1,6 @@
 """``RepairWorkflow`` (id ``repair/{cluster}/{node}/{repair_id}``): one repair of one node.
 
-Stages (DESIGN §4.4): ``recommended → awaiting_approval → cordoning → waiting_for_idle →
+Stages (docs/design.md §4.4): ``recommended → awaiting_approval → cordoning → waiting_for_idle →
 draining → repairing | migrating → joining → running`` and terminal ``succeeded``,
 ``failed``, ``rejected``, ``cancelled``, ``auto_resolved``, ``timed_out``. Every transition
 is recorded in the ledger (``ledger_record_transition``), in the ``RepairStage`` /
@@ -16,7 +16,7 @@ approval sent before the repair asks for one is kept), ``reject`` ``{"by", "reas
 the NodeWorkflow) and ``lease`` (:class:`LeaseReply`, from the guard). Query ``status`` →
 :class:`RepairStatus`. Returns the final :class:`RepairStatus`.
 
-Every ending cleans up (DESIGN §5 rule zero and rails): whether the repair succeeds, is
+Every ending cleans up (docs/design.md §5 rule zero and rails): whether the repair succeeds, is
 rejected or cancelled at any stage (signal, or workflow cancellation from the Temporal UI
 or CLI), times out, or an activity fails for good (Kubernetes 403/404, a missing ``slurm``
 binary, a configuration error), the node this repair cordoned is uncordoned, the lease is
@@ -325,7 +325,7 @@ class RepairWorkflow:
     @workflow.signal(name=REPAIR_SIGNAL_ATTACH_ALERT)
     def attach_alert(self, alert: Alert) -> None:
         """An alert (or a clear) on this node during the repair: it joins this repair's evidence
-        (DESIGN §5 rails: one target per repair, no second repair on the node)."""
+        (docs/design.md §5 rails: one target per repair, no second repair on the node)."""
         if not alert.active:
             key = fault_key(alert)
             self._alerts = [
@@ -393,7 +393,7 @@ class RepairWorkflow:
                     ClaimResult,
                 )
                 if claim.repair_id != req.repair_id:
-                    # the same detector request already owns a repair (DESIGN §5 idempotency)
+                    # the same detector request already owns a repair (design.md §5 idempotency)
                     self._stage = S.cancelled
                     self._detail = (
                         f"duplicate of repair {claim.repair_id} "
@@ -437,7 +437,7 @@ class RepairWorkflow:
             await self._prepare(req)
         await self._wait_for_idle(carried)
         if not self._evidence_ok():
-            # re-checked before draining (DESIGN §5 rails); the cleanup uncordons
+            # re-checked before draining (docs/design.md §5 rails); the cleanup uncordons
             raise _Ended(
                 S.auto_resolved, "system", "every alert behind the repair cleared before draining"
             )
@@ -451,7 +451,7 @@ class RepairWorkflow:
         self._policy = snap.policy
         self._bmc_queue = snap.bmc_task_queue
         # Machine and pool from configuration and the ledger's bindings (load_policy);
-        # the request's own only where those have none (DESIGN §5: never what an agent
+        # the request's own only where those have none (docs/design.md §5: never what an agent
         # reported about itself).
         self._machine = snap.machines.get(req.node) or self._machine
         self._pool = snap.pools.get(req.node) or self._pool
@@ -484,7 +484,7 @@ class RepairWorkflow:
 
     def _check_evidence_before_cordon(self) -> None:
         if not self._evidence_ok():
-            # re-checked before cordoning (DESIGN §5 rails): nothing was touched yet
+            # re-checked before cordoning (docs/design.md §5 rails): nothing was touched yet
             raise _Ended(
                 S.auto_resolved, "system", "every alert behind the repair cleared before cordoning"
             )
@@ -493,7 +493,7 @@ class RepairWorkflow:
         """With the lease just granted: does the decision still hold? Another repair of
         this node may have acted while this one waited (the guard queues repairs of one
         node behind each other), so the attempt history is read again and the ladder and
-        the per-node cap decide once more (DESIGN §5 rails). Returns True to go on (same
+        the per-node cap decide once more (docs/design.md §5 rails). Returns True to go on (same
         action, or a heavier one the consent policy allows automatically); otherwise the
         lease is handed back while a person decides, and False asks for it again. A
         person's approval covers the decision only while no other repair acted on the
@@ -539,12 +539,12 @@ class RepairWorkflow:
 
     def _evidence_ok(self) -> bool:
         """Whether the evidence still stands; after a breaker reset only evidence observed
-        after the reset counts (DESIGN §5 rails; ``LeaseReply.reset_at``)."""
+        after the reset counts (docs/design.md §5 rails; ``LeaseReply.reset_at``)."""
         since = self._lease.reset_at if self._lease is not None else None
         return evidence_current(self._evidence(), since)
 
     def _evidence(self) -> list[Alert]:
-        """The alerts whose currency keeps this repair going (DESIGN §5 rule zero): those it
+        """The alerts whose currency keeps this repair going (docs/design.md §5 rule zero): those it
         was started with (the recommendation's faults, or what an operator cited, observed
         or not) and actionable alerts attached since. An observed-only alert attached
         during the repair (``node_unreachable`` of a node that went silent, a straggler
@@ -758,7 +758,7 @@ class RepairWorkflow:
             workflow.logger.warning("guard %s unreachable; the request is sent again later", gid)
 
     async def _acquire_lease(self) -> None:
-        """Ask the cluster guard for a lease and wait for the grant (DESIGN §5 rails)."""
+        """Ask the cluster guard for a lease and wait for the grant (docs/design.md §5 rails)."""
         assert self._req is not None
         lreq = self._lease_request()
         self._detail = "waiting for a lease from the cluster guard"
@@ -844,7 +844,7 @@ class RepairWorkflow:
 
     async def _ensure_lease(self, step: str) -> None:
         """Before a disruptive ``step``: hold an unexpired lease, or re-acquire one (and
-        wait for it) first — an expired lease is never silently reused (DESIGN §5 rails)."""
+        wait for it) first — an expired lease is never silently reused (docs/design.md §5 rails)."""
         if not self._lease_requested:
             return
         lease = self._lease
@@ -889,7 +889,7 @@ class RepairWorkflow:
 
     async def _yield_to(self, holder: str) -> None:
         """The cordon found ``holder``, another repair, on the node. One repair acts on a
-        node at a time, whichever path created it (DESIGN §5 rails): while ``holder``
+        node at a time, whichever path created it (docs/design.md §5 rails): while ``holder``
         runs (or its state cannot be read) this repair ends ``cancelled`` and leaves the
         other's cordon as it is. A cordon left by a repair that has ended is stale: it is
         noted and this repair goes on without owning it (never lifting it)."""
@@ -1072,7 +1072,7 @@ class RepairWorkflow:
         assert self._req is not None
         req = self._req
         while True:
-            # evidence re-checked right before every action (DESIGN §5 rails)
+            # evidence re-checked right before every action (docs/design.md §5 rails)
             if not self._evidence_ok():
                 await self._rejoin()
                 raise _Ended(

@@ -1,4 +1,4 @@
-"""``ValidationWorkflow`` (id ``validate/{machine}/{n}``, DESIGN §4.4, §1 step 5).
+"""``ValidationWorkflow`` (id ``validate/{machine}/{n}``, docs/design.md §4.4, §1 step 5).
 
 Input :class:`workflows.models.ValidationRequest` (JSON a person can type, e.g.
 ``{"cluster": "demo", "machine": "gpu-02"}``); result :class:`ValidationResult`.

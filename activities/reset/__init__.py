@@ -1,5 +1,5 @@
 """The ``reset_gpu`` machine activity: reset the GPU(s) named by the evidence on the node,
-after cordon and drain (DESIGN §5 ``reset_gpu``), through the scheduler's own placement.
+after cordon and drain (docs/design.md §5 ``reset_gpu``), through the scheduler's own placement.
 
 Registered on the BMC task queue with the other machine actions (the repair sends every
 machine action there), though it calls no BMC. One call:
@@ -12,7 +12,7 @@ machine action there), though it calls no BMC. One call:
 3. wait for it (heartbeating) up to ``ResetGpuConfig.timeout_s``; read its output
    (:mod:`activities.reset.job`); remove the placement and put the node's drain back.
 
-Outcome (DESIGN §4.1 exit codes): every GPU done (exit 0, read-back clean) →
+Outcome (docs/design.md §4.1 exit codes): every GPU done (exit 0, read-back clean) →
 ``ActionResult(done=True)``, the detail naming each GPU; any GPU failed (exit 1, no exit
 status, timeout) → non-retryable ``ERR_ACTION_FAILED`` whose message and details carry the
 agent's evidence (a failed attempt: the ladder moves on); otherwise any GPU that cannot be

@@ -7,9 +7,9 @@ by a marker line carrying its exit status::
 
 so the output splits into one segment per GPU. A segment's last line that is a JSON
 object with a ``result`` is the agent's result (``autorepair-agent reset-gpu --json``,
-DESIGN §4.1: ``{"pci","result","reason","checks","before","after","duration_s"}``);
+docs/design.md §4.1: ``{"pci","result","reason","checks","before","after","duration_s"}``);
 without one (``nvidia-smi --gpu-reset``) the exit status decides: 0 done, 2 cannot run,
-anything else failed (DESIGN §4.1 exit codes).
+anything else failed (docs/design.md §4.1 exit codes).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 DONE = "done"
 FAILED = "failed"
 CANNOT_RUN = "cannot_run"
-#: Exit status → result when the command printed no agent JSON (DESIGN §4.1).
+#: Exit status → result when the command printed no agent JSON (docs/design.md §4.1).
 EXIT_RESULT = {0: DONE, 2: CANNOT_RUN}
 #: Marker line after each GPU's command: ``autorepair-reset-exit <position> <status>``.
 MARKER = "autorepair-reset-exit"

@@ -5,7 +5,7 @@ Two implementations, chosen by ``ClusterConfig.scheduler``
 :class:`activities.scheduler.slurm.SlurmScheduler` and
 :class:`activities.scheduler.kube.KubeScheduler`.
 
-Contract of every method (DESIGN §6): check the current state first and act only when
+Contract of every method (docs/design.md §6): check the current state first and act only when
 needed (a call on a node already in the wanted state is a no-op), write the repair id on
 the target (Slurm reason, Kubernetes annotation) so a retry after a crash recognises its
 own work, never undo someone else's cordon. Permanent failures raise non-retryable

@@ -7,7 +7,7 @@ verdict does to the machine is decided once, here, in :meth:`ValidationBackend.r
 
 * ``passed`` → ``pool``: made schedulable only when the drain/cordon left is the run's
   own (placement takes over the drain of the repair that handed the machine over, or of a
-  repair no longer in flight); a node someone else took out keeps their reason (DESIGN §5:
+  repair no longer in flight); a node someone else took out keeps their reason (docs/design.md §5:
   never undo someone else's cordon). ``spare``: joins the cluster's hot-spare pool
   (:mod:`activities.spares`) and stays out of scheduling until a migrate draws it — unless
   someone else drained it meanwhile: their drain stays and it joins no pool.
@@ -21,7 +21,7 @@ started the run, :func:`originating_repair`) means the run is never placed and n
 the node is ever resumed or uncordoned by it.
 
 The result of a run is the last line of the job's output that is a JSON object with a
-``verdict`` (what ``autorepair-agent validate --json`` prints, DESIGN §4.1).
+``verdict`` (what ``autorepair-agent validate --json`` prints, docs/design.md §4.1).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ RepairsInFlight = Callable[[str, str], Awaitable[list[str]]]
 
 def originating_repair(run_id: str) -> str | None:
     """The repair that started run ``run_id``: the last part of ``validate/{machine}/{n}``
-    (DESIGN §4.4) when the run is one a repair started, else None. Raises nothing."""
+    (docs/design.md §4.4) when the run is one a repair started, else None. Raises nothing."""
     parts = run_id.split("/")
     return parts[2] if len(parts) == 3 and parts[0] == "validate" and parts[2] else None
 

@@ -1,4 +1,4 @@
-"""``autorepair-agent reset-gpu --pci ADDR [--json]``: reset one GPU in place (DESIGN §4.1,
+"""``autorepair-agent reset-gpu --pci ADDR [--json]``: reset one GPU in place (docs/design.md §4.1,
 §5 ``reset_gpu``): named preconditions, ``nvidia-smi --gpu-reset``, wait for the GPU,
 read back the state that motivated it. Exit 0 done, 1 reset failed, 2 cannot run.
 

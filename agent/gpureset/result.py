@@ -1,4 +1,4 @@
-"""Result of ``autorepair-agent reset-gpu`` and its JSON shape (DESIGN §4.1).
+"""Result of ``autorepair-agent reset-gpu`` and its JSON shape (docs/design.md §4.1).
 
 ``--json`` prints one object::
 
@@ -23,7 +23,7 @@ FAILED = "failed"
 CANNOT_RUN = "cannot_run"
 READY = "ready"
 
-#: Exit code per result (DESIGN §4.1: 0 done, 1 reset failed, 2 cannot run; a dry run
+#: Exit code per result (docs/design.md §4.1: 0 done, 1 reset failed, 2 cannot run; a dry run
 #: whose checks pass exits 0).
 EXIT_CODES: dict[str, int] = {DONE: 0, READY: 0, FAILED: 1, CANNOT_RUN: 2}
 

@@ -5,7 +5,7 @@ Order: resolve ``--pci`` → open NVML → checks (``pci``, ``reset_tool``, ``mi
 NVML → stop services (``--stop-services`` only) → reset command → re-open NVML until the
 GPU is back by PCI bus id → read ``after`` (``recovery_action``, ``remap``,
 ``ecc_volatile``) → restart the stopped services. Exit 0 done, 1 failed, 2 cannot run
-(DESIGN §4.1); nothing is touched before every precondition has passed.
+(docs/design.md §4.1); nothing is touched before every precondition has passed.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ KINDS: frozenset[str] = frozenset(
         "nic_fatal",
     }
 )
-"""The ``autorepair classify`` kinds (DESIGN §4.1): every kind the readers and the agent
+"""The ``autorepair classify`` kinds (docs/design.md §4.1): every kind the readers and the agent
 emit. The control plane's vocabulary (``workflows.catalogue.vocabulary``) re-exports this
 list, so a new kind added here must also get a catalogue entry (a test checks)."""
 

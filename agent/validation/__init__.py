@@ -1,4 +1,4 @@
-"""Local validation suite behind ``autorepair-agent validate [--json]`` (DESIGN §1 step 5).
+"""Local validation suite behind ``autorepair-agent validate [--json]`` (docs/design.md §1 step 5).
 
 GPU (NVML health, device count), DCGM diagnostics, NCCL all-reduce, InfiniBand ports,
 storage read/write/fsync; verdict passed / failed / aborted with exit code 0 / 1 / 2.

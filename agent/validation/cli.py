@@ -1,6 +1,6 @@
 """``autorepair-agent validate [--json]``: run the local validation suite.
 
-Exit code 0 passed, 1 failed, 2 aborted (DESIGN §4.1). ``--json`` prints the structured
+Exit code 0 passed, 1 failed, 2 aborted (docs/design.md §4.1). ``--json`` prints the structured
 result (see :mod:`agent.validation.result`) as one JSON object on stdout; without it a
 plain table is printed. Also runnable as ``python -m agent.validation``.
 """

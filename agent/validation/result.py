@@ -21,7 +21,7 @@ FAILED = "failed"
 SKIPPED = "skipped"
 ABORTED = "aborted"
 
-#: Process exit code per verdict (DESIGN §4.1: 0 passed, 1 failed, 2 aborted).
+#: Process exit code per verdict (docs/design.md §4.1: 0 passed, 1 failed, 2 aborted).
 EXIT_CODES: dict[str, int] = {PASSED: 0, FAILED: 1, ABORTED: 2}
 
 

@@ -1,6 +1,6 @@
 """Run the validation suite and decide the verdict.
 
-Verdict rules (DESIGN §1 step 5: passed → pool, failed → ticket, aborted → restored):
+Verdict rules (docs/design.md §1 step 5: passed → pool, failed → ticket, aborted → restored):
 
 * ``failed`` — at least one check failed (explicit failure; the only verdict that opens a
   hardware ticket upstream);

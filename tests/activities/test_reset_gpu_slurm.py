@@ -1,4 +1,4 @@
-"""``reset_gpu`` on the real loopback Slurm cluster (DESIGN §3).
+"""``reset_gpu`` on the real loopback Slurm cluster (docs/design.md §3).
 
 The reset job really runs on the virtual node: a maintenance reservation on the drained
 node and ``sbatch -w NODE --reservation=...`` executing ``autorepair-agent reset-gpu --pci

@@ -12,7 +12,7 @@ a hand-made violation and shown to flag it (``tests/crash/test_invariants.py``):
   power cycle's ``ForceOff``, a reboot's restart), with its wall time;
 - the nodes still cordoned (or carrying our taint) on the scheduler side.
 
-Invariants (DESIGN §5 rule zero and rails, as the crash test states them):
+Invariants (docs/design.md §5 rule zero and rails, as the crash test states them):
 
 1. every repair ends exactly once: the ledger row is in a terminal stage, it has exactly
    one terminal transition and that transition's stage is the row's stage;

@@ -55,7 +55,7 @@ PROMQL_WORDS = {
 
 
 def _design_md_names() -> set[str] | None:
-    """Metric names in the §4.5 section of DESIGN.md when the shared copy is reachable."""
+    """Metric names in the §4.5 section of the shared DESIGN.md when that copy is reachable."""
     for candidate in (ROOT.parent / "shared" / "DESIGN.md",):
         if candidate.exists():
             text = candidate.read_text()
@@ -176,3 +176,14 @@ def test_dashboard_structure(dashboard: dict[str, Any]) -> None:
             overlap_x = a[0] < b[0] + b[2] and b[0] < a[0] + a[2]
             overlap_y = a[1] < b[1] + b[3] and b[1] < a[1] + a[3]
             assert not (overlap_x and overlap_y), (a, b)
+
+
+def test_project_design_doc_lists_every_contract_metric() -> None:
+    """docs/design.md §4.5 (the contract the project carries, issue 28 item 21) names every
+    metric of the contract; it may name more (the project's own operational series)."""
+    text = (ROOT / "docs" / "design.md").read_text()
+    m = re.search(r"### 4\.5 Prometheus metrics.*?\n(.*?)\n## ", text, re.S)
+    assert m, "docs/design.md has no §4.5 Prometheus metrics section"
+    names = set(re.findall(r"`(autorepair_[a-z_]+)", m.group(1)))
+    missing = (set(DESIGN_METRICS) | ROUND2_METRICS) - names
+    assert not missing, f"docs/design.md §4.5 lacks {sorted(missing)}"

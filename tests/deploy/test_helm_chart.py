@@ -218,7 +218,7 @@ def test_ingest_service_ports_probes_and_no_admin_port(default_docs: list[dict[s
     assert cports == {"otlp-grpc": 4317, "otlp-http": 4318, "http": 8080}
     assert {(p["port"], p["targetPort"]) for p in svc["spec"]["ports"]} == {
         (4317, "otlp-grpc"), (4318, "otlp-http"), (8080, "http")}
-    # 8081 is the loopback-only admin endpoint (DESIGN §4.2): never exposed.
+    # 8081 is the loopback-only admin endpoint (docs/design.md §4.2): never exposed.
     assert all(p["port"] != 8081 for d in by_kind(default_docs, "Service").values()
                for p in d["spec"]["ports"])
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}

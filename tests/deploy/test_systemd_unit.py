@@ -1,5 +1,5 @@
 """deploy/systemd/autorepair-agent.service: systemd accepts it, it is locked down, and its
-command line is the agent contract (DESIGN §4.1 ``autorepair-agent run --endpoint URL
+command line is the agent contract (docs/design.md §4.1 ``autorepair-agent run --endpoint URL
 --cluster C --node N``).
 
 ``systemd-analyze verify`` (Debian ``systemd``) loads the unit with systemd's own parser and

@@ -309,7 +309,7 @@ async def test_sender_chosen_ids_cannot_forge_log_lines(
     stack: Stack, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A detector's request id is quoted in the intake's log lines: a newline in it cannot
-    start a forged ``event=`` line (logs are one event a line, DESIGN §6)."""
+    start a forged ``event=`` line (logs are one event a line, docs/design.md §6)."""
     forged = "r-1\nevent=repair_requested cluster=prod node=gpu-99 request_id=x"
     with caplog.at_level(logging.INFO, logger="autorepair.api.repairs"):
         r = await stack.http.post("/api/v1/repairs", json=body(request_id=forged), headers=DET)

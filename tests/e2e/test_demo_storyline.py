@@ -139,7 +139,7 @@ async def test_demo_storyline(tmp_path: Path) -> None:
             assert await _count(client, f"WorkflowType = 'RepairWorkflow' AND NodeId = '{node}'") == 0
         assert await _count(client, f"WorkflowType = 'RepairWorkflow' AND NodeId = '{XID79_NODE}'"
                             " AND RepairAction = 'power_cycle' AND AlertKind = 'xid'") == 1
-        # no credential in any workflow history (DESIGN §4.4): BMC password, API token,
+        # no credential in any workflow history (docs/design.md §4.4): BMC password, API token,
         # the notification webhook's URL (its first answer failed: the worker's background
         # delivery retried it; the notify activity itself never failed)
         assert len(hook_calls) >= 2, "the Xid 13 diagnostic notification never arrived"

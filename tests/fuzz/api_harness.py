@@ -46,7 +46,7 @@ PERMISSIONS: dict[str, frozenset[str]] = {
     "detector": frozenset({"read", "create"}),
     "operator": frozenset({"read", "create", "remove", "decide"}),
 }
-"""What each role may do, written out from DESIGN §4.1/§5 (viewer reads; a detector also
+"""What each role may do, written out from docs/design.md §4.1/§5 (viewer reads; a detector also
 creates, never ``remove``; an operator also decides and may request ``remove``) rather than
 imported, so the fuzzer checks the server's ``workers.repairs.auth.PERMISSIONS`` instead of
 following it (``tests/unit/test_api_fuzz_checks.py`` compares the two)."""
@@ -209,7 +209,7 @@ def check_answer(case: Any, response: Any, role: str) -> str | None:
       serve, which must carry ``Allow``.
     * Role rules (:data:`ROUTE_RULES`, :data:`PERMISSIONS`): no 2xx
       unless the role holds the route's permission; no 2xx for a detector asking for
-      ``remove`` (human-only, DESIGN §5) or naming another detector; no 2xx without a
+      ``remove`` (human-only, docs/design.md §5) or naming another detector; no 2xx without a
       token on a route that needs one.
     """
     status = int(response.status_code)
@@ -485,7 +485,7 @@ class ApiServer:
         )
         await Ledger(pool).record_alert(alert)
         self.seeds.alert_ids.append(alert.alert_id)
-        # the detector's wait for approval, and so does a remove (DESIGN §5); an operator's
+        # the detector's wait for approval, and so does a remove (docs/design.md §5); an operator's
         # reboot would count as approved and go on to cordon (no scheduler activities here)
         for role, node, rid, mode in (("detector", "gpu-01", "seed-det-1", "reboot"),
                                       ("detector", "gpu-02", "seed-det-2", "reboot"),

@@ -158,7 +158,7 @@ async def test_fault_straggler_records_and_threshold_headers(
     task = asyncio.create_task(agent.run(stop))
     try:
         await wait_for(lambda: agent.mode == "fleet" and agent.threshold == 0.9, 5, "fleet")
-        # resource + metric names of DESIGN §4.3
+        # resource + metric names of docs/design.md §4.3
         res = _attrs(rec.metrics[-1].resource_metrics[0].resource.attributes)
         assert res == {"host.name": "gpu-01", "host.id": "machine-1",
                        "autorepair.host.boot_id": "boot-1", "autorepair.cluster.id": "it",

@@ -204,7 +204,7 @@ async def test_forwarding_to_downstream_and_drop_oldest() -> None:
         await up.stop()
 
 
-# ------------------------------------------------------------------ identities (DESIGN §4.2)
+# ------------------------------------------------------------------ identities (docs/design.md §4.2)
 LOGS_EXPORT = "/opentelemetry.proto.collector.logs.v1.LogsService/Export"
 
 

@@ -1,7 +1,7 @@
 """``autorepair mcp``: the read-only MCP tools answered through the SDK's own client.
 
 The world is real: the ledger on embedded PostgreSQL, Temporal's dev server (visibility
-with the search attributes of DESIGN §4.4) and our workflows on a worker whose cluster
+with the search attributes of docs/design.md §4.4) and our workflows on a worker whose cluster
 is :class:`tests.workflows.conftest.FakeCluster`. Alerts go in as the ingest sends them
 (update-with-start on ``NodeWorkflow``), repairs are recommended, one approved by a
 person and run to the end; then the tools are asked through ``mcp.Client`` connected
@@ -114,7 +114,7 @@ async def test_tools_answer_on_a_live_fleet(
     sfx = uuid.uuid4().hex[:8]
     cluster, tq, bmc_q = f"m-{sfx}", f"autorepair-{sfx}", f"bmc-{sfx}"
     fake = FakeCluster(cluster=cluster, nodes=NODES)
-    policy = PolicyConfig()  # approve before repair (DESIGN §5 default)
+    policy = PolicyConfig()  # approve before repair (docs/design.md §5 default)
     ledger = Ledger(ledger_pool)
     now = datetime.now(UTC)
     # gpu-01's machine was power-cycled twice for Xid 79 this week: the ladder moves up

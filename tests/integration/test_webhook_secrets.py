@@ -1,4 +1,4 @@
-"""Webhook URLs are credentials: none reaches a workflow history (DESIGN §4.4).
+"""Webhook URLs are credentials: none reaches a workflow history (docs/design.md §4.4).
 
 The real notify and webhook-provisioning activities run under a workflow on the Temporal
 dev server (the time-skipping test server does not keep ``last_failure``) against a

@@ -39,7 +39,7 @@ from workflows.models import Action, Alert, Severity, Stage
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 #: Rails of the world: persistence 60 s for level faults (event faults 0 s), cooldown
-#: 1800 s (the defaults, DESIGN §5).
+#: 1800 s (the defaults, docs/design.md §5).
 RAILS = RailsConfig()
 CATALOGUE = CatalogueConfig()
 #: Clock step of a bare ``clock`` event, seconds (more than the persistence window).

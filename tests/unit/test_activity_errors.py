@@ -1,6 +1,6 @@
 """Permanent activity errors come from ``workflows.activity_api.permanent`` with an ``ERR_*``.
 
-DESIGN §6: activities raise non-retryable ``ApplicationError`` types for permanent
+docs/design.md §6: activities raise non-retryable ``ApplicationError`` types for permanent
 failures; the workflows name the same types in ``non_retryable_error_types``. One
 spelling of each type keeps both sides in step.
 """

@@ -1,4 +1,4 @@
-"""Default catalogue decisions and operator overrides (DESIGN §5)."""
+"""Default catalogue decisions and operator overrides (docs/design.md §5)."""
 
 from __future__ import annotations
 

@@ -95,7 +95,7 @@ def test_slurm_fields_printed_once() -> None:
 
 @pytest.mark.parametrize("flags", [[], ["--json"]])
 def test_json_flag_is_accepted_and_changes_nothing(tmp_path: Path, flags: list[str]) -> None:
-    # DESIGN §4.1: --json works on every read command; classify always prints JSON lines
+    # docs/design.md §4.1: --json works on every read command; classify always prints JSON lines
     from typer.testing import CliRunner
 
     from workers.cli import app

@@ -1,4 +1,4 @@
-"""Configuration loading: defaults from DESIGN §5, YAML, env overrides, clear errors."""
+"""Configuration loading: defaults from docs/design.md §5, YAML, env overrides, clear errors."""
 
 from __future__ import annotations
 

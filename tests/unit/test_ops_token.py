@@ -1,4 +1,4 @@
-"""Where the client commands find the API token (DESIGN §4.1: ``--data-dir`` /
+"""Where the client commands find the API token (docs/design.md §4.1: ``--data-dir`` /
 ``AUTOREPAIR_DATA_DIR``, default ``.autorepair``)."""
 
 from __future__ import annotations

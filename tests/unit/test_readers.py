@@ -27,7 +27,7 @@ REPAIR_CLASS = {
 """``repair_class`` semantics of the corpus README."""
 
 ACTION_ORDER = ["none", "reset_gpu", "reboot", "power_cycle", "reprovision", "migrate", "remove"]
-"""Lightest first (DESIGN §5), for the corpus README's "heaviest action" of a multi record."""
+"""Lightest first (docs/design.md §5), for the corpus README's "heaviest action" of a multi record."""
 
 PREFIXES = [
     "",

@@ -1,11 +1,11 @@
 """Temporal names are spelled in ``workflows/protocol.py`` only.
 
 Workflow types, workflow ids, task queues, signal/query/update names and search-attribute
-names are part of the contract of DESIGN §4.4: operators type them in the Temporal UI and
+names are part of the contract of docs/design.md §4.4: operators type them in the Temporal UI and
 CLI, and a worker and its clients must agree on them. This test scans the Python of
 every control-plane and agent package (AST, docstrings skipped) for a literal spelling of
 any of them outside ``workflows/protocol.py``, and checks that the protocol module says
-exactly what DESIGN §4.4 writes.
+exactly what docs/design.md §4.4 writes.
 """
 
 from __future__ import annotations

@@ -325,7 +325,7 @@ class Harness:
 
 
 async def register_search_attributes(client: Client) -> None:
-    """Register DESIGN §4.4's Keyword search attributes (idempotent)."""
+    """Register docs/design.md §4.4's Keyword search attributes (idempotent)."""
     try:
         await client.operator_service.add_search_attributes(
             AddSearchAttributesRequest(

@@ -6,7 +6,7 @@ tests' ``FakeCluster`` that also logs every call in order, with the calling repa
 the activity attempt). A *program* is a list of steps drawn by hypothesis; the driver runs
 it against the real NodeWorkflow / RepairWorkflow / guard, then settles the world (faults
 healed, open repairs approved, level faults cleared, whatever is still open cancelled) and
-checks the rails of DESIGN §5 as properties:
+checks the rails of docs/design.md §5 as properties:
 
 - a node cordoned by one of our repairs when that repair ended stays cordoned only with a
   hold reason in the ledger ("node left cordoned: …", docs/runbook.md "What happens when a

@@ -1,4 +1,4 @@
-"""Leases and the cluster guard on unhappy paths (DESIGN §5 rails), on the real workflows:
+"""Leases and the cluster guard on unhappy paths (docs/design.md §5 rails), on the real workflows:
 one repair per node whatever created it, pool and machine from configuration, a guard
 that survives a failing webhook, termination and restarts, lease waits that end, and
 leases that live exactly as long as their holder."""

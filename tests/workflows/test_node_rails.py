@@ -1,4 +1,4 @@
-"""NodeWorkflow on unhappy paths (DESIGN §5 rails): a repair that ends without telling
+"""NodeWorkflow on unhappy paths (docs/design.md §5 rails): a repair that ends without telling
 the node, a node workflow that starts fresh while a repair runs, the policy carried
 across continue-as-new, the carried state's size at its caps, and no cooldown after a
 repair that did nothing."""

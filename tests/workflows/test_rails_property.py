@@ -1,4 +1,4 @@
-"""Stateful property test of the repair rails (DESIGN §5) on the time-skipping server.
+"""Stateful property test of the repair rails (docs/design.md §5) on the time-skipping server.
 
 Hypothesis draws programs — random interleavings of alerts (level and event), clears,
 repairs requested through the API, approvals, rejections, cancel signals, terminations of

@@ -111,7 +111,7 @@ async def test_scenario_8_ladder_then_human(harness: Harness) -> None:
     h = harness
     for act in ("reboot", "reprovision", "migrate"):
         h.cluster.fail_actions[act] = 100
-    # migrate needs critical evidence within 10 days (DESIGN §5): the fault is fresh
+    # migrate needs critical evidence within 10 days (docs/design.md §5): the fault is fresh
     fresh = make_alert(h.cluster.cluster, "gpu-04", "s8", observed_at=await h.env.get_current_time())
     handle = await start_repair(h, "gpu-04", Action.reboot, "s8", alerts=[fresh])
     await wait_stage(h, "gpu-04", "s8", Stage.awaiting_approval)

@@ -6,7 +6,7 @@ Tokens come from ``api.tokens_file`` (falling back to ``secrets.api_tokens_file`
 presented token against *every* configured token in constant time
 (:func:`ingest.auth.find_token`). Tokens never reach logs or error messages.
 
-Roles (DESIGN §4.1, §5): ``viewer`` reads; ``detector`` reads and creates (never
+Roles (docs/design.md §4.1, §5): ``viewer`` reads; ``detector`` reads and creates (never
 ``remove``: human-only); ``operator`` also decides (approve, reject, cancel) and may
 request ``remove``.
 """

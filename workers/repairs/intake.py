@@ -7,7 +7,7 @@ through :class:`RepairIntake`, so it becomes the same ledger record and the same
 :class:`~workflows.models.RepairRequest`) as a system repair, and passes the same
 evidence gate, guard lease (capacity, budget, breaker) and rails inside that workflow.
 
-Intake rules (DESIGN §5):
+Intake rules (docs/design.md §5):
 
 * **Idempotency, forever.** ``detector + request_id`` is claimed in the ledger
   (``idempotency_keys``), the detector keyed by its source (:func:`request_key`: an
@@ -348,7 +348,7 @@ class RepairIntake:
         )
         refusal = ""
         if req.mode == RepairMode.remove and remove_refused:
-            refusal = "refused: remove is human-only (DESIGN §5); a detector may not request it"
+            refusal = "refused: remove is human-only (design.md §5); a detector may not request it"
         for a in alerts:
             await self.ledger.record_alert(a)
         wf_id = workflow_id_repair(cluster, req.node, repair_id)

@@ -20,7 +20,7 @@ from workflows.names import MAX_NAME_LEN, NAME_PATTERN
 
 
 class RepairMode(StrEnum):
-    """What an external request may ask for (DESIGN §4.1 ``--mode``)."""
+    """What an external request may ask for (docs/design.md §4.1 ``--mode``)."""
 
     reboot = "reboot"
     reprovision = "reprovision"

@@ -172,7 +172,7 @@ def build_repairs_router(
         """Create a repair (idempotent on detector + request_id)."""
         if body.mode == RepairMode.remove and not who.may("remove"):
             raise HTTPException(403, f"role {who.role!r} may not request remove "
-                                "(human-only, DESIGN §5)")
+                                "(human-only, docs/design.md §5)")
         if who.role == "detector":
             if body.detector is not None and body.detector != who.user:
                 raise HTTPException(403, f"detector {body.detector!r}: this token belongs to "

@@ -1,4 +1,4 @@
-"""Cluster watchers started by the worker process (DESIGN §2: Slurm/Kubernetes watchers).
+"""Cluster watchers started by the worker process (docs/design.md §2: Slurm/Kubernetes watchers).
 
 :func:`start_watchers` starts, per configured cluster, the Slurm watcher
 (:mod:`workers.watchers.slurm`) or the Kubernetes watcher (:mod:`workers.watchers.kube`:

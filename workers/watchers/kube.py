@@ -255,7 +255,7 @@ class KubeWatcher:
         ev: dict[str, Any] = {"condition": "Ready", "status": ready.status,
                               "reason": ready.reason, "since": (ready.since or at).isoformat()}
         observed = self._alert(name, NOT_READY_KIND, text, ev, at)
-        # NotReady / unreachable alone is never a repair (DESIGN §1 rule zero).
+        # NotReady / unreachable alone is never a repair (docs/design.md §1 rule zero).
         observed = observed.model_copy(update={"actionable": False, "action": Action.none})
         await self._raise(name, "Ready", observed, sent)
         mono = self.clock()

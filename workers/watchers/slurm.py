@@ -6,7 +6,7 @@ for a node in a bad state whose reason does not start with ``autorepair:`` (our 
 cordons), delivers a ``slurm_node`` alert carrying the state flags, the reason text
 ("Kill task failed", "gres/gpu count reported lower than configured"), its user and
 time. These alerts are **observed, never a repair**: the scheduler state alone says
-nothing about the hardware and the node may be one an admin is working on (DESIGN §1
+nothing about the hardware and the node may be one an admin is working on (docs/design.md §1
 rule zero), so the watcher forces ``actionable=False`` / ``action=none``. When the node
 leaves the bad state a clear (``active=False``) follows. ``NOT_RESPONDING`` without a
 reason counts from its second consecutive poll (it flaps for one ping cycle after a resume
@@ -141,7 +141,7 @@ class SlurmWatcher:
             active=active, level=True, source=SOURCE,
         )
         if ep.bmc is None or not active:
-            # The scheduler's state alone never repairs a node (DESIGN §1 rule zero).
+            # The scheduler's state alone never repairs a node (docs/design.md §1 rule zero).
             a = a.model_copy(update={"actionable": False, "action": Action.none})
         return a
 

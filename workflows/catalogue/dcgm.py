@@ -357,6 +357,6 @@ def dcgm_entry(details: dict[str, Any]) -> CatalogueEntry:
         Action.none,
         f"dcgmi diag result ({what}) with no DCGM failure code in its messages: evidence "
         "for re-validating the machine, not a repair by itself.",
-        "DESIGN §1 step 5 (re-validation runs the same GPU checks) and rule zero; no "
+        "docs/design.md §1 step 5 (re-validation runs the same GPU checks) and rule zero; no "
         f"DCGM_FR code to look up in {SOURCE}",
     )

@@ -16,7 +16,7 @@ class CatalogueEntry:
     - ``mnemonic``: NVIDIA mnemonic for Xids (else a short upper-case name).
     - ``actionable``: True when the fault maps to a node action (``action != none``)
       once ``count`` occurrences fall inside ``window_s`` seconds on one node.
-    - ``action``: lightest action of the DESIGN §5 vocabulary that fixes the fault.
+    - ``action``: lightest action of the docs/design.md §5 vocabulary that fixes the fault.
     - ``count`` / ``window_s``: count-in-window threshold (1 / 600 s by default).
     - ``app_level``: an application-caused Xid; repeats on one GPU/GPC escalate to a
       diagnostic run, never to a repair. False when an operator override maps an action.

@@ -34,7 +34,7 @@ KIND_ENTRIES: dict[str, CatalogueEntry] = {
         Action.power_cycle,
         "The GPU has fallen off the PCIe bus (or no longer answers NVML). It must "
         "lose power to come back: power-cycle the host.",
-        "NVIDIA Xid Catalog row 79 (same failure): RESTART_BM; DESIGN §5 → power_cycle",
+        "NVIDIA Xid Catalog row 79 (same failure): RESTART_BM; docs/design.md §5 → power_cycle",
     ),
     "pcie_aer_fatal": make_entry(
         _C,
@@ -74,7 +74,7 @@ KIND_ENTRIES: dict[str, CatalogueEntry] = {
         Action.reboot,
         "A task has been blocked in the kernel for minutes (often a wedged driver "
         "or storage); reboot the node if it persists.",
-        "the kernel's hung-task detector; persistence rails (DESIGN §5) gate the reboot",
+        "the kernel's hung-task detector; persistence rails (docs/design.md §5) gate the reboot",
     ),
     "ib_link_down": make_entry(
         _W,
@@ -82,7 +82,7 @@ KIND_ENTRIES: dict[str, CatalogueEntry] = {
         Action.none,
         "An InfiniBand/RoCE port went down. Links flap; only a persistent "
         "outage is a node problem (persistence rails decide).",
-        "DESIGN §5 rails: persistence per signal; a flap is not a node fault",
+        "docs/design.md §5 rails: persistence per signal; a flap is not a node fault",
     ),
     "ib_link_up": make_entry(
         _I,
@@ -98,7 +98,7 @@ KIND_ENTRIES: dict[str, CatalogueEntry] = {
         "More than half of a cohort's active nodes fell below the straggler threshold at "
         "once: a fleet-wide cause (storage, network, a bad job), not many bad nodes. The "
         "threshold is frozen and no node alerts are raised until it clears.",
-        "DESIGN §5 'Panic mode'",
+        "docs/design.md §5 'Panic mode'",
     ),
     "straggler": make_entry(
         _W,
@@ -107,7 +107,7 @@ KIND_ENTRIES: dict[str, CatalogueEntry] = {
         "The node's health score stayed below the cluster's straggler threshold "
         "(median - k*MAD*1.4826) for several pushes: it is slow, not failed. A "
         "diagnostic validation run is recommended; it never drives a reboot.",
-        "DESIGN §1 step 2 and rule zero: slow is not failed",
+        "docs/design.md §1 step 2 and rule zero: slow is not failed",
     ),
     "nccl_slow_rank": make_entry(
         _W,
@@ -117,8 +117,8 @@ KIND_ENTRIES: dict[str, CatalogueEntry] = {
         "collectives, well beyond its peers' jitter: the whole job waits for it. Slow is "
         "not failed: a diagnostic validation run is recommended; timing alone never "
         "drives a reboot.",
-        "DESIGN §1 step 2 and rule zero: slow is not failed; lag behind the peers' median "
-        "per collective, DESIGN §4.5 (ingest.nccl)",
+        "docs/design.md §1 step 2 and rule zero: slow is not failed; lag behind the peers' median "
+        "per collective, docs/design.md §4.5 (ingest.nccl)",
     ),
     "oom_kill": make_entry(
         _I,
@@ -134,7 +134,7 @@ KIND_ENTRIES: dict[str, CatalogueEntry] = {
         Action.migrate,
         "Uncorrectable host memory/CPU error: the machine needs hardware service; "
         "move the node to other hardware and re-validate this machine.",
-        "Linux EDAC/MCE: uncorrected errors mean failing host hardware; DESIGN §5 migrate",
+        "Linux EDAC/MCE: uncorrected errors mean failing host hardware; docs/design.md §5 migrate",
     ),
     "gsp_heartbeat": make_entry(
         _C,
@@ -173,14 +173,14 @@ KIND_ENTRIES: dict[str, CatalogueEntry] = {
         Action.none,
         "Slurm marks the node unavailable. The scheduler state alone never "
         "repairs a node; the reason is evidence for the operator.",
-        "DESIGN §1 rule zero: no node repair without a failed health check",
+        "docs/design.md §1 rule zero: no node repair without a failed health check",
     ),
     "k8s_frequent_kubelet_restart": make_entry(
         _W,
         "K8S_FREQUENT_KUBELET_RESTART",
         Action.none,
         "node-problem-detector reports frequent kubelet restarts; an observation for the operator.",
-        "node-problem-detector systemd monitor condition; DESIGN §1 rule zero",
+        "node-problem-detector systemd monitor condition; docs/design.md §1 rule zero",
     ),
     "k8s_frequent_containerd_restart": make_entry(
         _W,
@@ -188,7 +188,7 @@ KIND_ENTRIES: dict[str, CatalogueEntry] = {
         Action.none,
         "node-problem-detector reports frequent containerd restarts; an observation for "
         "the operator.",
-        "node-problem-detector systemd monitor condition; DESIGN §1 rule zero",
+        "node-problem-detector systemd monitor condition; docs/design.md §1 rule zero",
     ),
     "circuit_breaker": make_entry(
         _C,
@@ -196,7 +196,7 @@ KIND_ENTRIES: dict[str, CatalogueEntry] = {
         Action.none,
         "The cluster's circuit breaker tripped: automatic repairs are paused until an "
         "operator resets it.",
-        "DESIGN §5 rails: circuit breaker on a burst of correlated automatic repairs",
+        "docs/design.md §5 rails: circuit breaker on a burst of correlated automatic repairs",
     ),
 }
 """Entries of the kinds that need no per-occurrence decision."""
@@ -343,7 +343,7 @@ NIC_FATAL_SOURCE = (
     "ready or whose admin queue closed is unusable until re-probed. NVSentinel NIC health "
     "monitor (syslog detection, severity classification): these are 'Fatal' "
     "(REPLACE_VM); the product's lightest host-level re-initialisation is reboot, and the "
-    "escalation ladder (DESIGN §5) moves repeats on to heavier actions"
+    "escalation ladder (docs/design.md §5) moves repeats on to heavier actions"
 )
 NIC_NONFATAL_SOURCE = (
     "NVSentinel NIC health monitor (syslog detection, severity classification): insufficient "
@@ -394,14 +394,14 @@ def node_not_ready_entry(details: dict[str, Any]) -> CatalogueEntry:
             Action.power_cycle,
             "The node is NotReady and its BMC reports it powered off or dead: power-cycle "
             "the host through the BMC.",
-            "DESIGN §1 rule zero (a failed health check: the BMC's) and §5 power_cycle",
+            "docs/design.md §1 rule zero (a failed health check: the BMC's) and §5 power_cycle",
         )
     return make_entry(
         _W,
         "NODE_NOT_READY",
         Action.none,
         "Kubernetes reports the node NotReady. NotReady alone never repairs a node.",
-        "DESIGN §1 rule zero: 'Node unreachable / NotReady alone never repairs a node'",
+        "docs/design.md §1 rule zero: 'Node unreachable / NotReady alone never repairs a node'",
     )
 
 
@@ -423,7 +423,7 @@ def slurm_node_entry(details: dict[str, Any]) -> CatalogueEntry:
             Action.power_cycle,
             "Slurm reports the node not responding (or DOWN) and its BMC reports it "
             "powered off or dead: power-cycle the host through the BMC.",
-            "DESIGN §1 rule zero (a failed health check: the BMC's) and §5 power_cycle; "
+            "docs/design.md §1 rule zero (a failed health check: the BMC's) and §5 power_cycle; "
             "the same rule as Kubernetes NotReady",
         )
     return KIND_ENTRIES["slurm_node"]
@@ -439,7 +439,7 @@ def node_unreachable_entry(details: dict[str, Any]) -> CatalogueEntry:
             Action.power_cycle,
             "The node's agent stopped pushing and its BMC reports the host powered off or "
             "dead: power-cycle the host through the BMC.",
-            "DESIGN §1 rule zero (a failed health check: the BMC's) and §5 power_cycle",
+            "docs/design.md §1 rule zero (a failed health check: the BMC's) and §5 power_cycle",
         )
     return make_entry(
         _W,
@@ -447,5 +447,5 @@ def node_unreachable_entry(details: dict[str, Any]) -> CatalogueEntry:
         Action.none,
         "The node's agent has not pushed for longer than ingest.unreachable_after_s. "
         "Unreachable alone never repairs a node.",
-        "DESIGN §1 rule zero: 'Node unreachable / NotReady alone never repairs a node'",
+        "docs/design.md §1 rule zero: 'Node unreachable / NotReady alone never repairs a node'",
     )

@@ -6,7 +6,7 @@ takes these names from here; nothing else keeps its own copy.
 
 - Kinds a node can report come from the agent: :data:`agent.readers.events.KINDS` is the
   agent-side list (the agent is deployed alone and imports nothing of the control plane,
-  DESIGN §2), re-exported here as :data:`SIGNAL_KINDS`. :data:`CONTROL_PLANE_KINDS` adds
+  docs/design.md §2), re-exported here as :data:`SIGNAL_KINDS`. :data:`CONTROL_PLANE_KINDS` adds
   the kinds that control-plane components raise themselves.
 - :data:`APP_LEVEL_XIDS` / :data:`DIAGNOSTIC_XIDS`: Xids that never drive a node repair by
   themselves, and those whose repeats on one GPU/GPC recommend a diagnostic run.
@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 SIGNAL_KINDS: frozenset[str] = AGENT_KINDS
-"""Kinds the agent and the readers emit (``autorepair classify`` kinds, DESIGN §4.1): the
+"""Kinds the agent and the readers emit (``autorepair classify`` kinds, docs/design.md §4.1): the
 agent's own list, :data:`agent.readers.events.KINDS`."""
 
 LEVEL_KINDS: frozenset[str] = AGENT_LEVEL_KINDS
@@ -53,21 +53,21 @@ ends ``ib_link_down`` on the same port."""
 CONTROL_PLANE_KINDS: frozenset[str] = frozenset(
     {
         # ingest: health score below the cohort's straggler threshold, and panic mode
-        # (DESIGN §1 step 2, §5 "Panic mode").
+        # (docs/design.md §1 step 2, §5 "Panic mode").
         "straggler",
         "straggler_panic",
         # ingest: a node hosting a rank that persistently arrives last at its NCCL
-        # communicator's collectives (DESIGN §4.5 NCCL timings; ingest.nccl).
+        # communicator's collectives (docs/design.md §4.5 NCCL timings; ingest.nccl).
         "nccl_slow_rank",
-        # workers.watchers.kube: NotReady (DESIGN §1 rule zero: observed only, unless the
+        # workers.watchers.kube: NotReady (docs/design.md §1 rule zero: observed only, unless the
         # BMC confirms a dead host) and node-problem-detector restart conditions.
         "node_not_ready",
-        # ingest: an agent that stopped pushing for ingest.unreachable_after_s (DESIGN §1
+        # ingest: an agent that stopped pushing for ingest.unreachable_after_s (docs/design.md §1
         # rule zero: observed only, unless the BMC confirms a dead host).
         "node_unreachable",
         "k8s_frequent_kubelet_restart",
         "k8s_frequent_containerd_restart",
-        # workflows.guard: the circuit breaker's cluster-level alert (DESIGN §5 rails).
+        # workflows.guard: the circuit breaker's cluster-level alert (docs/design.md §5 rails).
         "circuit_breaker",
     }
 )
@@ -76,11 +76,11 @@ CONTROL_PLANE_KINDS: frozenset[str] = frozenset(
 SENDER_RESERVED_KINDS: frozenset[str] = (CONTROL_PLANE_KINDS - {"straggler"}) | {
     # workers.repairs.intake: the evidence record of an external repair request.
     "repair_request",
-    # DESIGN §5 round 3 controls: the failure-domain hold's cluster-level alert.
+    # docs/design.md §5 round 3 controls: the failure-domain hold's cluster-level alert.
     "failure_domain",
 }
 """Kinds only the control plane raises, **refused from senders** (OTLP fault records;
-DESIGN §5: "Control-plane kinds … are never accepted from senders"): a node's own token
+docs/design.md §5: "Control-plane kinds … are never accepted from senders"): a node's own token
 reporting ``circuit_breaker`` would otherwise open or hide its cluster's breaker, and a
 ``node_unreachable`` / ``nccl_slow_rank`` / ``repair_request`` would forge what ingest,
 the guard or the intake decide. ``straggler`` stays a sender kind (the agent classifies
@@ -88,11 +88,11 @@ itself against the threshold it is sent back)."""
 
 KNOWN_KINDS: frozenset[str] = SIGNAL_KINDS | CONTROL_PLANE_KINDS
 """Every kind the catalogue maps; an alert of any other kind is recorded as unmapped and
-counted in ``autorepair_unmapped_alerts_total`` (DESIGN §4.5)."""
+counted in ``autorepair_unmapped_alerts_total`` (docs/design.md §4.5)."""
 
 APP_LEVEL_XIDS: frozenset[int] = frozenset(
     {row.code for row in NVIDIA_XID_CATALOG if row.immediate == "RESTART_APP"}
-    # DESIGN §5 names 43 (bucket IGNORE: the GPU stopped processing the application's
+    # docs/design.md §5 names 43 (bucket IGNORE: the GPU stopped processing the application's
     # channel) and 45 (bucket WORKFLOW_XID_45: preemptive cleanup after another error).
     | {43, 45}
     # 109 (bucket RESET_GPU): the Kubernetes device plugin lists it among the application
@@ -106,7 +106,7 @@ Every code whose NVIDIA immediate bucket is RESTART_APP, plus 43, 45 and 109."""
 DIAGNOSTIC_XIDS: frozenset[int] = frozenset({13, 31, 43, 94})
 """Application-level Xids whose repeats on one GPU/GPC within
 ``policy.catalogue.app_xid_repeat_window_s`` recommend a diagnostic validation run
-(DESIGN §5: 13/31/43/45/94 "repeats on the same GPU/GPC within a window escalate to
+(docs/design.md §5: 13/31/43/45/94 "repeats on the same GPU/GPC within a window escalate to
 diagnostics"). Xid 45 is left out: it is a secondary symptom that healthy nodes log many
 times after one job crash, so its repetition alone says nothing about the GPU."""
 

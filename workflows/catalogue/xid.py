@@ -1,10 +1,10 @@
 """Xid entries: NVIDIA's Xid Catalog mapped onto the product's action vocabulary.
 
 Every Xid NVIDIA lists (:mod:`workflows.catalogue.nvidia_xid_catalog`) gets the action of
-its *immediate* resolution bucket through :data:`BUCKET_ACTION` (DESIGN §5), unless
+its *immediate* resolution bucket through :data:`BUCKET_ACTION` (docs/design.md §5), unless
 :data:`DEPARTURES` gives the product's own action with the reason written down. The
 *investigatory* bucket is not a first action: it is carried in the description, and the
-escalation ladder (DESIGN §5 "Ladder") moves repeated repairs up. Codes NVIDIA does not
+escalation ladder (docs/design.md §5 "Ladder") moves repeated repairs up. Codes NVIDIA does not
 list, and listed codes without a bucket and without a product decision, are *observed,
 unmapped* (``mapped=False``, counted, never a silent ``none``).
 
@@ -26,12 +26,12 @@ _W, _C, _I = Severity.warning, Severity.critical, Severity.info
 _FOLLOW_OTHER = "decided per occurrence (see workflows.catalogue.xid), not by the bucket name alone"
 
 BUCKET_ACTION: dict[str, tuple[Action | None, str]] = {
-    "RESTART_APP": (Action.none, "DESIGN §5: RESTART_APP → none (the application restarts)"),
-    "IGNORE": (Action.none, "DESIGN §5: IGNORE → none"),
-    "RESET_GPU": (Action.reset_gpu, "DESIGN §5: RESET_GPU → reset_gpu"),
+    "RESTART_APP": (Action.none, "design.md §5: RESTART_APP → none (the application restarts)"),
+    "IGNORE": (Action.none, "docs/design.md §5: IGNORE → none"),
+    "RESET_GPU": (Action.reset_gpu, "docs/design.md §5: RESET_GPU → reset_gpu"),
     "RESTART_BM": (
         Action.power_cycle,
-        "DESIGN §5: RESTART_BM → power_cycle (the GPU must lose power)",
+        "docs/design.md §5: RESTART_BM → power_cycle (the GPU must lose power)",
     ),
     "RESTART_VM": (
         Action.reboot,
@@ -39,7 +39,7 @@ BUCKET_ACTION: dict[str, tuple[Action | None, str]] = {
     ),
     "CONTACT_SUPPORT": (
         Action.remove,
-        "DESIGN §5: CONTACT_SUPPORT → remove (human-only: recommended, never started)",
+        "docs/design.md §5: CONTACT_SUPPORT → remove (human-only: recommended, never started)",
     ),
     "CHECK_MECHANICALS": (
         Action.remove,

@@ -10,7 +10,7 @@ Statuses: ``starting`` (the policy is being read), ``rebuilding`` (a fresh guard
 the ledger's holders, automatic starts and breaker; it retries every
 :data:`LEDGER_RETRY_S` until the ledger answers and grants nothing meanwhile), ``serving``.
 
-Rules (DESIGN §5 rails), checked by ``tests/model/guard_world.py``:
+Rules (docs/design.md §5 rails), checked by ``tests/model/guard_world.py``:
 
 - leases held ≤ the budget, one per node, one per pool (``one_per_pool``), at most
   ``detector_cap`` detector-requested ones;

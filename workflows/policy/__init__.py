@@ -3,7 +3,7 @@ migrate gate, rails.
 
 Every function here is deterministic and free of I/O, so the workflows call them
 directly and unit tests exercise them without Temporal. Numbers come from
-:class:`workflows.config.PolicyConfig` (DESIGN §5 defaults), read by the workflows
+:class:`workflows.config.PolicyConfig` (docs/design.md §5 defaults), read by the workflows
 through the ``load_policy`` activity.
 """
 

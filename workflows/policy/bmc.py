@@ -1,4 +1,4 @@
-"""The BMC's word on a host that stopped answering (DESIGN §1 rule zero: NotReady /
+"""The BMC's word on a host that stopped answering (docs/design.md §1 rule zero: NotReady /
 unreachable alone never repairs a node; the BMC's evidence of a dead host does).
 
 Pure and sandbox-safe (no I/O): shared by the cluster watchers (``workers.watchers``) and

@@ -1,4 +1,4 @@
-"""Consent: who decides *whether* a repair runs (DESIGN §5)."""
+"""Consent: who decides *whether* a repair runs (docs/design.md §5)."""
 
 from __future__ import annotations
 

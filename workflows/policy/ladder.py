@@ -1,4 +1,4 @@
-"""Escalation ladder and the migrate evidence gate (DESIGN §5 ladder and migrate)."""
+"""Escalation ladder and the migrate evidence gate (docs/design.md §5 ladder and migrate)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from workflows.config import LadderConfig, MigrateGateConfig, ResetGpuPolicy
 from workflows.models import ACTION_WEIGHT, Action, Alert, Severity
 from workflows.policy.reset import reset_decision
 
-#: Attempt outcomes that never count for the ladder (DESIGN §5).
+#: Attempt outcomes that never count for the ladder (docs/design.md §5).
 NOT_COUNTED: frozenset[str] = frozenset({"cancelled", "auto_resolved"})
 
 
@@ -19,7 +19,7 @@ NOT_COUNTED: frozenset[str] = frozenset({"cancelled", "auto_resolved"})
 class LadderDecision:
     """``action``: what to run; ``escalated``: moved up at least one rung;
     ``needs_human``: the top automatic rung is exhausted (ask a person; remove is never
-    automatic, DESIGN §5);
+    automatic, docs/design.md §5);
     ``rule``: e.g. ``"ladder:reboot x2 in 604800s -> reprovision"``."""
 
     action: Action
@@ -88,7 +88,7 @@ def node_actions_in_window(
 ) -> int:
     """Disruptive actions executed on ``node`` (any machine, action, fault or outcome but
     cancelled / self-resolved) within ``window_s`` seconds before ``now``: the count that
-    ``rails.max_actions_per_node`` caps (DESIGN §5 rails)."""
+    ``rails.max_actions_per_node`` caps (docs/design.md §5 rails)."""
     since = now - timedelta(seconds=window_s)
     return sum(
         1
@@ -143,7 +143,7 @@ def migrate_gate(
     gate: MigrateGateConfig,
 ) -> GateDecision:
     """Migrate needs a critical alert firing now or one on the same machine within
-    ``gate.window_s`` (default 10 days, DESIGN §5 migrate); otherwise it runs as a quick
+    ``gate.window_s`` (default 10 days, docs/design.md §5 migrate); otherwise it runs as a quick
     ``reprovision``. Other actions pass unchanged.
 
     "Firing now" is a critical level fault still raised; every other critical alert — the

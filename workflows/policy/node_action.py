@@ -27,7 +27,7 @@ SLOW_KINDS: dict[str, str] = {
     "straggler": "health score below the straggler threshold",
     "nccl_slow_rank": "a rank on this node persistently arrives last at its NCCL collectives",
 }
-"""Kinds that say a node is slow (DESIGN §1 rule zero: slow is not failed), with the reason
+"""Kinds that say a node is slow (docs/design.md §1 rule zero: slow is not failed), with the reason
 text of their diagnostic recommendation."""
 
 UNKNOWN_INVENTORY = "unknown"

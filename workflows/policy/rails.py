@@ -36,7 +36,7 @@ def concurrency_budget(gpu_nodes: int, rails: RailsConfig, seen_nodes: int = 0) 
     ``N`` is ``gpu_nodes`` (``load_policy``: the configured inventory, else the
     scheduler's node list), or ``seen_nodes`` when that is 0 (the guard passes 0: nodes
     named by alerts are no denominator, issue 27 item 9).
-    Defaults (DESIGN §5): fraction 0.05, min 1.
+    Defaults (docs/design.md §5): fraction 0.05, min 1.
     """
     n = gpu_nodes or seen_nodes
     return max(rails.min_concurrent, math.ceil(rails.concurrency_fraction * n))
@@ -46,7 +46,7 @@ def breaker_threshold(gpu_nodes: int, rails: RailsConfig, seen_nodes: int = 0) -
     """Automatic repairs/cordons in ``breaker_window_s`` that trip the breaker:
     ``max(breaker_min, ceil(breaker_fraction × N))``, N = GPU nodes of the cluster
     (``gpu_nodes``, else ``seen_nodes``; the guard passes 0 for the latter). Defaults
-    (DESIGN §5): 0.10, min 2, 600 s."""
+    (docs/design.md §5): 0.10, min 2, 600 s."""
     n = gpu_nodes or seen_nodes
     return max(rails.breaker_min, math.ceil(rails.breaker_fraction * n))
 
@@ -78,7 +78,7 @@ def evidence_current(alerts: Sequence[Alert], not_before: datetime | None = None
 
     A level fault is current while active (no clear received). An event fault (Xid) is
     current unless ``not_before`` is given and it was observed before it (after a breaker
-    reset only evidence seen after the reset counts; DESIGN §5 rails). No alerts (an operator
+    reset only evidence seen after the reset counts; design.md §5 rails). No alerts (an operator
     repair) is always current.
     """
     if not alerts:

@@ -1,4 +1,4 @@
-"""Where ``reset_gpu`` may run, and where the repair goes when it may not (DESIGN §5:
+"""Where ``reset_gpu`` may run, and where the repair goes when it may not (docs/design.md §5:
 "``reset_gpu`` (GPU reset on the node, where the platform allows it) → ``reboot``").
 
 Decided before acting, from the node pool's platform (:class:`ResetGpuPlatform`), the
@@ -24,7 +24,7 @@ _PCI = re.compile(
     r"^(?:(?P<dom>[0-9a-fA-F]{4,8}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})"
     r"(?:\.[0-7])?$"
 )
-#: The action a reset that may not run moves to (the next rung by weight, DESIGN §5).
+#: The action a reset that may not run moves to (the next rung by weight, docs/design.md §5).
 FALLBACK = Action.reboot
 
 

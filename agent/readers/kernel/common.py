@@ -33,7 +33,7 @@ _PREFIX = re.compile(
     r"|kernel:"  # journald
     r") ?"
 )
-"""One timestamp/host prefix family (DESIGN §4.1 classify inputs and the corpus README)."""
+"""One timestamp/host prefix family (docs/design.md §4.1 classify inputs and the corpus README)."""
 
 _NVRM_CONT = re.compile(r"NVRM:[ \t]{2,}\S")
 

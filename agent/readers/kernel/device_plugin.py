@@ -4,7 +4,7 @@ unhealthy.`` (older releases: ``…, the device will go unhealthy.`` and ``XidCr
 Xid=N, All devices will go unhealthy.``).
 
 It reports the same fault as the kernel's Xid line, so it comes out as kind ``xid`` with the
-code (DESIGN §4.1). ``pci`` is None unless the device is printed as an address;
+code (docs/design.md §4.1). ``pci`` is None unless the device is printed as an address;
 ``details``: ``device`` (the GPU UUID or name as printed), ``all_devices`` (the no-UUID
 form), ``reporter`` = ``"k8s-device-plugin"``.
 """

@@ -1,6 +1,6 @@
 """Filesystems: XFS shutdowns (``fs/xfs``) and read-only remounts of any filesystem.
 
-Kinds (DESIGN §4.1 has two filesystem kinds; no new ones):
+Kinds (docs/design.md §4.1 has two filesystem kinds; no new ones):
 
 - ``xfs_shutdown``: ``XFS (<dev>): … Shutting down filesystem`` and the lines printed with
   it; also any XFS line saying the filesystem went read-only (XFS does not remount

@@ -1,6 +1,6 @@
 """NVIDIA UVM global fatal error (``nvidia-uvm``, ``nv_gpu_ops.c``):
 ``NVRM: nvGpuOpsReportFatalError: uvm encountered global fatal error 0x60, requiring os
-reboot to recover.`` → kind ``uvm_fatal`` (DESIGN §4.1), ``details["error_code"]`` (int).
+reboot to recover.`` → kind ``uvm_fatal`` (docs/design.md §4.1), ``details["error_code"]`` (int).
 """
 
 from __future__ import annotations

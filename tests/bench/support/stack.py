@@ -90,7 +90,7 @@ class Stack:
 
     async def heartbeats(self, cluster: str, nodes: list[str], stop: asyncio.Event,
                          interval_s: float = 10.0, batch: int = 250) -> None:
-        """Every node pushes its health score every ``interval_s`` (DESIGN §5 push interval)
+        """Every node pushes its health score every ``interval_s`` (docs/design.md §5 push interval)
         until ``stop``, ``batch`` nodes per OTLP request (as a collector sends them): the
         ingest sees live agents, not silent ones (a silent inventory node raises
         ``node_unreachable``)."""
