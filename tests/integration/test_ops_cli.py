@@ -207,7 +207,11 @@ async def test_repair_watch_leaves_cleanly_on_ctrl_c(data_dir: Path) -> None:
     rid = await _create_remove(data_dir, "watch-2")
     proc = _watch(rid, data_dir)
     try:
-        await asyncio.sleep(4)
+        # Ctrl-C once the watch has answered (a fixed sleep could land while the
+        # interpreter still imports on a loaded machine, which is not what is tested)
+        assert proc.stdout is not None
+        first = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
+        assert first.strip(), "the watch printed nothing before it ended"
         proc.send_signal(signal.SIGINT)
         _, err = await asyncio.to_thread(proc.communicate, timeout=30)
     finally:
