@@ -31,7 +31,8 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from ingest.metrics import IngestMetrics
@@ -40,6 +41,8 @@ from workflows.downtime import compute_downtime
 from workflows.models import RepairStatus
 from workflows.protocol import (
     GUARD_QUERY_STATUS,
+    REPAIR_FAILED,
+    REPAIR_TIMED_OUT,
     REPAIR_WORKFLOW,
     SA_ACTION,
     SA_STATE,
@@ -124,7 +127,9 @@ class RepairMetricsPoller:
             if outcome in ("unknown", STATE_IN_PROGRESS, STATE_AWAITING_APPROVAL):
                 outcome = str(wf.status.name).lower() if wf.status else "unknown"
             self.metrics.repairs_total.labels(_attr(wf, SA_ACTION.name), outcome).inc()
-            if wf.status == WorkflowExecutionStatus.COMPLETED:
+            if wf.status in (WorkflowExecutionStatus.COMPLETED, WorkflowExecutionStatus.FAILED):
+                # a repair that ended failed / timed_out fails its workflow with its final
+                # status as the failure's first detail (workflows.protocol.REPAIR_FAILED)
                 await self._count_downtime(wf.id, wf.run_id)
             if wf.close_time is not None and wf.close_time > self.since:
                 self.since = wf.close_time
@@ -132,12 +137,22 @@ class RepairMetricsPoller:
         return new
 
     async def _count_downtime(self, workflow_id: str, run_id: str | None) -> None:
-        """Add the downtime of one completed repair (its result) to the counters; a result
-        that is not a ``RepairStatus`` or cannot be read is skipped (logged)."""
+        """Add the downtime of one finished repair to the counters: its result, or for a
+        repair that ended ``failed`` / ``timed_out`` the final status its workflow failed
+        with (:data:`~workflows.protocol.REPAIR_FAILED` / ``REPAIR_TIMED_OUT``, first
+        detail). Anything that is not a ``RepairStatus`` or cannot be read is skipped
+        (logged)."""
         try:
             handle = self.client.get_workflow_handle(workflow_id, run_id=run_id,
                                                      result_type=RepairStatus)
-            st = await handle.result(rpc_timeout=timedelta(seconds=5))
+            try:
+                st = await handle.result(rpc_timeout=timedelta(seconds=5))
+            except WorkflowFailureError as err:
+                cause = err.cause
+                if not (isinstance(cause, ApplicationError) and cause.details
+                        and cause.type in (REPAIR_FAILED, REPAIR_TIMED_OUT)):
+                    return  # failed some other way: no final status to count
+                st = RepairStatus.model_validate(cause.details[0])
         except Exception as exc:
             log.debug("event=repair_result_unreadable workflow_id=%s error=%s", workflow_id,
                       type(exc).__name__)

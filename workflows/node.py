@@ -31,6 +31,7 @@ from temporalio.common import (
 )
 from temporalio.exceptions import (
     ActivityError,
+    ApplicationError,
     CancelledError,
     ChildWorkflowError,
     FailureError,
@@ -82,7 +83,9 @@ with workflow.unsafe.imports_passed_through():
         NODE_SIGNAL_REPAIR_FINISHED,
         NODE_UPDATE_DELIVER_ALERT,
         NODE_WORKFLOW,
+        REPAIR_FAILED,
         REPAIR_SIGNAL_ATTACH_ALERT,
+        REPAIR_TIMED_OUT,
         REPAIR_WORKFLOW,
         SA_ACTION,
         SA_STAGE,
@@ -443,10 +446,14 @@ class NodeWorkflow:
         ledger counts as one) every fault received before its end is retired and later
         raises received by then are stale: the restarted agent reports what is still
         wrong (``agent.runner`` emits every level signal's state when it starts). After
-        ``reset_gpu`` only the faults it used are retired."""
+        ``reset_gpu`` only the faults it used are retired. What ran is judged by
+        ``msg.actions`` (the actions that touched the machine, which an operator's
+        ``approve --action`` or the ladder can make differ from the one this run started
+        the repair with), else by that started action."""
         s = self._s
         end = _utc(msg.at)
-        if s.repair_action in NON_BOOTING:
+        ran = msg.actions if msg.actions is not None else [s.repair_action]
+        if all(a in NON_BOOTING for a in ran):
             s.active = {k: f for k, f in s.active.items() if f.alert.alert_id not in used}
             return
         s.booted_at = end if s.booted_at is None else max(end, _utc(s.booted_at))
@@ -808,7 +815,13 @@ class NodeWorkflow:
         except ChildWorkflowError as err:
             cause = err.cause
             how = (
-                "terminated"
+                # a repair that ended failed / timed_out fails its workflow on purpose
+                # (REPAIR_FAILED / REPAIR_TIMED_OUT) after its own cleanup and ledger row:
+                # it finished, like a completed one
+                "completed"
+                if isinstance(cause, ApplicationError)
+                and cause.type in (REPAIR_FAILED, REPAIR_TIMED_OUT)
+                else "terminated"
                 if isinstance(cause, TerminatedError)
                 else "timed_out"
                 if isinstance(cause, TemporalTimeoutError)

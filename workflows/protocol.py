@@ -50,7 +50,7 @@ from workflows.leases import LeaseRelease as LeaseRelease
 from workflows.leases import LeaseReply as LeaseReply
 from workflows.leases import LeaseRequest as LeaseRequest
 from workflows.leases import ResetBreakerSignal as ResetBreakerSignal
-from workflows.models import TERMINAL_STAGES, Alert, RepairRequest, Stage
+from workflows.models import TERMINAL_STAGES, Action, Alert, RepairRequest, Stage
 
 # --- task queues (defined in workflows.queues, which imports no Temporal) ---
 from workflows.queues import BMC_TASK_QUEUE as BMC_TASK_QUEUE
@@ -253,6 +253,10 @@ class RepairFinished(BaseModel):
     stage: Stage
     at: datetime
     alert_ids: list[str] = Field(default_factory=list)
+    #: The actions that ran on the machine, in order (``None``: a sender that predates
+    #: the field; the node then judges by the action it started the repair with). An
+    #: operator's ``approve --action`` or the ladder can make them differ from it.
+    actions: list[Action] | None = None
 
 
 class NodeStatus(BaseModel):

@@ -1072,6 +1072,9 @@ class RepairWorkflow:
         assert self._req is not None
         req = self._req
         while True:
+            # a cancel or reject that came while the last rung ran, was verified or failed
+            # stops here, before the next rung touches anything (I19)
+            self._check_cancel_before_act()
             # evidence re-checked right before every action (docs/design.md §5 rails)
             if not self._evidence_ok():
                 await self._rejoin()
@@ -1496,6 +1499,7 @@ class RepairWorkflow:
                     stage=stage,
                     at=workflow.now(),
                     alert_ids=[a.alert_id for a in self._alerts],
+                    actions=list(self._acted),
                 ),
             )
         except FailureError:
@@ -1666,6 +1670,13 @@ def _failure_event(action: Action, err: ActivityError, current: str) -> MachineE
     phase = _reported_phase(action, err)
     cause = err.cause
     if isinstance(cause, TemporalTimeoutError):
+        if phase is None and action not in PHASED_ACTIVITIES:
+            # an activity that reports no phase cannot say how far it got before it timed
+            # out or its worker died: count it as touched and never send it again (I16,
+            # I22), rather than retry it and, once the bound is spent, uncordon a node
+            # that may be half reprovisioned
+            return MaFailed(outcome="permanent", phase=MA_DISRUPTIVE[action],
+                            message=f"{_cause(err)} (no phase reported: counted as touched)")
         p = phase or current
         if cause.type == TimeoutType.HEARTBEAT:
             return MaWorkerRestart(phase=p)  # the worker running it died (or hung)

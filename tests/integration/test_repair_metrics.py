@@ -9,7 +9,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
+from temporalio.client import WorkflowFailureError
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 with workflow.unsafe.imports_passed_through():
@@ -17,7 +19,7 @@ with workflow.unsafe.imports_passed_through():
     from ingest.repair_metrics import RepairMetricsPoller
     from workflows.config import ProvidersConfig
     from workflows.models import RepairStatus
-    from workflows.protocol import GuardStatus
+    from workflows.protocol import REPAIR_FAILED, GuardStatus
     from workflows.providers import ProviderResolver
 
 ACTION = SearchAttributeKey.for_keyword("RepairAction")
@@ -41,6 +43,11 @@ class CostedRepair:
     @workflow.run
     async def run(self, status: RepairStatus) -> RepairStatus:
         workflow.upsert_search_attributes([STATE.value_set(status.stage.value)])
+        if status.stage.value in ("failed", "timed_out"):
+            # as RepairWorkflow ends such a repair: the workflow fails, the final status
+            # is the failure's first detail
+            raise ApplicationError(f"repair {status.stage.value}", status,
+                                   type=REPAIR_FAILED, non_retryable=True)
         return status
 
 
@@ -136,8 +143,11 @@ async def test_downtime_and_cost_of_completed_repairs(temporal_dev_env: Any) -> 
                           ("draining", 1.25), ("running", 3), ("succeeded", 3)], "xid"),
             status("r2", [("recommended", 0), ("cordoning", 1), ("failed", 2)], None),
         ):
-            await client.execute_workflow(CostedRepair.run, st, task_queue=tq,
-                                          id=f"repair/cost-c/gpu-1/{st.repair_id}-{tq}")
+            try:
+                await client.execute_workflow(CostedRepair.run, st, task_queue=tq,
+                                              id=f"repair/cost-c/gpu-1/{st.repair_id}-{tq}")
+            except WorkflowFailureError:
+                assert st.stage.value == "failed"  # counted all the same (its final status)
         for _ in range(50):  # visibility is eventually consistent
             await poller.count_closed()
             if all(_value(metrics, "autorepair_repair_downtime_gpu_hours_total",

@@ -634,3 +634,26 @@ async def test_agent_clock_fast_cannot_make_a_pre_action_report_a_recurrence(
     assert st.stage == Stage.succeeded
     assert h.cluster.power_cycles == 1
     assert not any("recurred" in t.reason for t in st.history)
+
+
+async def test_cancel_while_joining_stops_before_the_next_rung(harness: Harness) -> None:
+    """I19 (issue 26 reproduction 5's family): a cancel sent while the node rejoins after a
+    power cycle, then a recurrence that would send the ladder to its next rung. The
+    repair ends cancelled with one power cycle; nothing more touches the machine, and the
+    node stays cordoned for a person (the action ran, the fault stands)."""
+    h = harness
+    h.policy.rails.rejoin_poll_s = 60
+    h.cluster.unhealthy.add("gpu-20")  # the node does not come back at first
+    handle = await start_repair(h, "gpu-20", Action.power_cycle, "icj")
+    await wait_stage(h, "gpu-20", "icj", Stage.joining)
+    await handle.signal("cancel", CancelSignal(by="oncall", reason="hands off"))
+    again = make_alert(
+        h.cluster.cluster, "gpu-20", "again", observed_at=await h.env.get_current_time(),
+        evidence={"boot_id": "boot-1"},
+    )
+    await handle.signal("attach_alert", again)
+    st = await handle.result()
+    assert st.stage == Stage.cancelled, st.history
+    assert h.cluster.power_cycles == 1
+    assert h.cluster.count("reprovision", "gpu-20") == 0
+    assert h.cluster.cordons.get("gpu-20") == "icj"
