@@ -95,6 +95,7 @@ with workflow.unsafe.imports_passed_through():
         RepairProbe,
         RepairRecord,
         TransitionRecord,
+        permanent,
     )
     from workflows.config import PolicyConfig
     from workflows.console import (
@@ -422,11 +423,10 @@ class RepairWorkflow:
             # status as the failure's detail; cleanup and ledger are done above
             final = self.status()
             why = final.history[-1].reason if final.history else reason
-            raise ApplicationError(
+            raise permanent(
+                REPAIR_FAILED if stage == S.failed else REPAIR_TIMED_OUT,
                 f"repair {final.stage.value}: {why}",
                 final,
-                type=REPAIR_FAILED if stage == S.failed else REPAIR_TIMED_OUT,
-                non_retryable=True,
             )
         return self.status()
 
