@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from workflows.config import CatalogueConfig, RailsConfig
 from workflows.leases import LeaseRelease, LeaseRequest, ResetBreakerSignal
@@ -96,6 +97,28 @@ def guard_edges(depth: int = 5) -> set[tuple[str, str, str]]:
     return edges
 
 
+def _defects_table_diagram(
+    defects: dict[str, str], key: str, transitions: dict[tuple[Any, str], str],
+    start: str, edges: set[tuple[str, str, str]], terminal: list[str] | None = None,
+) -> list[str]:
+    """A machine's planted-defect list, its transition table (``key``: the header of the
+    state column) and its Mermaid state diagram from ``start`` along ``edges`` (the
+    status changes ``step`` made, events of one edge joined), ending in ``terminal``."""
+    out = [f"- `{name}`: {what}" for name, what in defects.items()]
+    out += ["", "### Transition table", "", f"| {key} | event | decision |", "|---|---|---|"]
+    for (st, kind), what in transitions.items():
+        out.append(f"| `{st.value}` | `{kind}` | {what} |")
+    out += ["", "### State diagram", "", "```mermaid", "stateDiagram-v2", f"    [*] --> {start}"]
+    by_pair: dict[tuple[str, str], set[str]] = {}
+    for a, kind, b in sorted(edges):
+        by_pair.setdefault((a, b), set()).add(kind)
+    for (a, b), kinds in sorted(by_pair.items()):
+        out.append(f"    {a} --> {b}: {', '.join(sorted(kinds))}")
+    out += [f"    {st} --> [*]" for st in terminal or []]
+    out += ["```"]
+    return out
+
+
 def _guard_section() -> list[str]:
     out = [
         "",
@@ -113,18 +136,9 @@ def _guard_section() -> list[str]:
         "Planted defects the model checker must find (`tests/model/test_guard_model.py`):",
         "",
     ]
-    out += [f"- `{name}`: {what}" for name, what in gm.DEFECTS.items()]
-    out += ["", "### Transition table", "", "| status | event | decision |", "|---|---|---|"]
-    for (st, kind), what in gm.TRANSITIONS.items():
-        out.append(f"| `{st.value}` | `{kind}` | {what} |")
-    out += ["", "### State diagram", "", "```mermaid", "stateDiagram-v2",
-            f"    [*] --> {gm.Status.starting.value}"]
-    by_pair: dict[tuple[str, str], set[str]] = {}
-    for a, kind, b in sorted(guard_edges()):
-        by_pair.setdefault((a, b), set()).add(kind)
-    for (a, b), kinds in sorted(by_pair.items()):
-        out.append(f"    {a} --> {b}: {', '.join(sorted(kinds))}")
-    out += ["```", ""]
+    out += _defects_table_diagram(gm.DEFECTS, "status", gm.TRANSITIONS,
+                                  gm.Status.starting.value, guard_edges())
+    out += [""]
     return out
 
 
@@ -191,18 +205,9 @@ def _node_section() -> list[str]:
         "Planted defects the model checker must find (`tests/model/test_node_model.py`):",
         "",
     ]
-    out += [f"- `{name}`: {what}" for name, what in nm.DEFECTS.items()]
-    out += ["", "### Transition table", "", "| reconcile | event | decision |", "|---|---|---|"]
-    for (rc, kind), what in nm.TRANSITIONS.items():
-        out.append(f"| `{rc.value}` | `{kind}` | {what} |")
-    out += ["", "### State diagram", "", "```mermaid", "stateDiagram-v2",
-            f"    [*] --> {nm.Reconcile.pending.value}"]
-    by_pair: dict[tuple[str, str], set[str]] = {}
-    for a, kind, b in sorted(node_edges()):
-        by_pair.setdefault((a, b), set()).add(kind)
-    for (a, b), kinds in sorted(by_pair.items()):
-        out.append(f"    {a} --> {b}: {', '.join(sorted(kinds))}")
-    out += ["```", ""]
+    out += _defects_table_diagram(nm.DEFECTS, "reconcile", nm.TRANSITIONS,
+                                  nm.Reconcile.pending.value, node_edges())
+    out += [""]
     return out
 
 
@@ -237,19 +242,9 @@ def render() -> str:
         "Planted defects the model checker must find (`tests/model/test_model_check.py`):",
         "",
     ]
-    out += [f"- `{name}`: {what}" for name, what in ma.DEFECTS.items()]
-    out += ["", "### Transition table", "", "| status | event | decision |", "|---|---|---|"]
-    for (st, kind), what in ma.TRANSITIONS.items():
-        out.append(f"| `{st.value}` | `{kind}` | {what} |")
-    out += ["", "### State diagram", "", "```mermaid", "stateDiagram-v2",
-            f"    [*] --> {ma.Status.idle.value}"]
-    by_pair: dict[tuple[str, str], set[str]] = {}
-    for a, kind, b in sorted(observed_edges()):
-        by_pair.setdefault((a, b), set()).add(kind)
-    for (a, b), kinds in sorted(by_pair.items()):
-        out.append(f"    {a} --> {b}: {', '.join(sorted(kinds))}")
-    out += [f"    {st.value} --> [*]" for st in ma.Status if st in ma.TERMINAL]
-    out += ["```"]
+    out += _defects_table_diagram(ma.DEFECTS, "status", ma.TRANSITIONS, ma.Status.idle.value,
+                                  observed_edges(),
+                                  [st.value for st in ma.Status if st in ma.TERMINAL])
     out += _guard_section()
     out += _node_section()
     return "\n".join(out)
