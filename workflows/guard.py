@@ -57,6 +57,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.config import PolicyConfig
     from workflows.lifecycle import guard as gm
+    from workflows.lifecycle.trace import Call, Trace
     from workflows.models import Alert, RequesterKind
     from workflows.policy import breaker_threshold, concurrency_budget
     from workflows.protocol import (
@@ -149,6 +150,8 @@ class ClusterGuardWorkflow:
             else gm.new_state(inp.cluster, default)
         )
         self._inbox: list[gm.Event] = []
+        #: what ``step`` commanded, checked against what runs (issue 26 item 5)
+        self.lifecycle_trace = Trace()
 
     # ---- signals / queries -------------------------------------------------------
     @workflow.signal(name=GUARD_SIGNAL_ACQUIRE)
@@ -238,6 +241,7 @@ class ClusterGuardWorkflow:
         while todo:
             ev = todo.popleft()
             self._m, cmds = gm.step(self._m, ev, workflow.now())
+            self.lifecycle_trace.commanded(c for cmd in cmds for c in calls(cmd))
             for cmd in cmds:
                 follow = await self._execute(cmd)
                 if follow is not None:
@@ -315,6 +319,26 @@ class ClusterGuardWorkflow:
         # StartTimer / CancelTimer: the machine's state holds the timers (``timers``),
         # which the main loop waits on
         return None
+
+
+def calls(cmd: gm.Command) -> tuple[Call, ...]:
+    """The outbound Temporal calls :meth:`ClusterGuardWorkflow._execute` makes for
+    ``cmd`` (the fidelity check's expectation, :mod:`workflows.lifecycle.trace`); timers,
+    details and warnings stay inside the workflow: ``()``."""
+    if isinstance(cmd, gm.SendLease):
+        return (Call("signal", REPAIR_SIGNAL_LEASE, (("repair_id", cmd.reply.repair_id),
+                                                     ("granted", cmd.reply.granted))),)
+    if isinstance(cmd, gm.LoadPolicy):
+        return (Call("activity", ACT.load_policy),)
+    if isinstance(cmd, gm.ReadLedger):
+        return (Call("activity", ACT.ledger_guard_state, (("since", cmd.since),)),)
+    if isinstance(cmd, gm.WriteAlert):
+        return (Call("activity", ACT.ledger_record_alert, (("alert_id", cmd.alert.alert_id),)),)
+    if isinstance(cmd, gm.Notify):
+        return (Call("activity", ACT.notify, (("dedup_key", cmd.dedup_key),)),)
+    if isinstance(cmd, gm.ContinueAsNew):
+        return (Call("continue_as_new", ""),)
+    return ()
 
 
 def _cause(err: BaseException) -> str:

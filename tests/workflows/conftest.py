@@ -34,6 +34,7 @@ from temporalio.worker import Worker
 
 from activities.ledger import Ledger
 from activities.ledger_activities import LedgerActivities
+from tests.workflows.fidelity import FidelityInterceptor, FidelityViolation
 from tests.workflows.fake_validation import FakeValidationWorkflow
 from workflows.activity_api import (
     ACT,
@@ -461,6 +462,10 @@ async def harness(ts_env: WorkflowEnvironment, ledger_pool: Any) -> AsyncIterato
             task_queue=h.task_queue,
             workflows=[*OWN_WORKFLOWS, FakeValidationWorkflow],
             activities=[*ledger_acts.all(), *fake.scheduler_activities(), h.load_policy],
+            # the recording interpreter check (issue 26 item 5): a call the machine did
+            # not command fails the workflow, and the test
+            interceptors=[FidelityInterceptor()],
+            workflow_failure_exception_types=[FidelityViolation],
         ),
         Worker(ts_env.client, task_queue=h.bmc_queue, activities=fake.machine_activities()),
     ):

@@ -1,0 +1,81 @@
+"""The recording interpreter (issue 26 item 5): the harness's worker checks every call a
+machine-interpreting workflow makes against what ``step`` commanded
+(``tests/workflows/fidelity.py``). Here: the check runs on real repairs and guards, and it
+bites — a shell that makes a call of its own, or skips one, fails its workflow."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from temporalio.client import WorkflowFailureError
+from temporalio.worker import Worker
+
+from activities.ledger_activities import LedgerActivities
+from tests.workflows import fidelity
+from tests.workflows.conftest import Harness
+from tests.workflows.fidelity import FidelityInterceptor, FidelityViolation
+from tests.workflows.helpers import start_repair
+from tests.workflows.planted_shells import GuardThatDecidesItself, GuardThatSkipsACommand
+from workflows.guard import ClusterGuardWorkflow
+from workflows.lifecycle.trace import Call, Trace
+from workflows.models import Action
+from workflows.protocol import GuardInput
+
+
+def test_trace_accepts_only_the_commanded_calls_in_order() -> None:
+    t = Trace()
+    t.commanded([Call("activity", "a", (("key", "k1"),)), Call("signal", "lease")])
+    assert t.executed("signal", "lease") is not None  # out of order
+    assert t.executed("activity", "a", type("X", (), {"key": "k2"})()) is not None  # argument
+    assert t.executed("activity", "a", type("X", (), {"key": "k1"})()) is None
+    assert t.leftover() is not None  # the signal was never sent
+    assert t.executed("signal", "lease") is None
+    assert t.leftover() is None
+    assert t.executed("activity", "b") is not None  # nothing commanded
+    governed = Trace([("activity", "a")])
+    assert governed.executed("activity", "other") is None  # not the machine's call
+    assert governed.checked == 0
+
+
+async def test_real_repair_and_guard_run_only_what_their_machines_commanded(
+    harness: Harness,
+) -> None:
+    """A power cycle through the guard: the guard's lease signals and ledger calls and
+    the machine action's activity are each checked, and none is a violation."""
+    before = dict(fidelity.CHECKED)
+    seen = len(fidelity.VIOLATIONS)
+    h = harness
+    h.cluster.bmc_read_failures_after_on["gpu-07"] = 1
+    status = await (await start_repair(h, "gpu-07", Action.power_cycle, "fid-ok")).result()
+    assert status.stage.value == "succeeded"
+    assert fidelity.VIOLATIONS[seen:] == []
+    # guard: load_policy, ledger_guard_state, the grant's signal; repair: two tries
+    assert fidelity.CHECKED["calls"] - before["calls"] >= 5
+    assert fidelity.CHECKED["runs"] > before["runs"]
+
+
+@pytest.mark.parametrize("planted", [GuardThatDecidesItself, GuardThatSkipsACommand])
+async def test_the_check_finds_a_shell_that_departs_from_its_machine(
+    harness: Harness, planted: type[ClusterGuardWorkflow]
+) -> None:
+    h = harness
+    queue = f"planted-{uuid.uuid4().hex[:8]}"
+    seen = len(fidelity.VIOLATIONS)
+    async with Worker(
+        h.client,
+        task_queue=queue,
+        workflows=[planted],
+        activities=[h.load_policy, *LedgerActivities(h.ledger.pool).all()],
+        interceptors=[FidelityInterceptor()],
+        workflow_failure_exception_types=[FidelityViolation],
+    ):
+        handle = await h.client.start_workflow(
+            planted.run,  # type: ignore[arg-type]
+            GuardInput(cluster=f"{h.cluster.cluster}-planted"),
+            id=f"planted/{queue}",
+            task_queue=queue,
+        )
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+    assert len(fidelity.VIOLATIONS) == seen + 1, fidelity.VIOLATIONS[seen:]
