@@ -34,8 +34,8 @@ from temporalio.worker import Worker
 
 from activities.ledger import Ledger
 from activities.ledger_activities import LedgerActivities
-from tests.workflows.fidelity import FidelityInterceptor, FidelityViolation
 from tests.workflows.fake_validation import FakeValidationWorkflow
+from tests.workflows.fidelity import FidelityInterceptor, FidelityViolation
 from workflows.activity_api import (
     ACT,
     ERR_ACTION_FAILED,
