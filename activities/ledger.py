@@ -882,6 +882,57 @@ class Ledger:
                     v.at,
                 )
 
+    async def machine_hold(self, cluster: str, machine: str | None) -> dict[str, Any] | None:
+        """The machine's RMA hold (issue 26 I18), or None when it is not held: its newest
+        removal (a succeeded ``remove`` attempt in ``repair_attempts``, or its
+        ``removed_machines`` row) when no return (``machine_returns``) is newer.
+        Returns ``{"machine", "since", "repair_id", "reason"}``."""
+        if not machine:
+            return None
+        row = await self._db.fetchrow(
+            """SELECT since, repair_id, reason FROM (
+                   SELECT at AS since, repair_id, 'removed for RMA' AS reason
+                     FROM repair_attempts
+                    WHERE cluster = $1 AND machine_id = $2 AND action = 'remove'
+                      AND outcome = 'succeeded'
+                   UNION ALL
+                   SELECT removed_at, repair_id,
+                          COALESCE(NULLIF(reason, ''), 'removed for RMA')
+                     FROM removed_machines WHERE cluster = $1 AND machine = $2
+               ) h
+               WHERE NOT EXISTS (SELECT 1 FROM machine_returns r
+                                  WHERE r.cluster = $1 AND r.machine = $2
+                                    AND r.returned_at >= h.since)
+               ORDER BY since DESC LIMIT 1""",
+            cluster, machine,
+        )
+        if row is None:
+            return None
+        return {"machine": machine, "since": row["since"], "repair_id": row["repair_id"],
+                "reason": str(row["reason"])}
+
+    async def return_machine(self, cluster: str, machine: str, by: str, reason: str
+                             ) -> dict[str, Any] | None:
+        """An operator returns a held machine to service: records the return and takes
+        it off ``removed_machines`` (its spare-pool exclusion) in one transaction.
+        Idempotent: a machine that is not held is left as it is and None is returned;
+        otherwise the hold that was lifted (as :meth:`machine_hold`)."""
+        if not by:
+            raise ValueError("by: the operator returning the machine must be named (got '')")
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))",
+                               f"machine-return/{cluster}/{machine}")
+            hold = await Ledger(self.pool, conn).machine_hold(cluster, machine)
+            if hold is None:
+                return None
+            await conn.execute(
+                "INSERT INTO machine_returns (cluster, machine, returned_by, reason)"
+                " VALUES ($1, $2, $3, $4)", cluster, machine, by, reason)
+            await conn.execute(
+                "DELETE FROM removed_machines WHERE cluster = $1 AND machine = $2",
+                cluster, machine)
+        return hold
+
     async def latest_verdict(self, machine: str) -> dict[str, Any] | None:
         row = await self._db.fetchrow(
             "SELECT * FROM validation_verdicts WHERE machine = $1 ORDER BY at DESC LIMIT 1",

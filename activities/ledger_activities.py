@@ -42,6 +42,8 @@ from workflows.activity_api import (
     ClaimResult,
     GuardLedgerState,
     GuardStateQuery,
+    MachineHold,
+    MachineHoldQuery,
     RepairLiveness,
     RepairProbe,
     RepairRecord,
@@ -186,6 +188,16 @@ class LedgerActivities:
             status=status,
         )
 
+    @activity.defn(name=ACT.ledger_machine_held)
+    async def machine_held(self, q: MachineHoldQuery) -> MachineHold:
+        """Whether ``q.machine_id`` is held for RMA (issue 26 I18); see
+        :meth:`Ledger.machine_hold`."""
+        hold = await self.ledger.machine_hold(q.cluster, q.machine_id)
+        if hold is None:
+            return MachineHold(machine_id=q.machine_id)
+        return MachineHold(held=True, machine_id=q.machine_id, since=hold["since"],
+                           repair_id=hold["repair_id"], reason=hold["reason"])
+
     def all(self) -> list[Callable[..., Any]]:
         """Every ledger activity, for ``Worker(activities=...)``."""
         return [
@@ -198,5 +210,6 @@ class LedgerActivities:
             self.record_verdict,
             self.open_ticket,
             self.guard_state,
+            self.machine_held,
             self.open_repair,
         ]

@@ -43,6 +43,7 @@ class ACT:
     ledger_open_ticket = "ledger_open_ticket"
     ledger_guard_state = "ledger_guard_state"
     ledger_open_repair = "ledger_open_repair"
+    ledger_machine_held = "ledger_machine_held"
     # scheduler side (Slurm or Kubernetes, chosen by the cluster config)
     cordon_node = "cordon_node"
     check_idle = "check_idle"
@@ -482,6 +483,29 @@ class RepairProbe(BaseModel):
     cluster: str
     node: str
     repair_id: str | None = None
+
+
+class MachineHoldQuery(BaseModel):
+    """Input of ``ledger_machine_held``: the machine (None: the node has none bound; the
+    answer is then "not held")."""
+
+    cluster: str
+    machine_id: str | None = None
+
+
+class MachineHold(BaseModel):
+    """Result of ``ledger_machine_held`` (issue 26 I18: a removed machine stays out).
+
+    ``held``: the machine was removed for RMA (a succeeded ``remove`` attempt, or the
+    provider's ``removed_machines`` row) and no operator returned it since
+    (``autorepair machines return``); ``since``: when it was removed; ``repair_id``: the
+    repair that removed it; ``reason``: one line for the repair's record."""
+
+    held: bool = False
+    machine_id: str | None = None
+    since: datetime | None = None
+    repair_id: str | None = None
+    reason: str = ""
 
 
 class RepairLiveness(BaseModel):

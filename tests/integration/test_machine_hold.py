@@ -1,0 +1,59 @@
+"""The RMA hold of a removed machine (issue 26 I18) in the real ledger: a succeeded
+``remove`` attempt (or the provider's ``removed_machines`` row) holds the machine until an
+operator returns it; a later removal holds it again."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from activities.ledger import Ledger
+from workflows.activity_api import AttemptRecord
+from workflows.models import Action
+
+
+def _attempt(machine: str, action: Action, outcome: str, at: datetime, rid: str) -> AttemptRecord:
+    return AttemptRecord(repair_id=rid, cluster="c1", node="gpu-01", machine_id=machine,
+                         action=action, alert_kind="xid", code=79, outcome=outcome, at=at)
+
+
+async def test_removed_machine_is_held_until_returned_and_again_after_a_new_removal(
+    ledger_pool: Any,
+) -> None:
+    led = Ledger(ledger_pool)
+    t0 = datetime.now(UTC) - timedelta(hours=2)
+    assert await led.machine_hold("c1", "m-1") is None
+    assert await led.machine_hold("c1", None) is None
+    await led.record_attempt(_attempt("m-1", Action.power_cycle, "succeeded", t0, "r0"))
+    await led.record_attempt(_attempt("m-1", Action.remove, "failed", t0, "r1"))
+    assert await led.machine_hold("c1", "m-1") is None  # neither holds the machine
+    await led.record_attempt(_attempt("m-1", Action.remove, "succeeded", t0, "r2"))
+    hold = await led.machine_hold("c1", "m-1")
+    assert hold is not None and hold["repair_id"] == "r2" and hold["since"] == t0
+    assert await led.machine_hold("c2", "m-1") is None  # another cluster's machine
+    with pytest.raises(ValueError, match="by"):
+        await led.return_machine("c1", "m-1", "", "fixed")
+    lifted = await led.return_machine("c1", "m-1", "alice", "board replaced")
+    assert lifted is not None and lifted["repair_id"] == "r2"
+    assert await led.machine_hold("c1", "m-1") is None
+    assert await led.return_machine("c1", "m-1", "alice", "again") is None  # idempotent
+    # removed again later (a new succeeded remove, newer than the return): held again
+    later = datetime.now(UTC) + timedelta(minutes=1)
+    await led.record_attempt(_attempt("m-1", Action.remove, "succeeded", later, "r3"))
+    hold = await led.machine_hold("c1", "m-1")
+    assert hold is not None and hold["repair_id"] == "r3"
+
+
+async def test_provider_removal_row_holds_and_return_clears_it(ledger_pool: Any) -> None:
+    led = Ledger(ledger_pool)
+    await ledger_pool.execute(
+        "INSERT INTO removed_machines (cluster, machine, repair_id, ticket_id, reason)"
+        " VALUES ('c1', 'm-2', 'r9', 'HW-1', 'failed validation')")
+    hold = await led.machine_hold("c1", "m-2")
+    assert hold is not None and hold["reason"] == "failed validation"
+    assert await led.return_machine("c1", "m-2", "bob", "RMA done") is not None
+    assert await ledger_pool.fetchval(
+        "SELECT count(*) FROM removed_machines WHERE machine = 'm-2'") == 0
+    assert await led.machine_hold("c1", "m-2") is None
