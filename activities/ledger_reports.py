@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from activities.ledger import Ledger
+from activities.reliability import reliability_report
 from workflows.downtime import Downtime, compute_downtime
 from workflows.models import TERMINAL_STAGES
 from workflows.providers import ProviderResolver, info_for
@@ -112,7 +113,7 @@ def _group(rows: list[dict[str, Any]], *keys: str) -> list[dict[str, Any]]:
 
 async def fleet_report(
     ledger: Ledger, since: datetime, until: datetime, *, cluster: str | None = None,
-    currency: str = "USD",
+    currency: str = "USD", gpus: int | None = None,
 ) -> dict[str, Any]:
     """What repairs cost between ``since`` and ``until`` (repairs whose terminal
     transition falls in the window), JSON-ready.
@@ -121,7 +122,9 @@ async def fleet_report(
     "outcomes": {stage: N}, "mttr_s", "mttr_p50_s", "gpu_hours", "idle_wait_gpu_hours",
     "out_of_service_gpu_hours", "cost", "unpriced_repairs", "by_cluster": [...],
     "by_action": [...], "by_fault_kind": [...], "breakdown": [...], "top_fault_kinds": [...],
-    "top_machines": [...], "daily": [{"day", "repairs", "gpu_hours", "cost"}]}``.
+    "top_machines": [...], "daily": [{"day", "repairs", "gpu_hours", "cost"}],
+    "reliability": {...}}`` (``reliability``: :func:`activities.reliability.reliability_report`
+    over the same window, ``gpus`` the fleet's GPU count for its per-GPU-day rate).
     MTTR: mean time from the repair's first record (the recommendation) to its end, over
     ``succeeded`` repairs; ``None`` without any. ``currency``: that of the recorded costs
     (``currency`` argument when none is priced, ``mixed`` when the providers' currency
@@ -195,4 +198,6 @@ async def fleet_report(
         "top_fault_kinds": kinds[:TOP_N],
         "top_machines": _group(recs, "machine")[:TOP_N],
         "daily": [{"day": k, **v} for k, v in sorted(by_day.items())],
+        "reliability": await reliability_report(ledger, since, until, cluster=cluster,
+                                                gpus=gpus),
     }

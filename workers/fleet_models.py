@@ -405,7 +405,10 @@ class FleetSummaryOut(BaseModel):
     counts it (``activities.ledger_reports.fleet_report``): ``{"repairs_ended",
     "gpu_hours", "idle_wait_gpu_hours", "out_of_service_gpu_hours", "cost", "currency",
     "unpriced_repairs", "mttr_s"}`` (GPU-hours; cost in ``currency``; MTTR in seconds over
-    succeeded repairs, ``None`` without any).
+    succeeded repairs, ``None`` without any); ``reliability``: the reliability figures of
+    the same window (MTTR by decision, auto-remediation rate, disruptive actions per 1,000
+    GPU-days, time between incidents, second-rung share; shape and formulas:
+    ``activities.reliability.reliability_figures``, docs/runbook.md).
     """
 
     cluster: str | None = None
@@ -419,4 +422,5 @@ class FleetSummaryOut(BaseModel):
     open_hardware_tickets: int
     workflows: dict[str, int] | None = None
     downtime: dict[str, Any] = Field(default_factory=dict)
+    reliability: dict[str, Any] = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)

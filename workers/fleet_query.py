@@ -36,6 +36,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities import ledger_queries as q
 from activities.ledger import Ledger
 from activities.ledger_reports import fleet_report
+from activities.reliability import fleet_gpus
 from activities.spares import MachineBindings
 from workers.fleet_models import (
     AlertList,
@@ -479,7 +480,8 @@ class FleetQuery:
             if all(v is not None for v in counts.values()):
                 workflows = {k: int(v or 0) for k, v in counts.items()}
         report = await fleet_report(self.ledger, since, now, cluster=inp.cluster,
-                                    currency=self.config.providers.currency)
+                                    currency=self.config.providers.currency,
+                                    gpus=fleet_gpus(self.config, inp.cluster))
         downtime = {k: report[k] for k in DOWNTIME_KEYS}
         downtime["repairs_ended"] = report["repairs"]
         return FleetSummaryOut(
@@ -489,7 +491,7 @@ class FleetQuery:
             open_repairs=sum(n for s, n in stages.items() if s not in _TERMINAL),
             awaiting_approval=stages.get(Stage.awaiting_approval.value, 0),
             open_hardware_tickets=await q.open_tickets_count(self.pool),
-            workflows=workflows, notes=notes)
+            workflows=workflows, reliability=report["reliability"], notes=notes)
 
 
 #: The ``fleet_report`` fields ``fleet_summary`` passes on as its ``downtime``.

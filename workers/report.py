@@ -50,9 +50,48 @@ def _group_table(title: str, key: str, rows: list[dict[str, Any]], currency: str
     return t
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x * 100:.1f} %"
+
+
+def reliability_tables(rel: dict[str, Any]) -> list[Table]:
+    """The reliability figures (``activities.reliability.reliability_figures``) as tables:
+    the headline figures, MTTR by how the repair was decided, and the machines with the
+    shortest time between incidents (none when the report carries no figures)."""
+    if not rel:
+        return []
+    s = Table(title="reliability", show_header=False)
+    s.add_column("figure")
+    s.add_column("value", justify="right")
+    auto = rel["auto_remediation"]
+    s.add_row("auto-remediation rate",
+              f"{_pct(auto['rate'])} ({auto['auto_remediated']} of {auto['repairs']})")
+    per = rel["disruptive_per_1k_gpu_days"]
+    s.add_row("disruptive actions per 1,000 GPU-days",
+              "fleet size unknown" if per is None else
+              f"{per:.2f} ({rel['disruptive_actions']} in {rel['gpu_days']:.1f} GPU-days)")
+    tbi = rel["time_between_incidents"]
+    s.add_row("time between incidents (median)", _hours(tbi["median_s"]))
+    sr = rel["second_rung"]
+    s.add_row("needed a second rung",
+              f"{_pct(sr['share'])} ({sr['second_rung']} of {sr['repairs_with_actions']})")
+    m = Table(title="MTTR by decision (succeeded)")
+    for col in ("decided", "repairs", "MTTR mean", "MTTR median"):
+        m.add_column(col, justify="left" if col == "decided" else "right")
+    for k, v in rel["mttr_by_decision"].items():
+        m.add_row(k, str(v["repairs"]), _hours(v["mttr_s"]), _hours(v["mttr_p50_s"]))
+    w = Table(title="shortest time between incidents")
+    for col in ("machine", "incidents", "median gap", "shortest gap"):
+        w.add_column(col, justify="left" if col == "machine" else "right", no_wrap=True)
+    for r in tbi["worst"]:
+        w.add_row(r["machine"], str(r["incidents"]), _hours(r["median_gap_s"]),
+                  _hours(r["min_gap_s"]))
+    return [s, m, w]
+
+
 def report_tables(doc: dict[str, Any]) -> Group:
-    """The report as rich tables: summary, outcomes, per cluster / action, top fault kinds
-    and top machines."""
+    """The report as rich tables: summary, outcomes, per cluster / action, top fault kinds,
+    top machines and the reliability figures."""
     cur = doc["currency"]
     s = Table(title=f"repairs {doc['since'][:16]} → {doc['until'][:16]}"
               + (f" (cluster {doc['cluster']})" if doc.get("cluster") else ""),
@@ -80,6 +119,7 @@ def report_tables(doc: dict[str, Any]) -> Group:
         _group_table("by action", "action", doc["by_action"], cur),
         _group_table("top fault kinds", "fault_kind", doc["top_fault_kinds"], cur),
         _group_table("top machines", "machine", doc["top_machines"], cur),
+        *reliability_tables(doc.get("reliability") or {}),
     )
 
 

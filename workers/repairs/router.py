@@ -14,7 +14,7 @@ POST   /api/v1/repairs/{id}/approve      operator  200 :class:`RepairView`
 POST   /api/v1/repairs/{id}/reject       operator  200 :class:`RepairView`
 POST   /api/v1/repairs/{id}/cancel       operator  200 :class:`RepairView`
 GET    /api/v1/alerts?cluster&node&limit viewer+   200 ``{"alerts": [Alert, ...]}`` newest first
-GET    /api/v1/report?since&until&...  viewer+   200 fleet report: repairs, MTTR, downtime, cost
+GET    /api/v1/report?since&until&...  viewer+   200 fleet report: repairs, MTTR, cost, reliability
 ====== ================================= ========= ==========================================
 
 Errors: 401 without or with an unknown token (or when no tokens file is configured),
@@ -41,6 +41,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from temporalio.client import Client
 
 from activities.ledger_reports import fleet_report
+from activities.reliability import fleet_gpus
 from workers.repairs.auth import ApiTokens, Principal
 from workers.repairs.intake import IntakeError, LazyIntake, RepairIntake
 from workers.repairs.models import (
@@ -236,7 +237,8 @@ def build_repairs_router(
             raise HTTPException(422, [{"loc": ["query", "since"], "msg": str(e),
                                        "type": "value_error"}]) from e
         return await fleet_report(ix.ledger, start, end, cluster=cluster,
-                                  currency=ix.config.providers.currency)
+                                  currency=ix.config.providers.currency,
+                                  gpus=fleet_gpus(ix.config, cluster))
 
     @router.get("/repairs/{repair_id}", response_model=RepairView)
     async def show(repair_id: RepairId,
