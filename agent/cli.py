@@ -1,8 +1,9 @@
-"""``autorepair-agent`` console script (docs/design.md §4.1): ``run``, ``simulate``, ``validate``
-and ``reset-gpu``.
+"""``autorepair-agent`` console script (docs/design.md §4.1): ``run``, ``simulate``, ``validate``,
+``reset-gpu`` and ``capture``.
 
 ``validate`` runs the local validation suite of ``agent/validation/`` (docs/design.md §1 step 5);
-``reset-gpu`` resets one GPU in place (``agent/gpureset/``, docs/design.md §5 ``reset_gpu``).
+``reset-gpu`` resets one GPU in place (``agent/gpureset/``, docs/design.md §5 ``reset_gpu``);
+``capture`` writes the node's evidence before a disruptive action (``agent/capture.py``).
 
 Exit codes: 0 normal stop (SIGINT/SIGTERM or ``--duration`` elapsed); 2 bad
 configuration or an unavailable GPU backend (the message names the field/value).
@@ -319,6 +320,28 @@ def reset_gpu(
         systemctl=systemctl, reset_timeout=reset_timeout, wait_timeout=wait_timeout,
         proc_root=proc_root, sys_root=sys_root,
     ))
+
+
+@app.command()
+def capture(
+    directory: Annotated[Path, typer.Option("--dir", help="directory the archive is written "
+                                            "to (policy.evidence_capture.dir)")],
+    repair: Annotated[str, typer.Option("--repair", help="repair id (names the archive)")],
+    json_out: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    tool_timeout: Annotated[float, typer.Option(
+        help="seconds each tool (nvidia-bug-report.sh, nvidia-smi, journalctl) may run")]
+    = 240.0,
+    backend: Annotated[str, typer.Option(help="NVML counters from: nvml | simulated")]
+    = "nvml",
+    kmsg: Annotated[Path, typer.Option(help="kernel log device, the last fallback")]
+    = Path("/dev/kmsg"),
+) -> None:
+    """Capture the node's evidence into one archive before a disruptive action: exit 0
+    written (path, size, sha256, tool), 2 cannot run (the directory)."""
+    from agent.capture import run_capture
+
+    raise typer.Exit(run_capture(directory=directory, repair_id=repair, json_out=json_out,
+                                 tool_timeout_s=tool_timeout, backend=backend, kmsg=kmsg))
 
 
 def main() -> None:

@@ -44,6 +44,7 @@ class ACT:
     ledger_guard_state = "ledger_guard_state"
     ledger_open_repair = "ledger_open_repair"
     ledger_machine_held = "ledger_machine_held"
+    ledger_record_evidence = "ledger_record_evidence"
     # scheduler side (Slurm or Kubernetes, chosen by the cluster config)
     cordon_node = "cordon_node"
     check_idle = "check_idle"
@@ -57,6 +58,8 @@ class ACT:
     reprovision_machine = "reprovision_machine"
     migrate_node = "migrate_node"
     remove_machine = "remove_machine"
+    # evidence before a disruptive action (workflows.evidence): node job + BMC SEL
+    capture_evidence = "capture_evidence"
     # validation
     place_validation = "place_validation"
     collect_validation = "collect_validation"

@@ -1025,6 +1025,44 @@ class WorkerConfig(_Section):
     bmc_reprobe_s: float = Field(600.0, gt=0)
 
 
+EVIDENCE_ACTIONS = (Action.power_cycle, Action.reprovision, Action.migrate, Action.remove)
+"""The actions evidence is captured before by default: those that destroy what the fault
+left behind (the GPU's state and the kernel log go with a power cycle; the disk with a
+reprovision; the machine itself with a migrate or a remove)."""
+
+
+class EvidenceCaptureConfig(_Section):
+    """Evidence captured before a disruptive action (docs/design.md §5): on the node, an
+    ``autorepair-agent capture`` job through the node-side path of ``reset_gpu``
+    (``nvidia-bug-report.sh`` where present, else ``nvidia-smi -q``, the kernel log since
+    boot and the agent's NVML counters, one archive under ``dir``); from the BMC, the last
+    ``bmc_entries`` entries of the Redfish System Event Log. Bounded by ``timeout_s`` in
+    all; a capture that fails or runs out of time is a note on the repair, never a failure."""
+
+    #: Capture evidence at all.
+    enabled: bool = True
+    #: The actions evidence is captured before.
+    actions: list[Action] = Field(default_factory=lambda: list(EVIDENCE_ACTIONS))
+    #: Seconds the whole capture (node and BMC) may take; past it the repair goes on.
+    #: 300: nvidia-bug-report.sh takes one to a few minutes on an 8-GPU host.
+    timeout_s: float = Field(300.0, gt=0, le=3600)
+    #: Directory on the node the archive is written to (kept there; its path, size and
+    #: sha256 go to the ledger).
+    dir: str = Field("/var/lib/autorepair/evidence", min_length=1)
+    #: System Event Log entries read from the BMC (the newest first), 0 = none.
+    bmc_entries: int = Field(50, ge=0, le=1000)
+
+    @model_validator(mode="after")
+    def _dir_absolute(self) -> EvidenceCaptureConfig:
+        if not self.dir.startswith("/"):
+            raise ValueError(f"policy.evidence_capture.dir: {self.dir!r} is not an absolute path")
+        return self
+
+    def applies_to(self, action: Action) -> bool:
+        """Whether evidence is captured before ``action``."""
+        return self.enabled and action in self.actions
+
+
 class PolicyConfig(_Section):
     """The policy bundle handed to workflows (pure data; no secrets)."""
 
@@ -1036,6 +1074,8 @@ class PolicyConfig(_Section):
     rails: RailsConfig = Field(default_factory=RailsConfig)
     #: ``reset_gpu`` preconditions; a cluster's ``reset_gpu.policy`` replaces it there.
     reset_gpu: ResetGpuPolicy = Field(default_factory=ResetGpuPolicy)
+    #: Evidence captured before disruptive actions.
+    evidence_capture: EvidenceCaptureConfig = Field(default_factory=EvidenceCaptureConfig)
 
 
 class AutorepairConfig(_Section):
