@@ -48,6 +48,7 @@ from workflows.activity_api import (
     TransitionRecord,
     VerdictRecord,
 )
+from workflows.evidence import EvidenceRecord
 from workflows.models import (
     AUTO_APPROVED,
     TERMINAL_STAGES,
@@ -636,6 +637,7 @@ class Ledger:
         down = await self._db.fetchrow(
             "SELECT * FROM repair_downtime WHERE repair_id = $1", repair_id)
         out["downtime"] = dict(down) if down is not None else None
+        out["evidence"] = await self.evidence(repair_id)
         return out
 
     async def list_repairs(
@@ -940,20 +942,77 @@ class Ledger:
         )
         return dict(row) if row else None
 
+    async def record_evidence(self, e: EvidenceRecord) -> bool:
+        """Store the evidence captured for repair ``e.repair_id`` before ``e.action``
+        (attempt ``e.attempt``); True when recorded now, False when that key already had
+        its row (a retried activity: the first write stays). The row's cluster, node and
+        machine come from the repair's row. Raises ``KeyError`` naming the repair id when
+        the repair is unknown."""
+        c = e.capture
+        row = await self._db.fetchrow(
+            """INSERT INTO repair_evidence (repair_id, action, attempt, cluster, node, machine,
+                 node_capture, bmc_capture, notes, summary, captured_at)
+               SELECT r.repair_id, $2, $3, r.cluster, r.node, COALESCE(r.machine_id, r.node),
+                      $4, $5, $6, $7, $8
+               FROM repairs r WHERE r.repair_id = $1
+               ON CONFLICT (repair_id, action, attempt) DO NOTHING
+               RETURNING repair_id""",
+            e.repair_id, e.action.value, e.attempt,
+            c.node.model_dump(mode="json") if c.node else None,
+            c.bmc.model_dump(mode="json") if c.bmc else None,
+            list(c.notes), c.summary(), e.at,
+        )
+        if row is not None:
+            return True
+        known = await self._db.fetchval(
+            "SELECT 1 FROM repairs WHERE repair_id = $1", e.repair_id)
+        if known is None:
+            raise KeyError(f"repair_id: no repair {e.repair_id!r} in the ledger")
+        return False
+
+    async def evidence(self, repair_id: str) -> list[dict[str, Any]]:
+        """The evidence rows of a repair, oldest first: ``{"action", "attempt", "node"
+        (NodeCapture JSON or None), "bmc" (BmcCapture JSON or None), "notes", "summary",
+        "captured_at"}``."""
+        rows = await self._db.fetch(
+            """SELECT action, attempt, node_capture AS node, bmc_capture AS bmc, notes,
+                      summary, captured_at FROM repair_evidence
+               WHERE repair_id = $1 ORDER BY captured_at, action, attempt""", repair_id)
+        return [dict(r) for r in rows]
+
+    async def machine_evidence(self, cluster: str, machine: str) -> list[dict[str, Any]]:
+        """The evidence of the newest repair of ``machine`` that captured any (what a
+        hardware ticket of the machine carries), as :meth:`evidence` rows plus
+        ``repair_id``; empty when none did."""
+        rid = await self._db.fetchval(
+            """SELECT repair_id FROM repair_evidence WHERE cluster = $1 AND machine = $2
+               ORDER BY captured_at DESC LIMIT 1""", cluster, machine)
+        if rid is None:
+            return []
+        return [{"repair_id": rid, **r} for r in await self.evidence(rid)]
+
     async def open_ticket(self, t: TicketInput) -> TicketResult:
-        """Open (once per run) a hardware ticket carrying every test's result."""
+        """Open (once per run) a hardware ticket carrying every test's result and the
+        evidence captured before the newest repair of the machine that captured any
+        (:meth:`machine_evidence`; also in the result, ``evidence``)."""
         ticket_id = ticket_id_for(t.run_id)
+        evidence = await self.machine_evidence(t.cluster, t.machine)
         await self._db.execute(
-            """INSERT INTO hardware_tickets (ticket_id, cluster, machine, run_id, summary, result)
-               VALUES ($1,$2,$3,$4,$5,$6) ON CONFLICT (run_id) DO NOTHING""",
+            """INSERT INTO hardware_tickets (ticket_id, cluster, machine, run_id, summary, result,
+                 evidence)
+               VALUES ($1,$2,$3,$4,$5,$6,$7) ON CONFLICT (run_id) DO NOTHING""",
             ticket_id,
             t.cluster,
             t.machine,
             t.run_id,
             t.summary,
             t.result.model_dump(mode="json"),
+            [{**e, "captured_at": e["captured_at"].isoformat()} for e in evidence],
         )
-        return TicketResult(ticket_id=ticket_id)
+        stored = await self._db.fetchval(
+            "SELECT evidence FROM hardware_tickets WHERE run_id = $1", t.run_id)
+        return TicketResult(ticket_id=ticket_id,
+                            evidence=[str(e.get("summary", "")) for e in stored or []])
 
     async def open_tickets(self, machine: str | None = None) -> list[dict[str, Any]]:
         rows = await self._db.fetch(

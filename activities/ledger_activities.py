@@ -35,6 +35,7 @@ from activities.notifications import NotificationEvent, Notifier
 from activities.notifications.event import repair_event
 from workflows.activity_api import (
     ACT,
+    ERR_UNKNOWN_NODE,
     AttemptHistory,
     AttemptQuery,
     AttemptRecord,
@@ -51,8 +52,10 @@ from workflows.activity_api import (
     TicketResult,
     TransitionRecord,
     VerdictRecord,
+    permanent,
 )
 from workflows.config import NotifyEvent, ProvidersConfig
+from workflows.evidence import EvidenceRecord
 from workflows.models import TERMINAL_STAGES, Alert, Stage, Verdict
 from workflows.protocol import workflow_id_repair
 from workflows.providers import ProviderResolver
@@ -198,6 +201,16 @@ class LedgerActivities:
         return MachineHold(held=True, machine_id=q.machine_id, since=hold["since"],
                            repair_id=hold["repair_id"], reason=hold["reason"])
 
+    @activity.defn(name=ACT.ledger_record_evidence)
+    async def record_evidence(self, e: EvidenceRecord) -> bool:
+        """Store a repair's evidence capture (``Ledger.record_evidence``: idempotent on
+        repair id, action and attempt; True when recorded now). An unknown repair is a
+        non-retryable ``ERR_UNKNOWN_NODE``."""
+        try:
+            return await self.ledger.record_evidence(e)
+        except KeyError as err:
+            raise permanent(ERR_UNKNOWN_NODE, str(err)) from None
+
     def all(self) -> list[Callable[..., Any]]:
         """Every ledger activity, for ``Worker(activities=...)``."""
         return [
@@ -212,4 +225,5 @@ class LedgerActivities:
             self.guard_state,
             self.machine_held,
             self.open_repair,
+            self.record_evidence,
         ]

@@ -21,6 +21,7 @@ from typing import Any
 
 import asyncpg
 
+from activities.evidence import EvidenceActivities
 from activities.ledger import Ledger
 from activities.ledger_activities import LedgerActivities
 from activities.notifications import Notifier
@@ -91,5 +92,7 @@ def build_activities(
         *ValidationActivities(config, pool, kube_api_client=kube_api_client).all(),
     ]
     reset = ResetActivities(config, kube_api_client=kube_api_client)
-    return WorkerActivities(main=main, bmc=[*reset.all(), *power.all(), *prov.all()],
+    evidence = EvidenceActivities(config, kube_api_client=kube_api_client)
+    return WorkerActivities(main=main, bmc=[*reset.all(), *evidence.all(), *power.all(),
+                                            *prov.all()],
                             notifier=notifier)

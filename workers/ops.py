@@ -261,6 +261,27 @@ def repairs_list(api: str, auth: ApiToken, as_json: bool, filters: dict[str, Any
         _out.print(_repairs_table(doc["repairs"]))
 
 
+def _captures_table(rows: list[dict[str, Any]]) -> Table:
+    """Evidence captured before the repair's disruptive actions: per capture, the node
+    archive (path on the node, size, sha256, tool), the BMC's SEL entries and the notes."""
+    t = Table(title="evidence captured before acting")
+    for col in ("at", "action", "node archive", "BMC log", "notes"):
+        t.add_column(col, overflow="fold")
+    for e in rows:
+        n, b = e.get("node"), e.get("bmc")
+        node = (f"{n['path']} ({n['size_bytes']} B, sha256 {n['sha256']}, {n['tool']})"
+                if n else "-")
+        bmc = "-"
+        if b:
+            newest = b["entries"][0] if b["entries"] else None
+            bmc = f"{b['source']}: {len(b['entries'])} entries" + (
+                f"; newest {newest.get('severity') or '?'}: {newest.get('message', '')}"
+                if newest else "")
+        t.add_row(_ts(e["captured_at"]), f"{e['action']} #{e['attempt']}", node, bmc,
+                  "; ".join(e.get("notes") or []))
+    return t
+
+
 def _show(r: dict[str, Any]) -> None:
     t = Table(title=f"repair {r['repair_id']}", show_header=False)
     t.add_column("field")
@@ -278,6 +299,8 @@ def _show(r: dict[str, Any]) -> None:
     _out.print(h)
     if r.get("downtime"):
         _out.print(_downtime_table(r["downtime"]))
+    if r.get("evidence"):
+        _out.print(_captures_table(r["evidence"]))
     live = r.get("live") or {}
     if live.get("evidence"):
         e = Table(title="evidence")

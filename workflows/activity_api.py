@@ -346,7 +346,11 @@ class TicketInput(BaseModel):
 
 
 class TicketResult(BaseModel):
+    """``ledger_open_ticket``'s answer: the ticket id and the summary line of each evidence
+    capture the ticket carries (``workflows.evidence.EvidenceCapture.summary``)."""
+
     ticket_id: str
+    evidence: list[str] = Field(default_factory=list)
 
 
 class ValidationPlacement(BaseModel):

@@ -719,6 +719,13 @@ class ResetGpuConfig(_Section):
     command: list[str] = Field(
         default_factory=lambda: ["autorepair-agent", "reset-gpu", "--pci", "{pci}", "--json"]
     )
+    #: Evidence capture before a disruptive action (``policy.evidence_capture``), run as
+    #: one job with this placement: ``{dir}`` → ``policy.evidence_capture.dir``,
+    #: ``{repair}`` → the repair id, ``{tool_timeout}`` → seconds each tool may run.
+    capture_command: list[str] = Field(
+        default_factory=lambda: ["autorepair-agent", "capture", "--dir", "{dir}", "--repair",
+                                 "{repair}", "--tool-timeout", "{tool_timeout}", "--json"]
+    )
     #: Extra environment for the reset job.
     env: dict[str, str] = Field(default_factory=dict)
     #: Bound on one reset job from placement to result, seconds (10 min: the agent's

@@ -170,6 +170,7 @@ def _view(row: dict[str, Any], live: RepairStatus | None = None) -> RepairView:
         ],
         live=live,
         downtime=Downtime.model_validate(row["downtime"]) if row.get("downtime") else None,
+        evidence=list(row.get("evidence") or []),
     )
 
 

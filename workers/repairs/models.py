@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -128,6 +128,10 @@ class RepairView(BaseModel):
     live: RepairStatus | None = None
     #: Downtime and cost once the repair ended (``repair_downtime``); None before.
     downtime: Downtime | None = None
+    #: Evidence captured before its disruptive actions (``repair_evidence``, oldest
+    #: first): ``{"action", "attempt", "node", "bmc", "notes", "summary", "captured_at"}``
+    #: with ``node``/``bmc`` the ``workflows.evidence`` NodeCapture / BmcCapture JSON.
+    evidence: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class CreateResult(BaseModel):
