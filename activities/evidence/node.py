@@ -9,9 +9,12 @@ The job's output ends with the agent's JSON line (``{"path", "size_bytes", "sha2
 :class:`workflows.evidence.NodeCapture`. Any other ending is a :class:`NodeCaptureFailed`
 naming the job and its exit (the caller turns it into a note).
 
-Idempotency: the run id is ``<repair>-ev<attempt>`` (distinct from the reset's run id); a
-retry after a worker crash finds the placement and waits for the same job. The placement
-is removed and the node's drain put back whatever happens, a cancellation included.
+Idempotency: the run id is the repair id (the placement takes over the repair's own drain
+or cordon only for its own run id), under names of its own — the Slurm reservation
+``autorepair-evidence-<run>``, marker and output files ``evidence-<run>.*``, the Kubernetes
+Job ``autorepair-evidence-<run>`` — so it never meets a reset job's placement. A retry
+after a worker crash finds the placement and waits for the same job. The placement is
+removed and the node's drain put back whatever happens, a cancellation included.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ import asyncio
 import json
 import shlex
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from activities.reset.backends import KubeResetJob, SlurmResetJob, job_config
+from activities.validation.base import run_slug
 from workflows.activity_api import CollectInput, ReturnMachineInput, ValidationPlacement
 from workflows.config import ClusterConfig
 from workflows.evidence import EvidenceCaptureInput, NodeCapture
@@ -39,6 +44,22 @@ class NodeCaptureFailed(RuntimeError):
     """The node job did not give an archive; the message says why."""
 
 
+RESERVATION_PREFIX = "autorepair-evidence"
+"""Slurm: name prefix of the capture's maintenance reservation."""
+
+
+class SlurmCaptureJob(SlurmResetJob):
+    """The capture job on Slurm: the reset job's placement under names of its own."""
+
+    def _reservation(self, run_id: str) -> str:
+        return f"{RESERVATION_PREFIX}-{run_slug(run_id)}"
+
+    def _paths(self, run_id: str) -> tuple[Path, Path]:
+        d = Path(self.v.output_dir)
+        slug = run_slug(run_id)
+        return d / f"evidence-{slug}.json", d / f"evidence-{slug}.out"
+
+
 class KubeCaptureJob(KubeResetJob):
     """The capture Job on Kubernetes: the reset Job's pod spec under its own name."""
 
@@ -47,9 +68,9 @@ class KubeCaptureJob(KubeResetJob):
     APP = "autorepair-evidence"
 
 
-def run_id_for(repair_id: str, attempt: int) -> str:
-    """The placement's run id: ``<repair>-ev<attempt>``."""
-    return f"{repair_id}-ev{attempt}"
+def run_id_for(repair_id: str) -> str:
+    """The placement's run id: the repair id (see the module docstring)."""
+    return repair_id
 
 
 def capture_script(cluster: ClusterConfig, inp: EvidenceCaptureInput, job_s: float) -> str:
@@ -81,10 +102,10 @@ def parse_capture(text: str) -> NodeCapture | None:
 
 
 def _backend(cluster: ClusterConfig, script: str, job_s: float, kube_api_client: Any
-             ) -> SlurmResetJob | KubeCaptureJob:
+             ) -> SlurmCaptureJob | KubeCaptureJob:
     job = job_config(cluster.reset_gpu, script).model_copy(update={"timeout_s": job_s})
     if cluster.scheduler == "slurm":
-        return SlurmResetJob(cluster, job)
+        return SlurmCaptureJob(cluster, job)
     if cluster.scheduler == "kubernetes":
         return KubeCaptureJob(cluster, job, cluster.reset_gpu.runtime_class,
                               api_client=kube_api_client)
@@ -98,7 +119,7 @@ async def capture_on_node(cluster: ClusterConfig, inp: EvidenceCaptureInput, bud
     result line) and what the scheduler client raises for a transient failure."""
     job_s = max(1.0, budget_s - JOB_MARGIN_S)
     backend = _backend(cluster, capture_script(cluster, inp, job_s), job_s, kube_api_client)
-    run_id = run_id_for(inp.repair_id, inp.attempt)
+    run_id = run_id_for(inp.repair_id)
     machine = inp.machine_id or inp.node
     try:
         placed = await backend.place(ValidationPlacement(
@@ -140,7 +161,7 @@ def _agent_notes(text: str) -> list[str]:
     return []
 
 
-async def _cleanup(backend: SlurmResetJob | KubeCaptureJob, c: CollectInput,
+async def _cleanup(backend: SlurmCaptureJob | KubeCaptureJob, c: CollectInput,
                    prior_state: Any) -> None:
     try:
         await backend.release(c)
