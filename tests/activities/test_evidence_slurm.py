@@ -14,9 +14,11 @@ BMC's entries still come back.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import sys
 import tarfile
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -56,7 +58,7 @@ def _fake_bug_report(tmp: Path) -> Path:
     return bin_dir
 
 
-def _reset_config(tmp: Path, *, fail: bool = False) -> ResetGpuConfig:
+def _reset_config(tmp: Path, *, fail: bool = False, hang: bool = False) -> ResetGpuConfig:
     agent = Path(sys.executable).parent / "autorepair-agent"
     run = f"{agent}" if agent.exists() else f"{sys.executable} -m agent.cli"
     bins = _fake_bug_report(tmp)
@@ -65,6 +67,8 @@ def _reset_config(tmp: Path, *, fail: bool = False) -> ResetGpuConfig:
               f"--tool-timeout {{tool_timeout}} --json --backend simulated")
     if fail:
         script = "echo 'capture: disk full' >&2; exit 2"
+    if hang:
+        script = f"touch {tmp}/started; exec sleep 600"
     return ResetGpuConfig(command=["true"], capture_command=["/bin/sh", "-c", script],
                           env={"PYTHONPATH": str(ROOT)}, output_dir=str(tmp / "out"))
 
@@ -79,13 +83,13 @@ async def sel(redfish_emulator: RedfishEmulator) -> AsyncIterator[SelBmc]:
 
 
 def _config(slurm: SlurmCluster, emu: RedfishEmulator, bmc: SelBmc, secrets: Path,
-            tmp: Path, *, fail: bool = False) -> AutorepairConfig:
+            tmp: Path, *, fail: bool = False, hang: bool = False) -> AutorepairConfig:
     nodes = [NodeConfig(name=n, machine=n, bmc=BmcConfig(address=bmc.url,
                                                           system_id=emu.systems.get(n)))
              for n in slurm.nodes]
     return AutorepairConfig(
         clusters=[ClusterConfig(name="evs", scheduler="slurm", slurm_conf=str(slurm.conf_path),
-                                nodes=nodes, reset_gpu=_reset_config(tmp, fail=fail))],
+                                nodes=nodes, reset_gpu=_reset_config(tmp, fail=fail, hang=hang))],
         secrets=SecretsConfig(bmc_credentials_file=str(secrets)))
 
 
@@ -150,4 +154,40 @@ async def test_failed_node_capture_is_a_note_and_the_sel_still_comes(
     (note,) = cap.notes
     assert note.startswith("node: capture job ") and "without a result" in note, note
     assert (await sched.read_node(NODE)).drain
+    await sched.close()
+
+
+async def test_a_capture_that_hangs_is_bounded_and_its_job_removed(
+    slurm_cluster: SlurmCluster, redfish_emulator: RedfishEmulator, sel: SelBmc,
+    bmc_secrets_file: Path, tmp_path: Path,
+) -> None:
+    """``timeout_s`` bounds the whole call: a capture job that never ends is cancelled
+    when its bound (``timeout_s`` − the placement margin) runs out, the reservation and
+    job are gone, the drain is back, and the activity returns a note (the repair goes on)."""
+    slurm_cluster.reset_nodes()
+    cfg = _config(slurm_cluster, redfish_emulator, sel, bmc_secrets_file, tmp_path, hang=True)
+    sched = SlurmScheduler(cfg.cluster("evs"))
+    rid = "r-" + uuid.uuid4().hex[:6]
+    await sched.cordon(NODE, rid, "Xid 79 power_cycle")
+    reason = (await sched.read_node(NODE)).reason
+    t0 = time.monotonic()
+    cap = await ActivityEnvironment().run(
+        EvidenceActivities(cfg).capture_evidence,
+        _inp(rid, tmp_path).model_copy(update={"timeout_s": 25.0}))
+    took = time.monotonic() - t0
+    assert took < 25 + 10, took
+    assert (tmp_path / "started").exists()                  # the job did run
+    assert cap.node is None and cap.bmc is not None
+    assert any("did not finish within 10 s" in n for n in cap.notes), cap.notes
+    assert "autorepair-evidence" not in slurm_cluster.run("scontrol", "show", "reservation",
+                                                           check=False)
+    left = "?"
+    for _ in range(20):                                     # a cancelled job may be COMPLETING
+        left = slurm_cluster.run("squeue", "-h", "-w", NODE, "-o", "%i %T", check=False).strip()
+        if not left:
+            break
+        await asyncio.sleep(0.5)
+    assert left == "", left
+    n = await sched.read_node(NODE)
+    assert n.drain and n.reason == reason, n
     await sched.close()
