@@ -73,6 +73,10 @@ def slack_body(ev: NotificationEvent) -> dict[str, Any]:
     elif ev.body and ev.body != ev.description:
         blocks.append({"type": "section", "text": {"type": "mrkdwn",
                                                    "text": _cut(_esc(ev.body), SLACK_TEXT_MAX)}})
+    if ev.captures:
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": _cut(
+            "*Captured before acting*\n" + "\n".join(f"• {_esc(c)}" for c in ev.captures),
+            SLACK_TEXT_MAX)}})
     if ev.hints:
         blocks.append({"type": "context", "elements": [
             {"type": "mrkdwn", "text": _cut(_esc(h if h.startswith("Temporal") else f"`{h}`"),
@@ -114,7 +118,8 @@ def pagerduty_body(ev: NotificationEvent, routing_key: str) -> dict[str, Any]:
             "event": ev.event.value, "subject": ev.subject, "description": ev.description,
             "detail": ev.detail, "action": ev.action, "stage": ev.stage,
             "repair_id": ev.repair_id, "workflow_id": ev.workflow_id,
-            "evidence": [e.model_dump() for e in ev.evidence], "hints": ev.hints,
+            "evidence": [e.model_dump() for e in ev.evidence], "captures": ev.captures,
+            "hints": ev.hints,
         },
     }
     return body

@@ -57,6 +57,9 @@ class NotificationEvent(BaseModel):
     action: str | None = None
     stage: str | None = None
     evidence: list[EvidenceItem] = Field(default_factory=list)
+    #: One line per evidence capture made before the repair's disruptive actions
+    #: (``workflows.evidence.EvidenceCapture.summary``, from the ledger's repair row).
+    captures: list[str] = Field(default_factory=list)
     hints: list[str] = Field(default_factory=list)
     dedup_key: str
     at: datetime = Field(default_factory=lambda: datetime.now(UTC))
@@ -112,7 +115,8 @@ def repair_event(
     alerts: list[Alert], *, subject: str | None = None, body: str | None = None,
 ) -> NotificationEvent:
     """A repair event from its ledger row (``repair_id``, ``cluster``, ``node``,
-    ``action``, ``reason``, ``workflow_id``), the transition's ``stage`` and ``reason``
+    ``action``, ``reason``, ``workflow_id``, ``evidence``: the captures of
+    ``Ledger.get_repair``, as summary lines), the transition's ``stage`` and ``reason``
     and the repair's alerts (oldest first). Failures are critical; other events take the
     heaviest alert severity (at least their own)."""
     rid = str(repair["repair_id"])
@@ -133,6 +137,7 @@ def repair_event(
         detail=f"{stage}: {reason} (action {action}, node {node})" if reason
         else f"{stage} (action {action}, node {node})",
         action=action, stage=stage, evidence=evidence_items(alerts),
+        captures=[str(c["summary"]) for c in repair.get("evidence") or [] if c.get("summary")],
         hints=_hints(event, rid, wf), dedup_key=rid,
     )
 

@@ -4,6 +4,7 @@ line notifications and tickets carry."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 import pytest
@@ -66,3 +67,25 @@ def test_summary_line() -> None:
     assert EvidenceCapture(notes=["node: job not placed"]).summary() == (
         "evidence: node: job not placed")
     assert EvidenceCapture().summary() == "evidence: none captured"
+
+
+def test_notifications_carry_the_capture_summary() -> None:
+    """A repair notification built from the ledger row (``Ledger.get_repair`` adds
+    ``evidence``) carries each capture's summary: a Slack section, PagerDuty's
+    ``custom_details.captures``, the generic webhook's JSON."""
+    from activities.notifications.channels import pagerduty_body, slack_body, webhook_body
+    from activities.notifications.event import repair_event
+    from workflows.config import NotifyEvent
+
+    line = EvidenceCapture(notes=["node: capture job 7 on gpu-03 did not finish"]).summary()
+    row = {"repair_id": "r-1", "cluster": "c", "node": "gpu-03", "action": "power_cycle",
+           "reason": "", "workflow_id": None,
+           "evidence": [{"action": "power_cycle", "attempt": 1, "summary": line}]}
+    ev = repair_event(NotifyEvent.repair_failed, row, "failed", "no recovery", [])
+    assert ev.captures == [line]
+    slack = json.dumps(slack_body(ev))
+    assert "Captured before acting" in slack and "did not finish" in slack
+    assert pagerduty_body(ev, "rk")["payload"]["custom_details"]["captures"] == [line]
+    assert webhook_body(ev)["captures"] == [line]
+    assert repair_event(NotifyEvent.repair_failed, {**row, "evidence": []}, "failed", "x",
+                        []).captures == []
