@@ -18,7 +18,7 @@ the field and the value. The tools (answers from :class:`workers.fleet_query.Fle
                             and consent for the node's faults, under the configured policy
 ``fleet_summary``           counts over a window: alerts, repairs by stage, open repairs,
                             tickets, downtime (GPU-hours, cost, MTTR of the repairs that
-                            ended), running workflows (visibility)
+                            ended), reliability figures, running workflows (visibility)
 ==========================  =============================================================
 
 Every tool only reads: the ledger through a read-only PostgreSQL session, Temporal through
@@ -140,8 +140,9 @@ TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec("fleet_summary", "Fleet summary",
              "Counts over a window (since, default 24h): alerts by severity, top fault kinds "
              "and nodes, repairs by stage, open and awaiting-approval repairs, open hardware "
-             "tickets, GPU-hours lost, cost and MTTR of the repairs that ended, running "
-             "workflows.",
+             "tickets, GPU-hours lost, cost and MTTR of the repairs that ended, the reliability "
+             "figures (MTTR by decision, auto-remediation rate, disruptive actions per 1,000 "
+             "GPU-days, time between incidents, second-rung share), running workflows.",
              FleetSummaryInput, FleetSummaryOut, lambda fq, i: fq.fleet_summary(i)),
 )
 """Every tool of the server, in ``tools/list`` order."""
