@@ -38,6 +38,9 @@ DECISIONS = ("automatic", "approved", "operator", "detector")
 """How a repair was decided, in report order: ``automatic`` (the platform decided and the
 consent policy approved it), ``approved`` (the platform recommended, a person approved),
 ``operator`` (a person requested it), ``detector`` (an external detector requested it)."""
+ROWS_MAX = 100_000
+"""Most repairs (and incidents, and attempts) one report reads (as
+``activities.ledger_reports.REPORT_ROWS_MAX``)."""
 WORST_MACHINES = 10
 """Rows of the "worst machines" list of time between incidents."""
 SECONDS_PER_DAY = 86_400.0
@@ -210,19 +213,21 @@ async def reliability_report(
                          WHERE t.repair_id = r.repair_id AND t.stage = ANY($3::text[])
                          ORDER BY at, id LIMIT 1) e ON TRUE
            LEFT JOIN repair_downtime d ON d.repair_id = r.repair_id
-           WHERE e.at >= $1 AND e.at < $2 AND ($4::text IS NULL OR r.cluster = $4)""",
-        since, until, _TERMINAL, cluster)
+           WHERE e.at >= $1 AND e.at < $2 AND ($4::text IS NULL OR r.cluster = $4)
+           ORDER BY e.at LIMIT $5""",
+        since, until, _TERMINAL, cluster, ROWS_MAX)
     ended = [RepairFact(**dict(r)) for r in rows]
     att = await db.fetch(
         """SELECT DISTINCT id, repair_id, action, outcome, at FROM repair_attempts
            WHERE (repair_id = ANY($3::text[]) OR (at >= $1 AND at < $2))
-             AND ($4::text IS NULL OR cluster = $4)""",
-        since, until, [r.repair_id for r in ended], cluster)
+             AND ($4::text IS NULL OR cluster = $4) LIMIT $5""",
+        since, until, [r.repair_id for r in ended], cluster, 4 * ROWS_MAX)
     attempts = [AttemptFact(repair_id=a["repair_id"], action=a["action"],
                             outcome=a["outcome"], at=a["at"]) for a in att]
     inc = await db.fetch(
         """SELECT COALESCE(machine_id, node) AS machine, created_at FROM repairs
-           WHERE created_at >= $1 AND created_at < $2 AND ($3::text IS NULL OR cluster = $3)""",
-        since, until, cluster)
+           WHERE created_at >= $1 AND created_at < $2 AND ($3::text IS NULL OR cluster = $3)
+           ORDER BY created_at LIMIT $4""",
+        since, until, cluster, ROWS_MAX)
     return reliability_figures(ended, attempts, [(i["machine"], i["created_at"]) for i in inc],
                                since, until, gpus)

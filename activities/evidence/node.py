@@ -1,8 +1,8 @@
 """The node side of the evidence capture: one ``autorepair-agent capture`` job through the
 node-side path of ``reset_gpu`` (:mod:`activities.reset.backends`: Slurm maintenance
 reservation + pinned ``sbatch``; Kubernetes privileged Job pinned by ``nodeName``,
-``hostPID``, the NVIDIA runtime class), with the cluster's ``reset_gpu`` placement and
-``reset_gpu.capture_command``.
+``hostPID``, the NVIDIA runtime class, and the evidence directory mounted from the node),
+with the cluster's ``reset_gpu`` placement and ``reset_gpu.capture_command``.
 
 The job's output ends with the agent's JSON line (``{"path", "size_bytes", "sha256",
 "tool", "collected_at", "notes"}``, :mod:`agent.capture`); it is parsed into a
@@ -29,7 +29,7 @@ from typing import Any
 from activities.reset.backends import KubeResetJob, SlurmResetJob, job_config
 from activities.validation.base import run_slug
 from workflows.activity_api import CollectInput, ReturnMachineInput, ValidationPlacement
-from workflows.config import ClusterConfig
+from workflows.config import ClusterConfig, ValidationConfig
 from workflows.evidence import EvidenceCaptureInput, NodeCapture
 from workflows.models import Verdict
 
@@ -61,11 +61,28 @@ class SlurmCaptureJob(SlurmResetJob):
 
 
 class KubeCaptureJob(KubeResetJob):
-    """The capture Job on Kubernetes: the reset Job's pod spec under its own name."""
+    """The capture Job on Kubernetes: the reset Job's pod spec under its own name, plus the
+    node's evidence directory as a ``hostPath`` volume (``DirectoryOrCreate``) mounted at
+    the same path, so the archive stays on the node after the pod is gone."""
 
     JOB_PREFIX = "autorepair-evidence"
     CONTAINER = "capture"
     APP = "autorepair-evidence"
+    VOLUME = "evidence"
+
+    def __init__(self, cluster: ClusterConfig, job: ValidationConfig, runtime_class: str | None,
+                 evidence_dir: str, api_client: Any = None) -> None:
+        super().__init__(cluster, job, runtime_class, api_client=api_client)
+        self.evidence_dir = evidence_dir
+
+    def _job_body(self, p: ValidationPlacement, prior: dict[str, Any]) -> dict[str, Any]:
+        body = super()._job_body(p, prior)
+        spec = body["spec"]["template"]["spec"]
+        spec["volumes"] = [{"name": self.VOLUME, "hostPath": {
+            "path": self.evidence_dir, "type": "DirectoryOrCreate"}}]
+        spec["containers"][0]["volumeMounts"] = [
+            {"name": self.VOLUME, "mountPath": self.evidence_dir}]
+        return body
 
 
 def run_id_for(repair_id: str) -> str:
@@ -101,13 +118,13 @@ def parse_capture(text: str) -> NodeCapture | None:
     return None
 
 
-def _backend(cluster: ClusterConfig, script: str, job_s: float, kube_api_client: Any
-             ) -> SlurmCaptureJob | KubeCaptureJob:
+def _backend(cluster: ClusterConfig, script: str, job_s: float, evidence_dir: str,
+             kube_api_client: Any) -> SlurmCaptureJob | KubeCaptureJob:
     job = job_config(cluster.reset_gpu, script).model_copy(update={"timeout_s": job_s})
     if cluster.scheduler == "slurm":
         return SlurmCaptureJob(cluster, job)
     if cluster.scheduler == "kubernetes":
-        return KubeCaptureJob(cluster, job, cluster.reset_gpu.runtime_class,
+        return KubeCaptureJob(cluster, job, cluster.reset_gpu.runtime_class, evidence_dir,
                               api_client=kube_api_client)
     raise ValueError(f"clusters[{cluster.name}].scheduler: unknown scheduler {cluster.scheduler!r}")
 
@@ -118,7 +135,8 @@ async def capture_on_node(cluster: ClusterConfig, inp: EvidenceCaptureInput, bud
     agent's notes. Raises :class:`NodeCaptureFailed` (not placed, did not finish, no
     result line) and what the scheduler client raises for a transient failure."""
     job_s = max(1.0, budget_s - JOB_MARGIN_S)
-    backend = _backend(cluster, capture_script(cluster, inp, job_s), job_s, kube_api_client)
+    backend = _backend(cluster, capture_script(cluster, inp, job_s), job_s, inp.dir,
+                       kube_api_client)
     run_id = run_id_for(inp.repair_id)
     machine = inp.machine_id or inp.node
     try:

@@ -88,6 +88,10 @@ async def test_capture_job_on_the_cordoned_node(kenv: Any) -> None:  # noqa: F81
     assert c["name"] == "capture" and c["securityContext"] == {"privileged": True}
     assert "capture --dir " + str(tmp / "evidence") + " --repair r-1" in c["command"][2]
     assert "--tool-timeout 36 " in c["command"][2]        # (60 - 15 s margin) x 0.8
+    # the archive lands on the node's disk, not in the pod's
+    assert spec["volumes"] == [{"name": "evidence", "hostPath": {
+        "path": str(tmp / "evidence"), "type": "DirectoryOrCreate"}}]
+    assert c["volumeMounts"] == [{"name": "evidence", "mountPath": str(tmp / "evidence")}]
     # the Job is gone; the repair's cordon and taint are as they were
     assert not any(r == JOBS and not o.deleted for (r, _n, _x), o in kube.server.objects.items())
     node = kube.node("gpu-01")
