@@ -20,11 +20,16 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from workflows.config import EvidenceCaptureConfig
 from workflows.models import Action
 
 NODE_TOOLS = ("nvidia-bug-report", "fallback")
 """``NodeCapture.tool``: ``nvidia-bug-report`` (NVIDIA's ``nvidia-bug-report.sh`` ran) or
 ``fallback`` (``nvidia-smi -q``, the kernel log since boot and the NVML counters)."""
+ACTIVITY_MARGIN_S = 30.0
+"""Seconds the workflow's ``start_to_close_timeout`` of ``capture_evidence`` adds to
+``timeout_s`` (the activity bounds itself by ``timeout_s``; the margin covers a worker's
+scheduling and the placement's clean-up after the bound)."""
 SUMMARY_ENTRIES = 3
 """SEL entries quoted in :meth:`EvidenceCapture.summary` (the newest)."""
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -141,3 +146,18 @@ class EvidenceRecord(BaseModel):
     attempt: int = Field(1, ge=1)
     capture: EvidenceCapture
     at: datetime
+
+
+def capture_input(
+    cfg: EvidenceCaptureConfig, *, cluster: str, node: str, machine_id: str | None,
+    repair_id: str, action: Action, attempt: int = 1,
+) -> EvidenceCaptureInput | None:
+    """The ``capture_evidence`` input the repair sends before ``action`` under
+    ``policy.evidence_capture`` (``cfg``), or ``None`` when nothing is to be captured
+    (disabled, or ``action`` not in ``cfg.actions``). Pure; for the repair machine.
+    The activity's ``start_to_close_timeout`` is ``timeout_s`` + :data:`ACTIVITY_MARGIN_S`."""
+    if not cfg.applies_to(action):
+        return None
+    return EvidenceCaptureInput(cluster=cluster, node=node, machine_id=machine_id,
+                                repair_id=repair_id, action=action, timeout_s=cfg.timeout_s,
+                                bmc_entries=cfg.bmc_entries, dir=cfg.dir, attempt=attempt)

@@ -12,11 +12,13 @@ from pydantic import ValidationError
 
 from workflows.config import EvidenceCaptureConfig, PolicyConfig
 from workflows.evidence import (
+    ACTIVITY_MARGIN_S,
     BmcCapture,
     EvidenceCapture,
     EvidenceCaptureInput,
     NodeCapture,
     SelEntry,
+    capture_input,
 )
 from workflows.models import Action
 
@@ -89,3 +91,18 @@ def test_notifications_carry_the_capture_summary() -> None:
     assert webhook_body(ev)["captures"] == [line]
     assert repair_event(NotifyEvent.repair_failed, {**row, "evidence": []}, "failed", "x",
                         []).captures == []
+
+
+def test_capture_input_follows_the_policy() -> None:
+    cfg = EvidenceCaptureConfig(timeout_s=120, bmc_entries=20, dir="/data/ev")
+    inp = capture_input(cfg, cluster="c", node="gpu-01", machine_id="m-1", repair_id="r-1",
+                        action=Action.reprovision, attempt=2)
+    assert inp is not None and (inp.timeout_s, inp.bmc_entries, inp.dir, inp.attempt) == (
+        120, 20, "/data/ev", 2)
+    assert inp.machine_id == "m-1" and inp.action == Action.reprovision
+    assert capture_input(cfg, cluster="c", node="n", machine_id=None, repair_id="r",
+                         action=Action.reboot) is None
+    off = cfg.model_copy(update={"enabled": False})
+    assert capture_input(off, cluster="c", node="n", machine_id=None, repair_id="r",
+                         action=Action.remove) is None
+    assert ACTIVITY_MARGIN_S > 0
