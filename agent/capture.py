@@ -1,8 +1,9 @@
 """``autorepair-agent capture``: what a fault left on the node, written to one archive before
 a disruptive action destroys it (docs/design.md §5 evidence capture).
 
-What goes in (each tool bounded by ``tool_timeout_s``; a tool that is missing, fails or
-runs out of time is a note in the manifest, never a failed capture):
+What goes in (the tools together bounded by ``tool_timeout_s``: each gets what is left of
+it, at least :data:`MIN_TOOL_S`; a tool that is missing, fails or runs out of time is a
+note in the manifest, never a failed capture):
 
 - ``nvidia-bug-report.sh`` where it is on ``PATH``: run with ``--output-file`` inside the
   work directory (it appends ``.gz`` when gzip is there; NVIDIA's report already holds
@@ -24,15 +25,18 @@ the message names it).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tarfile
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -45,6 +49,10 @@ TOOL_TIMEOUT_S = 240.0
 """Seconds one tool may run by default: nvidia-bug-report.sh takes one to a few minutes
 on an 8-GPU host; the control plane bounds the whole job (policy.evidence_capture.timeout_s
 = 300) and passes a smaller value."""
+MIN_TOOL_S = 5.0
+"""Seconds a tool gets at least (the whole budget when smaller), even when the budget is
+spent (a fallback after a ``nvidia-bug-report.sh`` that ran out of time still gets the
+kernel log)."""
 KMSG_MAX_BYTES = 16 * 1024 * 1024
 """Most bytes read from ``/dev/kmsg`` (the kernel's ring buffer is far smaller)."""
 EXIT_OK = 0
@@ -81,20 +89,26 @@ class CaptureError(RuntimeError):
 
 
 def _run(cmd: list[str], out: Path, timeout_s: float) -> tuple[int | None, str]:
-    """Run ``cmd`` with stdout to ``out``; (exit status, note). Never raises for the
-    tool's own failure."""
+    """Run ``cmd`` in its own process group with stdout to ``out``; (exit status, note).
+    On timeout the whole group is killed (``nvidia-bug-report.sh`` starts many children).
+    Never raises for the tool's own failure."""
     try:
         with out.open("wb") as f:
-            p = subprocess.run(cmd, stdout=f, stderr=subprocess.PIPE, timeout=timeout_s,
-                               check=False, stdin=subprocess.DEVNULL)
+            p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.PIPE,
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
+            try:
+                _, err_bytes = p.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
+                return None, f"{cmd[0]} did not finish within {timeout_s:g} s"
     except FileNotFoundError:
         return None, f"{cmd[0]} not found"
-    except subprocess.TimeoutExpired:
-        return None, f"{cmd[0]} did not finish within {timeout_s:g} s"
     except OSError as e:
         return None, f"{cmd[0]}: {e.strerror or e}"
     if p.returncode != 0:
-        err = p.stderr.decode("utf-8", "replace").strip().splitlines()
+        err = err_bytes.decode("utf-8", "replace").strip().splitlines()
         return p.returncode, f"{cmd[0]} exit {p.returncode}" + (f": {err[-1][:200]}" if err
                                                                  else "")
     return 0, ""
@@ -185,6 +199,11 @@ def capture(
         work = Path(tempfile.mkdtemp(prefix=".capture-", dir=directory))
     except OSError as e:
         raise CaptureError(f"--dir {directory}: {e.strerror or e}") from None
+    deadline = time.monotonic() + tool_timeout_s
+
+    def left() -> float:
+        return max(min(MIN_TOOL_S, tool_timeout_s), deadline - time.monotonic())
+
     try:
         at = now()
         parts: list[Part] = []
@@ -193,7 +212,7 @@ def capture(
         if bug is not None:
             target = work / "nvidia-bug-report.log"
             cmd = [bug, "--output-file", str(target)]
-            rc, note = _run(cmd, work / "nvidia-bug-report.stdout", tool_timeout_s)
+            rc, note = _run(cmd, work / "nvidia-bug-report.stdout", left())
             made = next((p for p in (work / "nvidia-bug-report.log.gz", target) if p.exists()),
                         None)
             parts.append(Part("nvidia_bug_report", made.name if made else None, cmd, rc, note))
@@ -204,10 +223,10 @@ def capture(
                 parts.append(Part("nvidia_smi", None, ["nvidia-smi", "-q"], None,
                                   "nvidia-smi not found"))
             else:
-                rc, note = _run(["nvidia-smi", "-q"], work / "nvidia-smi-q.txt", tool_timeout_s)
+                rc, note = _run(["nvidia-smi", "-q"], work / "nvidia-smi-q.txt", left())
                 parts.append(Part("nvidia_smi", "nvidia-smi-q.txt", ["nvidia-smi", "-q"], rc,
                                   note))
-            parts.append(kernel_log(work, tool_timeout_s, kmsg))
+            parts.append(kernel_log(work, left(), kmsg))
             parts.append(nvml_counters(work, sample))
         manifest = {"repair_id": repair_id, "host": socket.gethostname(),
                     "boot_id": _boot_id(), "collected_at": at.isoformat(), "tool": tool,

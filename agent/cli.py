@@ -329,7 +329,8 @@ def capture(
     repair: Annotated[str, typer.Option("--repair", help="repair id (names the archive)")],
     json_out: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     tool_timeout: Annotated[float, typer.Option(
-        help="seconds each tool (nvidia-bug-report.sh, nvidia-smi, journalctl) may run")]
+        help="seconds the tools (nvidia-bug-report.sh, nvidia-smi, journalctl) may run "
+             "together")]
     = 240.0,
     backend: Annotated[str, typer.Option(help="NVML counters from: nvml | simulated")]
     = "nvml",

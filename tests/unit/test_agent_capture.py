@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 
 from tests.conftest import venv_binary
@@ -121,3 +122,27 @@ def test_capture_cannot_write_its_directory_exits_2(tmp_path: Path) -> None:
     rc, res, _err = _run(tmp_path, _path_with(tmp_path), "--dir", str(blocker / "ev"),
                          "--repair", "r-4")
     assert rc == 2 and str(blocker / "ev") in str(res["error"])
+
+
+def test_a_hanging_bug_report_is_killed_and_the_fallback_runs(tmp_path: Path) -> None:
+    """``--tool-timeout`` bounds the tools together: a ``nvidia-bug-report.sh`` that never
+    ends is killed with its children at the budget, and the fallback still collects."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _tool(bin_dir, "nvidia-bug-report.sh", f"sleep 60 & echo $! > {tmp_path}/child; wait")
+    _tool(bin_dir, "journalctl", 'echo "NVRM: Xid (PCI:0000:18:00): 79"')
+    t0 = time.monotonic()
+    rc, res, err = _run(tmp_path, _path_with(bin_dir, "sleep"), "--dir", str(tmp_path / "ev"),
+                        "--repair", "r-5", "--tool-timeout", "2")
+    assert rc == 0, err
+    assert time.monotonic() - t0 < 30
+    assert res["tool"] == "fallback"
+    notes = " | ".join(res["notes"])  # type: ignore[arg-type]
+    assert "nvidia-bug-report.sh did not finish within 2 s" in notes, notes
+    child = int((tmp_path / "child").read_text())
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)                                     # the kill reaches the child
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(
+        f"/proc/{child}/stat").read_text().split()[2]
+    assert b"Xid" in _members(str(res["path"]))["kernel.log"]
