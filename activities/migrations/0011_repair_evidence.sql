@@ -1,4 +1,4 @@
--- Ledger schema v9: evidence captured before a disruptive action (issue 31 item 3,
+-- Ledger schema v11: evidence captured before a disruptive action (issue 31 item 3,
 -- workflows.evidence): one row per repair, action and attempt (a retried activity finds
 -- its row), and the evidence a hardware ticket of the machine carries.
 
