@@ -492,6 +492,18 @@ class MigrateGateConfig(_Section):
     window_s: float = Field(10 * 86400.0, gt=0)
 
 
+class RepeatOffenderConfig(_Section):
+    """A machine that keeps needing disruptive repairs, whatever the fault (issue 31 item
+    2): at ``threshold`` disruptive repairs within ``window_s`` its next recommendation
+    is ``remove``, for a person (never automatic)."""
+
+    #: Disruptive repairs (repairs with at least one executed power cycle, reboot, GPU
+    #: reset, reprovision or migrate on the machine) that make a repeat offender (3).
+    threshold: int = Field(3, ge=1)
+    #: Window the repairs are counted in, seconds (30 days).
+    window_s: float = Field(30 * 86400.0, gt=0)
+
+
 class RailsConfig(_Section):
     """Safety rails (docs/design.md §5)."""
 
@@ -545,6 +557,8 @@ class RailsConfig(_Section):
     max_actions_per_node: int = Field(6, ge=1)
     #: Window of ``max_actions_per_node``, seconds (7 days, the ladder's window).
     max_actions_window_s: float = Field(7 * 86400.0, gt=0)
+    #: Repeat-offender machines (issue 31 item 2): ``remove`` for a person.
+    repeat_offender: RepeatOffenderConfig = Field(default_factory=RepeatOffenderConfig)
 
 
 class BmcConfig(_Section):
