@@ -237,7 +237,8 @@ def choose_action(
     ``rails.repeat_offender``), a repeat-offender machine (:func:`repeat_offender`) gets
     ``remove`` for a person instead of any other disruptive action, the rule naming the
     repairs counted (issue 31 item 2); the ladder and the per-node cap are unchanged.
-    The ladder key is the first alert's kind/code (``"manual"`` with no code when the repair has no alert behind it).
+    The ladder key is the first alert's kind/code (``"manual"`` with no code when the
+    repair has no alert behind it).
 
     ``reset``: the cluster's ``reset_gpu`` policy; with it a requested ``reset_gpu`` goes
     through :func:`workflows.policy.reset.reset_decision` (node ``pool``, and
