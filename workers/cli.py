@@ -30,7 +30,7 @@ from typing import Annotated
 
 import typer
 
-from workers import ops, ops_temporal
+from workers import maintenance_cli, ops, ops_temporal
 from workers.config import ENV_CONFIG_FILE, ConfigError, load_config
 from workers.temporal_client import release_runtimes
 from workflows.config import AutorepairConfig
@@ -52,6 +52,10 @@ dead_letters_app = typer.Typer(
 app.add_typer(repairs_app, name="repairs")
 app.add_typer(breaker_app, name="breaker")
 app.add_typer(dead_letters_app, name="dead-letters")
+maintenance_app = typer.Typer(
+    help="Planned maintenance windows: start, list, end (no repair is recommended for a "
+         "covered node while one is open).", no_args_is_help=True)
+app.add_typer(maintenance_app, name="maintenance")
 
 ConfigOpt = Annotated[
     Path | None,
@@ -328,6 +332,52 @@ def repairs_cancel(
     """Cancel a repair at its next safe point."""
     ops.repairs_decide("cancel", *_api(api, token, data_dir), as_json, repair_id,
                        {"reason": reason})
+
+
+@maintenance_app.command("start")
+def maintenance_start(
+    cluster: ClusterReq,
+    duration: Annotated[str, typer.Option("--for", help="how long: 30m, 2h, 1d (at most "
+                                          "policy.maintenance.max_s)")],
+    reason: Annotated[str, typer.Option("--reason", help="why (recorded with the window)")],
+    pool: Annotated[str | None, typer.Option("--pool", help="one node pool")] = None,
+    nodes: Annotated[str | None, typer.Option("--nodes", help="N1,N2,...")] = None,
+    all_nodes: Annotated[bool, typer.Option("--all", help="every node of the cluster")]
+    = False,
+    api: Api = None, token: Token = None, data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
+    as_json: AsJson = False,
+) -> None:
+    """Open a window on one pool, a list of nodes or the whole cluster; prints its id."""
+    given = [n for n, v in (("--pool", pool), ("--nodes", nodes), ("--all", all_nodes)) if v]
+    if len(given) != 1:
+        typer.echo("error: give exactly one of --pool, --nodes, --all"
+                   + (f" (got {', '.join(given)})" if given else ""), err=True)
+        raise typer.Exit(2)
+    node_list = [n.strip() for n in nodes.split(",") if n.strip()] if nodes else None
+    maintenance_cli.start(*_api(api, token, data_dir), as_json, {
+        "cluster": cluster, "pool": pool, "nodes": node_list, "all": all_nodes,
+        "for": duration, "reason": reason})
+
+
+@maintenance_app.command("list")
+def maintenance_list(
+    cluster: Annotated[str | None, typer.Option("--cluster", help="one cluster only")] = None,
+    active: Annotated[bool, typer.Option("--active", help="only windows open now")] = False,
+    api: Api = None, token: Token = None, data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
+    as_json: AsJson = False,
+) -> None:
+    """Windows, newest first."""
+    maintenance_cli.list_windows(*_api(api, token, data_dir), as_json, cluster, active)
+
+
+@maintenance_app.command("end")
+def maintenance_end(
+    window_id: Annotated[str, typer.Argument(help="window id (`maintenance list`)")],
+    api: Api = None, token: Token = None, data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
+    as_json: AsJson = False,
+) -> None:
+    """End a window now."""
+    maintenance_cli.end(*_api(api, token, data_dir), as_json, window_id)
 
 
 @app.command()

@@ -1039,6 +1039,19 @@ class WorkerConfig(_Section):
     bmc_reprobe_s: float = Field(600.0, gt=0)
 
 
+class MaintenanceConfig(_Section):
+    """Planned maintenance windows (issue 29 item 1): while a window covers a node its
+    alerts are recorded and marked ``in_maintenance`` and nothing is recommended."""
+
+    #: Longest window an operator may open, seconds (24 h: a window forgotten open must
+    #: not switch repair off for good).
+    max_s: float = Field(24 * 3600.0, gt=0, le=30 * 86400.0)
+    #: After a window ends (and after a covered node's boot inside it) a fault must
+    #: persist or recur beyond this before it is recommended, seconds (15 min: a planned
+    #: rack reboot's false link-down reports settle within minutes).
+    grace_s: float = Field(900.0, ge=0)
+
+
 class PolicyConfig(_Section):
     """The policy bundle handed to workflows (pure data; no secrets)."""
 
@@ -1050,6 +1063,8 @@ class PolicyConfig(_Section):
     rails: RailsConfig = Field(default_factory=RailsConfig)
     #: ``reset_gpu`` preconditions; a cluster's ``reset_gpu.policy`` replaces it there.
     reset_gpu: ResetGpuPolicy = Field(default_factory=ResetGpuPolicy)
+    #: Planned maintenance windows (``autorepair maintenance``).
+    maintenance: MaintenanceConfig = Field(default_factory=MaintenanceConfig)
 
 
 class AutorepairConfig(_Section):
