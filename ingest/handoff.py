@@ -72,6 +72,7 @@ from temporalio.client import Client, WithStartWorkflowOperation, WorkflowUpdate
 from temporalio.common import WorkflowIDConflictPolicy
 
 from ingest.limits import alert_bytes, cap_alert
+from ingest.maintenance_marks import MaintenanceMarks
 from workflows.console import guard_details, guard_summary, node_details, node_summary
 from workflows.models import Alert, AlertDelivery, AlertOutcome, NodeInput
 from workflows.protocol import (
@@ -204,7 +205,8 @@ class TemporalAlertSink:
     ``resubmit_after_s``: period of the re-delivery sweep and the age an unmarked alert
     must reach before it (config ``ingest.outbox_resubmit_every_s`` /
     ``ingest.outbox_resubmit_after_s``); ``mark_every_s``: how often delivered alerts are
-    marked, seconds.
+    marked, seconds. ``maintenance``: marks the alerts of nodes inside a planned
+    maintenance window as observations before delivery (:mod:`ingest.maintenance_marks`).
     Raises ``ValueError`` naming the field for ``queue_size < shards``,
     ``max_attempts < 1`` or a timing that is not positive.
     """
@@ -229,6 +231,7 @@ class TemporalAlertSink:
         resubmit_every_s: float = 30.0,
         resubmit_after_s: float = 60.0,
         mark_every_s: float = 0.5,
+        maintenance: MaintenanceMarks | None = None,
     ) -> None:
         if shards is None:
             shards = max(1, min(DEFAULT_SHARDS, queue_size))
@@ -268,6 +271,8 @@ class TemporalAlertSink:
         self.resubmit_every_s = resubmit_every_s
         self.resubmit_after_s = resubmit_after_s
         self.mark_every_s = mark_every_s
+        #: marks alerts of nodes inside a maintenance window (issue 29) before delivery
+        self.maintenance = maintenance
         #: ids of stored alerts this process holds: queued, parked, in flight, or handled
         #: and waiting to be marked (the sweep leaves them alone)
         self._held: set[str] = set()
@@ -533,6 +538,8 @@ class TemporalAlertSink:
             )
             return AlertDelivery(alert_id=alert.alert_id, outcome=AlertOutcome.new,
                                  reason="cluster-level alert sent to the cluster guard")
+        if self.maintenance is not None:
+            alert = await self.maintenance.mark(alert)
         op: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
             NODE_WORKFLOW,
             NodeInput(cluster=alert.cluster, node=alert.node, machine_id=alert.machine_id,

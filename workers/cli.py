@@ -177,7 +177,8 @@ def ingest(config: ConfigOpt = None) -> None:
     try:
         run_ingest(cfg, api_routers(cfg), scheduler_inventory(cfg), ledger, redfish_probe(cfg),
                    ledger.open_level_alerts if ledger is not None else None, outbox=ledger,
-                   bindings_source=ledger.machine_bindings if ledger is not None else None)
+                   bindings_source=ledger.machine_bindings if ledger is not None else None,
+                   maintenance=ledger.maintenance_marks() if ledger is not None else None)
     except (RuntimeError, ValueError, OSError) as exc:
         # RuntimeError: a port cannot bind; ValueError: a malformed tokens file;
         # OSError: an unreadable TLS / tokens file.

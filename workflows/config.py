@@ -1046,10 +1046,6 @@ class MaintenanceConfig(_Section):
     #: Longest window an operator may open, seconds (24 h: a window forgotten open must
     #: not switch repair off for good).
     max_s: float = Field(24 * 3600.0, gt=0, le=30 * 86400.0)
-    #: After a window ends (and after a covered node's boot inside it) a fault must
-    #: persist or recur beyond this before it is recommended, seconds (15 min: a planned
-    #: rack reboot's false link-down reports settle within minutes).
-    grace_s: float = Field(900.0, ge=0)
 
 
 class PolicyConfig(_Section):

@@ -7,15 +7,15 @@ from Slurm reservations with ``Flags=MAINT`` and from the Kubernetes node annota
 ``autorepair.io/maintenance`` (whose writer is as untrusted as any annotation: a window
 only pauses repair, it never starts one).
 
-Pure: the ledger stores windows, the workflows and ingest ask :func:`covering` and
-:func:`in_grace` with the control plane's clock.
+Pure: the ledger stores windows; the delivery path (``ingest.maintenance_marks``) asks
+:func:`covering` with the control plane's clock.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
@@ -91,24 +91,3 @@ def covering(windows: Iterable[MaintenanceWindow], cluster: str, node: str,
     hit = [w for w in windows
            if w.cluster == cluster and w.covers(node, pool) and w.open_at(now)]
     return sorted(hit, key=lambda w: (w.end(), w.window_id))
-
-
-def in_grace(windows: Iterable[MaintenanceWindow], cluster: str, node: str,
-             pool: str | None, now: datetime, grace_s: float,
-             boots: Iterable[datetime] = ()) -> datetime | None:
-    """The end of the grace period after maintenance that ``now`` falls in, or None.
-
-    A grace period of ``grace_s`` seconds follows the end of every window that covered
-    ``node``, and every boot of the node (``boots``: when the control plane saw a new
-    boot id) inside such a window: a fault must persist or recur past it before it is
-    recommended (issue 29 item 1). Returns the latest such grace end after ``now``."""
-    grace = timedelta(seconds=grace_s)
-    ends: list[datetime] = []
-    mine = [w for w in windows if w.cluster == cluster and w.covers(node, pool)]
-    for w in mine:
-        if w.end() <= now < w.end() + grace:
-            ends.append(w.end() + grace)
-        for b in boots:
-            if w.starts_at <= b < w.end() and b <= now < b + grace:
-                ends.append(b + grace)
-    return max(ends) if ends else None

@@ -36,7 +36,8 @@ async def _run_all(config: AutorepairConfig, client: Client, stop: asyncio.Event
     sink = TemporalAlertSink(client, config.temporal.task_queue, queue_size=ic.alert_queue,
                              max_attempts=ic.handoff_max_attempts,
                              max_value_chars=ic.max_evidence_value_chars,
-                             max_alert_bytes=ic.max_alert_bytes, dead_letters=ledger)
+                             max_alert_bytes=ic.max_alert_bytes, dead_letters=ledger,
+                             maintenance=ledger.maintenance_marks() if ledger else None)
     await sink.start()
     closers: list[object] = [ledger] if ledger is not None else []
     runs = []
