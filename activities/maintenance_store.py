@@ -5,6 +5,7 @@ reservations, the Kubernetes annotation) are read where they live, never stored 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -102,6 +103,38 @@ class MaintenanceStore:
         if w is None:
             raise WindowError("id", f"no maintenance window {window_id!r}", status=404)
         return w, False
+
+
+    async def sync(self, cluster: str, source: str, windows: Sequence[MaintenanceWindow],
+                   now: datetime | None = None) -> tuple[int, int]:
+        """Make the ledger's windows of ``cluster`` from ``source`` (``slurm``,
+        ``kubernetes``) the scheduler's current ``windows``: each is inserted or updated
+        (nodes, times, reason; reopened when it comes back), and every open one of that
+        source no longer listed ends ``now``. One transaction; idempotent. Returns
+        (windows written, windows ended)."""
+        at = now or datetime.now(UTC)
+        ids = [w.window_id for w in windows]
+        async with self.pool.acquire() as conn, conn.transaction():
+            for w in windows:
+                if w.cluster != cluster or w.source != source:
+                    raise WindowError("source", f"window {w.window_id!r} is not one of "
+                                      f"{source} on {cluster}")
+                await conn.execute(
+                    """INSERT INTO maintenance_windows (window_id, cluster, scope, pool, nodes,
+                           reason, created_by, source, starts_at, ends_at)
+                       VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                       ON CONFLICT (window_id) DO UPDATE SET scope = EXCLUDED.scope,
+                           pool = EXCLUDED.pool, nodes = EXCLUDED.nodes,
+                           reason = EXCLUDED.reason, starts_at = EXCLUDED.starts_at,
+                           ends_at = EXCLUDED.ends_at, ended_at = NULL, ended_by = NULL""",
+                    w.window_id, w.cluster, w.scope, w.pool, w.nodes, w.reason, w.created_by,
+                    w.source, w.starts_at, w.ends_at)
+            status = await conn.execute(
+                """UPDATE maintenance_windows SET ended_at = $4, ended_by = $3
+                    WHERE cluster = $1 AND source = $3 AND ended_at IS NULL
+                      AND ends_at > $4 AND NOT (window_id = ANY($2::text[]))""",
+                cluster, ids, source, at)
+        return len(windows), int(status.split()[-1])
 
 
 def window_view(w: MaintenanceWindow, now: datetime) -> dict[str, Any]:

@@ -86,6 +86,13 @@ class LazyLedger:
                     self.config.providers))
         return self._ledger
 
+    async def sync_maintenance(self, cluster: str, source: str,
+                               windows: list[MaintenanceWindow], now: datetime) -> None:
+        """A scheduler's maintenance windows into the ledger
+        (:meth:`MaintenanceStore.sync`)."""
+        ledger = await self.get()
+        await MaintenanceStore(ledger.pool).sync(cluster, source, windows, now)
+
     def maintenance_marks(self) -> MaintenanceMarks:
         """:func:`maintenance_marks` on this ledger (connecting on first use)."""
         return maintenance_marks(self.get)

@@ -144,3 +144,42 @@ def test_cli_needs_exactly_one_scope() -> None:
     r = CliRunner().invoke(cli_app, ["maintenance", "start", "--cluster", "c1", "--for", "1h",
                                      "--reason", "x", "--all", "--pool", "p"])
     assert r.exit_code == 2 and "--pool, --all" in r.output
+
+
+def test_scontrol_reservations_are_read_with_their_maint_flag() -> None:
+    from activities.scheduler.slurm import parse_scontrol_show_reservation
+
+    text = (
+        "ReservationName=rack-a StartTime=2026-12-01T12:00:00 EndTime=2026-12-01T14:00:00 "
+        "Duration=02:00:00 Nodes=gpu-[01-03,05] NodeCnt=4 CoreCnt=4 Features=(null) "
+        "PartitionName=(null) Flags=MAINT,SPEC_NODES TRES=cpu=4 Users=root State=ACTIVE\n\n"
+        "ReservationName=train StartTime=2026-12-01T12:00:00 EndTime=2026-12-02T12:00:00\n"
+        "   Duration=1-00:00:00 Nodes=gpu-04 NodeCnt=1 Flags=SPEC_NODES Users=alice\n")
+    a, b = parse_scontrol_show_reservation(text)
+    assert a.name == "rack-a" and a.maint and a.nodes == ("gpu-01", "gpu-02", "gpu-03",
+                                                          "gpu-05")
+    assert a.end is not None and a.start is not None and (a.end - a.start).seconds == 7200
+    assert b.name == "train" and not b.maint and b.nodes == ("gpu-04",)
+    assert parse_scontrol_show_reservation("No reservations in the system\n") == []
+
+
+async def test_scheduler_sync_writes_reopens_and_ends_its_own_windows(ledger_pool: Any) -> None:
+    store = MaintenanceStore(ledger_pool)
+    op = await store.start(cluster="c1", scope="all", duration_s=600, reason="operator's",
+                           created_by="bob", now=T0)
+    sw = MaintenanceWindow(window_id="slurm:c1:rack-a", cluster="c1", scope="nodes",
+                           nodes=["gpu-01"], reason="Slurm maintenance reservation rack-a",
+                           created_by="slurm", source="slurm", starts_at=T0,
+                           ends_at=T0 + timedelta(hours=2))
+    assert await store.sync("c1", "slurm", [sw], T0) == (1, 0)
+    assert await store.sync("c1", "slurm", [sw], T0) == (1, 0)  # idempotent
+    assert await store.sync("c1", "slurm", [], T0 + timedelta(minutes=1)) == (1 - 1, 1)
+    gone = await store.get("slurm:c1:rack-a")
+    assert gone is not None and gone.ended_at == T0 + timedelta(minutes=1)
+    await store.sync("c1", "slurm", [sw], T0 + timedelta(minutes=2))  # it came back
+    back = await store.get("slurm:c1:rack-a")
+    assert back is not None and back.ended_at is None
+    # the operator's window is never touched by a scheduler's sync
+    assert (await store.get(op.window_id)) == op
+    with pytest.raises(WindowError, match="source"):
+        await store.sync("c1", "kubernetes", [sw], T0)

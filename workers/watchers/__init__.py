@@ -48,6 +48,7 @@ async def _run_all(config: AutorepairConfig, client: Client, stop: asyncio.Event
                 runs.append(SlurmWatcher(
                     config, c, sink, bmc_probe=redfish_probe(config),
                     open_alerts=ledger.last_level_edges if ledger is not None else None,
+                    maintenance=ledger.sync_maintenance if ledger is not None else None,
                 ).run(stop))
                 continue
             from kubernetes_asyncio import client as k8s
