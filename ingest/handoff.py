@@ -320,7 +320,8 @@ class TemporalAlertSink:
             a2, cut = cap_alert(a, max_value_chars=self.max_value_chars,
                                 max_bytes=self.max_alert_bytes)
             if cut:
-                log.warning("event=alert_capped cluster=%s node=%s alert_id=%s cut=%s",
+                # the cut keys are sender-chosen evidence keys: %r, never a forged line
+                log.warning("event=alert_capped cluster=%s node=%s alert_id=%s cut=%r",
                             a2.cluster, a2.node, a2.alert_id, ",".join(cut))
             capped.append(a2)
         if self.outbox is None:
@@ -563,7 +564,7 @@ class TemporalAlertSink:
         if self.on_dead_letter is not None:
             self.on_dead_letter(reason)
         log.error("event=alert_dead_lettered cluster=%s node=%s alert_id=%s kind=%s "
-                  "reason=%s attempts=%d error=%s", alert.cluster, alert.node,
+                  "reason=%s attempts=%d error=%r", alert.cluster, alert.node,
                   alert.alert_id, alert.kind, reason, attempts, error[:500])
         if self.dead_letters is None:
             return
@@ -585,8 +586,8 @@ class TemporalAlertSink:
             result: AlertDelivery = await self.deliver(alert)
         except WorkflowUpdateFailedError as e:
             self._count("rejected")
-            log.error("event=handoff_rejected cluster=%s node=%s alert_id=%s error=%s",
-                      alert.cluster, alert.node, alert.alert_id, e.cause)
+            log.error("event=handoff_rejected cluster=%s node=%s alert_id=%s error=%r",
+                      alert.cluster, alert.node, alert.alert_id, str(e.cause))
             await self._dead_letter(alert, "rejected", str(e.cause or e), attempts + 1)
             return True, ""
         except asyncio.CancelledError:
