@@ -15,7 +15,11 @@ POST   /api/v1/repairs/{id}/reject       operator  200 :class:`RepairView`
 POST   /api/v1/repairs/{id}/cancel       operator  200 :class:`RepairView`
 GET    /api/v1/alerts?cluster&node&limit viewer+   200 ``{"alerts": [Alert, ...]}`` newest first
 GET    /api/v1/report?since&until&...  viewer+   200 fleet report: repairs, MTTR, downtime, cost
+GET    /api/v1/machines/held?cluster     viewer+   200 machines held for RMA
+POST   /api/v1/machines/{c}/{m}/return   operator  200 hold lifted / 409 not held
 ====== ================================= ========= ==========================================
+
+(The machine routes: :mod:`workers.repairs.machines`.)
 
 Errors: 401 without or with an unknown token (or when no tokens file is configured),
 403 for a role that may not do it (both checked before the ledger is touched), 503 when
@@ -43,6 +47,7 @@ from temporalio.client import Client
 from activities.ledger_reports import fleet_report
 from workers.repairs.auth import ApiTokens, Principal
 from workers.repairs.intake import IntakeError, LazyIntake, RepairIntake
+from workers.repairs.machines import add_machine_routes
 from workers.repairs.models import (
     STORABLE,
     AlertList,
@@ -124,7 +129,7 @@ def build_repairs_router(
     bearer = HTTPBearer(auto_error=False, description="TOKEN from api.tokens_file")
     router = APIRouter(prefix="/api/v1", tags=["repairs"], route_class=_BodyNamingRoute)
 
-    def need(perm: str) -> Callable[..., Principal]:
+    def need(perm: str, what: str = "repairs") -> Callable[..., Principal]:
         def dep(
             creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
         ) -> Principal:
@@ -134,7 +139,7 @@ def build_repairs_router(
                        else "api.tokens_file is not configured; the repair API needs tokens")
                 raise HTTPException(401, msg, headers={"WWW-Authenticate": "Bearer"})
             if not who.may(perm):
-                raise HTTPException(403, f"role {who.role!r} may not {perm} repairs")
+                raise HTTPException(403, f"role {who.role!r} may not {perm} {what}")
             return who
 
         return dep
@@ -277,6 +282,7 @@ def build_repairs_router(
         except IntakeError as e:
             raise fail(e) from e
 
+    add_machine_routes(router, need, Intake)
     return router
 
 
