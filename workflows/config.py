@@ -158,7 +158,8 @@ class ServiceAccountTokensConfig(_Section):
     #: TokenReview / pod reads in flight at once; a token that would exceed it is
     #: refused (401, retried by the agent), so unknown tokens cannot flood the API server.
     max_concurrent_reviews: int = Field(8, gt=0)
-    #: Most tokens (verified or refused) remembered at once; the oldest go first.
+    #: Most tokens remembered at once, verified and refused ones each (apart, so made-up
+    #: tokens never push a node's identity out); the oldest go first.
     max_cached_tokens: int = Field(100_000, gt=0)
     #: Longest wait for one TokenReview or pod read, seconds.
     timeout_s: float = Field(5.0, gt=0)
