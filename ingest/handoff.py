@@ -72,6 +72,7 @@ from temporalio.client import Client, WithStartWorkflowOperation, WorkflowUpdate
 from temporalio.common import WorkflowIDConflictPolicy
 
 from ingest.limits import alert_bytes, cap_alert
+from ingest.quota import SENDER, SENDER_IS_COLLECTOR
 from workflows.console import guard_details, guard_summary, node_details, node_summary
 from workflows.models import Alert, AlertDelivery, AlertOutcome, NodeInput
 from workflows.protocol import (
@@ -98,6 +99,12 @@ class HandoffRefused(Exception):
 
 class HandoffQueueFull(HandoffRefused):
     """The bounded hand-off queue is full; the caller should ask the sender to retry."""
+
+
+class IdentityShareFull(HandoffQueueFull):
+    """The sender identity's share of the hand-off queue is full (``ingest.limits
+    .queued_alerts_per_identity`` / ``_per_collector``): that identity alone is asked to
+    retry, every other sender's alerts are still taken."""
 
 
 class OutboxUnavailable(HandoffRefused):
@@ -205,6 +212,11 @@ class TemporalAlertSink:
     must reach before it (config ``ingest.outbox_resubmit_every_s`` /
     ``ingest.outbox_resubmit_after_s``); ``mark_every_s``: how often delivered alerts are
     marked, seconds.
+    ``queued_per_identity`` / ``queued_per_collector``: the most alerts one sender
+    identity (a node's, a collector's; :data:`ingest.quota.SENDER` of the push) may have
+    queued and not yet handled (config ``ingest.limits.queued_alerts_per_identity`` /
+    ``_per_collector``; ``None``: no share); beyond it that identity's push is refused
+    with :class:`IdentityShareFull`, so one token holder cannot fill the queue others need.
     Raises ``ValueError`` naming the field for ``queue_size < shards``,
     ``max_attempts < 1`` or a timing that is not positive.
     """
@@ -229,6 +241,8 @@ class TemporalAlertSink:
         resubmit_every_s: float = 30.0,
         resubmit_after_s: float = 60.0,
         mark_every_s: float = 0.5,
+        queued_per_identity: int | None = None,
+        queued_per_collector: int | None = None,
     ) -> None:
         if shards is None:
             shards = max(1, min(DEFAULT_SHARDS, queue_size))
@@ -276,6 +290,12 @@ class TemporalAlertSink:
         self._recovered = outbox is None
         self._recover_lock = asyncio.Lock()
         self._outbox_task: asyncio.Task[None] | None = None
+        #: per-identity share of the queue (ingest.limits; None: no share): alerts queued
+        #: and not yet handled per sender identity, and the identity of each
+        self.queued_per_identity = queued_per_identity
+        self.queued_per_collector = queued_per_collector
+        self._owner_pending: dict[str, int] = {}
+        self._owner_of: dict[str, str] = {}
 
     def _count(self, outcome: str) -> None:
         self.counts[outcome] = self.counts.get(outcome, 0) + 1
@@ -305,6 +325,17 @@ class TemporalAlertSink:
             return
         if not self._recovered:
             await self._recover()
+        owner = SENDER.get()
+        cap = self.queued_per_collector if SENDER_IS_COLLECTOR.get() else \
+            self.queued_per_identity
+        if owner is not None and cap is not None and \
+                self._owner_pending.get(owner, 0) + len(alerts) > cap:
+            self._count("queue_full")
+            raise IdentityShareFull(
+                f"alert hand-off queue: this sender's share ({cap} alerts, "
+                "ingest.limits.queued_alerts_per_identity) is full; retry later")
+        if cap is None:
+            owner = None
         shards = [self._shard(a) for a in alerts]
         need: dict[int, int] = {}
         for sh in shards:
@@ -326,7 +357,7 @@ class TemporalAlertSink:
             capped.append(a2)
         if self.outbox is None:
             for a, sh in zip(capped, shards, strict=True):
-                self._enqueue(a, sh)
+                self._enqueue(a, sh, owner)
             return
         for sh, n in need.items():  # reserved while the outbox call is out
             self._pending[sh] += n
@@ -347,7 +378,7 @@ class TemporalAlertSink:
         self._release(need)
         for a, sh in zip(capped, shards, strict=True):
             if a.alert_id in new and a.alert_id not in self._held:
-                self._enqueue(a, sh)
+                self._enqueue(a, sh, owner)
 
     def _release(self, need: dict[int, int]) -> None:
         for sh, n in need.items():
@@ -355,8 +386,11 @@ class TemporalAlertSink:
         if not self.depth():
             self._drained.set()
 
-    def _enqueue(self, alert: Alert, shard: int) -> None:
+    def _enqueue(self, alert: Alert, shard: int, owner: str | None = None) -> None:
         self._pending[shard] += 1
+        if owner is not None and alert.alert_id not in self._owner_of:
+            self._owner_of[alert.alert_id] = owner
+            self._owner_pending[owner] = self._owner_pending.get(owner, 0) + 1
         self._drained.clear()
         if self.outbox is not None:
             self._held.add(alert.alert_id)
@@ -623,6 +657,13 @@ class TemporalAlertSink:
                 return
         self._handled(alert)
         self._pending[shard] -= 1
+        owner = self._owner_of.pop(alert.alert_id, None)
+        if owner is not None:
+            left = self._owner_pending.get(owner, 0) - 1
+            if left > 0:
+                self._owner_pending[owner] = left
+            else:
+                self._owner_pending.pop(owner, None)
         if not self.depth():
             self._drained.set()
         if rest:

@@ -35,7 +35,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 
 from ingest.auth import ROLE_COLLECTOR, Identity
 from ingest.forward import OtlpForwarder, stamp_providers
-from ingest.handoff import AlertSink, HandoffRefused
+from ingest.handoff import AlertSink, HandoffRefused, IdentityShareFull
 from ingest.inventory import NodeInventory, UnknownNodeGate
 from ingest.levels import FaultShape, fault_shape
 from ingest.limits import cap_alert
@@ -43,7 +43,15 @@ from ingest.metrics import IngestMetrics
 from ingest.nccl import NCCL_OWNER_REFUSED, NcclEdge, NcclEngine
 from ingest.nccl_wire import decode_nccl
 from ingest.otlp import Decoded, FaultRecord, Limits, Resource, decode_logs, decode_metrics
-from ingest.quota import COHORT, NCCL_COMMUNICATOR, SENDER, UNKNOWN_NODE, SenderQuota
+from ingest.quota import (
+    COHORT,
+    NCCL_COMMUNICATOR,
+    QUEUED_ALERTS,
+    SENDER,
+    SENDER_IS_COLLECTOR,
+    UNKNOWN_NODE,
+    SenderQuota,
+)
 from ingest.threshold import (
     DEFAULT_COHORT,
     CohortResult,
@@ -340,7 +348,9 @@ class Ingestor:
                 else:
                     for st in staged:
                         await self.alert_sink.submit(st.alert)
-            except HandoffRefused:
+            except HandoffRefused as e:
+                if isinstance(e, IdentityShareFull):
+                    self.metrics.identity_limited_total.labels(QUEUED_ALERTS).inc()
                 self.alerts_refused += len(staged)
                 for st in staged:
                     if st.on_refused is not None:
@@ -371,6 +381,8 @@ class Ingestor:
         d = decode_metrics(req, now, max_future_s=self.max_future_s, ttl_s=self.scores.ttl_s,
                            limits=self.limits)
         sender = SENDER.set(identity.id if identity is not None else None)
+        collector = SENDER_IS_COLLECTOR.set(
+            identity is not None and identity.role == ROLE_COLLECTOR)
         try:
             self.bound(d, identity, now)
             batch: list[_Staged] = []
@@ -387,6 +399,7 @@ class Ingestor:
                 log.warning("event=derived_alerts_deferred alerts=%d error=%r", len(batch),
                             str(e))
         finally:
+            SENDER_IS_COLLECTOR.reset(collector)
             SENDER.reset(sender)
         await self.unreachable.flush(now)
         self._count_rejected(d, transport, "metrics")
@@ -631,6 +644,8 @@ class Ingestor:
         if reporter is None and identity is not None:
             reporter = identity.role
         sender = SENDER.set(identity.id if identity is not None else None)
+        collector = SENDER_IS_COLLECTOR.set(
+            identity is not None and identity.role == ROLE_COLLECTOR)
         try:
             self.bound(d, identity, now)
             batch: list[_Staged] = []
@@ -643,6 +658,7 @@ class Ingestor:
                 _PUSH.reset(token)
             await self._commit(batch)
         finally:
+            SENDER_IS_COLLECTOR.reset(collector)
             SENDER.reset(sender)
         await self.unreachable.flush(now)
         self._count_rejected(d, transport, "logs")

@@ -3,10 +3,11 @@
 Every value a sender chooses that becomes ingest state — a node name outside the
 inventory (a score-map slot, a node entry, an unreachable-tracker entry, a workflow), a
 cohort (a score-map cohort and its gauges), an NCCL communicator (its op buffers), a
-Prometheus label value (a series for the life of the process) — is bounded **per
-identity** (the verified credential's label, :attr:`ingest.auth.Identity.label`), so one
-node token or collector credential cannot fill the share every other sender uses: it
-cannot evict other nodes' state, take the global label budget or inflate ``/metrics``.
+Prometheus label value (a series for the life of the process), and its share of the alert
+hand-off queue — is bounded **per identity** (the verified credential,
+:attr:`ingest.auth.Identity.id`), so one node token or collector credential cannot fill
+the share every other sender uses: it cannot evict other nodes' state, take the global
+label budget, fill the hand-off queue or inflate ``/metrics``.
 
 The caps are ``ingest.limits.*`` (:class:`workflows.config.IngestLimitsConfig`). A value
 beyond its identity's cap is refused: the point or record is rejected in the response's
@@ -28,14 +29,20 @@ UNKNOWN_NODE = "unknown_node"
 COHORT = "cohort"
 NCCL_COMMUNICATOR = "nccl_communicator"
 LABEL_VALUE = "label_value"
-WHATS = (UNKNOWN_NODE, COHORT, NCCL_COMMUNICATOR, LABEL_VALUE)
+
+QUEUED_ALERTS = "queued_alerts"
+WHATS = (UNKNOWN_NODE, COHORT, NCCL_COMMUNICATOR, LABEL_VALUE, QUEUED_ALERTS)
 """What a per-identity cap bounds: the values of the ``what`` label of
-``autorepair_identity_limited_total``."""
+``autorepair_identity_limited_total`` (``queued_alerts``: a push refused because its
+identity's share of the alert hand-off queue was full, :mod:`ingest.handoff`)."""
 
 SENDER: ContextVar[str | None] = ContextVar("ingest_sender", default=None)
 """Label of the identity whose push the current task handles (``None``: no identity,
 authentication off, or outside a push). Set by ``Ingestor.handle_logs`` /
-``handle_metrics``; read where a label value is admitted (:class:`ingest.metrics.LabelGuard`)."""
+``handle_metrics``; read where a label value is admitted (:class:`ingest.metrics.LabelGuard`)
+and where alerts are queued for hand-off (:class:`ingest.handoff.TemporalAlertSink`)."""
+SENDER_IS_COLLECTOR: ContextVar[bool] = ContextVar("ingest_sender_collector", default=False)
+"""True while the current push comes from a collector identity (its larger caps apply)."""
 
 
 class SenderQuota:

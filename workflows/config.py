@@ -205,6 +205,14 @@ class IngestLimitsConfig(_Section):
     #: ``clusters``, cohorts) one identity may introduce out of the global budget
     #: ``ingest.max_label_values``; further ones count as ``other`` / are not exported.
     label_values_per_identity: int = Field(8, ge=0)
+    #: Alerts one node identity may have waiting in the hand-off queue
+    #: (``ingest.alert_queue``) at once; beyond it that identity's pushes get 503 +
+    #: ``Retry-After`` while every other sender's are taken. 256: a node's storm (every
+    #: GPU's Xid, ECC and PCIe errors twice over) with room to spare.
+    queued_alerts_per_identity: int = Field(256, ge=1)
+    #: The same for a collector identity: half of the default ``ingest.alert_queue``
+    #: (as ``max_inflight_per_collector`` is half of ``max_inflight``).
+    queued_alerts_per_collector: int = Field(5000, ge=1)
 
 
 class IngestConfig(_Section):

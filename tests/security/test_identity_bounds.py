@@ -11,23 +11,29 @@ identity key."""
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
+from temporalio.service import RPCError
 
 from agent.nccl import NcclRecord, nccl_metric
 from agent.otlp import metrics_request
 from ingest.auth import ROLE_COLLECTOR, Identity, load_identities
+from ingest.handoff import IdentityShareFull, TemporalAlertSink
 from ingest.otlp import make_fault_request, make_metrics_request
 from ingest.pipeline import Ingestor
 from ingest.service import IngestService
 from workflows.config import AutorepairConfig
 from workflows.models import Alert
+from workflows.protocol import workflow_id_node
 
 PB = {"Content-Type": "application/x-protobuf"}
 A = Identity(ROLE_COLLECTOR, "collector of c1", clusters=frozenset({"c1"}), key="line 1")
@@ -201,3 +207,52 @@ async def test_nccl_communicators_are_bounded_per_identity_and_never_evict_a_nei
     assert ("c1", "b0") in ing.nccl.comms and ("c1", "b1") in ing.nccl.comms
     assert ("c1", "a0") not in ing.nccl.comms
     assert ing.metrics.identity_limited_total.labels("nccl_communicator")._value.get() == 4
+
+
+async def test_one_identity_cannot_fill_the_alert_handoff_queue(temporal_dev_env: Any) -> None:
+    """With the real hand-off on the Temporal dev server and no worker yet (deliveries
+    wait): collector A's alerts fill its share (``queued_alerts_per_collector`` 3) and its
+    next push is refused (503, counted) while B's push is taken; once the node workflows
+    take A's alerts, A's share is free again."""
+    from temporalio.worker import Worker
+
+    from tests.integration.test_ingest_handoff import FakeNodeWorkflow
+
+    client = temporal_dev_env.client
+    queue = f"share-{uuid.uuid4().hex[:8]}"
+    cl = f"qs-{uuid.uuid4().hex[:6]}"
+    cfg = AutorepairConfig.model_validate({
+        "ingest": {"limits": {"queued_alerts_per_collector": 3}},
+        "clusters": [{"name": cl, "nodes": [{"name": f"n{i:02d}"} for i in range(1, 6)]}],
+    })
+    sink = TemporalAlertSink(client, queue, queue_size=100, shards=4, rpc_timeout_s=5,
+                             queued_per_identity=cfg.ingest.limits.queued_alerts_per_identity,
+                             queued_per_collector=3)
+    await sink.start()
+    ing = Ingestor(cfg, alert_sink=sink)
+    try:
+        await ing.handle_logs(_faults(cl, [("n01", "xid"), ("n02", "xid"), ("n03", "xid")]),
+                              "http", identity=A)
+        with pytest.raises(IdentityShareFull, match="queued_alerts_per_identity"):
+            await ing.handle_logs(_faults(cl, [("n04", "xid")]), "http", identity=A)
+        assert ing.metrics.identity_limited_total.labels("queued_alerts")._value.get() == 1
+        await ing.handle_logs(_faults(cl, [("n05", "xid")]), "http", identity=B)  # taken
+        assert sink.depth() == 4
+        async with Worker(client, task_queue=queue, workflows=[FakeNodeWorkflow]):
+            for _ in range(200):
+                if sink.depth() == 0:
+                    break
+                await asyncio.sleep(0.1)
+            assert sink.depth() == 0
+            await ing.handle_logs(_faults(cl, [("n04", "xid")]), "http", identity=A)
+            for _ in range(200):
+                if sink.depth() == 0:
+                    break
+                await asyncio.sleep(0.1)
+    finally:
+        await sink.stop(drain_timeout_s=0.5)
+        for i in range(1, 6):
+            try:
+                await client.get_workflow_handle(workflow_id_node(cl, f"n{i:02d}")).terminate()
+            except RPCError:
+                pass  # never started
