@@ -23,7 +23,7 @@ import os
 import re
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -160,8 +160,9 @@ class Identity:
     node: str | None = None
     clusters: frozenset[str] | None = None
     #: what tells this credential from others of the same ``label`` (two collector
-    #: tokens for the same clusters: their tokens-file lines); ``None``: the label does
-    key: str | None = None
+    #: tokens for the same clusters: their tokens-file lines); ``None``: the label does.
+    #: Not part of equality: two lines naming the same subject are the same *grant*.
+    key: str | None = field(default=None, compare=False)
 
     @property
     def id(self) -> str:
