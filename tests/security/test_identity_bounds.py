@@ -256,3 +256,42 @@ async def test_one_identity_cannot_fill_the_alert_handoff_queue(temporal_dev_env
                 await client.get_workflow_handle(workflow_id_node(cl, f"n{i:02d}")).terminate()
             except RPCError:
                 pass  # never started
+
+
+@pytest.mark.parametrize("order", [("gpu-01", "gpu-02"), ("gpu-02", "gpu-01")])
+async def test_repeated_identity_key_through_the_receiver_with_a_node_token(
+        tmp_path: Path, order: tuple[str, str]) -> None:
+    """A node token for gpu-01 sends a resource naming ``host.name`` twice (its own node
+    and another, in either order): refused whole at the real HTTP receiver, whichever
+    value a lenient reader would keep; nothing is recorded for either node."""
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+        ExportLogsServiceResponse,
+    )
+    from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text("tok-1 node c1/gpu-01\n")
+    sink = ListSink()
+    cfg = AutorepairConfig.model_validate({
+        "ingest": {"host": "127.0.0.1", "otlp_grpc_port": 0, "otlp_http_port": 0,
+                   "api_port": 0, "admin_port": 0, "tokens_file": str(tokens)},
+        "clusters": [{"name": "c1", "nodes": [{"name": "gpu-01"}, {"name": "gpu-02"}]}],
+    })
+    svc = IngestService(cfg, alert_sink=sink)
+    await svc.start()
+    try:
+        req = make_fault_request("c1", order[0], kind="xid", code=79, body="NVRM: Xid 79")
+        kv = KeyValue(key="host.name")
+        kv.value.string_value = order[1]
+        req.resource_logs[0].resource.attributes.append(kv)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.http_port}") as c:
+            r = await c.post("/v1/logs", content=req.SerializeToString(),
+                             headers={**PB, "Authorization": "Bearer tok-1"})
+        assert r.status_code in (200, 403), r.text
+        if r.status_code == 200:
+            resp = ExportLogsServiceResponse.FromString(r.content)
+            assert resp.partial_success.rejected_log_records == 1
+            assert "'host.name' repeated" in resp.partial_success.error_message
+        assert sink.alerts == [] and svc.ingestor.nodes == {}
+    finally:
+        await svc.stop()
