@@ -72,6 +72,7 @@ from temporalio.client import Client, WithStartWorkflowOperation, WorkflowUpdate
 from temporalio.common import WorkflowIDConflictPolicy
 
 from ingest.limits import alert_bytes, cap_alert
+from ingest.maintenance_marks import MaintenanceMarks
 from ingest.quota import SENDER, SENDER_IS_COLLECTOR
 from workflows.console import guard_details, guard_summary, node_details, node_summary
 from workflows.models import Alert, AlertDelivery, AlertOutcome, NodeInput
@@ -211,7 +212,8 @@ class TemporalAlertSink:
     ``resubmit_after_s``: period of the re-delivery sweep and the age an unmarked alert
     must reach before it (config ``ingest.outbox_resubmit_every_s`` /
     ``ingest.outbox_resubmit_after_s``); ``mark_every_s``: how often delivered alerts are
-    marked, seconds.
+    marked, seconds. ``maintenance``: marks the alerts of nodes inside a planned
+    maintenance window as observations before delivery (:mod:`ingest.maintenance_marks`).
     ``queued_per_identity`` / ``queued_per_collector``: the most alerts one sender
     identity (a node's, a collector's; :data:`ingest.quota.SENDER` of the push) may have
     queued and not yet handled (config ``ingest.limits.queued_alerts_per_identity`` /
@@ -241,6 +243,7 @@ class TemporalAlertSink:
         resubmit_every_s: float = 30.0,
         resubmit_after_s: float = 60.0,
         mark_every_s: float = 0.5,
+        maintenance: MaintenanceMarks | None = None,
         queued_per_identity: int | None = None,
         queued_per_collector: int | None = None,
     ) -> None:
@@ -282,6 +285,8 @@ class TemporalAlertSink:
         self.resubmit_every_s = resubmit_every_s
         self.resubmit_after_s = resubmit_after_s
         self.mark_every_s = mark_every_s
+        #: marks alerts of nodes inside a maintenance window (issue 29) before delivery
+        self.maintenance = maintenance
         #: ids of stored alerts this process holds: queued, parked, in flight, or handled
         #: and waiting to be marked (the sweep leaves them alone)
         self._held: set[str] = set()
@@ -568,6 +573,8 @@ class TemporalAlertSink:
             )
             return AlertDelivery(alert_id=alert.alert_id, outcome=AlertOutcome.new,
                                  reason="cluster-level alert sent to the cluster guard")
+        if self.maintenance is not None:
+            alert = await self.maintenance.mark(alert)
         op: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
             NODE_WORKFLOW,
             NodeInput(cluster=alert.cluster, node=alert.node, machine_id=alert.machine_id,

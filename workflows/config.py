@@ -533,6 +533,18 @@ class MigrateGateConfig(_Section):
     window_s: float = Field(10 * 86400.0, gt=0)
 
 
+class RepeatOffenderConfig(_Section):
+    """A machine that keeps needing disruptive repairs, whatever the fault (issue 31 item
+    2): at ``threshold`` disruptive repairs within ``window_s`` its next recommendation
+    is ``remove``, for a person (never automatic)."""
+
+    #: Disruptive repairs (repairs with at least one executed power cycle, reboot, GPU
+    #: reset, reprovision or migrate on the machine) that make a repeat offender (3).
+    threshold: int = Field(3, ge=1)
+    #: Window the repairs are counted in, seconds (30 days).
+    window_s: float = Field(30 * 86400.0, gt=0)
+
+
 class RailsConfig(_Section):
     """Safety rails (docs/design.md §5)."""
 
@@ -586,6 +598,8 @@ class RailsConfig(_Section):
     max_actions_per_node: int = Field(6, ge=1)
     #: Window of ``max_actions_per_node``, seconds (7 days, the ladder's window).
     max_actions_window_s: float = Field(7 * 86400.0, gt=0)
+    #: Repeat-offender machines (issue 31 item 2): ``remove`` for a person.
+    repeat_offender: RepeatOffenderConfig = Field(default_factory=RepeatOffenderConfig)
 
 
 class BmcConfig(_Section):
@@ -1066,6 +1080,15 @@ class WorkerConfig(_Section):
     bmc_reprobe_s: float = Field(600.0, gt=0)
 
 
+class MaintenanceConfig(_Section):
+    """Planned maintenance windows (issue 29 item 1): while a window covers a node its
+    alerts are recorded and marked ``in_maintenance`` and nothing is recommended."""
+
+    #: Longest window an operator may open, seconds (24 h: a window forgotten open must
+    #: not switch repair off for good).
+    max_s: float = Field(24 * 3600.0, gt=0, le=30 * 86400.0)
+
+
 class PolicyConfig(_Section):
     """The policy bundle handed to workflows (pure data; no secrets)."""
 
@@ -1077,6 +1100,8 @@ class PolicyConfig(_Section):
     rails: RailsConfig = Field(default_factory=RailsConfig)
     #: ``reset_gpu`` preconditions; a cluster's ``reset_gpu.policy`` replaces it there.
     reset_gpu: ResetGpuPolicy = Field(default_factory=ResetGpuPolicy)
+    #: Planned maintenance windows (``autorepair maintenance``).
+    maintenance: MaintenanceConfig = Field(default_factory=MaintenanceConfig)
 
 
 class AutorepairConfig(_Section):
