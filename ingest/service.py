@@ -387,6 +387,8 @@ async def _serve(config: AutorepairConfig, routers_for: RoutersFactory | None = 
         resubmit_after_s=ic.outbox_resubmit_after_s,
         on_outcome=lambda o: service.metrics.alert_handoff_total.labels(o).inc(),
         on_dead_letter=lambda r: service.metrics.alerts_dead_lettered_total.labels(r).inc(),
+        queued_per_identity=ic.limits.queued_alerts_per_identity,
+        queued_per_collector=ic.limits.queued_alerts_per_collector,
         maintenance=maintenance,
     )
     service = IngestService(config, sink, temporal_ready=temporal_ready,

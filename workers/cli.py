@@ -5,9 +5,9 @@ options and calls the module doing the work — the process entry points (``up``
 :mod:`workers.up`, ``worker`` → :mod:`workers.worker`, ``ingest`` →
 :mod:`ingest.service`), the offline reader (``classify`` → :mod:`workers.classify`) and
 the operator commands (``status``, ``repairs`` → :mod:`workers.ops`, ``report`` →
-:mod:`workers.report`, over the HTTP API; ``validate``, ``breaker`` →
-:mod:`workers.ops_temporal`, over Temporal) and the MCP server (``mcp`` →
-:mod:`workers.mcp_server`).
+:mod:`workers.report`, ``machines`` → :mod:`workers.machines`, over the HTTP API;
+``validate``, ``breaker`` → :mod:`workers.ops_temporal`, over Temporal) and the MCP
+server (``mcp`` → :mod:`workers.mcp_server`).
 
 Every client command takes ``--data-dir`` / ``$AUTOREPAIR_DATA_DIR`` (default
 ``.autorepair``, as for ``up``): the commands that need an API token (``status``,
@@ -49,7 +49,11 @@ breaker_app = typer.Typer(help="Circuit breaker of a cluster (ClusterGuardWorkfl
 dead_letters_app = typer.Typer(
     help="Alerts that could not be handed to their node's workflow: list, replay.",
     no_args_is_help=True)
+machines_app = typer.Typer(
+    help="Machines held for RMA (removed): list them, return one to service.",
+    no_args_is_help=True)
 app.add_typer(repairs_app, name="repairs")
+app.add_typer(machines_app, name="machines")
 app.add_typer(breaker_app, name="breaker")
 app.add_typer(dead_letters_app, name="dead-letters")
 maintenance_app = typer.Typer(
@@ -333,6 +337,37 @@ def repairs_cancel(
     """Cancel a repair at its next safe point."""
     ops.repairs_decide("cancel", *_api(api, token, data_dir), as_json, repair_id,
                        {"reason": reason})
+
+
+@machines_app.command("held")
+def machines_held(
+    api: Api = None, token: Token = None, data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
+    as_json: AsJson = False,
+    cluster: Annotated[str | None, typer.Option(help="cluster name (default: all)")] = None,
+) -> None:
+    """Machines held for RMA: removed and not yet returned (machine, since, repair,
+    reason). No repair picks a held machine as a spare or migrates onto it."""
+    from workers.machines import held_command
+
+    held_command(*_api(api, token, data_dir), as_json, cluster)
+
+
+@machines_app.command("return")
+def machines_return(
+    cluster: Annotated[str, typer.Argument(help="cluster of the machine", show_default=False)],
+    machine: Annotated[str, typer.Argument(
+        help="machine id (`autorepair machines held` lists them)", show_default=False)],
+    reason: Annotated[str, typer.Option("--reason", help="why it may serve again (recorded "
+                                                         "with your name)")],
+    api: Api = None, token: Token = None, data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
+    as_json: AsJson = False,
+) -> None:
+    """Return a machine held for RMA to service (operator token): its hold is lifted and
+    recorded with the operator and the reason; a machine that is not held is an error
+    naming it (exit 1)."""
+    from workers.machines import return_command
+
+    return_command(*_api(api, token, data_dir), as_json, cluster, machine, reason)
 
 
 @maintenance_app.command("start")

@@ -15,7 +15,11 @@ POST   /api/v1/repairs/{id}/reject       operator  200 :class:`RepairView`
 POST   /api/v1/repairs/{id}/cancel       operator  200 :class:`RepairView`
 GET    /api/v1/alerts?cluster&node&limit viewer+   200 ``{"alerts": [Alert, ...]}`` newest first
 GET    /api/v1/report?since&until&...  viewer+   200 fleet report: repairs, MTTR, downtime, cost
+GET    /api/v1/machines/held?cluster     viewer+   200 machines held for RMA
+POST   /api/v1/machines/{c}/{m}/return   operator  200 hold lifted / 409 not held
 ====== ================================= ========= ==========================================
+
+(The machine routes: :mod:`workers.repairs.machines`.)
 
 Errors: 401 without or with an unknown token (or when no tokens file is configured),
 403 for a role that may not do it (both checked before the ledger is touched), 503 when
@@ -44,6 +48,7 @@ from activities.ledger_reports import fleet_report
 from activities.maintenance_store import MaintenanceStore, WindowError, window_view
 from workers.repairs.auth import ApiTokens, Principal
 from workers.repairs.intake import IntakeError, LazyIntake, RepairIntake
+from workers.repairs.machines import add_machine_routes
 from workers.repairs.models import (
     STORABLE,
     AlertList,
@@ -128,7 +133,7 @@ def build_repairs_router(
     bearer = HTTPBearer(auto_error=False, description="TOKEN from api.tokens_file")
     router = APIRouter(prefix="/api/v1", tags=["repairs"], route_class=_BodyNamingRoute)
 
-    def need(perm: str) -> Callable[..., Principal]:
+    def need(perm: str, what: str = "repairs") -> Callable[..., Principal]:
         def dep(
             creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
         ) -> Principal:
@@ -138,7 +143,7 @@ def build_repairs_router(
                        else "api.tokens_file is not configured; the repair API needs tokens")
                 raise HTTPException(401, msg, headers={"WWW-Authenticate": "Bearer"})
             if not who.may(perm):
-                raise HTTPException(403, f"role {who.role!r} may not {perm} repairs")
+                raise HTTPException(403, f"role {who.role!r} may not {perm} {what}")
             return who
 
         return dep
@@ -337,6 +342,7 @@ def build_repairs_router(
                      w.cluster, who.user)
         return {**window_view(w, datetime.now(UTC)), "ended_now": ended}
 
+    add_machine_routes(router, need, Intake)
     return router
 
 
