@@ -101,7 +101,7 @@ class MaintenanceStore:
             return _window(r), True
         w = await self.get(window_id)
         if w is None:
-            raise WindowError("id", f"no maintenance window {window_id!r}", status=404)
+            raise WindowError("window_id", "no such maintenance window", status=404)
         return w, False
 
 

@@ -336,7 +336,7 @@ def build_repairs_router(
         try:
             w, ended = await store.end(window_id, who.user)
         except WindowError as e:
-            raise HTTPException(e.status, e.message) from e
+            raise HTTPException(e.status, f"window_id {window_id!r}: {e.message}") from e
         if ended:
             log.info("event=maintenance_ended window=%s cluster=%s by=%s", w.window_id,
                      w.cluster, who.user)
