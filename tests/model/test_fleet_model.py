@@ -12,7 +12,7 @@ from tests.model.__main__ import main
 from workflows.lifecycle import guard, node
 
 #: The CI bound: every fleet event sequence of up to 3 events, both consents (about 15 s
-#: on one core here); `make model-check FLEET_DEPTH=4` explores the next (about 150 s).
+#: on one core here); `make model-check FLEET_DEPTH=4` explores the next (64 k states, 3-5 min).
 CI_DEPTH = 3
 
 
