@@ -1,10 +1,13 @@
 """I24 "upgrades change nothing in flight" on the real dev server (issue 26).
 
 Two worker processes of the same code (:mod:`tests.workflows.versioned_worker_proc`)
-poll as Worker Deployment Versions ``ar-…:1.0.0`` (build A) and then ``ar-…:1.1.0``
-(build B), the upgrade procedure of docs/runbook.md "Upgrade the workers": B is brought
-up beside A and makes itself current at start (``temporal.promote_on_start``), A keeps
-running until its pinned workflows drain, then stops. Checked on the server's own
+poll as Worker Deployment Versions ``ar-…:1.0.0`` (build A) and ``ar-…:1.1.0`` (build
+B), the upgrade procedure of docs/runbook.md "Upgrade the workers": A is current (it
+promoted itself at start); B runs beside it with promotion off (both processes start
+at once: their start-up is most of this test's time) and is made current while a
+repair waits on A, with the function a promoting worker calls
+(:func:`workers.versioning.promote_current_version`); A keeps running until its pinned
+workflows drain, then stops. Checked on the server's own
 records (describe: versioning info, drainage info; history: the identity of the worker
 that completed each task):
 
@@ -49,7 +52,8 @@ from activities.ledger import Ledger
 from tests.conftest import venv_binary
 from tests.workflows.conftest import make_alert
 from tests.workflows.helpers import eventually
-from workflows.config import PolicyConfig
+from workers.versioning import promote_current_version
+from workflows.config import PolicyConfig, TemporalConfig
 from workflows.models import (
     AlertDelivery,
     AlertOutcome,
@@ -108,17 +112,20 @@ async def upgrade_env() -> AsyncIterator[WorkflowEnvironment]:
 class BuildWorker:
     """One build's worker process (``tests.workflows.versioned_worker_proc``)."""
 
-    def __init__(self, args: list[str], build: str) -> None:
-        self.args, self.build = [*args, build], build
+    def __init__(self, args: list[str], build: str, promote: bool) -> None:
+        self.args = [*args, build, "promote" if promote else "manual"]
+        self.build = build
         self.proc: asyncio.subprocess.Process | None = None
 
-    async def start(self) -> None:
+    async def spawn(self) -> None:
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "tests.workflows.versioned_worker_proc", *self.args,
             cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)},
             stdout=asyncio.subprocess.PIPE,
         )
-        assert self.proc.stdout is not None
+
+    async def ready(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
         line = await asyncio.wait_for(self.proc.stdout.readline(), 90)
         assert line.decode().strip() == f"worker ready {self.build}", line
 
@@ -193,11 +200,15 @@ async def test_upgrade_keeps_pinned_repair_on_its_build_and_moves_the_node(
     schema = str(await ledger_pool.fetchval("SELECT current_schema()"))
     args = [client.service_client.config.target_host, tq, bmc_q, str(state), pg_dsn, schema,
             deployment]
-    a, b = BuildWorker(args, BUILD_A), BuildWorker(args, BUILD_B)
+    a = BuildWorker(args, BUILD_A, promote=True)
+    b = BuildWorker(args, BUILD_B, promote=False)
     nid = workflow_id_node(cluster, node)
     try:
-        await a.start()
-        assert await _current(client, deployment) == BUILD_A
+        await a.spawn()
+        await b.spawn()
+        await a.ready()
+        await b.ready()
+        assert await _current(client, deployment) == BUILD_A  # B polls, not current
         first = await _deliver(client, cluster, node, tq, 1)
         assert first.outcome == AlertOutcome.recommended and first.repair_id, first
         rid = workflow_id_repair(cluster, node, first.repair_id)
@@ -209,8 +220,10 @@ async def test_upgrade_keeps_pinned_repair_on_its_build_and_moves_the_node(
 
         await eventually(awaiting, "repair awaiting approval on build A", tries=60 * 20)
 
-        # build B comes up beside A and makes itself current (promote_on_start)
-        await b.start()
+        # build B, beside A, becomes the deployment's current version
+        cfg_b = TemporalConfig(address=args[0], task_queue=tq, bmc_task_queue=bmc_q,
+                               deployment_name=deployment, build_id=BUILD_B)
+        assert await promote_current_version(client, cfg_b) == BUILD_B
         assert await _current(client, deployment) == BUILD_B
 
         # (b) the node entity's next task runs on B: it auto-upgrades

@@ -1,13 +1,14 @@
 """A versioned worker process for the upgrade test (issue 26 I24).
 
 ``python -m tests.workflows.versioned_worker_proc ADDRESS TASK_QUEUE BMC_QUEUE STATE DSN
-SCHEMA DEPLOYMENT BUILD_ID``: the project's versioned registry
+SCHEMA DEPLOYMENT BUILD_ID PROMOTE``: the project's versioned registry
 (:data:`workflows.versioned.VERSIONED_WORKFLOWS`, a same-named pinned stand-in for
 ``ValidationWorkflow``), the real ledger activities and the file-backed cluster of
 :mod:`tests.workflows.worker_proc`, both queues polling as Worker Deployment Version
 ``DEPLOYMENT`` / ``BUILD_ID`` through :func:`workers.versioning.deployment_config`. Once
 its workers poll it promotes its build as ``autorepair worker`` does
-(:func:`workers.versioning.promote_current_version`, ``temporal.promote_on_start``) and
+(:func:`workers.versioning.promote_current_version`) when ``PROMOTE`` is ``promote``
+(``temporal.promote_on_start``; ``manual``: promotion off, an operator promotes) and
 prints ``worker ready BUILD_ID``. Its client identity is ``build-BUILD_ID``, so a history
 names the build whose worker completed each task.
 """
@@ -32,9 +33,12 @@ from workflows.versioned import VERSIONED_WORKFLOWS
 
 
 async def main(argv: list[str]) -> None:
-    address, tq, bmc_q, state, dsn, schema, deployment, build = argv
+    address, tq, bmc_q, state, dsn, schema, deployment, build, promote = argv
+    if promote not in ("promote", "manual"):
+        raise SystemExit(f"PROMOTE: 'promote' or 'manual' (got {promote!r})")
     cfg = TemporalConfig(address=address, task_queue=tq, bmc_task_queue=bmc_q,
-                         deployment_name=deployment, build_id=build)
+                         deployment_name=deployment, build_id=build,
+                         promote_on_start=promote == "promote")
     client = await Client.connect(address, data_converter=pydantic_data_converter,
                                   identity=f"build-{build}")
     cluster = FileCluster(Path(state), bmc_q)
@@ -57,9 +61,6 @@ async def main(argv: list[str]) -> None:
             cluster.notify,
         ],
         deployment_config=dc,
-        # every workflow task replays from history: what runs is the build's code, never
-        # a cached instance
-        max_cached_workflows=0,
     )
     bmc_w = Worker(client, task_queue=bmc_q, activities=[cluster.power_cycle_machine],
                    deployment_config=dc)
