@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from tests.model import checker, fleet_world, guard_world, node_world
 from workflows.lifecycle import guard, machine_action, node
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--{name.replace('_', '-')}: must be at least 1 "
                      f"(got {getattr(args, name)})")
     defects = frozenset(args.defect)
-    runs = [
+    runs: list[tuple[str, Any]] = [
         ("machine_action", checker.check(args.depth,
                                          defects=defects & set(machine_action.DEFECTS))),
         ("guard", guard_world.check(args.guard_depth, defects=defects & set(guard.DEFECTS))),

@@ -542,10 +542,11 @@ def _events(f: Fleet, symmetric: bool) -> list[tuple[str, Step]]:
     return evs
 
 
-def _outcomes(action: Action, resume: str) -> list[tuple[str, ma.Event]]:
+def _outcomes(action: Action, resume: str
+              ) -> list[tuple[str, ma.ActivityOk | ma.ActivityFailed | ma.BmcReadFailed]]:
     phases = ma.PHASES[action]
     r = ma.phase_index(action, resume)
-    out: list[tuple[str, ma.Event]] = [("action ok", ma.ActivityOk(phase=phases[-1]))]
+    out: list[tuple[str, ma.ActivityOk | ma.ActivityFailed | ma.BmcReadFailed]] = [("action ok", ma.ActivityOk(phase=phases[-1]))]
     if r < len(phases) - 1:
         out.append(("bmc read fails", ma.BmcReadFailed(phase=phases[-2],
                                                        message="BmcUnavailable")))
@@ -648,7 +649,7 @@ def _drained(rid: str) -> Step:
     return go
 
 
-def _act(rid: str, ev: ma.Event) -> Step:
+def _act(rid: str, ev: ma.ActivityOk | ma.ActivityFailed | ma.BmcReadFailed) -> Step:
     def go(x: World_) -> None:
         f = x.f
         r = f.repairs[rid]
@@ -752,8 +753,8 @@ def check_invariants(f: Fleet) -> list[str]:
     for node, nt in zip(NODES, f.w.nodes, strict=True):
         rid = nt.cordon_repair
         if rid and not nt.cordon_failed:
-            r = f.repairs.get(rid)
-            if r is None or r.stage not in (*HOLDING, "acting"):
+            holder = f.repairs.get(rid)
+            if holder is None or holder.stage not in HOLDING:
                 bad.append(f"cordon: {node} left cordoned by {rid} without a reason")
     return bad
 

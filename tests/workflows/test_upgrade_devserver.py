@@ -172,7 +172,7 @@ async def _current(client: Client, deployment: str) -> str:
 
 async def _deliver(client: Client, cluster: str, node: str, tq: str, n: int,
                    **kw: Any) -> AlertDelivery:
-    op = WithStartWorkflowOperation(
+    op: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
         "NodeWorkflow", NodeInput(cluster=cluster, node=node),
         id=workflow_id_node(cluster, node), task_queue=tq,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
