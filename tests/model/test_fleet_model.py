@@ -63,15 +63,37 @@ def test_checker_finds_each_composed_defect(defect: str, automatic: bool,
         # the node's own defect: a fault 5 min "old" by the sender's clock starts a
         # repair at once
         ("sender_clock_judges", True, "I17", ["a1: gpu_lost(skew=-300)"]),
+        # reproduction 7 in the fleet: b1 queued by the budget, the breaker trips on a2's
+        # request, a reset, a1's repair ends: b1 is granted on pre-reset evidence
+        ("reset_marks_breaker_queued_only", True, "I23",
+         ["a1: xid79", "b1: xid79", "a2: xid79", "breaker reset", "a1-0-0000: drained",
+          "a1-0-0000: action ok"]),
+        # a budget-queued repair granted while the breaker is open, once a1's repair ends
+        ("breaker_ignores_queue", True, "breaker",
+         ["a1: xid79", "b1: xid79", "a2: xid79", "a1-0-0000: drained",
+          "a1-0-0000: action ok"]),
     ],
 )
 def test_machine_defects_break_the_fleet(defect: str, automatic: bool, invariant: str,
                                          trace: list[str]) -> None:
-    assert defect in {*guard.DEFECTS, *node.DEFECTS}
+    assert defect in {*guard.DEFECTS, *node.DEFECTS}, defect
     _, bad = fw.replay(trace, automatic, defects=frozenset({defect}))
     assert any(invariant in b for b in bad), bad
     _, bad = fw.replay(trace, automatic)
     assert bad == [], bad
+
+
+def test_the_fleet_trips_the_breaker_and_a_reset_marks_the_queue() -> None:
+    """Three automatic repairs within the window trip the breaker (threshold 2); after a
+    reset the budget-queued one is granted with ``reset_at`` (I23)."""
+    f, bad = fw.replay(["a1: xid79", "b1: xid79", "a2: xid79"], automatic=True)
+    assert bad == [] and f.guard.breaker_open
+    f, bad = fw.replay(["a1: xid79", "b1: xid79", "a2: xid79", "breaker reset",
+                        "a1-0-0000: drained", "a1-0-0000: action ok"], automatic=True)
+    assert bad == [] and not f.guard.breaker_open
+    b1 = f.repairs["b1-0-0000"]
+    assert b1.stage == "draining" and b1.evidence_after is not None
+    assert f.repairs["a1-0-0000"].ended == "succeeded"
 
 
 def test_a1_and_a2_are_one_state_up_to_symmetry() -> None:
