@@ -96,7 +96,7 @@ clean:
 # NODE_DEPTH bounds the node lifecycle's world (tests/model/node_world.py), which
 # branches more widely: 5 takes about 20 s, 6 about 100 s on one core. FLEET_DEPTH bounds
 # the composed fleet (tests/model/fleet_world.py: 3 nodes, the guard, the repairs and
-# their machine actions; a line per depth): 3 takes about 15 s, 4 about 3-5 min.
+# their machine actions; a line per depth): 3 takes about 15 s, 4 about 10 min.
 DEPTH ?= 12
 GUARD_DEPTH ?= 6
 NODE_DEPTH ?= 5

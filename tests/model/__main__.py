@@ -22,7 +22,7 @@ from tests.model import checker, fleet_world, guard_world, node_world
 from workflows.lifecycle import guard, machine_action, node
 
 #: Default bounds: every event sequence of up to 8 machine-action events, 5 guard events,
-#: 5 node events and 3 fleet events (the fleet's 3 takes about 15 s on one core, 4 about
+#: 5 node events and 3 fleet events (the fleet's 3 takes about 15 s on one core, 4
 #: 3-5 min).
 DEFAULT_DEPTH = 8
 DEFAULT_GUARD_DEPTH = 5

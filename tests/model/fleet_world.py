@@ -74,8 +74,14 @@ POLICY = gm.PolicyView(gpu_nodes=3, budget=1, breaker_threshold=2, breaker_windo
 #: Clock steps, seconds: past the level persistence, past the cooldown / TTL / window,
 #: past the 7-day ladder window.
 CLOCKS = (("tick", 70.0), ("cooldown", 1800.0), ("week", 7 * 86400.0))
-#: Sender clock offsets of a level raise, seconds (ingest accepts up to 300 s ahead).
+#: Sender clock offsets, seconds (ingest accepts up to 300 s ahead and stamps the control
+#: plane's receipt time, which decides, I17): a level raise 5 min slow or fast (its
+#: persistence is where a sender's clock could judge); an event fault (no persistence)
+#: 5 min fast and a clear 5 min slow, one offset each: a second would double their
+#: branching and change no safety decision.
 SKEWS = (-300.0, 300.0)
+EVENT_SKEWS = (300.0,)
+CLEAR_SKEWS = (-300.0,)
 #: Retry bound of a machine action, seconds (rails.action_retry_max_s's order).
 RETRY_MAX_S = 300.0
 LEVEL, EVENT = "gpu_lost::", "xid:79:"
@@ -502,8 +508,10 @@ def _events(f: Fleet, symmetric: bool) -> list[tuple[str, Step]]:
             for sk in SKEWS:
                 evs.append((f"{node}: gpu_lost(skew={sk:+g})", _raise(node, LEVEL, sk)))
         else:
-            evs.append((f"{node}: gpu_lost cleared", _clear(node)))
-        evs.append((f"{node}: xid79", _raise(node, EVENT, 0.0)))
+            for sk in CLEAR_SKEWS:
+                evs.append((f"{node}: gpu_lost cleared(skew={sk:+g})", _clear(node, sk)))
+        for sk in EVENT_SKEWS:
+            evs.append((f"{node}: xid79(skew={sk:+g})", _raise(node, EVENT, sk)))
         evs.append((f"{node}: re-registered", _reregister(node)))
         evs.append((f"{node}: operator {'uncordon' if nt.cordon_operator else 'cordon'}",
                     _operator(node)))
@@ -569,11 +577,11 @@ def _raise(node: str, key: str, skew: float) -> Step:
     return go
 
 
-def _clear(node: str) -> Step:
+def _clear(node: str, skew: float) -> Step:
     def go(x: World_) -> None:
         f = x.f
         nt = f.w.nodes[_ix(node)]
-        a = _alert(node, LEVEL, False, f.w, 0.0)
+        a = _alert(node, LEVEL, False, f.w, skew)
         f.w = _set_node(f.w, node, sent=nt.sent + 1, level=False,
                         episode=_put(nt.episode, LEVEL, None))
         x.to_node(node, nm.AlertCleared(alert=a, rails=RAILS))

@@ -12,8 +12,13 @@ from tests.model.__main__ import main
 from workflows.lifecycle import guard, node
 
 #: The CI bound: every fleet event sequence of up to 3 events, both consents (about 15 s
-#: on one core here); `make model-check FLEET_DEPTH=4` explores the next (64 k states, 3-5 min).
+#: on one core here); `make model-check FLEET_DEPTH=4` explores the next (about 10 min).
 CI_DEPTH = 3
+
+
+def X(node: str) -> str:
+    """The label of an Xid 79 report from ``node`` (sender clock 5 min fast)."""
+    return f"{node}: xid79(skew=+300)"
 
 
 def test_fleet_holds_every_invariant_to_the_ci_bound() -> None:
@@ -59,18 +64,18 @@ def test_checker_finds_each_composed_defect(defect: str, automatic: bool,
         # the guard's own defect, as the fleet meets it: a node's repair granted by a
         # guard that could not read the ledger after its restart
         ("rebuild_gives_up", True, "I21",
-         ["ledger down", "guard restart", "a1: xid79", "guard: ledger answers"]),
+         ["ledger down", "guard restart", X("a1"), "guard: ledger answers"]),
         # the node's own defect: a fault 5 min "old" by the sender's clock starts a
         # repair at once
         ("sender_clock_judges", True, "I17", ["a1: gpu_lost(skew=-300)"]),
         # reproduction 7 in the fleet: b1 queued by the budget, the breaker trips on a2's
         # request, a reset, a1's repair ends: b1 is granted on pre-reset evidence
         ("reset_marks_breaker_queued_only", True, "I23",
-         ["a1: xid79", "b1: xid79", "a2: xid79", "breaker reset", "a1-0-0000: drained",
+         [X("a1"), X("b1"), X("a2"), "breaker reset", "a1-0-0000: drained",
           "a1-0-0000: action ok"]),
         # a budget-queued repair granted while the breaker is open, once a1's repair ends
         ("breaker_ignores_queue", True, "breaker",
-         ["a1: xid79", "b1: xid79", "a2: xid79", "a1-0-0000: drained",
+         [X("a1"), X("b1"), X("a2"), "a1-0-0000: drained",
           "a1-0-0000: action ok"]),
     ],
 )
@@ -86,9 +91,9 @@ def test_machine_defects_break_the_fleet(defect: str, automatic: bool, invariant
 def test_the_fleet_trips_the_breaker_and_a_reset_marks_the_queue() -> None:
     """Three automatic repairs within the window trip the breaker (threshold 2); after a
     reset the budget-queued one is granted with ``reset_at`` (I23)."""
-    f, bad = fw.replay(["a1: xid79", "b1: xid79", "a2: xid79"], automatic=True)
+    f, bad = fw.replay([X("a1"), X("b1"), X("a2")], automatic=True)
     assert bad == [] and f.guard.breaker_open
-    f, bad = fw.replay(["a1: xid79", "b1: xid79", "a2: xid79", "breaker reset",
+    f, bad = fw.replay([X("a1"), X("b1"), X("a2"), "breaker reset",
                         "a1-0-0000: drained", "a1-0-0000: action ok"], automatic=True)
     assert bad == [] and not f.guard.breaker_open
     b1 = f.repairs["b1-0-0000"]
@@ -97,9 +102,9 @@ def test_the_fleet_trips_the_breaker_and_a_reset_marks_the_queue() -> None:
 
 
 def test_a1_and_a2_are_one_state_up_to_symmetry() -> None:
-    one, _ = fw.replay(["a1: xid79"], automatic=True)
-    two, _ = fw.replay(["a2: xid79"], automatic=True)
-    b1, _ = fw.replay(["b1: xid79"], automatic=True)
+    one, _ = fw.replay([X("a1")], automatic=True)
+    two, _ = fw.replay([X("a2")], automatic=True)
+    b1, _ = fw.replay([X("b1")], automatic=True)
     assert fw.key(one)[0] == fw.key(two)[0]  # mirror images: one state
     assert fw.key(one)[0] != fw.key(b1)[0]  # b1 is in the other pool
     rest = fw.initial(True)
