@@ -913,6 +913,33 @@ class Ledger:
         return {"machine": machine, "since": row["since"], "repair_id": row["repair_id"],
                 "reason": str(row["reason"])}
 
+    async def held_machines(self, cluster: str | None = None) -> list[dict[str, Any]]:
+        """Every machine held for RMA now (as :meth:`machine_hold`, for all machines of
+        ``cluster``, or of every cluster with ``None``), ordered by cluster and machine.
+        Returns ``[{"cluster", "machine", "since", "repair_id", "reason"}, ...]``."""
+        rows = await self._db.fetch(
+            """SELECT DISTINCT ON (h.cluster, h.machine)
+                      h.cluster, h.machine, h.since, h.repair_id, h.reason FROM (
+                   SELECT cluster, machine_id AS machine, at AS since, repair_id,
+                          'removed for RMA' AS reason
+                     FROM repair_attempts
+                    WHERE action = 'remove' AND outcome = 'succeeded'
+                      AND machine_id IS NOT NULL AND machine_id <> ''
+                      AND ($1::text IS NULL OR cluster = $1)
+                   UNION ALL
+                   SELECT cluster, machine, removed_at, repair_id,
+                          COALESCE(NULLIF(reason, ''), 'removed for RMA')
+                     FROM removed_machines WHERE $1::text IS NULL OR cluster = $1
+               ) h
+               WHERE NOT EXISTS (SELECT 1 FROM machine_returns r
+                                  WHERE r.cluster = h.cluster AND r.machine = h.machine
+                                    AND r.returned_at >= h.since)
+               ORDER BY h.cluster, h.machine, h.since DESC""",
+            cluster,
+        )
+        return [{"cluster": r["cluster"], "machine": r["machine"], "since": r["since"],
+                 "repair_id": r["repair_id"], "reason": str(r["reason"])} for r in rows]
+
     async def return_machine(self, cluster: str, machine: str, by: str, reason: str
                              ) -> dict[str, Any] | None:
         """An operator returns a held machine to service: records the return and takes

@@ -426,10 +426,13 @@ class Agent:
         if expected is not None:
             missing = sorted(self._known_pcis - {g.pci for g in gpus})
             lost = len(gpus) < expected
+            # a node-level fault: no device in its identity (the missing PCI addresses go
+            # in the details), so a restarted agent's clear, which knows nothing of the
+            # lost GPU, clears the raise an earlier process sent (I20)
             self._set_level(("node", "gpu_lost"), lost, Fault(
                 "gpu_lost",
                 f"NVML sees {len(gpus)} GPUs, expected {expected}; missing {missing}",
-                pci=missing[0] if missing else None,
+                pci=None,
                 details={"expected": expected, "found": len(gpus), "missing": missing,
                          "source": "nvml"}))
 

@@ -23,7 +23,7 @@ import os
 import re
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +159,16 @@ class Identity:
     cluster: str | None = None
     node: str | None = None
     clusters: frozenset[str] | None = None
+    #: what tells this credential from others of the same ``label`` (two collector
+    #: tokens for the same clusters: their tokens-file lines); ``None``: the label does.
+    #: Not part of equality: two lines naming the same subject are the same *grant*.
+    key: str | None = field(default=None, compare=False)
+
+    @property
+    def id(self) -> str:
+        """Key of this credential's per-identity caps (in-flight slots, ``ingest.limits``):
+        the label, with ``key`` when set. Never the token."""
+        return self.label if self.key is None else f"{self.label} ({self.key})"
 
     def may_report(self, cluster: str, node: str) -> bool:
         """True when this identity may send data about ``node`` of ``cluster``."""
@@ -215,13 +225,16 @@ def load_identities(path: str | None, env: str | None = None
     out: list[tuple[bytes, bool, Identity]] = []
     if path:
         for i, fields in read_token_lines(path):
-            out.append(parse_identity_line(" ".join(fields), f"tokens file {path!r} line {i}"))
+            secret, hashed, ident = parse_identity_line(
+                " ".join(fields), f"tokens file {path!r} line {i}")
+            out.append((secret, hashed, replace(ident, key=f"line {i}")))
         if not out:
             raise ValueError(f"tokens file {path!r}: no token in it")
     if env:
-        for t in os.environ.get(env, "").split(","):
+        for j, t in enumerate(os.environ.get(env, "").split(",")):
             if t.strip():
-                out.append((t.strip().encode(), False, Identity(ROLE_COLLECTOR, "shared token")))
+                out.append((t.strip().encode(), False,
+                            Identity(ROLE_COLLECTOR, "shared token", key=f"{env} #{j + 1}")))
     return out
 
 

@@ -150,7 +150,7 @@ class _Common:
         t0 = time.perf_counter()
         ident = await self.check_cert(ident, context)
         peer = _peer_host(context.peer() or "")
-        key = ident.label if ident is not None else ANONYMOUS
+        key = ident.id if ident is not None else ANONYMOUS
         cap = (1 << 62 if ident is None else self.per_collector
                if ident.role == ROLE_COLLECTOR else None)
         try:
@@ -193,7 +193,8 @@ class MetricsServicer(_Common):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                     f"request: not a valid ExportMetricsServiceRequest: {e}")
             await self.check_identity(who, request, "metrics", context)
-            resp, hint = await self.ingestor.handle_metrics(request, "grpc", raw)
+            resp, hint = await self.ingestor.handle_metrics(request, "grpc", raw,
+                                                             identity=who)
             await context.send_initial_metadata(hint.grpc_metadata())
             (self.partial if resp.partial_success.rejected_data_points else self.ok).inc()
             return resp
@@ -219,7 +220,7 @@ class LogsServicer(_Common):
             await self.check_identity(who, request, "logs", context)
             try:
                 resp, hint = await self.ingestor.handle_logs(
-                    request, "grpc", raw, reporter=who.role if who is not None else None)
+                    request, "grpc", raw, identity=who)
             except HandoffRefused as e:
                 self.unavailable.inc()
                 await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))

@@ -72,6 +72,8 @@ from temporalio.client import Client, WithStartWorkflowOperation, WorkflowUpdate
 from temporalio.common import WorkflowIDConflictPolicy
 
 from ingest.limits import alert_bytes, cap_alert
+from ingest.maintenance_marks import MaintenanceMarks
+from ingest.quota import SENDER, SENDER_IS_COLLECTOR
 from workflows.console import guard_details, guard_summary, node_details, node_summary
 from workflows.models import Alert, AlertDelivery, AlertOutcome, NodeInput
 from workflows.protocol import (
@@ -98,6 +100,12 @@ class HandoffRefused(Exception):
 
 class HandoffQueueFull(HandoffRefused):
     """The bounded hand-off queue is full; the caller should ask the sender to retry."""
+
+
+class IdentityShareFull(HandoffQueueFull):
+    """The sender identity's share of the hand-off queue is full (``ingest.limits
+    .queued_alerts_per_identity`` / ``_per_collector``): that identity alone is asked to
+    retry, every other sender's alerts are still taken."""
 
 
 class OutboxUnavailable(HandoffRefused):
@@ -204,7 +212,13 @@ class TemporalAlertSink:
     ``resubmit_after_s``: period of the re-delivery sweep and the age an unmarked alert
     must reach before it (config ``ingest.outbox_resubmit_every_s`` /
     ``ingest.outbox_resubmit_after_s``); ``mark_every_s``: how often delivered alerts are
-    marked, seconds.
+    marked, seconds. ``maintenance``: marks the alerts of nodes inside a planned
+    maintenance window as observations before delivery (:mod:`ingest.maintenance_marks`).
+    ``queued_per_identity`` / ``queued_per_collector``: the most alerts one sender
+    identity (a node's, a collector's; :data:`ingest.quota.SENDER` of the push) may have
+    queued and not yet handled (config ``ingest.limits.queued_alerts_per_identity`` /
+    ``_per_collector``; ``None``: no share); beyond it that identity's push is refused
+    with :class:`IdentityShareFull`, so one token holder cannot fill the queue others need.
     Raises ``ValueError`` naming the field for ``queue_size < shards``,
     ``max_attempts < 1`` or a timing that is not positive.
     """
@@ -229,6 +243,9 @@ class TemporalAlertSink:
         resubmit_every_s: float = 30.0,
         resubmit_after_s: float = 60.0,
         mark_every_s: float = 0.5,
+        maintenance: MaintenanceMarks | None = None,
+        queued_per_identity: int | None = None,
+        queued_per_collector: int | None = None,
     ) -> None:
         if shards is None:
             shards = max(1, min(DEFAULT_SHARDS, queue_size))
@@ -268,6 +285,8 @@ class TemporalAlertSink:
         self.resubmit_every_s = resubmit_every_s
         self.resubmit_after_s = resubmit_after_s
         self.mark_every_s = mark_every_s
+        #: marks alerts of nodes inside a maintenance window (issue 29) before delivery
+        self.maintenance = maintenance
         #: ids of stored alerts this process holds: queued, parked, in flight, or handled
         #: and waiting to be marked (the sweep leaves them alone)
         self._held: set[str] = set()
@@ -276,6 +295,12 @@ class TemporalAlertSink:
         self._recovered = outbox is None
         self._recover_lock = asyncio.Lock()
         self._outbox_task: asyncio.Task[None] | None = None
+        #: per-identity share of the queue (ingest.limits; None: no share): alerts queued
+        #: and not yet handled per sender identity, and the identity of each
+        self.queued_per_identity = queued_per_identity
+        self.queued_per_collector = queued_per_collector
+        self._owner_pending: dict[str, int] = {}
+        self._owner_of: dict[str, str] = {}
 
     def _count(self, outcome: str) -> None:
         self.counts[outcome] = self.counts.get(outcome, 0) + 1
@@ -305,6 +330,17 @@ class TemporalAlertSink:
             return
         if not self._recovered:
             await self._recover()
+        owner = SENDER.get()
+        cap = self.queued_per_collector if SENDER_IS_COLLECTOR.get() else \
+            self.queued_per_identity
+        if owner is not None and cap is not None and \
+                self._owner_pending.get(owner, 0) + len(alerts) > cap:
+            self._count("queue_full")
+            raise IdentityShareFull(
+                f"alert hand-off queue: this sender's share ({cap} alerts, "
+                "ingest.limits.queued_alerts_per_identity) is full; retry later")
+        if cap is None:
+            owner = None
         shards = [self._shard(a) for a in alerts]
         need: dict[int, int] = {}
         for sh in shards:
@@ -320,12 +356,13 @@ class TemporalAlertSink:
             a2, cut = cap_alert(a, max_value_chars=self.max_value_chars,
                                 max_bytes=self.max_alert_bytes)
             if cut:
-                log.warning("event=alert_capped cluster=%s node=%s alert_id=%s cut=%s",
+                # the cut keys are sender-chosen evidence keys: %r, never a forged line
+                log.warning("event=alert_capped cluster=%s node=%s alert_id=%s cut=%r",
                             a2.cluster, a2.node, a2.alert_id, ",".join(cut))
             capped.append(a2)
         if self.outbox is None:
             for a, sh in zip(capped, shards, strict=True):
-                self._enqueue(a, sh)
+                self._enqueue(a, sh, owner)
             return
         for sh, n in need.items():  # reserved while the outbox call is out
             self._pending[sh] += n
@@ -346,7 +383,7 @@ class TemporalAlertSink:
         self._release(need)
         for a, sh in zip(capped, shards, strict=True):
             if a.alert_id in new and a.alert_id not in self._held:
-                self._enqueue(a, sh)
+                self._enqueue(a, sh, owner)
 
     def _release(self, need: dict[int, int]) -> None:
         for sh, n in need.items():
@@ -354,8 +391,11 @@ class TemporalAlertSink:
         if not self.depth():
             self._drained.set()
 
-    def _enqueue(self, alert: Alert, shard: int) -> None:
+    def _enqueue(self, alert: Alert, shard: int, owner: str | None = None) -> None:
         self._pending[shard] += 1
+        if owner is not None and alert.alert_id not in self._owner_of:
+            self._owner_of[alert.alert_id] = owner
+            self._owner_pending[owner] = self._owner_pending.get(owner, 0) + 1
         self._drained.clear()
         if self.outbox is not None:
             self._held.add(alert.alert_id)
@@ -533,6 +573,8 @@ class TemporalAlertSink:
             )
             return AlertDelivery(alert_id=alert.alert_id, outcome=AlertOutcome.new,
                                  reason="cluster-level alert sent to the cluster guard")
+        if self.maintenance is not None:
+            alert = await self.maintenance.mark(alert)
         op: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
             NODE_WORKFLOW,
             NodeInput(cluster=alert.cluster, node=alert.node, machine_id=alert.machine_id,
@@ -563,7 +605,7 @@ class TemporalAlertSink:
         if self.on_dead_letter is not None:
             self.on_dead_letter(reason)
         log.error("event=alert_dead_lettered cluster=%s node=%s alert_id=%s kind=%s "
-                  "reason=%s attempts=%d error=%s", alert.cluster, alert.node,
+                  "reason=%s attempts=%d error=%r", alert.cluster, alert.node,
                   alert.alert_id, alert.kind, reason, attempts, error[:500])
         if self.dead_letters is None:
             return
@@ -585,8 +627,8 @@ class TemporalAlertSink:
             result: AlertDelivery = await self.deliver(alert)
         except WorkflowUpdateFailedError as e:
             self._count("rejected")
-            log.error("event=handoff_rejected cluster=%s node=%s alert_id=%s error=%s",
-                      alert.cluster, alert.node, alert.alert_id, e.cause)
+            log.error("event=handoff_rejected cluster=%s node=%s alert_id=%s error=%r",
+                      alert.cluster, alert.node, alert.alert_id, str(e.cause))
             await self._dead_letter(alert, "rejected", str(e.cause or e), attempts + 1)
             return True, ""
         except asyncio.CancelledError:
@@ -622,6 +664,13 @@ class TemporalAlertSink:
                 return
         self._handled(alert)
         self._pending[shard] -= 1
+        owner = self._owner_of.pop(alert.alert_id, None)
+        if owner is not None:
+            left = self._owner_pending.get(owner, 0) - 1
+            if left > 0:
+                self._owner_pending[owner] = left
+            else:
+                self._owner_pending.pop(owner, None)
         if not self.depth():
             self._drained.set()
         if rest:

@@ -158,7 +158,7 @@ class OtlpHttpApp:
             self._count(_OUTCOME.get(e.status, "error"))
             await _status(send, e.status, e.code, e.message, as_json, e.extra)
             return
-        key = ident.label if ident is not None else ""
+        key = ident.id if ident is not None else ""
         mine = self.per_identity.get(key, 0)
         cap = _identity_cap(ident, self.max_per_identity, self.max_per_collector)
         if self.inflight >= self.max_inflight or mine >= cap:
@@ -245,12 +245,13 @@ class OtlpHttpApp:
         hint: ThresholdHint
         try:
             if isinstance(req, ExportMetricsServiceRequest):
-                resp, hint = await self.ingestor.handle_metrics(req, "http", raw)
+                resp, hint = await self.ingestor.handle_metrics(req, "http", raw,
+                                                                 identity=ident)
                 partial = resp.partial_success.rejected_data_points > 0
             else:
                 assert isinstance(req, ExportLogsServiceRequest)
                 resp2, hint = await self.ingestor.handle_logs(
-                    req, "http", raw, reporter=ident.role if ident is not None else None)
+                    req, "http", raw, identity=ident)
                 resp = resp2  # type: ignore[assignment]
                 partial = resp2.partial_success.rejected_log_records > 0
         except HandoffRefused as e:

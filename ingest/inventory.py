@@ -11,13 +11,16 @@ repair recommendation. So ingest checks every alert against the **inventory**:
 * :class:`UnknownNodeGate`: an alert about a node outside the inventory is **observed,
   not repaired** — passed on with ``actionable=False``, ``action=none`` and
   ``evidence["inventory"] = "unknown"`` — and the ``NodeWorkflow``\\ s started for such
-  nodes are rate-limited per cluster by a token bucket (``ingest.unknown_node_burst``,
-  ``ingest.unknown_nodes_per_minute``). An alert that finds the bucket empty is dropped
-  and counted (``autorepair_unknown_nodes_limited_total{cluster}``); alerts for an unknown
-  node already let through pass without taking a token (its workflow exists).
+  nodes are rate-limited per cluster and sender identity by a token bucket
+  (``ingest.unknown_node_burst``, ``ingest.unknown_nodes_per_minute``; one bucket per
+  identity, so one collector cannot spend every other sender's starts). An alert that
+  finds the bucket empty is dropped and counted
+  (``autorepair_unknown_nodes_limited_total{cluster}``); alerts for an unknown node
+  already let through pass without taking a token (its workflow exists).
 
-Bounded memory whatever senders make up: one bucket per configured cluster plus one
-shared by every other cluster id (label :data:`OTHER_CLUSTERS`), and at most
+Bounded memory whatever senders make up: per identity (bounded by the tokens file and
+the pods of the agents) one bucket per configured cluster plus one shared by every other
+cluster id (label :data:`OTHER_CLUSTERS`), and at most
 :data:`MAX_ADMITTED` unknown nodes remembered (least recently seen forgotten first; a
 forgotten node takes a token again).
 """
@@ -147,6 +150,7 @@ class UnknownNodeGate:
         self.rate_per_s = per_minute / 60.0
         self.max_admitted = max_admitted
         self._buckets: dict[str, TokenBucket] = {}
+        self._owner_buckets: dict[tuple[str, str], TokenBucket] = {}
         self._admitted: OrderedDict[tuple[str, str], None] = OrderedDict()
         self.limited: dict[str, int] = {}
         self.observed: dict[str, int] = {}
@@ -156,24 +160,31 @@ class UnknownNodeGate:
         :data:`OTHER_CLUSTERS`."""
         return cluster if cluster in self.inventory.clusters else OTHER_CLUSTERS
 
-    def _bucket(self, label: str, now: float) -> TokenBucket:
-        b = self._buckets.get(label)
+    def _bucket(self, label: str, owner: str | None, now: float) -> TokenBucket:
+        b = self._buckets.get(label) if owner is None else self._owner_buckets.get(
+            (label, owner))
         if b is None:
-            b = self._buckets[label] = TokenBucket(float(self.burst), self.rate_per_s,
-                                                   float(self.burst), now)
+            b = TokenBucket(float(self.burst), self.rate_per_s, float(self.burst), now)
+            if owner is None:
+                self._buckets[label] = b
+            else:
+                self._owner_buckets[(label, owner)] = b
         return b
 
-    def admit(self, alert: Alert, now: float) -> Alert | None:
+    def admit(self, alert: Alert, now: float, owner: str | None = None) -> Alert | None:
         """``alert`` unchanged for a known node; an observed copy for an unknown node
-        whose workflow may start (or already did); ``None`` when the cluster's bucket is
-        empty (the caller drops the alert and counts it)."""
+        whose workflow may start (or already did); ``None`` when the bucket is empty (the
+        caller drops the alert and counts it). ``owner``: the sender identity's label —
+        each identity has its own bucket per cluster (``ingest.limits``), so one
+        collector inventing names cannot spend the starts of every other sender;
+        ``None`` (no authentication, ingest's own alerts) shares the cluster's."""
         if self.inventory.known(alert.cluster, alert.node):
             return alert
         key = (alert.cluster, alert.node)
         label = self.label(alert.cluster)
         if key in self._admitted:
             self._admitted.move_to_end(key)
-        elif self._bucket(label, now).take(now):
+        elif self._bucket(label, owner, now).take(now):
             self._admitted[key] = None
             if len(self._admitted) > self.max_admitted:
                 self._admitted.popitem(last=False)

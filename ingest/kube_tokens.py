@@ -86,7 +86,10 @@ class TokenReviewer:
         self._own_client = api_client is None
         self.clock = clock
         self.wall = wall
+        #: verified identities and refusals apart, each bounded by ``max_cached_tokens``:
+        #: a flood of made-up tokens evicts only other refusals, never a node's identity
         self._cache: OrderedDict[bytes, tuple[float, Identity | None]] = OrderedDict()
+        self._refused: OrderedDict[bytes, tuple[float, Identity | None]] = OrderedDict()
         self._pods: OrderedDict[tuple[str, str, str], str] = OrderedDict()
         self._inflight = 0
         self.reviews = 0
@@ -137,10 +140,11 @@ class TokenReviewer:
             exp = _unverified_exp(token)
             if exp is not None:
                 until = min(until, now + (exp - self.wall()))
-        self._cache[key] = (until, ident)
-        self._cache.move_to_end(key)
-        while len(self._cache) > self.cfg.max_cached_tokens:
-            self._cache.popitem(last=False)
+        cache = self._refused if ident is None else self._cache
+        cache[key] = (until, ident)
+        cache.move_to_end(key)
+        while len(cache) > self.cfg.max_cached_tokens:
+            cache.popitem(last=False)
 
     async def identify(self, token: bytes) -> Identity | None:
         """The node identity of ServiceAccount ``token``, or ``None`` (not a token this
@@ -148,11 +152,12 @@ class TokenReviewer:
         if len(token) > MAX_TOKEN_BYTES or not JWT_SHAPE.fullmatch(token):
             return None
         key = hashlib.sha256(token).digest()
-        hit = self._cache.get(key)
-        if hit is not None:
-            if hit[0] > self.clock():
-                return hit[1]
-            del self._cache[key]
+        for cache in (self._cache, self._refused):
+            hit = cache.get(key)
+            if hit is not None:
+                if hit[0] > self.clock():
+                    return hit[1]
+                del cache[key]
         if self._inflight >= self.cfg.max_concurrent_reviews:
             log.warning("event=token_review_busy in_flight=%d", self._inflight)
             return None

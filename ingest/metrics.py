@@ -27,7 +27,7 @@ exist for the configured clusters and the first ``max_label_values`` others, wit
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -40,6 +40,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from ingest.nccl import NcclEngine
+from ingest.quota import LABEL_VALUE, SENDER, WHATS
 from ingest.threshold import CohortResult
 
 #: Handler latency buckets, seconds: 0.5 ms … 1 s (the ingest's target is p99 ≤ 20 ms,
@@ -52,6 +53,8 @@ DEFAULT_MAX_LABEL_VALUES = 64
 MAX_COHORTS_PER_CLUSTER = 16
 #: Label value substituted for values outside the guard's budget.
 OTHER = "other"
+_CURRENT = object()
+"""Default owner of :meth:`LabelGuard.admit`: the identity of the push being handled."""
 _LABEL_SHAPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,62}")
 
 
@@ -62,22 +65,40 @@ class LabelGuard:
     served, when they look like identifiers (letters, digits, ``_.:/-``, at most 63
     characters); every other value maps to ``None`` (the caller exports ``other`` or
     nothing). Admitted values stay admitted for the life of the process.
+
+    ``per_owner`` (``ingest.limits.label_values_per_identity``; ``None``: no per-owner
+    bound) bounds how many of the ``budget`` values one identity may introduce, so one
+    credential cannot take the budget every sender shares. The owner is the identity of
+    the push being handled (:data:`ingest.quota.SENDER`) unless ``admit`` is given one;
+    ``None`` (no authentication, or a value the control plane chose) is not bounded.
+    ``on_refused`` is called for each value refused by the per-owner bound.
     """
 
-    def __init__(self, known: Iterable[str] = (), budget: int = DEFAULT_MAX_LABEL_VALUES
-                 ) -> None:
+    def __init__(self, known: Iterable[str] = (), budget: int = DEFAULT_MAX_LABEL_VALUES,
+                 *, per_owner: int | None = None,
+                 on_refused: Callable[[], None] | None = None) -> None:
         self.known = frozenset(known)
         self.budget = budget
+        self.per_owner = per_owner
+        self.on_refused = on_refused
         self.admitted: set[str] = set()
+        self.owned: dict[str, int] = {}
 
-    def admit(self, value: str) -> str | None:
+    def admit(self, value: str, owner: str | object | None = _CURRENT) -> str | None:
         """``value`` when it may be a label value, else ``None``."""
         if value in self.known or value in self.admitted:
             return value
-        if len(self.admitted) < self.budget and _LABEL_SHAPE.fullmatch(value):
-            self.admitted.add(value)
-            return value
-        return None
+        if len(self.admitted) >= self.budget or not _LABEL_SHAPE.fullmatch(value):
+            return None
+        who = SENDER.get() if owner is _CURRENT else owner
+        if isinstance(who, str) and self.per_owner is not None:
+            if self.owned.get(who, 0) >= self.per_owner:
+                if self.on_refused is not None:
+                    self.on_refused()
+                return None
+            self.owned[who] = self.owned.get(who, 0) + 1
+        self.admitted.add(value)
+        return value
 
 
 class _NoSeries:
@@ -125,9 +146,18 @@ class IngestMetrics:
     def __init__(self, *, known_kinds: Iterable[str] = (), known_clusters: Iterable[str] = (),
                  max_label_values: int = DEFAULT_MAX_LABEL_VALUES) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
+        self.identity_limited_total = Counter(
+            "autorepair_identity_limited_total",
+            "Sender-chosen values refused by a per-identity cap (ingest.limits; what: "
+            "unknown_node, cohort, nccl_communicator, label_value)", ["what"], registry=r)
+        for what in WHATS:
+            self.identity_limited_total.labels(what)
+        label_refused = self.identity_limited_total.labels(LABEL_VALUE).inc
+        self._label_refused = label_refused
+        self.label_values_per_identity: int | None = None
         self.kinds = LabelGuard(known_kinds, 0)
-        self.unmapped_kinds = LabelGuard((), max_label_values)
-        self.clusters = LabelGuard(known_clusters, max_label_values)
+        self.unmapped_kinds = LabelGuard((), max_label_values, on_refused=label_refused)
+        self.clusters = LabelGuard(known_clusters, max_label_values, on_refused=label_refused)
         #: fault kinds of repairs (``manual``: a repair with no alert behind it)
         self.fault_kinds = LabelGuard([*known_kinds, "manual"], max_label_values)
         self._cohorts_of: dict[str, LabelGuard] = {}
@@ -215,21 +245,32 @@ class IngestMetrics:
         self._cohorts: set[tuple[str, str]] = set()
 
     def configure_labels(self, *, known_kinds: Iterable[str], known_clusters: Iterable[str],
-                         max_label_values: int) -> None:
-        """Set the always-allowed kinds and clusters and the budget of other values
-        (``ingest.max_label_values``); values admitted so far stay admitted."""
+                         max_label_values: int, per_identity: int | None = None) -> None:
+        """Set the always-allowed kinds and clusters, the budget of other values
+        (``ingest.max_label_values``) and how many of them one identity may introduce
+        (``ingest.limits.label_values_per_identity``; ``None``: unbounded); values
+        admitted so far stay admitted."""
         self.kinds.known = frozenset(known_kinds)
         self.unmapped_kinds.budget = max_label_values
         self.clusters.known = frozenset(known_clusters)
         self.clusters.budget = max_label_values
+        self.label_values_per_identity = per_identity
+        for g in (self.unmapped_kinds, self.clusters, *self._cohorts_of.values()):
+            g.per_owner = per_identity
 
-    def publish(self, results: list[CohortResult]) -> None:
-        """Set the per-cohort gauges from a recompute; drop series of vanished cohorts."""
+    def publish(self, results: list[CohortResult],
+                owner_of: Callable[[str, str], str | None] | None = None) -> None:
+        """Set the per-cohort gauges from a recompute; drop series of vanished cohorts.
+
+        ``owner_of(cluster, cohort)``: the identity whose score created the cohort (its
+        labels are charged to that identity's ``label_values_per_identity``); ``None``:
+        no owner."""
         seen: set[tuple[str, str]] = set()
         capped = 0
         for res in results:
             key = (res.cluster, res.cohort)
-            if not self._exported(res.cluster, res.cohort):
+            owner = owner_of(res.cluster, res.cohort) if owner_of is not None else None
+            if not self._exported(res.cluster, res.cohort, owner):
                 capped += 1
                 continue
             seen.add(key)
@@ -251,13 +292,15 @@ class IngestMetrics:
         self._cohorts = seen
         self.series_capped.set(capped)
 
-    def _exported(self, cluster: str, cohort: str) -> bool:
-        if self.clusters.admit(cluster) is None:
+    def _exported(self, cluster: str, cohort: str, owner: str | None) -> bool:
+        if self.clusters.admit(cluster, owner) is None:
             return False
         guard = self._cohorts_of.get(cluster)
         if guard is None:
-            guard = self._cohorts_of[cluster] = LabelGuard((), MAX_COHORTS_PER_CLUSTER)
-        return guard.admit(cohort) is not None
+            guard = self._cohorts_of[cluster] = LabelGuard(
+                (), MAX_COHORTS_PER_CLUSTER, per_owner=self.label_values_per_identity,
+                on_refused=self._label_refused)
+        return guard.admit(cohort, owner) is not None
 
     def watch_nccl(self, engine: NcclEngine) -> None:
         """Serve the NCCL engine's series (:class:`NcclCollector`) from this registry."""

@@ -35,10 +35,11 @@ Communicators of fewer than :data:`MIN_ATTRIBUTION_RANKS` ranks are measured, ne
 attributed.
 
 Bounded memory: at most ``max_ranks`` ranks over all communicators (the least recently
-updated communicator is evicted to admit a new one), each costing 4 bytes × (pending op
-slots ≤ ``max_pending_ops`` + ``window_ops``); a communicator silent for ``comm_ttl_s`` is
-forgotten; an op still missing ranks after ``op_timeout_s``, or the oldest op when the
-pending slots are full, is closed with the ranks it has (dropped below
+updated communicator of the owner holding the most ranks is evicted to admit a new one;
+each sender identity may open a bounded number, ``ingest.limits``), each costing
+4 bytes × (pending op slots ≤ ``max_pending_ops`` + ``window_ops``); a communicator
+silent for ``comm_ttl_s`` is forgotten; an op still missing ranks after ``op_timeout_s``,
+or the oldest op when the pending slots are full, is closed with the ranks it has (dropped below
 ``min_present_fraction`` of ``nranks``).
 
 Pure and synchronous (numpy only); callers pass ``now`` (epoch seconds). Nothing raises
@@ -81,6 +82,9 @@ latency (tens of µs in nccl-tests) to a rank seconds late; ``le=0`` holds the e
 NOISE_SAMPLE_RANKS = 256
 """Ranks sampled for the noise scale: the median of 256 per-rank MADs is within a few
 per cent of the median over all ranks, at a fraction of the cost for large communicators."""
+
+NCCL_OWNER_REFUSED = "nccl.comm: this identity holds"
+"""Start of the rejection reason of a point refused by the per-identity communicator cap."""
 
 INITIAL_PENDING_SLOTS = 8
 """Pending op slots a new communicator starts with; doubled on demand up to
@@ -179,6 +183,8 @@ class _Comm:
     hist: np.ndarray = field(default_factory=lambda: np.zeros(len(LAG_BUCKETS_MS) + 1, np.int64))
     hist_sum: float = 0.0
     attributed: dict[int, Attribution] = field(default_factory=dict)
+    #: identity whose point opened the communicator (``ingest.quota``; None: no identity)
+    owner: str | None = None
 
 
 def peer_median(values: np.ndarray) -> np.ndarray:
@@ -226,6 +232,10 @@ class NcclEngine:
         self.comms_evicted = 0
         self.comms_expired = 0
         self._edges: list[NcclEdge] = []
+        #: communicators held per owner (identity label) and ranks per owner ("" = none)
+        self.owned: dict[str, int] = {}
+        self.owner_ranks: dict[str, int] = {}
+        self.owner_refused = 0
         self._bounds = np.asarray(LAG_BUCKETS_MS, dtype=np.float64)
 
     # ------------------------------------------------------------------ input
@@ -243,11 +253,17 @@ class NcclEngine:
     def observe_batch(
         self, cluster: str, node: str, comm: str, nranks: int, op_seq: ArrayLike,
         rank: ArrayLike, duration_ms: ArrayLike, op_type: Sequence[str] | str, now: float,
+        *, owner: str | None = None, owner_cap: int | None = None,
     ) -> list[tuple[str, int]]:
         """Points of one node for one communicator: aligned arrays (or lists) ``op_seq`` (int),
         ``rank`` (int), ``duration_ms`` (float) and ``op_type`` (one per point, or one
         for all). Returns ``[(reason, count), ...]`` for the rejected points (counted in
-        :attr:`rejected`); never raises on bad values."""
+        :attr:`rejected`); never raises on bad values.
+
+        ``owner``: the sender's identity label; a point that would open a new communicator
+        while ``owner`` already holds ``owner_cap`` of them is rejected (reason starting
+        ``nccl.comm: identity``; counted in :attr:`owner_refused`), so one identity cannot
+        fill the engine and evict other senders' communicators (``ingest.limits``)."""
         seq = np.asarray(op_seq, dtype=np.int64).ravel()
         rk = np.asarray(rank, dtype=np.int64).ravel()
         dur = np.asarray(duration_ms, dtype=np.float64).ravel()
@@ -281,7 +297,14 @@ class NcclEngine:
             if not isinstance(op_type, str):
                 op_type = [t for t, good in zip(op_type, ok.tolist(), strict=True) if good]
         if c is None:
-            c = self._new_comm(cluster, comm, nranks, now)
+            if (owner is not None and owner_cap is not None
+                    and self.owned.get(owner, 0) >= owner_cap):
+                self.owner_refused += 1
+                out.append((f"{NCCL_OWNER_REFUSED} {owner_cap} communicators "
+                            "(ingest.limits.nccl_communicators_per_identity)",
+                            int(seq.shape[0])))
+                return self._count(out)
+            c = self._new_comm(cluster, comm, nranks, now, owner)
         else:
             self.comms.move_to_end(key)
         c.last_seen = now
@@ -331,9 +354,16 @@ class NcclEngine:
             self.rejected[reason] += k
         return out
 
-    def _new_comm(self, cluster: str, comm: str, n: int, now: float) -> _Comm:
+    def _victim(self) -> tuple[str, str]:
+        """Key of the communicator to evict: the least recently updated one of the owner
+        holding the most ranks (a flooding identity evicts its own first)."""
+        biggest = max(self.owner_ranks, key=lambda o: self.owner_ranks[o])
+        return next(k for k, c in self.comms.items() if (c.owner or "") == biggest)
+
+    def _new_comm(self, cluster: str, comm: str, n: int, now: float,
+                  owner: str | None = None) -> _Comm:
         while self.comms and self.total_ranks + n > self.cfg.max_ranks:
-            _, old = self.comms.popitem(last=False)
+            old = self.comms.pop(self._victim())
             self._forget(old, now)
             self.comms_evicted += 1
         cap = min(INITIAL_PENDING_SLOTS, self.cfg.max_pending_ops)
@@ -345,15 +375,31 @@ class NcclEngine:
             p_type=[""] * cap, free=list(range(cap - 1, -1, -1)),
             rank_node=np.full(n, -1, np.int32),
             lags=np.full((w, n), np.nan, np.float32), last_node=np.full(w, -1, np.int32),
-            last_rank=np.full(w, -1, np.int32), w_type=[""] * w,
+            last_rank=np.full(w, -1, np.int32), w_type=[""] * w, owner=owner,
         )
         self.comms[(cluster, comm)] = c
         self.total_ranks += n
+        key = owner or ""
+        self.owner_ranks[key] = self.owner_ranks.get(key, 0) + n
+        if owner is not None:
+            self.owned[owner] = self.owned.get(owner, 0) + 1
         return c
 
     def _forget(self, c: _Comm, now: float) -> None:
         """Drop a communicator: clear edges for its alerted nodes."""
         self.total_ranks -= c.n
+        key = c.owner or ""
+        left = self.owner_ranks.get(key, 0) - c.n
+        if left > 0:
+            self.owner_ranks[key] = left
+        else:
+            self.owner_ranks.pop(key, None)
+        if c.owner is not None:
+            k = self.owned.get(c.owner, 0) - 1
+            if k > 0:
+                self.owned[c.owner] = k
+            else:
+                self.owned.pop(c.owner, None)
         for a in c.attributed.values():
             if a.alerted:
                 self._edges.append(self._edge(c, a, False, now))

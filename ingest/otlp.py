@@ -91,7 +91,7 @@ MAX_KIND_LEN = 64
 
 REASONS = frozenset({
     "resource", "value", "timestamp", "state", "fault", "attributes", "too_many_resources",
-    "too_many_records", "identity", "nccl",
+    "too_many_records", "identity", "nccl", "limit",
 })
 """Reason codes of rejected points / records (bounded: the ``reason`` label of
 ``autorepair_otlp_rejected_total``). ``resource``: no or bad node / cluster id;
@@ -100,7 +100,8 @@ future or older than the TTL; ``state``: unknown node state; ``fault``: malforme
 record; ``attributes``: attribute count, size or nesting over the limits;
 ``too_many_resources`` / ``too_many_records``: per-request caps; ``identity``: reported
 for a node the credential may not report for; ``nccl``: a malformed NCCL timing point
-(``ingest.nccl_wire``)."""
+(``ingest.nccl_wire``); ``limit``: over a per-identity bound on sender-chosen values
+(``ingest.limits``, :mod:`ingest.quota`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,15 +33,25 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
+from ingest.auth import ROLE_COLLECTOR, Identity
 from ingest.forward import OtlpForwarder, stamp_providers
-from ingest.handoff import AlertSink, HandoffRefused
+from ingest.handoff import AlertSink, HandoffRefused, IdentityShareFull
 from ingest.inventory import NodeInventory, UnknownNodeGate
 from ingest.levels import FaultShape, fault_shape
 from ingest.limits import cap_alert
 from ingest.metrics import IngestMetrics
-from ingest.nccl import NcclEdge, NcclEngine
+from ingest.nccl import NCCL_OWNER_REFUSED, NcclEdge, NcclEngine
 from ingest.nccl_wire import decode_nccl
 from ingest.otlp import Decoded, FaultRecord, Limits, Resource, decode_logs, decode_metrics
+from ingest.quota import (
+    COHORT,
+    NCCL_COMMUNICATOR,
+    QUEUED_ALERTS,
+    SENDER,
+    SENDER_IS_COLLECTOR,
+    UNKNOWN_NODE,
+    SenderQuota,
+)
 from ingest.threshold import (
     DEFAULT_COHORT,
     CohortResult,
@@ -163,7 +173,8 @@ class Ingestor:
         self.metrics.configure_labels(
             known_kinds=KNOWN_KINDS | set(config.policy.catalogue.kinds),
             known_clusters=[c.name for c in config.clusters],
-            max_label_values=config.ingest.max_label_values)
+            max_label_values=config.ingest.max_label_values,
+            per_identity=config.ingest.limits.label_values_per_identity)
         self.limits = Limits.from_config(config.ingest)
         self.alert_sink = alert_sink
         self.forwarder = forwarder
@@ -175,6 +186,13 @@ class Ingestor:
             expected_nodes={c.name: c.gpu_node_count for c in config.clusters},
         )
         self.nodes: dict[tuple[str, str], NodeInfo] = {}
+        lim = config.ingest.limits
+        #: per-identity bounds on sender-chosen values (ingest.quota, ingest.limits)
+        self.quota = SenderQuota({
+            UNKNOWN_NODE: (lim.unknown_nodes_per_identity, self.scores.ttl_s),
+            COHORT: (lim.cohorts_per_identity, self.scores.ttl_s)})
+        #: identity whose score opened each cohort (its gauges' labels are charged to it)
+        self.cohort_owner: dict[tuple[str, str], str | None] = {}
         #: Nodes of each cluster (config + scheduler lists, :meth:`NodeInventory.update`).
         self.inventory = NodeInventory(config.clusters)
         self.unknown_nodes = UnknownNodeGate(
@@ -284,7 +302,7 @@ class Ingestor:
         :class:`HandoffRefused` only in the latter case (after ``on_refused``)."""
         # A node outside the inventory is observed, not repaired, and the workflows
         # started for such nodes are rate-limited per cluster (ingest.inventory).
-        gated = self.unknown_nodes.admit(alert, self.clock())
+        gated = self.unknown_nodes.admit(alert, self.clock(), SENDER.get())
         if gated is None:
             label = self.unknown_nodes.label(alert.cluster)
             self.metrics.unknown_nodes_limited_total.labels(label).inc()
@@ -330,7 +348,9 @@ class Ingestor:
                 else:
                     for st in staged:
                         await self.alert_sink.submit(st.alert)
-            except HandoffRefused:
+            except HandoffRefused as e:
+                if isinstance(e, IdentityShareFull):
+                    self.metrics.identity_limited_total.labels(QUEUED_ALERTS).inc()
                 self.alerts_refused += len(staged)
                 for st in staged:
                     if st.on_refused is not None:
@@ -349,26 +369,38 @@ class Ingestor:
 
     # ----------------------------------------------------------------- metrics
     async def handle_metrics(
-        self, req: ExportMetricsServiceRequest, transport: str, raw: bytes | None = None
+        self, req: ExportMetricsServiceRequest, transport: str, raw: bytes | None = None,
+        *, identity: Identity | None = None,
     ) -> tuple[ExportMetricsServiceResponse, ThresholdHint]:
         """Apply one metrics export. ``raw``: the serialized request when already at hand
-        (saves re-serializing for forwarding). Returns the response (with
+        (saves re-serializing for forwarding). ``identity``: the sender's verified
+        identity (``None``: authentication off), whose per-identity bounds apply
+        (``ingest.limits``, :meth:`bound`). Returns the response (with
         ``partial_success`` when anything was rejected) and the threshold hint."""
         now = self.clock()
         d = decode_metrics(req, now, max_future_s=self.max_future_s, ttl_s=self.scores.ttl_s,
                            limits=self.limits)
-        batch: list[_Staged] = []
-        token = _PUSH.set(batch)
+        sender = SENDER.set(identity.id if identity is not None else None)
+        collector = SENDER_IS_COLLECTOR.set(
+            identity is not None and identity.role == ROLE_COLLECTOR)
         try:
-            hint = await self._apply_metrics(d, req, now)
+            self.bound(d, identity, now)
+            batch: list[_Staged] = []
+            token = _PUSH.set(batch)
+            try:
+                hint = await self._apply_metrics(d, req, now, identity)
+            finally:
+                _PUSH.reset(token)
+            try:
+                await self._commit(batch)
+            except HandoffRefused as e:
+                # derived alerts (stragglers, NCCL): undone by on_refused, raised again by
+                # a later push; the push itself was applied, so it is answered
+                log.warning("event=derived_alerts_deferred alerts=%d error=%r", len(batch),
+                            str(e))
         finally:
-            _PUSH.reset(token)
-        try:
-            await self._commit(batch)
-        except HandoffRefused as e:
-            # derived alerts (stragglers, NCCL): undone by on_refused, raised again by a
-            # later push; the push itself was applied, so it is answered
-            log.warning("event=derived_alerts_deferred alerts=%d error=%s", len(batch), e)
+            SENDER_IS_COLLECTOR.reset(collector)
+            SENDER.reset(sender)
         await self.unreachable.flush(now)
         self._count_rejected(d, transport, "metrics")
         if self.forwarder is not None:
@@ -379,7 +411,65 @@ class Ingestor:
                 rejected_data_points=d.rejected, error_message=d.error_message()))
         return resp, hint
 
-    async def _apply_metrics(self, d: Decoded, req: Any, now: float) -> ThresholdHint:
+    def bound(self, d: Decoded, identity: Identity | None, now: float) -> None:
+        """Apply the per-identity bounds (``ingest.limits``, :mod:`ingest.quota`) to a
+        decoded push, in place: points and records about a node outside the inventory
+        beyond ``unknown_nodes_per_identity`` distinct ones, and scores of a cohort beyond
+        ``cohorts_per_identity``, are rejected (reason code ``limit``), each refusal
+        counted in ``autorepair_identity_limited_total{what}``. ``identity`` ``None``: no
+        bound. Other identities' state is never touched."""
+        if identity is None:
+            return
+        owner = identity.id
+        seen: dict[tuple[str, str], bool] = {}
+
+        def node_ok(r: Resource) -> bool:
+            key = (r.cluster, r.node)
+            ok = seen.get(key)
+            if ok is None:
+                ok = (self.inventory.known(r.cluster, r.node)
+                      or self.quota.admit(owner, UNKNOWN_NODE, key, now))
+                if not ok:
+                    self.metrics.identity_limited_total.labels(UNKNOWN_NODE).inc()
+                seen[key] = ok
+            return ok
+
+        def keep(items: list[Any], res: Callable[[Any], Resource], count: Callable[[Any], int],
+                 code_msg: str) -> list[Any]:
+            out = []
+            for it in items:
+                if node_ok(res(it)):
+                    out.append(it)
+                else:
+                    d.reject("limit", code_msg, count(it))
+            return out
+
+        unknown = (f"host.name: over {self.config.ingest.limits.unknown_nodes_per_identity} "
+                   "nodes outside the inventory for this identity "
+                   "(ingest.limits.unknown_nodes_per_identity)")
+        d.scores = keep(d.scores, lambda p: p.resource, lambda p: 1, unknown)
+        d.signals = keep(d.signals, lambda p: p.resource, lambda p: len(p.values), unknown)
+        d.faults = keep(d.faults, lambda f: f.resource, lambda f: 1, unknown)
+        d.nccl = keep(d.nccl, lambda x: x[0], lambda x: _points(x[1]), unknown)
+        scores = []
+        for p in d.scores:
+            key = (p.resource.cluster, p.resource.cohort)
+            if self.quota.admit(owner, COHORT, key, now):
+                scores.append(p)
+                self.cohort_owner.setdefault(key, owner)
+            else:
+                self.metrics.identity_limited_total.labels(COHORT).inc()
+                d.reject("limit", f"autorepair.workload_type: over "
+                         f"{self.config.ingest.limits.cohorts_per_identity} cohorts for this "
+                         "identity (ingest.limits.cohorts_per_identity)")
+        d.scores = scores
+        if d.rejected and d.codes.get("limit"):
+            n = sum(self.quota.refused.values())
+            if n & (n - 1) == 0:  # 1, 2, 4, …: a flood cannot flood the log
+                log.warning("event=identity_limited identity=%r refused=%d", owner, n)
+
+    async def _apply_metrics(self, d: Decoded, req: Any, now: float,
+                             identity: Identity | None = None) -> ThresholdHint:
         """Scores, signals and NCCL points of one decoded metrics push; returns the hint."""
         hint = ThresholdHint()
         hint_set = False
@@ -398,22 +488,35 @@ class Ingestor:
         for s in d.signals:
             self._info(s.resource, now).signals.update(s.values)
         if d.nccl:
-            await self._nccl_points(d, now)
+            await self._nccl_points(d, now, identity)
         if not hint_set:
             hint = self._hint_for_request(d, req)
         return hint
 
-    async def _nccl_points(self, d: Decoded, now: float) -> None:
-        """Feed NCCL timing points to the engine; rejections join the request's."""
+    async def _nccl_points(self, d: Decoded, now: float,
+                           identity: Identity | None = None) -> None:
+        """Feed NCCL timing points to the engine; rejections join the request's. A new
+        communicator beyond the identity's ``ingest.limits.nccl_communicators_per_*`` is
+        refused (reason code ``limit``)."""
+        lim = self.config.ingest.limits
+        owner = identity.id if identity is not None else None
+        cap = None if identity is None else (
+            lim.nccl_communicators_per_collector if identity.role == ROLE_COLLECTOR
+            else lim.nccl_communicators_per_identity)
         for res, m in d.nccl:
             if not self.config.nccl.enabled:
-                d.ignored_metrics += len(getattr(m, m.WhichOneof("data") or "gauge").data_points)
+                d.ignored_metrics += _points(m)
                 continue
             for cols in decode_nccl(m, lambda why: d.reject("nccl", why)):
+                before = self.nccl.owner_refused
                 for reason, k in self.nccl.observe_batch(
                         res.cluster, res.node, cols.comm, cols.nranks, cols.seq, cols.rank,
-                        cols.dur, cols.op_type, now):
-                    d.reject("nccl", reason, k)
+                        cols.dur, cols.op_type, now, owner=owner, owner_cap=cap):
+                    d.reject("limit" if reason.startswith(NCCL_OWNER_REFUSED) else "nccl",
+                             reason, k)
+                if self.nccl.owner_refused != before:
+                    self.metrics.identity_limited_total.labels(NCCL_COMMUNICATOR).inc(
+                        self.nccl.owner_refused - before)
         await self._nccl_alerts()
 
     async def _nccl_alerts(self) -> None:
@@ -517,7 +620,7 @@ class Ingestor:
     # -------------------------------------------------------------------- logs
     async def handle_logs(
         self, req: ExportLogsServiceRequest, transport: str, raw: bytes | None = None,
-        *, reporter: str | None = None,
+        *, reporter: str | None = None, identity: Identity | None = None,
     ) -> tuple[ExportLogsServiceResponse, ThresholdHint]:
         """Apply one logs export: each fault / straggler record becomes an alert.
 
@@ -527,6 +630,8 @@ class Ingestor:
         ``evidence["reported_by"]`` (:data:`REPORTED_BY`; ``"unauthenticated"`` for
         ``None``), replacing any value the sender put there: what confirms a Kubernetes
         node condition (``workers.watchers.kube``) is the node's own report.
+        ``identity``: the verified identity itself (its role is the ``reporter`` when
+        ``reporter`` is not given); its per-identity bounds apply (:meth:`bound`).
 
         The push's alerts are handed off together once all are built (stored in one round
         trip with an outbox). Raises :class:`HandoffRefused` when the hand-off cannot take
@@ -536,15 +641,25 @@ class Ingestor:
         """
         now = self.clock()
         d = decode_logs(req, now, max_future_s=self.max_future_s, limits=self.limits)
-        batch: list[_Staged] = []
-        token = _PUSH.set(batch)
+        if reporter is None and identity is not None:
+            reporter = identity.role
+        sender = SENDER.set(identity.id if identity is not None else None)
+        collector = SENDER_IS_COLLECTOR.set(
+            identity is not None and identity.role == ROLE_COLLECTOR)
         try:
-            for f in d.faults:
-                self.unreachable.seen(f.resource, now)
-                await self._fault_alert(f, reporter or UNAUTHENTICATED)
+            self.bound(d, identity, now)
+            batch: list[_Staged] = []
+            token = _PUSH.set(batch)
+            try:
+                for f in d.faults:
+                    self.unreachable.seen(f.resource, now)
+                    await self._fault_alert(f, reporter or UNAUTHENTICATED)
+            finally:
+                _PUSH.reset(token)
+            await self._commit(batch)
         finally:
-            _PUSH.reset(token)
-        await self._commit(batch)
+            SENDER_IS_COLLECTOR.reset(collector)
+            SENDER.reset(sender)
         await self.unreachable.flush(now)
         self._count_rejected(d, transport, "logs")
         if self.forwarder is not None:
@@ -567,8 +682,9 @@ class Ingestor:
                 observed_at=f.time_s, active=shape.active, level=shape.level, source="agent",
             )
         except (ValueError, TypeError) as e:
-            log.warning("event=alert_build_failed cluster=%s node=%s kind=%s error=%s",
-                        f.resource.cluster, f.resource.node, f.kind, e)
+            # the error may quote sender text: %r, never a forged log line
+            log.warning("event=alert_build_failed cluster=%s node=%s kind=%s error=%r",
+                        f.resource.cluster, f.resource.node, f.kind, str(e))
             return
         await self._submit(alert)
 
@@ -579,7 +695,9 @@ class Ingestor:
         t0 = time.perf_counter()
         results = self.scores.compute(now)
         self.metrics.threshold_compute_seconds.observe(time.perf_counter() - t0)
-        self.metrics.publish(results)
+        for key in [k for k in self.cohort_owner if k not in self.scores.cohorts]:
+            del self.cohort_owner[key]
+        self.metrics.publish(results, lambda cl, co: self.cohort_owner.get((cl, co)))
         cutoff = now - self.scores.ttl_s
         for key in [k for k, v in self.nodes.items() if v.last_seen < cutoff]:
             del self.nodes[key]
@@ -730,6 +848,11 @@ class Ingestor:
             except Exception:
                 temporal = False
         return computed and temporal, {"threshold_computed": computed, "temporal": temporal}
+
+
+def _points(m: Any) -> int:
+    """Data points of one OTLP ``Metric`` (any data type)."""
+    return len(getattr(m, m.WhichOneof("data") or "gauge").data_points)
 
 
 def node_state_name(state: NodeState) -> str:

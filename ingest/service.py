@@ -49,6 +49,7 @@ from ingest.grpc_receiver import start_grpc_server
 from ingest.handoff import AlertOutbox, AlertSink, DeadLetterStore, ManagedAlertSink
 from ingest.http_receiver import OtlpHttpApp, peercert_protocol
 from ingest.inventory import BindingsSource, InventorySource
+from ingest.maintenance_marks import MaintenanceMarks
 from ingest.metrics import IngestMetrics
 from ingest.pipeline import Ingestor
 from ingest.repair_metrics import RepairMetricsPoller
@@ -362,7 +363,8 @@ async def _serve(config: AutorepairConfig, routers_for: RoutersFactory | None = 
                  bmc_probe: BmcProbe | None = None,
                  open_alerts: OpenAlerts | None = None,
                  outbox: AlertOutbox | None = None,
-                 bindings_source: BindingsSource | None = None) -> None:
+                 bindings_source: BindingsSource | None = None,
+                 maintenance: MaintenanceMarks | None = None) -> None:
     from ingest.handoff import TemporalAlertSink
 
     # temporal.tls and temporal.api_key_file, as every Temporal client of the project
@@ -385,6 +387,9 @@ async def _serve(config: AutorepairConfig, routers_for: RoutersFactory | None = 
         resubmit_after_s=ic.outbox_resubmit_after_s,
         on_outcome=lambda o: service.metrics.alert_handoff_total.labels(o).inc(),
         on_dead_letter=lambda r: service.metrics.alerts_dead_lettered_total.labels(r).inc(),
+        queued_per_identity=ic.limits.queued_alerts_per_identity,
+        queued_per_collector=ic.limits.queued_alerts_per_collector,
+        maintenance=maintenance,
     )
     service = IngestService(config, sink, temporal_ready=temporal_ready,
                             require_auth=True, inventory_source=inventory_source,
@@ -429,7 +434,8 @@ def run_ingest(config: AutorepairConfig, routers_for: RoutersFactory | None = No
                inventory_source: InventorySource | None = None,
                dead_letters: DeadLetterStore | None = None, bmc_probe: BmcProbe | None = None,
                open_alerts: OpenAlerts | None = None, outbox: AlertOutbox | None = None,
-               bindings_source: BindingsSource | None = None) -> None:
+               bindings_source: BindingsSource | None = None,
+               maintenance: MaintenanceMarks | None = None) -> None:
     """Blocking entry point of ``autorepair ingest``: serve until SIGINT/SIGTERM.
 
     Connects lazily to Temporal at ``config.temporal.address`` (ingest starts and buffers
@@ -443,6 +449,8 @@ def run_ingest(config: AutorepairConfig, routers_for: RoutersFactory | None = No
     what a killed ingest left (:mod:`ingest.handoff`; ``autorepair ingest`` passes the
     ledger; ``None``: accepted alerts live in memory until delivered). ``bindings_source``
     reads the ledger's node → machine bindings, the machines alerts are stamped with.
+    ``maintenance`` marks alerts of nodes inside a maintenance window before delivery
+    (:mod:`ingest.maintenance_marks`; ``None``: no windows).
     """
     asyncio.run(_serve(config, routers_for, inventory_source, dead_letters, bmc_probe,
-                       open_alerts, outbox, bindings_source))
+                       open_alerts, outbox, bindings_source, maintenance))

@@ -5,9 +5,9 @@ options and calls the module doing the work — the process entry points (``up``
 :mod:`workers.up`, ``worker`` → :mod:`workers.worker`, ``ingest`` →
 :mod:`ingest.service`), the offline reader (``classify`` → :mod:`workers.classify`) and
 the operator commands (``status``, ``repairs`` → :mod:`workers.ops`, ``report`` →
-:mod:`workers.report`, over the HTTP API; ``validate``, ``breaker`` →
-:mod:`workers.ops_temporal`, over Temporal) and the MCP server (``mcp`` →
-:mod:`workers.mcp_server`).
+:mod:`workers.report`, ``machines`` → :mod:`workers.machines`, over the HTTP API;
+``validate``, ``breaker`` → :mod:`workers.ops_temporal`, over Temporal) and the MCP
+server (``mcp`` → :mod:`workers.mcp_server`).
 
 Every client command takes ``--data-dir`` / ``$AUTOREPAIR_DATA_DIR`` (default
 ``.autorepair``, as for ``up``): the commands that need an API token (``status``,
@@ -30,7 +30,7 @@ from typing import Annotated
 
 import typer
 
-from workers import ops, ops_temporal
+from workers import maintenance_cli, ops, ops_temporal
 from workers.config import ENV_CONFIG_FILE, ConfigError, load_config
 from workers.temporal_client import release_runtimes
 from workflows.config import AutorepairConfig
@@ -49,9 +49,17 @@ breaker_app = typer.Typer(help="Circuit breaker of a cluster (ClusterGuardWorkfl
 dead_letters_app = typer.Typer(
     help="Alerts that could not be handed to their node's workflow: list, replay.",
     no_args_is_help=True)
+machines_app = typer.Typer(
+    help="Machines held for RMA (removed): list them, return one to service.",
+    no_args_is_help=True)
 app.add_typer(repairs_app, name="repairs")
+app.add_typer(machines_app, name="machines")
 app.add_typer(breaker_app, name="breaker")
 app.add_typer(dead_letters_app, name="dead-letters")
+maintenance_app = typer.Typer(
+    help="Planned maintenance windows: start, list, end (no repair is recommended for a "
+         "covered node while one is open).", no_args_is_help=True)
+app.add_typer(maintenance_app, name="maintenance")
 
 ConfigOpt = Annotated[
     Path | None,
@@ -173,7 +181,8 @@ def ingest(config: ConfigOpt = None) -> None:
     try:
         run_ingest(cfg, api_routers(cfg), scheduler_inventory(cfg), ledger, redfish_probe(cfg),
                    ledger.open_level_alerts if ledger is not None else None, outbox=ledger,
-                   bindings_source=ledger.machine_bindings if ledger is not None else None)
+                   bindings_source=ledger.machine_bindings if ledger is not None else None,
+                   maintenance=ledger.maintenance_marks() if ledger is not None else None)
     except (RuntimeError, ValueError, OSError) as exc:
         # RuntimeError: a port cannot bind; ValueError: a malformed tokens file;
         # OSError: an unreadable TLS / tokens file.
@@ -328,6 +337,83 @@ def repairs_cancel(
     """Cancel a repair at its next safe point."""
     ops.repairs_decide("cancel", *_api(api, token, data_dir), as_json, repair_id,
                        {"reason": reason})
+
+
+@machines_app.command("held")
+def machines_held(
+    api: Api = None, token: Token = None, data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
+    as_json: AsJson = False,
+    cluster: Annotated[str | None, typer.Option(help="cluster name (default: all)")] = None,
+) -> None:
+    """Machines held for RMA: removed and not yet returned (machine, since, repair,
+    reason). No repair picks a held machine as a spare or migrates onto it."""
+    from workers.machines import held_command
+
+    held_command(*_api(api, token, data_dir), as_json, cluster)
+
+
+@machines_app.command("return")
+def machines_return(
+    cluster: Annotated[str, typer.Argument(help="cluster of the machine", show_default=False)],
+    machine: Annotated[str, typer.Argument(
+        help="machine id (`autorepair machines held` lists them)", show_default=False)],
+    reason: Annotated[str, typer.Option("--reason", help="why it may serve again (recorded "
+                                                         "with your name)")],
+    api: Api = None, token: Token = None, data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
+    as_json: AsJson = False,
+) -> None:
+    """Return a machine held for RMA to service (operator token): its hold is lifted and
+    recorded with the operator and the reason; a machine that is not held is an error
+    naming it (exit 1)."""
+    from workers.machines import return_command
+
+    return_command(*_api(api, token, data_dir), as_json, cluster, machine, reason)
+
+
+@maintenance_app.command("start")
+def maintenance_start(
+    cluster: ClusterReq,
+    duration: Annotated[str, typer.Option("--for", help="how long: 30m, 2h, 1d (at most "
+                                          "policy.maintenance.max_s)")],
+    reason: Annotated[str, typer.Option("--reason", help="why (recorded with the window)")],
+    pool: Annotated[str | None, typer.Option("--pool", help="one node pool")] = None,
+    nodes: Annotated[str | None, typer.Option("--nodes", help="N1,N2,...")] = None,
+    all_nodes: Annotated[bool, typer.Option("--all", help="every node of the cluster")]
+    = False,
+    api: Api = None, token: Token = None, data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
+    as_json: AsJson = False,
+) -> None:
+    """Open a window on one pool, a list of nodes or the whole cluster; prints its id."""
+    given = [n for n, v in (("--pool", pool), ("--nodes", nodes), ("--all", all_nodes)) if v]
+    if len(given) != 1:
+        typer.echo("error: give exactly one of --pool, --nodes, --all"
+                   + (f" (got {', '.join(given)})" if given else ""), err=True)
+        raise typer.Exit(2)
+    node_list = [n.strip() for n in nodes.split(",") if n.strip()] if nodes else None
+    maintenance_cli.start(*_api(api, token, data_dir), as_json, {
+        "cluster": cluster, "pool": pool, "nodes": node_list, "all": all_nodes,
+        "for": duration, "reason": reason})
+
+
+@maintenance_app.command("list")
+def maintenance_list(
+    cluster: Annotated[str | None, typer.Option("--cluster", help="one cluster only")] = None,
+    active: Annotated[bool, typer.Option("--active", help="only windows open now")] = False,
+    api: Api = None, token: Token = None, data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
+    as_json: AsJson = False,
+) -> None:
+    """Windows, newest first."""
+    maintenance_cli.list_windows(*_api(api, token, data_dir), as_json, cluster, active)
+
+
+@maintenance_app.command("end")
+def maintenance_end(
+    window_id: Annotated[str, typer.Argument(help="window id (`maintenance list`)")],
+    api: Api = None, token: Token = None, data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
+    as_json: AsJson = False,
+) -> None:
+    """End a window now."""
+    maintenance_cli.end(*_api(api, token, data_dir), as_json, window_id)
 
 
 @app.command()

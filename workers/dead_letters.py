@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -40,7 +40,7 @@ from activities.ledger import DEAD_LETTER_MAX_BYTES, Ledger
 from ingest.handoff import TemporalAlertSink
 from ingest.limits import cap_alert
 from workers.fleet_models import clip, parse_since
-from workers.lazy_ledger import LazyLedger
+from workers.lazy_ledger import LazyLedger, maintenance_marks
 from workers.temporal_client import temporal_client
 from workflows.config import AutorepairConfig
 from workflows.models import Alert
@@ -121,6 +121,13 @@ async def _replayable(row: dict[str, Any], config: AutorepairConfig, ledger: Led
     return capped, ""
 
 
+def _ready(ledger: Ledger) -> Callable[[], Awaitable[Ledger]]:
+    async def get() -> Ledger:
+        return ledger
+
+    return get
+
+
 def _result(row: dict[str, Any] | None, alert_id: str, result: str,
             reason: str = "") -> dict[str, Any]:
     r = row or {}
@@ -192,7 +199,8 @@ async def replay(config: AutorepairConfig, address: str, namespace: str, *,
         rows.sort(key=lambda r: (_observed(r), r["recorded_at"]))
         results: list[dict[str, Any]] = []
         async with temporal_client(address, namespace, config=config.temporal) as client:
-            sink = TemporalAlertSink(client, config.temporal.task_queue)
+            sink = TemporalAlertSink(client, config.temporal.task_queue,
+                                     maintenance=maintenance_marks(_ready(ledger)))
             for row in rows:
                 results.append(await _replay_one(ledger, sink, row, config, not_before,
                                                  timeout_s))

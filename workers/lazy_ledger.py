@@ -23,15 +23,30 @@ treat that as "no ledger" (the dead letter is then only logged, reconciliation s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Sequence
-from datetime import datetime
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from datetime import UTC, datetime
 
 import asyncpg
 
 from activities.ledger import Ledger, connect, migrate
+from activities.maintenance_store import MaintenanceStore
+from ingest.maintenance_marks import MaintenanceMarks
 from workflows.config import AutorepairConfig
+from workflows.maintenance import MaintenanceWindow
 from workflows.models import Alert
 from workflows.providers import ProviderResolver
+
+
+def maintenance_marks(get: Callable[[], Awaitable[Ledger]]) -> MaintenanceMarks:
+    """Marks of the alerts of nodes inside a maintenance window, reading the windows in
+    force from the ledger ``get`` returns (:mod:`ingest.maintenance_marks`; issue 29)."""
+
+    async def load() -> list[MaintenanceWindow]:
+        ledger = await get()
+        return await MaintenanceStore(ledger.pool).list(active_at=datetime.now(UTC),
+                                                        limit=10_000)
+
+    return MaintenanceMarks(load)
 
 
 class LazyLedger:
@@ -70,6 +85,17 @@ class LazyLedger:
                 self._ledger = Ledger(pool, providers=ProviderResolver(
                     self.config.providers))
         return self._ledger
+
+    async def sync_maintenance(self, cluster: str, source: str,
+                               windows: list[MaintenanceWindow], now: datetime) -> None:
+        """A scheduler's maintenance windows into the ledger
+        (:meth:`MaintenanceStore.sync`)."""
+        ledger = await self.get()
+        await MaintenanceStore(ledger.pool).sync(cluster, source, windows, now)
+
+    def maintenance_marks(self) -> MaintenanceMarks:
+        """:func:`maintenance_marks` on this ledger (connecting on first use)."""
+        return maintenance_marks(self.get)
 
     async def record(self, alert: Alert, reason: str, error: str, attempts: int) -> None:
         """``DeadLetterStore.record``: a row in ``dead_letters``."""

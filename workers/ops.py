@@ -450,12 +450,14 @@ def repairs_decide(verb: str, api: str, auth: ApiToken, as_json: bool, repair_id
 # ------------------------------------------------------------------------ status
 def status_doc(api: str, auth: ApiToken, cluster: str | None) -> dict[str, Any]:
     """``{"state": GET /api/v1/state, "alerts": recent alerts, "repairs": recent repairs,
-    "downtime": GET /api/v1/report?since=7d}`` (every one needs a token of any role; exits
-    1 with where the token was looked for when it is refused)."""
+    "downtime": GET /api/v1/report?since=7d, "maintenance": the windows open now}`` (every
+    one needs a token of any role; exits 1 with where the token was looked for when it is
+    refused)."""
     state = _call("GET", api, "/api/v1/state", auth, params={"cluster_id": cluster})
     repairs: list[dict[str, Any]] = []
     alerts: list[dict[str, Any]] = []
     downtime: dict[str, Any] | None = None
+    maintenance: list[dict[str, Any]] = []
     if auth.token:
         repairs = _call("GET", api, "/api/v1/repairs", auth,
                         params={"cluster": cluster, "limit": 20})["repairs"]
@@ -463,7 +465,19 @@ def status_doc(api: str, auth: ApiToken, cluster: str | None) -> dict[str, Any]:
                        params={"cluster": cluster, "limit": 20})["alerts"]
         downtime = _call("GET", api, "/api/v1/report", auth,
                          params={"since": STATUS_WINDOW, "cluster": cluster})
-    return {"state": state, "alerts": alerts, "repairs": repairs, "downtime": downtime}
+        maintenance = _call("GET", api, "/api/v1/maintenance", auth,
+                            params={"cluster": cluster, "active": "true"})["windows"]
+    return {"state": state, "alerts": alerts, "repairs": repairs, "downtime": downtime,
+            "maintenance": maintenance}
+
+
+def _window_line(w: dict[str, Any]) -> str:
+    """One line of an open maintenance window for the cluster-alert table."""
+    scope = {"all": "all nodes", "pool": f"pool {w.get('pool')}"}.get(
+        w["scope"], ", ".join(w.get("nodes", [])[:5]) + (
+            f" (+{len(w['nodes']) - 5})" if len(w.get("nodes", [])) > 5 else ""))
+    return (f"{w['window_id']}: {scope} until {_ts(w.get('ends_at'))} — {w['reason']} "
+            f"({w['created_by']})")
 
 
 def short_summary(kind: str, summary: str) -> str:
@@ -592,6 +606,9 @@ def status_tables(doc: dict[str, Any], width: int | None = None,
     node_rows.sort(key=lambda r: (not r[4] and not r[5], r[0], r[1]))
     cluster_alerts = [[r["cluster_id"], r["kind"], r["summary"]]
                       for r in st.get("cluster_alerts", []) if r.get("active", True)]
+    # open maintenance windows: nothing is recommended for the nodes they cover
+    cluster_alerts += [[w["cluster"], "maintenance", _window_line(w)]
+                       for w in doc.get("maintenance") or []]
     alert_rows = [[_ts(r.get("observed_at")), r["node"], r["kind"],
                    "" if r.get("code") is None else str(r["code"]), r["severity"],
                    _alert_action(r), r["state"],

@@ -158,7 +158,8 @@ class ServiceAccountTokensConfig(_Section):
     #: TokenReview / pod reads in flight at once; a token that would exceed it is
     #: refused (401, retried by the agent), so unknown tokens cannot flood the API server.
     max_concurrent_reviews: int = Field(8, gt=0)
-    #: Most tokens (verified or refused) remembered at once; the oldest go first.
+    #: Most tokens remembered at once, verified and refused ones each (apart, so made-up
+    #: tokens never push a node's identity out); the oldest go first.
     max_cached_tokens: int = Field(100_000, gt=0)
     #: Longest wait for one TokenReview or pod read, seconds.
     timeout_s: float = Field(5.0, gt=0)
@@ -174,6 +175,44 @@ class ServiceAccountTokensConfig(_Section):
             raise ValueError("ingest.service_account_tokens.service_accounts: required when "
                              "enabled (the agent DaemonSet's NAMESPACE/NAME)")
         return self
+
+
+class IngestLimitsConfig(_Section):
+    """Per-identity bounds on sender-chosen values (``ingest.limits``; docs/security.md,
+    ``ingest.quota``): what one credential (a node token, a collector, a certificate, a
+    ServiceAccount token) may make ingest keep, so one identity cannot evict other nodes'
+    state, take the label budget or inflate ``/metrics``. Beyond a cap that identity's
+    points / records are rejected (``partial_success``, reason ``limit``) or its label
+    values count as ``other``, counted in ``autorepair_identity_limited_total{what}``.
+    Without authentication no per-identity bound applies."""
+
+    #: Distinct nodes outside the inventory one identity may report at once (a node is
+    #: forgotten one score TTL after its last report). 32: one DGX SuperPOD scalable
+    #: unit, as ``ingest.unknown_node_burst``. A node identity reports only itself.
+    unknown_nodes_per_identity: int = Field(32, ge=0)
+    #: Distinct ``(cluster, cohort)`` score-map cohorts one identity may feed at once
+    #: (forgotten one score TTL after its last score). 16: as the cohorts exported per
+    #: cluster (``ingest.metrics.MAX_COHORTS_PER_CLUSTER``).
+    cohorts_per_identity: int = Field(16, ge=1)
+    #: NCCL communicators one node identity may open (held until the communicator expires
+    #: or is evicted). 256: a node's eight ranks in a few dozen process groups each, with
+    #: room to spare. When the engine's ``nccl.max_ranks`` is full, the communicator
+    #: evicted is the least recently updated of the identity holding the most ranks.
+    nccl_communicators_per_identity: int = Field(256, ge=1)
+    #: The same for a collector identity (it speaks for many nodes).
+    nccl_communicators_per_collector: int = Field(4096, ge=1)
+    #: New Prometheus label values (fault kinds outside the catalogue, clusters outside
+    #: ``clusters``, cohorts) one identity may introduce out of the global budget
+    #: ``ingest.max_label_values``; further ones count as ``other`` / are not exported.
+    label_values_per_identity: int = Field(8, ge=0)
+    #: Alerts one node identity may have waiting in the hand-off queue
+    #: (``ingest.alert_queue``) at once; beyond it that identity's pushes get 503 +
+    #: ``Retry-After`` while every other sender's are taken. 256: a node's storm (every
+    #: GPU's Xid, ECC and PCIe errors twice over) with room to spare.
+    queued_alerts_per_identity: int = Field(256, ge=1)
+    #: The same for a collector identity: half of the default ``ingest.alert_queue``
+    #: (as ``max_inflight_per_collector`` is half of ``max_inflight``).
+    queued_alerts_per_collector: int = Field(5000, ge=1)
 
 
 class IngestConfig(_Section):
@@ -306,6 +345,8 @@ class IngestConfig(_Section):
     #: the node TTL plus 3 push intervals (``threshold.push_interval_s`` ×
     #: (``ttl_multiplier`` + 3)).
     unreachable_after_s: float | None = Field(None, gt=0)
+    #: Per-identity bounds on sender-chosen values.
+    limits: IngestLimitsConfig = Field(default_factory=IngestLimitsConfig)
 
 
 class ThresholdConfig(_Section):
@@ -492,6 +533,18 @@ class MigrateGateConfig(_Section):
     window_s: float = Field(10 * 86400.0, gt=0)
 
 
+class RepeatOffenderConfig(_Section):
+    """A machine that keeps needing disruptive repairs, whatever the fault (issue 31 item
+    2): at ``threshold`` disruptive repairs within ``window_s`` its next recommendation
+    is ``remove``, for a person (never automatic)."""
+
+    #: Disruptive repairs (repairs with at least one executed power cycle, reboot, GPU
+    #: reset, reprovision or migrate on the machine) that make a repeat offender (3).
+    threshold: int = Field(3, ge=1)
+    #: Window the repairs are counted in, seconds (30 days).
+    window_s: float = Field(30 * 86400.0, gt=0)
+
+
 class RailsConfig(_Section):
     """Safety rails (docs/design.md §5)."""
 
@@ -545,6 +598,8 @@ class RailsConfig(_Section):
     max_actions_per_node: int = Field(6, ge=1)
     #: Window of ``max_actions_per_node``, seconds (7 days, the ladder's window).
     max_actions_window_s: float = Field(7 * 86400.0, gt=0)
+    #: Repeat-offender machines (issue 31 item 2): ``remove`` for a person.
+    repeat_offender: RepeatOffenderConfig = Field(default_factory=RepeatOffenderConfig)
 
 
 class BmcConfig(_Section):
@@ -1070,6 +1125,15 @@ class EvidenceCaptureConfig(_Section):
         return self.enabled and action in self.actions
 
 
+class MaintenanceConfig(_Section):
+    """Planned maintenance windows (issue 29 item 1): while a window covers a node its
+    alerts are recorded and marked ``in_maintenance`` and nothing is recommended."""
+
+    #: Longest window an operator may open, seconds (24 h: a window forgotten open must
+    #: not switch repair off for good).
+    max_s: float = Field(24 * 3600.0, gt=0, le=30 * 86400.0)
+
+
 class PolicyConfig(_Section):
     """The policy bundle handed to workflows (pure data; no secrets)."""
 
@@ -1083,6 +1147,8 @@ class PolicyConfig(_Section):
     reset_gpu: ResetGpuPolicy = Field(default_factory=ResetGpuPolicy)
     #: Evidence captured before disruptive actions.
     evidence_capture: EvidenceCaptureConfig = Field(default_factory=EvidenceCaptureConfig)
+    #: Planned maintenance windows (``autorepair maintenance``).
+    maintenance: MaintenanceConfig = Field(default_factory=MaintenanceConfig)
 
 
 class AutorepairConfig(_Section):

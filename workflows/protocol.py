@@ -45,6 +45,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio.common import SearchAttributeIndexedValueType, SearchAttributeKey
 
+from workflows.catalogue.kinds import NODE_LEVEL_KINDS
 from workflows.leases import Lease as Lease
 from workflows.leases import LeaseRelease as LeaseRelease
 from workflows.leases import LeaseReply as LeaseReply
@@ -275,9 +276,11 @@ class NodeStatus(BaseModel):
 
 
 def fault_key(alert: Alert) -> str:
-    """Identity of one fault on one node across raise/clear edges: ``kind:code:gpu``.
+    """Identity of one fault on one node across raise/clear edges: ``kind:code:gpu``
+    (``kind:code:`` for :data:`~workflows.catalogue.kinds.NODE_LEVEL_KINDS`).
 
     A clear (``active=False``) has its own ``alert_id`` but the same fault key as the
     raise it clears.
     """
-    return f"{alert.kind}:{alert.code if alert.code is not None else ''}:{alert.gpu or ''}"
+    gpu = "" if alert.kind in NODE_LEVEL_KINDS else (alert.gpu or "")
+    return f"{alert.kind}:{alert.code if alert.code is not None else ''}:{gpu}"

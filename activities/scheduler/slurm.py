@@ -238,6 +238,50 @@ def _local_time(v: str | None) -> datetime | None:
         return None
 
 
+@dataclass(frozen=True)
+class SlurmReservation:
+    """One reservation of ``scontrol show reservation``: ``nodes`` expanded from the
+    hostlist, ``flags`` upper case, times in UTC (None when Slurm prints none)."""
+
+    name: str
+    nodes: tuple[str, ...]
+    flags: frozenset[str]
+    start: datetime | None
+    end: datetime | None
+
+    @property
+    def maint(self) -> bool:
+        """A maintenance reservation (``Flags=MAINT``)."""
+        return "MAINT" in self.flags
+
+
+def parse_scontrol_show_reservation(text: str) -> list[SlurmReservation]:
+    """Reservations of ``scontrol show reservation`` (multi-line or ``-o``) text; "No
+    reservations in the system" gives ``[]``. A record without ``ReservationName=`` is
+    skipped; times are read like the node times (Slurm prints the controller's local
+    time without a zone: this process's zone is assumed)."""
+    from agent.readers.slurm import expand_hostlist
+
+    out: list[SlurmReservation] = []
+    for record in re.split(r"\n\s*\n|(?=^ReservationName=)", text.strip(), flags=re.M):
+        kv: dict[str, str] = {}
+        for tok in record.split():
+            if "=" in tok:
+                k, v = tok.split("=", 1)
+                kv.setdefault(k, v)
+        name = kv.get("ReservationName")
+        if not name:
+            continue
+        hosts = kv.get("Nodes", "")
+        nodes = tuple(expand_hostlist(hosts)) if hosts and hosts != "(null)" else ()
+        flags = frozenset(f.strip().upper() for f in kv.get("Flags", "").split(",")
+                          if f.strip() and f.strip() != "(null)")
+        out.append(SlurmReservation(name=name, nodes=nodes, flags=flags,
+                                    start=_local_time(kv.get("StartTime")),
+                                    end=_local_time(kv.get("EndTime"))))
+    return out
+
+
 def parse_scontrol_show_node(text: str) -> dict[str, SlurmNode]:
     """Nodes of ``scontrol show node`` (multi-line or ``-o``) text by name.
 

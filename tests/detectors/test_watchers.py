@@ -272,3 +272,118 @@ async def test_not_ready_needs_bmc_evidence_and_npd_conditions(
     assert ("gpu-03", False) in {(a.node, a.active) for a in cleared}
     rows = await s.ledger.list_repairs(cluster=s.cluster, node="gpu-03")
     assert rows == []
+
+
+async def test_slurm_maint_reservation_is_a_maintenance_window(
+    slurm_stack: Stack, slurm_cluster: SlurmCluster
+) -> None:
+    """Issue 29: a ``Flags=MAINT`` reservation on the loopback cluster becomes a window in
+    the ledger (the delivery path's marks read it: a drain inside it is recorded with
+    ``in_maintenance``); the project's own validation reservation does not; deleting the
+    reservation ends the window."""
+    from activities.maintenance_store import MaintenanceStore
+    from ingest.maintenance_marks import MaintenanceMarks
+
+    s = slurm_stack
+    store = MaintenanceStore(s.ledger.pool)
+    cl = s.config.clusters[0]
+
+    async def sync(cluster: str, source: str, windows: list[Any], now: Any) -> None:
+        await store.sync(cluster, source, windows, now)
+
+    async def load() -> list[Any]:
+        from datetime import UTC, datetime
+        return await store.list(cl.name, active_at=datetime.now(UTC))
+
+    marks = MaintenanceMarks(load, refresh_s=0.001)
+    sink = DeliveringSink(TemporalAlertSink(s.env.client, s.config.temporal.task_queue,
+                                            maintenance=marks))
+    w = SlurmWatcher(s.config, cl, sink, maintenance=sync)
+    res = "rack-a-" + uuid.uuid4().hex[:6]
+    own = f"{cl.validation.reservation_prefix}-{uuid.uuid4().hex[:6]}"
+    slurm_cluster.run("scontrol", "create", "reservation", f"ReservationName={res}",
+                      "Nodes=gpu-01,gpu-02", "StartTime=now", "Duration=60", "Users=root",
+                      "Flags=MAINT")
+    slurm_cluster.run("scontrol", "create", "reservation", f"ReservationName={own}",
+                      "Nodes=gpu-04", "StartTime=now", "Duration=60", "Users=root",
+                      "Flags=MAINT")
+    try:
+        await w.scan_once()
+        open_ws = await load()
+        assert [x.window_id for x in open_ws] == [f"slurm:{cl.name}:{res}"]
+        assert open_ws[0].nodes == ["gpu-01", "gpu-02"] and open_ws[0].source == "slurm"
+        slurm_cluster.run("scontrol", "update", "nodename=gpu-02", "state=drain",
+                          "reason=rack maintenance")
+        sent = await w.scan_once()
+        assert [a.node for a in sent] == ["gpu-02"]
+        answer = sink.results[-1][1]
+        assert answer.repair_id is None and "maintenance" in answer.reason, answer
+        assert marks.marked == 1
+        slurm_cluster.run("scontrol", "delete", f"ReservationName={res}")
+        await w.scan_once()
+        assert await load() == []
+        ended = await store.get(f"slurm:{cl.name}:{res}")
+        assert ended is not None and ended.ended_at is not None and ended.ended_by == "slurm"
+    finally:
+        for r in (res, own):
+            slurm_cluster.run("scontrol", "delete", f"ReservationName={r}", check=False)
+
+
+async def test_kube_maintenance_annotation_pauses_that_node_only(
+    kube_stack: tuple[Stack, Any, KubeWatcher, DeliveringSink]
+) -> None:
+    """Issue 29: a node annotated ``autorepair.io/maintenance`` (value: the reason) is a
+    window, bounded by ``policy.maintenance.max_s``; its NotReady-with-BMC-off alert, which
+    would power-cycle, is delivered marked and repairs nothing; removing the annotation
+    ends the window."""
+    from datetime import UTC, datetime, timedelta
+
+    import sushy
+
+    from activities.maintenance_store import MaintenanceStore
+    from activities.power import RedfishMachine
+    from ingest.maintenance_marks import MaintenanceMarks
+    from workflows.maintenance import MAINTENANCE_ANNOTATION
+
+    s, kube, w0, _ = kube_stack
+    store = MaintenanceStore(s.ledger.pool)
+
+    async def load() -> list[Any]:
+        return await store.list(s.cluster, active_at=datetime.now(UTC))
+
+    marks = MaintenanceMarks(load, refresh_s=3600)
+
+    async def sync(cluster: str, source: str, windows: list[Any], now: Any) -> None:
+        await store.sync(cluster, source, windows, now)
+        await marks.refresh(force=True)
+
+    sink = DeliveringSink(TemporalAlertSink(s.env.client, s.config.temporal.task_queue,
+                                            maintenance=marks))
+    w = KubeWatcher(s.config, s.config.clusters[0], sink, w0.api.api_client, intake=s.intake,
+                    bmc_probe=w0.bmc_probe, maintenance=sync)
+    kube.server.objects[kmock_nodes(), None, "gpu-04"].patch(
+        {"metadata": {"annotations": {MAINTENANCE_ANNOTATION: "PSU swap, ticket OPS-7"}}})
+    bmc4 = RedfishMachine(s.config, s.cluster, "gpu-04", "m-gpu-04")
+    await bmc4.reset(sushy.RESET_FORCE_OFF)
+    await bmc4.wait_power("Off", "test", 30)
+    set_conditions(kube, "gpu-04", [{"type": "Ready", "status": "Unknown",
+                                     "reason": "NodeStatusUnknown", "message": "stopped",
+                                     "lastTransitionTime": "2026-01-05T10:00:00Z"}])
+    try:
+        sent = await w.scan_once()
+    finally:
+        await RedfishMachine(s.config, s.cluster, "gpu-04", "m-gpu-04").reset(sushy.RESET_ON)
+    ws = await load()
+    assert [x.window_id for x in ws] == [f"k8s:{s.cluster}:gpu-04"]
+    assert ws[0].reason == "node annotation: PSU swap, ticket OPS-7"
+    assert ws[0].ends_at - ws[0].starts_at == timedelta(
+        seconds=s.config.policy.maintenance.max_s)
+    assert any(a.node == "gpu-04" and a.actionable for a in sent)  # would power-cycle
+    assert all(d.repair_id is None for _, d in sink.results), sink.results
+    assert marks.marked >= 1
+    assert await s.ledger.list_repairs(cluster=s.cluster, node="gpu-04") == []
+    # the annotation removed: the window ends
+    kube.server.objects[kmock_nodes(), None, "gpu-04"].patch(
+        {"metadata": {"annotations": {MAINTENANCE_ANNOTATION: None}}})
+    await w.scan_once()
+    assert await load() == []

@@ -44,10 +44,11 @@ ROLES = (*TOKENS, "anonymous")
 PERMISSIONS: dict[str, frozenset[str]] = {
     "viewer": frozenset({"read"}),
     "detector": frozenset({"read", "create"}),
-    "operator": frozenset({"read", "create", "remove", "decide"}),
+    "operator": frozenset({"read", "create", "remove", "decide", "return"}),
 }
 """What each role may do, written out from docs/design.md §4.1/§5 (viewer reads; a detector also
-creates, never ``remove``; an operator also decides and may request ``remove``) rather than
+creates, never ``remove``; an operator also decides, may request ``remove`` and returns a
+machine held for RMA) rather than
 imported, so the fuzzer checks the server's ``workers.repairs.auth.PERMISSIONS`` instead of
 following it (``tests/unit/test_api_fuzz_checks.py`` compares the two)."""
 
@@ -64,6 +65,11 @@ ROUTE_RULES: dict[tuple[str, str], str | None] = {
     ("POST", "/api/v1/repairs/{repair_id}/cancel"): "decide",
     ("GET", "/api/v1/alerts"): "read",
     ("GET", "/api/v1/report"): "read",
+    ("GET", "/api/v1/machines/held"): "read",
+    ("POST", "/api/v1/machines/{cluster}/{machine}/return"): "return",
+    ("POST", "/api/v1/maintenance"): "decide",
+    ("GET", "/api/v1/maintenance"): "read",
+    ("DELETE", "/api/v1/maintenance/{window_id}"): "decide",
     ("GET", "/api/v1/state"): "token",
     ("GET", "/api/v1/threshold"): None,
     ("GET", "/healthz"): None,

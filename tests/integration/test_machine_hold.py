@@ -57,3 +57,30 @@ async def test_provider_removal_row_holds_and_return_clears_it(ledger_pool: Any)
     assert await ledger_pool.fetchval(
         "SELECT count(*) FROM removed_machines WHERE machine = 'm-2'") == 0
     assert await led.machine_hold("c1", "m-2") is None
+
+
+async def test_held_machines_lists_every_hold_of_a_cluster_or_all(ledger_pool: Any) -> None:
+    led = Ledger(ledger_pool)
+    t0 = datetime.now(UTC) - timedelta(hours=1)
+    await led.record_attempt(_attempt("m-h1", Action.remove, "succeeded", t0, "rh1"))
+    await led.record_attempt(_attempt("m-h1", Action.remove, "succeeded",
+                                      t0 + timedelta(minutes=5), "rh2"))
+    await led.record_attempt(_attempt("m-h2", Action.remove, "succeeded", t0, "rh3"))
+    await led.record_attempt(_attempt("m-h3", Action.remove, "failed", t0, "rh4"))
+    await ledger_pool.execute(
+        "INSERT INTO removed_machines (cluster, machine, repair_id, ticket_id, reason)"
+        " VALUES ('c9', 'm-h9', 'rh9', 'HW-9', 'failed validation')")
+    held = {(h["cluster"], h["machine"]): h for h in await led.held_machines()}
+    assert {("c1", "m-h1"), ("c1", "m-h2"), ("c9", "m-h9")} <= set(held)
+    assert ("c1", "m-h3") not in held  # a failed remove holds nothing
+    assert held[("c1", "m-h1")]["repair_id"] == "rh2"  # the newest removal, once
+    assert held[("c9", "m-h9")]["reason"] == "failed validation"
+    c9 = await led.held_machines("c9")
+    assert [h["machine"] for h in c9] == ["m-h9"]
+    # each listed hold is exactly what machine_hold says for that machine
+    for (cl, m), h in held.items():
+        one = await led.machine_hold(cl, m)
+        assert one is not None and one["repair_id"] == h["repair_id"]
+    await led.return_machine("c1", "m-h2", "alice", "fixed")
+    assert ("c1", "m-h2") not in {(h["cluster"], h["machine"])
+                                  for h in await led.held_machines("c1")}

@@ -1,10 +1,13 @@
-"""``python -m tests.model [--depth N] [--guard-depth N] [--node-depth N] [--defect NAME ...]``
-(``make model-check DEPTH=N GUARD_DEPTH=N NODE_DEPTH=N``).
+"""``python -m tests.model [--depth N] [--guard-depth N] [--node-depth N] [--fleet-depth N]
+[--defect NAME ...] [--world-defect NAME ...]``
+(``make model-check DEPTH=N GUARD_DEPTH=N NODE_DEPTH=N FLEET_DEPTH=N``).
 
 Checks the machine action lifecycle (:mod:`tests.model.checker`, to ``--depth``), the
-cluster guard (:mod:`tests.model.guard_world`, to ``--guard-depth``) and the node
-lifecycle (:mod:`tests.model.node_world`, to ``--node-depth``); the guard's and the
-node's worlds branch more widely, so their bounds are their own. Prints each violation
+cluster guard (:mod:`tests.model.guard_world`, to ``--guard-depth``), the node
+lifecycle (:mod:`tests.model.node_world`, to ``--node-depth``) and the composed fleet
+(:mod:`tests.model.fleet_world`: 3 nodes, the guard, repairs and their machine actions,
+to ``--fleet-depth``, with a line per depth); the wider worlds branch more, so their
+bounds are their own. Prints each violation
 with its shortest event trace, one line per machine, then the last line
 ``states=… transitions=… depth=… violations=… seconds=…`` (sums; ``depth`` the largest
 bound); exit 1 on a violation."""
@@ -13,15 +16,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
-from tests.model import checker, guard_world, node_world
+from tests.model import checker, fleet_world, guard_world, node_world
 from workflows.lifecycle import guard, machine_action, node
 
-#: Default bounds: every event sequence of up to 8 machine-action events, 5 guard events
-#: and 5 node events.
+#: Default bounds: every event sequence of up to 8 machine-action events, 5 guard events,
+#: 5 node events and 3 fleet events (the fleet's 3 takes about 15 s on one core, 4
+#: 3-5 min).
 DEFAULT_DEPTH = 8
 DEFAULT_GUARD_DEPTH = 5
 DEFAULT_NODE_DEPTH = 5
+DEFAULT_FLEET_DEPTH = 3
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,22 +38,30 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"longest guard event sequence (default {DEFAULT_GUARD_DEPTH})")
     ap.add_argument("--node-depth", type=int, default=DEFAULT_NODE_DEPTH,
                     help=f"longest node event sequence (default {DEFAULT_NODE_DEPTH})")
+    ap.add_argument("--fleet-depth", type=int, default=DEFAULT_FLEET_DEPTH,
+                    help=f"longest fleet event sequence (default {DEFAULT_FLEET_DEPTH})")
+    ap.add_argument("--world-defect", action="append", default=[],
+                    choices=sorted(fleet_world.WORLD_DEFECTS),
+                    help="re-introduce a defect of the fleet's world (test-only; repeatable)")
     ap.add_argument("--defect", action="append", default=[],
                     choices=sorted({*machine_action.DEFECTS, *guard.DEFECTS, *node.DEFECTS}),
                     help="re-introduce a known defect (test-only; repeatable)")
     args = ap.parse_args(argv)
-    for name in ("depth", "guard_depth", "node_depth"):
+    for name in ("depth", "guard_depth", "node_depth", "fleet_depth"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')}: must be at least 1 "
                      f"(got {getattr(args, name)})")
     defects = frozenset(args.defect)
-    runs = [
+    runs: list[tuple[str, Any]] = [
         ("machine_action", checker.check(args.depth,
                                          defects=defects & set(machine_action.DEFECTS))),
         ("guard", guard_world.check(args.guard_depth, defects=defects & set(guard.DEFECTS))),
         ("node", node_world.check(args.node_depth, defects=defects & set(node.DEFECTS))),
+        ("fleet", fleet_world.check(args.fleet_depth, defects=defects,
+                                    world_defects=frozenset(args.world_defect), report=print)),
     ]
-    total = checker.Result(depth=max(args.depth, args.guard_depth, args.node_depth))
+    total = checker.Result(depth=max(args.depth, args.guard_depth, args.node_depth,
+                                     args.fleet_depth))
     shown: set[str] = set()
     for name, res in runs:
         for what, trace in res.violations:

@@ -241,3 +241,70 @@ def test_deploy_one_secret_per_consumer_least_privilege() -> None:
         env = _container(by_kind(own, "Deployment")[f"{FULL}-{comp}"])["env"]
         assert {e["valueFrom"]["secretKeyRef"]["name"] for e in env
                 if "secretKeyRef" in e.get("valueFrom", {})} == {name}
+
+
+def _egress(docs: list[dict[str, Any]], component: str) -> list[dict[str, Any]]:
+    spec = by_kind(docs, "NetworkPolicy")[f"{FULL}-{component}"]["spec"]
+    assert "Egress" in spec["policyTypes"]  # default-deny: only the rules below
+    return list(spec["egress"])
+
+
+def _ports(rule: dict[str, Any]) -> set[tuple[int, str]]:
+    return {(p["port"], p["protocol"]) for p in rule["ports"]}
+
+
+def test_deploy_egress_is_default_deny_and_opened_per_pod() -> None:
+    """Issue 27 item 3 (egress): ingest, the worker and the agents get egress rules, default
+    deny, with values that open what an operator needs."""
+    docs = render()
+    dns = {(53, "UDP"), (53, "TCP")}
+    for comp in ("ingest", "worker"):
+        rules = _egress(docs, comp)
+        by_ports = {frozenset(_ports(r)): r for r in rules}
+        assert set(by_ports) == {frozenset(dns), frozenset({(7233, "TCP")}),
+                                 frozenset({(5432, "TCP")}),
+                                 frozenset({(443, "TCP"), (6443, "TCP")})}, comp
+        assert by_ports[frozenset(dns)]["to"][0]["podSelector"]["matchLabels"] == {
+            "k8s-app": "kube-dns"}
+    # the agents reach DNS and ingest's OTLP ports, nothing else (no API server, no BMC)
+    agent = _egress(docs, "agent")
+    assert [_ports(r) for r in agent] == [dns, {(4317, "TCP"), (4318, "TCP")}]
+    assert agent[1]["to"][0]["podSelector"]["matchLabels"][
+        "app.kubernetes.io/component"] == "ingest"
+    # no BMC or webhook egress until the operator names it
+    assert not any((623, "UDP") in _ports(r) for r in _egress(docs, "worker"))
+    _validate(docs)
+
+    docs = render({"networkPolicy": {
+        "temporal": {"podSelector": {"app": "frontend"}},
+        "postgres": {"cidrs": ["10.20.0.0/24"]},
+        "egress": {"kubeApi": {"cidrs": ["10.96.0.1/32"], "ports": [443]},
+                   "bmc": {"cidrs": ["10.50.0.0/16"]},
+                   "webhooks": {"to": [{"ipBlock": {"cidr": "0.0.0.0/0",
+                                                    "except": ["10.0.0.0/8"]}}]},
+                   "extra": {"worker": [{"ports": [{"port": 6817, "protocol": "TCP"}]}],
+                             "agent": [{"ports": [{"port": 8443, "protocol": "TCP"}]}]}}}})
+    worker = {frozenset(_ports(r)): r for r in _egress(docs, "worker")}
+    t = worker[frozenset({(7233, "TCP")})]["to"][0]
+    assert t["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "temporal"}
+    assert t["podSelector"]["matchLabels"] == {"app": "frontend"}
+    assert worker[frozenset({(5432, "TCP")})]["to"] == [{"ipBlock": {"cidr": "10.20.0.0/24"}}]
+    https = [r["to"] for r in _egress(docs, "worker") if _ports(r) == {(443, "TCP")}]
+    assert [{"ipBlock": {"cidr": "10.96.0.1/32"}}] in https  # the API server only
+    assert worker[frozenset({(443, "TCP"), (623, "UDP")})]["to"] == [
+        {"ipBlock": {"cidr": "10.50.0.0/16"}}]
+    hooks = [r for r in _egress(docs, "worker") if r.get("to", [{}])[0].get("ipBlock", {})
+             .get("cidr") == "0.0.0.0/0"]
+    assert len(hooks) == 1 and _ports(hooks[0]) == {(443, "TCP")}
+    assert frozenset({(6817, "TCP")}) in worker
+    ingest = {frozenset(_ports(r)) for r in _egress(docs, "ingest")}
+    assert frozenset({(443, "TCP"), (623, "UDP")}) not in ingest  # BMCs: the worker only
+    assert frozenset({(6817, "TCP")}) not in ingest
+    assert _ports(_egress(docs, "agent")[-1]) == {(8443, "TCP")}
+    _validate(docs)
+
+    off = by_kind(render({"networkPolicy": {"egress": {"enabled": False}}}), "NetworkPolicy")
+    assert all(d["spec"]["policyTypes"] == ["Ingress"] and "egress" not in d["spec"]
+               for d in off.values())
+    with pytest.raises(helm.HelmError, match=r"cidrs"):
+        render({"networkPolicy": {"egress": {"bmc": {"cidrs": ["not-a-cidr"]}}}})

@@ -72,3 +72,32 @@ async def test_role_before_ledger_and_no_address_in_errors(tmp_path: Path) -> No
         assert r.json()["detail"] == LEDGER_UNAVAILABLE
         for leak in ("127.0.0.1", str(port), "s3cret", "postgresql", "ledger.dsn"):
             assert leak not in r.text
+
+
+async def test_machine_return_checks_the_role_before_the_ledger(tmp_path: Path) -> None:
+    """Issue 26 I18 on the item-12 rule: ``POST /api/v1/machines/{c}/{m}/return`` refuses a
+    missing token (401) and a viewer (403) without touching the ledger; ``GET
+    /api/v1/machines/held`` is a viewer's read (it reaches the ledger: 503, no address)."""
+    port = _closed_port()
+    cfg = AutorepairConfig.model_validate(
+        {"ledger": {"dsn": f"postgresql://autorepair:s3cret@127.0.0.1:{port}/ledger"}})
+    toks = tmp_path / "api.tokens"
+    toks.write_text("op-tok operator alice\nview-tok viewer grafana\n")
+    lazy = CountingIntake(cfg, None)  # type: ignore[arg-type]
+    app = FastAPI()
+    app.include_router(build_repairs_router(lazy.get, ApiTokens.load(toks)))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://api") as c:
+        path = "/api/v1/machines/c1/m-1/return"
+        assert (await c.post(path, json={"reason": "ok"})).status_code == 401
+        assert (await c.get("/api/v1/machines/held")).status_code == 401
+        r = await c.post(path, json={"reason": "ok"},
+                         headers={"Authorization": "Bearer view-tok"})
+        assert r.status_code == 403 and "may not return machines" in r.text
+        assert lazy.calls == 0
+        r = await c.get("/api/v1/machines/held", headers={"Authorization": "Bearer view-tok"})
+        assert r.status_code == 503 and lazy.calls == 1
+        assert r.json()["detail"] == LEDGER_UNAVAILABLE and str(port) not in r.text
+        r = await c.post(path, json={"reason": "ok"},
+                         headers={"Authorization": "Bearer op-tok"})
+        assert r.status_code == 503 and lazy.calls == 2

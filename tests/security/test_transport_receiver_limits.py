@@ -131,6 +131,39 @@ async def test_transport_grpc_per_peer_cap(svc: IngestService) -> None:
         await export(body("n1"), metadata=_md("tok-n1"), timeout=5)  # slots freed
 
 
+@pytest.mark.parametrize("svc", [{"max_inflight_per_peer": 64,
+                                  "max_streams_per_connection": 4}], indirect=True)
+async def test_transport_grpc_streams_per_connection_cap_neighbour(
+        svc: IngestService) -> None:
+    """A neighbour opens 9 stalled streams on one HTTP/2 connection, under four
+    identities (each within its own cap) — more than ``max_inflight`` (8). The server
+    announces ``SETTINGS_MAX_CONCURRENT_STREAMS`` = ``ingest.max_streams_per_connection``
+    (4), so only 4 of them are open at the server at once (the client holds the rest) and
+    another connection's push goes through; without the cap the 9 streams take every
+    slot and that push gets RESOURCE_EXHAUSTED."""
+    target = f"127.0.0.1:{svc.grpc_port}"
+    opts = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own
+    neighbour = grpc.aio.insecure_channel(target, options=opts)
+    other = grpc.aio.insecure_channel(target, options=opts)
+    try:
+        stalled = neighbour.stream_unary(EXPORT, request_serializer=None,
+                                         response_deserializer=None)
+        tokens = ("tok-n2", "tok-n2", "tok-n3", "tok-n3", "tok-n4", "tok-n4",
+                  "tok-col", "tok-col", "tok-col")
+        calls = [stalled(_never(), metadata=_md(t), timeout=3) for t in tokens]
+        tasks = [asyncio.create_task(_status(c)) for c in calls]
+        await asyncio.sleep(0.4)
+        export = other.unary_unary(EXPORT, request_serializer=None,
+                                   response_deserializer=None)
+        for _ in range(3):
+            await export(body("n1"), metadata=_md("tok-n1"), timeout=5)
+        codes = await asyncio.wait_for(asyncio.gather(*tasks), 15)
+        assert grpc.StatusCode.OK not in codes
+    finally:
+        await neighbour.close()
+        await other.close()
+
+
 async def _raw(port: int, data: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     r, w = await asyncio.open_connection("127.0.0.1", port)
     w.write(data)

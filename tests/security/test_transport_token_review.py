@@ -194,3 +194,21 @@ def test_transport_token_review_settings_errors_name_the_field() -> None:
     with pytest.raises(ValueError, match=r"service_account_tokens\.cluster: required"):
         TokenReviewer.from_config(SA_CFG, ["a", "b"])
     assert TokenReviewer.from_config(SA_CFG, ["a"]).cluster == "a"
+
+
+async def test_transport_made_up_tokens_never_evict_a_verified_identity(
+        kube_api: Any) -> None:
+    """Issue 27 "by principle": a neighbour sending made-up JWT-shaped tokens fills the
+    refusal cache only; the nodes' verified identities stay cached (no new review)."""
+    kube_api.add_pod(NS, "agent-a", "gpu-01", uid="uid-a")
+    cfg = SA_CFG.model_copy(update={"max_cached_tokens": 2})
+    reviewer = TokenReviewer(cfg, "gpu-east", api_client=kube_api.api_client, clock=Clock())
+    tok = jwt("agent-a")
+    kube_api.add_sa_token(tok, NS, SA, pod="agent-a", pod_uid="uid-a")
+    ident = await reviewer.identify(tok.encode())
+    assert ident is not None and ident.node == "gpu-01"
+    for i in range(5):
+        assert await reviewer.identify(jwt(f"made-up-{i}").encode()) is None
+    assert reviewer.reviews == 6
+    again = await reviewer.identify(tok.encode())
+    assert again == ident and reviewer.reviews == 6  # still cached: not reviewed again

@@ -119,3 +119,16 @@ def test_watch_at_80x24_shows_every_table() -> None:
     assert "alerts (newest first" in out and "repairs" in out
     assert "46320519aea24381" in out and "… 5 more: autorepair repairs list" in out
     assert "straggler on gpu-02" in out
+
+
+def test_status_lists_the_open_maintenance_windows() -> None:
+    doc = _doc()
+    doc["maintenance"] = [{
+        "window_id": "mw-0123456789ab", "cluster": "demo", "scope": "pool", "pool": "rack-a",
+        "nodes": [], "reason": "rack A firmware", "created_by": "alice",
+        "starts_at": "2026-12-01T19:00:00Z", "ends_at": "2026-12-01T21:00:00Z",
+        "state": "open"}]
+    out = _render(160, doc=doc)
+    assert "maintenance" in out and "mw-0123456789ab" in out and "pool rack-a" in out
+    assert "rack A firmware" in out and "2026-12-01 21:00" in out
+    assert "mw-" not in _render(160)  # no window, no row

@@ -10,6 +10,7 @@ the gates ``drain_release`` / ``power_release`` the test opens.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import sys
@@ -54,7 +55,8 @@ def write_state(path: Path, doc: dict[str, Any]) -> None:
 
 
 class FileCluster:
-    """Cluster state in a JSON file (read-modify-write; one worker at a time)."""
+    """Cluster state in a JSON file (read-modify-write under an exclusive ``flock`` on
+    ``STATE.lock``: the upgrade test runs two worker processes on one file)."""
 
     def __init__(self, path: Path, bmc_queue: str) -> None:
         self.path, self.bmc_queue = path, bmc_queue
@@ -63,13 +65,15 @@ class FileCluster:
         return dict(json.loads(self.path.read_text()))
 
     def update(self, **kw: Any) -> dict[str, Any]:
-        st = self.load()
-        event = kw.pop("event", None)
-        st.update(kw)
-        if event:
-            st.setdefault("events", []).append(event)
-        write_state(self.path, st)
-        return st
+        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            st = self.load()
+            event = kw.pop("event", None)
+            st.update(kw)
+            if event:
+                st.setdefault("events", []).append(event)
+            write_state(self.path, st)
+            return st
 
     async def gate(self, name: str) -> None:
         while not self.load().get(name):

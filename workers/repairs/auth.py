@@ -7,8 +7,8 @@ presented token against *every* configured token in constant time
 (:func:`ingest.auth.find_token`). Tokens never reach logs or error messages.
 
 Roles (docs/design.md §4.1, §5): ``viewer`` reads; ``detector`` reads and creates (never
-``remove``: human-only); ``operator`` also decides (approve, reject, cancel) and may
-request ``remove``.
+``remove``: human-only); ``operator`` also decides (approve, reject, cancel), may
+request ``remove`` and returns machines held for RMA.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ ROLES: frozenset[str] = frozenset({"operator", "detector", "viewer"})
 PERMISSIONS: dict[str, frozenset[str]] = {
     "viewer": frozenset({"read"}),
     "detector": frozenset({"read", "create"}),
-    "operator": frozenset({"read", "create", "remove", "decide"}),
+    "operator": frozenset({"read", "create", "remove", "decide", "return"}),
 }
-"""What each role may do: ``read``, ``create``, ``remove`` (request a remove), ``decide``."""
+"""What each role may do: ``read``, ``create``, ``remove`` (request a remove), ``decide``,
+``return`` (return a machine held for RMA to service)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from workflows.downtime import Downtime
 from workflows.models import Action, Alert, RepairStatus
@@ -157,6 +157,48 @@ class AlertList(BaseModel):
 
 
 _UNITS = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str, field: str = "for") -> float:
+    """A duration (``90m``, ``2h``, ``1d``, ``30s`` or plain seconds) in seconds. Raises
+    ``ValueError`` naming ``field`` and the value when it is not one or is not positive."""
+    raw = text.strip().lower()
+    units = {"s": 1, **_UNITS}
+    try:
+        if raw[-1:] in units and raw[:-1].replace(".", "", 1).isdecimal():
+            seconds = float(raw[:-1]) * units[raw[-1]]
+        else:
+            seconds = float(raw)
+    except ValueError:
+        raise ValueError(f"{field}: {text!r} is not a duration (30m, 2h, 1d or seconds)"
+                         ) from None
+    if not seconds > 0 or seconds != seconds or seconds == float("inf"):
+        raise ValueError(f"{field}: {text!r} must be a positive duration")
+    return seconds
+
+
+class MaintenanceCreate(BaseModel):
+    """Body of ``POST /api/v1/maintenance``: exactly one of ``pool``, ``nodes``, ``all``;
+    ``for``: the duration (``2h``, ``90m``, seconds), at most ``policy.maintenance.max_s``."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    cluster: str = Field(min_length=1, max_length=253, pattern=NAME_PATTERN)
+    pool: str | None = Field(None, min_length=1, max_length=253, pattern=NAME_PATTERN)
+    nodes: list[str] | None = Field(None, min_length=1, max_length=10_000)
+    all: bool = False
+    duration: str = Field(alias="for", min_length=1, max_length=32)
+    reason: str = Field(min_length=1, max_length=1000)
+
+    @model_validator(mode="after")
+    def _one_scope(self) -> MaintenanceCreate:
+        given = [k for k, v in (("pool", self.pool), ("nodes", self.nodes), ("all", self.all))
+                 if v]
+        if len(given) != 1:
+            raise ValueError("scope: give exactly one of pool, nodes, all (got "
+                             f"{', '.join(given) or 'none'})")
+        parse_duration(self.duration)
+        return self
 
 
 def parse_since(text: str, now: datetime) -> datetime:

@@ -15,7 +15,11 @@ POST   /api/v1/repairs/{id}/reject       operator  200 :class:`RepairView`
 POST   /api/v1/repairs/{id}/cancel       operator  200 :class:`RepairView`
 GET    /api/v1/alerts?cluster&node&limit viewer+   200 ``{"alerts": [Alert, ...]}`` newest first
 GET    /api/v1/report?since&until&...  viewer+   200 fleet report: repairs, MTTR, cost, reliability
+GET    /api/v1/machines/held?cluster     viewer+   200 machines held for RMA
+POST   /api/v1/machines/{c}/{m}/return   operator  200 hold lifted / 409 not held
 ====== ================================= ========= ==========================================
+
+(The machine routes: :mod:`workers.repairs.machines`.)
 
 Errors: 401 without or with an unknown token (or when no tokens file is configured),
 403 for a role that may not do it (both checked before the ledger is touched), 503 when
@@ -41,22 +45,27 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from temporalio.client import Client
 
 from activities.ledger_reports import fleet_report
+from activities.maintenance_store import MaintenanceStore, WindowError, window_view
 from activities.reliability import fleet_gpus
 from workers.repairs.auth import ApiTokens, Principal
 from workers.repairs.intake import IntakeError, LazyIntake, RepairIntake
+from workers.repairs.machines import add_machine_routes
 from workers.repairs.models import (
     STORABLE,
     AlertList,
     CreateResult,
     DecisionBody,
+    MaintenanceCreate,
     RepairCreate,
     RepairList,
     RepairMode,
     RepairView,
     in_utc,
+    parse_duration,
     parse_since,
 )
 from workflows.config import AutorepairConfig
+from workflows.maintenance import Scope
 from workflows.models import Requester, RequesterKind
 
 RepairId = Annotated[str, Path(min_length=1, max_length=256, pattern=STORABLE)]
@@ -125,7 +134,7 @@ def build_repairs_router(
     bearer = HTTPBearer(auto_error=False, description="TOKEN from api.tokens_file")
     router = APIRouter(prefix="/api/v1", tags=["repairs"], route_class=_BodyNamingRoute)
 
-    def need(perm: str) -> Callable[..., Principal]:
+    def need(perm: str, what: str = "repairs") -> Callable[..., Principal]:
         def dep(
             creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
         ) -> Principal:
@@ -135,7 +144,7 @@ def build_repairs_router(
                        else "api.tokens_file is not configured; the repair API needs tokens")
                 raise HTTPException(401, msg, headers={"WWW-Authenticate": "Bearer"})
             if not who.may(perm):
-                raise HTTPException(403, f"role {who.role!r} may not {perm} repairs")
+                raise HTTPException(403, f"role {who.role!r} may not {perm} {what}")
             return who
 
         return dep
@@ -279,6 +288,63 @@ def build_repairs_router(
         except IntakeError as e:
             raise fail(e) from e
 
+    @router.post("/maintenance", status_code=201)
+    async def maintenance_start(
+        body: MaintenanceCreate,
+        who: Annotated[Principal, Depends(need("decide"))], ix: Intake,
+    ) -> dict[str, Any]:
+        """Open a maintenance window (issue 29): alerts of covered nodes are recorded as
+        ``in_maintenance`` and nothing is recommended until it ends."""
+        try:
+            if ix.config.clusters:
+                ix.config.cluster(body.cluster)
+        except KeyError as e:
+            raise HTTPException(422, [{"loc": ["body", "cluster"], "msg": str(e.args[0]),
+                                       "type": "value_error"}]) from e
+        store = MaintenanceStore(ix.ledger.pool, ix.config.policy.maintenance.max_s)
+        scope: Scope = "all" if body.all else ("pool" if body.pool else "nodes")
+        try:
+            w = await store.start(cluster=body.cluster, scope=scope,
+                                  duration_s=parse_duration(body.duration),
+                                  reason=body.reason, created_by=who.user, pool=body.pool,
+                                  nodes=body.nodes)
+        except WindowError as e:
+            raise HTTPException(e.status, [{"loc": ["body", e.field], "msg": e.message,
+                                            "type": "value_error"}]) from e
+        log.info("event=maintenance_started window=%s cluster=%s scope=%s by=%s until=%s",
+                 w.window_id, w.cluster, w.scope, who.user, w.ends_at.isoformat())
+        return window_view(w, datetime.now(UTC))
+
+    @router.get("/maintenance")
+    async def maintenance_list(
+        _: Annotated[Principal, Depends(need("read"))], ix: Intake,
+        cluster: str | None = Query(None, max_length=253, pattern=STORABLE),
+        active: bool = Query(False),
+        limit: int = Query(200, ge=1, le=1000),
+    ) -> dict[str, Any]:
+        """Windows newest first (``active``: only those in force now)."""
+        now = datetime.now(UTC)
+        store = MaintenanceStore(ix.ledger.pool)
+        ws = await store.list(cluster, active_at=now if active else None, limit=limit)
+        return {"windows": [window_view(w, now) for w in ws]}
+
+    @router.delete("/maintenance/{window_id}")
+    async def maintenance_end(
+        window_id: Annotated[str, Path(max_length=300, pattern=STORABLE)],
+        who: Annotated[Principal, Depends(need("decide"))], ix: Intake,
+    ) -> dict[str, Any]:
+        """End a window now (idempotent: an ended window is answered as it is)."""
+        store = MaintenanceStore(ix.ledger.pool)
+        try:
+            w, ended = await store.end(window_id, who.user)
+        except WindowError as e:
+            raise HTTPException(e.status, f"window_id {window_id!r}: {e.message}") from e
+        if ended:
+            log.info("event=maintenance_ended window=%s cluster=%s by=%s", w.window_id,
+                     w.cluster, who.user)
+        return {**window_view(w, datetime.now(UTC)), "ended_now": ended}
+
+    add_machine_routes(router, need, Intake)
     return router
 
 

@@ -16,10 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from datetime import datetime
 
 from temporalio.client import Client
 
 from workflows.config import AutorepairConfig
+from workflows.maintenance import MaintenanceWindow
 
 log = logging.getLogger("autorepair.watchers")
 
@@ -32,11 +34,23 @@ async def _run_all(config: AutorepairConfig, client: Client, stop: asyncio.Event
     from workers.watchers.slurm import SlurmWatcher
 
     ledger = LazyLedger(config) if config.ledger.dsn else None
+    marks = ledger.maintenance_marks() if ledger is not None else None
+    sync = None
+    if ledger is not None and marks is not None:
+        store, view = ledger, marks
+
+        async def sync(cluster: str, source: str, windows: list[MaintenanceWindow],
+                       now: datetime) -> None:
+            # a scheduler's windows, then the delivery path re-reads them at once, so a
+            # fault seen in the same poll as its window is already marked
+            await store.sync_maintenance(cluster, source, windows, now)
+            await view.refresh(force=True)
     ic = config.ingest
     sink = TemporalAlertSink(client, config.temporal.task_queue, queue_size=ic.alert_queue,
                              max_attempts=ic.handoff_max_attempts,
                              max_value_chars=ic.max_evidence_value_chars,
-                             max_alert_bytes=ic.max_alert_bytes, dead_letters=ledger)
+                             max_alert_bytes=ic.max_alert_bytes, dead_letters=ledger,
+                             maintenance=marks)
     await sink.start()
     closers: list[object] = [ledger] if ledger is not None else []
     runs = []
@@ -47,6 +61,7 @@ async def _run_all(config: AutorepairConfig, client: Client, stop: asyncio.Event
                 runs.append(SlurmWatcher(
                     config, c, sink, bmc_probe=redfish_probe(config),
                     open_alerts=ledger.last_level_edges if ledger is not None else None,
+                    maintenance=sync,
                 ).run(stop))
                 continue
             from kubernetes_asyncio import client as k8s
@@ -70,6 +85,7 @@ async def _run_all(config: AutorepairConfig, client: Client, stop: asyncio.Event
                 config, c, sink, api_client, intake=intake, bmc_probe=redfish_probe(config),
                 open_alerts=ledger.last_level_edges if ledger is not None else None,
                 confirm=ledger.node_bound_alert if ledger is not None else None,
+                maintenance=sync,
             ).run(stop))
         log.info("event=watchers_started clusters=%d", len(runs))
         await asyncio.gather(*runs)

@@ -73,8 +73,10 @@ from workers.repairs.intake import ANNOTATION_SOURCE, IntakeError, RepairIntake
 from workers.repairs.models import RepairCreate
 from workers.watchers.bmc import BmcChecks, BmcProbe, OpenAlerts, bmc_verdict
 from workers.watchers.edges import EdgeTimes
+from workers.watchers.slurm import MaintenanceSync
 from workflows.alerts import alert_from_fault
 from workflows.config import AutorepairConfig, ClusterConfig
+from workflows.maintenance import MAINTENANCE_ANNOTATION, MaintenanceWindow
 from workflows.models import Action, Alert, Requester, RequesterKind, Severity
 
 log = logging.getLogger("autorepair.watchers.kube")
@@ -138,7 +140,9 @@ class KubeWatcher:
     before the first scan (``None``: no reconciliation). ``clock``: monotonic seconds, for
     the BMC re-probe interval. ``confirm``: the node agent's confirmation of a condition
     (``Ledger.node_bound_alert``; ``None``: only ``kubernetes.actionable_conditions``
-    repair).
+    repair). ``maintenance``: stores the nodes annotated ``autorepair.io/maintenance`` as
+    maintenance windows (:meth:`maintenance_windows`; ``None``: the annotation is not
+    read).
     """
 
     def __init__(
@@ -147,6 +151,7 @@ class KubeWatcher:
         bmc_probe: BmcProbe | None = None, interval_s: float = DEFAULT_INTERVAL_S,
         open_alerts: OpenAlerts | None = None, clock: Callable[[], float] = time.monotonic,
         confirm: ConfirmSource | None = None,
+        maintenance: MaintenanceSync | None = None,
     ) -> None:
         self.config = config
         self.cluster = cluster
@@ -164,6 +169,9 @@ class KubeWatcher:
         self._machines = {n.name: n.machine for n in cluster.nodes}
         self._pools = {n.name: n.pool for n in cluster.nodes}
         self.confirm = confirm
+        self.maintenance = maintenance
+        #: when this watcher first saw each node's maintenance annotation
+        self._maint_since: dict[str, datetime] = {}
 
     # -- alerts ----------------------------------------------------------------------
     def _alert(self, node: str, kind: str, text: str, evidence: dict[str, Any],
@@ -388,6 +396,7 @@ class KubeWatcher:
                 log.warning("event=watcher_reconcile_failed cluster=%s error=%s",
                             self.cluster.name, e)
         nodes = await self.api.list_node()
+        await self._sync_maintenance(nodes.items, now)
         sent: list[Alert] = []
         names: set[str] = set()
         for node in nodes.items:
@@ -405,6 +414,49 @@ class KubeWatcher:
         self._bmc.retain(names)
         self._edges.retain(names, now)
         return sent
+
+    def maintenance_windows(self, nodes: list[k8s.V1Node], now: datetime
+                            ) -> list[MaintenanceWindow]:
+        """One window per node annotated ``autorepair.io/maintenance`` (value: the reason;
+        id ``k8s:CLUSTER:NODE``), from when this watcher first saw the annotation, for at
+        most ``policy.maintenance.max_s``: the annotation's writer is as untrusted as any
+        annotation's, so it only pauses repair, never for good (issue 29)."""
+        max_s = self.config.policy.maintenance.max_s
+        seen: set[str] = set()
+        out: list[MaintenanceWindow] = []
+        for node in nodes:
+            meta = node.metadata
+            raw = (meta.annotations or {}).get(MAINTENANCE_ANNOTATION)
+            if raw is None or not isinstance(meta.name, str):
+                continue
+            seen.add(meta.name)
+            since = self._maint_since.setdefault(meta.name, now)
+            end = since + timedelta(seconds=max_s)
+            if end <= now:
+                continue  # held longer than max_s: repair resumes
+            why = " ".join(str(raw).split())[:200] or "maintenance"
+            try:
+                out.append(MaintenanceWindow(
+                    window_id=f"k8s:{self.cluster.name}:{meta.name}",
+                    cluster=self.cluster.name, scope="nodes", nodes=[meta.name],
+                    source="kubernetes", created_by=f"annotation {MAINTENANCE_ANNOTATION}",
+                    reason=f"node annotation: {why}", starts_at=since, ends_at=end))
+            except ValueError as e:  # a node name the window model refuses: not paused
+                log.warning("event=maintenance_annotation_refused cluster=%s node=%r "
+                            "error=%s", self.cluster.name, meta.name, e)
+        for name in [n for n in self._maint_since if n not in seen]:
+            del self._maint_since[name]
+        return out
+
+    async def _sync_maintenance(self, nodes: list[k8s.V1Node], now: datetime) -> None:
+        if self.maintenance is None:
+            return
+        try:
+            await self.maintenance(self.cluster.name, "kubernetes",
+                                   self.maintenance_windows(nodes, now), now)
+        except Exception as e:  # the ledger failed: the next poll tries again
+            log.warning("event=watcher_maintenance_sync_failed cluster=%s error=%s",
+                        self.cluster.name, e)
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Poll until ``stop`` is set (or cancelled); errors are logged and retried."""

@@ -37,17 +37,24 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from activities.scheduler.slurm import REASON_PREFIX, SlurmNode, parse_scontrol_show_node
+from activities.scheduler.slurm import (
+    REASON_PREFIX,
+    SlurmNode,
+    SlurmReservation,
+    parse_scontrol_show_node,
+    parse_scontrol_show_reservation,
+)
 from ingest.handoff import AlertSink
 from workers.watchers.bmc import BmcChecks, BmcProbe, OpenAlerts, bmc_verdict
 from workers.watchers.edges import EdgeTimes
 from workflows.alerts import alert_from_fault
 from workflows.catalogue.kinds import SLURM_UNRESPONSIVE_FLAGS
 from workflows.config import AutorepairConfig, ClusterConfig
+from workflows.maintenance import MaintenanceWindow
 from workflows.models import Action, Alert
 
 log = logging.getLogger("autorepair.watchers.slurm")
@@ -58,6 +65,9 @@ WATCHED_FLAGS: frozenset[str] = frozenset({"DOWN", "DRAIN", "NOT_RESPONDING", "F
 DEFAULT_INTERVAL_S = 15.0
 """Poll interval, seconds: well under slurmctld's default SlurmdTimeout (300 s)."""
 SOURCE = "slurm_watcher"
+#: Stores a scheduler's maintenance windows: ``(cluster, source, windows, now)``
+#: (``activities.maintenance_store.MaintenanceStore.sync``).
+MaintenanceSync = Callable[[str, str, list[MaintenanceWindow], datetime], Awaitable[object]]
 
 
 @dataclass(frozen=True)
@@ -75,7 +85,9 @@ class SlurmWatcher:
     ``open_alerts``: the ledger's last edge of each level fault this watcher raised
     (``Ledger.last_level_edges``; ``Ledger.open_level_alerts``, the raises alone, also
     works, without the floor that clears give), read once before the first scan (``None``:
-    no reconciliation). ``clock``: monotonic seconds (BMC re-probe interval).
+    no reconciliation). ``maintenance``: stores the cluster's ``Flags=MAINT``
+    reservations as maintenance windows (:meth:`sync_maintenance`; ``None``: they are
+    not read). ``clock``: monotonic seconds (BMC re-probe interval).
     Raises nothing from :meth:`scan_once` except ``RuntimeError`` naming the command when
     ``scontrol`` fails.
     """
@@ -83,6 +95,7 @@ class SlurmWatcher:
     def __init__(self, config: AutorepairConfig, cluster: ClusterConfig, sink: AlertSink,
                  *, interval_s: float = DEFAULT_INTERVAL_S, bmc_probe: BmcProbe | None = None,
                  open_alerts: OpenAlerts | None = None,
+                 maintenance: MaintenanceSync | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.cluster = cluster
@@ -90,6 +103,7 @@ class SlurmWatcher:
         self.interval_s = interval_s
         self.bmc_probe = bmc_probe
         self.open_alerts = open_alerts
+        self.maintenance = maintenance
         self.clock = clock
         self._reconciled = open_alerts is None
         self._open: dict[str, _Episode] = {}
@@ -100,24 +114,27 @@ class SlurmWatcher:
         self._machines = {n.name: n.machine for n in cluster.nodes}
         self._pools = {n.name: n.pool for n in cluster.nodes}
 
-    async def read_nodes(self) -> dict[str, SlurmNode]:
-        """Every node as ``scontrol show node`` reports it."""
+    async def _scontrol(self, *args: str) -> str:
         env = dict(os.environ)
         if self.cluster.slurm_conf:
             env["SLURM_CONF"] = self.cluster.slurm_conf
         exe = os.path.join(self.cluster.slurm_bin_dir, "scontrol") if (
             self.cluster.slurm_bin_dir) else "scontrol"
         proc = await asyncio.create_subprocess_exec(
-            exe, "show", "node", env=env, stdout=asyncio.subprocess.PIPE,
+            exe, *args, env=env, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
         out, err = await asyncio.wait_for(proc.communicate(), 30.0)
         if proc.returncode != 0:
             raise RuntimeError(
-                f"clusters[{self.cluster.name}]: scontrol show node rc={proc.returncode}: "
-                f"{err.decode(errors='replace').strip()}"
+                f"clusters[{self.cluster.name}]: scontrol {' '.join(args)} "
+                f"rc={proc.returncode}: {err.decode(errors='replace').strip()}"
             )
-        return parse_scontrol_show_node(out.decode(errors="replace"))
+        return out.decode(errors="replace")
+
+    async def read_nodes(self) -> dict[str, SlurmNode]:
+        """Every node as ``scontrol show node`` reports it."""
+        return parse_scontrol_show_node(await self._scontrol("show", "node"))
 
     def _alert(self, node: str, ep: _Episode, active: bool, at: datetime,
                reason_user: str | None = None, reason_time: datetime | None = None) -> Alert:
@@ -222,6 +239,43 @@ class SlurmWatcher:
         self._dead[n.name] = dead
         sent.append(alert)
 
+    async def read_reservations(self) -> list[SlurmReservation]:
+        """Every reservation as ``scontrol show reservation`` reports it."""
+        out = await self._scontrol("show", "reservation")
+        return parse_scontrol_show_reservation(out)
+
+    def maintenance_windows(self, reservations: list[SlurmReservation]
+                            ) -> list[MaintenanceWindow]:
+        """The ``Flags=MAINT`` reservations with nodes and times as maintenance windows
+        (issue 29: id ``slurm:CLUSTER:NAME``), except the project's own validation and
+        GPU-reset reservations (``validation.reservation_prefix``,
+        ``reset_gpu.reservation_prefix``: a node being validated is cordoned anyway)."""
+        ours = (self.cluster.validation.reservation_prefix,
+                self.cluster.reset_gpu.reservation_prefix)
+        out: list[MaintenanceWindow] = []
+        for r in reservations:
+            if not r.maint or not r.nodes or r.start is None or r.end is None \
+                    or r.end <= r.start or r.name.startswith(ours):
+                continue
+            out.append(MaintenanceWindow(
+                window_id=f"slurm:{self.cluster.name}:{r.name}", cluster=self.cluster.name,
+                scope="nodes", nodes=list(r.nodes), source="slurm", created_by="slurm",
+                reason=f"Slurm maintenance reservation {r.name}", starts_at=r.start,
+                ends_at=r.end))
+        return out
+
+    async def sync_maintenance(self, now: datetime) -> None:
+        """Store the MAINT reservations as windows (best effort: a failure is logged and
+        the node scan goes on)."""
+        if self.maintenance is None:
+            return
+        try:
+            windows = self.maintenance_windows(await self.read_reservations())
+            await self.maintenance(self.cluster.name, "slurm", windows, now)
+        except Exception as e:  # scontrol or the ledger failed: the next poll tries again
+            log.warning("event=watcher_maintenance_sync_failed cluster=%s error=%s",
+                        self.cluster.name, e)
+
     async def scan_once(self, now: datetime | None = None) -> list[Alert]:
         """One poll; returns the alerts delivered (raise and clear edges)."""
         now = now or datetime.now(UTC)
@@ -233,6 +287,7 @@ class SlurmWatcher:
                     self._edges.floor = now  # after every clear the previous run sent
                 log.warning("event=watcher_reconcile_failed cluster=%s error=%s",
                             self.cluster.name, e)
+        await self.sync_maintenance(now)
         nodes = await self.read_nodes()
         sent: list[Alert] = []
         for name, n in sorted(nodes.items()):

@@ -409,6 +409,11 @@ def node_not_ready_entry(details: dict[str, Any]) -> CatalogueEntry:
 #: NOT_RESPONDING after SlurmdTimeout; DOWN when slurmctld gives up on it).
 SLURM_UNRESPONSIVE_FLAGS = frozenset({"NOT_RESPONDING", "DOWN"})
 
+#: Node-level fault kinds: one state per node, whatever device a sender names, so a
+#: restarted sender's clear (which may not know the device its predecessor named) clears
+#: the raise (issue 26 I20). ``gpu_lost``: NVML sees fewer GPUs than expected.
+NODE_LEVEL_KINDS: frozenset[str] = frozenset({"gpu_lost"})
+
 
 def slurm_node_entry(details: dict[str, Any]) -> CatalogueEntry:
     """``slurm_node``: observed only (the scheduler's state alone never repairs a node),

@@ -11,11 +11,13 @@ from workflows.policy.consent import ConsentDecision, consent_decision
 from workflows.policy.ladder import (
     GateDecision,
     LadderDecision,
+    RepeatOffender,
     choose_action,
     ladder_decision,
     migrate_gate,
     next_rung,
     node_actions_in_window,
+    repeat_offender,
 )
 from workflows.policy.node_action import (
     NodeActionDecision,
@@ -46,6 +48,7 @@ __all__ = [
     "GateDecision",
     "LadderDecision",
     "NodeActionDecision",
+    "RepeatOffender",
     "ResetDecision",
     "breaker_threshold",
     "breaker_trips",
@@ -66,6 +69,7 @@ __all__ = [
     "platform_blocker",
     "recent_events",
     "repeat_key",
+    "repeat_offender",
     "reset_decision",
     "reset_targets",
 ]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from workflows.activity_api import AttemptRecord
-from workflows.config import LadderConfig, MigrateGateConfig, ResetGpuPolicy
+from workflows.config import LadderConfig, MigrateGateConfig, RepeatOffenderConfig, ResetGpuPolicy
 from workflows.models import ACTION_WEIGHT, Action, Alert, Severity
 from workflows.policy.reset import reset_decision
 
@@ -163,6 +163,60 @@ def migrate_gate(
     return GateDecision(Action.reprovision, "gate:no critical evidence -> reprovision")
 
 
+#: Actions that make a repair "disruptive" for the repeat-offender rule: each interrupts
+#: the machine's work (``remove`` is the rule's answer, ``none`` touches nothing).
+DISRUPTIVE_ACTIONS: frozenset[Action] = frozenset(
+    {Action.reset_gpu, Action.reboot, Action.power_cycle, Action.reprovision, Action.migrate}
+)
+
+
+@dataclass(frozen=True)
+class RepeatOffender:
+    """Result of :func:`repeat_offender`: ``repairs`` (ids, oldest first) of the disruptive
+    repairs counted on ``machine_id``; ``rule`` names the rule and lists them."""
+
+    machine_id: str
+    repairs: tuple[str, ...]
+    rule: str
+
+
+def repeat_offender(
+    attempts: Sequence[AttemptRecord],
+    machine_id: str | None,
+    now: datetime,
+    cfg: RepeatOffenderConfig,
+) -> RepeatOffender | None:
+    """Whether ``machine_id`` is a repeat offender (issue 31 item 2): at least
+    ``cfg.threshold`` distinct repairs executed a disruptive action
+    (:data:`DISRUPTIVE_ACTIONS`, any outcome but cancelled / self-resolved: an attempt is
+    recorded only when it touched the machine) on this machine within ``cfg.window_s``
+    seconds before ``now``, across every fault kind. Counted per machine, not per node: a
+    migrated node's new machine starts clean. None when it is not (or no machine is
+    known)."""
+    if not machine_id:
+        return None
+    since = now - timedelta(seconds=cfg.window_s)
+    first: dict[str, datetime] = {}
+    for a in attempts:
+        if (
+            a.machine_id == machine_id
+            and a.action in DISRUPTIVE_ACTIONS
+            and a.outcome not in NOT_COUNTED
+            and since <= a.at <= now
+        ):
+            first[a.repair_id] = min(first.get(a.repair_id, a.at), a.at)
+    if len(first) < cfg.threshold:
+        return None
+    repairs = tuple(sorted(first, key=lambda r: (first[r], r)))
+    return RepeatOffender(
+        machine_id,
+        repairs,
+        f"repeat offender: machine {machine_id} had {len(repairs)} disruptive repairs within "
+        f"{cfg.window_s:g} s (threshold {cfg.threshold}: {', '.join(repairs)}) -> remove "
+        "(a person decides)",
+    )
+
+
 def choose_action(
     requested: Action,
     alerts: Sequence[Alert],
@@ -176,10 +230,15 @@ def choose_action(
     pool: str | None = None,
     reset_blocked: str | None = None,
     node: str | None = None,
+    repeat: RepeatOffenderConfig | None = None,
 ) -> LadderDecision:
     """Reset preconditions, ladder, then migrate gate for ``requested``; returns the final
-    action and the rule string of every step. The ladder key is the first alert's
-    kind/code (``"manual"`` with no code when the repair has no alert behind it).
+    action and the rule string of every step. With ``repeat`` (the cluster's
+    ``rails.repeat_offender``), a repeat-offender machine (:func:`repeat_offender`) gets
+    ``remove`` for a person instead of any other disruptive action, the rule naming the
+    repairs counted (issue 31 item 2); the ladder and the per-node cap are unchanged.
+    The ladder key is the first alert's kind/code (``"manual"`` with no code when the
+    repair has no alert behind it).
 
     ``reset``: the cluster's ``reset_gpu`` policy; with it a requested ``reset_gpu`` goes
     through :func:`workflows.policy.reset.reset_decision` (node ``pool``, and
@@ -199,4 +258,9 @@ def choose_action(
     lad = ladder_decision(requested, attempts, kind, code, machine_id, now, ladder, node)
     g = migrate_gate(lad.action, alerts, critical_history, now, gate)
     steps += [lad.rule, g.rule]
+    if repeat is not None and g.action in DISRUPTIVE_ACTIONS:
+        ro = repeat_offender(attempts, machine_id, now, repeat)
+        if ro is not None:
+            steps.append(ro.rule)
+            return LadderDecision(Action.remove, True, True, "; ".join(steps))
     return LadderDecision(g.action, lad.escalated, lad.needs_human, "; ".join(steps))

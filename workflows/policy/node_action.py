@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from workflows.catalogue import entry_for
 from workflows.catalogue.vocabulary import APP_LEVEL_XIDS, DIAGNOSTIC_XIDS, override_for
 from workflows.config import CatalogueConfig
+from workflows.maintenance import IN_MAINTENANCE
 from workflows.models import Action, Alert, Severity
 
 SLOW_KINDS: dict[str, str] = {
@@ -85,7 +86,9 @@ def decide_node_action(
     this one included). ``repeats_same_gpu``: occurrences of the same application Xid on
     the same GPU/GPC within ``cat.app_xid_repeat_window_s``.
 
-    Order: clear → node outside the inventory (observed only, final) → operator override
+    Order: clear → node inside a maintenance window (``evidence["in_maintenance"]``,
+    stamped on delivery by ``ingest.maintenance_marks``: observed only, final) → node
+    outside the inventory (observed only, final) → operator override
     (action/actionable/count) → secondary Xid → straggler or late NCCL rank
     (:data:`SLOW_KINDS`) → application-level Xid
     (:data:`APP_LEVEL_XIDS` never repair a node; repeats of :data:`DIAGNOSTIC_XIDS`
@@ -94,6 +97,15 @@ def decide_node_action(
     """
     if not alert.active:
         return NodeActionDecision(Action.none, False, "clear", "alert cleared")
+    window = alert.evidence.get(IN_MAINTENANCE)
+    if isinstance(window, str) and window:
+        # the delivery path marked it inside a planned maintenance window (issue 29):
+        # recorded, never recommended
+        return NodeActionDecision(
+            Action.none, False, f"maintenance:{window}",
+            "node inside a planned maintenance window: observed only",
+            severity=alert.severity,
+        )
     if alert.evidence.get("inventory") == UNKNOWN_INVENTORY:
         # ingest's observed-only mark is final: a made-up node name never pages anyone,
         # never asks for diagnostics and never reaches the action path

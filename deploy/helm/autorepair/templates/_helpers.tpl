@@ -225,3 +225,50 @@ acknowledgement, a certificate identity without its volume or without mTLS on in
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{/* Egress to DNS (networkPolicy.egress.dns: the resolver pods, UDP and TCP 53). */}}
+{{- define "autorepair.dnsEgress" -}}
+- to:
+    {{- toYaml .Values.networkPolicy.egress.dns | nindent 4 }}
+  ports:
+    - {port: 53, protocol: UDP}
+    - {port: 53, protocol: TCP}
+{{- end -}}
+
+{{/* Egress of ingest and the worker: DNS, the Temporal frontend, PostgreSQL and the
+Kubernetes API. A peer with a podSelector (networkPolicy.temporal / .postgres) is reached
+in its namespace only; else its `cidrs`; with neither, its port on any address. */}}
+{{- define "autorepair.controlPlaneEgress" -}}
+{{- $np := .Values.networkPolicy -}}
+{{- include "autorepair.dnsEgress" . }}
+{{- range $name, $peer := dict "temporal" $np.temporal "postgres" $np.postgres }}
+# {{ $name }}
+- ports:
+    - {port: {{ $peer.port }}, protocol: TCP}
+  {{- if $peer.podSelector }}
+  to:
+    - namespaceSelector:
+        matchLabels:
+          kubernetes.io/metadata.name: {{ required (printf "networkPolicy.%s.namespace is required with its podSelector" $name) $peer.namespace }}
+      podSelector:
+        matchLabels:
+          {{- toYaml $peer.podSelector | nindent 10 }}
+  {{- else if $peer.cidrs }}
+  to:
+    {{- range $peer.cidrs }}
+    - ipBlock: {cidr: {{ . | quote }}}
+    {{- end }}
+  {{- end }}
+{{- end }}
+# the Kubernetes API server (TokenReview, node lists, cordon, validation Jobs)
+- ports:
+    {{- range $np.egress.kubeApi.ports }}
+    - {port: {{ . }}, protocol: TCP}
+    {{- end }}
+  {{- with $np.egress.kubeApi.cidrs }}
+  to:
+    {{- range . }}
+    - ipBlock: {cidr: {{ . | quote }}}
+    {{- end }}
+  {{- end }}
+{{- end -}}

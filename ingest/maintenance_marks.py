@@ -1,0 +1,95 @@
+"""Marks the alerts of nodes inside a planned maintenance window (issue 29 item 1) on the
+one path every alert takes to its node entity (``ingest.handoff.TemporalAlertSink``:
+ingest's receivers, the Slurm and Kubernetes watchers, dead-letter replays).
+
+An alert of a node a window covers — judged on when the control plane received it
+(``Alert.received_at``, else now), never the sender's clock — becomes an observation:
+``actionable`` false, action ``none``, ``evidence["in_maintenance"]`` the window id and
+``evidence["maintenance_reason"]`` its reason. ``NodeWorkflow`` treats that mark as final
+(``workflows.policy.node_action.decide_node_action``): no recommendation, repair or
+notification. A sender cannot set the mark itself: the keys are removed from every alert
+no window covers.
+
+Windows are read from the ledger (``activities.maintenance_store.MaintenanceStore``) at
+most every ``refresh_s`` seconds; a failed read keeps the last view (logged), so a
+ledger outage never blocks delivery. Before the first successful read no alert is marked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+
+from workflows.maintenance import IN_MAINTENANCE, MaintenanceWindow, covering
+from workflows.models import Action, Alert
+
+log = logging.getLogger("autorepair.maintenance")
+
+#: ``evidence`` key carrying the covering window's reason beside ``in_maintenance``.
+MAINTENANCE_REASON = "maintenance_reason"
+#: Default seconds between ledger reads of the windows (10 s: an operator's new window
+#: takes effect within one push interval of the agents, docs/design.md §5).
+REFRESH_S = 10.0
+
+
+class MaintenanceMarks:
+    """``load``: returns the windows in force or ended recently (one ledger read);
+    ``refresh_s``: the read period; ``timeout_s``: bound on one read."""
+
+    def __init__(self, load: Callable[[], Awaitable[list[MaintenanceWindow]]],
+                 refresh_s: float = REFRESH_S, timeout_s: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not refresh_s > 0:
+            raise ValueError(f"refresh_s: must be > 0, got {refresh_s!r}")
+        self._load = load
+        self.refresh_s = refresh_s
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self._windows: list[MaintenanceWindow] = []
+        self._read_at: float | None = None
+        self._lock = asyncio.Lock()
+        self.marked = 0
+
+    async def refresh(self, force: bool = False) -> None:
+        """Read the windows when the last read is older than ``refresh_s`` (or ``force``)."""
+        now = self._clock()
+        if not force and self._read_at is not None and now - self._read_at < self.refresh_s:
+            return
+        async with self._lock:
+            if not force and self._read_at is not None and \
+                    self._clock() - self._read_at < self.refresh_s:
+                return
+            try:
+                self._windows = await asyncio.wait_for(self._load(), self.timeout_s)
+            except Exception as e:  # a ledger outage never blocks delivery
+                log.warning("event=maintenance_windows_unreadable error=%s "
+                            "(the last view is kept)", type(e).__name__)
+            finally:
+                self._read_at = self._clock()
+
+    async def mark(self, alert: Alert) -> Alert:
+        """``alert`` as delivered: marked when a window covers its node (see module)."""
+        await self.refresh()
+        return self.mark_with(alert, self._windows)
+
+    def mark_with(self, alert: Alert, windows: list[MaintenanceWindow]) -> Alert:
+        """Pure half of :meth:`mark` over ``windows``."""
+        evidence = {k: v for k, v in alert.evidence.items()
+                    if k not in (IN_MAINTENANCE, MAINTENANCE_REASON)}
+        at = alert.received_at or datetime.now(UTC)
+        hit = covering(windows, alert.cluster, alert.node, alert.node_pool, at) \
+            if alert.active else []
+        if not hit:
+            if len(evidence) == len(alert.evidence):
+                return alert
+            return alert.model_copy(update={"evidence": evidence})
+        w = hit[0]
+        self.marked += 1
+        return alert.model_copy(update={
+            "actionable": False, "action": Action.none,
+            "evidence": {**evidence, IN_MAINTENANCE: w.window_id,
+                         MAINTENANCE_REASON: w.reason[:200]},
+        })
