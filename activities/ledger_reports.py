@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter, defaultdict
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from activities.ledger import Ledger
 from activities.reliability import reliability_report
+from workflows.activity_api import AttemptRecord
+from workflows.config import RepeatOffenderConfig
 from workflows.downtime import Downtime, compute_downtime
 from workflows.models import TERMINAL_STAGES
+from workflows.policy import repeat_offender
 from workflows.providers import ProviderResolver, info_for
 
 MANUAL_KIND = "manual"
@@ -111,9 +114,48 @@ def _group(rows: list[dict[str, Any]], *keys: str) -> list[dict[str, Any]]:
                                                [g[x] for x in keys]))
 
 
+async def repeat_offenders(
+    ledger: Ledger, until: datetime, cfg: RepeatOffenderConfig, *, cluster: str | None = None,
+    limit: int = TOP_N,
+) -> list[dict[str, Any]]:
+    """Machines that are repeat offenders at ``until`` under ``cfg``
+    (``policy.rails.repeat_offender``; issue 31 item 2): the same rule the repair applies
+    (:func:`workflows.policy.repeat_offender`) over the ledger's attempts of the window
+    before ``until``. Rows ``{"cluster", "machine", "disruptive_repairs", "repairs":
+    [{"repair_id", "node", "actions", "first_at"}]}``, most repairs first, at most
+    ``limit``."""
+    since = until - timedelta(seconds=cfg.window_s)
+    rows = await ledger.db.fetch(
+        """SELECT repair_id, cluster, node, machine_id, action, alert_kind, code, outcome, at
+             FROM repair_attempts
+            WHERE at >= $1 AND at <= $2 AND machine_id IS NOT NULL
+              AND ($3::text IS NULL OR cluster = $3)
+            ORDER BY at, repair_id""",
+        since, until, cluster)
+    by_machine: dict[tuple[str, str], list[AttemptRecord]] = defaultdict(list)
+    for r in rows:
+        by_machine[(r["cluster"], r["machine_id"])].append(AttemptRecord(**dict(r)))
+    out: list[dict[str, Any]] = []
+    for (cl, machine), atts in by_machine.items():
+        ro = repeat_offender(atts, machine, until, cfg)
+        if ro is None:
+            continue
+        repairs = []
+        for rid in ro.repairs:
+            mine = [a for a in atts if a.repair_id == rid]
+            repairs.append({"repair_id": rid, "node": mine[0].node,
+                            "actions": sorted({a.action.value for a in mine}),
+                            "first_at": min(a.at for a in mine).isoformat()})
+        out.append({"cluster": cl, "machine": machine,
+                    "disruptive_repairs": len(ro.repairs), "repairs": repairs})
+    out.sort(key=lambda o: (-o["disruptive_repairs"], o["cluster"], o["machine"]))
+    return out[:limit]
+
+
 async def fleet_report(
     ledger: Ledger, since: datetime, until: datetime, *, cluster: str | None = None,
     currency: str = "USD", gpus: int | None = None,
+    repeat: RepeatOffenderConfig | None = None,
 ) -> dict[str, Any]:
     """What repairs cost between ``since`` and ``until`` (repairs whose terminal
     transition falls in the window), JSON-ready.
@@ -123,8 +165,11 @@ async def fleet_report(
     "out_of_service_gpu_hours", "cost", "unpriced_repairs", "by_cluster": [...],
     "by_action": [...], "by_fault_kind": [...], "breakdown": [...], "top_fault_kinds": [...],
     "top_machines": [...], "daily": [{"day", "repairs", "gpu_hours", "cost"}],
-    "reliability": {...}}`` (``reliability``: :func:`activities.reliability.reliability_report`
-    over the same window, ``gpus`` the fleet's GPU count for its per-GPU-day rate).
+    "reliability": {...}, "repeat_offenders": [...]}`` (``reliability``:
+    :func:`activities.reliability.reliability_report` over the same window, ``gpus`` the
+    fleet's GPU count for its per-GPU-day rate; ``repeat_offenders``: :func:`repeat_offenders`
+    at ``until`` under ``repeat``, the cluster's ``policy.rails.repeat_offender``, default
+    when None).
     MTTR: mean time from the repair's first record (the recommendation) to its end, over
     ``succeeded`` repairs; ``None`` without any. ``currency``: that of the recorded costs
     (``currency`` argument when none is priced, ``mixed`` when the providers' currency
@@ -200,4 +245,6 @@ async def fleet_report(
         "daily": [{"day": k, **v} for k, v in sorted(by_day.items())],
         "reliability": await reliability_report(ledger, since, until, cluster=cluster,
                                                 gpus=gpus),
+        "repeat_offenders": await repeat_offenders(
+            ledger, until, repeat or RepeatOffenderConfig(), cluster=cluster),
     }

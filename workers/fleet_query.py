@@ -481,7 +481,8 @@ class FleetQuery:
                 workflows = {k: int(v or 0) for k, v in counts.items()}
         report = await fleet_report(self.ledger, since, now, cluster=inp.cluster,
                                     currency=self.config.providers.currency,
-                                    gpus=fleet_gpus(self.config, inp.cluster))
+                                    gpus=fleet_gpus(self.config, inp.cluster),
+                                    repeat=self.config.policy.rails.repeat_offender)
         downtime = {k: report[k] for k in DOWNTIME_KEYS}
         downtime["repairs_ended"] = report["repairs"]
         return FleetSummaryOut(

@@ -91,7 +91,7 @@ def reliability_tables(rel: dict[str, Any]) -> list[Table]:
 
 def report_tables(doc: dict[str, Any]) -> Group:
     """The report as rich tables: summary, outcomes, per cluster / action, top fault kinds,
-    top machines and the reliability figures."""
+    top machines, the reliability figures and the repeat-offender machines."""
     cur = doc["currency"]
     s = Table(title=f"repairs {doc['since'][:16]} → {doc['until'][:16]}"
               + (f" (cluster {doc['cluster']})" if doc.get("cluster") else ""),
@@ -120,7 +120,21 @@ def report_tables(doc: dict[str, Any]) -> Group:
         _group_table("top fault kinds", "fault_kind", doc["top_fault_kinds"], cur),
         _group_table("top machines", "machine", doc["top_machines"], cur),
         *reliability_tables(doc.get("reliability") or {}),
+        repeat_offenders_table(doc.get("repeat_offenders") or []),
     )
+
+
+def repeat_offenders_table(rows: list[dict[str, Any]]) -> Table:
+    """Repeat-offender machines (``policy.rails.repeat_offender``) with their repairs:
+    their next recommendation is ``remove``, for a person."""
+    t = Table(title="repeat offenders (next recommendation: remove, for a person)")
+    for col in ("cluster", "machine", "repairs", "repair ids (actions)"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["cluster"], r["machine"], str(r["disruptive_repairs"]),
+                  ", ".join(f"{x['repair_id']} ({'+'.join(x['actions'])})"
+                            for x in r["repairs"]))
+    return t
 
 
 def write_plot(doc: dict[str, Any], path: Path) -> None:

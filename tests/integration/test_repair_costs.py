@@ -216,3 +216,39 @@ async def test_fleet_report_sums_the_window(ledger_pool: asyncpg.Pool) -> None:
                              "gpu_hours": pytest.approx(12.0), "cost": pytest.approx(24.0)}]
     empty = await fleet_report(Ledger(ledger_pool), _at(1000), _at(2000), cluster="c9")
     assert empty["repairs"] == 0 and empty["mttr_s"] is None and empty["cost"] == 0
+
+
+async def test_report_lists_repeat_offender_machines_with_their_repairs(ledger_pool: Any) -> None:
+    """Issue 31 item 2: the report's ``repeat_offenders`` are the machines the repair's
+    own rule calls repeat offenders at the window's end (3 disruptive repairs in 30 days,
+    any fault kinds), with their repairs; a machine with two, or with a cancelled third,
+    is not one."""
+    from workflows.activity_api import AttemptRecord
+    from workflows.config import RepeatOffenderConfig
+
+    led = Ledger(ledger_pool)
+    until = _at(600)
+    plan = [("m-bad", "r1", "power_cycle", "succeeded", 20, "xid"),
+            ("m-bad", "r2", "reboot", "failed", 10, "ecc"),
+            ("m-bad", "r2", "reprovision", "succeeded", 9.9, "ecc"),
+            ("m-bad", "r3", "reset_gpu", "succeeded", 1, "nvlink"),
+            ("m-ok", "r4", "reboot", "succeeded", 5, "xid"),
+            ("m-ok", "r5", "reboot", "succeeded", 4, "xid"),
+            ("m-ok", "r6", "reboot", "cancelled", 3, "xid")]
+    for machine, rid, action, outcome, days, kind in plan:
+        await led.record_attempt(AttemptRecord(
+            repair_id=rid, cluster="c1", node=f"n-{machine}", machine_id=machine,
+            action=action, alert_kind=kind, code=None, outcome=outcome,
+            at=until - timedelta(days=days)))
+    rep = await fleet_report(led, _at(-60), until, currency="USD")
+    assert [o["machine"] for o in rep["repeat_offenders"]] == ["m-bad"]
+    bad = rep["repeat_offenders"][0]
+    assert bad["disruptive_repairs"] == 3 and bad["cluster"] == "c1"
+    assert [r["repair_id"] for r in bad["repairs"]] == ["r1", "r2", "r3"]
+    assert bad["repairs"][1]["actions"] == ["reboot", "reprovision"]
+    # a stricter rule finds none; a shorter window leaves r1 out
+    strict = await fleet_report(led, _at(-60), until, repeat=RepeatOffenderConfig(threshold=4))
+    assert strict["repeat_offenders"] == []
+    short = await fleet_report(led, _at(-60), until,
+                               repeat=RepeatOffenderConfig(window_s=15 * 86400))
+    assert short["repeat_offenders"] == []

@@ -247,7 +247,8 @@ def build_repairs_router(
                                        "type": "value_error"}]) from e
         return await fleet_report(ix.ledger, start, end, cluster=cluster,
                                   currency=ix.config.providers.currency,
-                                  gpus=fleet_gpus(ix.config, cluster))
+                                  gpus=fleet_gpus(ix.config, cluster),
+                                  repeat=ix.config.policy.rails.repeat_offender)
 
     @router.get("/repairs/{repair_id}", response_model=RepairView)
     async def show(repair_id: RepairId,
