@@ -94,9 +94,11 @@ clean:
 # up to its bound; the last line is `states=… transitions=… depth=…
 # violations=0 seconds=…`, exit 1 on a violation (printed with its shortest trace).
 # NODE_DEPTH bounds the node lifecycle's world (tests/model/node_world.py), which
-# branches more widely: 5 takes about 20 s, 6 about 100 s on one core.
+# branches more widely: 5 takes about 20 s, 6 about 100 s on one core. REPAIR_DEPTH bounds
+# the repair lifecycle's world (tests/model/repair_world.py): 16 about 6 s, 18 about 25 s.
 DEPTH ?= 12
 GUARD_DEPTH ?= 6
 NODE_DEPTH ?= 5
+REPAIR_DEPTH ?= 16
 model-check: install
-	$(BIN)/python -m tests.model --depth $(DEPTH) --guard-depth $(GUARD_DEPTH) --node-depth $(NODE_DEPTH)
+	$(BIN)/python -m tests.model --depth $(DEPTH) --guard-depth $(GUARD_DEPTH) --node-depth $(NODE_DEPTH) --repair-depth $(REPAIR_DEPTH)

@@ -1,10 +1,11 @@
-"""``python -m tests.model [--depth N] [--guard-depth N] [--node-depth N] [--defect NAME ...]``
-(``make model-check DEPTH=N GUARD_DEPTH=N NODE_DEPTH=N``).
+"""``python -m tests.model [--depth N] [--guard-depth N] [--node-depth N] [--repair-depth N]
+[--defect NAME ...]`` (``make model-check DEPTH=N GUARD_DEPTH=N NODE_DEPTH=N REPAIR_DEPTH=N``).
 
 Checks the machine action lifecycle (:mod:`tests.model.checker`, to ``--depth``), the
 cluster guard (:mod:`tests.model.guard_world`, to ``--guard-depth``) and the node
-lifecycle (:mod:`tests.model.node_world`, to ``--node-depth``); the guard's and the
-node's worlds branch more widely, so their bounds are their own. Prints each violation
+lifecycle (:mod:`tests.model.node_world`, to ``--node-depth``) and the repair lifecycle
+(:mod:`tests.model.repair_world`, to ``--repair-depth``); each world branches its own
+way, so their bounds are their own. Prints each violation
 with its shortest event trace, one line per machine, then the last line
 ``states=… transitions=… depth=… violations=… seconds=…`` (sums; ``depth`` the largest
 bound); exit 1 on a violation."""
@@ -14,14 +15,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tests.model import checker, guard_world, node_world
-from workflows.lifecycle import guard, machine_action, node
+from tests.model import checker, guard_world, node_world, repair_world
+from workflows.lifecycle import guard, machine_action, node, repair
 
 #: Default bounds: every event sequence of up to 8 machine-action events, 5 guard events
 #: and 5 node events.
 DEFAULT_DEPTH = 8
 DEFAULT_GUARD_DEPTH = 5
 DEFAULT_NODE_DEPTH = 5
+#: ... and 16 repair events (a first rung fails and the person is asked for the next).
+DEFAULT_REPAIR_DEPTH = 16
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,11 +35,14 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"longest guard event sequence (default {DEFAULT_GUARD_DEPTH})")
     ap.add_argument("--node-depth", type=int, default=DEFAULT_NODE_DEPTH,
                     help=f"longest node event sequence (default {DEFAULT_NODE_DEPTH})")
+    ap.add_argument("--repair-depth", type=int, default=DEFAULT_REPAIR_DEPTH,
+                    help=f"longest repair event sequence (default {DEFAULT_REPAIR_DEPTH})")
     ap.add_argument("--defect", action="append", default=[],
-                    choices=sorted({*machine_action.DEFECTS, *guard.DEFECTS, *node.DEFECTS}),
+                    choices=sorted({*machine_action.DEFECTS, *guard.DEFECTS, *node.DEFECTS,
+                                    *repair.DEFECTS}),
                     help="re-introduce a known defect (test-only; repeatable)")
     args = ap.parse_args(argv)
-    for name in ("depth", "guard_depth", "node_depth"):
+    for name in ("depth", "guard_depth", "node_depth", "repair_depth"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')}: must be at least 1 "
                      f"(got {getattr(args, name)})")
@@ -46,8 +52,11 @@ def main(argv: list[str] | None = None) -> int:
                                          defects=defects & set(machine_action.DEFECTS))),
         ("guard", guard_world.check(args.guard_depth, defects=defects & set(guard.DEFECTS))),
         ("node", node_world.check(args.node_depth, defects=defects & set(node.DEFECTS))),
+        ("repair", repair_world.check(args.repair_depth,
+                                      defects=defects & set(repair.DEFECTS))),
     ]
-    total = checker.Result(depth=max(args.depth, args.guard_depth, args.node_depth))
+    total = checker.Result(depth=max(args.depth, args.guard_depth, args.node_depth,
+                                     args.repair_depth))
     shown: set[str] = set()
     for name, res in runs:
         for what, trace in res.violations:
