@@ -937,6 +937,9 @@ def _decision(st: Status, kind: str) -> str:
         return ("to the machine action (its call was lost: resume from the phase reached)"
                 if st == Status.acting else "nothing: state is replayed; the call is retried")
     if kind == "can_due":
+        if st == Status.checking_idle:
+            return ("remembered: when the idle check returns busy, a pending stop ends the "
+                    "repair, else it continues as new carrying the whole state")
         return ("pending stop → ended at once; else continue as new carrying the whole state "
                 "(stop, approval included)" if st == Status.idle_backoff
                 else "ignored: only the idle wait continues as new")
