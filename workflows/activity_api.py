@@ -24,6 +24,7 @@ from temporalio.exceptions import ApplicationError
 
 from workflows.config import PolicyConfig
 from workflows.models import Action, Alert, Requester, Stage, ValidationResult, Verdict
+from workflows.models import AttemptRecord as AttemptRecord  # defined there: pure (issue 26)
 from workflows.protocol import BMC_TASK_QUEUE
 
 
@@ -279,20 +280,6 @@ class TransitionRecord(BaseModel):
     at: datetime
     by: str = "system"
     reason: str = ""
-
-
-class AttemptRecord(BaseModel):
-    """One executed action on a machine, for the ladder (docs/design.md §5)."""
-
-    repair_id: str
-    cluster: str
-    node: str
-    machine_id: str | None = None
-    action: Action
-    alert_kind: str
-    code: int | None = None
-    outcome: str  # succeeded | failed | cancelled | auto_resolved
-    at: datetime
 
 
 class AttemptQuery(BaseModel):

@@ -325,3 +325,17 @@ class NodeInput(BaseModel):
     machine_id: str | None = None
     node_pool: str | None = None
     carried: dict[str, Any] | None = None
+
+
+class AttemptRecord(BaseModel):
+    """One executed action on a machine, for the ladder (docs/design.md §5)."""
+
+    repair_id: str
+    cluster: str
+    node: str
+    machine_id: str | None = None
+    action: Action
+    alert_kind: str
+    code: int | None = None
+    outcome: str  # succeeded | failed | cancelled | auto_resolved
+    at: datetime

@@ -84,6 +84,8 @@ with workflow.unsafe.imports_passed_through():
         DrainResult,
         IdleStatus,
         MachineActionInput,
+        MachineHold,
+        MachineHoldQuery,
         MigrateResult,
         NodeHealth,
         NodeRef,
@@ -269,6 +271,11 @@ class Carried(BaseModel):
     idle_since: datetime | None = None
     idle_poll_s: float | None = None
     continued: int = 0
+    #: a person's signal not yet acted on when the run continued as new (reproduction 6:
+    #: never lost across the hand-over)
+    approve: ApproveSignal | None = None
+    reject: RejectSignal | None = None
+    cancel: CancelSignal | None = None
 
 
 @workflow.defn(name=REPAIR_WORKFLOW)
@@ -464,6 +471,7 @@ class RepairWorkflow:
         )
         await self._upsert()
         await self._transition(S.recommended, req.requester.name, req.reason or "repair requested")
+        await self._check_hold()
         await self._decide(req.action, approver=None)
         consent = consent_decision(self._action, self._alerts, req.requester, self._policy.consent)
         if req.auto_approved_rule and self._action != Action.remove:
@@ -484,7 +492,28 @@ class RepairWorkflow:
         while not await self._decision_holds():
             await self._acquire_lease()
             self._check_evidence_before_cordon()
+        await self._check_hold()
         await self._cordon()
+
+    async def _check_hold(self) -> None:
+        """I18: a machine held for RMA (removed, not returned by an operator since) is never
+        cordoned, drained or acted on: the repair ends ``cancelled`` by ``system`` naming
+        the hold (docs/design.md §5 rails). Asked when the repair starts and again right
+        before the cordon. Raises :class:`_Ended`."""
+        assert self._req is not None
+        hold = await self._act(
+            ACT.ledger_machine_held,
+            MachineHoldQuery(cluster=self._req.cluster, machine_id=self._machine),
+            MachineHold,
+        )
+        if hold.held:
+            since = hold.since.isoformat() if hold.since is not None else "unknown"
+            raise _Ended(
+                S.cancelled, "system",
+                f"machine {hold.machine_id or self._machine} is held for RMA since {since} "
+                f"(repair {hold.repair_id or 'none'}: {hold.reason or 'removed'}); no repair "
+                "acts on it until an operator returns it (Ledger.return_machine)",
+            )
 
     def _check_evidence_before_cordon(self) -> None:
         if not self._evidence_ok():
@@ -515,7 +544,10 @@ class RepairWorkflow:
         if human and not acted_meanwhile:
             # a person approved over this same history: their decision stands
             await self._decide(before, approver=self._approved_by)
-        if not self._needs_human and self._action == before:
+        # a person's approval covers one action at one rung: when another repair's attempt
+        # moved the rung meanwhile, it no longer covers what runs now
+        moved = human and acted_meanwhile
+        if not self._needs_human and self._action == before and not moved:
             self._rule = rule_before  # unchanged: who approved and which rule decided
             return True
         if not self._needs_human and self._action != Action.remove:
@@ -523,17 +555,22 @@ class RepairWorkflow:
                 self._action, self._alerts, self._req.requester, self._policy.consent
             )
             if consent.automatic:
-                self._rule = f"{consent.rule}; {self._rule}"
+                self._rule = f"{consent.rule}; {self._rule}; was: {rule_before}"
                 await self._note(
                     f"another repair acted on the node meanwhile: {before.value} → "
                     f"{self._action.value} ({self._rule})"
                 )
                 return True
-        why = (
-            self._human_reason
-            if self._needs_human
-            else f"ladder moved to {self._action.value} while the lease was queued"
-        )
+        if self._needs_human:
+            why = self._human_reason
+        elif self._action != before:
+            why = f"ladder moved to {self._action.value} while the lease was queued"
+        else:
+            why = (
+                f"the approval of {before.value} covered an earlier rung; the ladder now "
+                f"counts another attempt ({self._rule})"
+            )
+        self._rule = f"{self._rule}; was: {rule_before}"
         await self._release_lease(S.awaiting_approval)
         self._lease, self._lease_requested = None, False
         self._approve = None  # an approval of the earlier decision does not cover this one
@@ -895,8 +932,11 @@ class RepairWorkflow:
         """The cordon found ``holder``, another repair, on the node. One repair acts on a
         node at a time, whichever path created it (docs/design.md §5 rails): while ``holder``
         runs (or its state cannot be read) this repair ends ``cancelled`` and leaves the
-        other's cordon as it is. A cordon left by a repair that has ended is stale: it is
-        noted and this repair goes on without owning it (never lifting it)."""
+        other's cordon as it is. A cordon left by a repair that has ended (perhaps holding a
+        machine for a person) is never adopted silently (I18): this repair hands its lease
+        back and waits for a person in ``awaiting_approval`` naming the stale cordon; an
+        approval re-acquires the lease and goes on without owning the cordon (never
+        lifting it)."""
         assert self._req is not None
         try:
             live: RepairLiveness | None = await workflow.execute_activity(
@@ -917,10 +957,19 @@ class RepairWorkflow:
                 f"{self._req.node} is held by repair {holder}: one repair acts on a node "
                 "at a time",
             )
-        await self._note(
+        # I18: never adopted silently. A person decides (the lease is handed back while
+        # they do); an approval goes on beside the old cordon, never lifting it.
+        why = (
             f"cordon left by repair {holder}, which has ended ({live.status or live.stage}); "
-            "it is kept as it is"
+            "approve to go on (the cordon is kept as it is), or reject / cancel"
         )
+        await self._release_lease(S.awaiting_approval)
+        self._lease, self._lease_requested = None, False
+        self._approve = None  # an approval given before did not cover the stale cordon
+        await self._await_approval(why)
+        self._check_ended()
+        await self._acquire_lease()
+        self._check_evidence_before_cordon()
 
     async def _wait_for_idle(self, carried: Carried) -> None:
         """Poll ``check_idle`` until idle, the bound expires (recorded), a reject/cancel
@@ -961,6 +1010,9 @@ class RepairWorkflow:
                 S.waiting_for_idle.value)
             workflow.set_current_details(self._detail)
             if self._history_full():
+                # a cancel or reject that came while the idle check was out is decided
+                # here, not handed to the next run only (reproduction 6, I19)
+                self._check_cancel_before_act()
                 self._continue_as_new(start, poll)
             timeout = poll
             if not wfi.do_not_interrupt:
@@ -1007,6 +1059,9 @@ class RepairWorkflow:
             idle_since=idle_since,
             idle_poll_s=poll_s,
             continued=self._continued + 1,
+            approve=self._approve,
+            reject=self._reject,
+            cancel=self._cancel,
         )
         workflow.continue_as_new(
             self._req.model_copy(update={"carried": state.model_dump(mode="json")})
@@ -1030,6 +1085,10 @@ class RepairWorkflow:
         self._bmc_queue = c.bmc_queue
         self._attempts, self._critical = list(c.attempts), list(c.critical)
         self._continued = c.continued
+        # a signal delivered to this run before the restore wins over the carried one
+        self._approve = self._approve or c.approve
+        self._reject = self._reject or c.reject
+        self._cancel = self._cancel or c.cancel
         self._detail = f"waiting for idle (continued as new {c.continued}x)"
 
     def _check_cancel_before_act(self) -> None:
@@ -1189,17 +1248,26 @@ class RepairWorkflow:
         """After ``action`` failed or did not hold: ladder (and per-node cap) decide the
         next action; a person approves it where the consent policy or the cap asks."""
         assert self._req is not None
+        rule_before = self._rule
         await self._decide(action, approver=None)
+        # the recorded rule names each step that changed the decision
+        self._rule = f"{self._rule}; after {why} (was: {rule_before})"
         if self._needs_human or self._action == Action.remove:
             self._approve = None  # an approval of the last action does not cover the next
             await self._await_approval(f"{why}; {self._human_reason}")
-        elif self._action != action:
-            consent = consent_decision(
-                self._action, self._alerts, self._req.requester, self._policy.consent
-            )
-            if not consent.automatic:
-                self._approve = None
-                await self._await_approval(f"{why}; ladder escalates to {self._action.value}")
+            return
+        consent = consent_decision(
+            self._action, self._alerts, self._req.requester, self._policy.consent
+        )
+        if not consent.automatic:
+            # an approval covers one action at one rung: the next attempt, of the same
+            # action or another, is asked for again
+            self._approve = None
+            step = (f"ladder escalates to {self._action.value}" if self._action != action
+                    else f"another attempt of {action.value} (next rung)")
+            await self._await_approval(f"{why}; {step}")
+        else:
+            self._rule = f"{consent.rule}; {self._rule}"
 
     def _recurrence(self, acted_at: datetime, before: NodeHealth) -> Alert | None:
         """An active alert of the same fault (kind and code of the repair's evidence)

@@ -1,12 +1,13 @@
-"""``python -m tests.model [--depth N] [--guard-depth N] [--node-depth N] [--fleet-depth N]
-[--defect NAME ...] [--world-defect NAME ...]``
-(``make model-check DEPTH=N GUARD_DEPTH=N NODE_DEPTH=N FLEET_DEPTH=N``).
+"""``python -m tests.model [--depth N] [--guard-depth N] [--node-depth N] [--repair-depth N]
+[--fleet-depth N] [--defect NAME ...] [--world-defect NAME ...]``
+(``make model-check DEPTH=N GUARD_DEPTH=N NODE_DEPTH=N REPAIR_DEPTH=N FLEET_DEPTH=N``).
 
 Checks the machine action lifecycle (:mod:`tests.model.checker`, to ``--depth``), the
 cluster guard (:mod:`tests.model.guard_world`, to ``--guard-depth``), the node
-lifecycle (:mod:`tests.model.node_world`, to ``--node-depth``) and the composed fleet
+lifecycle (:mod:`tests.model.node_world`, to ``--node-depth``), the repair lifecycle
+(:mod:`tests.model.repair_world`, to ``--repair-depth``) and the composed fleet
 (:mod:`tests.model.fleet_world`: 3 nodes, the guard, repairs and their machine actions,
-to ``--fleet-depth``, with a line per depth); the wider worlds branch more, so their
+to ``--fleet-depth``, with a line per depth); each world branches its own way, so their
 bounds are their own. Prints each violation
 with its shortest event trace, one line per machine, then the last line
 ``states=… transitions=… depth=… violations=… seconds=…`` (sums; ``depth`` the largest
@@ -18,8 +19,8 @@ import argparse
 import sys
 from typing import Any
 
-from tests.model import checker, fleet_world, guard_world, node_world
-from workflows.lifecycle import guard, machine_action, node
+from tests.model import checker, fleet_world, guard_world, node_world, repair_world
+from workflows.lifecycle import guard, machine_action, node, repair
 
 #: Default bounds: every event sequence of up to 8 machine-action events, 5 guard events,
 #: 5 node events and 3 fleet events (the fleet's 3 takes about 15 s on one core, 4
@@ -28,6 +29,8 @@ DEFAULT_DEPTH = 8
 DEFAULT_GUARD_DEPTH = 5
 DEFAULT_NODE_DEPTH = 5
 DEFAULT_FLEET_DEPTH = 3
+#: ... and 16 repair events (a first rung fails and the person is asked for the next).
+DEFAULT_REPAIR_DEPTH = 16
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,11 +46,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--world-defect", action="append", default=[],
                     choices=sorted(fleet_world.WORLD_DEFECTS),
                     help="re-introduce a defect of the fleet's world (test-only; repeatable)")
+    ap.add_argument("--repair-depth", type=int, default=DEFAULT_REPAIR_DEPTH,
+                    help=f"longest repair event sequence (default {DEFAULT_REPAIR_DEPTH})")
     ap.add_argument("--defect", action="append", default=[],
-                    choices=sorted({*machine_action.DEFECTS, *guard.DEFECTS, *node.DEFECTS}),
+                    choices=sorted({*machine_action.DEFECTS, *guard.DEFECTS, *node.DEFECTS,
+                                    *repair.DEFECTS}),
                     help="re-introduce a known defect (test-only; repeatable)")
     args = ap.parse_args(argv)
-    for name in ("depth", "guard_depth", "node_depth", "fleet_depth"):
+    for name in ("depth", "guard_depth", "node_depth", "repair_depth", "fleet_depth"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')}: must be at least 1 "
                      f"(got {getattr(args, name)})")
@@ -57,11 +63,13 @@ def main(argv: list[str] | None = None) -> int:
                                          defects=defects & set(machine_action.DEFECTS))),
         ("guard", guard_world.check(args.guard_depth, defects=defects & set(guard.DEFECTS))),
         ("node", node_world.check(args.node_depth, defects=defects & set(node.DEFECTS))),
+        ("repair", repair_world.check(args.repair_depth,
+                                      defects=defects & set(repair.DEFECTS))),
         ("fleet", fleet_world.check(args.fleet_depth, defects=defects,
                                     world_defects=frozenset(args.world_defect), report=print)),
     ]
     total = checker.Result(depth=max(args.depth, args.guard_depth, args.node_depth,
-                                     args.fleet_depth))
+                                     args.repair_depth, args.fleet_depth))
     shown: set[str] = set()
     for name, res in runs:
         for what, trace in res.violations:

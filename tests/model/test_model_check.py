@@ -21,7 +21,8 @@ CI_DEPTH = 10
 def test_machine_action_holds_every_invariant_to_the_ci_bound(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["--depth", str(CI_DEPTH), "--node-depth", "3", "--fleet-depth", "1"]) == 0
+    assert main(["--depth", str(CI_DEPTH), "--node-depth", "3", "--repair-depth", "8",
+                 "--fleet-depth", "1"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("states=") and " violations=0 " in last, last
     states = int(last.split()[0].removeprefix("states="))

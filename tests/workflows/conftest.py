@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -99,6 +99,14 @@ class FakeCluster:
     bmc_read_failures_after_on: dict[str, int] = field(default_factory=dict)
     #: node -> BMC status reads still to fail once ForceOff was sent (waiting for Off).
     bmc_read_failures_after_off: dict[str, int] = field(default_factory=dict)
+    #: call name ("check_idle", "power_cycle", ...) -> coroutine function awaited with the
+    #: node at the start of that call: a test sends a signal while the call is out.
+    while_out: dict[str, Callable[[str], Awaitable[None]]] = field(default_factory=dict)
+
+    async def _out(self, name: str, node: str) -> None:
+        hook = self.while_out.get(name)
+        if hook is not None:
+            await hook(node)
 
     def _log(self, name: str, node: str) -> None:
         self.calls.append((name, node))
@@ -135,6 +143,7 @@ class FakeCluster:
     @activity.defn(name=ACT.check_idle)
     async def check_idle(self, ref: NodeRef) -> IdleStatus:
         self._log("check_idle", ref.node)
+        await self._out("check_idle", ref.node)
         left = self.busy_polls.get(ref.node, 0)
         if left > 0:
             self.busy_polls[ref.node] = left - 1
@@ -202,6 +211,7 @@ class FakeCluster:
         status read while ``bmc_read_failures_after_on`` lasts fails with
         ``BmcUnavailable`` carrying the phase reached."""
         self._log("power_cycle", inp.node)
+        await self._out("power_cycle", inp.node)
         self._maybe_fail("power_cycle")
         if (
             inp.boot_id_before is not None

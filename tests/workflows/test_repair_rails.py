@@ -498,12 +498,21 @@ async def test_cordon_finding_the_node_held_by_a_running_repair_ends_this_one(
     assert (await first.result()).stage == Stage.rejected
 
 
-async def test_cordon_left_by_an_ended_repair_is_noted_and_kept(harness: Harness) -> None:
+async def test_cordon_left_by_an_ended_repair_is_kept_once_a_person_approves(
+    harness: Harness,
+) -> None:
+    """I18: the stale cordon is named to a person, never adopted silently; once they
+    approve, the repair goes on beside it and never lifts it."""
     h = harness
     first = await _held_by_first(h, "gpu-11")
     await first.signal("reject", RejectSignal(by="test", reason="not needed"))
     assert (await first.result()).stage == Stage.rejected
-    st = await (await start_repair(h, "gpu-11", Action.power_cycle, "r-second")).result()
+    second = await start_repair(h, "gpu-11", Action.power_cycle, "r-second")
+    st = await wait_stage(h, "gpu-11", "r-second", Stage.awaiting_approval)
+    assert "cordon left by repair r-first" in st.detail
+    assert h.cluster.power_cycles == 0
+    await second.signal(REPAIR_SIGNAL_APPROVE, ApproveSignal(by="oncall"))
+    st = await second.result()
     assert st.stage == Stage.succeeded, st.history[-1]
     assert any("cordon left by repair r-first" in t.reason for t in st.history)
     assert h.cluster.cordons["gpu-11"] == "r-first"  # never lifted by r-second

@@ -5,11 +5,13 @@ test_scenario_11_devserver.py."""
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 from tests.workflows.conftest import Harness, make_alert
 from tests.workflows.helpers import (
     eventually,
     guard_status,
+    repair_handle,
     result_skipping,
     start_repair,
     wait_stage,
@@ -46,9 +48,25 @@ async def test_scenario_5_node_returns_after_remove_and_validation(harness: Harn
     assert st.stage == Stage.succeeded
     val = h.client.get_workflow_handle("validate/m-gpu-03/s5a")
     assert await val.result() == "validated m-gpu-03"
-    # nothing sticky: the node takes a new alert and a new repair without ledger edits
+    # I18: the removed machine stays out until an operator returns it — a repair of the
+    # node meanwhile touches nothing and names the hold
+    drains = h.cluster.count("drain", "gpu-03")
+    d = await h.deliver(make_alert(h.cluster.cluster, "gpu-03", "held"))
+    assert d.outcome == AlertOutcome.recommended and d.repair_id
+    held = await result_skipping(h, "gpu-03", d.repair_id)
+    assert held.stage == Stage.cancelled and "held for RMA" in held.history[-1].reason
+    assert h.cluster.count("drain", "gpu-03") == drains
+    # nothing sticky: once the operator returns it (their command, no database edit) the
+    # node takes a new alert and a new repair (after the cooldown of the one above); the
+    # removal's cordon is named to a person, who approves going on beside it
+    assert await h.ledger.return_machine(h.cluster.cluster, "m-gpu-03", "tech", "fixed")
+    await h.env.sleep(timedelta(seconds=h.policy.rails.cooldown_s + 60))
     d = await h.deliver(make_alert(h.cluster.cluster, "gpu-03", "after"))
     assert d.outcome == AlertOutcome.recommended and d.repair_id
+    st = await wait_stage(h, "gpu-03", d.repair_id, Stage.awaiting_approval)
+    assert "cordon left by repair s5a" in st.detail
+    await repair_handle(h, "gpu-03", d.repair_id).signal(
+        "approve", ApproveSignal(by="tech"))
     assert (await result_skipping(h, "gpu-03", d.repair_id)).stage == Stage.succeeded
 
 

@@ -15,12 +15,13 @@ import sys
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from workflows.config import CatalogueConfig, RailsConfig
+from workflows.config import CatalogueConfig, PolicyConfig, RailsConfig
 from workflows.leases import LeaseRelease, LeaseRequest, ResetBreakerSignal
 from workflows.lifecycle import guard as gm
 from workflows.lifecycle import machine_action as ma
 from workflows.lifecycle import node as nm
-from workflows.models import Action
+from workflows.lifecycle import repair as rm
+from workflows.models import Action, Requester, RequesterKind
 
 _T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -211,6 +212,69 @@ def _node_section() -> list[str]:
     return out
 
 
+def _repair_probe_events() -> list[rm.Event]:
+    pol = PolicyConfig()
+    pol.consent.mode = "approve"
+    return [rm.Start(), rm.PolicyRead(policy=pol, machine="m"), rm.HoldRead(held=False),
+            rm.HoldRead(held=True), rm.HistoryRead(), rm.LedgerUnavailable(),
+            rm.Approve(by="p"), rm.Cancel(by="p"), rm.LeaseReply(granted=True),
+            rm.CallOk(), rm.CallOk(cordoned_by_us=False, held_by_repair="r0"),
+            rm.CallOk(running=True), rm.CallOk(idle=False), rm.CallOk(healthy=False),
+            rm.CallFailed(), rm.TimerFired(), rm.ContinueAsNewDue(), rm.Clock(),
+            rm.Machine(event=ma.ActivityOk(phase="booted")),
+            rm.Machine(event=ma.ActivityFailed(outcome="permanent", phase="restart_sent"))]
+
+
+def repair_edges(depth: int = 14) -> set[tuple[str, str, str]]:
+    """``(status, event kind, next status)`` for every status change the repair machine
+    makes within ``depth`` probe events of a fresh ``reboot`` repair under consent
+    ``approve`` (a clock event advances 4000 s)."""
+    edges: set[tuple[str, str, str]] = set()
+    alert = nm.Alert(alert_id="a", cluster="c", node="n", kind="xid", code=79, summary="x",
+                     observed_at=_T0 - timedelta(seconds=10), actionable=True)
+    s0 = rm.new_state("r", "c", "n", Requester(kind=RequesterKind.system, name="s"),
+                      Action.reboot, [alert])
+    frontier = [(s0, 0.0)]
+    seen: set[str] = set()
+    for _ in range(depth):
+        nxt = []
+        for s, t in frontier:
+            for ev in _repair_probe_events():
+                t1 = t + (4000.0 if isinstance(ev, rm.Clock) else 0.0)
+                s1, _ = rm.step(s, ev, _T0 + timedelta(seconds=t1))
+                if s1.status != s.status:
+                    edges.add((s.status.value, ev.kind, s1.status.value))
+                k = s1.model_dump_json(exclude={"policy"}) + str(t1)
+                if k not in seen and s1.status != rm.Status.ended:
+                    seen.add(k)
+                    nxt.append((s1, t1))
+        frontier = nxt
+    return edges
+
+
+def _repair_section() -> list[str]:
+    out = [
+        "",
+        "## Repair (`workflows/lifecycle/repair.py`)",
+        "",
+        "One repair of one node, recommendation to terminal stage. A cancel or reject ends",
+        "at once in a wait, when the call out returns, or through the machine action (safe",
+        "power state first); a pending one is carried across continue-as-new and ends the",
+        "repair before the next rung (I19). An approval records the action, the rung and the",
+        "decision's fingerprint and covers only that; a machine held for RMA is never",
+        "cordoned, drained or acted on, and an ended repair's cordon is never adopted",
+        "without a person (I18). `RepairWorkflow` does not run this machine yet (issue 26",
+        "item 2, step 3); `tests/model/repair_world.py` checks it.",
+        "",
+        "Planted defects the model checker must find (`tests/model/test_repair_model.py`):",
+        "",
+    ]
+    out += _defects_table_diagram(rm.DEFECTS, "status", rm.TRANSITIONS, rm.Status.new.value,
+                                  repair_edges(), [rm.Status.ended.value])
+    out += [""]
+    return out
+
+
 def render() -> str:
     """The whole of docs/lifecycle.md."""
     out = [
@@ -247,6 +311,7 @@ def render() -> str:
                                   [st.value for st in ma.Status if st in ma.TERMINAL])
     out += _guard_section()
     out += _node_section()
+    out += _repair_section()
     return "\n".join(out)
 
 

@@ -6,9 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from workflows.activity_api import AttemptRecord
 from workflows.config import LadderConfig, MigrateGateConfig, RepeatOffenderConfig, ResetGpuPolicy
-from workflows.models import ACTION_WEIGHT, Action, Alert, Severity
+from workflows.models import ACTION_WEIGHT, Action, Alert, AttemptRecord, Severity
 from workflows.policy.reset import reset_decision
 
 #: Attempt outcomes that never count for the ladder (docs/design.md §5).

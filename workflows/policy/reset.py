@@ -14,9 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from workflows.activity_api import AttemptRecord
 from workflows.config import ResetGpuPlatform, ResetGpuPolicy
-from workflows.models import Action, Alert
+from workflows.models import Action, Alert, AttemptRecord
 
 #: PCI address as the kernel log, NVML and nvidia-smi print it: ``[domain:]bus:device[.fn]``
 #: (``0000:c6:00``, ``00000000:C6:00.0``, ``c6:00.0``).
