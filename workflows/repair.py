@@ -638,7 +638,7 @@ class RepairWorkflow:
         rails = self._policy.rails
         if not self._attempts and not self._critical:
             days = max(self._policy.ladder.window_s, self._policy.migrate_gate.window_s)
-            days = max(days, rails.max_actions_window_s)
+            days = max(days, rails.max_actions_window_s, rails.repeat_offender.window_s)
             hist = await self._act(
                 ACT.ledger_attempt_history,
                 AttemptQuery(
@@ -664,11 +664,14 @@ class RepairWorkflow:
             pool=self._pool,
             reset_blocked=reset_blocked,
             node=self._req.node,
+            repeat=rails.repeat_offender,
         )
         action = dec.action
         rule = dec.rule
         needs_human = dec.needs_human
-        self._human_reason = "ladder exhausted: a human must decide"
+        self._human_reason = (
+            "repeat offender: a human must decide" if dec.repeat_offender is not None
+            else "ladder exhausted: a human must decide")
         if action not in (Action.none, Action.remove):
             n = node_actions_in_window(
                 self._attempts, self._req.node, now, rails.max_actions_window_s

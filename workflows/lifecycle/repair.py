@@ -411,8 +411,11 @@ def _decide(s: RepairState, now: datetime, requested: Action,
     """Ladder + migrate gate + node cap on ``requested`` (``workflows.policy``)."""
     p = s.policy
     dec = choose_action(requested, s.alerts, s.attempts or [], [], s.machine, now, p.ladder,
-                        p.migrate_gate, pool=s.pool, node=s.node)
-    rule, human = dec.rule, "ladder exhausted: a human must decide" if dec.needs_human else ""
+                        p.migrate_gate, pool=s.pool, node=s.node,
+                        repeat=p.rails.repeat_offender)
+    rule = dec.rule
+    human = ("" if not dec.needs_human else "repeat offender: a human must decide"
+             if dec.repeat_offender is not None else "ladder exhausted: a human must decide")
     n = _rung(s, now)
     if dec.action not in (Action.none, Action.remove) and n >= p.rails.max_actions_per_node:
         cap = (f"node cap: {n} disruptive actions on {s.node} within "

@@ -25,6 +25,8 @@ class LadderDecision:
     escalated: bool
     needs_human: bool
     rule: str
+    #: set when the repeat-offender rule decided (``remove`` for a person)
+    repeat_offender: RepeatOffender | None = None
 
 
 @dataclass(frozen=True)
@@ -261,5 +263,5 @@ def choose_action(
         ro = repeat_offender(attempts, machine_id, now, repeat)
         if ro is not None:
             steps.append(ro.rule)
-            return LadderDecision(Action.remove, True, True, "; ".join(steps))
+            return LadderDecision(Action.remove, True, True, "; ".join(steps), ro)
     return LadderDecision(g.action, lad.escalated, lad.needs_human, "; ".join(steps))
