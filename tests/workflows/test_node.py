@@ -364,3 +364,22 @@ async def test_level_fault_fixed_by_a_repair_is_retired(harness: Harness) -> Non
     ns = await node_status(h, "gpu-11")
     assert ns.recommendations == 1 and not ns.active_alerts
     assert h.cluster.power_cycles == 1
+
+
+async def test_node_runs_only_what_its_machine_commanded(harness: Harness) -> None:
+    """Issue 26 item 5 for the node: every call NodeWorkflow makes (here the ledger
+    read, the alert's ledger write and the policy read of a non-actionable alert, then
+    a repair child for an actionable one) is checked against what ``step`` commanded,
+    and none departs from it."""
+    from tests.workflows import fidelity
+
+    h = harness
+    before, seen = dict(fidelity.CHECKED), len(fidelity.VIOLATIONS)
+    noise = make_alert(h.cluster.cluster, "gpu-12", "n", code=45, action="none",
+                       actionable=False)
+    assert (await h.deliver(noise)).outcome == AlertOutcome.ignored
+    assert fidelity.CHECKED["calls"] - before["calls"] == 3  # only the node ran
+    d = await h.deliver(make_alert(h.cluster.cluster, "gpu-12", "x"))
+    assert d.outcome == AlertOutcome.recommended and d.repair_id
+    await repair_result(h, "gpu-12", d.repair_id)
+    assert fidelity.VIOLATIONS[seen:] == []
