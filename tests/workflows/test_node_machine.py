@@ -160,3 +160,17 @@ def test_a_0_3_0_carried_state_converts_and_reads_the_ledger_for_its_repair() ->
     again = machine_state(NodeInput(cluster="c", node="gpu-01",
                                     carried=nm.carry(s).model_dump(mode="json")), "x")
     assert again == nm.carry(s)
+
+
+def test_a_repair_due_after_continue_as_new_reads_the_policy_first() -> None:
+    """The carried state has no policy (read again by the next run): a fault that comes
+    due on the timer waits for the read, so the repair is filed under the machine and
+    pool configured now (the old shell read the policy before every start)."""
+    s, _ = _run(_known(), nm.AlertDelivered(alert=_lost("r")))
+    s = nm.carry(s)
+    s, cmds = nm.step(s, nm.Begin(), T0 + timedelta(minutes=2))  # the next run, fault due
+    assert [type(c) for c in cmds if not isinstance(c, nm.SetTimer)] == [nm.LoadPolicy]
+    pool = POLICY.model_copy(update={"node_pool": "p1"})
+    s, cmds = nm.step(s, pool, T0 + timedelta(minutes=2))
+    starts = [c for c in cmds if isinstance(c, nm.StartRepair)]
+    assert [(c.machine_id, c.node_pool) for c in starts] == [("m-a", "p1")]

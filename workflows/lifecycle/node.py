@@ -260,6 +260,8 @@ class NodeState(BaseModel):
     policy_out: bool = False
     machine_id: str | None = None
     node_pool: str | None = None
+    #: The machine the carried faults and history belong to (the last one bound).
+    history_machine: str | None = None
     active: dict[str, Fault] = Field(default_factory=dict)
     cleared: dict[str, datetime] = Field(default_factory=dict)
     retired: dict[str, tuple[datetime, str]] = Field(default_factory=dict)
@@ -629,7 +631,9 @@ def _timer(s: NodeState, now: datetime) -> tuple[NodeState, list[Command]]:
 def _evaluate(s: NodeState, now: datetime, defects: frozenset[str]
               ) -> tuple[NodeState, list[Command]]:
     """Start a repair for the faults that outlived their persistence window (rule zero),
-    if none is open, the ledger was read (I21) and the cooldown is over."""
+    if none is open, the ledger was read (I21) and the cooldown is over; the policy is
+    read first when the last read is older than :data:`POLICY_REFRESH_S` (the repair is
+    filed under the machine configured now)."""
     known = s.reconcile == Reconcile.done or (
         "decide_without_ledger" in defects and s.reconcile == Reconcile.retry_wait)
     if s.repair is not None or not known or in_cooldown(s.cooldown_until, now):
@@ -637,6 +641,11 @@ def _evaluate(s: NodeState, now: datetime, defects: frozenset[str]
     due = due_faults(s, now)
     if not due:
         return s, []
+    if _policy_stale(s, now):
+        # the configured machine and pool, and the rails, as configured now: read first
+        if s.policy_out:
+            return s, []
+        return s.model_copy(update={"policy_out": True}), [LoadPolicy()]
     action = due[0][1].action
     rid = f"{s.id_seed}{s.repairs_started:04x}"[-16:]
     keys = [k for k, _ in due]
@@ -1071,7 +1080,9 @@ def _on_policy(s: NodeState, ev: PolicyLoaded, now: datetime, defects: frozenset
                                  "policy_at": now, "policy_out": False,
                                  "machine_id": ev.machine_id, "node_pool": ev.node_pool}
     cmds: list[Command] = []
-    old = s.machine_id
+    old = s.history_machine
+    if ev.machine_id is not None:
+        update["history_machine"] = ev.machine_id
     if (old is not None and ev.machine_id is not None and ev.machine_id != old
             and "inherit_machine_history" not in defects):
         update |= {"active": {}, "occurrences": {}, "cleared": {}, "retired": {},
@@ -1080,9 +1091,7 @@ def _on_policy(s: NodeState, ev: PolicyLoaded, now: datetime, defects: frozenset
             subject=f"{s.node} re-registered: machine {old} → {ev.machine_id}",
             body=f"The faults and history of machine {old} are not carried over to "
             f"{ev.machine_id}; its ledger history stays filed under {old}.",
-            severity="info", event="node_reregistered"))
-    if ev.machine_id is None and old is not None:
-        update["machine_id"] = old  # the binding's history owner stays known
+            severity="info", event="cluster_alert"))
     return s.model_copy(update=update), cmds
 
 
@@ -1129,7 +1138,7 @@ def _step(s: NodeState, ev: Event, now: datetime, defects: frozenset[str]
                        "policy (or the built-in defaults) until the next read"})
         return s, [SetDetails(text=s.details),
                    Notify(subject=f"policy read failed for {s.node}", body=ev.message,
-                          event="policy_failed")]
+                          event="cluster_alert")]
     if isinstance(ev, AttachDone):
         return _on_attach(s, ev, now)
     if isinstance(ev, RepairProbed):
