@@ -123,6 +123,12 @@ _ACT_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30))
 #: Ledger reads, closing writes and notifications: a few tries, then the machine is told
 #: (a failed read is retried by the machine with back-off, ``nm.LEDGER_RETRY_S``).
 _BEST_EFFORT = RetryPolicy(maximum_interval=timedelta(seconds=30), maximum_attempts=5)
+#: The reconcile's ledger read: two tries of at most 10 s (1 s apart), so a failed read
+#: (PostgreSQL down or hanging) is known within about 21 s and the alerts waiting on it
+#: are answered inside ingest's 30 s update timeout (``ingest.handoff`` ``rpc_timeout_s``);
+#: the machine retries the read itself (``nm.LEDGER_RETRY_S``).
+_READ_TIMEOUT = timedelta(seconds=10)
+_READ_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=1), maximum_attempts=2)
 
 
 class ActiveFault(BaseModel):
@@ -335,11 +341,13 @@ class NodeWorkflow:
                 start_to_close_timeout=_ACT_TIMEOUT, retry_policy=_ACT_RETRY),
                 self._policy_event, lambda e: nm.PolicyFailed(message=_cause(e)))
         elif isinstance(cmd, (nm.ReadLedger, nm.ProbeRepair)):
+            read = isinstance(cmd, nm.ReadLedger)
             self._spawn(workflow.start_activity(
                 ACT.ledger_open_repair,
                 RepairProbe(cluster=inp.cluster, node=inp.node, repair_id=cmd.repair_id),
-                result_type=RepairLiveness, start_to_close_timeout=_ACT_TIMEOUT,
-                retry_policy=_BEST_EFFORT),
+                result_type=RepairLiveness,
+                start_to_close_timeout=_READ_TIMEOUT if read else _ACT_TIMEOUT,
+                retry_policy=_READ_RETRY if read else _BEST_EFFORT),
                 *_liveness_events(cmd))
         elif isinstance(cmd, nm.StartRepair):
             await self._start_repair(cmd)
