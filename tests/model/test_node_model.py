@@ -8,7 +8,7 @@ import pytest
 from tests.model.node_world import check
 from workflows.lifecycle.node import DEFECTS, EVENT_KINDS, TRANSITIONS, Reconcile
 
-#: The CI bound: every node event sequence of up to 5 events (about 20 s here).
+#: The CI bound: every node event sequence of up to 5 events (about 40 s here).
 CI_DEPTH = 5
 
 
@@ -28,6 +28,8 @@ def test_every_reconcile_event_pair_is_in_the_table() -> None:
         ("level_fault_survives_success", "I20", 6),
         ("decide_without_ledger", "I21", 4),
         ("sender_clock_judges", "I17", 3),
+        ("inherit_machine_history", "rule zero", 5),
+        ("attach_blind", "not running", 5),
     ],
 )
 def test_checker_finds_each_planted_node_defect(defect: str, invariant: str,

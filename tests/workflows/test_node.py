@@ -4,7 +4,7 @@ cooldown, continue-as-new (scenarios 1, 2, 6 and 10's alert side)."""
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio.api.sdk.v1 import WorkflowMetadata
@@ -262,42 +262,50 @@ def test_repair_starts_with_its_search_attributes() -> None:
 
 
 def _level_raise(h: Harness, node: str, at: datetime) -> Alert:
-    """A level fault's raise (``xfs_shutdown``, mapped to ``reboot``) observed ``at``."""
+    """A level fault's raise (``xfs_shutdown``, mapped to ``reboot``) observed and
+    received (ingest's stamp) ``at``."""
     return make_alert(h.cluster.cluster, node, "r1", kind="xfs_shutdown", code=None,
-                      level=True, action="reboot", observed_at=at)
+                      level=True, action="reboot", observed_at=at, received_at=at)
+
+
+def _at(at: datetime) -> dict[str, datetime]:
+    """An edge sent and received ``at`` (a right sender clock, ingest's stamp)."""
+    return {"observed_at": at, "received_at": at}
 
 
 async def test_raise_arriving_after_its_clear_is_stale(harness: Harness) -> None:
     """Edges out of order (two ingest replicas, an outbox re-delivery, a replayed dead
-    letter): the clear observed at 10:05 arrives first, then the raise observed at 10:00.
-    The raise is stale: the fault stays cleared and nothing is repaired, however long the
-    node waits. A raise observed after the clear is a new episode again."""
+    letter): the clear received 5 s after the raise arrives first, then the raise. The
+    raise is stale: the fault stays cleared and nothing is repaired, however long the
+    node waits. A raise received after the clear is a new episode again (I17: ingest's
+    receipt stamps order the edges)."""
     h = harness
-    t0 = datetime(2025, 1, 1, 10, 0, tzinfo=UTC)
+    t0 = await h.env.get_current_time() - timedelta(seconds=30)
     lvl = _level_raise(h, "gpu-04", t0)
     clr = lvl.model_copy(update={"alert_id": "c1", "active": False,
-                                 "observed_at": t0 + timedelta(minutes=5)})
+                                 **_at(t0 + timedelta(seconds=5))})
     assert (await h.deliver(clr)).outcome == AlertOutcome.cleared
     d = await h.deliver(lvl)
     assert d.outcome == AlertOutcome.ignored and d.reason.startswith("stale raise")
     await h.env.sleep(timedelta(minutes=10))  # past the persistence window
     st = await node_status(h, "gpu-04")
     assert not st.degraded and st.recommendations == 0 and h.cluster.count("cordon") == 0
-    again = lvl.model_copy(update={"alert_id": "r2", "observed_at": t0 + timedelta(minutes=6)})
+    again = lvl.model_copy(update={"alert_id": "r2",
+                                   **_at(await h.env.get_current_time())})
     assert (await h.deliver(again)).outcome == AlertOutcome.new
     assert (await node_status(h, "gpu-04")).degraded
 
 
 async def test_clear_arriving_after_a_newer_raise_is_stale(harness: Harness) -> None:
-    """Raised at 10:00, cleared at 10:05, raised again at 10:10; the 10:05 clear arrives
-    last. It must not clear the 10:10 episode: the fault waits out its persistence window
-    and is repaired."""
+    """Received raised at t, cleared at t+5 s, raised again at t+10 s; the clear arrives
+    last. It must not clear the second episode: the fault waits out its persistence
+    window and is repaired."""
     h = harness
-    t0 = datetime(2025, 1, 1, 10, 0, tzinfo=UTC)
+    t0 = await h.env.get_current_time() - timedelta(seconds=20)
     r1 = _level_raise(h, "gpu-05", t0)
     c1 = r1.model_copy(update={"alert_id": "c1", "active": False,
-                               "observed_at": t0 + timedelta(minutes=5)})
-    r2 = r1.model_copy(update={"alert_id": "r2", "observed_at": t0 + timedelta(minutes=10)})
+                               **_at(t0 + timedelta(seconds=5))})
+    r2 = r1.model_copy(update={"alert_id": "r2", **_at(t0 + timedelta(seconds=10))})
     assert (await h.deliver(r1)).outcome == AlertOutcome.new
     assert (await h.deliver(r2)).outcome == AlertOutcome.new
     d = await h.deliver(c1)
@@ -309,7 +317,28 @@ async def test_clear_arriving_after_a_newer_raise_is_stale(harness: Harness) -> 
     async def started() -> bool:
         return (await node_status(h, "gpu-05")).recommendations == 1
 
-    await wait_for(started, "repair of the 10:10 episode after persistence")
+    await wait_for(started, "repair of the second episode after persistence")
+
+
+async def test_edge_order_is_the_control_planes_not_the_senders(harness: Harness) -> None:
+    """I17 (review of issue 26: ``_stale_edge`` ordered edges by the sender's
+    ``observed_at``): the agent's clock runs 4 min fast for the clear and right for the
+    next raise. The raise was received after the clear, so it is a new episode, not a
+    stale raise (by the sender's stamps it looked older than the clear)."""
+    h = harness
+    now = await h.env.get_current_time()
+    r1 = _level_raise(h, "gpu-06", now - timedelta(seconds=30))
+    clr = r1.model_copy(update={"alert_id": "c1", "active": False,
+                                "observed_at": now + timedelta(minutes=4),
+                                "received_at": now - timedelta(seconds=20)})
+    r2 = r1.model_copy(update={"alert_id": "r2", "observed_at": now - timedelta(seconds=10),
+                               "received_at": now - timedelta(seconds=10)})
+    assert (await h.deliver(r1)).outcome == AlertOutcome.new
+    assert (await h.deliver(clr)).outcome == AlertOutcome.cleared
+    d = await h.deliver(r2)
+    assert d.outcome == AlertOutcome.new, d
+    st = await node_status(h, "gpu-06")
+    assert st.degraded and [a.alert_id for a in st.active_alerts] == ["r2"]
 
 
 async def test_level_fault_fixed_by_a_repair_is_retired(harness: Harness) -> None:
@@ -335,3 +364,22 @@ async def test_level_fault_fixed_by_a_repair_is_retired(harness: Harness) -> Non
     ns = await node_status(h, "gpu-11")
     assert ns.recommendations == 1 and not ns.active_alerts
     assert h.cluster.power_cycles == 1
+
+
+async def test_node_runs_only_what_its_machine_commanded(harness: Harness) -> None:
+    """Issue 26 item 5 for the node: every call NodeWorkflow makes (here the ledger
+    read, the alert's ledger write and the policy read of a non-actionable alert, then
+    a repair child for an actionable one) is checked against what ``step`` commanded,
+    and none departs from it."""
+    from tests.workflows import fidelity
+
+    h = harness
+    before, seen = dict(fidelity.CHECKED), len(fidelity.VIOLATIONS)
+    noise = make_alert(h.cluster.cluster, "gpu-12", "n", code=45, action="none",
+                       actionable=False)
+    assert (await h.deliver(noise)).outcome == AlertOutcome.ignored
+    assert fidelity.CHECKED["calls"] - before["calls"] == 3  # only the node ran
+    d = await h.deliver(make_alert(h.cluster.cluster, "gpu-12", "x"))
+    assert d.outcome == AlertOutcome.recommended and d.repair_id
+    await repair_result(h, "gpu-12", d.repair_id)
+    assert fidelity.VIOLATIONS[seen:] == []

@@ -13,6 +13,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 
 from tests.workflows.conftest import Harness, make_alert
 from tests.workflows.helpers import eventually, guard_status, terminate_between_tasks
+from workflows.lifecycle import node as nm
 from workflows.models import (
     Alert,
     AlertDelivery,
@@ -35,6 +36,7 @@ from workflows.node import (
     ActiveFault,
     NodeCarried,
     _dump_seen,
+    machine_state,
     seen_digest,
 )
 from workflows.protocol import (
@@ -275,9 +277,32 @@ def _carried_at_caps() -> NodeCarried:
     )
 
 
+def _state_at_caps() -> nm.NodeState:
+    """The machine's carried state with every collection at its cap and long values."""
+    old = _carried_at_caps()
+    s = machine_state(NodeInput(cluster="c" * 40, node="n" * 60,
+                                carried=old.model_dump(mode="json")), "s" * 32)
+    now = datetime(2025, 1, 8, tzinfo=UTC)
+    alert = next(iter(s.active.values())).alert
+    return s.model_copy(update={
+        "retired": {f"xid:{i}:0000:{i:02x}:00.0": (now, "b" * 36) for i in range(MAX_CLEARED)},
+        "repair": nm.OpenRepair(repair_id="f" * 16, action="power_cycle",
+                                acted_on=list(s.active)[:MAX_ACTIVE_FAULTS],
+                                alert_ids=["a" * 64] * MAX_ACTIVE_FAULTS,
+                                boots={k: "b" * 36 for k in s.active}),
+        "finished_early": {f"{i:016x}": nm.Finished(repair_id=f"{i:016x}",
+                                                    stage="succeeded", at=now,
+                                                    alert_ids=[alert.alert_id] * 8)
+                           for i in range(nm.MAX_FINISHED_EARLY)}})
+
+
 def test_carried_state_at_its_caps_is_well_under_the_payload_limit() -> None:
-    size = len(json.dumps(_carried_at_caps().model_dump(mode="json")))
+    carried = nm.carry(_state_at_caps())
+    assert len(carried.seen) == DEDUP_MAX and len(carried.active) == MAX_ACTIVE_FAULTS
+    size = len(json.dumps(carried.model_dump(mode="json")))
     assert size < PAYLOAD_LIMIT // 2, f"{size} bytes carried at the caps"
+    # the carried form reads back as the same state (continue-as-new, an upgrade)
+    assert nm.NodeState.model_validate(carried.model_dump(mode="json")) == carried
 
 
 async def test_node_continues_as_new_at_the_dedup_maximum(harness: Harness) -> None:
@@ -323,7 +348,10 @@ async def test_fresh_node_workflow_waits_for_the_ledger_before_deciding(
     """Issue 26 reproduction 8 (I21): the node workflow is started fresh while the
     ledger cannot be read (its ``repairs`` table is unreachable) and a repair it does
     not know of runs. It retries until the ledger answers, then attaches the alert to
-    that repair: never a second repair for one episode."""
+    that repair: never a second repair for one episode. The delivery is answered once
+    the first read failed (``new``, waiting for the ledger): well inside ingest's 30 s
+    update timeout, not after the outage (an update held for minutes is timed out and
+    re-sent by ingest, and the re-send only learns ``deduplicated``)."""
     import asyncio
 
     h = harness
@@ -342,13 +370,27 @@ async def test_fresh_node_workflow_waits_for_the_ledger_before_deciding(
     await h.ledger.pool.execute("ALTER TABLE repairs RENAME TO repairs_unreachable")
     try:
         pending = asyncio.create_task(h.deliver(make_alert(h.cluster.cluster, "gpu-06", 2)))
-        await h.env.sleep(timedelta(minutes=3))  # well past the first read's ~15 s of tries
-        assert not pending.done()  # no decision while the ledger does not answer
+        d2 = await asyncio.wait_for(pending, timeout=60)  # answered after the first read
+        # (two tries, 1 s apart), well inside ingest's 30 s update timeout
+        assert d2.outcome == AlertOutcome.new and "waiting for the ledger" in d2.reason, d2
+        await h.env.sleep(timedelta(minutes=3))
+        st = await node_status(h, "gpu-06")  # no decision while the ledger does not answer
+        assert st.recommendations == 0 and st.repair_id is None
     finally:
         await h.ledger.pool.execute("ALTER TABLE repairs_unreachable RENAME TO repairs")
     await h.env.sleep(timedelta(minutes=2))  # the next retry (at most 60 s apart)
-    d2 = await asyncio.wait_for(pending, timeout=60)
-    assert d2.outcome == AlertOutcome.attached and d2.repair_id == rid
+
+    async def adopted() -> bool:
+        return (await node_status(h, "gpu-06")).repair_id == rid
+
+    await eventually(adopted, "the running repair adopted from the ledger")
+    repair = h.client.get_workflow_handle(workflow_id_repair(h.cluster.cluster, "gpu-06", rid))
+
+    async def joined() -> bool:
+        st = await repair.query("status", result_type=RepairStatus)
+        return d2.alert_id in {a.alert_id for a in st.evidence}
+
+    await eventually(joined, "the waiting alert attached to the running repair")
     assert len(await h.ledger.list_repairs(cluster=h.cluster.cluster, node="gpu-06")) == 1
 
 

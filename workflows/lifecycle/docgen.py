@@ -144,16 +144,20 @@ def _guard_section() -> list[str]:
 
 
 def _node_probe_events() -> list[nm.Event]:
-    rails, cat = RailsConfig(), CatalogueConfig()
+    cat, rails = CatalogueConfig(), RailsConfig()
 
     def alert(active: bool) -> nm.Alert:
         return nm.Alert(alert_id=f"a{int(active)}", cluster="c", node="n", kind="gpu_lost",
                         summary="gpu_lost", level=True, active=active, observed_at=_T0)
 
-    return [nm.Begin(), nm.AlertRaised(alert=alert(True), catalogue=cat, rails=rails),
-            nm.AlertCleared(alert=alert(False), rails=rails), nm.RepairStarted(repair_id="r"),
+    return [nm.Begin(), nm.AlertDelivered(alert=alert(True)),
+            nm.AlertDelivered(alert=alert(False)), nm.AlertRecorded(alert_id="a1"),
+            nm.PolicyLoaded(catalogue=cat, rails=rails, machine_id="m"),
+            nm.PolicyFailed(), nm.AttachDone(alert_id="a1", ok=False),
+            nm.RepairStarted(repair_id="r"),
             nm.RepairFinishedEv(repair_id="r", stage=nm.Stage.succeeded, at=_T0),
             nm.RepairEnded(repair_id="r", how="terminated"),
+            nm.RepairProbed(repair_id="r", running=False, status="terminated"),
             nm.LedgerRead(repair_id="r", running=True, stage="repairing", status="running"),
             nm.LedgerRead(), nm.LedgerUnavailable(), nm.TimerFired(), nm.HistoryFull(),
             nm.Clock()]
@@ -193,15 +197,21 @@ def _node_section() -> list[str]:
         "on, cooldown, the last successful boot, finished-repair messages that came",
         "before the ledger answered, counters) is carried across continue-as-new. The",
         "table is keyed on whether this run knows the node's open repair (`reconcile`).",
-        "Not yet wired: `NodeWorkflow` (workflows/node.py) still decides in the shell",
-        "and calls the machine's rules only where noted in its code.",
+        "`NodeWorkflow` (workflows/node.py) is its thin interpreter: the `deliver_alert`",
+        "update, `repair_finished`, the repair child's end, the timer and every activity",
+        "outcome are events; an alert is recorded, then decided in arrival order once the",
+        "policy is fresh and the ledger has answered (a failed read answers the waiting",
+        "alerts `new` at once, I21); an alert for the open repair is answered `attached`",
+        "only once the signal landed.",
         "",
         "Invariants (checked by `tests/model/node_world.py`): one repair per node at a",
         "time; **I17** receipt times (`Alert.received_at`, stamped by ingest) judge",
         "persistence and edge order; **I20** a success retires the faults it acted on",
         "(after a booting action: every fault received before its end); **I21** no",
         "decision before the ledger answered, a failed read retried with back-off;",
-        "rule zero: no repair without a current, persisted fault behind it.",
+        "rule zero: no repair without a current, persisted fault behind it (a node",
+        "re-registered to another machine keeps none of the old machine's faults); no",
+        "alert answered `attached` to a repair that is not running.",
         "",
         "Planted defects the model checker must find (`tests/model/test_node_model.py`):",
         "",

@@ -29,18 +29,28 @@ count-in-window thresholds, persistence and cooldown (``workflows.policy``).
 ``defects`` (test-only, empty in production) re-introduces known defects so the
 checker can show it finds them (:data:`DEFECTS`).
 
-Status: not yet wired. ``NodeWorkflow`` (workflows/node.py) still decides in its own
-code; it shares :data:`NON_BOOTING` and :data:`LEDGER_RETRY_S` with this machine, and its
-I20 / I21 fixes follow the rules decided here.
+``NodeWorkflow`` (workflows/node.py) is a thin interpreter of this machine: the
+``deliver_alert`` update, the ``repair_finished`` signal, the repair child's end, the
+timer, every activity outcome and continue-as-new become events; what ``step`` commands
+is what it executes (checked in the workflow tests by ``workflows.lifecycle.trace``).
+
+An alert's way through the machine (:class:`AlertDelivered`): de-duplicated by
+``alert_id`` (digests carried, :data:`DEDUP_MAX`), recorded in the ledger
+(:class:`RecordAlert`), decided in arrival order once it is recorded, the policy was read
+within :data:`POLICY_REFRESH_S` and the ledger has answered or failed (a read that fails
+answers the waiting alerts at once: ``new``, "waiting for the ledger"; the update never
+waits out the ledger's outage). An alert for the open repair is answered ``attached``
+only once the signal reached it; a repair that is gone is probed and closed out first.
 """
 
 from __future__ import annotations
 
+import hashlib
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_serializer, field_validator
 
 from workflows.catalogue.vocabulary import count_window_s
 from workflows.config import CatalogueConfig, RailsConfig
@@ -61,6 +71,22 @@ LEDGER_RETRY_S = (5.0, 60.0)
 #: While a repair is open, ask whether it still runs this often, seconds (15 min, the
 #: first release's ``REPAIR_PROBE_S``).
 REPAIR_PROBE_S = 900.0
+#: Re-read the policy (``load_policy``) at most this often, seconds (the first release's
+#: ``POLICY_REFRESH_S``).
+POLICY_REFRESH_S = 300.0
+#: History length after which the node continues as new (Temporal's suggestion also
+#: triggers it); carried as ``NodeState.history_limit``.
+DEFAULT_HISTORY_LIMIT = 10_000
+#: How long de-duplication keys are kept, seconds (8 days: beyond the 7-day ladder window).
+DEDUP_TTL_S = 8 * 86400.0
+#: Most de-duplication keys kept (oldest dropped first).
+DEDUP_MAX = 20_000
+#: Hex digits of sha256(alert_id) kept as a de-duplication key (48 bits: the chance of
+#: two of 20,000 ids colliding is about 7e-7).
+DEDUP_DIGEST_HEX = 12
+#: De-duplication keys are carried grouped by the hour they were seen (a key's age is
+#: known to within this many seconds; pruning drops whole hours).
+DEDUP_BUCKET_S = 3600
 #: Most active faults, remembered clears and occurrence keys carried (bounds on the
 #: carried payload; the ledger holds everything).
 MAX_ACTIVE_FAULTS = 32
@@ -68,6 +94,11 @@ MAX_CLEARED = 256
 MAX_OCCURRENCE_KEYS = 32
 MAX_OCCURRENCES = 256
 MAX_DIAGNOSED = 256
+#: Most diagnostic recommendations listed (alert ids, newest kept).
+MAX_DIAGNOSTICS = 100
+#: Longest ``evidence_text``/``description`` of a carried alert, characters (the ledger
+#: holds the full alert).
+MAX_CARRIED_TEXT = 4096
 #: Finished-repair messages kept until the ledger was read (one node has one repair at
 #: a time: more than a few is already abnormal).
 MAX_FINISHED_EARLY = 16
@@ -86,8 +117,12 @@ DEFECTS: dict[str, str] = {
     "(the healthy node is repaired again after the cooldown; reproduction 1)",
     "decide_without_ledger": "a fresh entity whose ledger read failed decides anyway "
     "(a second repair for an episode another repair owns; reproduction 8)",
-    "sender_clock_judges": "persistence is judged on the sender's observed_at "
-    "(a clock 5 min fast makes a new fault due at once; I17)",
+    "sender_clock_judges": "persistence and edge order are judged on the sender's "
+    "observed_at (a clock 5 min fast makes a new fault due at once; I17)",
+    "attach_blind": "an alert for the open repair is answered `attached` without the "
+    "signal reaching it (a repair that is gone swallows every later alert)",
+    "inherit_machine_history": "a node re-registered to another machine keeps the old "
+    "machine's faults and history (its retired faults hide the new machine's)",
 }
 
 
@@ -96,6 +131,52 @@ _V = TypeVar("_V")
 
 def _utc(t: datetime) -> datetime:
     return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+
+
+def seen_digest(alert_id: str) -> str:
+    """De-duplication key of an alert id: the first :data:`DEDUP_DIGEST_HEX` hex digits
+    of its sha256."""
+    return hashlib.sha256(alert_id.encode("utf-8", "replace")).hexdigest()[:DEDUP_DIGEST_HEX]
+
+
+def bucket(t: datetime) -> int:
+    """The de-duplication hour of ``t``: epoch seconds floored to :data:`DEDUP_BUCKET_S`."""
+    return int(t.timestamp()) // DEDUP_BUCKET_S * DEDUP_BUCKET_S
+
+
+def dump_seen(seen: dict[str, int]) -> list[tuple[int, str]]:
+    """``seen`` (digest → bucket, oldest first) as ``[[hour_epoch_s, "digest…"], …]``
+    (digests concatenated, oldest hour first): the carried form."""
+    log: list[tuple[int, list[str]]] = []
+    for digest, b in seen.items():
+        if log and log[-1][0] == b:
+            log[-1][1].append(digest)
+        else:
+            log.append((b, [digest]))
+    return [(b, "".join(ds)) for b, ds in log]
+
+
+def load_seen(log: list[Any]) -> dict[str, int]:
+    """The inverse of :func:`dump_seen`. Raises ``ValueError`` naming ``seen`` when an
+    entry is not ``[int, str]``."""
+    out: dict[str, int] = {}
+    for entry in log:
+        if not (isinstance(entry, (list, tuple)) and len(entry) == 2
+                and isinstance(entry[1], str)):
+            raise ValueError(f"seen: entries are [hour_epoch_s, digests] (got {entry!r})")
+        b, digests = int(entry[0]), entry[1]
+        for i in range(0, len(digests), DEDUP_DIGEST_HEX):
+            out[digests[i: i + DEDUP_DIGEST_HEX]] = b
+    return out
+
+
+def trim(alert: Alert) -> Alert:
+    """``alert`` with ``evidence_text``/``description`` cut to :data:`MAX_CARRIED_TEXT`."""
+    if (len(alert.evidence_text) <= MAX_CARRIED_TEXT
+            and len(alert.description) <= MAX_CARRIED_TEXT):
+        return alert
+    return alert.model_copy(update={"evidence_text": alert.evidence_text[:MAX_CARRIED_TEXT],
+                                    "description": alert.description[:MAX_CARRIED_TEXT]})
 
 
 class Reconcile(StrEnum):
@@ -131,12 +212,24 @@ class OpenRepair(BaseModel):
 
 
 class Finished(BaseModel):
-    """A ``repair_finished`` message (kept when it arrived before the ledger was read)."""
+    """A ``repair_finished`` message (kept when it arrived before the ledger was read).
+    ``actions``: what ran on the machine (None: a sender that predates the field)."""
 
     repair_id: str
     stage: Stage
     at: datetime
     alert_ids: list[str] = Field(default_factory=list)
+    actions: list[Action] | None = None
+
+
+class Attaching(BaseModel):
+    """An alert signalled to the open repair, its answer held until the signal landed."""
+
+    alert: Alert
+    key: str
+    repair_id: str
+    reason: str
+    failed: bool = False  # the signal found the workflow closed: a probe decides
 
 
 class NodeState(BaseModel):
@@ -144,7 +237,12 @@ class NodeState(BaseModel):
     upgrade. Times are the control plane's (UTC). ``retired``: fault key → (end of the
     successful repair, boot id it acted on or ""): a raise received before that end, or
     from that boot, is stale (I20). ``cleared``: fault key → newest receipt time of its
-    clears (a raise received at or before it is stale)."""
+    clears (a raise received at or before it is stale). ``seen``: de-duplication digest →
+    hour bucket, oldest first (carried as :func:`dump_seen`'s compact form). ``intake``:
+    alerts taken and not yet decided, in arrival order; ``unrecorded``: their ids whose
+    ledger write is out. ``catalogue``/``policy_at``: the last policy read (not carried:
+    the next run reads it again); ``machine_id``/``node_pool``: the node's configured
+    binding at that read (alerts and repairs are filed under it)."""
 
     cluster: str
     node: str
@@ -152,11 +250,24 @@ class NodeState(BaseModel):
     rails: RailsConfig = Field(default_factory=RailsConfig)
     reconcile: Reconcile = Reconcile.pending
     ledger_tries: int = 0
+    seen: dict[str, int] = Field(default_factory=dict)
+    intake: list[Alert] = Field(default_factory=list)
+    unrecorded: list[str] = Field(default_factory=list)
+    attaching: list[Attaching] = Field(default_factory=list)
+    probe_out: str = ""  # "", "periodic" or "attach": the purpose of the probe out
+    catalogue: CatalogueConfig | None = None
+    policy_at: datetime | None = None
+    policy_out: bool = False
+    machine_id: str | None = None
+    node_pool: str | None = None
+    #: The machine the carried faults and history belong to (the last one bound).
+    history_machine: str | None = None
     active: dict[str, Fault] = Field(default_factory=dict)
     cleared: dict[str, datetime] = Field(default_factory=dict)
     retired: dict[str, tuple[datetime, str]] = Field(default_factory=dict)
     occurrences: dict[str, list[datetime]] = Field(default_factory=dict)
     diagnosed: dict[str, datetime] = Field(default_factory=dict)
+    diagnostics: list[str] = Field(default_factory=list)
     repair: OpenRepair | None = None
     cooldown_until: datetime | None = None
     #: End of the last successful repair that booted the machine again: any raise
@@ -166,7 +277,17 @@ class NodeState(BaseModel):
     recommendations: int = 0
     repairs_started: int = 0
     timer_at: datetime | None = None
+    history_limit: int = DEFAULT_HISTORY_LIMIT
     details: str = ""
+
+    @field_serializer("seen")
+    def _ser_seen(self, seen: dict[str, int]) -> list[tuple[int, str]]:
+        return dump_seen(seen)
+
+    @field_validator("seen", mode="before")
+    @classmethod
+    def _val_seen(cls, v: Any) -> Any:
+        return load_seen(v) if isinstance(v, list) else v
 
 
 # ---- events ------------------------------------------------------------------------
@@ -176,22 +297,47 @@ class Begin(BaseModel):
     kind: Literal["begin"] = "begin"
 
 
-class AlertRaised(BaseModel):
-    """An alert raise delivered (de-duplicated by the shell), with the policy of the
-    last read (``catalogue`` decides, ``rails`` time the persistence and cooldown)."""
+class AlertDelivered(BaseModel):
+    """An alert (raise or clear) delivered through the ``deliver_alert`` update."""
 
-    kind: Literal["alert_raised"] = "alert_raised"
+    kind: Literal["alert_delivered"] = "alert_delivered"
     alert: Alert
+
+
+class AlertRecorded(BaseModel):
+    """The ledger write of ``alert_id`` ended (``ok`` False: it failed for good; the alert
+    is decided all the same: the ledger is the record, the decision is here)."""
+
+    kind: Literal["alert_recorded"] = "alert_recorded"
+    alert_id: str
+    ok: bool = True
+
+
+class PolicyLoaded(BaseModel):
+    """``load_policy``'s answer: the catalogue that decides, the rails that time, and the
+    node's configured machine and pool (None: not configured)."""
+
+    kind: Literal["policy_loaded"] = "policy_loaded"
     catalogue: CatalogueConfig
     rails: RailsConfig
+    machine_id: str | None = None
+    node_pool: str | None = None
 
 
-class AlertCleared(BaseModel):
-    """A level fault's clear delivered."""
+class PolicyFailed(BaseModel):
+    """``load_policy`` failed for good (a configuration that does not load)."""
 
-    kind: Literal["alert_cleared"] = "alert_cleared"
-    alert: Alert
-    rails: RailsConfig
+    kind: Literal["policy_failed"] = "policy_failed"
+    message: str = ""
+
+
+class AttachDone(BaseModel):
+    """The ``attach_alert`` signal for ``alert_id`` landed (``ok``) or the repair's
+    workflow is closed (not ``ok``)."""
+
+    kind: Literal["attach_done"] = "attach_done"
+    alert_id: str
+    ok: bool
 
 
 class RepairStarted(BaseModel):
@@ -209,15 +355,27 @@ class RepairFinishedEv(BaseModel):
     stage: Stage
     at: datetime
     alert_ids: list[str] = Field(default_factory=list)
+    actions: list[Action] | None = None
 
 
 class RepairEnded(BaseModel):
-    """The repair ended without telling (terminated, timed out, failed): ``how`` is
-    Temporal's status in lower case."""
+    """The repair child this run started ended (``how``: Temporal's status in lower
+    case; ``completed`` for a repair that ended normally)."""
 
     kind: Literal["repair_ended"] = "repair_ended"
     repair_id: str
     how: str
+
+
+class RepairProbed(BaseModel):
+    """``ledger_open_repair``'s answer about the open repair ``repair_id`` (``ok`` False:
+    the probe failed)."""
+
+    kind: Literal["repair_probed"] = "repair_probed"
+    repair_id: str
+    ok: bool = True
+    running: bool = False
+    status: str = ""
 
 
 class LedgerRead(BaseModel):
@@ -256,12 +414,14 @@ class Clock(BaseModel):
 
 
 Event = Annotated[
-    Begin | AlertRaised | AlertCleared | RepairStarted | RepairFinishedEv | RepairEnded
-    | LedgerRead | LedgerUnavailable | TimerFired | HistoryFull | Clock,
+    Begin | AlertDelivered | AlertRecorded | PolicyLoaded | PolicyFailed | AttachDone
+    | RepairStarted | RepairFinishedEv | RepairEnded | RepairProbed | LedgerRead
+    | LedgerUnavailable | TimerFired | HistoryFull | Clock,
     Field(discriminator="kind"),
 ]
-EVENT_KINDS = ("begin", "alert_raised", "alert_cleared", "repair_started",
-               "repair_finished", "repair_ended", "ledger_read", "ledger_unavailable",
+EVENT_KINDS = ("begin", "alert_delivered", "alert_recorded", "policy_loaded",
+               "policy_failed", "attach_done", "repair_started", "repair_finished",
+               "repair_ended", "repair_probed", "ledger_read", "ledger_unavailable",
                "timer", "history_full", "clock")
 
 
@@ -276,9 +436,23 @@ class Reply(BaseModel):
     repair_id: str | None = None
 
 
+class RecordAlert(BaseModel):
+    """Write the alert to the ledger (``ledger_record_alert``; idempotent on its id)."""
+
+    kind: Literal["record_alert"] = "record_alert"
+    alert: Alert
+
+
+class LoadPolicy(BaseModel):
+    """Read the cluster's policy (``load_policy``)."""
+
+    kind: Literal["load_policy"] = "load_policy"
+
+
 class StartRepair(BaseModel):
     """Start the ``RepairWorkflow`` child ``repair_id`` for ``action`` on the faults
-    ``fault_keys`` (their alerts ``alerts``)."""
+    ``fault_keys`` (their alerts ``alerts``), on the configured ``machine_id`` and
+    ``node_pool`` (never what a sender reported)."""
 
     kind: Literal["start_repair"] = "start_repair"
     repair_id: str
@@ -286,6 +460,8 @@ class StartRepair(BaseModel):
     fault_keys: list[str]
     alerts: list[Alert]
     reason: str
+    machine_id: str | None = None
+    node_pool: str | None = None
 
 
 class AttachAlert(BaseModel):
@@ -311,11 +487,14 @@ class ProbeRepair(BaseModel):
 
 
 class CloseLedger(BaseModel):
-    """Record the terminal stage of a repair that ended without writing it."""
+    """Record the terminal ``stage`` of a repair that ended without writing it
+    (``ledger_record_transition`` at ``at``)."""
 
     kind: Literal["close_ledger"] = "close_ledger"
     repair_id: str
     how: str
+    stage: Stage
+    at: datetime
 
 
 class ReleaseLease(BaseModel):
@@ -354,8 +533,9 @@ class ContinueAsNew(BaseModel):
     state: NodeState
 
 
-Command = (Reply | StartRepair | AttachAlert | ReadLedger | ProbeRepair | CloseLedger
-           | ReleaseLease | Notify | SetTimer | SetDetails | ContinueAsNew)
+Command = (Reply | RecordAlert | LoadPolicy | StartRepair | AttachAlert | ReadLedger
+           | ProbeRepair | CloseLedger | ReleaseLease | Notify | SetTimer | SetDetails
+           | ContinueAsNew)
 
 
 # ---- the machine -------------------------------------------------------------------
@@ -371,12 +551,23 @@ def new_state(cluster: str, node: str, id_seed: str,
 
 
 def carry(s: NodeState) -> NodeState:
-    """The state the next run starts from (continue-as-new, an upgrade): all of it, but
-    the ledger is read again when a repair is open (it may have ended meanwhile)."""
+    """The state the next run starts from (continue-as-new, an upgrade, a worker restart
+    that lost what was out): all of it but the policy (read again) and what was out; the
+    ledger is read again when a repair is open (it may have ended meanwhile) or was not
+    yet known."""
     reconcile = Reconcile.pending if s.repair is not None else Reconcile.done
     if s.reconcile != Reconcile.done:
         reconcile = Reconcile.pending
-    return s.model_copy(update={"reconcile": reconcile, "ledger_tries": 0, "timer_at": None})
+    return s.model_copy(update={"reconcile": reconcile, "ledger_tries": 0, "timer_at": None,
+                                "catalogue": None, "policy_at": None, "policy_out": False,
+                                "probe_out": "", "unrecorded": []})
+
+
+def quiescent(s: NodeState) -> bool:
+    """Nothing is being decided: no alert waits for its answer, no read or probe is out
+    (continue-as-new only then; :class:`HistoryFull` waits otherwise)."""
+    return not (s.intake or s.attaching or s.probe_out or s.policy_out
+                or s.reconcile == Reconcile.reading)
 
 
 def fault_key(alert: Alert) -> str:
@@ -385,12 +576,14 @@ def fault_key(alert: Alert) -> str:
 
 
 def received(alert: Alert, now: datetime, defects: frozenset[str] = frozenset()) -> datetime:
-    """When the control plane received ``alert`` (I17): ingest's ``received_at``, else
-    ``now`` at delivery; never the sender's ``observed_at`` (the ``sender_clock_judges``
-    defect brings that back)."""
+    """When the control plane received ``alert`` (I17): ingest's ``received_at`` (never
+    later than ``now``), else ``now`` at delivery; never the sender's ``observed_at``
+    (the ``sender_clock_judges`` defect brings that back)."""
     if "sender_clock_judges" in defects:
         return _utc(alert.observed_at)
-    return _utc(alert.received_at) if alert.received_at is not None else _utc(now)
+    now = _utc(now)
+    # a stamp ahead of this clock (ingest's host runs ahead): received no later than now
+    return min(_utc(alert.received_at), now) if alert.received_at is not None else now
 
 
 def _boot(alert: Alert) -> str:
@@ -438,7 +631,9 @@ def _timer(s: NodeState, now: datetime) -> tuple[NodeState, list[Command]]:
 def _evaluate(s: NodeState, now: datetime, defects: frozenset[str]
               ) -> tuple[NodeState, list[Command]]:
     """Start a repair for the faults that outlived their persistence window (rule zero),
-    if none is open, the ledger was read (I21) and the cooldown is over."""
+    if none is open, the ledger was read (I21) and the cooldown is over; the policy is
+    read first when the last read is older than :data:`POLICY_REFRESH_S` (the repair is
+    filed under the machine configured now)."""
     known = s.reconcile == Reconcile.done or (
         "decide_without_ledger" in defects and s.reconcile == Reconcile.retry_wait)
     if s.repair is not None or not known or in_cooldown(s.cooldown_until, now):
@@ -446,6 +641,11 @@ def _evaluate(s: NodeState, now: datetime, defects: frozenset[str]
     due = due_faults(s, now)
     if not due:
         return s, []
+    if _policy_stale(s, now):
+        # the configured machine and pool, and the rails, as configured now: read first
+        if s.policy_out:
+            return s, []
+        return s.model_copy(update={"policy_out": True}), [LoadPolicy()]
     action = due[0][1].action
     rid = f"{s.id_seed}{s.repairs_started:04x}"[-16:]
     keys = [k for k, _ in due]
@@ -459,33 +659,40 @@ def _evaluate(s: NodeState, now: datetime, defects: frozenset[str]
         "details": f"repair {rid} ({action.value}) in flight"})
     reason = "; ".join(f"{f.alert.summary} ({f.rule})" for _, f in due)
     return s, [StartRepair(repair_id=rid, action=action, fault_keys=keys, alerts=alerts,
-                           reason=reason), SetDetails(text=s.details)]
+                           reason=reason, machine_id=s.machine_id, node_pool=s.node_pool),
+               SetDetails(text=s.details)]
 
 
 def _finish(s: NodeState, msg: Finished, defects: frozenset[str]) -> NodeState:
     """End the open repair as ``msg`` says: cooldown from its end (not after
     ``auto_resolved``), event faults it used dropped, and on success every fault it
-    acted on retired (I20)."""
+    acted on retired (I20). What ran is judged by ``msg.actions`` (an operator's
+    ``approve --action`` or the ladder can make it differ from the started action),
+    else by the started action: after only non-booting actions (``reset_gpu``) just the
+    faults it acted on or used are retired; after a booting one every fault received
+    before its end, and later raises received by then are stale."""
     assert s.repair is not None
     rep = s.repair
     used = set(msg.alert_ids) | set(rep.alert_ids)
     at = _utc(msg.at)
+    ran = msg.actions if msg.actions is not None else [rep.action]
+    booting = not all(a in NON_BOOTING for a in ran)
     active = dict(s.active)
     retired = dict(s.retired)
     for k, f in list(active.items()):
         if not f.alert.level and f.alert.alert_id in used:
             active.pop(k)
-    if msg.stage == Stage.succeeded and "level_fault_survives_success" not in defects:
+    ok = msg.stage == Stage.succeeded and "level_fault_survives_success" not in defects
+    if ok:
         acted = set(rep.acted_on) | {k for k, f in s.active.items()
                                      if f.alert.alert_id in used or (
-                                         rep.action not in NON_BOOTING and f.received <= at)}
+                                         booting and f.received <= at)}
         for k in acted:
             gone = active.pop(k, None)
             boot = rep.boots.get(k) or (_boot(gone.alert) if gone is not None else "")
             retired[k] = (at, boot)
     booted = s.booted_at
-    if (msg.stage == Stage.succeeded and rep.action not in NON_BOOTING
-            and "level_fault_survives_success" not in defects):
+    if ok and booting:
         booted = max(at, booted or at)
     cooldown = s.cooldown_until
     if msg.stage != Stage.auto_resolved:
@@ -518,19 +725,32 @@ def _foreign_finish(s: NodeState, msg: Finished) -> NodeState:
     return s.model_copy(update=update)
 
 
+#: Ledger stage recorded for a repair whose workflow ended without writing its own end,
+#: by Temporal's status (anything else: ``cancelled``).
+CLOSE_STAGE = {"timed_out": Stage.timed_out, "failed": Stage.failed}
+
+
 def _gone(s: NodeState, rid: str, how: str, now: datetime) -> tuple[NodeState, list[Command]]:
     """The open repair ``rid`` ended without telling: cooldown (it may have acted),
-    ledger closed, lease released, people told (its cordon may remain)."""
+    ledger closed (not after ``completed``: it wrote its own end), lease released,
+    people told (its cordon may remain)."""
     s = s.model_copy(update={"repair": None, "cooldown_until": cooldown_until(now, s.rails),
                              "details": f"repair {rid} ended without finishing ({how})"})
+    cmds: list[Command] = [SetDetails(text=s.details)]
+    if how != "completed":
+        cmds.append(_close(rid, how, now))
     return s, [
-        SetDetails(text=s.details), CloseLedger(repair_id=rid, how=how),
-        ReleaseLease(repair_id=rid, outcome=how),
+        *cmds, ReleaseLease(repair_id=rid, outcome=how),
         Notify(subject=f"repair {rid} on {s.node} ended without finishing ({how})",
                body="The repair workflow stopped before its cleanup ran; the node may still "
                "be cordoned by it. Check the node and uncordon it if healthy.",
                repair_id=rid),
     ]
+
+
+def _close(rid: str, how: str, now: datetime) -> CloseLedger:
+    return CloseLedger(repair_id=rid, how=how, stage=CLOSE_STAGE.get(how, Stage.cancelled),
+                       at=now)
 
 
 def _bounded(d: dict[str, _V], cap: int) -> dict[str, _V]:
@@ -547,7 +767,7 @@ def _reply(alert: Alert, outcome: AlertOutcome, reason: str,
 def _stale_raise(s: NodeState, alert: Alert, key: str, at: datetime) -> str | None:
     if s.booted_at is not None and at <= s.booted_at:
         return (f"stale raise: received {at.isoformat()}, not after the successful repair "
-                f"that booted the machine again at {s.booted_at.isoformat()}")
+                f"that booted the machine again at {s.booted_at.isoformat()} (I20)")
     last = s.cleared.get(key)
     if alert.level and last is not None and at <= last:
         return (f"stale raise: received {at.isoformat()}, not after the fault's clear "
@@ -563,17 +783,28 @@ def _stale_raise(s: NodeState, alert: Alert, key: str, at: datetime) -> str | No
     return None
 
 
-def _on_raise(s: NodeState, ev: AlertRaised, now: datetime, defects: frozenset[str]
-              ) -> tuple[NodeState, list[Command]]:
-    alert = ev.alert
+def _attach(s: NodeState, alert: Alert, key: str, reason: str, outcome: AlertOutcome,
+            defects: frozenset[str]) -> tuple[NodeState, list[Command]]:
+    """Signal the open repair with ``alert``; the answer waits until the signal landed
+    (:class:`AttachDone`), unless the ``attach_blind`` defect answers at once."""
+    assert s.repair is not None
+    rid = s.repair.repair_id
+    cmds: list[Command] = [AttachAlert(repair_id=rid, alert=alert)]
+    if "attach_blind" in defects:
+        return s, [*cmds, _reply(alert, outcome, reason, rid)]
+    pend = Attaching(alert=alert, key=key, repair_id=rid, reason=reason)
+    return s.model_copy(update={"attaching": [*s.attaching, pend]}), cmds
+
+
+def _on_raise(s: NodeState, alert: Alert, now: datetime, defects: frozenset[str]
+              ) -> tuple[NodeState, list[Command | _Tracked]]:
     key = fault_key(alert)
     at = received(alert, now, defects)
-    s = s.model_copy(update={"rails": ev.rails})
     stale = _stale_raise(s, alert, key, at)
     rid = s.repair.repair_id if s.repair else None
     if stale is not None:
         return s, [_reply(alert, AlertOutcome.ignored, stale, rid)]
-    cat = ev.catalogue
+    cat = s.catalogue or CatalogueConfig()
     occ = {k: list(v) for k, v in s.occurrences.items()}
     occ_key, rep_key = f"{alert.kind}:{alert.code}", "repeat:" + repeat_key(alert)
     for k in (occ_key, rep_key):
@@ -585,11 +816,10 @@ def _on_raise(s: NodeState, ev: AlertRaised, now: datetime, defects: frozenset[s
         occurrences_in_window=count_in_window(occ[occ_key], at,
                                               count_window_s(alert.kind, alert.code, cat)),
         repeats_same_gpu=count_in_window(occ[rep_key], at, cat.app_xid_repeat_window_s))
-    cmds: list[Command] = []
     if dec.actionable:
         sev = dec.severity or alert.severity
-        alert = alert.model_copy(update={"action": dec.action, "actionable": True,
-                                         "severity": sev})
+        alert = trim(alert.model_copy(update={"action": dec.action, "actionable": True,
+                                              "severity": sev}))
         prev = s.active.get(key)
         active = dict(s.active)
         active[key] = Fault(alert=alert, action=dec.action, rule=dec.rule,
@@ -604,9 +834,9 @@ def _on_raise(s: NodeState, ev: AlertRaised, now: datetime, defects: frozenset[s
         if dec.actionable:
             s = s.model_copy(update={"repair": rep.model_copy(
                 update={"alert_ids": [*rep.alert_ids, alert.alert_id]})})
-        return s, [AttachAlert(repair_id=rep.repair_id, alert=alert),
-                   _reply(alert, AlertOutcome.attached,
-                          f"repair {rep.repair_id} in flight; {dec.reason}", rep.repair_id)]
+        s, sent = _attach(s, alert, key, f"repair {rep.repair_id} in flight; {dec.reason}",
+                          AlertOutcome.attached, defects)
+        return s, [*sent]
     if dec.diagnostic:
         dk = repeat_key(alert)
         last = s.diagnosed.get(dk)
@@ -616,20 +846,31 @@ def _on_raise(s: NodeState, ev: AlertRaised, now: datetime, defects: frozenset[s
         diag = dict(s.diagnosed)
         diag.pop(dk, None)
         diag[dk] = at
-        s = s.model_copy(update={"diagnosed": _bounded(diag, MAX_DIAGNOSED)})
-        return s, [Notify(subject=f"diagnostic validation recommended for {alert.node}",
+        details = (f"node {alert.node} of {alert.cluster}: diagnostic validation recommended "
+                   f"— {alert.summary}: {dec.reason}. Run `autorepair validate {alert.node}` "
+                   "(no repair is started for this).")
+        s = s.model_copy(update={
+            "diagnosed": _bounded(diag, MAX_DIAGNOSED), "details": details,
+            "diagnostics": [*s.diagnostics, alert.alert_id][-MAX_DIAGNOSTICS:]})
+        return s, [SetDetails(text=details),
+                   Notify(subject=f"diagnostic validation recommended for {alert.node}",
                           body=dec.reason, event="diagnostic_recommended"),
                    _reply(alert, AlertOutcome.recommended, dec.reason)]
     if not dec.actionable:
         return s, [_reply(alert, AlertOutcome.ignored, f"{dec.rule}: {dec.reason}")]
-    s, started = _evaluate(s, now, defects)
-    cmds += started
-    if s.repair is not None and key in s.repair.acted_on:
-        cmds.append(_reply(alert, AlertOutcome.recommended,
-                           f"{dec.action.value} recommended ({dec.rule})", s.repair.repair_id))
-    else:
-        cmds.append(_reply(alert, AlertOutcome.new, _waiting(s, key, now)))
-    return s, cmds
+    # answered once every alert decidable now was decided (:func:`_drain`): a clear
+    # queued behind it may end the fault before a repair would start
+    return s, [_Tracked(alert=alert, key=key,
+                        text=f"{dec.action.value} recommended ({dec.rule})")]
+
+
+class _Tracked(BaseModel):
+    """Internal: an actionable raise tracked, its answer given after the evaluation."""
+
+    kind: Literal["tracked"] = "tracked"
+    alert: Alert
+    key: str
+    text: str
 
 
 def _waiting(s: NodeState, key: str, now: datetime) -> str:
@@ -645,16 +886,15 @@ def _waiting(s: NodeState, key: str, now: datetime) -> str:
     return f"waiting for persistence until {due.isoformat()}"
 
 
-def _on_clear(s: NodeState, ev: AlertCleared, now: datetime, defects: frozenset[str]
+def _on_clear(s: NodeState, alert: Alert, now: datetime, defects: frozenset[str]
               ) -> tuple[NodeState, list[Command]]:
-    alert = ev.alert
     key = fault_key(alert)
     at = received(alert, now, defects)
     rid = s.repair.repair_id if s.repair else None
     cleared = dict(s.cleared)
     last = cleared.pop(key, None)
     cleared[key] = at if last is None else max(at, last)
-    s = s.model_copy(update={"rails": ev.rails, "cleared": _bounded(cleared, MAX_CLEARED)})
+    s = s.model_copy(update={"cleared": _bounded(cleared, MAX_CLEARED)})
     f = s.active.get(key)
     if f is not None and f.alert.level and f.received > at:
         return s, [_reply(alert, AlertOutcome.ignored, f"stale clear: received "
@@ -664,12 +904,65 @@ def _on_clear(s: NodeState, ev: AlertCleared, now: datetime, defects: frozenset[
     removed = active.pop(key, None)
     s = s.model_copy(update={"active": active})
     if rid is not None:
-        return s, [AttachAlert(repair_id=rid, alert=alert),
-                   _reply(alert, AlertOutcome.cleared, f"clear attached to repair {rid}", rid)]
+        return _attach(s, alert, key, f"clear attached to repair {rid}",
+                       AlertOutcome.cleared, defects)
     if removed is not None:
         return s, [_reply(alert, AlertOutcome.cleared,
                           "fault cleared before action: recommendation auto-resolved")]
     return s, [_reply(alert, AlertOutcome.cleared, "no active fault to clear")]
+
+
+def _after_gone(s: NodeState, p: Attaching, now: datetime) -> Reply:
+    """The answer for an alert whose repair turned out gone before it landed."""
+    if p.alert.active:
+        return _reply(p.alert, AlertOutcome.new,
+                      f"repair {p.repair_id} had ended; {_waiting(s, p.key, now)}")
+    return _reply(p.alert, AlertOutcome.cleared,
+                  f"fault cleared; repair {p.repair_id} had ended")
+
+
+def _on_attach(s: NodeState, ev: AttachDone, now: datetime
+               ) -> tuple[NodeState, list[Command]]:
+    mine = [p for p in s.attaching if p.alert.alert_id == ev.alert_id]
+    if not mine:
+        return s, []
+    p = mine[0]
+    if ev.ok:
+        rest = [q for q in s.attaching if q is not p]
+        out = AlertOutcome.attached if p.alert.active else AlertOutcome.cleared
+        return (s.model_copy(update={"attaching": rest}),
+                [_reply(p.alert, out, p.reason, p.repair_id)])
+    if s.repair is None or s.repair.repair_id != p.repair_id:
+        rest = [q for q in s.attaching if q is not p]
+        return s.model_copy(update={"attaching": rest}), [_after_gone(s, p, now)]
+    # the repair's workflow is closed: held until the probe says how it ended
+    failed = [q for q in s.attaching if q is not p]
+    s = s.model_copy(update={"attaching": [*failed, p.model_copy(update={"failed": True})]})
+    if s.probe_out:  # the probe out answers this attach too
+        return s.model_copy(update={"probe_out": "attach"}), []
+    return (s.model_copy(update={"probe_out": "attach"}),
+            [ProbeRepair(repair_id=p.repair_id)])
+
+
+def _on_probe(s: NodeState, ev: RepairProbed, now: datetime
+              ) -> tuple[NodeState, list[Command]]:
+    purpose = s.probe_out
+    s = s.model_copy(update={"probe_out": ""})
+    cmds: list[Command] = []
+    ours = s.repair is not None and s.repair.repair_id == ev.repair_id
+    if ours and ((ev.ok and not ev.running) or (not ev.ok and purpose == "attach")):
+        s, cmds = _gone(s, ev.repair_id, ev.status or "closed", now)
+    failed = [p for p in s.attaching if p.failed]
+    if failed:
+        s = s.model_copy(update={"attaching": [p for p in s.attaching if not p.failed]})
+        for p in failed:
+            if s.repair is not None and s.repair.repair_id == p.repair_id:
+                out = AlertOutcome.attached if p.alert.active else AlertOutcome.cleared
+                cmds.append(_reply(p.alert, out, f"repair {p.repair_id} in flight",
+                                   p.repair_id))
+            else:
+                cmds.append(_after_gone(s, p, now))
+    return s, cmds
 
 
 def _on_ledger(s: NodeState, ev: LedgerRead, now: datetime, defects: frozenset[str]
@@ -693,9 +986,15 @@ def _on_ledger(s: NodeState, ev: LedgerRead, now: datetime, defects: frozenset[s
         if rid in early:  # it told us it finished: the ledger's "running" is behind
             s = s.model_copy(update={"repair": OpenRepair(repair_id=rid)})
             return _finish(s, early[rid], defects), []
-        s = s.model_copy(update={"repair": OpenRepair(repair_id=rid, probed_at=now),
-                                 "details": f"repair {rid} in flight (found in the ledger)"})
-        return s, [SetDetails(text=s.details)]
+        # the faults taken while the ledger was unknown are this repair's evidence: they
+        # join it (their deliveries were answered `new`, waiting for the ledger)
+        alerts = [f.alert for f in s.active.values()]
+        s = s.model_copy(update={
+            "repair": OpenRepair(repair_id=rid, probed_at=now,
+                                 alert_ids=[a.alert_id for a in alerts]),
+            "details": f"repair {rid} in flight (found in the ledger)"})
+        return s, [SetDetails(text=s.details),
+                   *(AttachAlert(repair_id=rid, alert=a) for a in alerts)]
     if ev.running:
         return s, []
     if s.repair is not None and s.repair.repair_id == rid:
@@ -703,21 +1002,113 @@ def _on_ledger(s: NodeState, ev: LedgerRead, now: datetime, defects: frozenset[s
             return _finish(s, early[rid], defects), []
         return _gone(s, rid, ev.status, now)
     if ev.stage and ev.stage not in {t.value for t in TERMINAL_STAGES}:
-        return s, [CloseLedger(repair_id=rid, how=ev.status)]
+        return s, [_close(rid, ev.status, now)]
     return s, []
+
+
+def _on_delivered(s: NodeState, alert: Alert, now: datetime
+                  ) -> tuple[NodeState, list[Command]]:
+    """Take ``alert``: a duplicate is answered at once; a new one is remembered, recorded
+    and queued for its decision (:func:`_drain`)."""
+    digest = seen_digest(alert.alert_id)
+    if digest in s.seen:
+        rid = s.repair.repair_id if s.repair else None
+        return s, [_reply(alert, AlertOutcome.deduplicated, "alert id already delivered", rid)]
+    seen = dict(s.seen)
+    seen[digest] = bucket(now)
+    horizon = bucket(now - timedelta(seconds=DEDUP_TTL_S))
+    while seen and (len(seen) > DEDUP_MAX or next(iter(seen.values())) < horizon):
+        seen.pop(next(iter(seen)))
+    s = s.model_copy(update={"seen": seen, "intake": [*s.intake, alert],
+                             "unrecorded": [*s.unrecorded, alert.alert_id]})
+    return s, [RecordAlert(alert=alert)]
+
+
+def _policy_stale(s: NodeState, now: datetime) -> bool:
+    return (s.catalogue is None or s.policy_at is None
+            or (now - s.policy_at).total_seconds() >= POLICY_REFRESH_S)
+
+
+def _drain(s: NodeState, now: datetime, defects: frozenset[str]
+           ) -> tuple[NodeState, list[Command]]:
+    """Decide the queued alerts, oldest first, while the oldest is recorded, the policy
+    is fresh, the ledger has answered (or failed: I21, then decided as waiting) and no
+    earlier alert waits for its repair to take it."""
+    cmds: list[Command] = []
+    tracked: list[_Tracked] = []
+    while s.intake:
+        if _policy_stale(s, now):
+            if not s.policy_out:
+                s = s.model_copy(update={"policy_out": True})
+                cmds.append(LoadPolicy())
+            break
+        head = s.intake[0]
+        if (head.alert_id in s.unrecorded or s.attaching
+                or s.reconcile in (Reconcile.pending, Reconcile.reading)):
+            break
+        s = s.model_copy(update={"intake": s.intake[1:]})
+        if head.active:
+            s, out = _on_raise(s, head, now, defects)
+        else:
+            s, cl = _on_clear(s, head, now, defects)
+            out = list(cl)
+        for c in out:
+            if isinstance(c, _Tracked):
+                tracked.append(c)
+            else:
+                cmds.append(c)
+    if tracked:
+        s, started = _evaluate(s, now, defects)
+        cmds += started
+        for t in tracked:
+            if s.repair is not None and t.key in s.repair.acted_on:
+                cmds.append(_reply(t.alert, AlertOutcome.recommended, t.text,
+                                   s.repair.repair_id))
+            else:
+                cmds.append(_reply(t.alert, AlertOutcome.new, _waiting(s, t.key, now)))
+    return s, cmds
+
+
+def _on_policy(s: NodeState, ev: PolicyLoaded, now: datetime, defects: frozenset[str]
+               ) -> tuple[NodeState, list[Command]]:
+    """A policy read: its catalogue and rails apply from now on. A node whose configured
+    machine changed (re-registered: another machine bound to it) starts the new
+    machine's record afresh — faults, counts, clears and retirements of the old machine
+    are not the new one's — and people are told (alerts and repairs are filed under the
+    configured machine)."""
+    update: dict[str, object] = {"catalogue": ev.catalogue, "rails": ev.rails,
+                                 "policy_at": now, "policy_out": False,
+                                 "machine_id": ev.machine_id, "node_pool": ev.node_pool}
+    cmds: list[Command] = []
+    old = s.history_machine
+    if ev.machine_id is not None:
+        update["history_machine"] = ev.machine_id
+    if (old is not None and ev.machine_id is not None and ev.machine_id != old
+            and "inherit_machine_history" not in defects):
+        update |= {"active": {}, "occurrences": {}, "cleared": {}, "retired": {},
+                   "diagnosed": {}, "booted_at": None}
+        cmds.append(Notify(
+            subject=f"{s.node} re-registered: machine {old} → {ev.machine_id}",
+            body=f"The faults and history of machine {old} are not carried over to "
+            f"{ev.machine_id}; its ledger history stays filed under {old}.",
+            severity="info", event="cluster_alert"))
+    return s.model_copy(update=update), cmds
 
 
 def step(state: NodeState, event: Event, now: datetime,
          defects: frozenset[str] = frozenset()) -> tuple[NodeState, list[Command]]:
     """Decide ``event`` in ``state`` at ``now`` (the control plane's clock, UTC): the next
     state and the commands to execute, in order. Pure: same input, same output. After
-    every event the one timer is re-armed to :func:`next_deadline` (a ``SetTimer`` when it
-    changed). Raises nothing for valid events."""
-    s, cmds = _step(state, event, _utc(now), defects)
+    every event the queued alerts are decided as far as they can be (:func:`_drain`), a
+    due repair starts and the one timer is re-armed to :func:`next_deadline` (a
+    ``SetTimer`` when it changed). Raises nothing for valid events."""
+    now = _utc(now)
+    s, cmds = _step(state, event, now, defects)
     if not any(isinstance(c, ContinueAsNew) for c in cmds):
-        s, more = _evaluate(s, _utc(now), defects)
-        s, timer = _timer(s, _utc(now))
-        cmds = [*cmds, *more, *timer]
+        s, drained = _drain(s, now, defects)
+        s, more = _evaluate(s, now, defects)
+        s, timer = _timer(s, now)
+        cmds = [*cmds, *drained, *more, *timer]
     return s, cmds
 
 
@@ -732,10 +1123,26 @@ def _step(s: NodeState, ev: Event, now: datetime, defects: frozenset[str]
             return (s.model_copy(update={"reconcile": Reconcile.reading}),
                     [ReadLedger(repair_id=rid)])
         return s, []
-    if isinstance(ev, AlertRaised):
-        return _on_raise(s, ev, now, defects)
-    if isinstance(ev, AlertCleared):
-        return _on_clear(s, ev, now, defects)
+    if isinstance(ev, AlertDelivered):
+        return _on_delivered(s, ev.alert, now)
+    if isinstance(ev, AlertRecorded):
+        return s.model_copy(update={
+            "unrecorded": [a for a in s.unrecorded if a != ev.alert_id]}), []
+    if isinstance(ev, PolicyLoaded):
+        return _on_policy(s, ev, now, defects)
+    if isinstance(ev, PolicyFailed):
+        cat = s.catalogue or CatalogueConfig()
+        s = s.model_copy(update={
+            "catalogue": cat, "policy_at": now, "policy_out": False,
+            "details": f"policy read failed ({ev.message}); deciding on the last read "
+                       "policy (or the built-in defaults) until the next read"})
+        return s, [SetDetails(text=s.details),
+                   Notify(subject=f"policy read failed for {s.node}", body=ev.message,
+                          event="cluster_alert")]
+    if isinstance(ev, AttachDone):
+        return _on_attach(s, ev, now)
+    if isinstance(ev, RepairProbed):
+        return _on_probe(s, ev, now)
     if isinstance(ev, LedgerRead):
         if rc != Reconcile.reading:
             return s, []  # not asked (a late answer of a lost read)
@@ -757,20 +1164,22 @@ def _step(s: NodeState, ev: Event, now: datetime, defects: frozenset[str]
             return (s.model_copy(update={"reconcile": Reconcile.reading, "timer_at": None}),
                     [ReadLedger(repair_id=rid)])
         s = s.model_copy(update={"timer_at": None})
-        if rc == Reconcile.done and s.repair is not None:
+        if rc == Reconcile.done and s.repair is not None and not s.probe_out:
             probed = s.repair.probed_at
             if probed is None or (now - probed).total_seconds() >= REPAIR_PROBE_S:
                 rep = s.repair.model_copy(update={"probed_at": now})
-                return s.model_copy(update={"repair": rep}), [
+                return s.model_copy(update={"repair": rep, "probe_out": "periodic"}), [
                     ProbeRepair(repair_id=rep.repair_id)]
         return s, []
     if isinstance(ev, HistoryFull):
+        if not quiescent(s):
+            return s, []  # offered again once nothing is being decided
         return s, [ContinueAsNew(state=carry(s))]
     if isinstance(ev, RepairStarted):
         return s, []
     if isinstance(ev, RepairFinishedEv):
         msg = Finished(repair_id=ev.repair_id, stage=ev.stage, at=ev.at,
-                       alert_ids=ev.alert_ids)
+                       alert_ids=ev.alert_ids, actions=ev.actions)
         if s.repair is not None and s.repair.repair_id == ev.repair_id:
             return _finish(s, msg, defects), []
         if rc != Reconcile.done and len(s.finished_early) < MAX_FINISHED_EARLY:
@@ -787,47 +1196,67 @@ def _step(s: NodeState, ev: Event, now: datetime, defects: frozenset[str]
 
 #: The transition table: (reconcile status, event kind) → what :func:`step` decides, in
 #: words. docs/lifecycle.md is generated from it; ``tests/model`` checks every pair is
-#: listed. After every event (but continue-as-new) a due repair starts when the ledger is
-#: known, none is open and the cooldown is over, and the timer is re-armed.
+#: listed. After every event (but continue-as-new) the queued alerts are decided as far
+#: as they can be, a due repair starts when the ledger is known, none is open and the
+#: cooldown is over, and the timer is re-armed.
 TRANSITIONS: dict[tuple[Reconcile, str], str] = {}
 
 
 def _table() -> None:
-    wait = "recorded; no decision until the ledger answers (reply `new`, waiting)"
     for rc in Reconcile:
         known = rc == Reconcile.done
+        waiting = rc in (Reconcile.pending, Reconcile.reading)
         TRANSITIONS[(rc, "begin")] = ("→ reading: ask the ledger (repair carried or fresh)"
                                       if rc == Reconcile.pending else "ignored")
-        TRANSITIONS[(rc, "alert_raised")] = (
-            "stale (at/before a clear, before a success that retired it, or from the boot "
-            "it replaced) → ignored; else catalogue decides; open repair → attached; "
-            "diagnostic → notify once per window; actionable → tracked from its receipt "
-            "time, repair started once persistence is over" if known else
-            "stale → ignored; actionable → tracked from its receipt time; " + wait)
-        TRANSITIONS[(rc, "alert_cleared")] = (
-            "clear remembered; before a newer raise → ignored; else fault dropped "
-            "(auto-resolved, or attached to the open repair)")
+        TRANSITIONS[(rc, "alert_delivered")] = (
+            "seen id → `deduplicated` at once; else remembered, recorded in the ledger and "
+            "queued" + ("; decided once the ledger answers or fails (I21)" if waiting else
+                        "; decided in order once recorded and the policy is fresh: stale "
+                        "(at/before a clear, before a success that retired it, from the "
+                        "boot it replaced) → ignored; catalogue decides; open repair → "
+                        "signalled, `attached` once it landed; diagnostic → notify once "
+                        "per window; actionable → tracked from its receipt time, repair "
+                        "started once persistence is over" + (
+                            "" if known else " (none while the ledger is unavailable: "
+                            "`new`, waiting for the ledger)")))
+        TRANSITIONS[(rc, "alert_recorded")] = "the alert may be decided (queued order kept)"
+        TRANSITIONS[(rc, "policy_loaded")] = (
+            "catalogue and rails apply; another machine bound to the node → the old "
+            "machine's faults and history dropped, people told")
+        TRANSITIONS[(rc, "policy_failed")] = (
+            "the last read policy (else the built-in defaults) decides until the next "
+            "read; people told")
+        TRANSITIONS[(rc, "attach_done")] = (
+            "landed → `attached` (`cleared` for a clear); the repair's workflow closed → "
+            "probe it (answer held); the repair already ended → answered as without one")
         TRANSITIONS[(rc, "repair_started")] = "nothing (the repair was opened when asked for)"
         TRANSITIONS[(rc, "repair_finished")] = (
             "ours → cooldown (not after auto_resolved), used event faults dropped; "
-            "succeeded → acted-on faults retired (I20); not ours → ignored" if known else
+            "succeeded → acted-on faults retired, every fault received before its end "
+            "after a booting action (I20); not ours → ignored" if known else
             "ours → as when known; not ours → kept until the ledger answers")
-        TRANSITIONS[(rc, "repair_ended")] = ("ours → cooldown, ledger closed, lease released, "
-                                             "warning sent; else ignored")
+        TRANSITIONS[(rc, "repair_ended")] = ("ours → cooldown, ledger closed (not after "
+                                             "`completed`), lease released, warning sent; "
+                                             "else ignored")
+        TRANSITIONS[(rc, "repair_probed")] = (
+            "ours not running (or, for a failed attach, not answering) → ended without "
+            "finishing (as repair_ended); held answers of failed attaches given")
         TRANSITIONS[(rc, "ledger_read")] = (
             "→ done: running repair adopted (or finished, if it told us early); ours gone "
-            "→ closed out with a warning; stale open row → closed"
+            "→ closed out with a warning; stale open row → closed; queued alerts decided"
             if rc == Reconcile.reading else "ignored: no read is out")
         TRANSITIONS[(rc, "ledger_unavailable")] = (
-            "→ retry_wait: timer 5 s doubling to 60 s; no decision meanwhile (I21)"
+            "→ retry_wait: timer 5 s doubling to 60 s; queued alerts answered `new` "
+            "(waiting for the ledger); no repair meanwhile (I21)"
             if rc == Reconcile.reading else "ignored: no read is out")
         TRANSITIONS[(rc, "timer")] = {
             Reconcile.retry_wait: "→ reading: ask the ledger again",
             Reconcile.done: "open repair → probe it every 15 min; else due faults decided",
         }.get(rc, "nothing")
-        TRANSITIONS[(rc, "history_full")] = ("continue as new carrying the whole state; the "
-                                             "next run reads the ledger again if a repair is "
-                                             "open or it was not yet known")
+        TRANSITIONS[(rc, "history_full")] = (
+            "continue as new carrying the whole state (policy read again; the ledger too "
+            "if a repair is open or it was not yet known); deferred while an alert is "
+            "being decided or a read is out")
         TRANSITIONS[(rc, "clock")] = "nothing: time alone is judged at the timer"
 
 
