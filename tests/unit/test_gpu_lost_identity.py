@@ -54,3 +54,13 @@ def test_the_fault_key_of_gpu_lost_ignores_the_device_a_sender_names() -> None:
     x1 = make_alert("c", "gpu-01", 1, gpu="0000:18:00")
     x2 = make_alert("c", "gpu-01", 2, gpu="0000:19:00")
     assert fault_key(x1) != fault_key(x2)
+
+
+def test_the_node_machine_keys_gpu_lost_as_the_control_plane_does() -> None:
+    from workflows.lifecycle.node import fault_key as node_key
+
+    up = make_alert("c", "gpu-01", "r", kind="gpu_lost", code=None, gpu="0000:1b:00")
+    down = make_alert("c", "gpu-01", "c", kind="gpu_lost", code=None, gpu=None, active=False)
+    x = make_alert("c", "gpu-01", 1, gpu="0000:18:00")
+    for a in (up, down, x):
+        assert node_key(a) == fault_key(a)

@@ -52,6 +52,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, field_serializer, field_validator
 
+from workflows.catalogue.kinds import NODE_LEVEL_KINDS
 from workflows.catalogue.vocabulary import count_window_s
 from workflows.config import CatalogueConfig, RailsConfig
 from workflows.models import (
@@ -571,8 +572,10 @@ def quiescent(s: NodeState) -> bool:
 
 
 def fault_key(alert: Alert) -> str:
-    """``kind:code:gpu`` (as :func:`workflows.protocol.fault_key`)."""
-    return f"{alert.kind}:{'' if alert.code is None else alert.code}:{alert.gpu or ''}"
+    """``kind:code:gpu`` (as :func:`workflows.protocol.fault_key`; no device for the
+    node-level kinds, :data:`~workflows.catalogue.kinds.NODE_LEVEL_KINDS`)."""
+    gpu = "" if alert.kind in NODE_LEVEL_KINDS else (alert.gpu or "")
+    return f"{alert.kind}:{'' if alert.code is None else alert.code}:{gpu}"
 
 
 def received(alert: Alert, now: datetime, defects: frozenset[str] = frozenset()) -> datetime:
