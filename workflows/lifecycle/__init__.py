@@ -2,9 +2,12 @@
 
 No I/O and no Temporal imports here: the workflows turn what Temporal delivers into
 events, call ``step`` and execute the commands; ``tests/model/`` checks the machines
-exhaustively. So far: :mod:`workflows.lifecycle.machine_action` (one machine action of a
-repair: power cycle, reboot, GPU reset, reprovision) and :mod:`workflows.lifecycle.guard`
-(the cluster guard: leases, queue, circuit breaker, rebuild from the ledger), both
-interpreted by their workflows, and :mod:`workflows.lifecycle.node` (the node entity's
-lifecycle; model-checked, not yet wired into ``NodeWorkflow``).
+exhaustively. Interpreted by their workflows: :mod:`workflows.lifecycle.machine_action`
+(one machine action of a repair: power cycle, reboot, GPU reset, reprovision; run by
+``RepairWorkflow._machine_action``), :mod:`workflows.lifecycle.guard` (the cluster guard:
+leases, queue, circuit breaker, rebuild from the ledger; ``ClusterGuardWorkflow``) and
+:mod:`workflows.lifecycle.node` (the node entity; ``NodeWorkflow``). Model-checked but not
+yet interpreted: :mod:`workflows.lifecycle.repair` (the whole repair; ``RepairWorkflow``
+still decides in its own code, following the same rules, apart from the machine action).
+:mod:`workflows.lifecycle.trace` records what ``step`` commanded, for the fidelity check.
 """
