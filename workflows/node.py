@@ -98,6 +98,7 @@ with workflow.unsafe.imports_passed_through():
         workflow_id_guard,
         workflow_id_repair,
     )
+    from workflows.upgrades import UPGRADE_CHECK_S, upgrade_behavior, upgrade_due, versioned
 
 #: Re-exported from the machine (the names the first release defined here).
 DEFAULT_HISTORY_LIMIT = nm.DEFAULT_HISTORY_LIMIT
@@ -275,22 +276,30 @@ class NodeWorkflow:
             at = self._m.timer_at
             timeout = None if at is None else max(at - workflow.now(),
                                                    timedelta(milliseconds=1))
+            if versioned():
+                # a pinned entity looks for a newer current build at least this often,
+                # so an idle node moves too (and the old build can drain)
+                wake = timedelta(seconds=UPGRADE_CHECK_S)
+                timeout = wake if timeout is None else min(timeout, wake)
             try:
                 await workflow.wait_condition(
                     lambda at=at: self._m.timer_at != at or self._may_continue(),  # type: ignore[misc]
                     timeout=timeout)
             except TimeoutError:
-                if self._m.timer_at == at:
+                if self._m.timer_at == at and at is not None and workflow.now() >= at:
                     await self._deliver(nm.TimerFired())
             if self._may_continue():
                 await self._deliver(nm.HistoryFull())
 
     def _may_continue(self) -> bool:
-        """The history is long and nothing is in progress (no handler, no activity out,
-        nothing the machine is deciding): the machine may continue as new at once."""
+        """The history is long, or a newer build became the deployment's current version
+        (this run is pinned to its own), and nothing is in progress (no handler, no
+        activity out, nothing the machine is deciding): the machine may continue as new
+        at once."""
         info = workflow.info()
         long = (info.is_continue_as_new_suggested()
-                or info.get_current_history_length() > self._m.history_limit)
+                or info.get_current_history_length() > self._m.history_limit
+                or upgrade_due())
         return (long and not self._tasks and not self._lock.locked()
                 and workflow.all_handlers_finished() and nm.quiescent(self._m))
 
@@ -387,7 +396,8 @@ class NodeWorkflow:
         elif isinstance(cmd, nm.ContinueAsNew):
             workflow.continue_as_new(NodeInput(
                 cluster=inp.cluster, node=inp.node, machine_id=inp.machine_id,
-                node_pool=inp.node_pool, carried=cmd.state.model_dump(mode="json")))
+                node_pool=inp.node_pool, carried=cmd.state.model_dump(mode="json")),
+                initial_versioning_behavior=upgrade_behavior())
         # SetTimer: the machine's state holds the timer (``timer_at``), which run() waits on
         return None
 

@@ -2,9 +2,10 @@
 
 Same names and code as :data:`workflows.registry.WORKFLOWS`, each declaring its
 versioning behaviour: ``RepairWorkflow`` and ``ValidationWorkflow`` ``PINNED`` (an
-in-flight repair finishes on the build that started it), ``NodeWorkflow`` and
-``ClusterGuardWorkflow`` ``AUTO_UPGRADE`` (long-lived entities: they move to the current
-build, their state carried explicitly across continue-as-new).
+in-flight repair finishes on the build that started it), ``NodeWorkflow`` ``PINNED`` too:
+a long-lived entity moves to the current build on continue-as-new, its machine's state
+carried explicitly (:mod:`workflows.upgrades`), so no run ever replays an older build's
+history; ``ClusterGuardWorkflow`` ``AUTO_UPGRADE``.
 
 Separate classes because a server with Worker Deployments refuses a workflow task
 completion that names a behaviour from an unversioned worker ("versioning behavior
@@ -38,9 +39,10 @@ from workflows.repair import RepairWorkflow
 from workflows.validation import ValidationWorkflow
 
 
-@workflow.defn(name=NODE_WORKFLOW, versioning_behavior=VersioningBehavior.AUTO_UPGRADE)
+@workflow.defn(name=NODE_WORKFLOW, versioning_behavior=VersioningBehavior.PINNED)
 class VersionedNodeWorkflow(NodeWorkflow):
-    """``NodeWorkflow``, auto-upgrading."""
+    """``NodeWorkflow``, pinned; it moves to a new build on continue-as-new
+    (:mod:`workflows.upgrades`)."""
 
     @workflow.run
     async def run(self, inp: NodeInput) -> None:

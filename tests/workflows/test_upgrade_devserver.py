@@ -14,9 +14,10 @@ that completed each task):
 (a) the repair started on A stays PINNED to A after B became current and completes every
     rail there: approval, cordon, drain, power cycle, rejoin (uncordon), lease release,
     the ledger's end row; every one of its workflow and activity tasks ran on A;
-(b) the node entity (AUTO_UPGRADE) moves to B at its next task and still reconciles with
-    the repair's end: a later alert opens a new repair (on B), not ``attached`` to the
-    ended one (reproduction 9);
+(b) the node entity (PINNED like the repair) moves to B by continue-as-new at its next
+    task once B is current (``workflows.upgrades``: it never replays A's history on B),
+    carrying its open repair, and still reconciles with the repair's end: a later alert
+    opens a new repair (on B), not ``attached`` to the ended one (reproduction 9);
 (c) once the repair ended, A's version reports ``DRAINED`` (drainage info) and its
     worker can stop; B keeps serving the node.
 
@@ -226,7 +227,7 @@ async def test_upgrade_keeps_pinned_repair_on_its_build_and_moves_the_node(
         assert await promote_current_version(client, cfg_b) == BUILD_B
         assert await _current(client, deployment) == BUILD_B
 
-        # (b) the node entity's next task runs on B: it auto-upgrades
+        # (b) the node entity's next task sees B current: it continues as new onto B
         nudge = await _deliver(client, cluster, node, tq, 2, code=45, action="none",
                                actionable=False)
         # (an application Xid: attached to the repair as evidence, it drives nothing)
@@ -234,7 +235,7 @@ async def test_upgrade_keeps_pinned_repair_on_its_build_and_moves_the_node(
 
         async def node_on_b() -> bool:
             return await _version_info(client, nid) == (
-                PbBehavior.VERSIONING_BEHAVIOR_AUTO_UPGRADE, BUILD_B)
+                PbBehavior.VERSIONING_BEHAVIOR_PINNED, BUILD_B)
 
         await eventually(node_on_b, "node entity moved to build B", tries=30 * 20)
         # (a) the repair stays pinned on A
