@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -31,6 +32,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.ledger import Ledger
 from activities.ledger_reports import record_downtime
+from activities.maintenance_store import MaintenanceStore
 from activities.notifications import NotificationEvent, Notifier
 from activities.notifications.event import repair_event
 from workflows.activity_api import (
@@ -45,6 +47,8 @@ from workflows.activity_api import (
     GuardStateQuery,
     MachineHold,
     MachineHoldQuery,
+    MaintenanceCover,
+    MaintenanceQuery,
     RepairLiveness,
     RepairProbe,
     RepairRecord,
@@ -56,6 +60,7 @@ from workflows.activity_api import (
 )
 from workflows.config import NotifyEvent, ProvidersConfig
 from workflows.evidence import EvidenceRecord
+from workflows.maintenance import covering
 from workflows.models import TERMINAL_STAGES, Alert, Stage, Verdict
 from workflows.protocol import workflow_id_repair
 from workflows.providers import ProviderResolver
@@ -211,6 +216,19 @@ class LedgerActivities:
         except KeyError as err:
             raise permanent(ERR_UNKNOWN_NODE, str(err)) from None
 
+    @activity.defn(name=ACT.ledger_maintenance_covering)
+    async def maintenance_covering(self, q: MaintenanceQuery) -> MaintenanceCover:
+        """The maintenance window in force now that covers ``q.node`` and ends last
+        (issue 29: a repair that has not cordoned waits for it to end)."""
+        now = datetime.now(UTC)
+        windows = await MaintenanceStore(self.ledger.pool).list(q.cluster, active_at=now,
+                                                                limit=10_000)
+        hit = covering(windows, q.cluster, q.node, q.pool, now)
+        if not hit:
+            return MaintenanceCover()
+        w = max(hit, key=lambda x: x.end())
+        return MaintenanceCover(window_id=w.window_id, ends_at=w.end(), reason=w.reason)
+
     def all(self) -> list[Callable[..., Any]]:
         """Every ledger activity, for ``Worker(activities=...)``."""
         return [
@@ -224,6 +242,7 @@ class LedgerActivities:
             self.open_ticket,
             self.guard_state,
             self.machine_held,
+            self.maintenance_covering,
             self.open_repair,
             self.record_evidence,
         ]

@@ -45,6 +45,7 @@ class ACT:
     ledger_guard_state = "ledger_guard_state"
     ledger_open_repair = "ledger_open_repair"
     ledger_machine_held = "ledger_machine_held"
+    ledger_maintenance_covering = "ledger_maintenance_covering"
     ledger_record_evidence = "ledger_record_evidence"
     # scheduler side (Slurm or Kubernetes, chosen by the cluster config)
     cordon_node = "cordon_node"
@@ -499,6 +500,24 @@ class MachineHold(BaseModel):
     machine_id: str | None = None
     since: datetime | None = None
     repair_id: str | None = None
+    reason: str = ""
+
+
+class MaintenanceQuery(BaseModel):
+    """Input of ``ledger_maintenance_covering``: a node (and its pool)."""
+
+    cluster: str
+    node: str
+    pool: str | None = None
+
+
+class MaintenanceCover(BaseModel):
+    """Result of ``ledger_maintenance_covering`` (issue 29): the maintenance window in force
+    now that covers the node and ends last (``window_id`` None: none), when it ends and
+    why."""
+
+    window_id: str | None = None
+    ends_at: datetime | None = None
     reason: str = ""
 
 

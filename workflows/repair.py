@@ -86,6 +86,8 @@ with workflow.unsafe.imports_passed_through():
         MachineActionInput,
         MachineHold,
         MachineHoldQuery,
+        MaintenanceCover,
+        MaintenanceQuery,
         MigrateResult,
         NodeHealth,
         NodeRef,
@@ -135,6 +137,7 @@ with workflow.unsafe.imports_passed_through():
         RejectSignal,
         RepairRequest,
         RepairStatus,
+        RequesterKind,
         StageTransition,
         ValidationRequest,
     )
@@ -207,6 +210,10 @@ _PERMANENT = [
     ERR_CONFIGURATION,
 ]
 _SHORT = timedelta(seconds=60)
+#: While a maintenance window holds a repair before its cordon, the windows are read
+#: again at least this often, seconds (5 min: an operator ending a window early frees
+#: the repairs it held within minutes, at one ledger read per held repair each time).
+MAINTENANCE_RECHECK_S = 300.0
 _RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30), non_retryable_error_types=_PERMANENT)
 #: Asking whether another repair still runs: a few tries, then assume it does (the safe
 #: side: this repair ends instead of acting beside it).
@@ -489,11 +496,60 @@ class RepairWorkflow:
         self._check_ended()
         await self._acquire_lease()
         self._check_evidence_before_cordon()
-        while not await self._decision_holds():
+        while not await self._decision_holds() or await self._pause_for_maintenance():
             await self._acquire_lease()
             self._check_evidence_before_cordon()
         await self._check_hold()
         await self._cordon()
+
+    async def _pause_for_maintenance(self) -> bool:
+        """Issue 29: a repair that has not cordoned waits while a maintenance window
+        covers its node (a planned rack reboot's false faults must not cordon anything),
+        with the window named in its record and details, holding no lease; the windows
+        are read again at least every :data:`MAINTENANCE_RECHECK_S` (a window ended early
+        frees it). When none covers the node any more the caller re-acquires the lease
+        and re-checks the evidence. An operator's own request does not wait (a person
+        decided). Returns True when it waited; raises :class:`_Ended` on reject / cancel,
+        or ``auto_resolved`` when the level evidence cleared meanwhile."""
+        assert self._req is not None
+        if self._req.requester.kind == RequesterKind.user:
+            return False
+        paused = False
+        auto_resolvable = any(a.level for a in self._alerts)
+        while True:
+            cover = await self._act(
+                ACT.ledger_maintenance_covering,
+                MaintenanceQuery(cluster=self._req.cluster, node=self._req.node,
+                                 pool=self._pool),
+                MaintenanceCover,
+            )
+            if cover.window_id is None or cover.ends_at is None:
+                if paused:
+                    await self._note("maintenance over: evidence checked again before "
+                                     "cordoning")
+                return paused
+            if not paused:
+                paused = True
+                await self._note(
+                    f"paused before cordoning: {self._req.node} is in maintenance window "
+                    f"{cover.window_id} until {cover.ends_at.isoformat()} ({cover.reason}); "
+                    "the evidence is checked again when it ends")
+                await self._release_lease(S.recommended)
+                self._lease, self._lease_requested = None, False
+            self._detail = waiting_details(
+                f"maintenance window {cover.window_id} on {self._req.node} to end "
+                f"({cover.reason}; `autorepair maintenance end {cover.window_id}` ends it "
+                "early)", cover.ends_at, self._stage.value)
+            workflow.set_current_details(self._detail)
+            left = (cover.ends_at - workflow.now()).total_seconds()
+            await self._wait(lambda: (self._cancel is not None or self._reject is not None
+                                      or (auto_resolvable and not self._evidence_ok())),
+                             min(max(left, 1.0), MAINTENANCE_RECHECK_S))
+            self._check_ended()
+            if auto_resolvable and not self._evidence_ok():
+                raise _Ended(S.auto_resolved, "system",
+                             f"every alert behind the repair cleared during maintenance "
+                             f"window {cover.window_id}")
 
     async def _check_hold(self) -> None:
         """I18: a machine held for RMA (removed, not returned by an operator since) is never

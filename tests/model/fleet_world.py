@@ -112,15 +112,11 @@ WORLD_DEFECTS: dict[str, str] = {
 #: explored further) so the rest of the space is still checked; without ``known`` (the
 #: CLI) they are violations. Remove an entry once its machine is fixed (the tests fail
 #: while an entry is no longer found).
-KNOWN_FINDINGS: dict[str, str] = {
-    "repair_before_queued_clear": "NodeMachine (workflows/lifecycle/node.py, _evaluate "
-    "after _drain) starts a due repair while a clear of that fault waits in its intake for "
-    "its ledger write (RecordAlert out): rule zero. Shortest here: gpu_lost, clock past "
-    "its persistence with the node's timer not yet fired, the clear delivered (the repair "
-    "starts on its delivery, before the clear is decided). In production no lag is needed: "
-    "a clear received at 59 s whose ledger write is still out when the 60 s persistence "
-    "timer fires starts a repair on a fault cleared before it ever persisted",
-}
+KNOWN_FINDINGS: dict[str, str] = {}
+#: Fixed findings (kept for the record; each has a regression test):
+#: ``repair_before_queued_clear`` — NodeMachine started a due repair while a clear of
+#: that fault waited in its intake for its ledger write (rule zero); fixed in
+#: ``workflows.lifecycle.node._evaluate`` (a queued clear of a due fault is weighed first).
 
 
 # ---- the abstract repair (the swappable component) ----------------------------------

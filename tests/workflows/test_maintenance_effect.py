@@ -115,3 +115,44 @@ async def _deliver(h: Harness, sink: TemporalAlertSink, alert: object) -> object
     assert sink.maintenance is not None
     marked = await sink.maintenance.mark(alert)  # type: ignore[arg-type]
     return await h.deliver(marked)
+
+
+async def test_a_repair_not_yet_cordoned_waits_for_the_window_to_end(harness: Harness) -> None:
+    """Issue 29: a window opened while a repair has not cordoned holds it before the
+    cordon (named in its record, no lease held); ending the window early frees it within
+    the re-check interval, the evidence is checked again, and the repair acts."""
+    from tests.workflows.helpers import start_repair
+    from tests.workflows.test_repair_rails import ledger_row
+    from workflows.models import Action, Stage
+    from workflows.repair import MAINTENANCE_RECHECK_S
+
+    h = harness
+    c = h.cluster.cluster
+    store = MaintenanceStore(h.ledger.pool)
+    w = await store.start(cluster=c, scope="nodes", nodes=["gpu-09"], duration_s=7200,
+                          reason="rack 9 firmware", created_by="ops")
+    handle = await start_repair(h, "gpu-09", Action.power_cycle, "mw-hold")
+    await h.env.sleep(120)
+    assert h.cluster.count("cordon") == 0 and h.cluster.power_cycles == 0
+    row = await ledger_row(h, "mw-hold")
+    notes = " ".join(t["reason"] for t in row["transitions"])
+    assert w.window_id in notes and "paused before cordoning" in notes, notes
+    await store.end(w.window_id, "ops")
+    await h.env.sleep(MAINTENANCE_RECHECK_S + 60)
+    st = await handle.result()
+    assert st.stage == Stage.succeeded and h.cluster.power_cycles == 1
+    assert any("maintenance over" in t.reason for t in st.history), st.history
+
+
+async def test_an_operators_own_repair_is_not_held_by_a_window(harness: Harness) -> None:
+    from tests.workflows.helpers import start_repair
+    from workflows.models import Action, Requester, RequesterKind, Stage
+
+    h = harness
+    c = h.cluster.cluster
+    await MaintenanceStore(h.ledger.pool).start(
+        cluster=c, scope="all", duration_s=7200, reason="whole cluster", created_by="ops")
+    st = await (await start_repair(h, "gpu-10", Action.power_cycle, "mw-op",
+                                   requester=Requester(kind=RequesterKind.user,
+                                                       name="alice"))).result()
+    assert st.stage == Stage.succeeded and h.cluster.power_cycles == 1

@@ -320,7 +320,8 @@ async def record(h: Harness, node: str, machine: str, action: Action, n: int, **
     for i in range(n):
         await h.ledger.record_attempt(
             AttemptRecord(
-                repair_id=f"old-{node}-{action.value}-{i}", cluster=h.cluster.cluster,
+                repair_id=kw.get("repair_id") or f"old-{node}-{action.value}-{i}",
+                cluster=h.cluster.cluster,
                 node=node, machine_id=machine, action=action,
                 alert_kind=kw.get("kind", "xid"), code=kw.get("code", 79),
                 outcome=kw.get("outcome", "succeeded"), at=now - timedelta(hours=1 + i),
@@ -331,7 +332,10 @@ async def record(h: Harness, node: str, machine: str, action: Action, n: int, **
 async def test_node_action_cap_asks_a_human(harness: Harness) -> None:
     h = harness
     h.policy.rails.max_actions_per_node = 4
-    await record(h, "gpu-16", "m-gpu-16", Action.reboot, 4, kind="ib_link_down", code=None)
+    # one earlier repair's four reboots: the cap counts actions, and one repair is no
+    # repeat offender (issue 31 item 2 counts repairs)
+    await record(h, "gpu-16", "m-gpu-16", Action.reboot, 4, kind="ib_link_down", code=None,
+                 repair_id="old-gpu-16")
     handle = await start_repair(h, "gpu-16", Action.power_cycle, "icap")
     st = await wait_stage(h, "gpu-16", "icap", Stage.awaiting_approval)
     assert "node cap: 4 disruptive actions" in st.detail

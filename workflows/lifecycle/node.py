@@ -644,6 +644,12 @@ def _evaluate(s: NodeState, now: datetime, defects: frozenset[str]
     due = due_faults(s, now)
     if not due:
         return s, []
+    pending_clears = {fault_key(a) for a in s.intake if not a.active}
+    if any(k in pending_clears for k, _ in due):
+        # rule zero: a clear of a due fault is received and still being recorded (its
+        # ledger write is out): it is weighed first, the repair waits for it (found by
+        # the fleet model check, tests/model/fleet_world.py)
+        return s, []
     if _policy_stale(s, now):
         # the configured machine and pool, and the rails, as configured now: read first
         if s.policy_out:
