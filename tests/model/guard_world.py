@@ -9,8 +9,13 @@ crossing the lease TTL and the breaker window, each armed timer firing, a guard 
 (the machine's state lost), the ledger going down and coming back, the policy read
 answering or failing, the ledger read answering (holders: every repair holding a node,
 dead ones included; breaker: the newest alert the guard wrote), continue-as-new (the
-state round-trips through JSON). The interpreter's inline follow-up (an undeliverable
-lease signal) is stepped at once, as :mod:`workflows.guard` does.
+state round-trips through JSON), and batches (issue 30 item 1: the interpreter steps
+every message that arrived before its next step as one :class:`~workflows.lifecycle.guard.Batch`):
+a storm (every idle or waiting repair's request in one batch) and a busy task (every
+holder's release, then every other repair's request, then the breaker reset, in one
+batch). An undeliverable
+lease signal comes back as a message of the next batch, as in :mod:`workflows.guard`
+(its replies run concurrently; their failures join the inbox).
 
 States are hashed (canonical JSON of the machine's state plus the world) with symmetry
 reduction over the two nodes of pool ``A`` (swapping them maps a state onto an
@@ -138,7 +143,24 @@ def _events(m: gm.GuardState, w: World) -> list[tuple[str, gm.Event | None]]:
                     gm.LedgerRead(view=_ledger(w, m)) if w.ledger_up
                     else gm.LedgerUnavailable(message="connection refused")))
     evs.append(("continue-as-new", gm.HistoryLong()))
+    evs += _batches(w)
     return evs
+
+
+def _batches(w: World) -> list[tuple[str, gm.Event | None]]:
+    """The batch events: a storm of requests, and every message with the reset last."""
+    reqs = [gm.Request(req=_req(i)) for i, st in enumerate(w.repairs)
+            if st in ("idle", "waiting")]
+    # a repair that released never asks again: the holders release, the others ask
+    rels = [gm.Release(rel=LeaseRelease(repair_id=_rid(i), outcome="succeeded"))
+            for i, st in enumerate(w.repairs) if st == "holding"]
+    out: list[tuple[str, gm.Event | None]] = []
+    if len(reqs) >= 2:
+        out.append(("batch: requests", gm.Batch(events=list(reqs))))
+    busy: list[gm.Message] = [*rels, *reqs, gm.ResetBreaker(sig=ResetBreakerSignal(by="oncall"))]
+    if len(busy) >= 3:
+        out.append(("batch: releases, requests, reset", gm.Batch(events=busy)))
+    return out
 
 
 def _world_only(label: str, w: World) -> World:
@@ -150,6 +172,10 @@ def _world_only(label: str, w: World) -> World:
 
 def _before(label: str, ev: gm.Event, m: gm.GuardState, w: World) -> World:
     """The world's side of delivering ``ev`` (before the machine steps)."""
+    if isinstance(ev, gm.Batch):
+        for inner in ev.events:
+            w = _before(label, inner, m, w)
+        return w
     if isinstance(ev, gm.Clock):
         return replace(w, now_s=w.now_s + CLOCK_STEP_S)
     if isinstance(ev, gm.Request) and not ev.req.renew:
@@ -170,8 +196,12 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
          ) -> tuple[gm.GuardState, World]:
     """Step ``ev`` and execute its commands as the interpreter does."""
     todo: deque[gm.Event] = deque([ev])
+    later: list[gm.Message] = []  # outcomes of the replies: the next batch
     bad = list(w.bad)
-    while todo:
+    while todo or later:
+        if not todo:
+            todo.append(gm.Batch(events=later))
+            later = []
         e = todo.popleft()
         now = T0 + timedelta(seconds=w.now_s)
         was_open, reset_at, counted = m.breaker_open, m.reset_at, m.counted
@@ -196,8 +226,8 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
                 i = _node_of(c.reply.repair_id)
                 st = w.repairs[i]
                 if st in ("dead", "done", "idle"):
-                    todo.append(gm.ReplyUndeliverable(repair_id=c.reply.repair_id,
-                                                      purpose=c.purpose))
+                    later.append(gm.ReplyUndeliverable(repair_id=c.reply.repair_id,
+                                                       purpose=c.purpose))
                     continue
                 if c.reply.granted:
                     if st == "waiting":
