@@ -104,6 +104,15 @@ _EFFECT_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30), maximum_atte
 #: 2,000 activities (``limit.numPendingActivities.error``) pending (its defaults); half of
 #: that leaves room to spare.
 MAX_IN_FLIGHT = 1000
+#: Most messages one step decides. The SDK fails a workflow task whose activation runs
+#: longer than 2 s without yielding (its deadlock detector, TMPRL1101); a batch of 1,000
+#: requests took longer than that on a loaded 2-core machine (tests/bench/guard_throughput.py),
+#: 200 take about a tenth of it. A longer inbox is decided in steps of this size, each
+#: in an activation of its own (:data:`_BATCH_PAUSE`).
+MAX_BATCH = 200
+#: The pause between two steps of a long inbox: a timer, so the next step runs in a new
+#: activation (1 ms: the shortest timer; the server answers it at once).
+_BATCH_PAUSE = timedelta(milliseconds=1)
 #: Key of the carried messages in ``GuardInput.carried`` (beside the machine's state,
 #: which ignores it).
 CARRIED_INBOX = "inbox"
@@ -247,9 +256,11 @@ class ClusterGuardWorkflow:
             for name, at in sorted(self._m.timers.items(), key=lambda kv: kv[1]):
                 if at <= now:
                     await self._deliver(gm.TimerFired(name=name))
-            while self._inbox:  # all of it in one step (more may come meanwhile)
-                batch, self._inbox = self._inbox, []
+            while self._inbox:  # one step per MAX_BATCH messages (more may come)
+                batch, self._inbox = self._inbox[:MAX_BATCH], self._inbox[MAX_BATCH:]
                 await self._deliver(gm.Batch(events=batch))
+                if self._inbox:  # the rest in a later activation (the deadlock bound)
+                    await workflow.sleep(_BATCH_PAUSE)
             info = workflow.info()
             if (
                 info.is_continue_as_new_suggested()

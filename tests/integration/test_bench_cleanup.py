@@ -1,11 +1,12 @@
 """A benchmark stopped by SIGTERM stops every process it started (issue 30 item 4).
 
-Runs the guard benchmark (``tests/bench/guard_throughput.py``) in a subprocess with a
-data dir of the test's own, waits until its dev stack is up (the Temporal dev server,
-embedded PostgreSQL, the worker and ingest), sends SIGTERM, and checks that the
-benchmark exits and that none of those processes (nor anything in their process groups)
-survives. Without :func:`workers.devstack.stop_stacks_on_exit` the children, started in
-sessions of their own, outlive the benchmark.
+Starts a benchmark's stack (:func:`tests.bench.support.stack.dev_stack`, the one
+``orchestration.py``, ``storm.py`` and the others use: the Temporal dev server, embedded
+PostgreSQL, the worker and ingest) in a subprocess with a data dir of the test's own,
+waits until it is up, sends SIGTERM, and checks that the subprocess exits with 143 and
+that none of those processes (nor anything in their process groups) survives. Without
+:func:`workers.devstack.stop_stacks_on_exit` the children, started in sessions of their
+own, outlive it.
 """
 
 from __future__ import annotations
@@ -21,8 +22,22 @@ import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "tests" / "bench" / "guard_throughput.py"
 START_TIMEOUT_S = 240.0
+#: The benchmark's side: the stack up, then wait to be stopped.
+BENCH = """
+import asyncio, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from tests.bench.support.stack import dev_stack
+
+async def main() -> None:
+    cfg = {"clusters": [{"name": "cleanup", "gpu_nodes": 1}], "worker": {"watchers": False}}
+    async with dev_stack(Path(sys.argv[1]), cfg):
+        print("READY", flush=True)
+        await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
 
 
 def _alive(pid: int) -> bool:
@@ -42,32 +57,27 @@ def _postmaster(pg: Path) -> int | None:
 @pytest.mark.devserver
 def test_sigterm_stops_every_process_a_benchmark_started(tmp_path: Path) -> None:
     data = tmp_path / "stack"
-    log = (tmp_path / "bench.log").open("wb")
-    bench = subprocess.Popen([sys.executable, str(BENCH), "--requests", "2000",
-                              "--data-dir", str(data)], stdout=log, stderr=subprocess.STDOUT,
-                             cwd=ROOT)
+    out = tmp_path / "bench.log"
+    log = out.open("wb")
+    bench = subprocess.Popen([sys.executable, "-c", BENCH, str(data), str(ROOT)],
+                             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
-        kids: list[psutil.Process] = []
-        pm: int | None = None
-        while time.monotonic() < deadline:
-            assert bench.poll() is None, (tmp_path / "bench.log").read_text()[-3000:]
-            kids = psutil.Process(bench.pid).children()
-            names = {" ".join(k.cmdline()[1:3]) for k in kids if _alive(k.pid)}
-            pm = _postmaster(data / "pg")
-            worker_up = (data / "worker.log").exists() and "worker_started" in (
-                data / "worker.log").read_text()
-            if pm and worker_up and any("ingest" in n for n in names):
-                break
+        while b"READY" not in out.read_bytes():
+            assert bench.poll() is None, out.read_text()[-3000:]
+            if time.monotonic() > deadline:
+                pytest.fail("the benchmark's stack did not come up")
             time.sleep(0.5)
-        else:
-            pytest.fail("the benchmark's stack did not come up")
-        assert pm is not None
+        kids = psutil.Process(bench.pid).children()
+        names = sorted(" ".join(k.cmdline()[1:3]) for k in kids)
+        assert len(kids) == 3, names  # temporal, worker, ingest
+        pm = _postmaster(data / "pg")
+        assert pm is not None and _alive(pm)
         groups = {os.getpgid(k.pid) for k in kids}
         watched = [k.pid for k in kids] + [pm]
         bench.send_signal(signal.SIGTERM)
         rc = bench.wait(timeout=120)
-        assert rc == 128 + signal.SIGTERM, rc
+        assert rc == 128 + signal.SIGTERM, (rc, out.read_text()[-3000:])
         t_end = time.monotonic() + 30
         while time.monotonic() < t_end and any(_alive(p) for p in watched):
             time.sleep(0.2)

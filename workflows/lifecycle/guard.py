@@ -136,9 +136,8 @@ class Counted(BaseModel):
     """An automatic repair counted for the breaker; ``in_window`` false once a reset
     started a fresh window (the id is kept so it is never counted again).
 
-    Bound (:func:`_prune_counted`): entries of repairs still held or queued, the newest
-    ``breaker_threshold + 1`` others inside the breaker window, and the last request
-    decided. That is exact for
+    Bound after every step (:func:`_prune_counted`): entries of repairs still held or
+    queued, and the newest ``breaker_threshold + 1`` others inside the breaker window. That is exact for
     the breaker: more than ``breaker_threshold`` starts in the window exist if and only if
     more than ``breaker_threshold`` are kept (the newest leave the window last)."""
 
@@ -172,7 +171,7 @@ class GuardState(BaseModel):
     """Everything the guard keeps across continue-as-new (``GuardInput.carried``).
 
     Bounded: ``leases`` ≤ ``policy.budget``; ``queue`` ≤ :data:`MAX_QUEUED`; ``counted``
-    ≤ held + queued + ``breaker_threshold + 2`` (:class:`Counted`); ``expired`` ≤
+    ≤ held + queued + ``breaker_threshold + 1`` (:class:`Counted`); ``expired`` ≤
     :data:`MAX_EXPIRED`; ``errors`` ≤ :data:`MAX_ERRORS`; ``deferred`` holds only what came
     during one policy or ledger read (a read ends in an answer, a failure or a retry timer);
     ``timers`` ≤ 2."""
@@ -447,7 +446,9 @@ def _breaker_holds(s: GuardState, req: LeaseRequest) -> bool:
 
 def _prune_counted(s: GuardState, now: datetime, asking: str) -> GuardState:
     """Keep the counted entries of repairs held, queued or ``asking``, and the newest
-    ``breaker_threshold + 1`` others in the window (the bound of :class:`Counted`)."""
+    ``breaker_threshold + 1`` others in the window (the bound of :class:`Counted`). Run
+    once per step (:func:`_settle`): it never changes a trip decision, which needs only
+    more than ``breaker_threshold`` entries in the window."""
     start = now - timedelta(seconds=s.policy.breaker_window_s)
     live = {q.req.repair_id for q in s.queue} | {x.repair_id for x in s.leases} | {asking}
     others = [c for c in s.counted if c.repair_id not in live and start <= c.at]
@@ -598,16 +599,19 @@ def _on_request(s: GuardState, req: LeaseRequest, now: datetime, defects: frozen
         return s, [SendLease(workflow_id=req.workflow_id, reply=LeaseReply(
             repair_id=req.repair_id, granted=True,
             reason="renewed" if req.renew else "already held", expires_at=exp))], []
-    old = next((q for q in s.queue if q.req.repair_id == req.repair_id), None)
+    # list comprehensions, not generators: a storm's batch looks through long lists
+    # once per request (issue 30: a batch must fit one workflow activation)
+    ids = [q.req.repair_id for q in s.queue]
+    old = s.queue[ids.index(req.repair_id)] if req.repair_id in ids else None
     counts = req.automatic and not req.renew
     effects: Cmds = []
-    if counts and all(c.repair_id != req.repair_id for c in s.counted):
+    if counts and req.repair_id not in {c.repair_id for c in s.counted}:
         s = s.model_copy(update={"counted": [*s.counted, Counted(repair_id=req.repair_id,
                                                                   at=now)]})
-    s = _prune_counted(s, now, req.repair_id)
-    recent = window_count(s, now)
-    if counts and not s.breaker_open and len(recent) > s.policy.breaker_threshold:
-        s, effects = _trip(s, now, len(recent))
+    if counts and not s.breaker_open:  # (pruned once per step, in _settle)
+        recent = window_count(s, now)
+        if len(recent) > s.policy.breaker_threshold:
+            s, effects = _trip(s, now, len(recent))
     q = old or Queued(req=req, why=Why.breaker, reason="", since=now)
     if counts and s.breaker_open:
         q = q.model_copy(update={"why": Why.breaker,
@@ -715,6 +719,7 @@ def _settle(s: GuardState, cmds: Cmds, now: datetime, defects: frozenset[str],
     expiry timer. Replies go out before effects (ledger writes, notifications)."""
     if s.status != Status.serving:
         return s, cmds
+    s = _prune_counted(s, now, "")
     s, exp = _expire(s, now)
     s, grants = _grant_queued(s, now, defects, base)
     s, timers = _timers(s)
