@@ -138,8 +138,9 @@ class Counted(BaseModel):
 
     Bound after every step (:func:`_prune_counted`): entries of repairs still held or
     queued, and the newest ``breaker_threshold + 1`` others inside the breaker window.
-    That is exact for the breaker: more than ``breaker_threshold`` starts in the window exist if and only if
-    more than ``breaker_threshold`` are kept (the newest leave the window last)."""
+    That is exact for the breaker: more than ``breaker_threshold`` starts in the window
+    exist if and only if more than ``breaker_threshold`` are kept (the newest leave the
+    window last)."""
 
     repair_id: str
     at: datetime
