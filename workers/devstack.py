@@ -13,11 +13,19 @@ removes it.
 
 Errors: :class:`StackError` for a port already in use (names the port and what it is
 for) or a missing binary (names it and how to install it).
+
+Stopping (issue 30 item 4): every stack this process started and did not stop is listed
+(:func:`running_stacks`); :func:`stop_stacks_on_exit` (the benchmarks call it, through
+``tests/bench/support/stack.py``) makes SIGTERM, SIGINT, SIGHUP and interpreter exit stop
+them all (children by process group, PostgreSQL by ``pg_ctl``), so a benchmark stopped by
+``timeout`` or Ctrl-C leaves nothing running. ``autorepair up`` handles its own signals
+(it stops the stack the same way).
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import json
 import logging
@@ -28,6 +36,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Awaitable, Callable
@@ -41,7 +50,8 @@ from workers.devpeers import free_port, wait_port
 from workflows.config import AutorepairConfig
 from workflows.protocol import SEARCH_ATTRIBUTES
 
-__all__ = ["STACK_FILE", "DevStack", "StackError", "StackPorts", "free_port", "port_free"]
+__all__ = ["STACK_FILE", "DevStack", "StackError", "StackPorts", "free_port", "port_free",
+           "running_stacks", "stop_all_stacks", "stop_stacks_on_exit"]
 
 log = logging.getLogger("autorepair.up")
 
@@ -52,6 +62,56 @@ read by the client commands (:func:`workers.ops.stack_info`)."""
 
 class StackError(RuntimeError):
     """The stack cannot start; the message says what and how to fix it."""
+
+
+#: Stacks started in this process and not stopped (oldest first).
+_RUNNING: list[DevStack] = []
+#: Whether :func:`stop_stacks_on_exit` installed its handlers.
+_ON_EXIT = {"installed": False}
+
+
+def running_stacks() -> list[DevStack]:
+    """The stacks this process started (:meth:`DevStack.start`) and has not stopped."""
+    return list(_RUNNING)
+
+
+def stop_all_stacks() -> None:
+    """Stop every running stack of this process, newest first (idempotent)."""
+    for stack in reversed(running_stacks()):
+        stack.stop()
+
+
+#: After a signal stopped the stacks, how long the program may take to unwind (its
+#: ``finally`` blocks) before it is ended at once, seconds: a Temporal worker shutting
+#: down against the stopped server retries its calls for much longer.
+EXIT_GRACE_S = 10.0
+
+
+def _stop_and_exit(signum: int, _frame: object) -> None:
+    signal.signal(signum, signal.SIG_IGN)  # a second signal must not cut the stop short
+    log.warning("event=stack_stop_on_signal signal=%s", signal.Signals(signum).name)
+    stop_all_stacks()
+    code = 128 + signum
+    timer = threading.Timer(EXIT_GRACE_S, os._exit, (code,))
+    timer.daemon = True
+    timer.start()
+    raise SystemExit(code)
+
+
+def stop_stacks_on_exit(signals: tuple[signal.Signals, ...] = (
+        signal.SIGTERM, signal.SIGINT, signal.SIGHUP)) -> None:
+    """Make ``signals`` and interpreter exit stop every stack this process started: the
+    handler stops them, then raises ``SystemExit(128 + signal)`` so the caller's own
+    ``finally`` blocks run too (the exit status a shell reports for a killed process);
+    a program still running :data:`EXIT_GRACE_S` later is ended with that status.
+    Call from the main thread of a program that owns its stacks (benchmarks, tools); not
+    from ``autorepair up``, which handles its signals on its event loop. Idempotent."""
+    if _ON_EXIT["installed"]:
+        return
+    atexit.register(stop_all_stacks)
+    for sig in signals:
+        signal.signal(sig, _stop_and_exit)
+    _ON_EXIT["installed"] = True
 
 
 def find_binary(name: str) -> str:
@@ -181,6 +241,13 @@ class DevStack:
     on_ready: list[Callable[[DevStack], Awaitable[None]]] = field(default_factory=list)
 
     # -- start ----------------------------------------------------------------------
+    def track(self) -> None:
+        """List the stack in :func:`running_stacks` (until :meth:`stop`); :meth:`start`,
+        :meth:`start_temporal` and :meth:`start_postgres` do it, so a caller that starts
+        only some pieces is stopped on a signal too."""
+        if self not in _RUNNING:
+            _RUNNING.append(self)
+
     def check_ports(self) -> None:
         busy = [(label, p) for label, p in self.ports.labelled() if not port_free(self.host, p)]
         if busy:
@@ -254,6 +321,7 @@ class DevStack:
         return env
 
     def start_temporal(self) -> None:
+        self.track()
         binary = find_binary("temporal")
         argv = [
             binary,
@@ -288,6 +356,7 @@ class DevStack:
             )
 
     def start_postgres(self) -> None:
+        self.track()
         server = start_embedded_postgres(self.data_dir / "pg")
         self._pg = server
         self.pg_dsn = server.get_uri()
@@ -314,7 +383,9 @@ class DevStack:
             self.children.append(child)
 
     async def start(self) -> None:
-        """Start everything; raises :class:`StackError` with a clear message."""
+        """Start everything; raises :class:`StackError` with a clear message. The stack
+        is listed in :func:`running_stacks` from the first child on, until :meth:`stop`."""
+        self.track()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.check_ports()
         find_binary("temporal")
@@ -403,7 +474,9 @@ class DevStack:
                 await asyncio.wait_for(stop.wait(), timeout=1.0)
 
     def stop(self) -> None:
-        """Stop every child (reverse order) and PostgreSQL."""
+        """Stop every child (reverse order) and PostgreSQL; idempotent."""
+        if self in _RUNNING:
+            _RUNNING.remove(self)
         with contextlib.suppress(OSError):
             (self.data_dir / STACK_FILE).unlink(missing_ok=True)
         for child in reversed(self.children):

@@ -20,11 +20,22 @@ Every decision is made by the pure machine :mod:`workflows.lifecycle.guard`
 (``step(state, event, now) -> (state, commands)``, issue 26); this workflow turns
 signals, activity results and timers into its events and executes its commands.
 
+Throughput (issue 30 item 1): every message that arrived before the guard's next step
+(signals, and the outcomes of its own replies and effects) is decided in one ``step``
+over a :class:`~workflows.lifecycle.guard.Batch`; the replies, ledger writes and
+notifications that step commands are started at once, in the commanded order, and run
+concurrently (at most :data:`MAX_IN_FLIGHT`); their outcomes (an undeliverable reply, a
+failed effect) are messages of a later batch. Nothing the guard writes is on the decision
+path: a decision waits only for a policy or ledger read the machine asked for.
+
 Durability (docs/design.md §5 rails must hold across restarts):
 
 - grants are signalled before any side effect runs; notifications and ledger writes are
   best effort (bounded retries; a failure is noted in ``GuardStatus.errors`` and logged,
   never fails the guard);
+- continue-as-new waits for every call in flight and every handler, then carries the
+  messages that arrived meanwhile (``carried["inbox"]``, :data:`CARRIED_INBOX`) into the
+  next run, which decides them first: none is lost;
 - a lease lives as long as its holder: holders renew it from their long waits, and at
   expiry the guard asks the holder (a signal) — still running, the lease is extended;
   gone, the slot is freed;
@@ -40,9 +51,12 @@ signal ``reset_breaker`` ``{"by": USER, "reason": TEXT}``.
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from datetime import timedelta
+from typing import Any
 
+from pydantic import TypeAdapter
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, FailureError
@@ -85,6 +99,24 @@ _ACT_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30))
 #: Side effects (ledger writes, notifications) and one ledger read are best effort: a
 #: few tries, then the machine is told (it notes the failure, or retries the read).
 _EFFECT_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30), maximum_attempts=5)
+#: Most replies and effects in flight at once. The Temporal server fails a workflow task
+#: that leaves more than 2,000 external signals (``limit.numPendingSignals.error``) or
+#: 2,000 activities (``limit.numPendingActivities.error``) pending (its defaults); half of
+#: that leaves room to spare.
+MAX_IN_FLIGHT = 1000
+#: Most messages one step decides. The SDK fails a workflow task whose activation runs
+#: longer than 2 s without yielding (its deadlock detector, TMPRL1101); a batch of 1,000
+#: requests took longer than that on a loaded 2-core machine (tests/bench/guard_throughput.py),
+#: 200 take about a tenth of it. A longer inbox is decided in steps of this size, each
+#: in an activation of its own (:data:`_BATCH_PAUSE`).
+MAX_BATCH = 200
+#: The pause between two steps of a long inbox: a timer, so the next step runs in a new
+#: activation (1 ms: the shortest timer; the server answers it at once).
+_BATCH_PAUSE = timedelta(milliseconds=1)
+#: Key of the carried messages in ``GuardInput.carried`` (beside the machine's state,
+#: which ignores it).
+CARRIED_INBOX = "inbox"
+_INBOX: TypeAdapter[list[gm.Message]] = TypeAdapter(list[gm.Message])
 
 
 def policy_view(snap: PolicySnapshot | None) -> gm.PolicyView:
@@ -149,7 +181,13 @@ class ClusterGuardWorkflow:
             if inp.carried
             else gm.new_state(inp.cluster, default)
         )
-        self._inbox: list[gm.Event] = []
+        #: messages not yet stepped (signals, outcomes of calls), in arrival order
+        self._inbox: list[gm.Message] = (
+            _INBOX.validate_python(inp.carried.get(CARRIED_INBOX) or [])
+            if inp.carried else [])
+        #: replies and effects started and not finished
+        self._in_flight = 0
+        self._tasks: set[asyncio.Task[None]] = set()
         #: what ``step`` commanded, checked against what runs (issue 26 item 5)
         self.lifecycle_trace = Trace()
 
@@ -208,23 +246,28 @@ class ClusterGuardWorkflow:
     async def run(self, inp: GuardInput) -> None:
         """Serve lease requests forever. Input ``{"cluster": "demo"}``."""
         await self._deliver(gm.Started(fresh=self._fresh))
+        cut = False  # the last step left part of a long inbox for later
         while True:
-            timeout = self._next_timer_in()
-            try:
-                await workflow.wait_condition(lambda: bool(self._inbox), timeout=timeout)
-            except TimeoutError:
-                pass
+            if cut:  # decide the rest in a new activation (the deadlock bound)
+                await workflow.sleep(_BATCH_PAUSE)
+            else:
+                try:
+                    await workflow.wait_condition(lambda: bool(self._inbox),
+                                                  timeout=self._next_timer_in())
+                except TimeoutError:
+                    pass
             now = workflow.now()
             for name, at in sorted(self._m.timers.items(), key=lambda kv: kv[1]):
                 if at <= now:
                     await self._deliver(gm.TimerFired(name=name))
-            while self._inbox:
-                await self._deliver(self._inbox.pop(0))
+            cut = len(self._inbox) > MAX_BATCH
+            if self._inbox:  # one step of at most MAX_BATCH messages
+                batch, self._inbox = self._inbox[:MAX_BATCH], self._inbox[MAX_BATCH:]
+                await self._deliver(gm.Batch(events=batch))
             info = workflow.info()
-            if (
-                info.is_continue_as_new_suggested()
-                or info.get_current_history_length() > self._m.history_limit
-            ) and not self._inbox:
+            # a storm never empties the inbox: continue-as-new carries what is left
+            if (info.is_continue_as_new_suggested()
+                    or info.get_current_history_length() > self._m.history_limit):
                 await self._deliver(gm.HistoryLong())
 
     def _next_timer_in(self) -> timedelta | None:
@@ -234,9 +277,9 @@ class ClusterGuardWorkflow:
         return max(soonest - workflow.now(), timedelta(seconds=1))
 
     async def _deliver(self, event: gm.Event) -> None:
-        """Step the machine with ``event`` and execute its commands; a command's outcome
-        that is itself an event (an activity result, an undeliverable signal) is stepped
-        after the step's commands, in order."""
+        """Step the machine with ``event`` and execute its commands in order. A read's
+        outcome (policy, ledger) is stepped after the step's commands; replies and effects
+        run in the background (:meth:`_start`) and their outcomes join the inbox."""
         todo: deque[gm.Event] = deque([event])
         while todo:
             ev = todo.popleft()
@@ -248,7 +291,54 @@ class ClusterGuardWorkflow:
                     todo.append(follow)
 
     async def _execute(self, cmd: gm.Command) -> gm.Event | None:
-        """Carry out one command; returns the event its outcome is (or None)."""
+        """Carry out one command; returns the event a read's outcome is (or None)."""
+        if isinstance(cmd, gm.SendLease | gm.WriteAlert | gm.Notify):
+            await self._start(cmd)
+        elif isinstance(cmd, gm.LoadPolicy | gm.ReadLedger):
+            return await self._read(cmd)
+        elif isinstance(cmd, gm.SetDetails):
+            workflow.set_current_details(cmd.text)
+        elif isinstance(cmd, gm.Warn):
+            workflow.logger.warning("guard cluster=%s: %s", self._cluster, cmd.text)
+        elif isinstance(cmd, gm.ContinueAsNew):
+            await self._continue_as_new()
+        # StartTimer / CancelTimer: the machine's state holds the timers (``timers``),
+        # which the main loop waits on
+        return None
+
+    async def _start(self, cmd: gm.SendLease | gm.WriteAlert | gm.Notify) -> None:
+        """Start ``cmd`` in the background; its outbound call is made before this returns,
+        so calls go out in the commanded order (the fidelity check's order)."""
+        if self._in_flight >= MAX_IN_FLIGHT:
+            await workflow.wait_condition(lambda: self._in_flight < MAX_IN_FLIGHT)
+        self._in_flight += 1
+        task = asyncio.create_task(self._background(cmd))
+        self._tasks.add(task)  # the loop keeps only a weak reference
+        task.add_done_callback(self._tasks.discard)
+        await asyncio.sleep(0)  # the task runs to its call before the next command
+
+    async def _background(self, cmd: gm.SendLease | gm.WriteAlert | gm.Notify) -> None:
+        try:
+            follow = await self._effect(cmd)
+        finally:
+            self._in_flight -= 1
+        if follow is not None:
+            self._inbox.append(follow)
+
+    async def _continue_as_new(self) -> None:
+        """Wait for every call in flight and every handler, then continue as new with the
+        machine's state and the messages that arrived meanwhile (the next run decides
+        them first). Nothing is awaited between the last look and ``continue_as_new``, so
+        no signal can come in between."""
+        await workflow.wait_condition(
+            lambda: self._in_flight == 0 and workflow.all_handlers_finished())
+        carried: dict[str, Any] = self._m.model_dump(mode="json")
+        if self._inbox:
+            carried[CARRIED_INBOX] = _INBOX.dump_python(self._inbox, mode="json")
+        workflow.continue_as_new(GuardInput(cluster=self._cluster, carried=carried))
+
+    async def _effect(self, cmd: gm.SendLease | gm.WriteAlert | gm.Notify) -> gm.Message | None:
+        """A reply or a best-effort effect; returns the message its failure is (or None)."""
         if isinstance(cmd, gm.SendLease):
             try:
                 await workflow.get_external_workflow_handle(cmd.workflow_id).signal(
@@ -257,30 +347,6 @@ class ClusterGuardWorkflow:
             except FailureError:
                 return gm.ReplyUndeliverable(repair_id=cmd.reply.repair_id, purpose=cmd.purpose)
             return None
-        if isinstance(cmd, gm.LoadPolicy):
-            try:
-                snap = await workflow.execute_activity(
-                    ACT.load_policy,
-                    self._cluster,
-                    result_type=PolicySnapshot,
-                    start_to_close_timeout=_ACT_TIMEOUT,
-                    retry_policy=_ACT_RETRY,
-                )
-            except ActivityError as err:
-                return gm.PolicyFailed(message=_cause(err))
-            return gm.PolicyRead(view=policy_view(snap))
-        if isinstance(cmd, gm.ReadLedger):
-            try:
-                st = await workflow.execute_activity(
-                    ACT.ledger_guard_state,
-                    GuardStateQuery(cluster=self._cluster, since=cmd.since),
-                    result_type=GuardLedgerState,
-                    start_to_close_timeout=_ACT_TIMEOUT,
-                    retry_policy=_EFFECT_RETRY,
-                )
-            except ActivityError as err:
-                return gm.LedgerUnavailable(message=_cause(err))
-            return gm.LedgerRead(view=ledger_view(self._cluster, st))
         if isinstance(cmd, gm.WriteAlert):
             try:
                 await workflow.execute_activity(
@@ -294,31 +360,44 @@ class ClusterGuardWorkflow:
                 return gm.EffectFailed(what="write_alert", subject=cmd.alert.alert_id,
                                        message=_cause(err))
             return None
-        if isinstance(cmd, gm.Notify):
+        try:
+            await workflow.execute_activity(
+                ACT.notify,
+                Notification(cluster=self._cluster, subject=cmd.subject, body=cmd.body,
+                             severity=cmd.severity, event=cmd.event,
+                             dedup_key=cmd.dedup_key),
+                start_to_close_timeout=_ACT_TIMEOUT,
+                retry_policy=_EFFECT_RETRY,
+            )
+        except ActivityError as err:
+            return gm.EffectFailed(what="notify", subject=cmd.subject, message=_cause(err))
+        return None
+
+    async def _read(self, cmd: gm.LoadPolicy | gm.ReadLedger) -> gm.Event:
+        """A read the machine waits for; returns its outcome."""
+        if isinstance(cmd, gm.LoadPolicy):
             try:
-                await workflow.execute_activity(
-                    ACT.notify,
-                    Notification(cluster=self._cluster, subject=cmd.subject, body=cmd.body,
-                                 severity=cmd.severity, event=cmd.event,
-                                 dedup_key=cmd.dedup_key),
+                snap = await workflow.execute_activity(
+                    ACT.load_policy,
+                    self._cluster,
+                    result_type=PolicySnapshot,
                     start_to_close_timeout=_ACT_TIMEOUT,
-                    retry_policy=_EFFECT_RETRY,
+                    retry_policy=_ACT_RETRY,
                 )
             except ActivityError as err:
-                return gm.EffectFailed(what="notify", subject=cmd.subject, message=_cause(err))
-            return None
-        if isinstance(cmd, gm.SetDetails):
-            workflow.set_current_details(cmd.text)
-        elif isinstance(cmd, gm.Warn):
-            workflow.logger.warning("guard cluster=%s: %s", self._cluster, cmd.text)
-        elif isinstance(cmd, gm.ContinueAsNew):
-            await workflow.wait_condition(workflow.all_handlers_finished)
-            workflow.continue_as_new(
-                GuardInput(cluster=self._cluster, carried=self._m.model_dump(mode="json"))
+                return gm.PolicyFailed(message=_cause(err))
+            return gm.PolicyRead(view=policy_view(snap))
+        try:
+            st = await workflow.execute_activity(
+                ACT.ledger_guard_state,
+                GuardStateQuery(cluster=self._cluster, since=cmd.since),
+                result_type=GuardLedgerState,
+                start_to_close_timeout=_ACT_TIMEOUT,
+                retry_policy=_EFFECT_RETRY,
             )
-        # StartTimer / CancelTimer: the machine's state holds the timers (``timers``),
-        # which the main loop waits on
-        return None
+        except ActivityError as err:
+            return gm.LedgerUnavailable(message=_cause(err))
+        return gm.LedgerRead(view=ledger_view(self._cluster, st))
 
 
 def calls(cmd: gm.Command) -> tuple[Call, ...]:

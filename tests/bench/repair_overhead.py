@@ -45,7 +45,7 @@ import yaml
 from tests.bench.support.stack import bench_ports
 from workers.config import load_config
 from workers.devpeers import MachineBridge, free_port, slurm_unavailable_reason
-from workers.devstack import DevStack
+from workers.devstack import DevStack, stop_stacks_on_exit
 
 NODE = "gpu-03"
 SLURM_COMMANDS = ("scontrol", "squeue", "sinfo", "sbatch", "scancel")
@@ -167,6 +167,8 @@ async def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
     reason = slurm_unavailable_reason()
     if reason:
         return {"skipped": f"needs the loopback Slurm cluster: {reason}"}
+    # a signal stops the stack and exits through the ``finally`` below (the demo's peers)
+    stop_stacks_on_exit()
     demo = await asyncio.to_thread(prepare, data_dir)
     proxy = TimingProxy(demo.redfish.url)
     boots: list[tuple[float, float]] = []

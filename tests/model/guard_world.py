@@ -9,8 +9,13 @@ crossing the lease TTL and the breaker window, each armed timer firing, a guard 
 (the machine's state lost), the ledger going down and coming back, the policy read
 answering or failing, the ledger read answering (holders: every repair holding a node,
 dead ones included; breaker: the newest alert the guard wrote), continue-as-new (the
-state round-trips through JSON). The interpreter's inline follow-up (an undeliverable
-lease signal) is stepped at once, as :mod:`workflows.guard` does.
+state round-trips through JSON), and batches (issue 30 item 1: the interpreter steps
+every message that arrived before its next step as one :class:`~workflows.lifecycle.guard.Batch`):
+a storm (every idle or waiting repair's request in one batch) and a busy task (every
+holder's release, then every other repair's request, then the breaker reset, in one
+batch). An undeliverable
+lease signal comes back as a message of the next batch, as in :mod:`workflows.guard`
+(its replies run concurrently; their failures join the inbox).
 
 States are hashed (canonical JSON of the machine's state plus the world) with symmetry
 reduction over the two nodes of pool ``A`` (swapping them maps a state onto an
@@ -138,7 +143,24 @@ def _events(m: gm.GuardState, w: World) -> list[tuple[str, gm.Event | None]]:
                     gm.LedgerRead(view=_ledger(w, m)) if w.ledger_up
                     else gm.LedgerUnavailable(message="connection refused")))
     evs.append(("continue-as-new", gm.HistoryLong()))
+    evs += _batches(w)
     return evs
+
+
+def _batches(w: World) -> list[tuple[str, gm.Event | None]]:
+    """The batch events: a storm of requests, and every message with the reset last."""
+    reqs = [gm.Request(req=_req(i)) for i, st in enumerate(w.repairs)
+            if st in ("idle", "waiting")]
+    # a repair that released never asks again: the holders release, the others ask
+    rels = [gm.Release(rel=LeaseRelease(repair_id=_rid(i), outcome="succeeded"))
+            for i, st in enumerate(w.repairs) if st == "holding"]
+    out: list[tuple[str, gm.Event | None]] = []
+    if len(reqs) >= 2:
+        out.append(("batch: requests", gm.Batch(events=list(reqs))))
+    busy: list[gm.Message] = [*rels, *reqs, gm.ResetBreaker(sig=ResetBreakerSignal(by="oncall"))]
+    if len(busy) >= 3:
+        out.append(("batch: releases, requests, reset", gm.Batch(events=busy)))
+    return out
 
 
 def _world_only(label: str, w: World) -> World:
@@ -150,6 +172,10 @@ def _world_only(label: str, w: World) -> World:
 
 def _before(label: str, ev: gm.Event, m: gm.GuardState, w: World) -> World:
     """The world's side of delivering ``ev`` (before the machine steps)."""
+    if isinstance(ev, gm.Batch):
+        for inner in ev.events:
+            w = _before(label, inner, m, w)
+        return w
     if isinstance(ev, gm.Clock):
         return replace(w, now_s=w.now_s + CLOCK_STEP_S)
     if isinstance(ev, gm.Request) and not ev.req.renew:
@@ -170,11 +196,16 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
          ) -> tuple[gm.GuardState, World]:
     """Step ``ev`` and execute its commands as the interpreter does."""
     todo: deque[gm.Event] = deque([ev])
+    later: list[gm.Message] = []  # outcomes of the replies: the next batch
     bad = list(w.bad)
-    while todo:
+    while todo or later:
+        if not todo:
+            todo.append(gm.Batch(events=later))
+            later = []
         e = todo.popleft()
         now = T0 + timedelta(seconds=w.now_s)
         was_open, reset_at, counted = m.breaker_open, m.reset_at, m.counted
+        open_at = _open_at_grant(m, e, now, defects)
         m, cmds = gm.step(m, e, now, defects)
         if m.reset_at != reset_at:  # the machine applied a reset in this step
             pre = tuple(p or any(c.repair_id == _rid(i) for c in counted)
@@ -196,12 +227,15 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
                 i = _node_of(c.reply.repair_id)
                 st = w.repairs[i]
                 if st in ("dead", "done", "idle"):
-                    todo.append(gm.ReplyUndeliverable(repair_id=c.reply.repair_id,
-                                                      purpose=c.purpose))
+                    later.append(gm.ReplyUndeliverable(repair_id=c.reply.repair_id,
+                                                       purpose=c.purpose))
                     continue
                 if c.reply.granted:
                     if st == "waiting":
-                        if m.breaker_open and c.purpose == "reply":
+                        # a lapsed holder's renewal re-acquires ("re-acquired"):
+                        # not a new start, which is all the breaker holds back
+                        if open_at.get(c.reply.repair_id, m.breaker_open) \
+                                and c.purpose == "reply" and c.reply.reason != "re-acquired":
                             bad.append("breaker: an automatic new repair granted while open")
                         if m.status != gm.Status.serving or m.rebuilt_at is None:
                             bad.append("I21: granted before the ledger answered")
@@ -213,6 +247,23 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
                 elif st == "holding":  # a refused renewal: the lease lapsed, do not act
                     w = replace(w, repairs=_set(w.repairs, i, "waiting"))
     return m, replace(w, bad=tuple(bad))
+
+
+def _open_at_grant(m: gm.GuardState, e: gm.Event, now: datetime, defects: frozenset[str]
+                   ) -> dict[str, bool]:
+    """For a batch: whether the breaker was open when each repair was granted, by the
+    batch's specification (its messages stepped one by one: a request granted before a
+    later one of the batch trips the breaker was granted while it was closed). A grant
+    the one-by-one steps do not make is judged on the breaker after the batch."""
+    if not isinstance(e, gm.Batch):
+        return {}
+    out: dict[str, bool] = {}
+    for inner in e.events:
+        m, cmds = gm.step(m, inner, now, defects)
+        for c in cmds:
+            if isinstance(c, gm.SendLease) and c.reply.granted:
+                out.setdefault(c.reply.repair_id, m.breaker_open)
+    return out
 
 
 def check_invariants(m: gm.GuardState, w: World) -> list[str]:

@@ -30,6 +30,7 @@ def test_every_guard_status_event_pair_is_in_the_table() -> None:
         ("reset_recounts", "counted again"),
         ("rebuild_gives_up", "I21"),
         ("breaker_ignores_queue", "granted while open"),
+        ("batch_decides_in_parallel", "budget"),
     ],
 )
 def test_guard_checker_finds_each_planted_defect(defect: str, invariant: str) -> None:

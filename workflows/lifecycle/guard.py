@@ -52,9 +52,18 @@ LEDGER_RETRY_S = 60.0
 POLICY_REFRESH_S = 300.0
 #: Kind of the breaker's cluster-level alerts (a trip raises, a reset clears).
 BREAKER_KIND = "circuit_breaker"
-#: Bounds of the lists kept for operators (newest kept).
+#: Bounds of the lists kept for operators (newest kept): the ``status`` query shows them
+#: and ``autorepair breaker status`` prints them; 50 expired leases and 20 errors are the
+#: first release's bounds (enough for an on-call page, small in every carried state).
 MAX_EXPIRED = 50
 MAX_ERRORS = 20
+#: Most requests kept waiting in ``queue`` (budget-, pool-, node- or breaker-queued),
+#: one per repair. 12,500 is the node count of the largest fleet issue 30 sizes for
+#: (100,000 GPUs at 8 per node, several clusters): one cluster never has more repairs
+#: waiting at once, one repair per node being in flight (docs/design.md §5). A request
+#: beyond it is told it waits (``queued``) without being kept; its repair re-sends it every
+#: ``LEASE_RESEND_S`` (workflows/protocol.py) and is kept once there is room.
+MAX_QUEUED = 12_500
 #: History length after which the guard continues as new (Temporal's own suggestion
 #: also triggers it); overridable through the carried ``history_limit``.
 DEFAULT_HISTORY_LIMIT = 10_000
@@ -71,6 +80,9 @@ DEFECTS: dict[str, str] = {
                         "holders and grants a second lease beside one (I21)",
     "breaker_ignores_queue": "a budget-queued automatic request is granted while the "
                              "breaker is open",
+    "batch_decides_in_parallel": "a batch of requests is decided against the leases held "
+                                 "before the batch, so two requests of one batch are both "
+                                 "granted beyond the budget or the pool rule",
 }
 
 
@@ -122,7 +134,13 @@ class Queued(BaseModel):
 
 class Counted(BaseModel):
     """An automatic repair counted for the breaker; ``in_window`` false once a reset
-    started a fresh window (the id is kept so it is never counted again)."""
+    started a fresh window (the id is kept so it is never counted again).
+
+    Bound after every step (:func:`_prune_counted`): entries of repairs still held or
+    queued, and the newest ``breaker_threshold + 1`` others inside the breaker window.
+    That is exact for the breaker: more than ``breaker_threshold`` starts in the window
+    exist if and only if more than ``breaker_threshold`` are kept (the newest leave the
+    window last)."""
 
     repair_id: str
     at: datetime
@@ -151,7 +169,13 @@ class LedgerView(BaseModel):
 
 
 class GuardState(BaseModel):
-    """Everything the guard keeps across continue-as-new (``GuardInput.carried``)."""
+    """Everything the guard keeps across continue-as-new (``GuardInput.carried``).
+
+    Bounded: ``leases`` ≤ ``policy.budget``; ``queue`` ≤ :data:`MAX_QUEUED`; ``counted``
+    ≤ held + queued + ``breaker_threshold + 1`` (:class:`Counted`); ``expired`` ≤
+    :data:`MAX_EXPIRED`; ``errors`` ≤ :data:`MAX_ERRORS`; ``deferred`` holds only what came
+    during one policy or ledger read (a read ends in an answer, a failure or a retry timer);
+    ``timers`` ≤ 2."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -266,17 +290,34 @@ class Clock(BaseModel):
     kind: Literal["clock"] = "clock"
 
 
+Message = Annotated[
+    Request | Release | ResetBreaker | ClusterAlert | ReplyUndeliverable | EffectFailed,
+    Field(discriminator="kind"),
+]
+
+
+class Batch(BaseModel):
+    """Every message the workflow received before its next step (signals and command
+    outcomes, in arrival order; issue 30 item 1): each is decided in order as if it came
+    alone, then the queue is granted once, so one workflow task answers them all. A reply
+    a later one in the same batch supersedes (a "queued" answer to a request the batch
+    then grants, a request re-sent twice) is not sent."""
+
+    kind: Literal["batch"] = "batch"
+    events: list[Message] = Field(default_factory=list)
+
+
 GuardState.model_rebuild()
 
 Event = Annotated[
     Started | PolicyRead | PolicyFailed | LedgerRead | LedgerUnavailable | Request | Release
     | ResetBreaker | ClusterAlert | TimerFired | ReplyUndeliverable | EffectFailed
-    | HistoryLong | Clock,
+    | HistoryLong | Clock | Batch,
     Field(discriminator="kind"),
 ]
 EVENT_KINDS = ("started", "policy_ok", "policy_failed", "ledger_ok", "ledger_unavailable",
                "request", "release", "reset_breaker", "cluster_alert", "timer",
-               "reply_undeliverable", "effect_failed", "history_long", "clock")
+               "reply_undeliverable", "effect_failed", "history_long", "clock", "batch")
 
 
 # ---- commands ----------------------------------------------------------------------
@@ -404,6 +445,20 @@ def _breaker_holds(s: GuardState, req: LeaseRequest) -> bool:
     return s.breaker_open and req.automatic and not req.renew
 
 
+def _prune_counted(s: GuardState, now: datetime, asking: str) -> GuardState:
+    """Keep the counted entries of repairs held, queued or ``asking``, and the newest
+    ``breaker_threshold + 1`` others in the window (the bound of :class:`Counted`). Run
+    once per step (:func:`_settle`): it never changes a trip decision, which needs only
+    more than ``breaker_threshold`` entries in the window."""
+    start = now - timedelta(seconds=s.policy.breaker_window_s)
+    live = {q.req.repair_id for q in s.queue} | {x.repair_id for x in s.leases} | {asking}
+    others = [c for c in s.counted if c.repair_id not in live and start <= c.at]
+    keep = {id(c) for c in sorted(others, key=lambda c: c.at)[-(s.policy.breaker_threshold
+                                                                 + 1):]}
+    counted = [c for c in s.counted if c.repair_id in live or id(c) in keep]
+    return s.model_copy(update={"counted": counted})
+
+
 def _drop(s: GuardState, repair_id: str) -> GuardState:
     return s.model_copy(update={
         "leases": [x for x in s.leases if x.repair_id != repair_id],
@@ -412,32 +467,66 @@ def _drop(s: GuardState, repair_id: str) -> GuardState:
     })
 
 
-def _grant_queued(s: GuardState, now: datetime, defects: frozenset[str]
-                  ) -> tuple[GuardState, Cmds]:
-    """Grant every queued request the rules allow, in queue order."""
+def _grant_queued(s: GuardState, now: datetime, defects: frozenset[str],
+                  base: GuardState | None = None) -> tuple[GuardState, Cmds]:
+    """Grant every queued request the rules allow, in queue order (each grant counts
+    against the next request's budget, pool and node). ``base``: only with the planted
+    defect ``batch_decides_in_parallel``, the state the rules are wrongly checked on."""
     leases = list(s.leases)
     still: list[Queued] = []
     cmds: Cmds = []
     for q in s.queue:
-        req = q.req
-        held_by_breaker = _breaker_holds(s, req) and not (
-            "breaker_ignores_queue" in defects and q.why != Why.breaker)
-        if held_by_breaker:
+        if _held_by_breaker(s, q, defects):
             still.append(q.model_copy(update={"why": Why.breaker}))
             continue
-        no = refusal(s.model_copy(update={"leases": leases}), req)
+        no = refusal(base if base is not None else s.model_copy(update={"leases": leases}),
+                     q.req)
         if no is not None:
             still.append(q.model_copy(update={"why": no[0], "reason": no[1]}))
             continue
-        exp = now + _ttl(s)
-        leases.append(Lease(repair_id=req.repair_id, workflow_id=req.workflow_id,
-                            node=req.node, node_pool=_pool(s, req), automatic=req.automatic,
-                            requester_kind=req.requester_kind, granted_at=now, expires_at=exp))
-        cmds.append(SendLease(workflow_id=req.workflow_id, reply=LeaseReply(
-            repair_id=req.repair_id, granted=True,
-            reason="re-acquired" if req.renew else "granted",
-            reset_at=q.evidence_after, expires_at=exp)))
+        lease, reply = _grant(s, q, now)
+        leases.append(lease)
+        cmds.append(reply)
     return s.model_copy(update={"leases": leases, "queue": still}), cmds
+
+
+def _held_by_breaker(s: GuardState, q: Queued, defects: frozenset[str]) -> bool:
+    return _breaker_holds(s, q.req) and not (
+        "breaker_ignores_queue" in defects and q.why != Why.breaker)
+
+
+def _grant(s: GuardState, q: Queued, now: datetime) -> tuple[Lease, SendLease]:
+    """The lease granted to ``q`` at ``now`` and its reply."""
+    req, exp = q.req, now + _ttl(s)
+    lease = Lease(repair_id=req.repair_id, workflow_id=req.workflow_id, node=req.node,
+                  node_pool=_pool(s, req), automatic=req.automatic,
+                  requester_kind=req.requester_kind, granted_at=now, expires_at=exp)
+    return lease, SendLease(workflow_id=req.workflow_id, reply=LeaseReply(
+        repair_id=req.repair_id, granted=True,
+        reason="re-acquired" if req.renew else "granted",
+        reset_at=q.evidence_after, expires_at=exp))
+
+
+def _grant_one(s: GuardState, repair_id: str, now: datetime, defects: frozenset[str],
+               base: GuardState | None) -> tuple[GuardState, Cmds]:
+    """After a request inside a batch: grant its queue entry if the rules allow. Exactly
+    what :func:`_grant_queued` would do there: since the last grant round only this
+    request changed the state (it can trip the breaker, never free a slot), so every
+    other entry is still refused for the reason it has."""
+    queue = s.queue
+    i = len(queue) - 1 if queue and queue[-1].req.repair_id == repair_id else next(
+        (k for k, q in enumerate(queue) if q.req.repair_id == repair_id), -1)
+    if i < 0:
+        return s, []
+    q = queue[i]
+    if _held_by_breaker(s, q, defects):
+        return s, []
+    no = refusal(base if base is not None else s, q.req)
+    if no is not None:
+        return s, []
+    lease, reply = _grant(s, q, now)
+    return s.model_copy(update={"leases": [*s.leases, lease],
+                                "queue": [*queue[:i], *queue[i + 1:]]}), [reply]
 
 
 def _timers(s: GuardState) -> tuple[GuardState, Cmds]:
@@ -511,21 +600,19 @@ def _on_request(s: GuardState, req: LeaseRequest, now: datetime, defects: frozen
         return s, [SendLease(workflow_id=req.workflow_id, reply=LeaseReply(
             repair_id=req.repair_id, granted=True,
             reason="renewed" if req.renew else "already held", expires_at=exp))], []
-    old = next((q for q in s.queue if q.req.repair_id == req.repair_id), None)
+    # list comprehensions, not generators: a storm's batch looks through long lists
+    # once per request (issue 30: a batch must fit one workflow activation)
+    ids = [q.req.repair_id for q in s.queue]
+    old = s.queue[ids.index(req.repair_id)] if req.repair_id in ids else None
     counts = req.automatic and not req.renew
     effects: Cmds = []
-    if counts and all(c.repair_id != req.repair_id for c in s.counted):
+    if counts and req.repair_id not in {c.repair_id for c in s.counted}:
         s = s.model_copy(update={"counted": [*s.counted, Counted(repair_id=req.repair_id,
                                                                   at=now)]})
-    # prune: outside the window and neither held nor queued
-    start = now - timedelta(seconds=s.policy.breaker_window_s)
-    live = {q.req.repair_id for q in s.queue} | {x.repair_id for x in s.leases} | {
-        req.repair_id}
-    s = s.model_copy(update={"counted": [c for c in s.counted
-                                         if c.at >= start or c.repair_id in live]})
-    recent = window_count(s, now)
-    if counts and not s.breaker_open and len(recent) > s.policy.breaker_threshold:
-        s, effects = _trip(s, now, len(recent))
+    if counts and not s.breaker_open:  # (pruned once per step, in _settle)
+        recent = window_count(s, now)
+        if len(recent) > s.policy.breaker_threshold:
+            s, effects = _trip(s, now, len(recent))
     q = old or Queued(req=req, why=Why.breaker, reason="", since=now)
     if counts and s.breaker_open:
         q = q.model_copy(update={"why": Why.breaker,
@@ -534,6 +621,11 @@ def _on_request(s: GuardState, req: LeaseRequest, now: datetime, defects: frozen
     else:
         q = q.model_copy(update={"req": req})
         total = s.refused_total
+    if old is None and len(s.queue) >= MAX_QUEUED:
+        return s.model_copy(update={"refused_total": total}), [SendLease(
+            workflow_id=req.workflow_id, reply=LeaseReply(
+                repair_id=req.repair_id, granted=False, queued=True,
+                reason=f"guard queue full ({MAX_QUEUED} waiting): re-send later"))], effects
     queue = ([q if x.req.repair_id == req.repair_id else x for x in s.queue] if old
              else [*s.queue, q])
     s = s.model_copy(update={"queue": queue, "refused_total": total})
@@ -622,14 +714,15 @@ def _serve(s: GuardState, ev: Request | Release | ResetBreaker, now: datetime,
     return _on_reset(s, ev.sig, now, defects)
 
 
-def _settle(s: GuardState, cmds: Cmds, now: datetime, defects: frozenset[str]
-            ) -> tuple[GuardState, Cmds]:
+def _settle(s: GuardState, cmds: Cmds, now: datetime, defects: frozenset[str],
+            base: GuardState | None = None) -> tuple[GuardState, Cmds]:
     """After every event while serving: expire, grant what the rules allow, re-arm the
     expiry timer. Replies go out before effects (ledger writes, notifications)."""
     if s.status != Status.serving:
         return s, cmds
+    s = _prune_counted(s, now, "")
     s, exp = _expire(s, now)
-    s, grants = _grant_queued(s, now, defects)
+    s, grants = _grant_queued(s, now, defects, base)
     s, timers = _timers(s)
     replies = [c for c in cmds if isinstance(c, SendLease)]
     rest = [c for c in cmds if not isinstance(c, SendLease)]
@@ -655,12 +748,74 @@ def step(state: GuardState, event: Event, now: datetime,
          defects: frozenset[str] = frozenset()) -> tuple[GuardState, Cmds]:
     """Decide ``event`` in ``state`` at ``now`` (the control plane's clock): the next
     state and the commands to execute, in order. Pure: same input, same output."""
+    if isinstance(event, Batch):
+        return _batch(state, event, now, defects)
     s, cmds = _step(state, event, now, defects)
     return _settle(s, cmds, now, defects)
 
 
+def _batch(state: GuardState, batch: Batch, now: datetime, defects: frozenset[str]
+           ) -> tuple[GuardState, Cmds]:
+    """Each message of ``batch`` in order, with the grants stepping it alone would make
+    right after it (a request: its own entry, :func:`_grant_one`; anything else, which may
+    free a slot or close the breaker: the whole queue); one expiry, timer and ordering
+    round at the end (:func:`_settle`): the same decisions as one step per message, for
+    one pass over the queue per request instead of one per message."""
+    base = state if "batch_decides_in_parallel" in defects else None
+    s, cmds = state, []
+    for ev in batch.events:
+        s, more = _step(s, ev, now, defects)
+        cmds += more
+        if s.status != Status.serving:
+            continue
+        if isinstance(ev, Request):
+            s, more = _grant_one(s, ev.req.repair_id, now, defects, base)
+        else:
+            s, more = _grant_queued(s, now, defects, base)
+        cmds += more
+    s, cmds = _settle(s, cmds, now, defects, base)
+    return s, _superseded_dropped(_queued_told(s, batch, cmds))
+
+
+
+def _queued_told(s: GuardState, batch: Batch, cmds: Cmds) -> Cmds:
+    """Tell each request of ``batch`` that the batch left queued without an answer (it
+    found room when it came, and the grants of the batch took it) that it waits, with the
+    reason its queue entry has; after the other replies, before any effect."""
+    answered = {c.reply.repair_id for c in cmds if isinstance(c, SendLease)}
+    queued = {q.req.repair_id: q for q in s.queue}
+    late: Cmds = []
+    for ev in batch.events:
+        if isinstance(ev, Request) and ev.req.repair_id in queued \
+                and ev.req.repair_id not in answered:
+            q = queued[ev.req.repair_id]
+            answered.add(q.req.repair_id)
+            late.append(SendLease(workflow_id=q.req.workflow_id, reply=LeaseReply(
+                repair_id=q.req.repair_id, granted=False, queued=True, reason=q.reason)))
+    last = max((i for i, c in enumerate(cmds) if isinstance(c, SendLease)), default=-1)
+    return [*cmds[:last + 1], *late, *cmds[last + 1:]]
+
+
+def _superseded_dropped(cmds: Cmds) -> Cmds:
+    """``cmds`` without a "queued" answer (``purpose`` reply, not granted) that a later
+    reply to the same repair in ``cmds`` supersedes: the requester acts on the last one."""
+    last: dict[str, int] = {}
+    for i, c in enumerate(cmds):
+        if isinstance(c, SendLease):
+            last[c.reply.repair_id] = i
+    return [c for i, c in enumerate(cmds)
+            if not (isinstance(c, SendLease) and c.purpose == "reply" and not c.reply.granted
+                    and last[c.reply.repair_id] != i)]
+
+
 def _step(s: GuardState, ev: Event, now: datetime, defects: frozenset[str]
           ) -> tuple[GuardState, Cmds]:
+    if isinstance(ev, Batch):  # nested: decided in order, as at the top (no settle)
+        out: Cmds = []
+        for inner in ev.events:
+            s, more = _step(s, inner, now, defects)
+            out += more
+        return s, out
     if isinstance(ev, Clock):
         return s, []
     if isinstance(ev, Started):
@@ -756,6 +911,10 @@ def _table() -> None:
         for kind in EVENT_KINDS:
             if kind == "clock":
                 what = "nothing: time alone decides nothing (expiry runs on its timer)"
+            elif kind == "batch":
+                what = ("each message decided in order as that message alone would be, "
+                        "then (serving) the queue granted once; a queued answer a later "
+                        "reply of the batch supersedes is not sent")
             elif kind == "started":
                 what = "→ starting: read the policy (a fresh start then rebuilds)"
             elif kind == "cluster_alert":

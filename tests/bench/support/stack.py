@@ -3,7 +3,8 @@
 Not a benchmark itself (``make bench`` runs only ``tests/bench/*.py``). Everything is the
 dev stack of ``autorepair up`` (:class:`workers.devstack.DevStack`): the Temporal dev server
 (SQLite), embedded PostgreSQL, and the worker and ingest as child processes, on free ports
-and in a data directory of the benchmark's own.
+and in a data directory of the benchmark's own; a benchmark stopped by a signal stops
+all of it (:func:`workers.devstack.stop_stacks_on_exit`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from ingest.otlp import make_fault_request, make_metrics_request
 from workers.config import load_config
 from workers.devpeers import free_ports
-from workers.devstack import DevStack, StackPorts
+from workers.devstack import DevStack, StackPorts, stop_stacks_on_exit
+from workflows.config import AutorepairConfig
 
 XID79_LINE = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus."
 
@@ -140,7 +142,10 @@ class Stack:
 @contextlib.asynccontextmanager
 async def dev_stack(data_dir: Path, config: dict[str, Any]) -> AsyncIterator[Stack]:
     """Start the dev stack with ``config`` (YAML written to ``data_dir/autorepair.yaml``);
-    stop everything on exit. Raises ``workers.devstack.StackError`` when it cannot start."""
+    stop everything on exit, and on SIGTERM, SIGINT or SIGHUP (a benchmark stopped by
+    ``timeout`` or Ctrl-C: :func:`workers.devstack.stop_stacks_on_exit`). Raises
+    ``workers.devstack.StackError`` when it cannot start."""
+    stop_stacks_on_exit()
     path = await asyncio.to_thread(_write_config, data_dir, config)
     stack = DevStack(config=load_config(path, environ={}), data_dir=data_dir,
                      ports=bench_ports(), config_path=path)
@@ -158,6 +163,43 @@ async def dev_stack(data_dir: Path, config: dict[str, Any]) -> AsyncIterator[Sta
         ) as http:
             yield Stack(stack, client, token, http)
     finally:
+        await asyncio.to_thread(stack.stop)
+
+
+@dataclass
+class Core:
+    """The Temporal dev server and the migrated ledger of :func:`core_stack`."""
+
+    stack: DevStack
+    client: Client
+    pool: Any  # asyncpg.Pool on the ledger
+    config: AutorepairConfig
+
+
+@contextlib.asynccontextmanager
+async def core_stack(data_dir: Path, config: dict[str, Any]) -> AsyncIterator[Core]:
+    """Only the dev stack's Temporal dev server and embedded PostgreSQL (ledger migrated),
+    for a benchmark that runs its own worker in-process; stopped on exit and on SIGTERM,
+    SIGINT or SIGHUP (:func:`workers.devstack.stop_stacks_on_exit`)."""
+    from activities.ledger import connect
+
+    stop_stacks_on_exit()
+    path = await asyncio.to_thread(_write_config, data_dir, config)
+    cfg = load_config(path, environ={})
+    stack = DevStack(config=cfg, data_dir=data_dir, ports=bench_ports(), config_path=path)
+    pool = None
+    try:
+        stack.data_dir.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(stack.start_temporal)
+        await asyncio.to_thread(stack.start_postgres)
+        await stack.migrate_ledger()
+        pool = await connect(stack.pg_dsn)
+        client = await Client.connect(f"127.0.0.1:{stack.ports.temporal}",
+                                      data_converter=pydantic_data_converter)
+        yield Core(stack, client, pool, cfg)
+    finally:
+        if pool is not None:
+            await pool.close()
         await asyncio.to_thread(stack.stop)
 
 
