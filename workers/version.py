@@ -14,7 +14,7 @@ DISTRIBUTION = "gpu-autorepair"
 
 
 def package_version() -> str:
-    """The installed ``gpu-autorepair`` version, e.g. ``"0.3.0"``.
+    """The installed ``gpu-autorepair`` version, e.g. ``"0.4.0"``.
 
     Raises ``RuntimeError`` naming the distribution when it is not installed (a source
     tree used without ``pip install -e .``): a build id must never be guessed."""

@@ -4,9 +4,9 @@ The worker polls as Worker Deployment Version ``temporal.deployment_name`` /
 ``temporal.build_id`` (default: the package version, :func:`workers.version.package_version`)
 and registers :data:`workflows.versioned.VERSIONED_WORKFLOWS`: ``RepairWorkflow`` and
 ``ValidationWorkflow`` ``PINNED`` (an in-flight repair finishes on the build that started
-it); ``NodeWorkflow`` and ``ClusterGuardWorkflow`` ``AUTO_UPGRADE`` (long-lived entities:
-they move to the current build at their next workflow task, their state being carried
-explicitly across continue-as-new). The procedure is in docs/architecture.md and
+it); ``NodeWorkflow`` and ``ClusterGuardWorkflow`` ``PINNED`` too (long-lived entities:
+they move to the current build by continue-as-new once it is current, their machine's
+state carried explicitly; :mod:`workflows.upgrades`). The procedure is in docs/architecture.md and
 docs/runbook.md ("Upgrade the workers").
 
 Needs a server with Worker Deployments (Temporal server >= 1.27; the dev server of
@@ -41,7 +41,7 @@ PROMOTE_WAIT_S = 60.0
 
 
 def build_id(cfg: TemporalConfig) -> str:
-    """``cfg.build_id``, or the package version when empty (e.g. ``"0.3.0"``)."""
+    """``cfg.build_id``, or the package version when empty (e.g. ``"0.4.0"``)."""
     return cfg.build_id or package_version()
 
 

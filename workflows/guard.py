@@ -89,6 +89,7 @@ with workflow.unsafe.imports_passed_through():
         ResetBreakerSignal,
         workflow_id_repair,
     )
+    from workflows.upgrades import upgrade_behavior, upgrade_due
 
 #: Re-exported from the machine (the names the first release defined here).
 DEFAULT_HISTORY_LIMIT = gm.DEFAULT_HISTORY_LIMIT
@@ -266,8 +267,10 @@ class ClusterGuardWorkflow:
                 await self._deliver(gm.Batch(events=batch))
             info = workflow.info()
             # a storm never empties the inbox: continue-as-new carries what is left
+            # a newer current build: move to it by continue-as-new (workflows.upgrades)
             if (info.is_continue_as_new_suggested()
-                    or info.get_current_history_length() > self._m.history_limit):
+                    or info.get_current_history_length() > self._m.history_limit
+                    or upgrade_due()):
                 await self._deliver(gm.HistoryLong())
 
     def _next_timer_in(self) -> timedelta | None:
@@ -335,7 +338,8 @@ class ClusterGuardWorkflow:
         carried: dict[str, Any] = self._m.model_dump(mode="json")
         if self._inbox:
             carried[CARRIED_INBOX] = _INBOX.dump_python(self._inbox, mode="json")
-        workflow.continue_as_new(GuardInput(cluster=self._cluster, carried=carried))
+        workflow.continue_as_new(GuardInput(cluster=self._cluster, carried=carried),
+                                 initial_versioning_behavior=upgrade_behavior())
 
     async def _effect(self, cmd: gm.SendLease | gm.WriteAlert | gm.Notify) -> gm.Message | None:
         """A reply or a best-effort effect; returns the message its failure is (or None)."""

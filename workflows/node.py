@@ -20,7 +20,8 @@ history into the machine's events and executes the commands it returns, in order
 outcomes stepped as events when they come back; signals, the child start, notifications
 and closing ledger writes are awaited in place). The machine's state is the
 whole carried state (``NodeInput.carried``; a 0.3.0 run's :class:`NodeCarried` is read
-once and converted: the entity is ``AUTO_UPGRADE``, docs/design.md §4).
+once and converted). A versioned node is ``PINNED`` and moves to a new build by
+continue-as-new (:mod:`workflows.upgrades`).
 
 Interface: update ``deliver_alert`` (Alert → AlertDelivery), signal ``repair_finished``
 (RepairFinished, from the repair), query ``status`` → NodeStatus.

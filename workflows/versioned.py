@@ -2,10 +2,10 @@
 
 Same names and code as :data:`workflows.registry.WORKFLOWS`, each declaring its
 versioning behaviour: ``RepairWorkflow`` and ``ValidationWorkflow`` ``PINNED`` (an
-in-flight repair finishes on the build that started it), ``NodeWorkflow`` ``PINNED`` too:
-a long-lived entity moves to the current build on continue-as-new, its machine's state
-carried explicitly (:mod:`workflows.upgrades`), so no run ever replays an older build's
-history; ``ClusterGuardWorkflow`` ``AUTO_UPGRADE``.
+in-flight repair finishes on the build that started it), ``NodeWorkflow`` and
+``ClusterGuardWorkflow`` ``PINNED`` too: a long-lived entity moves to the current build on
+continue-as-new, its machine's state carried explicitly (:mod:`workflows.upgrades`), so
+no run ever replays an older build's history on newer code.
 
 Separate classes because a server with Worker Deployments refuses a workflow task
 completion that names a behaviour from an unversioned worker ("versioning behavior
@@ -49,9 +49,10 @@ class VersionedNodeWorkflow(NodeWorkflow):
         await super().run(inp)
 
 
-@workflow.defn(name=GUARD_WORKFLOW, versioning_behavior=VersioningBehavior.AUTO_UPGRADE)
+@workflow.defn(name=GUARD_WORKFLOW, versioning_behavior=VersioningBehavior.PINNED)
 class VersionedClusterGuardWorkflow(ClusterGuardWorkflow):
-    """``ClusterGuardWorkflow``, auto-upgrading."""
+    """``ClusterGuardWorkflow``, pinned; it moves to a new build on continue-as-new
+    (:mod:`workflows.upgrades`; its policy-refresh timer wakes it every few minutes)."""
 
     @workflow.run
     async def run(self, inp: GuardInput) -> None:

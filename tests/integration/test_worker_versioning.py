@@ -77,8 +77,8 @@ async def test_worker_promotes_its_build_and_pins_repairs(temporal_dev_env: Any)
 
         await eventually(lambda: ran(rid, PbBehavior.VERSIONING_BEHAVIOR_PINNED),
                          "repair pinned to this build")
-        await eventually(lambda: ran(nid, PbBehavior.VERSIONING_BEHAVIOR_AUTO_UPGRADE),
-                         "node entity auto-upgrading")
+        await eventually(lambda: ran(nid, PbBehavior.VERSIONING_BEHAVIOR_PINNED),
+                         "node entity pinned (it moves on continue-as-new)")
         # an older build's worker that restarts while it drains never takes new work back
         old = cfg.model_copy(update={"build_id": "0.2.0"})
         assert await promote_current_version(client, old) is None

@@ -398,7 +398,7 @@ async def test_node_reconciles_after_continue_as_new_and_opens_a_new_repair(
     harness: Harness,
 ) -> None:
     """Issue 26 reproduction 9 (I24): a node entity that continued as new (as it does on
-    a worker upgrade: AUTO_UPGRADE moves it to the new build there) still reconciles. Its
+    a worker upgrade: a pinned node moves to the new build that way) still reconciles. Its
     repair is terminated; the next alert is not attached to it, a warning is sent, and
     once the cooldown is over the alert's fault gets a new repair."""
     h = harness

@@ -1,15 +1,14 @@
 """Replay saved histories of representative runs with the Replayer, so a change that
 breaks determinism fails CI.
 
-``histories/<package version>/`` holds one recording per tagged release, and every one
-must keep replaying (issue 26 item 6). ``0.3.0`` is the baseline: the first tagged
-version, cut after every ``workflow.patched`` branch of the untagged rounds was removed
-(their r1-r3 histories went with them). From here on upgrades use Temporal Worker
-Versioning (docs/architecture.md "Upgrades"): a repair is pinned to the build that started
-it, so its history only ever replays on that build; the node and guard entities move to
-a new build on continue-as-new, and a change to their code that alters the command
-sequence of a run in flight still needs ``workflow.patched`` -- these recordings are what
-catches one that does not.
+``histories/<package version>/`` holds the recordings of the current version, and every
+one must keep replaying on the current code: a worker that restarts replays the
+histories of the runs in flight on its own build. Every workflow is ``PINNED``
+(docs/architecture.md "Upgrades"): a repair finishes on the build that started it and
+the node and guard entities move to a new build only by continue-as-new, so an older
+version's histories never replay on newer code and are not kept here. 0.4.0 is the
+baseline (issue 26 item 6): the node and guard machines interpreted by their workflows,
+every workflow pinned.
 
 Record the current version (into :data:`RECORD_INTO`, the directory named after the
 package version in pyproject.toml: bump the version first, never overwrite an old one)
@@ -127,9 +126,15 @@ async def _lease_queued(h: Harness, node: str, rid: str) -> bool:
     return "lease queued" in (await repair_status(h, node, rid)).detail
 
 
+def test_the_current_version_has_recordings() -> None:
+    """A version bump re-records (``AUTOREPAIR_RECORD_HISTORIES=1``), or nothing replays."""
+    assert sorted(p.stem for p in RECORD_INTO.glob("*.json")), (
+        f"no recorded histories in {RECORD_INTO}: record them for {package_version()}")
+
+
 @pytest.mark.parametrize(
     "path",
-    sorted(HISTORIES.glob("*/*.json")),
+    sorted(RECORD_INTO.glob("*.json")),
     ids=lambda p: f"{p.parent.name}/{p.stem}",
 )
 async def test_replay_history(path: Path) -> None:

@@ -260,10 +260,14 @@ async def test_upgrade_keeps_pinned_repair_on_its_build_and_moves_the_node(
             return not gs.leases and not gs.pending
 
         await eventually(lease_released, "lease released to the guard", tries=30 * 20)
-        # the guard (started by the pinned repair, an AUTO_UPGRADE entity itself) took
-        # the release on B: it holds nothing of A's back from draining
-        assert await _version_info(client, workflow_id_guard(cluster)) == (
-            PbBehavior.VERSIONING_BEHAVIOR_AUTO_UPGRADE, BUILD_B)
+        # the guard (started by the pinned repair on A, pinned itself) moved to B by
+        # continue-as-new once B was current: it holds nothing of A's back from draining
+
+        async def guard_on_b() -> bool:
+            return await _version_info(client, workflow_id_guard(cluster)) == (
+                PbBehavior.VERSIONING_BEHAVIOR_PINNED, BUILD_B)
+
+        await eventually(guard_on_b, "guard moved to build B", tries=30 * 20)
 
         # (b) the node, now on B, reconciled with the repair's end: a new fault opens a
         # new repair (reproduction 9: never "attached" to the ended one), started on B
