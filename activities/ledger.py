@@ -887,7 +887,9 @@ class Ledger:
     async def machine_hold(self, cluster: str, machine: str | None) -> dict[str, Any] | None:
         """The machine's RMA hold (issue 26 I18), or None when it is not held: its newest
         removal (a succeeded ``remove`` attempt in ``repair_attempts``, or its
-        ``removed_machines`` row) when no return (``machine_returns``) is newer.
+        ``removed_machines`` row) when no return (``machine_returns``) lifted it: a
+        return lifts the removals up to the newest one it saw (``lifts_through``),
+        whatever the clocks, so a later removal holds again.
         Returns ``{"machine", "since", "repair_id", "reason"}``."""
         if not machine:
             return None
@@ -904,7 +906,8 @@ class Ledger:
                ) h
                WHERE NOT EXISTS (SELECT 1 FROM machine_returns r
                                   WHERE r.cluster = $1 AND r.machine = $2
-                                    AND r.returned_at >= h.since)
+                                    AND COALESCE(r.lifts_through, r.returned_at)
+                                        >= h.since)
                ORDER BY since DESC LIMIT 1""",
             cluster, machine,
         )
@@ -955,8 +958,9 @@ class Ledger:
             if hold is None:
                 return None
             await conn.execute(
-                "INSERT INTO machine_returns (cluster, machine, returned_by, reason)"
-                " VALUES ($1, $2, $3, $4)", cluster, machine, by, reason)
+                "INSERT INTO machine_returns (cluster, machine, returned_by, reason,"
+                " lifts_through) VALUES ($1, $2, $3, $4, $5)",
+                cluster, machine, by, reason, hold["since"])
             await conn.execute(
                 "DELETE FROM removed_machines WHERE cluster = $1 AND machine = $2",
                 cluster, machine)

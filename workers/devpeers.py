@@ -178,6 +178,18 @@ class SlurmCluster:
         for n in self.nodes:
             self.run("scontrol", "update", f"nodename={n}", "state=resume", check=False)
 
+    def wait_responding(self, timeout_s: float = 90.0) -> bool:
+        """Poll until no node is ``NOT_RESPONDING`` (slurmctld clears the flag at its next
+        ping of the node, every ``SlurmdTimeout`` / 3 = 20 s here); False after
+        ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            out = self.run("sinfo", "-h", "-N", "-o", "%N %T", check=False, timeout=5)
+            if out.strip() and "not_responding" not in out.lower() and "*" not in out:
+                return True
+            time.sleep(0.5)
+        return False
+
     def _wait_no_jobs(self, timeout_s: float) -> None:
         """Poll ``squeue`` until no job is left (or ``timeout_s`` passes)."""
         deadline = time.monotonic() + timeout_s

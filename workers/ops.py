@@ -152,10 +152,11 @@ class ApiUnreachable(Exception):
 
 def _call(method: str, api: str, path: str, auth: ApiToken | None,
           body: dict[str, Any] | None = None, params: dict[str, Any] | None = None,
-          hint_404: str = "") -> Any:
+          hint_404: str = "", missing_ok: bool = False) -> Any:
     """One API request (``auth``: the bearer token, ``None`` for public endpoints); prints
     the server's error and exits 1 (2 when unreachable). A 401 also says where the token
-    was looked for and how to pass one; a 404 adds ``hint_404``."""
+    was looked for and how to pass one; a 404 adds ``hint_404``. ``missing_ok``: a 404
+    answers None (a route an older API does not serve yet)."""
     headers = {"Authorization": f"Bearer {auth.token}"} if auth and auth.token else {}
     try:
         send = _session.request if _session is not None else httpx.request
@@ -169,6 +170,8 @@ def _call(method: str, api: str, path: str, auth: ApiToken | None,
                    f"for a stack started with --data-dir DIR pass the same --data-dir or set "
                    f"${DATA_DIR_ENV})")
         raise typer.Exit(2) from None
+    if r.status_code == 404 and missing_ok:
+        return None
     if r.status_code >= 400:
         try:
             detail = r.json().get("detail", r.text)
@@ -465,8 +468,10 @@ def status_doc(api: str, auth: ApiToken, cluster: str | None) -> dict[str, Any]:
                        params={"cluster": cluster, "limit": 20})["alerts"]
         downtime = _call("GET", api, "/api/v1/report", auth,
                          params={"since": STATUS_WINDOW, "cluster": cluster})
-        maintenance = _call("GET", api, "/api/v1/maintenance", auth,
-                            params={"cluster": cluster, "active": "true"})["windows"]
+        # an API without the maintenance routes (an older ingest) lists none
+        windows = _call("GET", api, "/api/v1/maintenance", auth,
+                        params={"cluster": cluster, "active": "true"}, missing_ok=True)
+        maintenance = windows["windows"] if windows else []
     return {"state": state, "alerts": alerts, "repairs": repairs, "downtime": downtime,
             "maintenance": maintenance}
 

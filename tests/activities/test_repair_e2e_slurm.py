@@ -69,6 +69,8 @@ async def test_reboot_repair_end_to_end_on_slurm(
     redfish_emulator: RedfishEmulator, bmc_secrets_file: Path,
 ) -> None:
     slurm_cluster.reset_nodes()
+    # a node an earlier test's cancelled job kept busy answers slurmctld's next ping
+    assert slurm_cluster.wait_responding(), "a slurmd stays NOT_RESPONDING"
     config = e2e_config("slurm", redfish_emulator, bmc_secrets_file, list(slurm_cluster.nodes),
                         slurm_conf=str(slurm_cluster.conf_path))
     cluster = config.clusters[0]
@@ -131,7 +133,10 @@ async def test_reboot_repair_end_to_end_on_slurm(
     assert any(e[0] == NODE for e in bridge.edges) and restarted, bridge.edges
     n = await sched.read_node(NODE)
     assert not n.drain and n.reason == "", n  # resumed by the repair
-    deadline = time.monotonic() + 30  # slurmctld may flag the fresh slurmd NOT_RESPONDING
+    # slurmctld may flag the fresh slurmd NOT_RESPONDING until its next ping of the node
+    # (every SlurmdTimeout / 3 = 20 s here; a node that a previous test's cancelled job
+    # kept busy can take a cycle or two more): up to 4 ping cycles
+    deadline = time.monotonic() + 90
     while not (after := await sched.node_health(NODE)).ready:  # for a ping or two
         assert time.monotonic() < deadline, after
         await asyncio.sleep(0.5)

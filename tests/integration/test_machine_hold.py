@@ -84,3 +84,21 @@ async def test_held_machines_lists_every_hold_of_a_cluster_or_all(ledger_pool: A
     await led.return_machine("c1", "m-h2", "alice", "fixed")
     assert ("c1", "m-h2") not in {(h["cluster"], h["machine"])
                                   for h in await led.held_machines("c1")}
+
+
+async def test_a_return_lifts_a_removal_recorded_on_a_clock_ahead_of_the_ledgers(
+    ledger_pool: Any,
+) -> None:
+    """The removal's time is the control plane's (the repair's workflow clock), the
+    return's the ledger's: a return lifts what it saw whatever the two clocks say (found
+    when the time-skipping server's clock was years ahead in a full test run)."""
+    led = Ledger(ledger_pool)
+    ahead = datetime.now(UTC) + timedelta(days=3650)
+    await led.record_attempt(_attempt("m-9", Action.remove, "succeeded", ahead, "r9"))
+    assert await led.machine_hold("c1", "m-9") is not None
+    assert await led.return_machine("c1", "m-9", "tech", "fixed") is not None
+    assert await led.machine_hold("c1", "m-9") is None
+    await led.record_attempt(_attempt("m-9", Action.remove, "succeeded",
+                                      ahead + timedelta(minutes=5), "r10"))
+    hold = await led.machine_hold("c1", "m-9")
+    assert hold is not None and hold["repair_id"] == "r10"  # a later removal holds again

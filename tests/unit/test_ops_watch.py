@@ -24,6 +24,7 @@ ANSWERS: dict[str, Any] = {
     "/api/v1/alerts": {"alerts": []},
     "/api/v1/report": {"currency": "USD", "gpu_hours": 0, "cost": 0, "repairs": 0,
                        "unpriced_repairs": 0, "breakdown": []},
+    "/api/v1/maintenance": {"windows": []},
 }
 
 
@@ -56,7 +57,7 @@ def test_watch_says_stack_stopped_and_returns(monkeypatch: pytest.MonkeyPatch,
 
     def sleep_then_stop(s: float) -> None:
         real_sleep(0.05)
-        if _Api.served >= 8:  # the first view and one refresh were served: stop the stack
+        if _Api.served >= 10:  # the first view and one refresh were served: stop the stack
             server.shutdown()
             server.server_close()
 
