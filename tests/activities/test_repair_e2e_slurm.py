@@ -70,7 +70,7 @@ async def test_reboot_repair_end_to_end_on_slurm(
 ) -> None:
     slurm_cluster.reset_nodes()
     # a node an earlier test's cancelled job kept busy answers slurmctld's next ping
-    assert slurm_cluster.wait_responding(), "a slurmd stays NOT_RESPONDING"
+    assert await asyncio.to_thread(slurm_cluster.wait_responding), "a slurmd stays NOT_RESPONDING"
     config = e2e_config("slurm", redfish_emulator, bmc_secrets_file, list(slurm_cluster.nodes),
                         slurm_conf=str(slurm_cluster.conf_path))
     cluster = config.clusters[0]
