@@ -8,6 +8,8 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.testservice.v1 import UnlockTimeSkippingRequest
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
@@ -187,23 +189,62 @@ async def result_skipping(h: Harness, node: str, rid: str, step_s: float = 30) -
     raise AssertionError(f"repair {rid} did not finish")
 
 
-async def between_tasks(handle: WorkflowHandle[Any, Any]) -> None:
-    """Return once ``handle``'s workflow has no activity or workflow task in flight (on
-    three reads 50 ms apart: a signal or timer that lands between a single read and the
-    caller's next step would catch it mid-task)."""
+#: History events after which a workflow waits on nothing it started itself: its task
+#: finished and any command it left is a timer (or a bookkeeping record). An activity or
+#: child scheduled, or a signal to another workflow initiated, is an answer to come.
+_SETTLED_EVENTS = frozenset({
+    EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED,
+    EventType.EVENT_TYPE_TIMER_STARTED,
+    EventType.EVENT_TYPE_TIMER_CANCELED,
+    EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES,
+    EventType.EVENT_TYPE_WORKFLOW_PROPERTIES_MODIFIED,
+    EventType.EVENT_TYPE_MARKER_RECORDED,
+})
 
-    async def idle_once() -> bool:
-        raw = (await handle.describe()).raw_description
-        return not raw.pending_activities and not raw.HasField("pending_workflow_task")
+
+async def _settled(handle: WorkflowHandle[Any, Any]) -> int | None:
+    """The history length of ``handle``'s workflow when it is between tasks (nothing
+    pending in its description, and its last event settled), else None."""
+    raw = (await handle.describe()).raw_description
+    if raw.pending_activities or raw.HasField("pending_workflow_task"):
+        return None
+    events = (await handle.fetch_history()).events
+    if not events or events[-1].event_type not in _SETTLED_EVENTS:
+        return None
+    return len(events)
+
+
+async def between_tasks(handle: WorkflowHandle[Any, Any]) -> None:
+    """Return once ``handle``'s workflow has no activity or workflow task in flight: on
+    three reads 50 ms apart, its description shows nothing pending and its history ends
+    on a settled event (the time-skipping server's description misses a workflow task
+    scheduled by an activity that just completed) and does not grow."""
 
     async def idle() -> bool:
+        seen: set[int | None] = set()
         for _ in range(3):
-            if not await idle_once():
+            seen.add(await _settled(handle))
+            if None in seen or len(seen) > 1:
                 return False
             await asyncio.sleep(0.05)
         return True
 
     await eventually(idle, f"{handle.id} between tasks")
+
+
+async def unlock_if_cut(h: Harness, workflow_id: str, run_id: str | None = None) -> bool:
+    """Give back the time-skipping lock of a workflow task cut by a termination.
+
+    The test server counts a workflow task in flight as a lock on skipping time and keeps
+    counting one whose workflow was terminated meanwhile (a signal or an activity's answer
+    that came between the checks and the termination); its clock then stops for every
+    later caller. Returns whether a lock was given back."""
+    events = (await h.client.get_workflow_handle(
+        workflow_id, run_id=run_id).fetch_history()).events
+    if len(events) >= 2 and events[-2].event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+        await h.env.client.test_service.unlock_time_skipping(UnlockTimeSkippingRequest())
+        return True
+    return False
 
 
 async def terminate_between_tasks(h: Harness, workflow_id: str) -> None:
@@ -212,4 +253,6 @@ async def terminate_between_tasks(h: Harness, workflow_id: str) -> None:
     time for the rest of the session when a workflow is cut mid-task."""
     handle = h.client.get_workflow_handle(workflow_id)
     await between_tasks(handle)
+    run_id = (await handle.describe()).run_id
     await handle.terminate("terminated from the Temporal UI")
+    await unlock_if_cut(h, workflow_id, run_id)

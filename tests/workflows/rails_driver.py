@@ -68,6 +68,7 @@ from activities.ledger import Ledger
 from activities.ledger_activities import LedgerActivities
 from tests.workflows.conftest import OWN_WORKFLOWS, FakeCluster, Harness, make_alert
 from tests.workflows.fake_validation import FakeValidationWorkflow
+from tests.workflows.helpers import unlock_if_cut
 from tests.workflows.rails_leases import (
     LeaseWaiters,
     granted_since,
@@ -404,15 +405,9 @@ class World:
         return False
 
     async def _unlock_if_cut(self, workflow_id: str, run_id: str) -> None:
-        """The test server counts a workflow task in flight as a lock on skipping time and
-        keeps counting one whose workflow was terminated meanwhile (a signal that arrived
-        between the checks and the termination): give that lock back."""
-        events = (await self.h.client.get_workflow_handle(
-            workflow_id, run_id=run_id).fetch_history()).events
-        if len(events) >= 2 and events[-2].event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+        """See :func:`tests.workflows.helpers.unlock_if_cut`; counted in ``cut_tasks``."""
+        if await unlock_if_cut(self.h, workflow_id, run_id):
             self.cut_tasks += 1
-            await self.env.client.test_service.unlock_time_skipping(
-                UnlockTimeSkippingRequest())
 
     async def _signals_in_flight(self, handle: WorkflowHandle[Any, Any]) -> bool:
         """Whether ``handle`` has a signal to another workflow in flight (initiated, not yet
