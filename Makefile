@@ -40,8 +40,17 @@ lint: install
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# Every benchmark in turn (each prints its own table and, last, its figures as one JSON
+# line, kept in $(BENCH_OUT)/<name>.json), then issue 30's figures beside their targets
+# (tests/bench/support/summary.py: a table and one last JSON line).
+BENCH_OUT ?= .bench
 bench: install
-	@for f in tests/bench/*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
+	@rm -rf $(BENCH_OUT) && mkdir -p $(BENCH_OUT)
+	@for f in tests/bench/*.py; do n=$$(basename $$f .py); echo "== $$f"; \
+	  { $(BIN)/python $$f; echo "rc=$$?" > $(BENCH_OUT)/$$n.rc; } | tee $(BENCH_OUT)/$$n.log; \
+	  if [ "$$(cat $(BENCH_OUT)/$$n.rc)" != "rc=0" ]; then echo "$$f failed"; exit 1; fi; \
+	  tail -n 1 $(BENCH_OUT)/$$n.log > $(BENCH_OUT)/$$n.json; done
+	@$(BIN)/python -m tests.bench.support.summary $(BENCH_OUT)
 
 # 100,000+ hostile OTLP requests over both transports (tests/fuzz/otlp_fuzz.py); the last
 # line gives cases/s, failures and the server's peak RSS. CI runs a short slice

@@ -190,7 +190,8 @@ async def result_skipping(h: Harness, node: str, rid: str, step_s: float = 30) -
 
 
 #: History events after which a workflow waits on nothing it started itself: its task
-#: finished and any command it left is a timer (or a bookkeeping record). An activity or
+#: finished and any command it left is a timer, a bookkeeping record or an update's
+#: answer. An activity or
 #: child scheduled, or a signal to another workflow initiated, is an answer to come.
 _SETTLED_EVENTS = frozenset({
     EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED,
@@ -199,6 +200,9 @@ _SETTLED_EVENTS = frozenset({
     EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES,
     EventType.EVENT_TYPE_WORKFLOW_PROPERTIES_MODIFIED,
     EventType.EVENT_TYPE_MARKER_RECORDED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED,  # written after the task's end
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED,
+    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_REJECTED,
 })
 
 
