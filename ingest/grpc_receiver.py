@@ -306,6 +306,8 @@ async def start_grpc_server(
         options=[
             ("grpc.max_receive_message_length", cfg.max_body_bytes),
             ("grpc.max_concurrent_streams", cfg.max_streams_per_connection),
+            ("grpc.max_connection_idle_ms", int(cfg.grpc_idle_timeout_s * 1000)),
+            ("grpc.server_handshake_timeout_ms", int(cfg.grpc_handshake_timeout_s * 1000)),
             ("grpc.so_reuseport", 0),
         ],
     )

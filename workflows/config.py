@@ -249,6 +249,15 @@ class IngestConfig(_Section):
     max_inflight_per_peer: int = Field(64, gt=0)
     #: gRPC streams one HTTP/2 connection may hold open (``grpc.max_concurrent_streams``).
     max_streams_per_connection: int = Field(8, gt=0)
+    #: A gRPC connection with no call in flight for this long is closed (GOAWAY; gRPC's
+    #: ``grpc.max_connection_idle_ms``), seconds, so idle connections cannot pile up:
+    #: opening one needs no token. 300 s: thirty push intervals (``push_interval_s``
+    #: 10 s) — a live agent pushes long before; one that was closed reconnects on its
+    #: next push.
+    grpc_idle_timeout_s: float = Field(300.0, gt=0)
+    #: Longest time a new gRPC connection may take to finish its TLS / HTTP/2 handshake,
+    #: seconds (``grpc.server_handshake_timeout_ms``; gRPC's own default is 120 s).
+    grpc_handshake_timeout_s: float = Field(10.0, gt=0)
     #: Longest time to receive a request's message (gRPC) or body (HTTP) after its
     #: headers, seconds; a slower sender gets DEADLINE_EXCEEDED / 408. 10 s: twice the
     #: agent's push timeout (``push.timeout_s``, 5 s).

@@ -238,3 +238,55 @@ async def test_transport_http_limit_concurrency(svc: IngestService) -> None:
     assert r.status_code == 503
     for _, w in held:
         w.close()
+
+
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+async def _frames_until_closed(r: asyncio.StreamReader, limit_s: float) -> list[int]:
+    """Types of the HTTP/2 frames the server sends until it closes the connection."""
+    types: list[int] = []
+    async with asyncio.timeout(limit_s):
+        while True:
+            head = await r.read(9)
+            if len(head) < 9:
+                return types
+            length = int.from_bytes(head[:3], "big")
+            types.append(head[3])
+            await r.readexactly(length)
+
+
+@pytest.mark.parametrize("svc", [{"grpc_idle_timeout_s": 1.0}], indirect=True)
+async def test_transport_grpc_idle_connection_is_closed(svc: IngestService) -> None:
+    """A connection that finished its HTTP/2 handshake (no token needed for that) and
+    then makes no call is sent GOAWAY and closed after ``ingest.grpc_idle_timeout_s``:
+    idle connections cannot pile up. One that keeps making calls stays open."""
+    r, w = await _raw(svc.grpc_port, _H2_PREFACE)
+    try:
+        types = await _frames_until_closed(r, 10)
+    finally:
+        w.close()
+    assert 7 in types  # GOAWAY (RFC 9113 §6.8)
+    ch = grpc.aio.insecure_channel(f"127.0.0.1:{svc.grpc_port}")
+    try:
+        export = ch.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
+        for _ in range(4):  # calls 0.5 s apart, past the 1 s idle bound in all
+            await export(body("n1"), metadata=_md("tok-n1"), timeout=5)
+            await asyncio.sleep(0.5)
+        assert ch.get_state() == grpc.ChannelConnectivity.READY
+    finally:
+        await ch.close()
+
+
+@pytest.mark.parametrize("svc", [{"grpc_handshake_timeout_s": 1.0}], indirect=True)
+async def test_transport_grpc_handshake_is_bounded(svc: IngestService) -> None:
+    """A TCP connection that never sends the HTTP/2 preface is closed after
+    ``ingest.grpc_handshake_timeout_s``, not held for gRPC's default 120 s."""
+    r, w = await asyncio.open_connection("127.0.0.1", svc.grpc_port)
+    t0 = asyncio.get_running_loop().time()
+    try:
+        async with asyncio.timeout(10):
+            await r.read()  # until the server closes (it may say why in a GOAWAY first)
+    finally:
+        w.close()
+    assert asyncio.get_running_loop().time() - t0 >= 0.5  # closed by the bound, not at once
