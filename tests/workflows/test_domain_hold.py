@@ -1,0 +1,87 @@
+"""Failure-domain holds on the real workflows (issue 29 item 2; time-skipping server, real
+ledger): three automatic repairs of one domain open one hold and one ``failure_domain``
+alert, the fourth waits naming the hold, an operator's request still goes, and the
+operator's ``release_domain`` lets the waiting repairs through."""
+
+from __future__ import annotations
+
+from tests.workflows.conftest import Harness
+from tests.workflows.helpers import eventually, guard_status, repair_status, start_repair
+from workflows.models import Action, Requester, RequesterKind
+from workflows.protocol import (
+    GUARD_SIGNAL_RELEASE_DOMAIN,
+    ReleaseDomainSignal,
+    workflow_id_guard,
+)
+
+RACK = [f"gpu-0{i}" for i in range(1, 6)]
+
+
+async def test_a_domain_hold_waits_and_a_release_resumes(harness: Harness) -> None:
+    h = harness
+    h.gpu_nodes = 100  # budget 5, breaker threshold 10: neither binds here
+    h.domains = {n: ["rack-a"] for n in RACK}
+    h.policy.wait_for_idle.do_not_interrupt = True
+    h.policy.wait_for_idle.poll_s = 60
+    h.policy.wait_for_idle.poll_max_s = 60
+    for n in RACK:
+        h.cluster.busy_polls[n] = 10_000  # a granted repair holds its lease, waiting
+    for i, n in enumerate(RACK[:3], 1):
+        await start_repair(h, n, Action.reboot, f"d{i}")
+
+        async def asked(k: int = i) -> bool:
+            g = await guard_status(h)
+            return len(g.leases) + len(g.pending) == k
+
+        await eventually(asked, f"d{i} answered by the guard")
+
+    async def held() -> bool:
+        g = await guard_status(h)
+        return [d.domain for d in g.domain_holds] == ["rack-a"]
+
+    await eventually(held, "the rack held")
+    g = await guard_status(h)
+    assert sorted(x.repair_id for x in g.leases) == ["d1", "d2"]
+    assert [p.repair_id for p in g.pending] == ["d3"]
+    assert g.domain_holds[0].nodes == RACK[:3] and g.domain_holds[0].kinds == ["xid"]
+
+    async def alerted() -> bool:
+        alerts = await h.ledger.list_alerts(cluster=h.cluster.cluster, node="*")
+        return [(a.kind, a.active) for a in alerts] == [("failure_domain", True)]
+
+    await eventually(alerted, "one failure_domain alert in the ledger")
+    # a fourth automatic repair of the rack waits, and says why
+    await start_repair(h, RACK[3], Action.reboot, "d4")
+
+    async def waits() -> bool:
+        st = await repair_status(h, RACK[3], "d4")
+        return "failure domain rack-a held" in st.detail
+
+    await eventually(waits, "d4 waiting with the hold's reason")
+    assert h.cluster.count("cordon", RACK[2]) == h.cluster.count("cordon", RACK[3]) == 0
+    # an operator's own request is a person's decision: granted
+    await start_repair(h, RACK[4], Action.reboot, "d5",
+                       requester=Requester(kind=RequesterKind.user, name="ops"), alerts=[])
+
+    async def person_goes() -> bool:
+        return "d5" in {x.repair_id for x in (await guard_status(h)).leases}
+
+    await eventually(person_goes, "the operator's repair granted in the held rack")
+    guard = h.client.get_workflow_handle(workflow_id_guard(h.cluster.cluster))
+    await guard.signal(GUARD_SIGNAL_RELEASE_DOMAIN,
+                       ReleaseDomainSignal(domain="rack-a", by="alice", reason="PSU fixed"))
+
+    async def resumed() -> bool:
+        g = await guard_status(h)
+        return (g.domain_holds == [] and {"d3", "d4"} <= {x.repair_id for x in g.leases})
+
+    await eventually(resumed, "the waiting repairs granted after the release")
+    g = await guard_status(h)
+    assert [(r.domain, r.by) for r in g.domain_releases] == [("rack-a", "alice")]
+
+    async def cleared() -> bool:
+        alerts = await h.ledger.list_alerts(cluster=h.cluster.cluster, node="*")
+        return sorted((a.kind, a.active) for a in alerts) == [
+            ("failure_domain", False), ("failure_domain", True)]
+
+    await eventually(cleared, "the release recorded as the hold's clear")
