@@ -5,20 +5,51 @@ operator's ``release_domain`` lets the waiting repairs through."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
 from tests.workflows.conftest import Harness
 from tests.workflows.helpers import eventually, guard_status, repair_status, start_repair
+from workers import domains_cli
+from workers.repairs.auth import ApiTokens
+from workers.repairs.intake import RepairIntake
+from workers.repairs.router import build_repairs_router
+from workflows.config import AutorepairConfig
 from workflows.models import Action, Requester, RequesterKind
-from workflows.protocol import (
-    GUARD_SIGNAL_RELEASE_DOMAIN,
-    ReleaseDomainSignal,
-    workflow_id_guard,
-)
+
+OP = {"Authorization": "Bearer op-tok"}
+VIEW = {"Authorization": "Bearer view-tok"}
+
+
+@pytest.fixture
+async def api(harness: Harness, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    """The real repair API router over the harness's Temporal client and ledger."""
+    toks = tmp_path / "api.tokens"
+    toks.write_text("op-tok operator alice\nview-tok viewer grafana\n")
+    intake = RepairIntake(AutorepairConfig(), harness.ledger, harness.client)
+
+    async def get() -> RepairIntake:
+        return intake
+
+    app = FastAPI()
+    app.include_router(build_repairs_router(get, ApiTokens.load(toks)))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://api") as c:
+        yield c
 
 RACK = [f"gpu-0{i}" for i in range(1, 6)]
 
 
-async def test_a_domain_hold_waits_and_a_release_resumes(harness: Harness) -> None:
+async def test_a_domain_hold_waits_and_a_release_resumes(
+        harness: Harness, api: httpx.AsyncClient, capsys: pytest.CaptureFixture[str]) -> None:
     h = harness
+    c = h.cluster.cluster
+    r = await api.get("/api/v1/domains", headers=VIEW, params={"cluster": c})
+    assert r.status_code == 200 and r.json()["holds"] == []
     h.gpu_nodes = 100  # budget 5, breaker threshold 10: neither binds here
     h.domains = {n: ["rack-a"] for n in RACK}
     h.policy.wait_for_idle.do_not_interrupt = True
@@ -67,9 +98,21 @@ async def test_a_domain_hold_waits_and_a_release_resumes(harness: Harness) -> No
         return "d5" in {x.repair_id for x in (await guard_status(h)).leases}
 
     await eventually(person_goes, "the operator's repair granted in the held rack")
-    guard = h.client.get_workflow_handle(workflow_id_guard(h.cluster.cluster))
-    await guard.signal(GUARD_SIGNAL_RELEASE_DOMAIN,
-                       ReleaseDomainSignal(domain="rack-a", by="alice", reason="PSU fixed"))
+    # the operator's surface: the API (and the CLI's table of its answer)
+    r = await api.get("/api/v1/domains", headers=VIEW, params={"cluster": c})
+    doc = r.json()
+    assert [(x["domain"], x["nodes"]) for x in doc["holds"]] == [("rack-a", RACK[:3])]
+    assert doc["guard_running"] and doc["threshold"] == 3
+    domains_cli.print_view(doc)
+    out = capsys.readouterr().out
+    assert "rack-a" in out and "gpu-01, gpu-02, gpu-03" in out
+    path = f"/api/v1/domains/{c}/rack-a/release"
+    assert (await api.post(path, headers=VIEW, json={"reason": "x"})).status_code == 403
+    r = await api.post(f"/api/v1/domains/{c}/rack-b/release", headers=OP, json={})
+    assert r.status_code == 409 and "rack-b" in r.text and "rack-a" in r.text
+    r = await api.post(path, headers=OP, json={"reason": "PSU fixed"})
+    assert r.status_code == 200, r.text
+    assert r.json()["holds"] == []
 
     async def resumed() -> bool:
         g = await guard_status(h)
