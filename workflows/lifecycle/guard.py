@@ -340,7 +340,8 @@ class Clock(BaseModel):
 
 
 Message = Annotated[
-    Request | Release | ResetBreaker | ReleaseDomain | ClusterAlert | ReplyUndeliverable | EffectFailed,
+    Request | Release | ResetBreaker | ReleaseDomain | ClusterAlert | ReplyUndeliverable
+    | EffectFailed,
     Field(discriminator="kind"),
 ]
 
@@ -788,8 +789,8 @@ def _on_request(s: GuardState, req: LeaseRequest, now: datetime, defects: frozen
         recent = window_count(s, now)
         if len(recent) > s.policy.breaker_threshold:
             s, effects = _trip(s, now, len(recent))
-    s, held = _count_domain(s, req, now)
-    effects += held
+    s, opened = _count_domain(s, req, now)
+    effects += opened
     q = old or Queued(req=req, why=Why.breaker, reason="", since=now)
     if counts and s.breaker_open:
         q = q.model_copy(update={"why": Why.breaker,
