@@ -213,7 +213,8 @@ class GuardState(BaseModel):
     :data:`MAX_EXPIRED`; ``errors`` ≤ :data:`MAX_ERRORS`; ``deferred`` holds only what came
     during one policy or ledger read (a read ends in an answer, a failure or a retry timer);
     ``timers`` ≤ 2; ``domain_faults``: inside ``domain_window_s`` only, at most one per
-    (domain, repair) and :data:`MAX_QUEUED` in all; ``holds`` ≤ the domains configured;
+    (domain, repair), fewer than ``domain_threshold`` nodes per domain not held (a held
+    domain counts no more) and :data:`MAX_QUEUED` in all; ``holds`` ≤ the domains configured;
     ``domain_releases`` ≤ :data:`MAX_RELEASES`."""
 
     model_config = ConfigDict(extra="ignore")
@@ -545,8 +546,8 @@ def _open_hold(s: GuardState, domain: str, nodes: list[str], kinds: list[str],
 def _count_domain(s: GuardState, req: LeaseRequest, now: datetime
                   ) -> tuple[GuardState, Cmds]:
     """Count an automatic new request once (per repair) for each failure domain of its
-    node; a domain with ``domain_threshold`` distinct nodes counted inside
-    ``domain_window_s`` and no hold yet is held (:func:`_open_hold`)."""
+    node that is not held; a domain with ``domain_threshold`` distinct nodes counted
+    inside ``domain_window_s`` is held (:func:`_open_hold`)."""
     if req.renew or is_person(req):
         return s, []
     mine = s.policy.domains.get(req.node) or []
@@ -557,12 +558,13 @@ def _count_domain(s: GuardState, req: LeaseRequest, now: datetime
     holds = list(s.holds)
     cmds: Cmds = []
     for d in mine:
-        if any(f.domain == d and f.repair_id == req.repair_id for f in faults):
+        # a held domain counts no more (its hold names what opened it): the counts stay
+        # below the threshold per domain, so a storm's batch scans short lists
+        if any(h.domain == d for h in holds) or any(
+                f.domain == d and f.repair_id == req.repair_id for f in faults):
             continue
         faults.append(DomainFault(domain=d, node=req.node, repair_id=req.repair_id,
                                   kinds=sorted(set(req.fault_kinds)), at=now))
-        if any(h.domain == d for h in holds):
-            continue
         recent = [f for f in faults if f.domain == d and start <= f.at <= now]
         nodes = sorted({f.node for f in recent})
         if len(nodes) >= s.policy.domain_threshold:
