@@ -13,13 +13,25 @@ import pytest
 from fastapi import FastAPI
 
 from tests.workflows.conftest import Harness
-from tests.workflows.helpers import eventually, guard_status, repair_status, start_repair
+from tests.workflows.helpers import (
+    eventually,
+    guard_status,
+    repair_status,
+    start_repair,
+    terminate_between_tasks,
+)
 from workers import domains_cli
 from workers.repairs.auth import ApiTokens
 from workers.repairs.intake import RepairIntake
 from workers.repairs.router import build_repairs_router
+from workflows.activity_api import GuardStateQuery
 from workflows.config import AutorepairConfig
 from workflows.models import Action, Requester, RequesterKind
+from workflows.protocol import (
+    GUARD_SIGNAL_RELEASE_DOMAIN,
+    ReleaseDomainSignal,
+    workflow_id_guard,
+)
 
 OP = {"Authorization": "Bearer op-tok"}
 VIEW = {"Authorization": "Bearer view-tok"}
@@ -128,3 +140,47 @@ async def test_a_domain_hold_waits_and_a_release_resumes(
             ("failure_domain", False), ("failure_domain", True)]
 
     await eventually(cleared, "the release recorded as the hold's clear")
+
+
+async def test_a_domain_hold_survives_a_guard_restart(harness: Harness) -> None:
+    """A terminated guard's fresh successor rebuilds the hold from the ledger's newest
+    ``failure_domain`` rows (``ledger_guard_state``) and keeps the domain held; after a
+    release the next fresh guard holds nothing."""
+    h = harness
+    h.gpu_nodes = 100
+    h.domains = {n: ["rack-a"] for n in RACK}
+    h.policy.wait_for_idle.do_not_interrupt = True
+    for n in RACK:
+        h.cluster.busy_polls[n] = 10_000
+    for i, n in enumerate(RACK[:3], 1):
+        await start_repair(h, n, Action.reboot, f"s{i}")
+
+    async def recorded() -> bool:
+        alerts = await h.ledger.list_alerts(cluster=h.cluster.cluster, node="*")
+        return any(a.kind == "failure_domain" and a.active for a in alerts)
+
+    await eventually(recorded, "the hold recorded in the ledger")
+    await terminate_between_tasks(h, workflow_id_guard(h.cluster.cluster))
+    await h.client.start_workflow("ClusterGuardWorkflow", {"cluster": h.cluster.cluster},
+                                  id=workflow_id_guard(h.cluster.cluster),
+                                  task_queue=h.task_queue)
+
+    async def rebuilt() -> bool:
+        g = await guard_status(h)
+        return g.rebuilt_at is not None and [d.domain for d in g.domain_holds] == ["rack-a"]
+
+    await eventually(rebuilt, "a fresh guard with the hold rebuilt")
+    g = await guard_status(h)
+    assert g.domain_holds[0].nodes == RACK[:3]
+    guard = h.client.get_workflow_handle(workflow_id_guard(h.cluster.cluster))
+    await guard.signal(GUARD_SIGNAL_RELEASE_DOMAIN,
+                       ReleaseDomainSignal(domain="rack-a", by="alice", reason="ok"))
+
+    async def cleared() -> bool:
+        alerts = await h.ledger.list_alerts(cluster=h.cluster.cluster, node="*")
+        return any(a.kind == "failure_domain" and not a.active for a in alerts)
+
+    await eventually(cleared, "the release recorded in the ledger")
+    state = await h.ledger.guard_state(GuardStateQuery(cluster=h.cluster.cluster,
+                                                       since=g.rebuilt_at))
+    assert state.domain_holds == []
