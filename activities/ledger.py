@@ -49,6 +49,7 @@ from workflows.activity_api import (
     VerdictRecord,
 )
 from workflows.evidence import EvidenceRecord
+from workflows.leases import DomainHold
 from workflows.models import (
     AUTO_APPROVED,
     TERMINAL_STAGES,
@@ -171,6 +172,8 @@ _TERMINAL: list[str] = sorted(s.value for s in TERMINAL_STAGES)
 #: Alert kind of the guard's circuit-breaker trips (raise) and resets (clear).
 BREAKER_KIND = "circuit_breaker"
 BREAKER_SOURCE = "guard"
+#: Kind of the guard's failure-domain hold alerts (issue 29 item 2; a release clears).
+DOMAIN_KIND = "failure_domain"
 """``Alert.source`` of the guard's breaker alerts: the only breaker state the ledger
 reads back (a sender's record of that kind is refused at ingest, and any other row is
 not control-plane state)."""
@@ -830,12 +833,34 @@ class Ledger:
         )
         is_open = bool(breaker is not None and breaker["active"])
         evidence = (breaker["evidence"] or {}) if breaker is not None else {}
+        # per domain the guard's newest hold row: a raise is a hold in force, a
+        # release's clear is none (issue 29 item 2)
+        domain_rows = await self.pool.fetch(
+            """SELECT * FROM (SELECT DISTINCT ON (evidence->>'domain') alert_id, active,
+                      observed_at, description, evidence FROM alerts
+               WHERE cluster = $1 AND kind = $2 AND source = $3 AND node = '*'
+                 AND evidence ? 'domain'
+               ORDER BY evidence->>'domain', observed_at DESC, active ASC) d
+               WHERE active ORDER BY observed_at""",
+            q.cluster,
+            DOMAIN_KIND,
+            BREAKER_SOURCE,
+        )
+        holds = []
+        for r in domain_rows:
+            ev = r["evidence"] or {}
+            holds.append(DomainHold(
+                domain=str(ev["domain"]), opened_at=r["observed_at"],
+                nodes=[str(n) for n in ev.get("nodes") or []],
+                kinds=[str(k) for k in ev.get("kinds") or []],
+                alert_id=r["alert_id"], reason=r["description"] or ""))
         return GuardLedgerState(
             holders=holders,
             automatic=[AutomaticStart(repair_id=r["repair_id"], at=r["at"]) for r in auto],
             breaker_open=is_open,
             tripped_at=breaker["observed_at"] if is_open and breaker is not None else None,
             tripped_reason=str(evidence.get("reason", "")) if is_open else "",
+            domain_holds=holds,
         )
 
     async def open_repair(

@@ -26,6 +26,9 @@ policy refresh and must not run ``scontrol show node`` each time."""
 
 #: The scheduler's node names of a cluster (``Scheduler.node_names``).
 NodeNames = Callable[[str], Awaitable[Iterable[str]]]
+#: node → failure domains of a cluster as its scheduler labels them
+#: (``Scheduler.node_domains`` with ``policy.domains``; issue 29 item 2).
+NodeDomains = Callable[[str], Awaitable[dict[str, list[str]]]]
 
 
 class PolicyActivities:
@@ -37,12 +40,33 @@ class PolicyActivities:
 
     def __init__(self, config: AutorepairConfig, pool: asyncpg.Pool | None = None, *,
                  node_names: NodeNames | None = None,
+                 node_domains: NodeDomains | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.pool = pool
         self.node_names = node_names
+        self.node_domains = node_domains
         self.clock = clock
         self._counts: dict[str, tuple[float, int]] = {}
+        self._domains: dict[str, tuple[float, dict[str, list[str]]]] = {}
+
+    async def _labelled(self, cluster: str) -> dict[str, list[str]]:
+        """node → domains the scheduler labels (``{}`` without ``node_domains``), re-read
+        after :data:`NODE_LIST_TTL_S`; a failed read keeps the last answer (logged)."""
+        if self.node_domains is None:
+            return {}
+        now = self.clock()
+        got = self._domains.get(cluster)
+        if got is not None and now - got[0] < NODE_LIST_TTL_S:
+            return got[1]
+        try:
+            found = dict(await self.node_domains(cluster))
+        except Exception as e:
+            log.warning("event=node_domains_failed cluster=%s error=%s", cluster,
+                        type(e).__name__)
+            return got[1] if got is not None else {}
+        self._domains[cluster] = (now, found)
+        return found
 
     async def _listed(self, cluster: str) -> int:
         """Nodes the scheduler lists for ``cluster`` (0 without ``node_names``), re-read
@@ -70,6 +94,9 @@ class PolicyActivities:
         ``gpu_nodes`` (the budget and breaker denominator) is the configured count
         (``clusters[].gpu_nodes``, else the listed ``nodes``), else the number of nodes
         the cluster's scheduler lists (``node_names``), else 0 (the rails' minimums).
+        ``domains``: each node's ``failure_domain`` with the domains its scheduler labels
+        (``node_domains``: Kubernetes labels ``policy.domains.label_keys``, Slurm features
+        ``policy.domains.slurm_feature_prefix``), read like the node count.
 
         An unconfigured cluster gets the global policy with ``gpu_nodes=0`` (the rails
         then apply their minimums: ``min_concurrent``, ``breaker_min``). Raises non-retryable
@@ -91,6 +118,10 @@ class PolicyActivities:
         if c.reset_gpu.policy is not None:
             policy = policy.model_copy(update={"reset_gpu": c.reset_gpu.policy})
         machines = {n.name: (n.machine or n.name) for n in c.nodes}
+        domains = {n: sorted(set(ds)) for n, ds in (await self._labelled(cluster)).items()}
+        for n in c.nodes:
+            if n.failure_domain:
+                domains[n.name] = sorted({*domains.get(n.name, []), n.failure_domain})
         if self.pool is not None:
             machines.update(await MachineBindings(self.pool).bindings(cluster))
         return PolicySnapshot(
@@ -102,5 +133,6 @@ class PolicyActivities:
             scheduler=c.scheduler,
             pools={n.name: n.pool for n in c.nodes},
             machines=machines,
+            domains=domains,
             bmc_task_queue=self.config.temporal.bmc_task_queue,
         )

@@ -58,6 +58,22 @@ def _node_names(sched: SchedulerActivities) -> Callable[[str], Awaitable[list[st
     return names
 
 
+def _node_domains(sched: SchedulerActivities, config: AutorepairConfig
+                  ) -> Callable[[str], Awaitable[dict[str, list[str]]]]:
+    """The scheduler's failure domains of a cluster's nodes (issue 29 item 2), named as
+    ``policy.domains`` says; an adapter without ``node_domains`` answers none."""
+
+    async def domains(cluster: str) -> dict[str, list[str]]:
+        s: Any = sched.scheduler(cluster)
+        read = getattr(s, "node_domains", None)
+        if read is None:
+            return {}
+        d = config.policy.domains
+        return dict(await read(list(d.label_keys), d.slurm_feature_prefix))
+
+    return domains
+
+
 def build_activities(
     config: AutorepairConfig,
     pool: asyncpg.Pool,
@@ -85,7 +101,8 @@ def build_activities(
     ledger_acts = LedgerActivities(pool, providers=config.providers, notifier=notifier)
     main: list[Callable[..., Any]] = [
         *ledger_acts.all(),
-        PolicyActivities(config, pool, node_names=_node_names(sched)).load_policy,
+        PolicyActivities(config, pool, node_names=_node_names(sched),
+                         node_domains=_node_domains(sched, config)).load_policy,
         notify or NotifyActivities(config.notifications, notifier=notifier,
                                    ledger=Ledger(pool)).notify,
         *sched.all(),

@@ -30,7 +30,7 @@ from typing import Annotated
 
 import typer
 
-from workers import maintenance_cli, ops, ops_temporal
+from workers import domains_cli, maintenance_cli, ops, ops_temporal
 from workers.config import ENV_CONFIG_FILE, ConfigError, load_config
 from workers.temporal_client import release_runtimes
 from workflows.config import AutorepairConfig
@@ -60,6 +60,10 @@ maintenance_app = typer.Typer(
     help="Planned maintenance windows: start, list, end (no repair is recommended for a "
          "covered node while one is open).", no_args_is_help=True)
 app.add_typer(maintenance_app, name="maintenance")
+domains_app = typer.Typer(
+    help="Failure-domain holds: status, release (no automatic repair starts in a held "
+         "domain until an operator releases it).", no_args_is_help=True)
+app.add_typer(domains_app, name="domains")
 
 ConfigOpt = Annotated[
     Path | None,
@@ -414,6 +418,29 @@ def maintenance_end(
 ) -> None:
     """End a window now."""
     maintenance_cli.end(*_api(api, token, data_dir), as_json, window_id)
+
+
+@domains_app.command("status")
+def domains_status(
+    cluster: ClusterReq,
+    api: Api = None, token: Token = None, data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
+    as_json: AsJson = False,
+) -> None:
+    """Holds in force, nodes counted in the window and the newest releases of a cluster."""
+    domains_cli.status(*_api(api, token, data_dir), as_json, cluster)
+
+
+@domains_app.command("release")
+def domains_release(
+    domain: Annotated[str, typer.Argument(help="the held domain (`domains status`)")],
+    cluster: ClusterReq,
+    reason: Annotated[str, typer.Option("--reason", help="why repairs of the domain may "
+                                        "go again (recorded with the release)")] = "",
+    api: Api = None, token: Token = None, data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
+    as_json: AsJson = False,
+) -> None:
+    """Release a domain's hold (operator token); a domain not held is an error (exit 1)."""
+    domains_cli.release(*_api(api, token, data_dir), as_json, cluster, domain, reason)
 
 
 @app.command()

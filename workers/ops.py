@@ -453,7 +453,8 @@ def repairs_decide(verb: str, api: str, auth: ApiToken, as_json: bool, repair_id
 # ------------------------------------------------------------------------ status
 def status_doc(api: str, auth: ApiToken, cluster: str | None) -> dict[str, Any]:
     """``{"state": GET /api/v1/state, "alerts": recent alerts, "repairs": recent repairs,
-    "downtime": GET /api/v1/report?since=7d, "maintenance": the windows open now}`` (every
+    "downtime": GET /api/v1/report?since=7d, "maintenance": the windows open now,
+    "domains": the failure-domain holds (GET /api/v1/domains)}`` (every
     one needs a token of any role; exits 1 with where the token was looked for when it is
     refused)."""
     state = _call("GET", api, "/api/v1/state", auth, params={"cluster_id": cluster})
@@ -472,8 +473,25 @@ def status_doc(api: str, auth: ApiToken, cluster: str | None) -> dict[str, Any]:
         windows = _call("GET", api, "/api/v1/maintenance", auth,
                         params={"cluster": cluster, "active": "true"}, missing_ok=True)
         maintenance = windows["windows"] if windows else []
+    domains: list[dict[str, Any]] = []
+    if auth.token:
+        # the failure-domain holds of the cluster asked for, else of every cluster the
+        # state names (an API without the domain routes lists none)
+        names = [cluster] if cluster else sorted({n["cluster"] for n in state.get("nodes", [])})
+        for name in names:
+            view = _call("GET", api, "/api/v1/domains", auth, params={"cluster": name},
+                         missing_ok=True)
+            domains += view["holds"] if view else []
     return {"state": state, "alerts": alerts, "repairs": repairs, "downtime": downtime,
-            "maintenance": maintenance}
+            "maintenance": maintenance, "domains": domains}
+
+
+def _hold_line(h: dict[str, Any]) -> str:
+    """One line of a failure-domain hold for the cluster-alert table."""
+    nodes = h.get("nodes", [])
+    shown = ", ".join(nodes[:5]) + (f" (+{len(nodes) - 5})" if len(nodes) > 5 else "")
+    return (f"{h['domain']} held since {_ts(h.get('opened_at'))}: {shown} "
+            f"({', '.join(h.get('kinds', [])) or 'faults'}) — `autorepair domains release`")
 
 
 def _window_line(w: dict[str, Any]) -> str:
@@ -614,6 +632,9 @@ def status_tables(doc: dict[str, Any], width: int | None = None,
     # open maintenance windows: nothing is recommended for the nodes they cover
     cluster_alerts += [[w["cluster"], "maintenance", _window_line(w)]
                        for w in doc.get("maintenance") or []]
+    # failure-domain holds: no automatic repair starts in the domain until released
+    cluster_alerts += [[h["alert_id"].split("/")[1], "failure_domain", _hold_line(h)]
+                       for h in doc.get("domains") or []]
     alert_rows = [[_ts(r.get("observed_at")), r["node"], r["kind"],
                    "" if r.get("code") is None else str(r["code"]), r["severity"],
                    _alert_action(r), r["state"],

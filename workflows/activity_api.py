@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 from temporalio.exceptions import ApplicationError
 
 from workflows.config import PolicyConfig
+from workflows.leases import DomainHold
 from workflows.models import Action, Alert, Requester, Stage, ValidationResult, Verdict
 from workflows.models import AttemptRecord as AttemptRecord  # defined there: pure (issue 26)
 from workflows.protocol import BMC_TASK_QUEUE
@@ -117,6 +118,10 @@ class PolicySnapshot(BaseModel):
     scheduler: str
     pools: dict[str, str] = Field(default_factory=dict)
     machines: dict[str, str] = Field(default_factory=dict)
+    #: node → its failure domains (issue 29 item 2): ``nodes[].failure_domain`` and the
+    #: scheduler's labels (``policy.domains.label_keys``) or features
+    #: (``policy.domains.slurm_feature_prefix``), sorted.
+    domains: dict[str, list[str]] = Field(default_factory=dict)
     #: Task queue of the machine-side (BMC) activities (``temporal.bmc_task_queue``).
     bmc_task_queue: str = BMC_TASK_QUEUE
 
@@ -469,6 +474,9 @@ class GuardLedgerState(BaseModel):
     tripped_at: datetime | None = None
     tripped_reason: str = ""
     gpu_nodes_reported: int = 0
+    #: Failure-domain holds in force (issue 29 item 2): per domain, the guard's newest
+    #: ``failure_domain`` alert is a raise, not a release's clear.
+    domain_holds: list[DomainHold] = Field(default_factory=list)
 
 
 class RepairProbe(BaseModel):

@@ -633,6 +633,10 @@ class NodeConfig(_Section):
     pool: str = "default"
     #: The machine's BMC (None = no power actions for this node).
     bmc: BmcConfig | None = None
+    #: Failure domain (rack, NVLink clique, power feed) the node shares a cause with
+    #: (issue 29 item 2; ``policy.domains``). None = only the scheduler's labels/features.
+    failure_domain: str | None = Field(None, min_length=1, max_length=253,
+                                       pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")
 
 
 class ValidationConfig(_Section):
@@ -1143,6 +1147,38 @@ class MaintenanceConfig(_Section):
     max_s: float = Field(24 * 3600.0, gt=0, le=30 * 86400.0)
 
 
+class DomainsConfig(_Section):
+    """Failure-domain holds (issue 29 item 2): when ``threshold`` distinct nodes of one
+    domain ask for automatic repairs within ``window_s``, the cluster guard holds every
+    automatic repair of the domain until an operator releases it
+    (``autorepair domains release``). Membership: ``nodes[].failure_domain``, the values
+    of the Kubernetes node labels ``label_keys``, the Slurm node features starting with
+    ``slurm_feature_prefix`` (the rest of the feature names the domain)."""
+
+    #: Distinct nodes of one domain that open a hold (3: two independent faults in a rack
+    #: happen, three at once are a shared cause more often than not — issue 29).
+    threshold: int = Field(3, ge=2, le=10_000)
+    #: Seconds the nodes' requests must fall within (600: the false NVLink-down of a rack
+    #: reboot arrived within minutes, NVSentinel PR #1715).
+    window_s: float = Field(600.0, gt=0, le=86_400.0)
+    #: Kubernetes node labels whose values name a node's domains (the well-known zone
+    #: label, and the NVIDIA GPU operator's NVLink clique label).
+    label_keys: list[str] = Field(default_factory=lambda: [
+        "topology.kubernetes.io/zone", "nvidia.com/gpu.clique"])
+    #: Slurm node feature prefix naming a domain (``Features=domain=rack7`` → ``rack7``).
+    slurm_feature_prefix: str = Field("domain=", min_length=1, max_length=64)
+
+    @model_validator(mode="after")
+    def _keys(self) -> DomainsConfig:
+        for k in self.label_keys:
+            if not k or len(k) > 317 or any(c.isspace() for c in k):
+                raise ValueError(f"policy.domains.label_keys: {k!r} is not a label key")
+        if any(c.isspace() or c == "," for c in self.slurm_feature_prefix):
+            raise ValueError("policy.domains.slurm_feature_prefix: "
+                             f"{self.slurm_feature_prefix!r} has a space or a comma")
+        return self
+
+
 class PolicyConfig(_Section):
     """The policy bundle handed to workflows (pure data; no secrets)."""
 
@@ -1158,6 +1194,8 @@ class PolicyConfig(_Section):
     evidence_capture: EvidenceCaptureConfig = Field(default_factory=EvidenceCaptureConfig)
     #: Planned maintenance windows (``autorepair maintenance``).
     maintenance: MaintenanceConfig = Field(default_factory=MaintenanceConfig)
+    #: Failure-domain holds (``autorepair domains``).
+    domains: DomainsConfig = Field(default_factory=DomainsConfig)
 
 
 class AutorepairConfig(_Section):

@@ -45,8 +45,10 @@ Durability (docs/design.md §5 rails must hold across restarts):
   nothing meanwhile (I21); waiters re-send their requests every
   :data:`~workflows.protocol.LEASE_RESEND_S`.
 
-Operator interface (the ``autorepair breaker`` CLI): query ``status`` → GuardStatus,
-signal ``reset_breaker`` ``{"by": USER, "reason": TEXT}``.
+Operator interface (the ``autorepair breaker`` and ``autorepair domains`` CLIs): query
+``status`` → GuardStatus, signal ``reset_breaker`` ``{"by": USER, "reason": TEXT}``,
+signal ``release_domain`` ``{"domain": D, "by": USER, "reason": TEXT}`` (issue 29 item 2:
+a failure-domain hold holds every automatic repair of the domain's nodes until then).
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ with workflow.unsafe.imports_passed_through():
         GUARD_SIGNAL_ACQUIRE,
         GUARD_SIGNAL_CLUSTER_ALERT,
         GUARD_SIGNAL_RELEASE,
+        GUARD_SIGNAL_RELEASE_DOMAIN,
         GUARD_SIGNAL_RESET_BREAKER,
         GUARD_WORKFLOW,
         REPAIR_SIGNAL_LEASE,
@@ -86,6 +89,7 @@ with workflow.unsafe.imports_passed_through():
         GuardStatus,
         LeaseRelease,
         LeaseRequest,
+        ReleaseDomainSignal,
         ResetBreakerSignal,
         workflow_id_repair,
     )
@@ -138,6 +142,9 @@ def policy_view(snap: PolicySnapshot | None) -> gm.PolicyView:
         detector_cap=rails.detector_cap,
         lease_ttl_s=rails.lease_ttl_s,
         pools=dict(snap.pools) if snap else {},
+        domains={n: list(ds) for n, ds in snap.domains.items()} if snap else {},
+        domain_threshold=policy.domains.threshold,
+        domain_window_s=policy.domains.window_s,
     )
 
 
@@ -161,6 +168,7 @@ def ledger_view(cluster: str, st: GuardLedgerState) -> gm.LedgerView:
         breaker_open=st.breaker_open,
         tripped_at=st.tripped_at,
         tripped_reason=st.tripped_reason,
+        holds=list(st.domain_holds),
     )
 
 
@@ -209,6 +217,11 @@ class ClusterGuardWorkflow:
         """Operator closes the breaker: ``{"by": "alice"}``."""
         self._inbox.append(gm.ResetBreaker(sig=sig))
 
+    @workflow.signal(name=GUARD_SIGNAL_RELEASE_DOMAIN)
+    def release_domain(self, sig: ReleaseDomainSignal) -> None:
+        """Operator lifts a failure-domain hold: ``{"domain": "rack-07", "by": "alice"}``."""
+        self._inbox.append(gm.ReleaseDomain(sig=sig))
+
     @workflow.signal(name=GUARD_SIGNAL_CLUSTER_ALERT)
     def cluster_alert(self, alert: Alert) -> None:
         """A cluster-level alert from outside (ingest panic mode): recorded (idempotent on
@@ -240,6 +253,11 @@ class ClusterGuardWorkflow:
             errors=list(s.errors),
             rebuilt_at=s.rebuilt_at,
             policy_loaded=s.policy.loaded,
+            domain_holds=list(s.holds),
+            domain_faults=list(s.domain_faults),
+            domain_releases=list(s.domain_releases),
+            domain_threshold=s.policy.domain_threshold,
+            domain_window_s=s.policy.domain_window_s,
         )
 
     # ---- main loop ---------------------------------------------------------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from workflows.models import RequesterKind
 
@@ -32,6 +32,9 @@ class LeaseRequest(BaseModel):
     renew: bool = False
     gpu_evidence: bool = False
     requested_at: datetime | None = None
+    #: Kinds of the repair's actionable faults (the failure-domain hold names them;
+    #: empty from a requester that predates the field).
+    fault_kinds: list[str] = Field(default_factory=list)
 
 
 class LeaseReply(BaseModel):
@@ -64,6 +67,49 @@ class ResetBreakerSignal(BaseModel):
 
     by: str
     reason: str = ""
+
+
+class ReleaseDomainSignal(BaseModel):
+    """Payload of ``release_domain`` (issue 29 item 2): an operator lifts the hold of a
+    failure domain, ``{"domain": "rack-07", "by": "alice", "reason": "PSU replaced"}``."""
+
+    domain: str = Field(min_length=1, max_length=253)
+    by: str
+    reason: str = ""
+
+
+class DomainFault(BaseModel):
+    """An automatic repair's lease request counted for a failure domain: ``node`` of
+    ``domain`` asked at ``at`` (the guard's clock) for ``kinds``."""
+
+    domain: str
+    node: str
+    repair_id: str
+    kinds: list[str] = Field(default_factory=list)
+    at: datetime
+
+
+class DomainHold(BaseModel):
+    """A failure-domain hold in force (issue 29 item 2): no automatic repair of a node of
+    ``domain`` is granted a lease until an operator releases it. ``nodes`` and ``kinds``:
+    what opened it (sorted); ``alert_id``: its ``failure_domain`` cluster alert."""
+
+    domain: str
+    opened_at: datetime
+    nodes: list[str] = Field(default_factory=list)
+    kinds: list[str] = Field(default_factory=list)
+    alert_id: str
+    reason: str = ""
+
+
+class DomainRelease(BaseModel):
+    """An operator's release of a hold (kept for ``status``, newest last)."""
+
+    domain: str
+    by: str
+    reason: str = ""
+    at: datetime
+    opened_at: datetime | None = None
 
 
 class Lease(BaseModel):

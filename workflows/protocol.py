@@ -33,8 +33,9 @@ The guard holds at most one lease per (cluster, node), and sizes everything from
 configuration and the ledger (node pools, GPU node count), never from what an agent
 reported.
 
-Operators use :data:`GUARD_QUERY_STATUS` (→ :class:`GuardStatus`) and
-:data:`GUARD_SIGNAL_RESET_BREAKER` (``{"by": USER}``) on ``guard/{cluster}``.
+Operators use :data:`GUARD_QUERY_STATUS` (→ :class:`GuardStatus`),
+:data:`GUARD_SIGNAL_RESET_BREAKER` (``{"by": USER}``) and
+:data:`GUARD_SIGNAL_RELEASE_DOMAIN` (``{"domain": D, "by": USER}``) on ``guard/{cluster}``.
 """
 
 from __future__ import annotations
@@ -46,10 +47,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from temporalio.common import SearchAttributeIndexedValueType, SearchAttributeKey
 
 from workflows.catalogue.kinds import NODE_LEVEL_KINDS
+from workflows.leases import DomainFault as DomainFault
+from workflows.leases import DomainHold as DomainHold
+from workflows.leases import DomainRelease as DomainRelease
 from workflows.leases import Lease as Lease
 from workflows.leases import LeaseRelease as LeaseRelease
 from workflows.leases import LeaseReply as LeaseReply
 from workflows.leases import LeaseRequest as LeaseRequest
+from workflows.leases import ReleaseDomainSignal as ReleaseDomainSignal
 from workflows.leases import ResetBreakerSignal as ResetBreakerSignal
 from workflows.models import TERMINAL_STAGES, Action, Alert, RepairRequest, Stage
 
@@ -102,6 +107,10 @@ GUARD_SIGNAL_CLUSTER_ALERT = "cluster_alert"
 """Signal on ``guard/{cluster}`` carrying a cluster-level :class:`~workflows.models.Alert`
 (e.g. the ingest's panic-mode alert): recorded in the ledger and notified; it trips
 nothing by itself."""
+GUARD_SIGNAL_RELEASE_DOMAIN = "release_domain"
+"""Signal on ``guard/{cluster}`` (:class:`ReleaseDomainSignal`): an operator lifts the
+hold of a failure domain (issue 29 item 2); its waiting repairs are then granted as the
+other rails allow, and the release is recorded as the hold alert's clear."""
 GUARD_QUERY_STATUS = "status"
 LEASE_RESEND_S = 300.0
 """How often a repair waiting for a lease re-sends its request, seconds (5 min: a guard
@@ -245,6 +254,15 @@ class GuardStatus(BaseModel):
     #: ``breaker_threshold`` are then those of the default policy, which the guard also
     #: serves by until it reads the configured one.
     policy_loaded: bool = True
+    #: Failure-domain holds in force (issue 29 item 2): ``{"domain", "opened_at", "nodes",
+    #: "kinds", "alert_id", "reason"}`` each.
+    domain_holds: list[DomainHold] = Field(default_factory=list)
+    #: Lease requests of automatic repairs counted per domain inside ``domain_window_s``.
+    domain_faults: list[DomainFault] = Field(default_factory=list)
+    #: The newest releases of holds (``{"domain", "by", "reason", "at", "opened_at"}``).
+    domain_releases: list[DomainRelease] = Field(default_factory=list)
+    domain_threshold: int = 3
+    domain_window_s: float = 600.0
 
 
 class RepairFinished(BaseModel):

@@ -818,6 +818,7 @@ class RepairWorkflow:
             requester_kind=req.requester.kind,
             renew=renew,
             gpu_evidence=any(a.gpu for a in self._alerts),
+            fault_kinds=sorted({a.kind for a in self._alerts}),
         )
 
     def _holding(self) -> bool:

@@ -454,6 +454,24 @@ class KubeScheduler:
             raise self._classify(e, "*") from e
         return sorted(n.metadata.name for n in nodes.items)
 
+    async def node_domains(self, label_keys: list[str], prefix: str) -> dict[str, list[str]]:
+        """node → its failure domains (issue 29 item 2): the values of its labels named
+        by ``label_keys`` (``policy.domains.label_keys``), sorted; nodes with none are left
+        out (``prefix`` is Slurm's and unused here). Raises ``ApiException`` (or a
+        non-retryable ``ERR_AUTH``) like :meth:`node_names`."""
+        api = await self._api()
+        try:
+            nodes = await api.list_node()
+        except ApiException as e:
+            raise self._classify(e, "*") from e
+        out: dict[str, list[str]] = {}
+        for n in nodes.items:
+            labels = n.metadata.labels or {}
+            ds = sorted({labels[k] for k in label_keys if labels.get(k)})
+            if ds:
+                out[n.metadata.name] = ds
+        return dict(sorted(out.items()))
+
     async def node_health(self, node: str) -> NodeHealth:
         """Ready condition, ``[Ready|NotReady, SchedulingDisabled?]``, bootID."""
         n = await self._read(node)

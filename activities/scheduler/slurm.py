@@ -327,6 +327,32 @@ def parse_scontrol_show_node(text: str) -> dict[str, SlurmNode]:
     return out
 
 
+def parse_node_features(text: str) -> dict[str, list[str]]:
+    """Features of each node of ``scontrol show node -o`` text: ``AvailableFeatures=``
+    (``Features=`` on Slurm before 17.11), comma separated; ``(null)`` gives none."""
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        kv: dict[str, str] = {}
+        for tok in line.split():
+            if "=" in tok:
+                k, v = tok.split("=", 1)
+                kv.setdefault(k, v)
+        name = kv.get("NodeName")
+        if not name:
+            continue
+        raw = kv.get("AvailableFeatures", kv.get("Features", ""))
+        out[name] = [f for f in raw.split(",") if f and f != "(null)"]
+    return out
+
+
+def feature_domains(features: list[str], prefix: str) -> list[str]:
+    """The failure domains ``features`` name (issue 29 item 2): each feature starting
+    with ``prefix`` (``policy.domains.slurm_feature_prefix``) names the domain after it
+    (``domain=rack7`` → ``rack7``), sorted; an empty rest names none."""
+    return sorted({f[len(prefix):] for f in features if f.startswith(prefix)
+                   and len(f) > len(prefix)})
+
+
 class SlurmCommandError(RuntimeError):
     """A Slurm command failed (retryable unless converted to an ``ApplicationError``)."""
 
@@ -527,6 +553,14 @@ class SlurmScheduler:
         Raises :class:`SlurmCommandError` when the command fails."""
         _, out, _ = await self._run("scontrol", "show", "node")
         return sorted(parse_scontrol_show_node(out))
+
+    async def node_domains(self, label_keys: list[str], prefix: str) -> dict[str, list[str]]:
+        """node → its failure domains from the node features (:func:`feature_domains`;
+        ``label_keys`` is Kubernetes's and unused here); nodes with none are left out.
+        Raises :class:`SlurmCommandError` when ``scontrol`` fails."""
+        _, out, _ = await self._run("scontrol", "show", "node", "-o")
+        found = {n: feature_domains(fs, prefix) for n, fs in parse_node_features(out).items()}
+        return {n: ds for n, ds in sorted(found.items()) if ds}
 
     async def close(self) -> None:
         """Nothing to release (commands are one-shot)."""

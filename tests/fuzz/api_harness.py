@@ -70,6 +70,8 @@ ROUTE_RULES: dict[tuple[str, str], str | None] = {
     ("POST", "/api/v1/maintenance"): "decide",
     ("GET", "/api/v1/maintenance"): "read",
     ("DELETE", "/api/v1/maintenance/{window_id}"): "decide",
+    ("GET", "/api/v1/domains"): "read",
+    ("POST", "/api/v1/domains/{cluster}/{domain}/release"): "decide",
     ("GET", "/api/v1/state"): "token",
     ("GET", "/api/v1/threshold"): None,
     ("GET", "/healthz"): None,

@@ -1,9 +1,11 @@
-"""``python -m tests.model [--depth N] [--guard-depth N] [--node-depth N] [--repair-depth N]
+"""``python -m tests.model [--depth N] [--guard-depth N] [--domain-depth N] [--node-depth N]
+[--repair-depth N]
 [--fleet-depth N] [--defect NAME ...] [--world-defect NAME ...]``
 (``make model-check DEPTH=N GUARD_DEPTH=N NODE_DEPTH=N REPAIR_DEPTH=N FLEET_DEPTH=N``).
 
 Checks the machine action lifecycle (:mod:`tests.model.checker`, to ``--depth``), the
-cluster guard (:mod:`tests.model.guard_world`, to ``--guard-depth``), the node
+cluster guard (:mod:`tests.model.guard_world`, to ``--guard-depth``; its failure-domain
+world, issue 29 item 2, to ``--domain-depth``), the node
 lifecycle (:mod:`tests.model.node_world`, to ``--node-depth``), the repair lifecycle
 (:mod:`tests.model.repair_world`, to ``--repair-depth``) and the composed fleet
 (:mod:`tests.model.fleet_world`: 3 nodes, the guard, repairs and their machine actions,
@@ -27,6 +29,9 @@ from workflows.lifecycle import guard, machine_action, node, repair
 #: 3-5 min).
 DEFAULT_DEPTH = 8
 DEFAULT_GUARD_DEPTH = 5
+#: The guard's failure-domain world (issue 29 item 2): 4 events take about 6 s, 5 about
+#: a minute.
+DEFAULT_DOMAIN_DEPTH = 4
 DEFAULT_NODE_DEPTH = 5
 DEFAULT_FLEET_DEPTH = 3
 #: ... and 16 repair events (a first rung fails and the person is asked for the next).
@@ -39,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"longest machine-action event sequence (default {DEFAULT_DEPTH})")
     ap.add_argument("--guard-depth", type=int, default=DEFAULT_GUARD_DEPTH,
                     help=f"longest guard event sequence (default {DEFAULT_GUARD_DEPTH})")
+    ap.add_argument("--domain-depth", type=int, default=DEFAULT_DOMAIN_DEPTH,
+                    help="longest event sequence of the guard's failure-domain world "
+                         f"(default {DEFAULT_DOMAIN_DEPTH})")
     ap.add_argument("--node-depth", type=int, default=DEFAULT_NODE_DEPTH,
                     help=f"longest node event sequence (default {DEFAULT_NODE_DEPTH})")
     ap.add_argument("--fleet-depth", type=int, default=DEFAULT_FLEET_DEPTH,
@@ -53,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
                                     *repair.DEFECTS}),
                     help="re-introduce a known defect (test-only; repeatable)")
     args = ap.parse_args(argv)
-    for name in ("depth", "guard_depth", "node_depth", "repair_depth", "fleet_depth"):
+    for name in ("depth", "guard_depth", "domain_depth", "node_depth", "repair_depth",
+                 "fleet_depth"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')}: must be at least 1 "
                      f"(got {getattr(args, name)})")
@@ -62,13 +71,16 @@ def main(argv: list[str] | None = None) -> int:
         ("machine_action", checker.check(args.depth,
                                          defects=defects & set(machine_action.DEFECTS))),
         ("guard", guard_world.check(args.guard_depth, defects=defects & set(guard.DEFECTS))),
+        ("guard_domains", guard_world.check(args.domain_depth, domains=True,
+                                            defects=defects & set(guard.DEFECTS))),
         ("node", node_world.check(args.node_depth, defects=defects & set(node.DEFECTS))),
         ("repair", repair_world.check(args.repair_depth,
                                       defects=defects & set(repair.DEFECTS))),
         ("fleet", fleet_world.check(args.fleet_depth, defects=defects,
                                     world_defects=frozenset(args.world_defect), report=print)),
     ]
-    total = checker.Result(depth=max(args.depth, args.guard_depth, args.node_depth,
+    total = checker.Result(depth=max(args.depth, args.guard_depth, args.domain_depth,
+                                     args.node_depth,
                                      args.repair_depth, args.fleet_depth))
     shown: set[str] = set()
     for name, res in runs:

@@ -29,6 +29,12 @@ equivalent one), so the bounded run is exhaustive. Invariants after every step:
   reset nothing counted before it is counted in the window again;
 - **I21** a fresh guard grants nothing before the ledger answered.
 
+With ``domains`` (issue 29 item 2) the three nodes form one failure domain ``r`` (hold
+threshold 2 inside the breaker window), ``b1``'s repair is a person's (approved by one:
+``automatic`` false), an operator's ``release domain r`` is an event, and the ledger keeps
+the guard's newest ``failure_domain`` rows for a rebuild. Invariant: no automatic repair
+is granted a lease (a new start) while its domain is held — a person's may be.
+
 Not modelled: a guard restarted after a reset knows the reset only from the ledger's
 breaker alerts, not which requests waited through it, so the I23 bookkeeping of the
 world starts afresh at a guard restart (see the report of issue 26's guard branch).
@@ -41,7 +47,13 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
-from workflows.leases import LeaseRelease, LeaseRequest, ResetBreakerSignal
+from workflows.leases import (
+    DomainHold,
+    LeaseRelease,
+    LeaseRequest,
+    ReleaseDomainSignal,
+    ResetBreakerSignal,
+)
 from workflows.lifecycle import guard as gm
 
 NODES = ("a1", "a2", "b1")
@@ -54,6 +66,12 @@ CLOCK_STEP_S = 100.0
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 POLICY = gm.PolicyView(gpu_nodes=3, budget=1, breaker_threshold=2, breaker_window_s=WINDOW_S,
                        one_per_pool=True, detector_cap=3, lease_ttl_s=TTL_S, pools=POOLS)
+#: The policy of the domain world: every node in domain ``r``, held at 2 nodes.
+POLICY_DOMAINS = POLICY.model_copy(update={"domains": {n: ["r"] for n in NODES},
+                                           "domain_threshold": 2,
+                                           "domain_window_s": WINDOW_S})
+#: The node whose repair a person approved in the domain world.
+PERSON = "b1"
 
 
 @dataclass(frozen=True)
@@ -70,6 +88,10 @@ class World:
     #: per node: counted (sent an automatic request) before the last reset
     pre_reset: tuple[bool, ...] = (False, False, False)
     bad: tuple[str, ...] = ()
+    #: the domain world (see the module's docstring)
+    domains: bool = False
+    #: the holds the ledger has open (the guard's newest failure_domain rows), as JSON
+    ledger_holds: tuple[str, ...] = ()
 
 
 @dataclass
@@ -89,10 +111,19 @@ def _rid(i: int) -> str:
     return f"r-{NODES[i]}"
 
 
-def _req(i: int, renew: bool = False) -> LeaseRequest:
+def _policy(w: World) -> gm.PolicyView:
+    return POLICY_DOMAINS if w.domains else POLICY
+
+
+def _automatic(w: World, i: int) -> bool:
+    return not (w.domains and NODES[i] == PERSON)
+
+
+def _req(i: int, renew: bool = False, w: World | None = None) -> LeaseRequest:
     return LeaseRequest(repair_id=_rid(i), workflow_id=f"w-{NODES[i]}", cluster="c",
-                        node=NODES[i], node_pool=POOLS[NODES[i]], automatic=True,
-                        renew=renew)
+                        node=NODES[i], node_pool=POOLS[NODES[i]],
+                        automatic=w is None or _automatic(w, i), renew=renew,
+                        fault_kinds=["nvlink_down"])
 
 
 def _set(t: tuple, i: int, v: object) -> tuple:  # type: ignore[type-arg]
@@ -105,14 +136,15 @@ def _node_of(repair_id: str) -> int:
 
 def _ledger(w: World, m: gm.GuardState) -> gm.LedgerView:
     holders = [gm.HeldRepair(repair_id=_rid(i), node=NODES[i], workflow_id=f"w-{NODES[i]}",
-                             automatic=True)
+                             automatic=_automatic(w, i))
                for i, st in enumerate(w.repairs) if st == "holding"
                or (st == "dead" and w.granted_at[i] is not None)]
     auto = [(_rid(i), T0 + timedelta(seconds=t)) for i, t in enumerate(w.granted_at)
             if t is not None and w.now_s - t <= WINDOW_S]
     return gm.LedgerView(holders=holders, automatic=auto, breaker_open=w.ledger_breaker,
                          tripped_at=T0 if w.ledger_breaker else None,
-                         tripped_reason="tripped" if w.ledger_breaker else "")
+                         tripped_reason="tripped" if w.ledger_breaker else "",
+                         holds=[DomainHold.model_validate_json(h) for h in w.ledger_holds])
 
 
 def _events(m: gm.GuardState, w: World) -> list[tuple[str, gm.Event | None]]:
@@ -120,14 +152,17 @@ def _events(m: gm.GuardState, w: World) -> list[tuple[str, gm.Event | None]]:
     evs: list[tuple[str, gm.Event | None]] = []
     for i, st in enumerate(w.repairs):
         if st in ("idle", "waiting"):
-            evs.append((f"request {NODES[i]}", gm.Request(req=_req(i))))
+            evs.append((f"request {NODES[i]}", gm.Request(req=_req(i, w=w))))
         if st == "holding":
-            evs.append((f"renew {NODES[i]}", gm.Request(req=_req(i, renew=True))))
+            evs.append((f"renew {NODES[i]}", gm.Request(req=_req(i, renew=True, w=w))))
         if st in ("waiting", "holding"):
             evs.append((f"release {NODES[i]}",
                         gm.Release(rel=LeaseRelease(repair_id=_rid(i), outcome="succeeded"))))
             evs.append((f"die {NODES[i]}", None))
     evs.append(("reset", gm.ResetBreaker(sig=ResetBreakerSignal(by="oncall"))))
+    if w.domains:
+        evs.append(("release domain r", gm.ReleaseDomain(sig=ReleaseDomainSignal(
+            domain="r", by="oncall"))))
     evs.append(("clock", gm.Clock()))
     now = T0 + timedelta(seconds=w.now_s)
     for name, at in sorted(m.timers.items()):
@@ -136,7 +171,7 @@ def _events(m: gm.GuardState, w: World) -> list[tuple[str, gm.Event | None]]:
     evs.append(("guard restart", gm.Started(fresh=True)))
     evs.append(("ledger down" if w.ledger_up else "ledger back", None))
     if w.out == "policy":
-        evs.append(("policy ok", gm.PolicyRead(view=POLICY)))
+        evs.append(("policy ok", gm.PolicyRead(view=_policy(w))))
         evs.append(("policy failed", gm.PolicyFailed(message="timeout")))
     if w.out == "ledger":
         evs.append(("ledger answers" if w.ledger_up else "ledger unavailable",
@@ -149,7 +184,7 @@ def _events(m: gm.GuardState, w: World) -> list[tuple[str, gm.Event | None]]:
 
 def _batches(w: World) -> list[tuple[str, gm.Event | None]]:
     """The batch events: a storm of requests, and every message with the reset last."""
-    reqs = [gm.Request(req=_req(i)) for i, st in enumerate(w.repairs)
+    reqs = [gm.Request(req=_req(i, w=w)) for i, st in enumerate(w.repairs)
             if st in ("idle", "waiting")]
     # a repair that released never asks again: the holders release, the others ask
     rels = [gm.Release(rel=LeaseRelease(repair_id=_rid(i), outcome="succeeded"))
@@ -206,6 +241,7 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
         now = T0 + timedelta(seconds=w.now_s)
         was_open, reset_at, counted = m.breaker_open, m.reset_at, m.counted
         open_at = _open_at_grant(m, e, now, defects)
+        held_at = _held_at_grant(m, e, now, defects)
         m, cmds = gm.step(m, e, now, defects)
         if m.reset_at != reset_at:  # the machine applied a reset in this step
             pre = tuple(p or any(c.repair_id == _rid(i) for c in counted)
@@ -220,6 +256,8 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
                 w = replace(w, out="ledger")
             elif isinstance(c, gm.WriteAlert) and c.alert.kind == gm.BREAKER_KIND:
                 w = replace(w, ledger_breaker=c.alert.active)
+            elif isinstance(c, gm.WriteAlert) and c.alert.kind == gm.DOMAIN_KIND:
+                w = replace(w, ledger_holds=_ledger_holds(w, c))
             elif isinstance(c, gm.ContinueAsNew):
                 m = gm.GuardState.model_validate_json(m.model_dump_json())
                 todo.append(gm.Started(fresh=False))
@@ -239,6 +277,11 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
                             bad.append("breaker: an automatic new repair granted while open")
                         if m.status != gm.Status.serving or m.rebuilt_at is None:
                             bad.append("I21: granted before the ledger answered")
+                        if (_automatic(w, i) and c.purpose == "reply"
+                                and c.reply.reason != "re-acquired"
+                                and held_at.get(c.reply.repair_id, _held(m, NODES[i]))):
+                            bad.append(f"domain: automatic {NODES[i]} granted while its "
+                                       "domain is held")
                         if w.stale[i] and c.reply.reset_at is None:
                             bad.append(f"I23: {NODES[i]} waited through a reset and acts on "
                                        "pre-reset evidence")
@@ -247,6 +290,44 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
                 elif st == "holding":  # a refused renewal: the lease lapsed, do not act
                     w = replace(w, repairs=_set(w.repairs, i, "waiting"))
     return m, replace(w, bad=tuple(bad))
+
+
+def _held(m: gm.GuardState, node: str) -> bool:
+    mine = m.policy.domains.get(node) or []
+    return any(h.domain in mine for h in m.holds)
+
+
+def _ledger_holds(w: World, c: gm.WriteAlert) -> tuple[str, ...]:
+    """The ledger's open holds after the guard wrote ``c`` (a raise or a release)."""
+    ev = c.alert.evidence
+    domain = str(ev["domain"])
+    rest = tuple(h for h in w.ledger_holds
+                 if DomainHold.model_validate_json(h).domain != domain)
+    if not c.alert.active:
+        return rest
+    hold = DomainHold(domain=domain, opened_at=c.alert.observed_at,
+                      nodes=list(ev["nodes"]), kinds=list(ev["kinds"]),
+                      alert_id=c.alert.alert_id, reason=c.alert.description)
+    return (*rest, hold.model_dump_json())
+
+
+def _held_at_grant(m: gm.GuardState, e: gm.Event, now: datetime, defects: frozenset[str]
+                   ) -> dict[str, bool]:
+    """For a batch: whether each granted repair's domain was held when it was granted,
+    by the batch's specification (as :func:`_open_at_grant`)."""
+    if not isinstance(e, gm.Batch):
+        return {}
+    out: dict[str, bool] = {}
+    for inner in e.events:
+        m, cmds = gm.step(m, inner, now, defects)
+        for c in cmds:
+            if isinstance(c, gm.SendLease) and c.reply.granted:
+                out.setdefault(c.reply.repair_id, _held(m, _node_of_id(c.reply.repair_id)))
+    return out
+
+
+def _node_of_id(repair_id: str) -> str:
+    return repair_id.removeprefix("r-")
 
 
 def _open_at_grant(m: gm.GuardState, e: gm.Event, now: datetime, defects: frozenset[str]
@@ -299,22 +380,25 @@ def _key(m: gm.GuardState, w: World) -> str:
     return min(text, mirrored)
 
 
-def initial(defects: frozenset[str] = frozenset()) -> tuple[gm.GuardState, World]:
+def initial(defects: frozenset[str] = frozenset(), domains: bool = False
+            ) -> tuple[gm.GuardState, World]:
     """A guard that started, read its policy and rebuilt from an empty ledger."""
-    m, w = _run(gm.new_state("c", POLICY), World(), gm.Started(fresh=True), defects)
-    m, w = _run(m, replace(w, out=None), gm.PolicyRead(view=POLICY), defects)
+    w0 = World(domains=domains)
+    m, w = _run(gm.new_state("c", _policy(w0)), w0, gm.Started(fresh=True), defects)
+    m, w = _run(m, replace(w, out=None), gm.PolicyRead(view=_policy(w0)), defects)
     m, w = _run(m, replace(w, out=None), gm.LedgerRead(view=_ledger(w, m)), defects)
     assert m.status == gm.Status.serving, m.status
     return m, w
 
 
 def check(depth: int, defects: frozenset[str] = frozenset(),
-          stop_at_first: bool = False) -> Result:
+          stop_at_first: bool = False, domains: bool = False) -> Result:
     """Explore every event sequence of length ≤ ``depth`` from a guard's first start;
-    ``defects`` re-introduces the named ones (test-only)."""
+    ``defects`` re-introduces the named ones (test-only); ``domains``: the domain world
+    (module docstring)."""
     res = Result(depth=depth)
     t0 = time.monotonic()
-    m0, w0 = initial(defects)
+    m0, w0 = initial(defects, domains)
     seen = {_key(m0, w0)}
     queue: deque[tuple[gm.GuardState, World, list[str]]] = deque([(m0, w0, [])])
     while queue:
@@ -327,7 +411,7 @@ def check(depth: int, defects: frozenset[str] = frozenset(),
             else:
                 w1 = _before(label, ev, m, w)
                 # a guard restart loses the machine's state
-                base = gm.new_state("c", POLICY) if isinstance(ev, gm.Started) else m
+                base = gm.new_state("c", _policy(w)) if isinstance(ev, gm.Started) else m
                 m1, w1 = _run(base, w1, ev, defects)
             res.transitions += 1
             t1 = [*trace, label]

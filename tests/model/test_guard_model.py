@@ -40,3 +40,23 @@ def test_guard_checker_finds_each_planted_defect(defect: str, invariant: str) ->
     what, trace = res.violations[0]
     assert invariant in what, what
     assert len(trace) <= CI_DEPTH
+
+
+#: The failure-domain world's CI bound (issue 29 item 2; ~6 s here).
+DOMAIN_DEPTH = 4
+
+
+def test_no_automatic_lease_in_a_held_domain_to_the_ci_bound() -> None:
+    res = check(DOMAIN_DEPTH, domains=True)
+    assert not res.violations, res.violations[:3]
+    assert res.states > 3000, res.line()
+
+
+def test_domain_checker_finds_the_planted_hold_defect() -> None:
+    defect = "domain_hold_ignores_queue"
+    assert defect in DEFECTS
+    res = check(DOMAIN_DEPTH, defects=frozenset({defect}), stop_at_first=True, domains=True)
+    assert res.violations, f"{defect} not found"
+    what, trace = res.violations[0]
+    assert "granted while its domain is held" in what, what
+    assert len(trace) <= DOMAIN_DEPTH

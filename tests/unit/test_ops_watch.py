@@ -25,6 +25,7 @@ ANSWERS: dict[str, Any] = {
     "/api/v1/report": {"currency": "USD", "gpu_hours": 0, "cost": 0, "repairs": 0,
                        "unpriced_repairs": 0, "breakdown": []},
     "/api/v1/maintenance": {"windows": []},
+    "/api/v1/domains": {"holds": []},
 }
 
 

@@ -132,3 +132,15 @@ def test_status_lists_the_open_maintenance_windows() -> None:
     assert "maintenance" in out and "mw-0123456789ab" in out and "pool rack-a" in out
     assert "rack A firmware" in out and "2026-12-01 21:00" in out
     assert "mw-" not in _render(160)  # no window, no row
+
+
+def test_status_lists_the_failure_domain_holds() -> None:
+    doc = _doc()
+    doc["domains"] = [{
+        "domain": "rack-07", "opened_at": "2026-12-01T19:40:00Z",
+        "nodes": ["gpu-01", "gpu-02", "gpu-03"], "kinds": ["nvlink_down"],
+        "alert_id": "domain/demo/rack-07/2026-12-01T19:40:00+00:00", "reason": "held"}]
+    out = _render(200, doc=doc)
+    assert "failure_domain" in out and "rack-07 held since 2026-12-01 19:40" in out
+    assert "gpu-01, gpu-02, gpu-03" in out and "nvlink_down" in out
+    assert "rack-07" not in _render(200)  # no hold, no row

@@ -303,6 +303,8 @@ class Harness:
     bmc_queue: str
     gpu_nodes: int
     pools: dict[str, str] = field(default_factory=dict)
+    #: node → failure domains (``PolicySnapshot.domains``, issue 29 item 2).
+    domains: dict[str, list[str]] = field(default_factory=dict)
     #: When set, ``load_policy`` fails with this (non-retryable, as a broken config does).
     policy_error: str | None = None
 
@@ -317,6 +319,7 @@ class Harness:
             gpu_nodes=self.gpu_nodes,
             scheduler="slurm",
             pools=self.pools,
+            domains=self.domains,
             machines={n: f"m-{n}" for n in self.cluster.nodes},
             bmc_task_queue=self.bmc_queue,
         )

@@ -17,9 +17,12 @@ GET    /api/v1/alerts?cluster&node&limit viewer+   200 ``{"alerts": [Alert, ...]
 GET    /api/v1/report?since&until&...  viewer+   200 fleet report: repairs, MTTR, cost, reliability
 GET    /api/v1/machines/held?cluster     viewer+   200 machines held for RMA
 POST   /api/v1/machines/{c}/{m}/return   operator  200 hold lifted / 409 not held
+GET    /api/v1/domains?cluster           viewer+   200 failure-domain holds of a cluster
+POST   /api/v1/domains/{c}/{d}/release   operator  200 hold released / 409 not held
 ====== ================================= ========= ==========================================
 
-(The machine routes: :mod:`workers.repairs.machines`.)
+(The machine routes: :mod:`workers.repairs.machines`; the domain routes:
+:mod:`workers.repairs.domains`.)
 
 Errors: 401 without or with an unknown token (or when no tokens file is configured),
 403 for a role that may not do it (both checked before the ledger is touched), 503 when
@@ -48,6 +51,7 @@ from activities.ledger_reports import fleet_report
 from activities.maintenance_store import MaintenanceStore, WindowError, window_view
 from activities.reliability import fleet_gpus
 from workers.repairs.auth import ApiTokens, Principal
+from workers.repairs.domains import add_domain_routes
 from workers.repairs.intake import IntakeError, LazyIntake, RepairIntake
 from workers.repairs.machines import add_machine_routes
 from workers.repairs.models import (
@@ -346,6 +350,7 @@ def build_repairs_router(
         return {**window_view(w, datetime.now(UTC)), "ended_now": ended}
 
     add_machine_routes(router, need, Intake)
+    add_domain_routes(router, need, Intake)
     return router
 
 

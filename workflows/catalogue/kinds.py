@@ -198,6 +198,15 @@ KIND_ENTRIES: dict[str, CatalogueEntry] = {
         "operator resets it.",
         "docs/design.md §5 rails: circuit breaker on a burst of correlated automatic repairs",
     ),
+    "failure_domain": make_entry(
+        _C,
+        "FAILURE_DOMAIN_HOLD",
+        Action.none,
+        "Several nodes of one failure domain asked for automatic repairs at once: the "
+        "cluster guard holds the domain's automatic repairs until an operator releases it.",
+        "issue 29 item 2 (a rack reboot's false NVLink-down, 18 nodes at a time: "
+        "NVSentinel PR #1715); docs/design.md §5 rails",
+    ),
 }
 """Entries of the kinds that need no per-occurrence decision."""
 

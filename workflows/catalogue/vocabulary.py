@@ -69,6 +69,8 @@ CONTROL_PLANE_KINDS: frozenset[str] = frozenset(
         "k8s_frequent_containerd_restart",
         # workflows.guard: the circuit breaker's cluster-level alert (docs/design.md §5 rails).
         "circuit_breaker",
+        # workflows.guard: a failure-domain hold's cluster-level alert (issue 29 item 2).
+        "failure_domain",
     }
 )
 """Kinds raised by control-plane components rather than read from a node."""
@@ -76,8 +78,6 @@ CONTROL_PLANE_KINDS: frozenset[str] = frozenset(
 SENDER_RESERVED_KINDS: frozenset[str] = (CONTROL_PLANE_KINDS - {"straggler"}) | {
     # workers.repairs.intake: the evidence record of an external repair request.
     "repair_request",
-    # docs/design.md §5 round 3 controls: the failure-domain hold's cluster-level alert.
-    "failure_domain",
 }
 """Kinds only the control plane raises, **refused from senders** (OTLP fault records;
 docs/design.md §5: "Control-plane kinds … are never accepted from senders"): a node's own token

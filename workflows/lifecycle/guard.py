@@ -23,6 +23,13 @@ Rules (docs/design.md §5 rails), checked by ``tests/model/guard_world.py``:
   before it is never counted again (its re-sent requests included);
 - **I21** a fresh guard grants nothing until the ledger answered (a holder the ledger
   lists, in any stage that holds a node, keeps its slot).
+- **failure-domain hold** (issue 29 item 2): when ``domain_threshold`` distinct nodes of
+  one failure domain (``PolicyView.domains``) have asked for a lease for an automatic
+  repair within ``domain_window_s`` (the guard's clock), the domain is held: one
+  ``failure_domain`` cluster alert names it, its nodes and fault kinds, and no automatic
+  new request of a node of the domain is granted until an operator releases it
+  (:class:`ReleaseDomain`); a person's request (approved by a person, or requested by a
+  user) and a renewal are not held. Holds are carried and rebuilt from the ledger.
 
 The policy numbers come in :class:`PolicyView` (computed by the interpreter from
 ``load_policy`` with :func:`workflows.policy.concurrency_budget` and
@@ -41,7 +48,17 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workflows.leases import Lease, LeaseRelease, LeaseReply, LeaseRequest, ResetBreakerSignal
+from workflows.leases import (
+    DomainFault,
+    DomainHold,
+    DomainRelease,
+    Lease,
+    LeaseRelease,
+    LeaseReply,
+    LeaseRequest,
+    ReleaseDomainSignal,
+    ResetBreakerSignal,
+)
 from workflows.models import Alert, RequesterKind, Severity
 
 #: How long a fresh guard waits before asking the ledger again, seconds (each read is
@@ -52,6 +69,15 @@ LEDGER_RETRY_S = 60.0
 POLICY_REFRESH_S = 300.0
 #: Kind of the breaker's cluster-level alerts (a trip raises, a reset clears).
 BREAKER_KIND = "circuit_breaker"
+#: Kind of a failure-domain hold's cluster-level alert (issue 29 contract: a hold raises,
+#: a release clears).
+DOMAIN_KIND = "failure_domain"
+#: Defaults of ``policy.domains.threshold`` / ``.window_s`` (issue 29 item 2: 3 nodes of
+#: one domain within 10 minutes; a rack's false NVLink-down arrived 18 nodes at a time).
+DOMAIN_THRESHOLD = 3
+DOMAIN_WINDOW_S = 600.0
+#: Releases kept for operators (newest kept; the first release's bound for errors).
+MAX_RELEASES = 20
 #: Bounds of the lists kept for operators (newest kept): the ``status`` query shows them
 #: and ``autorepair breaker status`` prints them; 50 expired leases and 20 errors are the
 #: first release's bounds (enough for an on-call page, small in every carried state).
@@ -83,6 +109,9 @@ DEFECTS: dict[str, str] = {
     "batch_decides_in_parallel": "a batch of requests is decided against the leases held "
                                  "before the batch, so two requests of one batch are both "
                                  "granted beyond the budget or the pool rule",
+    "domain_hold_ignores_queue": "the hold is checked only when a request arrives: one "
+                                 "queued before its domain was held (budget, pool, node) is "
+                                 "granted from the queue while the hold is in force",
 }
 
 
@@ -103,6 +132,7 @@ class Why(StrEnum):
     budget = "budget"
     detector_cap = "detector_cap"
     breaker = "breaker"
+    domain = "domain"
 
 
 class PolicyView(BaseModel):
@@ -116,6 +146,11 @@ class PolicyView(BaseModel):
     detector_cap: int = Field(ge=0)
     lease_ttl_s: float = Field(gt=0)
     pools: dict[str, str] = Field(default_factory=dict)
+    #: node → the failure domains it belongs to (``nodes[].failure_domain``, scheduler
+    #: labels / features; ``PolicySnapshot.domains``).
+    domains: dict[str, list[str]] = Field(default_factory=dict)
+    domain_threshold: int = Field(DOMAIN_THRESHOLD, ge=1)
+    domain_window_s: float = Field(DOMAIN_WINDOW_S, gt=0)
     loaded: bool = False
     loaded_at: datetime | None = None
 
@@ -166,6 +201,8 @@ class LedgerView(BaseModel):
     breaker_open: bool = False
     tripped_at: datetime | None = None
     tripped_reason: str = ""
+    #: Failure-domain holds the ledger has open (their alert raised, not cleared).
+    holds: list[DomainHold] = Field(default_factory=list)
 
 
 class GuardState(BaseModel):
@@ -175,7 +212,10 @@ class GuardState(BaseModel):
     ≤ held + queued + ``breaker_threshold + 1`` (:class:`Counted`); ``expired`` ≤
     :data:`MAX_EXPIRED`; ``errors`` ≤ :data:`MAX_ERRORS`; ``deferred`` holds only what came
     during one policy or ledger read (a read ends in an answer, a failure or a retry timer);
-    ``timers`` ≤ 2."""
+    ``timers`` ≤ 2; ``domain_faults``: inside ``domain_window_s`` only, at most one per
+    (domain, repair), fewer than ``domain_threshold`` nodes per domain not held (a held
+    domain counts no more) and :data:`MAX_QUEUED` in all; ``holds`` ≤ the domains configured;
+    ``domain_releases`` ≤ :data:`MAX_RELEASES`."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -186,8 +226,8 @@ class GuardState(BaseModel):
     policy: PolicyView
     leases: list[Lease] = Field(default_factory=list)
     queue: list[Queued] = Field(default_factory=list)
-    deferred: list[Annotated[Request | Release | ResetBreaker, Field(discriminator="kind")]] = (
-        Field(default_factory=list))
+    deferred: list[Annotated[Request | Release | ResetBreaker | ReleaseDomain,
+                             Field(discriminator="kind")]] = Field(default_factory=list)
     breaker_open: bool = False
     tripped_at: datetime | None = None
     tripped_reason: str = ""
@@ -200,6 +240,9 @@ class GuardState(BaseModel):
     rebuilt_at: datetime | None = None
     timers: dict[str, datetime] = Field(default_factory=dict)
     history_limit: int = DEFAULT_HISTORY_LIMIT
+    domain_faults: list[DomainFault] = Field(default_factory=list)
+    holds: list[DomainHold] = Field(default_factory=list)
+    domain_releases: list[DomainRelease] = Field(default_factory=list)
 
 
 # ---- events ------------------------------------------------------------------------
@@ -248,6 +291,13 @@ class ResetBreaker(BaseModel):
     sig: ResetBreakerSignal
 
 
+class ReleaseDomain(BaseModel):
+    """Signal ``release_domain``: an operator lifts a failure-domain hold."""
+
+    kind: Literal["release_domain"] = "release_domain"
+    sig: ReleaseDomainSignal
+
+
 class ClusterAlert(BaseModel):
     """Signal ``cluster_alert`` (ingest's panic mode): recorded and notified."""
 
@@ -291,7 +341,8 @@ class Clock(BaseModel):
 
 
 Message = Annotated[
-    Request | Release | ResetBreaker | ClusterAlert | ReplyUndeliverable | EffectFailed,
+    Request | Release | ResetBreaker | ReleaseDomain | ClusterAlert | ReplyUndeliverable
+    | EffectFailed,
     Field(discriminator="kind"),
 ]
 
@@ -311,12 +362,13 @@ GuardState.model_rebuild()
 
 Event = Annotated[
     Started | PolicyRead | PolicyFailed | LedgerRead | LedgerUnavailable | Request | Release
-    | ResetBreaker | ClusterAlert | TimerFired | ReplyUndeliverable | EffectFailed
+    | ResetBreaker | ReleaseDomain | ClusterAlert | TimerFired | ReplyUndeliverable | EffectFailed
     | HistoryLong | Clock | Batch,
     Field(discriminator="kind"),
 ]
 EVENT_KINDS = ("started", "policy_ok", "policy_failed", "ledger_ok", "ledger_unavailable",
-               "request", "release", "reset_breaker", "cluster_alert", "timer",
+               "request", "release", "reset_breaker", "release_domain", "cluster_alert",
+               "timer",
                "reply_undeliverable", "effect_failed", "history_long", "clock", "batch")
 
 
@@ -445,6 +497,128 @@ def _breaker_holds(s: GuardState, req: LeaseRequest) -> bool:
     return s.breaker_open and req.automatic and not req.renew
 
 
+def is_person(req: LeaseRequest) -> bool:
+    """Whether a person decided ``req``'s repair: approved by a person (``automatic``
+    false: the repair's approver is not the consent policy) or requested by a user."""
+    return not req.automatic or req.requester_kind == RequesterKind.user
+
+
+def domain_hold(s: GuardState, req: LeaseRequest) -> DomainHold | None:
+    """The failure-domain hold that keeps ``req`` waiting, or None: only an automatic new
+    request of a node of a held domain (a renewal and a person's request are not held)."""
+    if not s.holds or req.renew or is_person(req):
+        return None
+    mine = s.policy.domains.get(req.node) or []
+    return next((h for h in s.holds if h.domain in mine), None)
+
+
+def _hold_reason(s: GuardState, domain: str, opened_at: datetime, nodes: list[str],
+                 kinds: list[str]) -> str:
+    return (f"failure domain {domain} held since {opened_at.isoformat()}: {len(nodes)} "
+            f"nodes ({', '.join(nodes)}) asked for automatic repairs of "
+            f"{', '.join(kinds) or 'faults'} within {s.policy.domain_window_s:g} s; "
+            f"waiting until an operator runs `autorepair domains release --cluster "
+            f"{s.cluster} {domain}`")
+
+
+def _open_hold(s: GuardState, domain: str, nodes: list[str], kinds: list[str],
+               now: datetime) -> tuple[DomainHold, Cmds]:
+    """The hold of ``domain`` opened at ``now`` and its commands: details, the
+    ``failure_domain`` cluster alert (ledger, then notification)."""
+    reason = _hold_reason(s, domain, now, nodes, kinds)
+    alert_id = f"domain/{s.cluster}/{domain}/{now.isoformat()}"
+    hold = DomainHold(domain=domain, opened_at=now, nodes=nodes, kinds=kinds,
+                      alert_id=alert_id, reason=reason)
+    alert = Alert(
+        alert_id=alert_id, cluster=s.cluster, node="*", kind=DOMAIN_KIND,
+        severity=Severity.critical,
+        summary=f"Failure-domain hold on {domain} in cluster {s.cluster}: {len(nodes)} "
+                f"nodes ({', '.join(kinds) or 'faults'})",
+        description=reason,
+        evidence={"domain": domain, "nodes": nodes, "kinds": kinds,
+                  "threshold": s.policy.domain_threshold,
+                  "window_s": s.policy.domain_window_s},
+        level=True, source="guard", observed_at=now)
+    return hold, [SetDetails(text=f"failure domain {domain} HELD: {len(nodes)} nodes "
+                                  f"({', '.join(nodes)})"), *_record(alert)]
+
+
+def _count_domain(s: GuardState, req: LeaseRequest, now: datetime
+                  ) -> tuple[GuardState, Cmds]:
+    """Count an automatic new request once (per repair) for each failure domain of its
+    node that is not held; a domain with ``domain_threshold`` distinct nodes counted
+    inside ``domain_window_s`` is held (:func:`_open_hold`)."""
+    if req.renew or is_person(req):
+        return s, []
+    mine = s.policy.domains.get(req.node) or []
+    if not mine:
+        return s, []
+    start = now - timedelta(seconds=s.policy.domain_window_s)
+    faults = list(s.domain_faults)
+    holds = list(s.holds)
+    cmds: Cmds = []
+    for d in mine:
+        # a held domain counts no more (its hold names what opened it): the counts stay
+        # below the threshold per domain, so a storm's batch scans short lists
+        if any(h.domain == d for h in holds) or any(
+                f.domain == d and f.repair_id == req.repair_id for f in faults):
+            continue
+        faults.append(DomainFault(domain=d, node=req.node, repair_id=req.repair_id,
+                                  kinds=sorted(set(req.fault_kinds)), at=now))
+        recent = [f for f in faults if f.domain == d and start <= f.at <= now]
+        nodes = sorted({f.node for f in recent})
+        if len(nodes) >= s.policy.domain_threshold:
+            hold, more = _open_hold(s, d, nodes, sorted({k for f in recent for k in f.kinds}),
+                                    now)
+            holds.append(hold)
+            cmds += more
+    return s.model_copy(update={"domain_faults": faults[-MAX_QUEUED:], "holds": holds}), cmds
+
+
+def _prune_domains(s: GuardState, now: datetime) -> GuardState:
+    """Drop the domain counts older than ``domain_window_s`` (the bound of
+    :class:`GuardState`)."""
+    if not s.domain_faults:
+        return s
+    start = now - timedelta(seconds=s.policy.domain_window_s)
+    if s.domain_faults[0].at >= start:
+        return s
+    return s.model_copy(update={"domain_faults": [f for f in s.domain_faults
+                                                  if f.at >= start]})
+
+
+def _held_by_domain(s: GuardState, q: Queued, defects: frozenset[str]) -> DomainHold | None:
+    if "domain_hold_ignores_queue" in defects:
+        return None
+    return domain_hold(s, q.req)
+
+
+def _on_release_domain(s: GuardState, sig: ReleaseDomainSignal, now: datetime
+                       ) -> tuple[GuardState, Cmds]:
+    """Lift the hold of ``sig.domain`` (its counts start afresh); the clear is recorded
+    as the hold alert's inactive row. A domain not held: a warning, nothing else."""
+    hold = next((h for h in s.holds if h.domain == sig.domain), None)
+    if hold is None:
+        return s, [Warn(text=f"release_domain by {sig.by}: domain {sig.domain} is not held")]
+    rel = DomainRelease(domain=sig.domain, by=sig.by, reason=sig.reason, at=now,
+                        opened_at=hold.opened_at)
+    s = s.model_copy(update={
+        "holds": [h for h in s.holds if h.domain != sig.domain],
+        "domain_faults": [f for f in s.domain_faults if f.domain != sig.domain],
+        "domain_releases": [*s.domain_releases, rel][-MAX_RELEASES:]})
+    return s, [
+        SetDetails(text=f"failure domain {sig.domain} released by {sig.by} at "
+                        f"{now.isoformat()}: {sig.reason}"),
+        WriteAlert(alert=Alert(
+            alert_id=f"{hold.alert_id}/release", cluster=s.cluster, node="*",
+            kind=DOMAIN_KIND, severity=Severity.info,
+            summary=f"Failure-domain hold on {sig.domain} released by {sig.by}",
+            description=sig.reason,
+            evidence={"domain": sig.domain, "by": sig.by, "reason": sig.reason,
+                      "opened_at": hold.opened_at.isoformat()},
+            level=True, active=False, source="guard", observed_at=now))]
+
+
 def _prune_counted(s: GuardState, now: datetime, asking: str) -> GuardState:
     """Keep the counted entries of repairs held, queued or ``asking``, and the newest
     ``breaker_threshold + 1`` others in the window (the bound of :class:`Counted`). Run
@@ -478,6 +652,10 @@ def _grant_queued(s: GuardState, now: datetime, defects: frozenset[str],
     for q in s.queue:
         if _held_by_breaker(s, q, defects):
             still.append(q.model_copy(update={"why": Why.breaker}))
+            continue
+        hold = _held_by_domain(s, q, defects)
+        if hold is not None:
+            still.append(q.model_copy(update={"why": Why.domain, "reason": hold.reason}))
             continue
         no = refusal(base if base is not None else s.model_copy(update={"leases": leases}),
                      q.req)
@@ -519,7 +697,7 @@ def _grant_one(s: GuardState, repair_id: str, now: datetime, defects: frozenset[
     if i < 0:
         return s, []
     q = queue[i]
-    if _held_by_breaker(s, q, defects):
+    if _held_by_breaker(s, q, defects) or _held_by_domain(s, q, defects) is not None:
         return s, []
     no = refusal(base if base is not None else s, q.req)
     if no is not None:
@@ -613,6 +791,8 @@ def _on_request(s: GuardState, req: LeaseRequest, now: datetime, defects: frozen
         recent = window_count(s, now)
         if len(recent) > s.policy.breaker_threshold:
             s, effects = _trip(s, now, len(recent))
+    s, opened = _count_domain(s, req, now)
+    effects += opened
     q = old or Queued(req=req, why=Why.breaker, reason="", since=now)
     if counts and s.breaker_open:
         q = q.model_copy(update={"why": Why.breaker,
@@ -632,6 +812,13 @@ def _on_request(s: GuardState, req: LeaseRequest, now: datetime, defects: frozen
     if counts and s.breaker_open:
         return s, [SendLease(workflow_id=req.workflow_id, reply=LeaseReply(
             repair_id=req.repair_id, granted=False, queued=True, reason=q.reason))], effects
+    hold = domain_hold(s, req)
+    if hold is not None:
+        queue = [x.model_copy(update={"why": Why.domain, "reason": hold.reason})
+                 if x.req.repair_id == req.repair_id else x for x in s.queue]
+        s = s.model_copy(update={"queue": queue})
+        return s, [SendLease(workflow_id=req.workflow_id, reply=LeaseReply(
+            repair_id=req.repair_id, granted=False, queued=True, reason=hold.reason))], effects
     no = refusal(s, req)
     if no is not None:
         text = no[1]
@@ -696,6 +883,12 @@ def _rebuild(s: GuardState, v: LedgerView, now: datetime) -> tuple[GuardState, C
             counted.append(Counted(repair_id=rid, at=at))
     upd: dict[str, object] = {"leases": leases, "counted": counted, "rebuilt_at": now,
                               "status": Status.serving, "reading": None}
+    have = {h.domain for h in s.holds}
+    rebuilt = [h for h in v.holds if h.domain not in have]
+    if rebuilt:
+        upd["holds"] = [*s.holds, *rebuilt]
+        cmds.insert(0, SetDetails(text="failure domains HELD (from the ledger): "
+                                       + ", ".join(h.domain for h in rebuilt)))
     if v.breaker_open and not s.breaker_open:
         reason = v.tripped_reason or "breaker open in the ledger"
         upd |= {"breaker_open": True, "tripped_at": v.tripped_at, "tripped_reason": reason}
@@ -703,14 +896,16 @@ def _rebuild(s: GuardState, v: LedgerView, now: datetime) -> tuple[GuardState, C
     return s.model_copy(update=upd), cmds
 
 
-def _serve(s: GuardState, ev: Request | Release | ResetBreaker, now: datetime,
-           defects: frozenset[str]) -> tuple[GuardState, Cmds]:
+def _serve(s: GuardState, ev: Request | Release | ResetBreaker | ReleaseDomain,
+           now: datetime, defects: frozenset[str]) -> tuple[GuardState, Cmds]:
     """One message while serving (the policy is fresh)."""
     if isinstance(ev, Request):
         s, replies, effects = _on_request(s, ev.req, now, defects)
         return s, [*replies, *effects]
     if isinstance(ev, Release):
         return _drop(s, ev.rel.repair_id), []
+    if isinstance(ev, ReleaseDomain):
+        return _on_release_domain(s, ev.sig, now)
     return _on_reset(s, ev.sig, now, defects)
 
 
@@ -720,7 +915,7 @@ def _settle(s: GuardState, cmds: Cmds, now: datetime, defects: frozenset[str],
     expiry timer. Replies go out before effects (ledger writes, notifications)."""
     if s.status != Status.serving:
         return s, cmds
-    s = _prune_counted(s, now, "")
+    s = _prune_domains(_prune_counted(s, now, ""), now)
     s, exp = _expire(s, now)
     s, grants = _grant_queued(s, now, defects, base)
     s, timers = _timers(s)
@@ -954,11 +1149,17 @@ def _table() -> None:
             elif kind == "request":
                 what = ("held → renewed; automatic new → counted once (a repair counted "
                         "before a reset is never counted again), trips the breaker past "
-                        "the threshold, queued while open; else granted if node, pool, "
-                        "budget and detector cap allow, queued with why; a stale policy "
-                        "is re-read first")
+                        "the threshold, queued while open; counted once for each failure "
+                        "domain of its node, the domain held at the threshold (one "
+                        "failure_domain alert), queued while held (a person's request is "
+                        "not); else granted if node, pool, budget and detector cap allow, "
+                        "queued with why; a stale policy is re-read first")
             elif kind == "release":
                 what = "lease / queue entry dropped; the queue granted in order"
+            elif kind == "release_domain":
+                what = ("the domain's hold lifted and its counts dropped (not held: a "
+                        "warning); its waiting repairs granted as the rails allow; the "
+                        "clear recorded")
             else:
                 what = ("breaker closed, a fresh window (what was counted before it is "
                         "not counted again); if it was open every queued request, whatever "
