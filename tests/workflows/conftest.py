@@ -303,6 +303,8 @@ class Harness:
     bmc_queue: str
     gpu_nodes: int
     pools: dict[str, str] = field(default_factory=dict)
+    #: Pool → ``enforce`` / ``shadow`` (``clusters[].pools[].mode``, issue 29 item 3).
+    pool_modes: dict[str, str] = field(default_factory=dict)
     #: When set, ``load_policy`` fails with this (non-retryable, as a broken config does).
     policy_error: str | None = None
 
@@ -319,6 +321,7 @@ class Harness:
             pools=self.pools,
             machines={n: f"m-{n}" for n in self.cluster.nodes},
             bmc_task_queue=self.bmc_queue,
+            pool_modes=self.pool_modes,
         )
 
     async def deliver(self, alert: Alert, history_limit: int | None = None) -> AlertDelivery:
