@@ -184,3 +184,38 @@ async def test_shadow_rails_count_shadowed_attempts_and_enforce_does_not(
     assert sh.decided_by_rule and "ladder" in sh.decided_by_rule
     assert en.stage == Stage.succeeded and en.action == Action.reboot, en
     assert h.cluster.count("reboot", "gpu-15") == 1 and touched(h, "gpu-14") == []
+
+
+async def test_a_node_in_shadow_makes_one_shadowed_repair_per_fault_and_cools_down(
+    harness: Harness,
+) -> None:
+    """The real path from an alert: the node entity recommends, the repair ends shadowed,
+    the node holds its cooldown as after an action and retires the fault the repair stood
+    for (one fault episode, one shadowed repair), touching nothing."""
+    from tests.workflows.helpers import repair_handle
+    from workflows.protocol import NODE_QUERY_STATUS, NodeStatus, workflow_id_node
+
+    h = harness
+    h.policy.mode = "shadow"
+    c = h.cluster.cluster
+    # a level fault: it stays raised, so only retiring it keeps a second shadowed repair
+    # from starting when the cooldown ends
+    h.policy.rails.persistence_s = 0.0
+    got = await h.deliver(make_alert(c, "gpu-16", 1, level=True))
+    assert got.repair_id, got
+    st = await repair_handle(h, "gpu-16", got.repair_id).result()
+    assert st.stage == Stage.shadowed, st
+    node = h.client.get_workflow_handle(workflow_id_node(c, "gpu-16"))
+
+    async def ended() -> bool:
+        ns = await node.query(NODE_QUERY_STATUS, result_type=NodeStatus)
+        return ns.repair_id is None and ns.cooldown_until is not None
+
+    await eventually(ended, "the node to take the shadowed end and cool down")
+    ns = await node.query(NODE_QUERY_STATUS, result_type=NodeStatus)
+    assert ns.active_alerts == [], ns
+    await h.env.sleep(2 * h.policy.rails.cooldown_s)  # past the cooldown: nothing new
+    ns = await node.query(NODE_QUERY_STATUS, result_type=NodeStatus)
+    assert ns.recommendations == 1 and ns.repair_id is None, ns
+    assert len(await h.ledger.list_repairs(cluster=c, node="gpu-16")) == 1
+    assert touched(h) == []
