@@ -219,3 +219,29 @@ async def test_a_node_in_shadow_makes_one_shadowed_repair_per_fault_and_cools_do
     assert ns.recommendations == 1 and ns.repair_id is None, ns
     assert len(await h.ledger.list_repairs(cluster=c, node="gpu-16")) == 1
     assert touched(h) == []
+
+
+async def test_a_shadow_repair_waits_out_a_maintenance_window_like_an_enforcing_one(
+    harness: Harness,
+) -> None:
+    """The maintenance gate runs in shadow too: held before the would-be cordon while the
+    window covers the node, shadowed once it ends."""
+    from activities.maintenance_store import MaintenanceStore
+    from workflows.repair import MAINTENANCE_RECHECK_S
+
+    h = harness
+    h.policy.mode = "shadow"
+    store = MaintenanceStore(h.ledger.pool)
+    w = await store.start(cluster=h.cluster.cluster, scope="nodes", nodes=["gpu-17"],
+                          duration_s=7200, reason="rack 17 firmware", created_by="ops")
+    handle = await start_repair(h, "gpu-17", Action.power_cycle, "sh-mw")
+    await h.env.sleep(120)
+    row = await ledger_row(h, "sh-mw")
+    assert row["stage"] != "shadowed", row
+    notes = " ".join(t["reason"] for t in row["transitions"])
+    assert w.window_id in notes and "paused before cordoning" in notes, notes
+    await store.end(w.window_id, "ops")
+    await h.env.sleep(MAINTENANCE_RECHECK_S + 60)
+    st = await handle.result()
+    assert st.stage == Stage.shadowed and "power-cycle m-gpu-17" in st.history[-1].reason
+    assert touched(h) == []
