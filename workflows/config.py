@@ -966,7 +966,8 @@ class NotifyEvent(StrEnum):
     approval_needed = "approval_needed"
     #: The node was cordoned: the repair is under way.
     repair_started = "repair_started"
-    #: The repair ended ``succeeded``, ``auto_resolved``, ``cancelled`` or ``rejected``.
+    #: The repair ended ``succeeded``, ``auto_resolved``, ``cancelled``, ``rejected`` or
+    #: ``shadowed`` (shadow mode: the subject starts ``shadow:``).
     repair_finished = "repair_finished"
     #: The repair ended ``failed`` or ``timed_out`` (the node may be left cordoned).
     repair_failed = "repair_failed"

@@ -1245,8 +1245,9 @@ def _table() -> None:
         TRANSITIONS[(rc, "repair_started")] = "nothing (the repair was opened when asked for)"
         TRANSITIONS[(rc, "repair_finished")] = (
             "ours → cooldown (not after auto_resolved), used event faults dropped; "
-            "succeeded → acted-on faults retired, every fault received before its end "
-            "after a booting action (I20); not ours → ignored" if known else
+            "succeeded (or shadowed: the action it stood for) → acted-on faults retired, "
+            "every fault received before its end after a booting action (I20); not ours "
+            "→ ignored" if known else
             "ours → as when known; not ours → kept until the ledger answers")
         TRANSITIONS[(rc, "repair_ended")] = ("ours → cooldown, ledger closed (not after "
                                              "`completed`), lease released, warning sent; "
