@@ -245,3 +245,18 @@ async def test_a_shadow_repair_waits_out_a_maintenance_window_like_an_enforcing_
     st = await handle.result()
     assert st.stage == Stage.shadowed and "power-cycle m-gpu-17" in st.history[-1].reason
     assert touched(h) == []
+
+
+async def test_an_operators_own_repair_in_a_shadow_pool_is_shadowed_too(
+    harness: Harness,
+) -> None:
+    from workflows.models import Requester, RequesterKind
+
+    h = harness
+    h.pools = {"gpu-18": "canary"}
+    h.pool_modes = {"canary": "shadow"}
+    st = await (await start_repair(
+        h, "gpu-18", Action.reboot, "sh-op",
+        requester=Requester(kind=RequesterKind.user, name="carol"))).result()
+    assert st.stage == Stage.shadowed and st.approved_by == "carol", st
+    assert touched(h) == []
