@@ -132,3 +132,13 @@ def test_status_lists_the_open_maintenance_windows() -> None:
     assert "maintenance" in out and "mw-0123456789ab" in out and "pool rack-a" in out
     assert "rack A firmware" in out and "2026-12-01 21:00" in out
     assert "mw-" not in _render(160)  # no window, no row
+
+
+def test_status_says_how_many_repairs_were_shadowed() -> None:
+    """Shadow mode (issue 29 item 3): the downtime title counts shadowed repairs apart."""
+    doc = _doc()
+    doc["downtime"]["shadowed"] = {"repairs": 3, "by_action": {"reboot": 3},
+                                   "by_cluster": {"demo": 3}}
+    text = " ".join(_render(200, doc=doc).split())
+    assert "3 shadowed (shadow mode: nothing done)" in text
+    assert "shadowed" not in " ".join(_render(200).split())
