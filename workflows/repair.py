@@ -3,9 +3,9 @@
 Stages (docs/design.md §4.4): ``recommended → awaiting_approval → cordoning → waiting_for_idle →
 draining → repairing | migrating → joining → running`` and terminal ``succeeded``,
 ``failed``, ``rejected``, ``cancelled``, ``auto_resolved``, ``timed_out``, ``shadowed``.
-Every transition
-is recorded in the ledger (``ledger_record_transition``), in the ``RepairStage`` /
-``RepairState`` search attributes and in ``workflow.set_current_details``.
+Every transition is recorded in the ledger (``ledger_record_transition``), in the
+``RepairStage`` / ``RepairState`` search attributes and in
+``workflow.set_current_details``.
 
 ``RepairState`` is the terminal stage name once ended, ``awaiting_approval`` while waiting
 for a person, and ``in_progress`` otherwise.
@@ -533,7 +533,6 @@ class RepairWorkflow:
                         reset_targets(self._alerts) if self._action == Action.reset_gpu
                         else [], self._policy.wait_for_idle)
         await self._attempt(self._action, SHADOWED)
-        self._done = plan
         raise _Ended(S.shadowed, "system", f"shadow mode: {plan}")
 
     async def _pause_for_maintenance(self) -> bool:
