@@ -769,7 +769,7 @@ class Ledger:
                                      detector: str | None = None) -> int:
         """Detector-requested repairs of the cluster (in flight only when ``open_only``; of
         ``detector`` only when given)."""
-        terminal = ("succeeded", "failed", "rejected", "cancelled", "auto_resolved", "timed_out")
+        terminal = _TERMINAL
         val = await self._db.fetchval(
             """SELECT count(*) FROM repairs WHERE cluster = $1 AND requester_kind = 'detector'
                AND (NOT $2 OR stage <> ALL($3::text[]))
@@ -785,8 +785,9 @@ class Ledger:
     async def guard_state(self, q: GuardStateQuery) -> GuardLedgerState:
         """What a freshly started cluster guard rebuilds (see :class:`GuardLedgerState`):
         open repairs in :data:`HOLDING_STAGES` or awaiting approval after they cordoned
-        (a holder waiting for a person after it acted), automatic repairs that cordoned since
-        ``q.since`` (their lease was granted) and the guard's newest circuit-breaker alert.
+        (a holder waiting for a person after it acted), automatic repairs that cordoned (or
+        ended ``shadowed``: shadow mode's stand-in for the cordon) since ``q.since`` (their
+        lease was granted) and the guard's newest circuit-breaker alert.
         ``gpu_nodes_reported`` stays 0: nodes named by alerts are no denominator
         (issue 27 item 9)."""
         # a repair waiting for a person after it cordoned (an escalation after acting)
@@ -816,11 +817,13 @@ class Ledger:
         auto = await self.pool.fetch(
             """SELECT r.repair_id, min(t.at) AS at
                FROM repairs r JOIN repair_transitions t ON t.repair_id = r.repair_id
-               WHERE r.cluster = $1 AND r.approved_by = $2 AND t.stage = $3 AND t.at >= $4
+               WHERE r.cluster = $1 AND r.approved_by = $2 AND t.stage = ANY($3::text[])
+                 AND t.at >= $4
                GROUP BY r.repair_id ORDER BY at""",
             q.cluster,
             AUTO_APPROVED,
-            Stage.cordoning.value,
+            # a shadowed repair stands for the cordon it would have set (issue 29 item 3)
+            [Stage.cordoning.value, Stage.shadowed.value],
             q.since,
         )
         breaker = await self.pool.fetchrow(

@@ -12,7 +12,8 @@ The repair records also drive what follows from them, so no workflow needs a hoo
   the repair row is written at ``awaiting_approval`` (after the ladder's decision, so the
   action is the one awaiting approval), ``repair_started`` at ``cordoning``,
   ``repair_finished`` at a terminal ``succeeded`` / ``auto_resolved`` / ``cancelled`` /
-  ``rejected`` row (``failed`` / ``timed_out`` are notified by the workflow itself), and
+  ``rejected`` / ``shadowed`` row (a shadowed one's subject starts ``shadow:`` and names
+  the action not taken; ``failed`` / ``timed_out`` are notified by the workflow itself), and
   ``validation_failed`` with a failed verdict. Each transition is notified once across
   retries and workers (:meth:`Ledger.claim_notice`); a notification problem is logged,
   never raised.
@@ -119,8 +120,10 @@ class LedgerActivities:
             if row is None:
                 return
             alerts = await self.ledger.get_alerts(list(row.get("alert_ids") or []))
+            subject = (f"shadow: repair {repair_id} would {row['action']} {row['node']} "
+                       "(nothing was done)" if stage == Stage.shadowed else None)
             self.notifier.publish(repair_event(event, row, stage.value, claimed["reason"],
-                                               alerts))
+                                               alerts, subject=subject))
         except Exception as exc:
             log.warning("event=notification_error repair=%s kind=%s error=%s", repair_id,
                         event.value, type(exc).__name__)

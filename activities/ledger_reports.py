@@ -25,7 +25,7 @@ from workflows.activity_api import AttemptRecord
 from workflows.config import RepeatOffenderConfig
 from workflows.downtime import Downtime, compute_downtime
 from workflows.models import TERMINAL_STAGES
-from workflows.policy import repeat_offender
+from workflows.policy import SHADOWED, repeat_offender
 from workflows.providers import ProviderResolver, info_for
 
 MANUAL_KIND = "manual"
@@ -121,17 +121,17 @@ async def repeat_offenders(
     """Machines that are repeat offenders at ``until`` under ``cfg``
     (``policy.rails.repeat_offender``; issue 31 item 2): the same rule the repair applies
     (:func:`workflows.policy.repeat_offender`) over the ledger's attempts of the window
-    before ``until``. Rows ``{"cluster", "machine", "disruptive_repairs", "repairs":
-    [{"repair_id", "node", "actions", "first_at"}]}``, most repairs first, at most
-    ``limit``."""
+    before ``until`` (shadowed attempts left out: nothing touched the machine). Rows
+    ``{"cluster", "machine", "disruptive_repairs", "repairs": [{"repair_id", "node",
+    "actions", "first_at"}]}``, most repairs first, at most ``limit``."""
     since = until - timedelta(seconds=cfg.window_s)
     rows = await ledger.db.fetch(
         """SELECT repair_id, cluster, node, machine_id, action, alert_kind, code, outcome, at
              FROM repair_attempts
             WHERE at >= $1 AND at <= $2 AND machine_id IS NOT NULL
-              AND ($3::text IS NULL OR cluster = $3)
+              AND ($3::text IS NULL OR cluster = $3) AND outcome <> $4
             ORDER BY at, repair_id""",
-        since, until, cluster)
+        since, until, cluster, SHADOWED)
     by_machine: dict[tuple[str, str], list[AttemptRecord]] = defaultdict(list)
     for r in rows:
         by_machine[(r["cluster"], r["machine_id"])].append(AttemptRecord(**dict(r)))
@@ -165,7 +165,8 @@ async def fleet_report(
     "out_of_service_gpu_hours", "cost", "unpriced_repairs", "by_cluster": [...],
     "by_action": [...], "by_fault_kind": [...], "breakdown": [...], "top_fault_kinds": [...],
     "top_machines": [...], "daily": [{"day", "repairs", "gpu_hours", "cost"}],
-    "reliability": {...}, "repeat_offenders": [...]}`` (``reliability``:
+    "reliability": {...}, "repeat_offenders": [...], "shadowed": {"repairs": N,
+    "by_action": {ACTION: N}, "by_cluster": {CLUSTER: N}}}`` (``reliability``:
     :func:`activities.reliability.reliability_report` over the same window, ``gpus`` the
     fleet's GPU count for its per-GPU-day rate; ``repeat_offenders``: :func:`repeat_offenders`
     at ``until`` under ``repeat``, the cluster's ``policy.rails.repeat_offender``, default
@@ -179,6 +180,10 @@ async def fleet_report(
     ``{KEY, "repairs", "gpu_hours", "cost", "failed"}``, most repairs first;
     ``breakdown`` rows are keyed by cluster, action and fault kind together (the labels of
     ``autorepair_repair_downtime_gpu_hours_total``).
+    Shadowed repairs (``policy.mode: shadow``, issue 29 item 3) touched nothing: they are
+    counted apart in ``shadowed`` (by the action that would have run) and left out of
+    every other figure (``repairs``, ``outcomes``, MTTR, GPU-hours, cost, groups; the
+    reliability figures leave them out of the auto-remediation rate and action counts).
     """
     rows = await ledger.db.fetch(
         """SELECT r.repair_id, r.cluster, r.node, COALESCE(r.machine_id, r.node) AS machine,
@@ -202,10 +207,11 @@ async def fleet_report(
         "SELECT count(*) FROM repairs WHERE stage <> ALL($1::text[])"
         " AND ($2::text IS NULL OR cluster = $2)", _TERMINAL, cluster)
     recs: list[dict[str, Any]] = []
+    shadowed: list[dict[str, Any]] = []
     for r in rows:
         d = dict(r)
         d["outcome"] = d["stage"]
-        recs.append(d)
+        (shadowed if d["outcome"] == SHADOWED else recs).append(d)
     ttr = sorted((r["ended_at"] - (r["started_at"] or r["created_at"])).total_seconds()
                   for r in recs if r["outcome"] == "succeeded")
     by_day: dict[str, dict[str, Any]] = defaultdict(
@@ -247,4 +253,9 @@ async def fleet_report(
                                                 gpus=gpus),
         "repeat_offenders": await repeat_offenders(
             ledger, until, repeat or RepeatOffenderConfig(), cluster=cluster),
+        "shadowed": {
+            "repairs": len(shadowed),
+            "by_action": dict(sorted(Counter(str(r["action"]) for r in shadowed).items())),
+            "by_cluster": dict(sorted(Counter(str(r["cluster"]) for r in shadowed).items())),
+        },
     }

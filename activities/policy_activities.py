@@ -89,7 +89,8 @@ class PolicyActivities:
     @activity.defn(name=ACT.load_policy)
     async def load_policy(self, cluster: str) -> PolicySnapshot:
         """Policy + GPU node count, scheduler, pools and machines of ``cluster``; the
-        cluster's ``reset_gpu.policy`` replaces ``policy.reset_gpu`` when set.
+        cluster's ``reset_gpu.policy`` replaces ``policy.reset_gpu`` and its ``mode``
+        ``policy.mode`` when set; ``pool_modes`` are its ``pools[].mode`` (issue 29).
 
         ``gpu_nodes`` (the budget and breaker denominator) is the configured count
         (``clusters[].gpu_nodes``, else the listed ``nodes``), else the number of nodes
@@ -117,6 +118,8 @@ class PolicyActivities:
         policy = self.config.policy
         if c.reset_gpu.policy is not None:
             policy = policy.model_copy(update={"reset_gpu": c.reset_gpu.policy})
+        if c.mode is not None:
+            policy = policy.model_copy(update={"mode": c.mode})
         machines = {n.name: (n.machine or n.name) for n in c.nodes}
         domains = {n: sorted(set(ds)) for n, ds in (await self._labelled(cluster)).items()}
         for n in c.nodes:
@@ -135,4 +138,5 @@ class PolicyActivities:
             machines=machines,
             domains=domains,
             bmc_task_queue=self.config.temporal.bmc_task_queue,
+            pool_modes={p.name: p.mode for p in c.pools if p.mode is not None},
         )

@@ -32,6 +32,7 @@ from activities.ledger import Ledger
 from workflows.config import AutorepairConfig
 from workflows.models import AUTO_APPROVED, TERMINAL_STAGES, Action, RequesterKind
 from workflows.policy.ladder import NOT_COUNTED
+from workflows.policy.shadow import SHADOWED
 from workflows.providers import ProviderResolver
 
 DECISIONS = ("automatic", "approved", "operator", "detector")
@@ -101,8 +102,10 @@ def no_person(r: RepairFact) -> bool:
 
 def counted(a: AttemptFact) -> bool:
     """Whether an attempt is a disruptive action that ran: any action but ``none``, outcome
-    not cancelled / self-resolved (the count ``rails.max_actions_per_node`` caps)."""
-    return a.action != Action.none.value and a.outcome not in NOT_COUNTED
+    not cancelled / self-resolved (the count ``rails.max_actions_per_node`` caps), nor
+    ``shadowed`` (shadow mode: nothing ran)."""
+    return (a.action != Action.none.value and a.outcome not in NOT_COUNTED
+            and a.outcome != SHADOWED)
 
 
 def _mttr(values: list[float]) -> dict[str, Any]:

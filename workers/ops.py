@@ -693,6 +693,9 @@ def status_tables(doc: dict[str, Any], width: int | None = None,
     if rep:
         title = (f"downtime and cost, last {STATUS_WINDOW} ({rep['gpu_hours']:.2f} GPU-h, "
                  f"{_money(rep.get('cost'), rep)})")
+        shadowed = (rep.get("shadowed") or {}).get("repairs", 0)
+        if shadowed:  # shadow mode (issue 29 item 3): counted apart, nothing was done
+            title += f"; {shadowed} shadowed (shadow mode: nothing done)"
         if downtime_rows and limits.get("downtime") == 0:
             grid.add_row(_folded(title, len(downtime_rows)))
         elif downtime_rows:

@@ -91,7 +91,8 @@ def reliability_tables(rel: dict[str, Any]) -> list[Table]:
 
 def report_tables(doc: dict[str, Any]) -> Group:
     """The report as rich tables: summary, outcomes, per cluster / action, top fault kinds,
-    top machines, the reliability figures and the repeat-offender machines."""
+    top machines, the reliability figures, the repeat-offender machines and the shadowed
+    repairs by action."""
     cur = doc["currency"]
     s = Table(title=f"repairs {doc['since'][:16]} → {doc['until'][:16]}"
               + (f" (cluster {doc['cluster']})" if doc.get("cluster") else ""),
@@ -108,6 +109,8 @@ def report_tables(doc: dict[str, Any]) -> Group:
     s.add_row(f"cost ({cur})", NO_RATE if unpriced(doc) else f"{doc['cost']:.2f}")
     if doc["unpriced_repairs"]:
         s.add_row("repairs without a rate", str(doc["unpriced_repairs"]))
+    shadow = doc.get("shadowed") or {}
+    s.add_row("shadowed (shadow mode: nothing done)", str(shadow.get("repairs", 0)))
     o = Table(title="by outcome")
     o.add_column("outcome")
     o.add_column("repairs", justify="right")
@@ -121,7 +124,22 @@ def report_tables(doc: dict[str, Any]) -> Group:
         _group_table("top machines", "machine", doc["top_machines"], cur),
         *reliability_tables(doc.get("reliability") or {}),
         repeat_offenders_table(doc.get("repeat_offenders") or []),
+        *shadow_tables(shadow),
     )
+
+
+def shadow_tables(shadow: dict[str, Any]) -> list[Table]:
+    """Shadowed repairs (``policy.mode: shadow``) by the action that would have run —
+    counted apart from every other figure (none when the window has none)."""
+    if not shadow.get("repairs"):
+        return []
+    t = Table(title="shadow mode: would have run",
+              caption="nothing was done; not in the figures above")
+    t.add_column("action")
+    t.add_column("repairs", justify="right")
+    for k, v in shadow["by_action"].items():
+        t.add_row(k, str(v))
+    return [t]
 
 
 def repeat_offenders_table(rows: list[dict[str, Any]]) -> Table:

@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 from temporalio.exceptions import ApplicationError
 
-from workflows.config import PolicyConfig
+from workflows.config import PolicyConfig, PolicyMode
 from workflows.leases import DomainHold
 from workflows.models import Action, Alert, Requester, Stage, ValidationResult, Verdict
 from workflows.models import AttemptRecord as AttemptRecord  # defined there: pure (issue 26)
@@ -124,6 +124,16 @@ class PolicySnapshot(BaseModel):
     domains: dict[str, list[str]] = Field(default_factory=dict)
     #: Task queue of the machine-side (BMC) activities (``temporal.bmc_task_queue``).
     bmc_task_queue: str = BMC_TASK_QUEUE
+    #: ``enforce`` / ``shadow`` of the pools that set their own ``clusters[].pools[].mode``
+    #: (pool name → mode); other pools take ``policy.mode`` (the cluster's already folded
+    #: in). Issue 29 item 3.
+    pool_modes: dict[str, PolicyMode] = Field(default_factory=dict)
+
+    def mode_of(self, pool: str | None) -> PolicyMode:
+        """The mode of a repair in ``pool``: the pool's own, else ``policy.mode``."""
+        if pool is not None and pool in self.pool_modes:
+            return self.pool_modes[pool]
+        return self.policy.mode
 
 
 class CordonInput(BaseModel):

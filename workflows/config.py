@@ -639,6 +639,22 @@ class NodeConfig(_Section):
                                        pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")
 
 
+#: Whether repairs act (``enforce``) or only decide and record what they would have done
+#: (``shadow``, issue 29 item 3): ``policy.mode``, ``clusters[].mode``,
+#: ``clusters[].pools[].mode``.
+PolicyMode = Literal["enforce", "shadow"]
+
+
+class PoolConfig(_Section):
+    """A node pool of a cluster (its nodes name it in ``nodes[].pool``) and what differs
+    for it."""
+
+    #: Pool name, as ``nodes[].pool`` (or the ledger's bindings) give it.
+    name: str = Field(min_length=1)
+    #: ``enforce`` or ``shadow`` for the pool's repairs (None = the cluster's mode).
+    mode: PolicyMode | None = None
+
+
 class ValidationConfig(_Section):
     """Machine re-validation (docs/design.md §1 step 5): where and how the check job runs.
 
@@ -889,6 +905,29 @@ class ClusterConfig(_Section):
     reset_gpu: ResetGpuConfig = Field(default_factory=ResetGpuConfig)
     #: Kubernetes: which node conditions may repair without the agent's confirmation.
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
+    #: ``enforce`` or ``shadow`` for the cluster's repairs (None = ``policy.mode``).
+    mode: PolicyMode | None = None
+    #: Node pools with settings of their own (``mode``); a pool not listed takes the
+    #: cluster's.
+    pools: list[PoolConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _pools_unique(self) -> ClusterConfig:
+        seen: set[str] = set()
+        for i, p in enumerate(self.pools):
+            if p.name in seen:
+                raise ValueError(f"clusters[{self.name}].pools[{i}].name: pool {p.name!r} "
+                                 "is listed twice")
+            seen.add(p.name)
+        return self
+
+    def mode_of(self, pool: str | None, default: PolicyMode) -> PolicyMode:
+        """The mode of ``pool``'s repairs: its ``pools[].mode``, else the cluster's
+        ``mode``, else ``default`` (``policy.mode``)."""
+        for p in self.pools:
+            if p.name == pool and p.mode is not None:
+                return p.mode
+        return self.mode or default
 
     @model_validator(mode="after")
     def _one_provision_webhook(self) -> ClusterConfig:
@@ -940,7 +979,8 @@ class NotifyEvent(StrEnum):
     approval_needed = "approval_needed"
     #: The node was cordoned: the repair is under way.
     repair_started = "repair_started"
-    #: The repair ended ``succeeded``, ``auto_resolved``, ``cancelled`` or ``rejected``.
+    #: The repair ended ``succeeded``, ``auto_resolved``, ``cancelled``, ``rejected`` or
+    #: ``shadowed`` (shadow mode: the subject starts ``shadow:``).
     repair_finished = "repair_finished"
     #: The repair ended ``failed`` or ``timed_out`` (the node may be left cordoned).
     repair_failed = "repair_failed"
@@ -1196,6 +1236,11 @@ class PolicyConfig(_Section):
     maintenance: MaintenanceConfig = Field(default_factory=MaintenanceConfig)
     #: Failure-domain holds (``autorepair domains``).
     domains: DomainsConfig = Field(default_factory=DomainsConfig)
+    #: ``enforce``: repairs act. ``shadow``: every decision runs and is recorded (consent,
+    #: ladder, budget, breaker, maintenance), but nothing is cordoned, drained or acted
+    #: on: the repair ends ``shadowed`` saying what it would have done. A cluster's
+    #: ``mode`` and a pool's ``clusters[].pools[].mode`` replace it there.
+    mode: PolicyMode = "enforce"
 
 
 class AutorepairConfig(_Section):

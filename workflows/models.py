@@ -75,6 +75,10 @@ class Stage(StrEnum):
     cancelled = "cancelled"
     auto_resolved = "auto_resolved"
     timed_out = "timed_out"
+    #: shadow mode (``policy.mode: shadow``, issue 29 item 3): every decision ran and was
+    #: recorded, nothing was cordoned, drained or acted on; the reason says what would
+    #: have been done
+    shadowed = "shadowed"
 
 
 TERMINAL_STAGES: frozenset[Stage] = frozenset(
@@ -85,6 +89,7 @@ TERMINAL_STAGES: frozenset[Stage] = frozenset(
         Stage.cancelled,
         Stage.auto_resolved,
         Stage.timed_out,
+        Stage.shadowed,
     }
 )
 
@@ -260,6 +265,9 @@ class RepairStatus(BaseModel):
     evidence: list[Alert] = Field(default_factory=list)
     history: list[StageTransition] = Field(default_factory=list)
     detail: str = ""
+    #: ``enforce`` or ``shadow`` (issue 29 item 3: a shadow-mode repair ends ``shadowed``
+    #: without acting)
+    mode: str = "enforce"
 
 
 class ValidationRequest(BaseModel):
@@ -337,5 +345,7 @@ class AttemptRecord(BaseModel):
     action: Action
     alert_kind: str
     code: int | None = None
-    outcome: str  # succeeded | failed | cancelled | auto_resolved
+    #: succeeded | failed | cancelled | auto_resolved | shadowed (the action a shadow-mode
+    #: repair stood for: counted by the rails of shadow-mode repairs only)
+    outcome: str
     at: datetime

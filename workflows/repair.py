@@ -2,9 +2,10 @@
 
 Stages (docs/design.md §4.4): ``recommended → awaiting_approval → cordoning → waiting_for_idle →
 draining → repairing | migrating → joining → running`` and terminal ``succeeded``,
-``failed``, ``rejected``, ``cancelled``, ``auto_resolved``, ``timed_out``. Every transition
-is recorded in the ledger (``ledger_record_transition``), in the ``RepairStage`` /
-``RepairState`` search attributes and in ``workflow.set_current_details``.
+``failed``, ``rejected``, ``cancelled``, ``auto_resolved``, ``timed_out``, ``shadowed``.
+Every transition is recorded in the ledger (``ledger_record_transition``), in the
+``RepairStage`` / ``RepairState`` search attributes and in
+``workflow.set_current_details``.
 
 ``RepairState`` is the terminal stage name once ended, ``awaiting_approval`` while waiting
 for a person, and ``in_progress`` otherwise.
@@ -33,6 +34,15 @@ each action); a machine action's transient failure is retried for up to
 ``rails.action_retry_max_s`` before it counts as a ladder attempt; at most
 ``rails.max_actions_per_node`` actions run on a node per window before a person decides;
 and success needs the fault not to recur after the action.
+
+Shadow mode (``policy.mode: shadow``, a cluster's ``mode`` or its pool's
+``clusters[].pools[].mode``; issue 29 item 3): every decision runs as in enforce —
+ladder, node cap, consent (a person is still asked, and their approval recorded), the
+guard's lease (budget and breaker count the repair), maintenance windows, RMA holds —
+then, where an enforcing repair would cordon, the repair records the attempt it stood
+for (outcome ``shadowed``: the rails of shadow-mode repairs count it as the action) and
+ends ``shadowed`` saying what it would have done; no cordon, drain, machine action or
+validation runs. Details and notes say "shadow"; the lease is released at the end.
 
 Every long wait goes through :meth:`RepairWorkflow._wait`. The wait for idle backs its
 polling off (``wait_for_idle.poll_s`` doubling up to ``poll_max_s``) and continues as new,
@@ -143,11 +153,15 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.models import Stage as S
     from workflows.policy import (
+        SHADOWED,
         choose_action,
         consent_decision,
         evidence_current,
+        is_shadow,
         node_actions_in_window,
+        rail_attempts,
         reset_targets,
+        would_do,
     )
     from workflows.protocol import (
         BMC_TASK_QUEUE,
@@ -321,6 +335,8 @@ class RepairWorkflow:
         self._hold: str | None = None
         self._last_ticket: str | None = None
         self._done = "node back in service"
+        #: shadow mode (issue 29 item 3): decide and record, never act
+        self._shadow = False
         #: what the machine action's ``step`` commanded, checked against what runs
         #: (issue 26 item 5); the rest of the repair is not a machine yet
         self.lifecycle_trace = Trace(("activity", n) for n in MACHINE_ACTIVITY.values())
@@ -382,6 +398,7 @@ class RepairWorkflow:
             evidence=list(self._alerts),
             history=list(self._history),
             detail=self._detail,
+            mode="shadow" if self._shadow else "enforce",
         )
 
     # ---- run -------------------------------------------------------------------
@@ -473,6 +490,7 @@ class RepairWorkflow:
         # reported about itself).
         self._machine = snap.machines.get(req.node) or self._machine
         self._pool = snap.pools.get(req.node) or self._pool
+        self._shadow = is_shadow(snap.mode_of(self._pool))
         workflow.upsert_search_attributes(
             [k.value_set(v) for k, v in repair_identity_attributes(req, self._machine)]
         )
@@ -500,7 +518,22 @@ class RepairWorkflow:
             await self._acquire_lease()
             self._check_evidence_before_cordon()
         await self._check_hold()
+        if self._shadow:
+            await self._end_shadowed()
         await self._cordon()
+
+    async def _end_shadowed(self) -> None:
+        """Shadow mode, where an enforcing repair would cordon (every decision made, the
+        lease held): record the attempt the repair stands for (outcome ``shadowed``, so
+        the ladder, node cap and repeat-offender rule of shadow-mode repairs count it as
+        the action) and end ``shadowed`` with what would have been done. Raises
+        :class:`_Ended`; nothing is cordoned, drained or acted on."""
+        assert self._req is not None
+        plan = would_do(self._action, self._req.node, self._machine,
+                        reset_targets(self._alerts) if self._action == Action.reset_gpu
+                        else [], self._policy.wait_for_idle)
+        await self._attempt(self._action, SHADOWED)
+        raise _Ended(S.shadowed, "system", f"shadow mode: {plan}")
 
     async def _pause_for_maintenance(self) -> bool:
         """Issue 29: a repair that has not cordoned waits while a maintenance window
@@ -705,7 +738,8 @@ class RepairWorkflow:
                 ),
                 AttemptHistory,
             )
-            self._attempts = list(hist.attempts)
+            # shadowed attempts count for shadow-mode repairs only (workflows.policy.shadow)
+            self._attempts = rail_attempts(hist.attempts, self._shadow)
             self._critical = list(hist.critical_alerts)
         dec = choose_action(
             requested,
@@ -757,6 +791,8 @@ class RepairWorkflow:
         An approval that arrived before this point is kept (operator intent is never
         dropped); the escalation path clears it first, since an approval of one action
         does not cover a heavier one."""
+        if self._shadow:
+            why = f"{why} (shadow mode: the approval is recorded; nothing will act)"
         await self._transition(S.awaiting_approval, "system", f"approval needed: {why}")
         await self._upsert()
         assert self._req is not None
@@ -1555,6 +1591,8 @@ class RepairWorkflow:
             ]
         )
         self._detail = f"{stage.value}: {reason}" if reason else stage.value
+        if self._shadow:
+            self._detail = f"[shadow] {self._detail}"
         workflow.set_current_details(
             f"{self._detail} (action {self._action.value}, node {self._req.node})"
         )

@@ -37,7 +37,7 @@ from datetime import datetime
 FAILED_STAGES = frozenset({"failed", "timed_out"})
 """Stages with which a RepairWorkflow fails (``RepairFailed`` / ``RepairTimedOut``)."""
 TERMINAL = frozenset({"succeeded", "failed", "rejected", "cancelled", "auto_resolved",
-                      "timed_out"})
+                      "timed_out", "shadowed"})
 #: Attempt actions that power the host off and on (or restart it) through the BMC; each
 #: executed one takes the machine down exactly once (``activities.power``).
 POWER_ACTIONS = frozenset({"power_cycle", "reboot", "reprovision"})

@@ -12,8 +12,8 @@ stands for all) with
 - up to :data:`QUEUE_MAX` reports in flight between ingest and the node, delivered in any
   order (replicas, an outbox re-delivery);
 - the repair the machine starts (or one another run started before this fresh entity,
-  world ``W_OWNED``) ending succeeded (fixing the faults: a new boot), failed, or without
-  telling (terminated);
+  world ``W_OWNED``) ending succeeded (fixing the faults: a new boot), failed, shadowed
+  (shadow mode: nothing ran, the faults stay), or without telling (terminated);
 - the ledger going down and coming back, reads answered from the world's truth;
 - timers, the clock crossing persistence and cooldown edges, continue-as-new and a
   worker restart (the run starts again from :func:`~workflows.lifecycle.node.carry`;
@@ -177,6 +177,11 @@ def _world_events(w: World) -> list[tuple[str, World, nm.Event | None]]:
                      boot=w.boot + 1, fixed_at=fixed)
         out.append((f"repair_succeeded({rid})", ok,
                     nm.RepairFinishedEv(repair_id=rid, stage=Stage.succeeded,
+                                        at=T0 + timedelta(seconds=w.now_s))))
+        # shadow mode (issue 29 item 3): nothing ran, the faults are still there; the
+        # node retires the ones the repair stood for (one episode, one shadowed repair)
+        out.append((f"repair_shadowed({rid})", replace(w, repair=None),
+                    nm.RepairFinishedEv(repair_id=rid, stage=Stage.shadowed,
                                         at=T0 + timedelta(seconds=w.now_s))))
         out.append((f"repair_failed({rid})", replace(w, repair=None),
                     nm.RepairFinishedEv(repair_id=rid, stage=Stage.failed,

@@ -14,16 +14,19 @@ guard, the scheduler and the BMC:
 - approve (while a person is asked), reject and cancel at any point, the level evidence
   clearing, a recurrence after the action, the lease granted or queued, the clock passing
   every deadline, continue-as-new (the next run starts from the carried state only) and a
-  worker restart, the machine becoming held for RMA before the cordon; two starting
-  worlds: the node free, or cordoned by a repair that has ended.
+  worker restart, the machine becoming held for RMA before the cordon; three starting
+  worlds: the node free, cordoned by a repair that has ended, or the node free with the
+  repair's pool in shadow mode (``load_policy`` answers ``mode: shadow``).
 
 States are hashed (canonical JSON of the machine's state plus the world). After every
 step the invariants are checked: I1 (never left cordoned by us unless held with a
 reason), I16 (one disruptive command per attempt), I18 (a held machine is never cordoned,
 drained or acted on; an ended repair's cordon is never adopted without a person), I19
 (after a cancel or reject nothing more is cordoned, drained or acted on), I22 (attempts
-recorded exactly for the actions that touched), and "an approval covers one action at one
-rung". A violation comes with the shortest event trace (BFS order).
+recorded exactly for the actions that touched), "an approval covers one action at one
+rung", and shadow mode (issue 29 item 3): no disruptive command (cordon, drain, machine
+action) in shadow mode, and a shadow repair that ends after deciding records exactly one
+``shadowed`` attempt. A violation comes with the shortest event trace (BFS order).
 """
 
 from __future__ import annotations
@@ -82,14 +85,16 @@ class World:
     ma_key: str = ""
     recurred: bool = False
     finished: bool = False
+    shadow: bool = False  # the repair's pool is in shadow mode
+    shadowed: int = 0  # ``shadowed`` attempts recorded
     bad: tuple[str, ...] = ()
 
 
-def _new(stale: bool) -> tuple[rm.RepairState, World]:
+def _new(stale: bool, shadow: bool = False) -> tuple[rm.RepairState, World]:
     s = rm.new_state("r1", "c1", "n1", Requester(kind=RequesterKind.system,
                                                     name="system"),
                      Action.reboot, [_alert(0, -10.0)])
-    return s, World(cordon="old" if stale else "")
+    return s, World(cordon="old" if stale else "", shadow=shadow)
 
 
 def _events(s: rm.RepairState, w: World) -> list[rm.Event]:
@@ -125,7 +130,8 @@ def _events(s: rm.RepairState, w: World) -> list[rm.Event]:
     if st in rm.CALL_OUT:
         evs.append(rm.CallFailed(message="403"))
         if st == rm.Status.reading_policy:
-            evs.append(rm.PolicyRead(policy=POLICY, machine="m1"))
+            evs.append(rm.PolicyRead(policy=POLICY, machine="m1",
+                                     mode="shadow" if w.shadow else None))
         elif st == rm.Status.reading_hold:
             evs += [rm.HoldRead(held=False, reason="answer"), rm.LedgerUnavailable()]
         elif st == rm.Status.reading_history:
@@ -211,13 +217,19 @@ def _apply(s_before: rm.RepairState, s: rm.RepairState, w: World,
                 bad.append(f"I19: {name} after a cancel or reject")
             if name != "cordon_node" and w.cordon == "old" and not w.stale_approved:
                 bad.append(f"I18: {name} beside an ended repair's cordon, no person asked")
+            if w.shadow:
+                bad.append(f"shadow: {name} in shadow mode (no disruptive command)")
         if isinstance(c, rm.MachineCommand) and isinstance(c.command, ma.RunActivity) \
                 and c.command.purpose == "act" and s.machine_action is not None \
                 and s.machine_action.tries == 1 and not s.machine_action.first_failure:
             if (s.machine_action.action.value, w.recorded) not in w.approved:
                 bad.append(f"approval: {s.machine_action.action.value} at rung {w.recorded} "
                            "started without an approval of that action at that rung")
-        if isinstance(c, rm.RecordAttempt):
+        if isinstance(c, rm.RecordAttempt) and c.outcome == "shadowed":
+            if not w.shadow:
+                bad.append("shadow: a shadowed attempt recorded in enforce mode")
+            w = replace(w, shadowed=w.shadowed + 1)
+        elif isinstance(c, rm.RecordAttempt):
             w = replace(w, recorded=w.recorded + 1)
         if isinstance(c, rm.ContinueAsNew):
             pass  # the next run starts from c.state (see check)
@@ -229,6 +241,9 @@ def _apply(s_before: rm.RepairState, s: rm.RepairState, w: World,
                 cordon = ""
             if cordon == "us" and not c.held:
                 bad.append("I1: left cordoned by us without a reason")
+            if (c.stage.value == "shadowed") != (w.shadowed == 1):
+                bad.append(f"shadow: ended {c.stage.value} with {w.shadowed} shadowed "
+                           "attempt(s) recorded")
             w = replace(w, finished=True, cordon=cordon)
     if s.status == rm.Status.awaiting_approval and s_before.status == rm.Status.probing_holder:
         w = replace(w, stale_asked=True)
@@ -262,8 +277,8 @@ def check(depth: int, defects: frozenset[str] = frozenset(),
     t0 = time.monotonic()
     seen: set[str] = set()
     queue: deque[tuple[rm.RepairState, World, list[str]]] = deque()
-    for stale in (False, True):
-        s0, w0 = _new(stale)
+    for stale, shadow in ((False, False), (True, False), (False, True)):
+        s0, w0 = _new(stale, shadow)
         seen.add(_key(s0, w0))
         queue.append((s0, w0, []))
     while queue:

@@ -33,6 +33,8 @@ def test_every_repair_status_event_pair_is_in_the_table() -> None:
         ("adopt_stale_cordon", "I18", 11),
         # a cancel while the node rejoins, a recurrence, the next rung approved
         ("cancel_ignored_between_rungs", "I19", 17),
+        # shadow mode ignored: the cordon is commanded once the lease is granted
+        ("act_in_shadow", "shadow", 9),
     ],
 )
 def test_checker_finds_each_planted_repair_defect(defect: str, invariant: str,
@@ -43,3 +45,31 @@ def test_checker_finds_each_planted_repair_defect(defect: str, invariant: str,
     what, trace = res.violations[0]
     assert invariant in what, (what, trace)
     assert len(trace) <= depth  # BFS: the shortest trace
+
+
+def test_a_shadow_repair_decides_then_ends_shadowed_without_a_disruptive_command() -> None:
+    """The shadow world's happy path: policy read in shadow, a person approves, the lease
+    is granted, the hold is asked again — then ``shadowed`` with the attempt it stood for,
+    the lease released, and no cordon / drain / machine command anywhere."""
+    from tests.model.repair_world import POLICY, T0, _new
+    from workflows.lifecycle import repair as rm
+
+    s, _ = _new(False, shadow=True)
+    events: list[rm.Event] = [
+        rm.Start(), rm.PolicyRead(policy=POLICY, machine="m1", mode="shadow"),
+        rm.HoldRead(held=False), rm.HistoryRead(attempts=[]), rm.Approve(by="alice"),
+        rm.LeaseReply(granted=True), rm.HistoryRead(attempts=[]), rm.HoldRead(held=False)]
+    every: list[rm.Command] = []
+    for ev in events:
+        s, cmds = rm.step(s, ev, T0)
+        every += cmds
+    assert s.status == rm.Status.ended and s.stage.value == "shadowed"
+    assert not any((isinstance(c, rm.RunActivity) and c.name in ("cordon_node", "drain_node"))
+                   or isinstance(c, rm.MachineCommand | rm.StartValidation) for c in every)
+    kinds = [c.kind for c in every[-4:]]
+    assert kinds == ["record_attempt", "signal_guard", "record_transition", "finish"], kinds
+    rec = every[-4]
+    assert isinstance(rec, rm.RecordAttempt) and rec.outcome == "shadowed"
+    fin = every[-1]
+    assert isinstance(fin, rm.Finish) and "would cordon n1" in fin.reason
+    assert "then reboot m1" in fin.reason and not fin.uncordon

@@ -144,3 +144,11 @@ def test_status_lists_the_failure_domain_holds() -> None:
     assert "failure_domain" in out and "rack-07 held since 2026-12-01 19:40" in out
     assert "gpu-01, gpu-02, gpu-03" in out and "nvlink_down" in out
     assert "rack-07" not in _render(200)  # no hold, no row
+def test_status_says_how_many_repairs_were_shadowed() -> None:
+    """Shadow mode (issue 29 item 3): the downtime title counts shadowed repairs apart."""
+    doc = _doc()
+    doc["downtime"]["shadowed"] = {"repairs": 3, "by_action": {"reboot": 3},
+                                   "by_cluster": {"demo": 3}}
+    text = " ".join(_render(200, doc=doc).split())
+    assert "3 shadowed (shadow mode: nothing done)" in text
+    assert "shadowed" not in " ".join(_render(200).split())

@@ -305,6 +305,8 @@ class Harness:
     pools: dict[str, str] = field(default_factory=dict)
     #: node → failure domains (``PolicySnapshot.domains``, issue 29 item 2).
     domains: dict[str, list[str]] = field(default_factory=dict)
+    #: Pool → ``enforce`` / ``shadow`` (``clusters[].pools[].mode``, issue 29 item 3).
+    pool_modes: dict[str, str] = field(default_factory=dict)
     #: When set, ``load_policy`` fails with this (non-retryable, as a broken config does).
     policy_error: str | None = None
 
@@ -322,6 +324,7 @@ class Harness:
             domains=self.domains,
             machines={n: f"m-{n}" for n in self.cluster.nodes},
             bmc_task_queue=self.bmc_queue,
+            pool_modes=self.pool_modes,
         )
 
     async def deliver(self, alert: Alert, history_limit: int | None = None) -> AlertDelivery:

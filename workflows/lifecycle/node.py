@@ -674,8 +674,8 @@ def _evaluate(s: NodeState, now: datetime, defects: frozenset[str]
 
 def _finish(s: NodeState, msg: Finished, defects: frozenset[str]) -> NodeState:
     """End the open repair as ``msg`` says: cooldown from its end (not after
-    ``auto_resolved``), event faults it used dropped, and on success every fault it
-    acted on retired (I20). What ran is judged by ``msg.actions`` (an operator's
+    ``auto_resolved``), event faults it used dropped, and on success (or ``shadowed``)
+    every fault it acted on retired (I20). What ran is judged by ``msg.actions`` (an operator's
     ``approve --action`` or the ladder can make it differ from the started action),
     else by the started action: after only non-booting actions (``reset_gpu``) just the
     faults it acted on or used are retired; after a booting one every fault received
@@ -691,7 +691,11 @@ def _finish(s: NodeState, msg: Finished, defects: frozenset[str]) -> NodeState:
     for k, f in list(active.items()):
         if not f.alert.level and f.alert.alert_id in used:
             active.pop(k)
-    ok = msg.stage == Stage.succeeded and "level_fault_survives_success" not in defects
+    # a shadowed repair (shadow mode, issue 29 item 3) stands for the action it would have
+    # run: the faults it stood for are retired as after a success (nothing booted), so
+    # one fault episode makes one shadowed repair, as it makes one repair in enforce
+    ok = (msg.stage in (Stage.succeeded, Stage.shadowed)
+          and "level_fault_survives_success" not in defects)
     if ok:
         acted = set(rep.acted_on) | {k for k, f in s.active.items()
                                      if f.alert.alert_id in used or (
@@ -1241,8 +1245,9 @@ def _table() -> None:
         TRANSITIONS[(rc, "repair_started")] = "nothing (the repair was opened when asked for)"
         TRANSITIONS[(rc, "repair_finished")] = (
             "ours → cooldown (not after auto_resolved), used event faults dropped; "
-            "succeeded → acted-on faults retired, every fault received before its end "
-            "after a booting action (I20); not ours → ignored" if known else
+            "succeeded (or shadowed: the action it stood for) → acted-on faults retired, "
+            "every fault received before its end after a booting action (I20); not ours "
+            "→ ignored" if known else
             "ours → as when known; not ours → kept until the ledger answers")
         TRANSITIONS[(rc, "repair_ended")] = ("ours → cooldown, ledger closed (not after "
                                              "`completed`), lease released, warning sent; "

@@ -27,6 +27,10 @@ Decisions (docs/design.md §5 rails; issue 26 item 3):
   drained or acted on: the repair ends ``cancelled`` by ``system`` naming the hold. A
   cordon left by an ended repair is never adopted silently: a person is asked.
 - **I22**: an attempt is recorded exactly when the action touched the machine.
+- **Shadow mode (issue 29 item 3).** A repair whose policy read says ``shadow`` decides
+  everything as in enforce (ladder, cap, consent, the lease) and, where it would cordon
+  (the hold checked once more), ends ``shadowed``: the attempt it stood for is recorded
+  with outcome ``shadowed`` and nothing is cordoned, drained or acted on.
 
 The scheduler-side activities (cordon, idle check, drain, node health, rejoin, ledger
 reads) retry transient failures under their Temporal retry policy; the machine sees
@@ -58,7 +62,11 @@ from workflows.policy import (
     choose_action,
     consent_decision,
     evidence_current,
+    is_shadow,
     node_actions_in_window,
+    rail_attempts,
+    reset_targets,
+    would_do,
 )
 
 #: Test-only defects :func:`step` can re-introduce (``tests/model`` shows each is found).
@@ -71,6 +79,8 @@ DEFECTS: dict[str, str] = {
     "adopt_stale_cordon": "a cordon left by an ended repair is adopted silently (I18)",
     "cancel_ignored_between_rungs": "a cancel pending when a rung ends is ignored and the "
                                     "next rung runs (reproduction 5)",
+    "act_in_shadow": "a repair in shadow mode cordons and acts as in enforce (issue 29 "
+                     "item 3)",
 }
 
 
@@ -170,6 +180,8 @@ class RepairState(BaseModel):
     unrecorded: Action | None = None  # an action that touched and ran, attempt not yet recorded
     machine_action: ma.MachineActionState | None = None
     continued: int = 0
+    #: shadow mode (issue 29 item 3): decide and record, never cordon, drain or act
+    shadow: bool = False
 
 
 # ---- events ------------------------------------------------------------------------
@@ -178,12 +190,14 @@ class Start(BaseModel):
 
 
 class PolicyRead(BaseModel):
-    """``load_policy`` answered: the policy and the node's machine and pool."""
+    """``load_policy`` answered: the policy and the node's machine and pool; ``mode``:
+    the repair's (its pool's ``clusters[].pools[].mode``; None = ``policy.mode``)."""
 
     kind: Literal["policy_read"] = "policy_read"
     policy: PolicyConfig
     machine: str | None = None
     pool: str | None = None
+    mode: Literal["enforce", "shadow"] | None = None
 
 
 class HoldRead(BaseModel):
@@ -336,7 +350,8 @@ class RecordTransition(BaseModel):
 class RecordAttempt(BaseModel):
     kind: Literal["record_attempt"] = "record_attempt"
     action: Action
-    outcome: Literal["failed", "succeeded", "cancelled"]
+    #: ``shadowed``: the action a shadow-mode repair stood for (nothing ran)
+    outcome: Literal["failed", "succeeded", "cancelled", "shadowed"]
 
 
 class MachineCommand(BaseModel):
@@ -513,6 +528,16 @@ def _end(s: RepairState, stage: S, by: str, reason: str) -> Out:
                     uncordon=s.cordoned_by_us and held is None,
                     held=held if s.cordoned_by_us else None)]
     return s, cmds
+
+
+def _end_shadowed(s: RepairState) -> Out:
+    """Shadow mode where the cordon would come: the attempt it stood for is recorded
+    (outcome ``shadowed``) and the repair ends ``shadowed`` saying what would have run."""
+    plan = would_do(s.action, s.node, s.machine,
+                    reset_targets(s.alerts) if s.action == Action.reset_gpu else [],
+                    s.policy.wait_for_idle)
+    s2, cmds = _end(s, S.shadowed, "system", f"shadow mode: {plan}")
+    return s2, [RecordAttempt(action=s.action, outcome="shadowed"), *cmds]
 
 
 def _stop_now(s: RepairState) -> Out:
@@ -834,7 +859,8 @@ def step(state: RepairState, event: Event, now: datetime,
         if st != Status.reading_policy:
             return s, []
         s = s.model_copy(update={"policy": event.policy, "machine": event.machine or s.machine,
-                                 "pool": event.pool or s.pool, "hold_then": "decide"})
+                                 "pool": event.pool or s.pool, "hold_then": "decide",
+                                 "shadow": is_shadow(event.mode or event.policy.mode)})
         s, tr = _to(s, S.recommended, "repair requested", by=s.requester.name)
         s2, cmds = _run(s, Status.reading_hold)
         return s2, [tr, *cmds]
@@ -850,6 +876,8 @@ def step(state: RepairState, event: Event, now: datetime,
         if s.hold_then == "idle":
             return _idle_start(s, now)
         if s.hold_then == "cordon":
+            if s.shadow and "act_in_shadow" not in defects:
+                return _end_shadowed(s)
             s, tr = _to(s, S.cordoning, f"cordon for {s.action.value}")
             s2, cmds = _run(s, Status.cordoning)
             return s2, [tr, *cmds]
@@ -860,14 +888,14 @@ def step(state: RepairState, event: Event, now: datetime,
         if s.stop is not None:
             return _stop_now(s)
         known = {(a.repair_id, a.action, a.at) for a in s.attempts or []}
-        s = s.model_copy(update={"attempts": list(event.attempts)})
+        s = s.model_copy(update={"attempts": rail_attempts(event.attempts, s.shadow)})
         if not s.recheck:
             s = _decide(s, now, s.requested)
             return _consent_or_ask(s, now, s.needs_human or s.rule, [], defects)
         before, rule_before = s.action, s.rule
         s = _decide(s, now, s.requested if s.approval is None else s.approval.action)
         moved = any((a.repair_id, a.action, a.at) not in known and a.repair_id != s.repair_id
-                    for a in event.attempts)
+                    for a in s.attempts or [])
         if not covers(s, now, defects):
             s = s.model_copy(update={"rule": f"{s.rule}; was: {rule_before}"})
             why = s.needs_human or (f"ladder moved to {s.action.value}" if s.action != before
@@ -892,7 +920,8 @@ _CALL_ANSWER = {
     Status.reading_policy: ("policy_read", "→ reading_hold (record `recommended`)"),
     Status.reading_hold: ("hold_read", "held → ended `cancelled` by system naming the hold "
                           "(I18); else → reading_history, or → cordoning when checked "
-                          "before the cordon"),
+                          "before the cordon (shadow mode: → ended `shadowed`, the attempt "
+                          "recorded as shadowed, nothing cordoned)"),
     Status.reading_history: ("history_read", "decide (ladder, gate, cap); covered by consent "
                              "or an approval of this action at this rung → awaiting_lease; "
                              "else → awaiting_approval (at grant time: the rule names what "

@@ -42,8 +42,10 @@ from workflows.policy.reset import (
     reset_decision,
     reset_targets,
 )
+from workflows.policy.shadow import SHADOWED, is_shadow, rail_attempts, would_do
 
 __all__ = [
+    "SHADOWED",
     "ConsentDecision",
     "GateDecision",
     "LadderDecision",
@@ -61,15 +63,18 @@ __all__ = [
     "evidence_current",
     "gpu_pci",
     "in_cooldown",
+    "is_shadow",
     "ladder_decision",
     "migrate_gate",
     "next_rung",
     "node_actions_in_window",
     "persistence_for",
     "platform_blocker",
+    "rail_attempts",
     "recent_events",
     "repeat_key",
     "repeat_offender",
     "reset_decision",
     "reset_targets",
+    "would_do",
 ]
