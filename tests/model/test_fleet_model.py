@@ -183,8 +183,8 @@ def test_unknown_world_defect_is_refused() -> None:
 
 
 def test_cli_reports_the_fleet_per_depth(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--depth", "1", "--guard-depth", "1", "--node-depth", "1",
-                 "--repair-depth", "1", "--fleet-depth", "2"]) == 0
+    assert main(["--depth", "1", "--guard-depth", "1", "--domain-depth", "1",
+                 "--node-depth", "1", "--repair-depth", "1", "--fleet-depth", "2"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert any(line.startswith("fleet depth=2: states=") for line in out), out
     assert any(line.startswith("fleet: states=") for line in out), out
