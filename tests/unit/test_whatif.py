@@ -1,0 +1,165 @@
+"""The what-if replay (issue 31 item 1) over a synthetic ledger: hand-checked figures of
+policy changes that must change outcomes, determinism, and bad input."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from workflows.config import AutorepairConfig, ClusterConfig, ConsentConfig, PolicyConfig
+from workflows.models import Action, Alert, Severity
+from workflows.whatif.figures import differences, figures, p99
+from workflows.whatif.sim import Durations, Facts, replay
+
+T0 = datetime(2026, 11, 1, tzinfo=UTC)
+FACTS = Facts(gpu_nodes={"c": 100})
+
+
+def xid79(i: int, node: str, t_s: float) -> Alert:
+    return Alert(alert_id=f"a{i}", cluster="c", node=node, kind="xid", code=79,
+                 severity=Severity.critical, summary="Xid 79", actionable=True,
+                 action=Action.power_cycle, evidence={"boot_id": f"{node}-b0"},
+                 observed_at=T0 + timedelta(seconds=t_s))
+
+
+def five() -> list[Alert]:
+    """Xid 79 on n0..n4, 10 s apart (inside one 600 s breaker window)."""
+    return [xid79(i, f"n{i}", i * 10) for i in range(5)]
+
+
+def automatic() -> PolicyConfig:
+    return PolicyConfig(consent=ConsentConfig(mode="automatic"))
+
+
+def test_automatic_policy_figures_hand_checked() -> None:
+    """Five power cycles, each out of service drain 60 s + action 600 s + rejoin 120 s
+    (the defaults where nothing is measured) = 780 s × 8 GPUs = 1.7333 GPU-h each."""
+    f = figures(replay(five(), automatic(), FACTS))
+    assert f["repairs"] == 5 and f["by_action"] == {"power_cycle": 5}
+    assert f["automatic"] == 5 and f["waited_for_person"] == 0
+    assert f["nodes_reaching_person"] == 0 and f["breaker_trips"] == 0
+    assert f["outcomes"] == {"succeeded": 5}
+    assert f["disruptive_per_node"] == {"max": 1, "p99": 1, "nodes": 5, "total": 5}
+    assert f["gpu_hours"] == pytest.approx(5 * 8 * 780 / 3600, abs=1e-5)
+    assert f["cost"] is None and f["domain_holds"] is None
+
+
+def test_consent_approve_makes_every_repair_wait_for_a_person() -> None:
+    """consent.mode approve: all five wait; nobody approves (no approval measured), so
+    each times out after consent.approval_timeout_s (3 days) and nothing is lost."""
+    cur = replay(five(), automatic(), FACTS)
+    new = replay(five(), PolicyConfig(consent=ConsentConfig(mode="approve")), FACTS)
+    f = figures(new)
+    assert f["automatic"] == 0 and f["waited_for_person"] == 5
+    assert f["nodes_reaching_person"] == 5 and f["outcomes"] == {"timed_out": 5}
+    assert f["gpu_hours"] == 0.0 and f["disruptive_per_node"]["total"] == 0
+    r = new.repairs[new.alerts["a0"].repair_id or ""]
+    assert r.transitions[-1] == ("timed_out", T0 + timedelta(days=3))
+    diff, total = differences(cur, new)
+    assert total == 5 and [d["alert_id"] for d in diff] == ["a0", "a1", "a2", "a3", "a4"]
+    assert diff[0]["current"]["decided"] == "automatic"
+    assert diff[0]["new"]["decided"] == "person"
+    assert "waited for a person" in diff[0]["new"]["why"]
+
+
+def test_measured_approval_wait_approves_after_it() -> None:
+    """With a measured approval wait of 1 h, each repair acts 1 h after its alert."""
+    new = replay(five(), PolicyConfig(consent=ConsentConfig(mode="approve")), FACTS,
+                 Durations(approval_s=3600.0))
+    f = figures(new)
+    assert f["waited_for_person"] == 5 and f["outcomes"] == {"succeeded": 5}
+    r = new.repairs[new.alerts["a0"].repair_id or ""]
+    assert ("cordoning", T0 + timedelta(hours=1)) in r.transitions
+
+
+def test_lower_breaker_threshold_trips() -> None:
+    """breaker_fraction 0.01 of 100 GPU nodes = 1, floored to breaker_min 2: the third
+    automatic repair within 600 s trips the breaker; it and the two after it wait for a
+    lease that never comes (no reset) and time out after lease_wait_max_s (24 h)."""
+    new_p = automatic()
+    new_p.rails.breaker_fraction = 0.01
+    cur = replay(five(), automatic(), FACTS)
+    new = replay(five(), new_p, FACTS)
+    f = figures(new)
+    assert f["breaker_trips"] == 1 and f["trips"][0]["at"] == (T0 + timedelta(seconds=20)
+                                                                ).isoformat()
+    assert f["outcomes"] == {"succeeded": 2, "timed_out": 3}
+    assert f["gpu_hours"] == pytest.approx(2 * 8 * 780 / 3600, abs=1e-5)
+    diff, total = differences(cur, new)
+    assert total == 3 and [d["alert_id"] for d in diff] == ["a2", "a3", "a4"]
+    assert "no lease in time" in diff[0]["new"]["why"]
+
+
+def test_ledger_outcome_failed_is_replayed_and_the_ladder_retries() -> None:
+    """The ledger recorded the first power cycle on n0 as failed: the replayed one fails
+    too; the ladder (2 attempts of an action in 7 days) tries it once more, which has no
+    recorded outcome and so succeeds (the stated assumption)."""
+    facts = Facts(gpu_nodes={"c": 100}, outcomes={("c", "n0", "power_cycle"): ["failed"]})
+    run = replay(five(), automatic(), facts)
+    r = run.repairs[run.alerts["a0"].repair_id or ""]
+    assert r.attempts == [(Action.power_cycle, "failed"), (Action.power_cycle, "succeeded")]
+    assert r.stage == "succeeded" and not r.asked
+    f = figures(run)
+    assert f["disruptive_per_node"] == {"max": 2, "p99": 2, "nodes": 5, "total": 6}
+
+
+def test_replay_is_deterministic_whatever_the_input_order() -> None:
+    alerts = [*five(), xid79(9, "n1", 4000)]
+    one = figures(replay(alerts, automatic(), FACTS))
+    two = figures(replay(list(reversed(alerts)), automatic(), FACTS))
+    assert json.dumps(one, sort_keys=True) == json.dumps(two, sort_keys=True)
+
+
+def test_p99_nearest_rank() -> None:
+    assert p99([]) == 0 and p99([3]) == 3
+    assert p99(list(range(1, 101))) == 99 and p99([0] * 99 + [7]) == 0
+
+
+def test_naive_time_is_refused_naming_the_field() -> None:
+    a = xid79(0, "n0", 0).model_copy(update={"observed_at": datetime(2026, 1, 1)})
+    with pytest.raises(ValueError, match=r"alerts\[0\]\.observed_at"):
+        replay([a], automatic())
+
+
+def test_bad_new_config_names_field_and_value(tmp_path: Path) -> None:
+    from workers.whatif import load_new
+
+    p = tmp_path / "new.yaml"
+    p.write_text("policy:\n  consent:\n    mode: sometimes\n")
+    with pytest.raises(ValueError, match=r"consent.*mode.*sometimes"):
+        load_new(p)
+    with pytest.raises(ValueError, match="not found"):
+        load_new(tmp_path / "missing.yaml")
+
+
+def test_cli_rejects_bad_since_and_bad_config(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from workers.cli import app
+
+    good = tmp_path / "new.yaml"
+    good.write_text("policy:\n  consent:\n    mode: automatic\n")
+    env = {"AUTOREPAIR_CONFIG": ""}
+    r = CliRunner().invoke(app, ["whatif", "--config", str(good), "--since", "soon",
+                                 "--ledger-dsn", "postgresql://nobody@127.0.0.1:1/x"], env=env)
+    assert r.exit_code == 2 and "--since" in r.output and "'soon'" in r.output
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("policy: [1, 2]\n")
+    r = CliRunner().invoke(app, ["whatif", "--config", str(bad), "--since", "30d",
+                                 "--ledger-dsn", "postgresql://nobody@127.0.0.1:1/x"], env=env)
+    assert r.exit_code == 2 and "policy" in r.output and str(bad) in r.output
+
+
+def test_compare_document_is_deterministic() -> None:
+    from workers.whatif import compare
+
+    cur = AutorepairConfig(policy=automatic(), clusters=[ClusterConfig(name="c", gpu_nodes=100)])
+    new = cur.model_copy(update={"policy": PolicyConfig()})
+    a = compare(five(), Durations(), {}, cur, new)
+    b = compare(five(), Durations(), {}, cur, new)
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    assert a["differing_alerts"] == 5 and a["new"]["waited_for_person"] == 5
+    assert any("observed_at" in s for s in a["assumptions"])
