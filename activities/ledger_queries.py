@@ -280,3 +280,25 @@ async def whatif_measures(
                 ORDER BY at, id""", since, until, cluster):
         outcomes.setdefault((r["cluster"], r["node"], r["action"]), []).append(r["outcome"])
     return by_action, approval, outcomes
+
+
+async def breaker_reset_median(
+    pool: asyncpg.Pool, since: datetime, until: datetime, *, cluster: str | None = None,
+) -> float | None:
+    """Median seconds from a breaker trip (a ``circuit_breaker`` alert raised) to its reset
+    (the next one cleared, same cluster) for trips in ``[since, until)``; None when no
+    trip of the window was reset."""
+    row = await pool.fetchrow(
+        """WITH b AS (
+             SELECT cluster, active, observed_at,
+                    LEAD(active) OVER w AS next_active, LEAD(observed_at) OVER w AS next_at
+               FROM alerts WHERE kind = 'circuit_breaker'
+                AND ($3::text IS NULL OR cluster = $3)
+             WINDOW w AS (PARTITION BY cluster ORDER BY observed_at, alert_id))
+           SELECT percentile_cont(0.5) WITHIN GROUP (
+                    ORDER BY EXTRACT(EPOCH FROM (next_at - observed_at))) AS median
+             FROM b WHERE active AND next_active IS FALSE
+              AND observed_at >= $1 AND observed_at < $2""",
+        since, until, cluster,
+    )
+    return None if row is None or row["median"] is None else float(row["median"])

@@ -25,7 +25,12 @@ import asyncpg
 import typer
 from rich.console import Console, Group
 
-from activities.ledger_queries import connect_read_only, whatif_alerts, whatif_measures
+from activities.ledger_queries import (
+    breaker_reset_median,
+    connect_read_only,
+    whatif_alerts,
+    whatif_measures,
+)
 from workers.config import ConfigError, load_config
 from workers.fleet_models import parse_since
 from workers.tables import Col, fitted_table
@@ -33,7 +38,7 @@ from workflows.config import AutorepairConfig
 from workflows.models import Alert
 from workflows.providers import ProviderInfo, ProviderResolver
 from workflows.whatif.figures import differences, figures
-from workflows.whatif.sim import DEFAULT_DURATIONS_S, Durations, Facts, replay
+from workflows.whatif.sim import DEFAULT_DURATIONS_S, HORIZON_S, Durations, Facts, replay
 
 _out = Console()
 _err = Console(stderr=True)
@@ -69,6 +74,11 @@ def assumptions(d: Durations) -> list[str]:
         f"durations the ledger measured ({measured}; where none: {defaults})",
         "nodes are idle, cordon and drain succeed, nothing is open when the window starts",
         approval,
+        (f"a person resets a tripped breaker after {d.breaker_reset_s:.0f} s (the measured "
+         "median)" if d.breaker_reset_s is not None else "nobody resets a tripped breaker "
+         "(no reset measured): it stays open to the end of the replay"),
+        f"the replay runs {HORIZON_S / 86400:g} days past the window; repairs still open "
+        "then are counted `open`",
         "domain holds: not modelled (the guard machine has none)",
     ]
 
@@ -81,7 +91,9 @@ async def read_window(pool: asyncpg.Pool, since: datetime, until: datetime,
     async for page in whatif_alerts(pool, since, until, cluster=cluster):
         alerts.extend(page)
     by_action, approval, outcomes = await whatif_measures(pool, since, until, cluster=cluster)
-    return alerts, Durations(by_action=by_action, approval_s=approval), outcomes
+    reset = await breaker_reset_median(pool, since, until, cluster=cluster)
+    return alerts, Durations(by_action=by_action, approval_s=approval,
+                             breaker_reset_s=reset), outcomes
 
 
 def _info_for(cfg: AutorepairConfig) -> Any:
@@ -98,11 +110,12 @@ def _info_for(cfg: AutorepairConfig) -> Any:
 
 def compare(alerts: list[Alert], durations: Durations,
             outcomes: dict[tuple[str, str, str], list[str]], current: AutorepairConfig,
-            new: AutorepairConfig) -> dict[str, Any]:
-    """Both replays and their figures as one JSON-ready document (deterministic: the same
-    alerts, measures and configs give the same document)."""
-    a = replay(alerts, current.policy, facts_of(current, outcomes), durations)
-    b = replay(alerts, new.policy, facts_of(new, outcomes), durations)
+            new: AutorepairConfig, until: datetime | None = None) -> dict[str, Any]:
+    """Both replays (up to ``sim.HORIZON_S`` past ``until``, default the last alert) and
+    their figures as one JSON-ready document (deterministic: the same alerts, measures and
+    configs give the same document)."""
+    a = replay(alerts, current.policy, facts_of(current, outcomes), durations, until)
+    b = replay(alerts, new.policy, facts_of(new, outcomes), durations, until)
     diff, total = differences(a, b)
     return {"alerts": len(alerts), "assumptions": assumptions(durations),
             "current": figures(a, _info_for(current)), "new": figures(b, _info_for(new)),
@@ -113,7 +126,7 @@ async def whatif_doc(pool: asyncpg.Pool, current: AutorepairConfig, new: Autorep
                      since: datetime, until: datetime, cluster: str | None) -> dict[str, Any]:
     """:func:`compare` over the ledger's window ``[since, until)`` (``cluster`` only)."""
     alerts, durations, outcomes = await read_window(pool, since, until, cluster)
-    doc = compare(alerts, durations, outcomes, current, new)
+    doc = compare(alerts, durations, outcomes, current, new, until)
     return {"since": since.isoformat(), "until": until.isoformat(), "cluster": cluster, **doc}
 
 

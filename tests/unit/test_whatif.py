@@ -163,3 +163,30 @@ def test_compare_document_is_deterministic() -> None:
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
     assert a["differing_alerts"] == 5 and a["new"]["waited_for_person"] == 5
     assert any("observed_at" in s for s in a["assumptions"])
+
+
+def test_measured_breaker_reset_frees_the_held_repairs() -> None:
+    """The ledger's breakers were reset 1 h after tripping: the breaker that trips at
+    00:00:20 is reset at 01:00:20; the three held repairs are granted then (counted
+    before the reset, never again: I23, so no second trip) and are back in service
+    780 s later, at 01:13:20."""
+    new_p = automatic()
+    new_p.rails.breaker_fraction = 0.01
+    run = replay(five(), new_p, FACTS, Durations(breaker_reset_s=3600.0))
+    f = figures(run)
+    assert f["breaker_trips"] == 1 and f["outcomes"] == {"succeeded": 5}
+    ends = [r.transitions[-1][1] for r in run.repairs.values()]
+    assert ends[2:] == [T0 + timedelta(hours=1, minutes=13, seconds=20)] * 3
+
+
+def test_replay_stops_at_the_horizon_past_the_window() -> None:
+    """A breaker nobody resets holds repairs past the window: the replay stops 3 days
+    (HORIZON_S) after ``until`` and counts what is still open."""
+    from workflows.whatif.sim import HORIZON_S
+
+    new_p = automatic()
+    new_p.rails.breaker_fraction = 0.01
+    new_p.rails.lease_wait_max_s = 30 * 86400.0
+    run = replay(five(), new_p, FACTS, until=T0 + timedelta(hours=1))
+    assert run.ended_at == T0 + timedelta(hours=1, seconds=HORIZON_S)
+    assert run.open_at_end == 3 and figures(run)["outcomes"] == {"open": 3, "succeeded": 2}

@@ -26,7 +26,9 @@ delivers them):
   at its time, whatever the policy did before it);
 - a person: a repair waiting for approval is approved after the median approval wait the
   ledger measured (:attr:`Durations.approval_s`; ``None``: nobody approves, it ends as the
-  consent's ``approval_timeout_s`` says).
+  consent's ``approval_timeout_s`` says); a tripped breaker is reset after the median
+  trip-to-reset time of the ledger's breaker alerts (``breaker_reset_s``; ``None``: never,
+  it stays open to the end of the replay, :data:`HORIZON_S` past the window).
 
 Alert times: the control plane's receipt time ``received_at`` where an alert carries it,
 else ``observed_at`` (the ledger keeps no receipt time; ingest rejects senders more than
@@ -45,7 +47,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from workflows.config import PolicyConfig
-from workflows.leases import LeaseRelease, LeaseRequest
+from workflows.leases import LeaseRelease, LeaseRequest, ResetBreakerSignal
 from workflows.lifecycle import guard as gm
 from workflows.lifecycle import machine_action as ma
 from workflows.lifecycle import node as nm
@@ -58,7 +60,12 @@ from workflows.policy import breaker_threshold, concurrency_budget
 #: every ``rails.rejoin_poll_s`` 30 s, a few polls). Stated in the output.
 DEFAULT_DURATIONS_S: dict[str, float] = {"waiting_for_idle": 0.0, "draining": 60.0,
                                          "repairing": 600.0, "joining": 120.0}
-#: Name recorded for the simulated approvals.
+#: The replay runs this long past the window's end (or its last alert), seconds, so that
+#: repairs started near the end can finish: 3 days, the default
+#: ``consent.approval_timeout_s`` (a waiting repair has ended by then). Repairs still open
+#: then are counted ``open``.
+HORIZON_S = 3 * 86400.0
+#: Name recorded for the simulated approvals and breaker resets.
 APPROVER = "whatif"
 
 
@@ -67,10 +74,12 @@ class Durations:
     """Median stage durations the ledger measured, seconds: ``by_action[action][stage]``
     for ``waiting_for_idle``, ``draining``, ``repairing`` (``migrating`` for migrate is
     filed as ``repairing``) and ``joining``; ``approval_s``: median wait from
-    ``awaiting_approval`` to the next stage (None: nobody approves)."""
+    ``awaiting_approval`` to the next stage (None: nobody approves); ``breaker_reset_s``:
+    median time from a breaker trip to its reset in the ledger (None: nobody resets it)."""
 
     by_action: dict[str, dict[str, float]] = field(default_factory=dict)
     approval_s: float | None = None
+    breaker_reset_s: float | None = None
 
     def of(self, action: Action, stage: str) -> float:
         """Seconds ``action`` spends in ``stage`` (measured, else :data:`DEFAULT_DURATIONS_S`)."""
@@ -132,6 +141,7 @@ class Run:
     repairs: dict[str, RepairRun] = field(default_factory=dict)
     trips: list[tuple[str, datetime, str]] = field(default_factory=list)
     ended_at: datetime | None = None
+    open_at_end: int = 0
 
 
 Target = tuple[str, Any]  # ("node", (cluster, node)) | ("guard", cluster) | ("repair", rid)
@@ -179,11 +189,17 @@ class _Sim:
             else:
                 self.repair(who, ev)
 
-    def go(self, alerts: list[Alert]) -> Run:
+    def go(self, alerts: list[Alert], until: datetime | None) -> Run:
         for a in alerts:
             self.at(a.received_at or a.observed_at, "alert", (a.cluster, a.node), a)
+        last = max((a.received_at or a.observed_at for a in alerts), default=None)
+        end = None if last is None else max(until or last, last) + timedelta(
+            seconds=HORIZON_S)
         while self.heap:
             t, _, kind, who, ev, tok = heapq.heappop(self.heap)
+            if end is not None and t > end:
+                self.now = end
+                break
             self.now = max(self.now, t)
             if kind == "alert":
                 self.alert(ev)
@@ -195,6 +211,11 @@ class _Sim:
                 if self.guard_timers.get(who) == t:
                     del self.guard_timers[who]
                     self.send("guard", who[0], gm.TimerFired(name=who[1]))
+            elif kind == "breaker_reset":
+                g = self.guards.get(who)
+                if g is not None and g.breaker_open:
+                    self.send("guard", who, gm.ResetBreaker(sig=ResetBreakerSignal(
+                        by=APPROVER, reason="reset as the ledger's breaker resets took")))
             elif kind == "repair_clock":
                 if who in self.repairs:
                     self.send("repair", who, rm.Clock())
@@ -202,6 +223,7 @@ class _Sim:
                 self.send("repair", who, ev)
             self.settle()
         self.run.ended_at = self.now if alerts else None
+        self.run.open_at_end = len(self.repairs)
         return self.run
 
     # -- nodes --------------------------------------------------------------------------
@@ -307,6 +329,9 @@ class _Sim:
             elif isinstance(c, gm.WriteAlert):
                 if c.alert.kind == gm.BREAKER_KIND and c.alert.active:
                     self.run.trips.append((cluster, self.now, c.alert.summary))
+                    if self.dur.breaker_reset_s is not None:
+                        self.at(self.now + timedelta(seconds=self.dur.breaker_reset_s),
+                                "breaker_reset", cluster, None)
             elif isinstance(c, gm.StartTimer):
                 self.guard_timers[(cluster, c.name)] = c.at
                 self.at(c.at, "guard_timer", (cluster, c.name), None)
@@ -435,9 +460,10 @@ class _Sim:
 
 
 def replay(alerts: list[Alert], policy: PolicyConfig, facts: Facts | None = None,
-           durations: Durations | None = None) -> Run:
+           durations: Durations | None = None, until: datetime | None = None) -> Run:
     """Replay ``alerts`` (any order: sorted here by receipt time, then id) through the
-    machines under ``policy``; see the module docstring for what is assumed. Raises
+    machines under ``policy``, up to :data:`HORIZON_S` past ``until`` (the window's end;
+    default: the last alert); see the module docstring for what is assumed. Raises
     ``ValueError`` naming an alert whose times are naive (no time zone)."""
     for i, a in enumerate(alerts):
         t = a.received_at or a.observed_at
@@ -445,4 +471,4 @@ def replay(alerts: list[Alert], policy: PolicyConfig, facts: Facts | None = None
             raise ValueError(f"alerts[{i}].observed_at: {t.isoformat()} has no time zone "
                              f"(alert {a.alert_id})")
     ordered = sorted(alerts, key=lambda a: (a.received_at or a.observed_at, a.alert_id))
-    return _Sim(policy, facts or Facts(), durations or Durations()).go(ordered)
+    return _Sim(policy, facts or Facts(), durations or Durations()).go(ordered, until)
