@@ -190,3 +190,27 @@ def test_replay_stops_at_the_horizon_past_the_window() -> None:
     run = replay(five(), new_p, FACTS, until=T0 + timedelta(hours=1))
     assert run.ended_at == T0 + timedelta(hours=1, seconds=HORIZON_S)
     assert run.open_at_end == 3 and figures(run)["outcomes"] == {"open": 3, "succeeded": 2}
+
+
+def test_tables_and_plot_of_a_document(tmp_path: Path) -> None:
+    """The table output names every figure and assumption; --plot writes a PNG."""
+    from rich.console import Console
+
+    from workers.whatif import compare, tables, write_plot
+
+    cur = AutorepairConfig(policy=automatic(), clusters=[ClusterConfig(name="c", gpu_nodes=100)])
+    new = cur.model_copy(update={"policy": PolicyConfig()})
+    doc = {"since": T0.isoformat(), "until": (T0 + timedelta(days=1)).isoformat(),
+           "cluster": None, **compare(five(), Durations(), {}, cur, new)}
+    con = Console(record=True, width=160)
+    con.print(tables(doc, 160))
+    text = con.export_text()
+    for want in ("waiting for a person", "breaker trips", "disruptive actions / node (p99)",
+                 "GPU-hours lost", "alerts whose outcome differs (5; first 5 shown)",
+                 "domain holds: not modelled", "a0"):
+        assert want in text, want
+    png = tmp_path / "w.png"
+    write_plot(doc, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(OSError):
+        write_plot(doc, tmp_path / "missing-dir" / "w.png")
