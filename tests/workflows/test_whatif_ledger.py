@@ -4,20 +4,23 @@ harness's NodeWorkflows, guard and repairs write the ledger; the what-if reads i
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from tests.workflows.conftest import Harness, make_alert
 from tests.workflows.helpers import result_skipping
 from workflows.models import AlertOutcome, Stage
 
 
-async def test_whatif_over_a_ledger_of_real_runs(harness: Harness) -> None:
+async def test_whatif_over_a_ledger_of_real_runs(harness: Harness, pg_dsn: str,
+                                                 tmp_path: Path) -> None:
     from workers.whatif import whatif_doc
     from workflows.config import AutorepairConfig, ClusterConfig, ConsentConfig
 
     h = harness
-    t0 = datetime.now(UTC).replace(microsecond=0)
+    t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
     for i in (1, 2, 3):
         a = make_alert(h.cluster.cluster, f"gpu-0{i}", i,
                        observed_at=t0 + timedelta(seconds=10 * i))
@@ -49,3 +52,27 @@ async def test_whatif_over_a_ledger_of_real_runs(harness: Harness) -> None:
     assert any("power_cycle: " in s for s in doc["assumptions"]), doc["assumptions"]
     again = await whatif_doc(pool, current, new, since, until, h.cluster.cluster)
     assert json.dumps(again, sort_keys=True) == json.dumps(doc, sort_keys=True)
+
+    # the CLI over the same ledger (its own read-only session, search_path as a server
+    # setting of the DSN): the same figures as JSON
+    from typer.testing import CliRunner
+
+    from workers.cli import app
+
+    schema = await pool.fetchval("SELECT current_schema()")
+    sep = "&" if "?" in pg_dsn else "?"
+    new_yaml = tmp_path / "new.yaml"
+    new_yaml.write_text(f"policy:\n  consent:\n    mode: approve\n"
+                        f"clusters:\n  - name: {h.cluster.cluster}\n    gpu_nodes: 20\n")
+    cur_yaml = tmp_path / "current.yaml"
+    cur_yaml.write_text(f"policy:\n  consent:\n    mode: automatic\n"
+                        f"clusters:\n  - name: {h.cluster.cluster}\n    gpu_nodes: 20\n")
+    r = await asyncio.to_thread(
+        CliRunner().invoke, app,
+        ["whatif", "--config", str(new_yaml), "--current-config", str(cur_yaml), "--since",
+         "1h", "--cluster", h.cluster.cluster, "--json",
+         "--ledger-dsn", f"{pg_dsn}{sep}search_path={schema}"], env={"AUTOREPAIR_CONFIG": ""})
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["alerts"] == 3 and out["differing_alerts"] == 3
+    assert out["current"]["automatic"] == 3 and out["new"]["waited_for_person"] == 3
