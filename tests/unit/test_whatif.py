@@ -214,3 +214,21 @@ def test_tables_and_plot_of_a_document(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(OSError):
         write_plot(doc, tmp_path / "missing-dir" / "w.png")
+
+
+def test_clear_while_waiting_for_a_person_resolves_the_repair() -> None:
+    """A level fault (xfs_shutdown → reboot) raised at 0 s is due after the 60 s
+    persistence; under consent approve its repair waits; the clear received at 600 s
+    reaches the repair as the clear of its fault, which ends it auto_resolved at 600 s
+    (nothing acted, nothing lost)."""
+    raise_ = Alert(alert_id="x1", cluster="c", node="n0", kind="xfs_shutdown",
+                   severity=Severity.critical, summary="XFS shutdown", actionable=True,
+                   action=Action.reboot, level=True, evidence={"boot_id": "n0-b0"},
+                   observed_at=T0)
+    clear = raise_.model_copy(update={"alert_id": "x2", "active": False,
+                                      "observed_at": T0 + timedelta(seconds=600)})
+    run = replay([raise_, clear], PolicyConfig(), FACTS)
+    (r,) = run.repairs.values()
+    assert r.transitions[0] == ("recommended", T0 + timedelta(seconds=60))
+    assert r.stage == "auto_resolved" and r.transitions[-1][1] == T0 + timedelta(seconds=600)
+    assert figures(run)["gpu_hours"] == 0.0 and run.alerts["x2"].outcome

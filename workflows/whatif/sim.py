@@ -258,10 +258,14 @@ class _Sim:
                     r.outcome, r.reason, r.repair_id = c.outcome.value, c.reason, c.repair_id
             elif isinstance(c, nm.AttachAlert):
                 landed = c.repair_id in self.repairs
-                if landed:
-                    ev2: rm.Event = (rm.AlertAttached(alert=c.alert) if c.alert.active
-                                     else rm.AlertCleared(alert_id=c.alert.alert_id))
-                    self.send("repair", c.repair_id, ev2)
+                if landed and c.alert.active:
+                    self.send("repair", c.repair_id, rm.AlertAttached(alert=c.alert))
+                elif landed:  # a clear names the repair's alerts of its fault (kind, code)
+                    fk = nm.fault_key(c.alert)
+                    for a in self.repairs[c.repair_id].alerts:
+                        if a.active and nm.fault_key(a) == fk:
+                            self.send("repair", c.repair_id, rm.AlertCleared(alert_id=a.alert_id))
+                            break
                 self.send("node", key, nm.AttachDone(alert_id=c.alert.alert_id, ok=landed))
             elif isinstance(c, nm.StartRepair):
                 self.start_repair(key, c)
