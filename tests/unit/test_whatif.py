@@ -91,6 +91,7 @@ def test_lower_breaker_threshold_trips() -> None:
     diff, total = differences(cur, new)
     assert total == 3 and [d["alert_id"] for d in diff] == ["a2", "a3", "a4"]
     assert "no lease in time" in diff[0]["new"]["why"]
+    assert "lease queued: circuit breaker open" in diff[0]["new"]["why"]
 
 
 def test_ledger_outcome_failed_is_replayed_and_the_ladder_retries() -> None:

@@ -118,6 +118,8 @@ def _why(a: AlertResult, run: Run) -> str:
              else (r.action or r.requested).value]
     if r.asked:
         parts.append(f"waited for a person: {r.asked[0]}")
+    if r.refused:
+        parts.append(f"lease queued: {r.refused}")
     parts.append(f"ended {r.stage}: {r.reason}" if r.stage else "still open")
     return "; ".join(parts)
 

@@ -104,7 +104,8 @@ class RepairRun:
     """One simulated repair: ``action`` as first decided, ``asked``: why it waited for a
     person (empty: automatic), ``transitions`` ``(stage, at)`` as recorded, ``attempts``
     the actions executed with their outcome, ``stage`` the terminal one ("" still open
-    when the replay ended), ``rule`` / ``reason`` the last decision and end."""
+    when the replay ended), ``rule`` / ``reason`` the last decision and end, ``refused``
+    the guard's last reason for queueing its lease request."""
 
     repair_id: str
     cluster: str
@@ -117,6 +118,7 @@ class RepairRun:
     stage: str = ""
     rule: str = ""
     reason: str = ""
+    refused: str = ""  # the guard's last reason for not granting the lease ("" none)
 
 
 @dataclass
@@ -328,6 +330,8 @@ class _Sim:
                     self.send("guard", cluster, gm.ReplyUndeliverable(repair_id=rid,
                                                                       purpose=c.purpose))
                 elif c.purpose == "reply":
+                    if not c.reply.granted:
+                        self.run.repairs[rid].refused = c.reply.reason
                     self.send("repair", rid, rm.LeaseReply(granted=c.reply.granted,
                                                            reason=c.reply.reason))
             elif isinstance(c, gm.WriteAlert):
