@@ -13,6 +13,7 @@ so an answer never holds more rows than asked for.
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 
@@ -189,3 +190,115 @@ async def open_tickets_count(pool: asyncpg.Pool) -> int:
     """Open hardware tickets."""
     return int(await pool.fetchval(
         "SELECT count(*) FROM hardware_tickets WHERE status = 'open'") or 0)
+
+
+#: Columns of an alert row the what-if replays (everything :class:`Alert` holds).
+_WHATIF_COLS = ("alert_id, cluster, node, machine_id, node_pool, kind, code, gpu, severity, "
+                "mnemonic, actionable, action, summary, description, evidence_text, evidence, "
+                "level, active, source, observed_at")
+
+
+async def whatif_alerts(
+    pool: asyncpg.Pool, since: datetime, until: datetime, *, cluster: str | None = None,
+    batch: int = 5000,
+) -> AsyncIterator[list[Alert]]:
+    """The node alerts observed in ``[since, until)`` (``cluster`` only, when given), in
+    observation order (``observed_at``, then ``alert_id``), ``batch`` rows a query (keyset
+    pages: the answer is never held in one result). The guard's own cluster alerts (kind
+    ``circuit_breaker``) are left out: the replay's guard raises its own. Raises
+    ``ValueError`` naming ``batch`` when it is below 1."""
+    if batch < 1:
+        raise ValueError(f"batch: must be at least 1 (got {batch})")
+    after_t: datetime | None = None
+    after_id = ""
+    while True:
+        rows = await pool.fetch(
+            f"""SELECT {_WHATIF_COLS} FROM alerts
+                WHERE observed_at >= $1 AND observed_at < $2
+                  AND ($3::text IS NULL OR cluster = $3) AND kind <> 'circuit_breaker'
+                  AND ($4::timestamptz IS NULL OR (observed_at, alert_id) > ($4, $5))
+                ORDER BY observed_at, alert_id LIMIT $6""",
+            since, until, cluster, after_t, after_id, batch,
+        )
+        if not rows:
+            return
+        yield [Alert.model_validate(dict(r)) for r in rows]
+        after_t, after_id = rows[-1]["observed_at"], rows[-1]["alert_id"]
+        if len(rows) < batch:
+            return
+
+
+async def whatif_measures(
+    pool: asyncpg.Pool, since: datetime, until: datetime, *, cluster: str | None = None,
+) -> tuple[dict[str, dict[str, float]], float | None, dict[tuple[str, str, str], list[str]]]:
+    """What the ledger measured in ``[since, until)`` for the what-if: the median seconds
+    repairs of each action spent in ``waiting_for_idle``, ``draining``, ``repairing``
+    (``migrating`` filed as ``repairing``) and ``joining`` (a stage's time: from its
+    transition to the repair's next one); the median wait in ``awaiting_approval`` (None:
+    no repair waited); the recorded attempt outcomes per ``(cluster, node, action)``,
+    oldest first."""
+    rows = await pool.fetch(
+        """WITH t AS (
+             SELECT r.action, CASE WHEN x.stage = 'migrating' THEN 'repairing' ELSE x.stage END
+                    AS stage,
+                    EXTRACT(EPOCH FROM (LEAD(x.at) OVER (PARTITION BY x.repair_id
+                                                         ORDER BY x.at, x.id) - x.at)) AS s
+               FROM repair_transitions x JOIN repairs r USING (repair_id)
+              WHERE r.created_at >= $1 AND r.created_at < $2
+                AND ($3::text IS NULL OR r.cluster = $3))
+           SELECT action, stage, percentile_cont(0.5) WITHIN GROUP (ORDER BY s) AS median
+             FROM t WHERE s IS NOT NULL AND stage IN ('waiting_for_idle', 'draining',
+                  'repairing', 'joining', 'awaiting_approval')
+            GROUP BY action, stage ORDER BY action, stage""",
+        since, until, cluster,
+    )
+    by_action: dict[str, dict[str, float]] = {}
+    waits: list[float] = []
+    for r in rows:
+        if r["stage"] == "awaiting_approval":
+            waits.append(float(r["median"]))
+        else:
+            by_action.setdefault(r["action"], {})[r["stage"]] = float(r["median"])
+    approval: float | None = None
+    if waits:
+        row = await pool.fetchrow(
+            """WITH t AS (
+                 SELECT x.stage, EXTRACT(EPOCH FROM (LEAD(x.at) OVER (
+                          PARTITION BY x.repair_id ORDER BY x.at, x.id) - x.at)) AS s
+                   FROM repair_transitions x JOIN repairs r USING (repair_id)
+                  WHERE r.created_at >= $1 AND r.created_at < $2
+                    AND ($3::text IS NULL OR r.cluster = $3))
+               SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY s) AS median
+                 FROM t WHERE stage = 'awaiting_approval' AND s IS NOT NULL""",
+            since, until, cluster,
+        )
+        approval = None if row is None or row["median"] is None else float(row["median"])
+    outcomes: dict[tuple[str, str, str], list[str]] = {}
+    for r in await pool.fetch(
+            """SELECT cluster, node, action, outcome FROM repair_attempts
+                WHERE at >= $1 AND at < $2 AND ($3::text IS NULL OR cluster = $3)
+                ORDER BY at, id""", since, until, cluster):
+        outcomes.setdefault((r["cluster"], r["node"], r["action"]), []).append(r["outcome"])
+    return by_action, approval, outcomes
+
+
+async def breaker_reset_median(
+    pool: asyncpg.Pool, since: datetime, until: datetime, *, cluster: str | None = None,
+) -> float | None:
+    """Median seconds from a breaker trip (a ``circuit_breaker`` alert raised) to its reset
+    (the next one cleared, same cluster) for trips in ``[since, until)``; None when no
+    trip of the window was reset."""
+    row = await pool.fetchrow(
+        """WITH b AS (
+             SELECT cluster, active, observed_at,
+                    LEAD(active) OVER w AS next_active, LEAD(observed_at) OVER w AS next_at
+               FROM alerts WHERE kind = 'circuit_breaker'
+                AND ($3::text IS NULL OR cluster = $3)
+             WINDOW w AS (PARTITION BY cluster ORDER BY observed_at, alert_id))
+           SELECT percentile_cont(0.5) WITHIN GROUP (
+                    ORDER BY EXTRACT(EPOCH FROM (next_at - observed_at))) AS median
+             FROM b WHERE active AND next_active IS FALSE
+              AND observed_at >= $1 AND observed_at < $2""",
+        since, until, cluster,
+    )
+    return None if row is None or row["median"] is None else float(row["median"])

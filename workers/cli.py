@@ -536,6 +536,37 @@ def _with_ledger(cfg: AutorepairConfig, ledger_dsn: str | None,
     return cfg.model_copy(update={"ledger": cfg.ledger.model_copy(update={"dsn": dsn})})
 
 
+@app.command()
+def whatif(
+    new_config: Annotated[Path, typer.Option(
+        "--config", help="the policy to try (an autorepair.yaml; its `policy` and `clusters` "
+        "are replayed)", show_default=False)],
+    since: Annotated[str, typer.Option(
+        help="window: a duration back from now (90m, 24h, 7d, 2w) or an ISO 8601 time")] = "30d",
+    cluster: Annotated[str | None, typer.Option(help="one cluster only")] = None,
+    as_json: AsJson = False,
+    plot: Annotated[Path | None, typer.Option(
+        help="also write a PNG chart of both policies' figures")] = None,
+    current_config: Annotated[Path | None, typer.Option(
+        "--current-config", help="the current autorepair.yaml (default: $AUTOREPAIR_CONFIG, "
+        "else the dev stack's)")] = None,
+    data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
+    ledger_dsn: LedgerDsn = None,
+) -> None:
+    """Replay the ledger's alerts of the window through the lifecycle machines with the
+    current policy and with --config side by side: repairs by action, automatic or waiting
+    for a person, breaker trips, disruptive actions per node, GPU-hours and cost, the
+    alerts whose outcome differs (first 20, with why). Reads the ledger only; never
+    touches Temporal or a scheduler."""
+    from datetime import UTC, datetime
+
+    from workers.whatif import whatif_command
+
+    cfg, _, _ = _client_config(current_config, data_dir)
+    cfg = _with_ledger(cfg, ledger_dsn, data_dir)
+    whatif_command(cfg, new_config, since, cluster, as_json, plot, datetime.now(UTC))
+
+
 @dead_letters_app.command("list")
 def dead_letters_list(
     cluster: Annotated[str | None, typer.Option("--cluster", help="one cluster only")] = None,
