@@ -96,3 +96,42 @@ def test_state_survives_continue_as_new() -> None:
     assert any(isinstance(c, gm.ContinueAsNew) for c in cmds)
     carried = gm.GuardState.model_validate_json(s.model_dump_json())
     assert carried == s
+
+
+def test_released_repairs_still_count_for_the_breaker() -> None:
+    """A rolling failure: automatic repairs one after another, each released (ended)
+    before the next asks. The breaker counts starts in its window, so the one that goes
+    past the threshold trips it, as a guard rebuilt from the ledger would (before the
+    fix the release forgot the start and the breaker never tripped)."""
+    from datetime import UTC, datetime, timedelta
+
+    from workflows.leases import LeaseRelease, LeaseRequest
+    from workflows.lifecycle import guard as gm
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    view = gm.PolicyView(gpu_nodes=100, budget=10, breaker_threshold=3,
+                         breaker_window_s=600.0, one_per_pool=False, detector_cap=3,
+                         lease_ttl_s=3600.0)
+    s = gm.new_state("c", view)
+    for ev in (gm.Started(fresh=True), gm.PolicyRead(view=view),
+               gm.LedgerRead(view=gm.LedgerView())):
+        s, _ = gm.step(s, ev, t0)
+    for i in range(4):
+        at = t0 + timedelta(seconds=60 * i)
+        req = LeaseRequest(repair_id=f"r{i}", workflow_id=f"w{i}", cluster="c",
+                           node=f"n{i}", automatic=True)
+        s, cmds = gm.step(s, gm.Request(req=req), at)
+        granted = [c for c in cmds if isinstance(c, gm.SendLease) and c.reply.granted]
+        if i < 3:
+            assert granted and not s.breaker_open, (i, cmds)
+            s, _ = gm.step(s, gm.Release(rel=LeaseRelease(repair_id=f"r{i}",
+                                                          outcome="succeeded")),
+                           at + timedelta(seconds=30))
+    assert s.breaker_open and not granted  # the 4th start in 600 s exceeds 3
+    # outside the window the old starts no longer count
+    s2 = s.model_copy(update={"breaker_open": False})
+    late = t0 + timedelta(seconds=1300)
+    req = LeaseRequest(repair_id="r9", workflow_id="w9", cluster="c", node="n9",
+                       automatic=True)
+    s2, cmds = gm.step(s2, gm.Request(req=req), late)
+    assert not s2.breaker_open

@@ -634,10 +634,14 @@ def _prune_counted(s: GuardState, now: datetime, asking: str) -> GuardState:
 
 
 def _drop(s: GuardState, repair_id: str) -> GuardState:
+    """Forget ``repair_id``'s lease and queued request. Its breaker entry stays
+    (:class:`Counted`): the breaker counts automatic starts in its window, ended ones
+    too, as a guard rebuilt from the ledger does; forgetting it on release let a rolling
+    failure — each repair over before the next began — go past the threshold untripped.
+    :func:`_prune_counted` bounds the entries."""
     return s.model_copy(update={
         "leases": [x for x in s.leases if x.repair_id != repair_id],
         "queue": [q for q in s.queue if q.req.repair_id != repair_id],
-        "counted": [c for c in s.counted if c.repair_id != repair_id],
     })
 
 
