@@ -1141,6 +1141,12 @@ class MaintenanceConfig(_Section):
     #: Longest window an operator may open, seconds (24 h: a window forgotten open must
     #: not switch repair off for good).
     max_s: float = Field(24 * 3600.0, gt=0, le=30 * 86400.0)
+    #: Grace period after maintenance, seconds: for this long after a window ends — and
+    #: after a covered node's first report from a boot it made during the window or its
+    #: grace — a fault must persist (a level fault still raised) or recur (an event
+    #: fault reported again) past it before a repair is recommended. 900 s: the 15 min of
+    #: issue 29 (planned rack reboots raise false faults for minutes after power-on).
+    grace_s: float = Field(900.0, ge=0, le=86400.0)
 
 
 class PolicyConfig(_Section):

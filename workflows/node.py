@@ -433,7 +433,8 @@ class NodeWorkflow:
         node = self._inp.node
         return nm.PolicyLoaded(catalogue=snap.policy.catalogue, rails=snap.policy.rails,
                                machine_id=snap.machines.get(node),
-                               node_pool=snap.pools.get(node))
+                               node_pool=snap.pools.get(node),
+                               grace_s=snap.policy.maintenance.grace_s)
 
     async def _start_repair(self, cmd: nm.StartRepair) -> None:
         inp = self._inp
