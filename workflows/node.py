@@ -264,6 +264,9 @@ class NodeWorkflow:
             seen_alert_ids=len(s.seen),
             recommendations=s.recommendations,
             diagnostics=list(s.diagnostics),
+            held={k: f"{f.held_why} until {f.held_until.isoformat()}"
+                  for k, f in s.active.items()
+                  if f.held_until is not None and nm.held(f, workflow.now())},
         )
 
     # ---- main loop ---------------------------------------------------------------
