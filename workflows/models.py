@@ -260,6 +260,9 @@ class RepairStatus(BaseModel):
     evidence: list[Alert] = Field(default_factory=list)
     history: list[StageTransition] = Field(default_factory=list)
     detail: str = ""
+    #: One line per evidence capture before a disruptive action (issue 31 item 3):
+    #: ``before ACTION (attempt N): evidence: …`` (:meth:`EvidenceCapture.summary`).
+    evidence_captures: list[str] = Field(default_factory=list)
 
 
 class ValidationRequest(BaseModel):
