@@ -1136,7 +1136,9 @@ class EvidenceCaptureConfig(_Section):
 
 class MaintenanceConfig(_Section):
     """Planned maintenance windows (issue 29 item 1): while a window covers a node its
-    alerts are recorded and marked ``in_maintenance`` and nothing is recommended."""
+    alerts are recorded and marked ``in_maintenance`` and nothing is recommended; for
+    ``grace_s`` after it ends they are marked ``in_grace`` and a fault must persist or
+    recur past the grace end before it is recommended."""
 
     #: Longest window an operator may open, seconds (24 h: a window forgotten open must
     #: not switch repair off for good).
