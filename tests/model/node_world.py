@@ -193,17 +193,13 @@ def _world_events(w: World) -> list[tuple[str, World, nm.Event | None]]:
         if active and mark == IN_WINDOW:
             # observed only: no fault episode; its boot is the one seen inside the window
             w1 = replace(w1, window_boot=boot)
-        elif active and mark >= 0 and w1.window_boot is not None and boot != w1.window_boot:
-            # the first report from a boot made since the window: its own grace
-            w1 = replace(w1, window_boot=boot,
-                         grace_end_s=max(w1.grace_end_s or 0.0, sent_s + GRACE_S))
         elif active and (w1.grace_end_s is not None and sent_s < w1.grace_end_s
                          and w1.window_boot is not None and boot != w1.window_boot):
+            # the first report, inside the grace, from a boot made since the window's
+            # last report: a grace of its own from its receipt
             w1 = replace(w1, window_boot=boot,
                          grace_end_s=max(w1.grace_end_s, sent_s + GRACE_S))
-        if active and mark == IN_WINDOW:
-            pass
-        elif active:
+        if active and mark != IN_WINDOW:
             last = _get(w1.raised_at, key)
             w1 = replace(w1, raised_at=_put(w1.raised_at, key, max(sent_s, last or sent_s)))
             open_ep = _get(w1.episode_at, key)
@@ -213,7 +209,7 @@ def _world_events(w: World) -> list[tuple[str, World, nm.Event | None]]:
             ends = [t for t in (cl, fx) if t is not None]
             if fresh and (open_ep is None or (ends and open_ep <= max(ends))):
                 w1 = replace(w1, episode_at=_put(w1.episode_at, key, sent_s))
-        else:
+        elif not active:
             cl = _get(w1.cleared_at, key)
             w1 = replace(w1, cleared_at=_put(w1.cleared_at, key, max(sent_s, cl or sent_s)))
         out.append((f"deliver({a.alert_id},{'raise' if active else 'clear'},skew={skew:+g})",

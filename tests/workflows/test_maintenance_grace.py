@@ -54,33 +54,33 @@ async def _window(h: Harness, node: str, started_ago_s: float, duration_s: float
 
 async def test_a_fault_cleared_within_the_grace_repairs_nothing(harness: Harness) -> None:
     h = harness
-    store = await _window(h, "gpu-21", 3600, 3590)  # ended 10 s ago
-    d = await _deliver(h, store, _lost(h, "gpu-21", "r1"))
+    store = await _window(h, "gpu-14", 3600, 3590)  # ended 10 s ago
+    d = await _deliver(h, store, _lost(h, "gpu-14", "r1"))
     assert d.outcome == AlertOutcome.new and d.reason.startswith("held:"), d
     assert "grace period after maintenance window" in d.reason
-    st = await node_status(h, "gpu-21")
+    st = await node_status(h, "gpu-14")
     assert list(st.held) == ["gpu_lost::"], st.held
-    handle = h.client.get_workflow_handle(workflow_id_node(h.cluster.cluster, "gpu-21"))
+    handle = h.client.get_workflow_handle(workflow_id_node(h.cluster.cluster, "gpu-14"))
     meta = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
     assert "held" in meta.current_details
     await h.env.sleep(timedelta(seconds=300))  # persistence (60 s) over, grace not
-    assert await h.ledger.list_repairs(cluster=h.cluster.cluster, node="gpu-21") == []
-    c = await _deliver(h, store, _lost(h, "gpu-21", "c1", active=False))
+    assert await h.ledger.list_repairs(cluster=h.cluster.cluster, node="gpu-14") == []
+    c = await _deliver(h, store, _lost(h, "gpu-14", "c1", active=False))
     assert c.outcome == AlertOutcome.cleared
     await h.env.sleep(timedelta(seconds=GRACE_S + 600))
-    assert await h.ledger.list_repairs(cluster=h.cluster.cluster, node="gpu-21") == []
+    assert await h.ledger.list_repairs(cluster=h.cluster.cluster, node="gpu-14") == []
     assert h.cluster.power_cycles == 0 and h.cluster.count("cordon") == 0
 
 
 async def test_a_fault_persisting_past_the_grace_is_repaired(harness: Harness) -> None:
     h = harness
-    store = await _window(h, "gpu-22", 3600, 3590)
-    d = await _deliver(h, store, _lost(h, "gpu-22", "r1"))
+    store = await _window(h, "gpu-15", 3600, 3590)
+    d = await _deliver(h, store, _lost(h, "gpu-15", "r1"))
     assert d.outcome == AlertOutcome.new and "held" in d.reason
     await h.env.sleep(timedelta(seconds=GRACE_S - 60))
-    assert await h.ledger.list_repairs(cluster=h.cluster.cluster, node="gpu-22") == []
+    assert await h.ledger.list_repairs(cluster=h.cluster.cluster, node="gpu-15") == []
     await h.env.sleep(timedelta(seconds=120))  # the grace ended 50 s ago: still raised
-    rows = await h.ledger.list_repairs(cluster=h.cluster.cluster, node="gpu-22")
+    rows = await h.ledger.list_repairs(cluster=h.cluster.cluster, node="gpu-15")
     assert len(rows) == 1, rows
 
 
@@ -91,20 +91,20 @@ async def test_a_fault_in_the_grace_of_a_boot_made_in_the_window_is_held(
     an Xid recurring after the window's grace but inside the boot's repairs nothing;
     one after the boot's grace does."""
     h = harness
-    store = await _window(h, "gpu-23", 600, 1200)  # ends in 600 s
-    inside = await _deliver(h, store, make_alert(h.cluster.cluster, "gpu-23", "in",
+    store = await _window(h, "gpu-16", 600, 1200)  # ends in 600 s
+    inside = await _deliver(h, store, make_alert(h.cluster.cluster, "gpu-16", "in",
                                                  evidence={"boot_id": "b0"}))
     assert inside.outcome != AlertOutcome.recommended and "maintenance" in inside.reason
     await h.env.sleep(timedelta(seconds=600 + 600))
-    first = make_alert(h.cluster.cluster, "gpu-23", "x1", evidence={"boot_id": "b1"})
+    first = make_alert(h.cluster.cluster, "gpu-16", "x1", evidence={"boot_id": "b1"})
     d1 = await _deliver(h, store, first)
     assert d1.outcome == AlertOutcome.new and "boot b1" in d1.reason, d1
     await h.env.sleep(timedelta(seconds=400))  # the window's grace is over, the boot's not
-    d2 = await _deliver(h, store, make_alert(h.cluster.cluster, "gpu-23", "x2",
+    d2 = await _deliver(h, store, make_alert(h.cluster.cluster, "gpu-16", "x2",
                                              evidence={"boot_id": "b1"}))
     assert d2.outcome == AlertOutcome.new and "held" in d2.reason, d2
-    assert await h.ledger.list_repairs(cluster=h.cluster.cluster, node="gpu-23") == []
+    assert await h.ledger.list_repairs(cluster=h.cluster.cluster, node="gpu-16") == []
     await h.env.sleep(timedelta(seconds=GRACE_S))
-    d3 = await _deliver(h, store, make_alert(h.cluster.cluster, "gpu-23", "x3",
+    d3 = await _deliver(h, store, make_alert(h.cluster.cluster, "gpu-16", "x3",
                                              evidence={"boot_id": "b1"}))
     assert d3.outcome == AlertOutcome.recommended and d3.repair_id, d3
