@@ -968,9 +968,10 @@ def _release(s: NodeState, now: datetime) -> tuple[NodeState, list[Command]]:
     if not gone:
         return s, []
     active = {k: f for k, f in s.active.items() if k not in gone}
+    end = max(f.held_until for k, f in s.active.items()
+              if k in gone and f.held_until is not None)
     text = (f"held {', '.join(gone)} dropped: not reported again after the grace period "
-            f"ended {s.active[gone[0]].held_until.isoformat()}"  # type: ignore[union-attr]
-            " (policy.maintenance.grace_s)")
+            f"ended {end.isoformat()} (policy.maintenance.grace_s)")
     s = s.model_copy(update={"active": active, "details": text})
     return s, [SetDetails(text=text)]
 
