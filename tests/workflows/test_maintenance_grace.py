@@ -13,6 +13,9 @@ from activities.maintenance_store import MaintenanceStore
 from ingest.maintenance_marks import MaintenanceMarks
 from tests.workflows.conftest import Harness, make_alert
 from tests.workflows.test_node import node_status
+from workers.fleet_models import NodeInput
+from workers.fleet_query import FleetQuery
+from workflows.config import AutorepairConfig
 from workflows.models import Alert, AlertDelivery, AlertOutcome
 from workflows.protocol import workflow_id_node
 
@@ -60,6 +63,13 @@ async def test_a_fault_cleared_within_the_grace_repairs_nothing(harness: Harness
     assert "grace period after maintenance window" in d.reason
     st = await node_status(h, "gpu-14")
     assert list(st.held) == ["gpu_lost::"], st.held
+    # the fleet's node status (API / MCP `node_status`) says it too
+    fq = FleetQuery(AutorepairConfig.model_validate({"clusters": [{
+        "name": h.cluster.cluster, "nodes": [{"name": "gpu-14"}]}]}), h.ledger.pool, h.client)
+    ns = await fq.node_status(NodeInput(cluster=h.cluster.cluster, node="gpu-14"))
+    (fault,) = ns.active_faults
+    assert fault.held is not None and fault.held.startswith(
+        "grace period after maintenance window"), fault
     handle = h.client.get_workflow_handle(workflow_id_node(h.cluster.cluster, "gpu-14"))
     meta = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
     assert "held" in meta.current_details
