@@ -72,15 +72,18 @@ class MaintenanceStore:
         return w
 
     async def list(self, cluster: str | None = None, *, active_at: datetime | None = None,
-                   limit: int = 200) -> list[MaintenanceWindow]:
-        """Windows newest first; ``active_at``: only those in force then."""
+                   limit: int = 200, grace_s: float = 0.0) -> list[MaintenanceWindow]:
+        """Windows newest first; ``active_at``: only those in force then, or — with
+        ``grace_s`` > 0 (seconds, ``policy.maintenance.grace_s``) — begun by then and
+        ended less than ``grace_s`` before it (their grace period still runs)."""
         rows = await self.pool.fetch(
             """SELECT * FROM maintenance_windows
                 WHERE ($1::text IS NULL OR cluster = $1)
-                  AND ($2::timestamptz IS NULL OR (starts_at <= $2 AND ends_at > $2
-                       AND (ended_at IS NULL OR ended_at > $2)))
+                  AND ($2::timestamptz IS NULL OR (starts_at <= $2
+                       AND LEAST(ends_at, COALESCE(ended_at, ends_at))
+                           > $2 - make_interval(secs => $4)))
                 ORDER BY starts_at DESC, window_id LIMIT $3""",
-            cluster, active_at, limit)
+            cluster, active_at, limit, float(grace_s))
         return [_window(r) for r in rows]
 
     async def get(self, window_id: str) -> MaintenanceWindow | None:

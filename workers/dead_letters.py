@@ -200,7 +200,8 @@ async def replay(config: AutorepairConfig, address: str, namespace: str, *,
         results: list[dict[str, Any]] = []
         async with temporal_client(address, namespace, config=config.temporal) as client:
             sink = TemporalAlertSink(client, config.temporal.task_queue,
-                                     maintenance=maintenance_marks(_ready(ledger)))
+                                     maintenance=maintenance_marks(
+                                         _ready(ledger), config.policy.maintenance.grace_s))
             for row in rows:
                 results.append(await _replay_one(ledger, sink, row, config, not_before,
                                                  timeout_s))

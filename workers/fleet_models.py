@@ -303,12 +303,14 @@ class WorkflowOut(BaseModel):
 
 class FaultOut(BaseModel):
     """An active fault the NodeWorkflow holds: its alert, first observation and when its
-    persistence window ends (``due_at``)."""
+    persistence window ends (``due_at``); ``held``: why and until when a grace period
+    after maintenance holds it (``policy.maintenance.grace_s``; None: not held)."""
 
     alert: AlertOut
     first_seen: datetime | None = None
     persistence_s: float
     due_at: datetime | None = None
+    held: str | None = None
 
 
 class NodeStatusOut(BaseModel):

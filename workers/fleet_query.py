@@ -343,7 +343,8 @@ class FleetQuery:
                 first = st.first_seen.get(fault_key(a))
                 secs = persistence_for(a, rails)
                 faults.append(FaultOut(alert=AlertOut.of(a), first_seen=first, persistence_s=secs,
-                                       due_at=first + timedelta(seconds=secs) if first else None))
+                                       due_at=first + timedelta(seconds=secs) if first else None,
+                                       held=st.held.get(fault_key(a))))
         running = await self._visible(
             f"WorkflowType = '{REPAIR_WORKFLOW}' AND ExecutionStatus = 'Running' AND "
             f"{SA_CLUSTER.name} = '{cluster}' AND {SA_NODE.name} = '{inp.node}'",

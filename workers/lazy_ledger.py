@@ -30,23 +30,26 @@ import asyncpg
 
 from activities.ledger import Ledger, connect, migrate
 from activities.maintenance_store import MaintenanceStore
-from ingest.maintenance_marks import MaintenanceMarks
+from ingest.maintenance_marks import GRACE_S, MaintenanceMarks
 from workflows.config import AutorepairConfig
 from workflows.maintenance import MaintenanceWindow
 from workflows.models import Alert
 from workflows.providers import ProviderResolver
 
 
-def maintenance_marks(get: Callable[[], Awaitable[Ledger]]) -> MaintenanceMarks:
-    """Marks of the alerts of nodes inside a maintenance window, reading the windows in
-    force from the ledger ``get`` returns (:mod:`ingest.maintenance_marks`; issue 29)."""
+def maintenance_marks(get: Callable[[], Awaitable[Ledger]],
+                      grace_s: float = GRACE_S) -> MaintenanceMarks:
+    """Marks of the alerts of nodes inside a maintenance window or its grace period
+    (``grace_s`` seconds, ``policy.maintenance.grace_s``), reading the windows in force or
+    ended within ``grace_s`` from the ledger ``get`` returns
+    (:mod:`ingest.maintenance_marks`; issue 29)."""
 
     async def load() -> list[MaintenanceWindow]:
         ledger = await get()
         return await MaintenanceStore(ledger.pool).list(active_at=datetime.now(UTC),
-                                                        limit=10_000)
+                                                        limit=10_000, grace_s=grace_s)
 
-    return MaintenanceMarks(load)
+    return MaintenanceMarks(load, grace_s=grace_s)
 
 
 class LazyLedger:
@@ -95,7 +98,7 @@ class LazyLedger:
 
     def maintenance_marks(self) -> MaintenanceMarks:
         """:func:`maintenance_marks` on this ledger (connecting on first use)."""
-        return maintenance_marks(self.get)
+        return maintenance_marks(self.get, self.config.policy.maintenance.grace_s)
 
     async def record(self, alert: Alert, reason: str, error: str, attempts: int) -> None:
         """``DeadLetterStore.record``: a row in ``dead_letters``."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
@@ -26,6 +26,12 @@ from workflows.names import NAME_PATTERN
 MAINTENANCE_ANNOTATION = "autorepair.io/maintenance"
 #: Alert evidence key set on an alert of a node inside a window (observed, not acted on).
 IN_MAINTENANCE = "in_maintenance"
+
+#: Alert evidence key set on an alert of a node a window covered, received within the
+#: grace period after it ended: the grace end (ISO 8601, UTC).
+IN_GRACE = "in_grace"
+#: Alert evidence key beside ``in_grace``: the id of the window whose grace it is.
+MAINTENANCE_WINDOW = "maintenance_window"
 
 Scope = Literal["all", "pool", "nodes"]
 Source = Literal["operator", "slurm", "kubernetes"]
@@ -91,3 +97,20 @@ def covering(windows: Iterable[MaintenanceWindow], cluster: str, node: str,
     hit = [w for w in windows
            if w.cluster == cluster and w.covers(node, pool) and w.open_at(now)]
     return sorted(hit, key=lambda w: (w.end(), w.window_id))
+
+
+def in_grace(windows: Iterable[MaintenanceWindow], cluster: str, node: str,
+             pool: str | None, now: datetime, grace_s: float
+             ) -> tuple[MaintenanceWindow, datetime] | None:
+    """The window of ``cluster`` covering ``node`` that ended at most ``grace_s`` seconds
+    before ``now`` (its grace period, ``policy.maintenance.grace_s``, still runs), with
+    its grace end (window end + ``grace_s``); the latest grace end when several did;
+    ``None`` when none did (or ``grace_s`` is 0)."""
+    if grace_s <= 0:
+        return None
+    hit = [(w, w.end() + timedelta(seconds=grace_s)) for w in windows
+           if w.cluster == cluster and w.covers(node, pool) and w.starts_at <= now
+           and w.end() <= now < w.end() + timedelta(seconds=grace_s)]
+    if not hit:
+        return None
+    return max(hit, key=lambda wg: (wg[1], wg[0].window_id))

@@ -268,6 +268,9 @@ class RepairStatus(BaseModel):
     #: ``enforce`` or ``shadow`` (issue 29 item 3: a shadow-mode repair ends ``shadowed``
     #: without acting)
     mode: str = "enforce"
+    #: One line per evidence capture before a disruptive action (issue 31 item 3):
+    #: ``before ACTION (attempt N): evidence: …`` (:meth:`EvidenceCapture.summary`).
+    evidence_captures: list[str] = Field(default_factory=list)
 
 
 class ValidationRequest(BaseModel):

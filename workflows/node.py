@@ -264,6 +264,9 @@ class NodeWorkflow:
             seen_alert_ids=len(s.seen),
             recommendations=s.recommendations,
             diagnostics=list(s.diagnostics),
+            held={k: f"{f.held_why} until {f.held_until.isoformat()}"
+                  for k, f in s.active.items()
+                  if f.held_until is not None and nm.held(f, workflow.now())},
         )
 
     # ---- main loop ---------------------------------------------------------------
@@ -433,7 +436,8 @@ class NodeWorkflow:
         node = self._inp.node
         return nm.PolicyLoaded(catalogue=snap.policy.catalogue, rails=snap.policy.rails,
                                machine_id=snap.machines.get(node),
-                               node_pool=snap.pools.get(node))
+                               node_pool=snap.pools.get(node),
+                               grace_s=snap.policy.maintenance.grace_s)
 
     async def _start_repair(self, cmd: nm.StartRepair) -> None:
         inp = self._inp

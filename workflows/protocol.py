@@ -291,6 +291,9 @@ class NodeStatus(BaseModel):
     seen_alert_ids: int = 0
     recommendations: int = 0
     diagnostics: list[str] = Field(default_factory=list)
+    #: Faults held by a grace period after maintenance: fault key → why and until when
+    #: (issue 29 item 1, ``policy.maintenance.grace_s``).
+    held: dict[str, str] = Field(default_factory=dict)
 
 
 def fault_key(alert: Alert) -> str:

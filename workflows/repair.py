@@ -119,6 +119,7 @@ with workflow.unsafe.imports_passed_through():
         validation_summary,
         waiting_details,
     )
+    from workflows.evidence_step import capture_before
     from workflows.lifecycle.machine_action import DISRUPTIVE as MA_DISRUPTIVE
     from workflows.lifecycle.machine_action import PHASES as MA_PHASES
     from workflows.lifecycle.machine_action import ActivityFailed as MaFailed
@@ -337,6 +338,8 @@ class RepairWorkflow:
         self._done = "node back in service"
         #: shadow mode (issue 29 item 3): decide and record, never act
         self._shadow = False
+        #: one line per evidence capture before an action (issue 31 item 3)
+        self._captures: list[str] = []
         #: what the machine action's ``step`` commanded, checked against what runs
         #: (issue 26 item 5); the rest of the repair is not a machine yet
         self.lifecycle_trace = Trace(("activity", n) for n in MACHINE_ACTIVITY.values())
@@ -399,6 +402,7 @@ class RepairWorkflow:
             history=list(self._history),
             detail=self._detail,
             mode="shadow" if self._shadow else "enforce",
+            evidence_captures=list(self._captures),
         )
 
     # ---- run -------------------------------------------------------------------
@@ -1258,6 +1262,7 @@ class RepairWorkflow:
                 boot_id_before=before.boot_id,
                 boot_time_before=before.boot_time,
             )
+            await self._capture_evidence(action)
             await self._ensure_lease(action.value)
             self._acted.append(action)
             try:
@@ -1339,6 +1344,28 @@ class RepairWorkflow:
                 await self._revalidate(faulty, "node migrated off this machine", "spare")
             await self._transition(S.running, "system", "node back in service")
             return
+
+    async def _capture_evidence(self, action: Action) -> None:
+        """What the fault left behind, captured before ``action`` destroys it
+        (:mod:`workflows.evidence_step`, ``policy.evidence_capture``): recorded in the
+        ledger, noted in the history and status; a failure is a note, never the repair's.
+        A cancel that came meanwhile stops the repair before the action (I19)."""
+        assert self._req is not None
+        req = self._req
+        attempt = 1 + self._acted.count(action)
+        got = await capture_before(
+            self._policy.evidence_capture, cluster=req.cluster, node=req.node,
+            machine_id=self._machine, repair_id=req.repair_id, action=action,
+            attempt=attempt, task_queue=self._bmc_queue)
+        if got is None:
+            return
+        cap, unrecorded = got
+        line = f"before {action.value} (attempt {attempt}): {cap.summary()}"
+        self._captures.append(line)
+        await self._note(line)
+        if unrecorded is not None:
+            await self._note(unrecorded)
+        self._check_cancel_before_act()
 
     async def _escalate(self, action: Action, why: str) -> None:
         """After ``action`` failed or did not hold: ladder (and per-node cap) decide the
@@ -1690,7 +1717,7 @@ class RepairWorkflow:
                         node=req.node,
                         repair_id=req.repair_id,
                         subject=subject,
-                        body=reason,
+                        body="\n".join([reason, *self._captures]),
                         severity="critical",
                     ),
                 ),

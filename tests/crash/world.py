@@ -425,6 +425,11 @@ def _config(data_dir: Path, kube: KubeApi, emu: RedfishEmulator, bmc_url: str,
             "ladder": {"attempts": 1000},
             "rails": {"cooldown_s": 0, "rejoin_poll_s": 1, "rejoin_timeout_s": 300,
                       "heartbeat_timeout_s": 3, "max_actions_per_node": 1000},
+            # no kubelet runs kmock's Jobs: the capture before each power cycle would wait
+            # out its timeout_s (300 s, past this slice's deadline). Capture is tested on
+            # the workflows (tests/workflows/test_evidence_capture.py) and on kmock itself
+            # (tests/activities/test_evidence_kube.py).
+            "evidence_capture": {"enabled": False},
         },
     }
 

@@ -19,7 +19,11 @@ stands for all) with
   worker restart (the run starts again from :func:`~workflows.lifecycle.node.carry`;
   calls that were out are lost);
 - the node re-registered: another machine bound to it (the old machine's faults are
-  gone with it), learnt at the policy read.
+  gone with it), learnt at the policy read;
+- from :data:`W_MAINT`: a planned maintenance window covering the node (reports marked
+  ``in_maintenance`` on receipt), the window ending (reports marked ``in_grace`` for
+  :data:`GRACE_S` after), and the node rebooting (its first report from the new boot
+  inside a grace starts a grace of its own).
 
 The ledger write of an alert, the policy read and an ``attach_alert`` signal are answered
 within the same transition (they cannot interleave with anything the machine decides on:
@@ -29,8 +33,10 @@ States are hashed (canonical JSON of the machine's state plus the world). After 
 step the invariants are checked: one repair per node at a time (I21), rule zero and I20
 (a repair starts only on a fault reported after its last fix and not cleared since),
 I17 (its persistence counted on the control plane's receipt times), and no alert is
-answered ``attached`` to a repair that is not running. A violation comes with the
-shortest event trace (BFS order).
+answered ``attached`` to a repair that is not running, and (issue 29 item 1) nothing is
+recommended inside a window or its grace from a fault that did not persist (a level
+fault raised at the grace end) or recur (an event fault received after it) past it. A
+violation comes with the shortest event trace (BFS order).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from datetime import UTC, datetime, timedelta
 
 from workflows.config import CatalogueConfig, RailsConfig
 from workflows.lifecycle import node as nm
+from workflows.maintenance import IN_GRACE, IN_MAINTENANCE, MAINTENANCE_WINDOW
 from workflows.models import Action, Alert, Severity, Stage
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -56,15 +63,28 @@ SKEWS = (-300.0, 0.0, 300.0)
 #: Most reports in flight to the node at once.
 QUEUE_MAX = 2
 LEVEL, EVENT = "gpu_lost::", "xid:79:"
+#: Grace period after maintenance in the world, seconds (more than one clock step, so
+#: that time passes inside it; ``policy.maintenance.grace_s`` as the policy read says).
+GRACE_S = 180.0
+#: A report's maintenance mark (the queue's last field): none, inside the window, else
+#: the grace end (seconds from T0).
+NO_MARK, IN_WINDOW = -1.0, -2.0
 
 
-def _alert(key: str, active: bool, sent_s: float, skew: float, boot: int, n: int) -> Alert:
+def _alert(key: str, active: bool, sent_s: float, skew: float, boot: int, n: int,
+           mark: float = NO_MARK) -> Alert:
     kind, code = ("gpu_lost", None) if key == LEVEL else ("xid", 79)
+    ev: dict[str, object] = {"boot_id": f"b{boot}"}
+    if mark == IN_WINDOW and active:
+        ev[IN_MAINTENANCE] = "mw-1"
+    elif mark >= 0 and active:
+        ev |= {IN_GRACE: (T0 + timedelta(seconds=mark)).isoformat(),
+               MAINTENANCE_WINDOW: "mw-1"}
     return Alert(
         alert_id=f"{key}{'r' if active else 'c'}{n}", cluster="c1", node="n1", kind=kind,
         code=code, severity=Severity.critical, summary=kind, level=key == LEVEL,
         active=active, actionable=True, action=Action.power_cycle,
-        evidence={"boot_id": f"b{boot}"},
+        evidence=ev,
         observed_at=T0 + timedelta(seconds=sent_s + skew),
         received_at=T0 + timedelta(seconds=sent_s))
 
@@ -78,7 +98,7 @@ class World:
     event_pending: bool = False
     boot: int = 0
     sent: int = 0
-    queue: tuple[tuple[str, bool, float, float, int, int], ...] = ()
+    queue: tuple[tuple[str, bool, float, float, int, int, float], ...] = ()
     ledger_up: bool = True
     read_out: bool = False
     probe_out: bool = False
@@ -93,6 +113,10 @@ class World:
     started: int = 0
     machine: int = 0  # which machine is bound to the node (re-registration bumps it)
     bad: tuple[str, ...] = ()
+    maint: bool = False  # the maintenance events are in play (W_MAINT)
+    window_open: bool = False
+    grace_end_s: float | None = None  # the node's grace end (window's or a boot's)
+    window_boot: int | None = None  # the boot of the last report inside the window
 
 
 def _get(t: tuple[tuple[str, float], ...], k: str) -> float | None:
@@ -115,6 +139,10 @@ W_OWNED = World(level_present=True, repair=("r0", (LEVEL,)), repair_told=False,
                 raised_at=((LEVEL, -600.0),), episode_at=((LEVEL, -600.0),))
 
 
+#: A node inside a planned maintenance window (its grace and reboots in play).
+W_MAINT = World(maint=True, window_open=True)
+
+
 @dataclass
 class Result:
     states: int = 0
@@ -127,7 +155,12 @@ class Result:
 def _send(w: World, key: str, active: bool, skew: float) -> World:
     if len(w.queue) >= QUEUE_MAX:
         return w
-    item = (key, active, w.now_s, skew, w.boot, w.sent)
+    mark = NO_MARK
+    if w.window_open:
+        mark = IN_WINDOW
+    elif w.grace_end_s is not None and w.now_s < w.grace_end_s:
+        mark = w.grace_end_s  # ingest's mark: the window's grace end
+    item = (key, active, w.now_s, skew, w.boot, w.sent, mark)
     return replace(w, queue=(*w.queue, item), sent=w.sent + 1)
 
 
@@ -148,11 +181,25 @@ def _world_events(w: World) -> list[tuple[str, World, nm.Event | None]]:
                             _send(replace(w, event_pending=True), EVENT, True, sk), None))
         # an agent restart: the current state of every level signal (I20, agent side)
         out.append(("agent_restart", _send(w, LEVEL, w.level_present, 0.0), None))
-    for i, (key, active, sent_s, skew, boot, n) in enumerate(w.queue):
-        a = _alert(key, active, sent_s, skew, boot, n)
+    if w.maint:
+        if w.window_open:
+            out.append(("window_ends", replace(w, window_open=False,
+                                               grace_end_s=w.now_s + GRACE_S), None))
+        out.append(("node_reboots", replace(w, boot=w.boot + 1), None))
+    for i, (key, active, sent_s, skew, boot, n, mark) in enumerate(w.queue):
+        a = _alert(key, active, sent_s, skew, boot, n, mark)
         w1 = replace(w, queue=w.queue[:i] + w.queue[i + 1:])
         ev: nm.Event = nm.AlertDelivered(alert=a)
-        if active:
+        if active and mark == IN_WINDOW:
+            # observed only: no fault episode; its boot is the one seen inside the window
+            w1 = replace(w1, window_boot=boot)
+        elif active and (w1.grace_end_s is not None and sent_s < w1.grace_end_s
+                         and w1.window_boot is not None and boot != w1.window_boot):
+            # the first report, inside the grace, from a boot made since the window's
+            # last report: a grace of its own from its receipt
+            w1 = replace(w1, window_boot=boot,
+                         grace_end_s=max(w1.grace_end_s, sent_s + GRACE_S))
+        if active and mark != IN_WINDOW:
             last = _get(w1.raised_at, key)
             w1 = replace(w1, raised_at=_put(w1.raised_at, key, max(sent_s, last or sent_s)))
             open_ep = _get(w1.episode_at, key)
@@ -162,7 +209,7 @@ def _world_events(w: World) -> list[tuple[str, World, nm.Event | None]]:
             ends = [t for t in (cl, fx) if t is not None]
             if fresh and (open_ep is None or (ends and open_ep <= max(ends))):
                 w1 = replace(w1, episode_at=_put(w1.episode_at, key, sent_s))
-        else:
+        elif not active:
             cl = _get(w1.cleared_at, key)
             w1 = replace(w1, cleared_at=_put(w1.cleared_at, key, max(sent_s, cl or sent_s)))
         out.append((f"deliver({a.alert_id},{'raise' if active else 'clear'},skew={skew:+g})",
@@ -232,7 +279,8 @@ def _world_events(w: World) -> list[tuple[str, World, nm.Event | None]]:
 
 
 def _policy(machine: int) -> nm.PolicyLoaded:
-    return nm.PolicyLoaded(catalogue=CATALOGUE, rails=RAILS, machine_id=f"m{machine}")
+    return nm.PolicyLoaded(catalogue=CATALOGUE, rails=RAILS, machine_id=f"m{machine}",
+                           grace_s=GRACE_S)
 
 
 def _run(m: nm.NodeState, w: World, ev: nm.Event, now: datetime,
@@ -287,13 +335,27 @@ def _justified(w: World, k: str, now_s: float) -> bool:
                      _get(w.episode_at, k))
     if r is None or ep is None or (cl is not None and r <= cl) or (fx is not None and r <= fx):
         return False
+    if not _past_grace(w, k, now_s):
+        return False
     persist = RAILS.persistence_s if k == LEVEL else 0.0
     return now_s - ep >= persist
+
+
+def _past_grace(w: World, k: str, now_s: float) -> bool:
+    """Issue 29 item 1: a fault whose episode began before the node's grace end
+    persisted past it (level: raised at it) or recurred after it (event)."""
+    g, ep, r = w.grace_end_s, _get(w.episode_at, k), _get(w.raised_at, k)
+    if g is None or ep is None or r is None or ep >= g:
+        return True
+    return now_s >= g if k == LEVEL else r >= g
 
 
 def _why(w: World, keys: list[str], now_s: float) -> str:
     k = keys[0]
     r, fx, ep = _get(w.raised_at, k), _get(w.fixed_at, k), _get(w.episode_at, k)
+    if not _past_grace(w, k, now_s):
+        return (f"grace: repair on {k} from a fault of the maintenance grace period "
+                f"(ends {w.grace_end_s:g} s) that did not persist or recur past it")
     if r is not None and fx is not None and r <= fx:
         return f"I20: repair on {k} that a successful repair fixed, with no report since"
     if r is not None and ep is not None and (now_s - ep) < (
@@ -307,12 +369,14 @@ def _key(m: nm.NodeState, w: World) -> str:
 
 
 def check(depth: int, defects: frozenset[str] = frozenset(),
-          stop_at_first: bool = False) -> Result:
+          stop_at_first: bool = False,
+          worlds: tuple[World, ...] = (W_FRESH, W_OWNED)) -> Result:
     """Explore every event sequence of length ≤ ``depth`` from each starting world
-    (:data:`W_FRESH`, :data:`W_OWNED`); ``defects`` re-introduces the named ones."""
+    (:data:`W_FRESH`, :data:`W_OWNED`; :data:`W_MAINT` when named in ``worlds``);
+    ``defects`` re-introduces the named ones."""
     res = Result(depth=depth)
     t0 = time.monotonic()
-    for w0 in (W_FRESH, W_OWNED):
+    for w0 in worlds:
         m0, w0, _ = _run(nm.new_state("c1", "n1", "seed"), w0, nm.Begin(), T0, defects)
         seen = {_key(m0, w0)}
         queue: deque[tuple[nm.NodeState, World, list[str]]] = deque([(m0, w0, [])])

@@ -40,3 +40,24 @@ def test_checker_finds_each_planted_node_defect(defect: str, invariant: str,
     what, trace = res.violations[0]
     assert invariant in what, what
     assert len(trace) <= depth
+
+
+def test_maintenance_grace_holds_in_the_model() -> None:
+    """Issue 29 item 1: from a node inside a maintenance window (its end, its grace and
+    reboots in play), nothing is recommended inside the window or its grace from a
+    fault that did not persist or recur past it."""
+    from tests.model.node_world import W_MAINT
+    res = check(CI_DEPTH, worlds=(W_MAINT,))
+    assert not res.violations, res.violations[:3]
+    assert res.states > 1_000
+
+
+def test_checker_finds_the_planted_grace_defect() -> None:
+    from tests.model.node_world import W_MAINT
+    assert "grace_ignored" in DEFECTS
+    res = check(4, defects=frozenset({"grace_ignored"}), stop_at_first=True,
+                worlds=(W_MAINT,))
+    assert res.violations, "grace_ignored not found"
+    what, trace = res.violations[0]
+    assert "grace" in what, what
+    assert "window_ends" in trace, trace

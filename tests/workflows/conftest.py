@@ -56,6 +56,13 @@ from workflows.activity_api import (
     RejoinResult,
 )
 from workflows.config import PolicyConfig
+from workflows.evidence import (
+    BmcCapture,
+    EvidenceCapture,
+    EvidenceCaptureInput,
+    NodeCapture,
+    SelEntry,
+)
 from workflows.lifecycle.machine_action import DISRUPTIVE as MA_DISRUPTIVE
 from workflows.models import Action, Alert, AlertDelivery, NodeInput
 from workflows.protocol import (
@@ -102,6 +109,11 @@ class FakeCluster:
     #: call name ("check_idle", "power_cycle", ...) -> coroutine function awaited with the
     #: node at the start of that call: a test sends a signal while the call is out.
     while_out: dict[str, Callable[[str], Awaitable[None]]] = field(default_factory=dict)
+    #: How ``capture_evidence`` answers: "ok" (a node archive and 2 SEL entries),
+    #: "fail" (a non-retryable error) or "hang" (never answers: the repair's bound ends it).
+    capture_mode: str = "ok"
+    #: The ``capture_evidence`` inputs received, in order.
+    captures: list[EvidenceCaptureInput] = field(default_factory=list)
 
     async def _out(self, name: str, node: str) -> None:
         hook = self.while_out.get(name)
@@ -261,6 +273,26 @@ class FakeCluster:
         self._log("remove", inp.node)
         return ActionResult(done=True, ticket_id=f"RMA-{inp.machine}")
 
+    @activity.defn(name=ACT.capture_evidence)
+    async def capture_evidence(self, inp: EvidenceCaptureInput) -> EvidenceCapture:
+        """A node that left an archive and a BMC whose SEL has two entries (or, by
+        ``capture_mode``, a capture that fails or never answers)."""
+        self._log("capture_evidence", inp.node)
+        self.captures.append(inp)
+        if self.capture_mode == "fail":
+            raise ApplicationError(f"capture_evidence on {inp.node}: injected ssh refused",
+                                   type=ERR_ACTION_FAILED, non_retryable=True)
+        if self.capture_mode == "hang":
+            await asyncio.Event().wait()
+        at = activity.info().current_attempt_scheduled_time
+        return EvidenceCapture(
+            node=NodeCapture(path=f"{inp.dir}/{inp.repair_id}-{inp.action.value}.tar.gz",
+                             size_bytes=1_258_291, sha256="3f2a" + "0" * 60,
+                             tool="nvidia-bug-report", collected_at=at),
+            bmc=BmcCapture(source="SEL", collected_at=at, entries=[
+                SelEntry(id="2", severity="Critical", message="Uncorrectable ECC"),
+                SelEntry(id="1", severity="OK", message="System boot")]))
+
     @activity.defn(name=ACT.notify)
     async def notify(self, n: Notification) -> None:
         if self.notify_rejects:
@@ -287,6 +319,7 @@ class FakeCluster:
             self.reprovision_machine,
             self.migrate_node,
             self.remove_machine,
+            self.capture_evidence,
         ]
 
 

@@ -41,6 +41,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
+from activities.evidence.node import RESERVATION_PREFIX as EVIDENCE_RESERVATION_PREFIX
 from activities.scheduler.slurm import (
     REASON_PREFIX,
     SlurmNode,
@@ -249,9 +250,12 @@ class SlurmWatcher:
         """The ``Flags=MAINT`` reservations with nodes and times as maintenance windows
         (issue 29: id ``slurm:CLUSTER:NAME``), except the project's own validation and
         GPU-reset reservations (``validation.reservation_prefix``,
-        ``reset_gpu.reservation_prefix``: a node being validated is cordoned anyway)."""
+        ``reset_gpu.reservation_prefix``: a node being validated is cordoned anyway) and
+        the evidence capture's before a repair's action
+        (``activities.evidence.node.RESERVATION_PREFIX``: a repair's own step, whose
+        window and grace period would otherwise hold the node's next faults)."""
         ours = (self.cluster.validation.reservation_prefix,
-                self.cluster.reset_gpu.reservation_prefix)
+                self.cluster.reset_gpu.reservation_prefix, EVIDENCE_RESERVATION_PREFIX)
         out: list[MaintenanceWindow] = []
         for r in reservations:
             if not r.maint or not r.nodes or r.start is None or r.end is None \

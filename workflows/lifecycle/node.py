@@ -22,6 +22,12 @@ Invariants (checked by ``tests/model/node_world.py``):
   (:data:`LEDGER_RETRY_S`) and no repair starts meanwhile.
 - **rule zero**: no repair without an actionable, unretired, uncleared fault that
   outlived its persistence window behind it.
+- **grace after maintenance** (issue 29 item 1): a fault received inside the grace
+  period after a maintenance window (the ``in_grace`` mark of ``ingest.maintenance_marks``)
+  or after the node's first report from a new boot following the window (its boot id
+  differs from the one reported inside it: ``NodeState.grace_s`` from that report) is
+  *held* until the grace end: a level fault is recommended only if still raised then, an
+  event fault only if it recurs after it (one that does not is dropped at the grace end).
 
 Policy is called, not re-implemented: the catalogue (``decide_node_action``), the
 count-in-window thresholds, persistence and cooldown (``workflows.policy``).
@@ -54,7 +60,8 @@ from pydantic import BaseModel, Field, field_serializer, field_validator
 
 from workflows.catalogue.kinds import NODE_LEVEL_KINDS
 from workflows.catalogue.vocabulary import count_window_s
-from workflows.config import CatalogueConfig, RailsConfig
+from workflows.config import CatalogueConfig, MaintenanceConfig, RailsConfig
+from workflows.maintenance import IN_GRACE, IN_MAINTENANCE, MAINTENANCE_WINDOW
 from workflows.models import (
     ACTION_WEIGHT,
     TERMINAL_STAGES,
@@ -124,7 +131,12 @@ DEFECTS: dict[str, str] = {
     "signal reaching it (a repair that is gone swallows every later alert)",
     "inherit_machine_history": "a node re-registered to another machine keeps the old "
     "machine's faults and history (its retired faults hide the new machine's)",
+    "grace_ignored": "a fault received in the grace period after maintenance is "
+    "recommended once its persistence is over (the false faults of a planned reboot are "
+    "repaired; issue 29 item 1)",
 }
+#: Default grace period after maintenance, seconds (``policy.maintenance.grace_s``).
+GRACE_S = MaintenanceConfig().grace_s
 
 
 _V = TypeVar("_V")
@@ -198,6 +210,20 @@ class Fault(BaseModel):
     rule: str
     first_seen: datetime
     received: datetime
+    #: Held until this grace end (received inside a grace period after maintenance):
+    #: a level fault is due only from then on, an event fault only if received after it.
+    held_until: datetime | None = None
+    held_why: str = ""
+
+
+def held(f: Fault, now: datetime) -> bool:
+    """Whether ``f`` is held by a grace period at ``now``: a level fault until its
+    ``held_until``; an event fault until it is received again at or after it."""
+    if f.held_until is None:
+        return False
+    if f.alert.level:
+        return now < f.held_until
+    return f.received < f.held_until
 
 
 class OpenRepair(BaseModel):
@@ -280,6 +306,13 @@ class NodeState(BaseModel):
     timer_at: datetime | None = None
     history_limit: int = DEFAULT_HISTORY_LIMIT
     details: str = ""
+    #: Grace period after maintenance, seconds (``policy.maintenance.grace_s``, last read).
+    grace_s: float = GRACE_S
+    #: Boot id of the node's last report inside a maintenance window ("" : none known).
+    maint_boot: str = ""
+    #: The node's grace end after maintenance (None: none seen) and why.
+    grace_until: datetime | None = None
+    grace_why: str = ""
 
     @field_serializer("seen")
     def _ser_seen(self, seen: dict[str, int]) -> list[tuple[int, str]]:
@@ -323,6 +356,7 @@ class PolicyLoaded(BaseModel):
     rails: RailsConfig
     machine_id: str | None = None
     node_pool: str | None = None
+    grace_s: float = GRACE_S
 
 
 class PolicyFailed(BaseModel):
@@ -594,18 +628,21 @@ def _boot(alert: Alert) -> str:
     return b if isinstance(b, str) else ""
 
 
-def due_faults(s: NodeState, now: datetime) -> list[tuple[str, Fault]]:
-    """Active faults that outlived their persistence window at ``now``, heaviest action
-    first (``persistence_for`` of the carried rails)."""
+def due_faults(s: NodeState, now: datetime, defects: frozenset[str] = frozenset()
+               ) -> list[tuple[str, Fault]]:
+    """Active faults that outlived their persistence window at ``now`` and are not held
+    by a grace period after maintenance (:func:`held`), heaviest action first
+    (``persistence_for`` of the carried rails)."""
     due = [(k, f) for k, f in s.active.items()
-           if now >= f.first_seen + timedelta(seconds=persistence_for(f.alert, s.rails))]
+           if now >= f.first_seen + timedelta(seconds=persistence_for(f.alert, s.rails))
+           and (not held(f, now) or "grace_ignored" in defects)]
     due.sort(key=lambda kf: (-ACTION_WEIGHT[kf[1].action], kf[1].first_seen))
     return due
 
 
 def next_deadline(s: NodeState, now: datetime) -> datetime | None:
     """The next time something is due: a ledger retry, a repair probe, a persistence
-    window or the cooldown's end (None: nothing is)."""
+    window, a grace end after maintenance or the cooldown's end (None: nothing is)."""
     if s.reconcile == Reconcile.retry_wait:
         return s.timer_at
     if s.reconcile != Reconcile.done:
@@ -615,8 +652,8 @@ def next_deadline(s: NodeState, now: datetime) -> datetime | None:
         return base + timedelta(seconds=REPAIR_PROBE_S)
     if not s.active:
         return None
-    times = [f.first_seen + timedelta(seconds=persistence_for(f.alert, s.rails))
-             for f in s.active.values()]
+    times = [max(f.first_seen + timedelta(seconds=persistence_for(f.alert, s.rails)),
+                 f.held_until or now) for f in s.active.values()]
     if in_cooldown(s.cooldown_until, now):
         assert s.cooldown_until is not None
         times = [max(t, s.cooldown_until) for t in times]
@@ -641,7 +678,7 @@ def _evaluate(s: NodeState, now: datetime, defects: frozenset[str]
         "decide_without_ledger" in defects and s.reconcile == Reconcile.retry_wait)
     if s.repair is not None or not known or in_cooldown(s.cooldown_until, now):
         return s, []
-    due = due_faults(s, now)
+    due = due_faults(s, now, defects)
     if not due:
         return s, []
     pending_clears = {fault_key(a) for a in s.intake if not a.active}
@@ -824,6 +861,7 @@ def _on_raise(s: NodeState, alert: Alert, now: datetime, defects: frozenset[str]
         times = [t for t in occ.pop(k, []) if (at - t).total_seconds() <= OCCURRENCE_TTL_S]
         occ[k] = [*times, at][-MAX_OCCURRENCES:]
     s = s.model_copy(update={"occurrences": _bounded(occ, MAX_OCCURRENCE_KEYS)})
+    s, grace = _grace(s, alert, at)
     dec = decide_node_action(
         alert, cat,
         occurrences_in_window=count_in_window(occ[occ_key], at,
@@ -835,8 +873,12 @@ def _on_raise(s: NodeState, alert: Alert, now: datetime, defects: frozenset[str]
                                               "severity": sev}))
         prev = s.active.get(key)
         active = dict(s.active)
+        hold, why = (prev.held_until, prev.held_why) if prev else (None, "")
+        if grace is not None and (hold is None or grace[0] > hold):
+            hold, why = grace
         active[key] = Fault(alert=alert, action=dec.action, rule=dec.rule,
-                            first_seen=prev.first_seen if prev else at, received=at)
+                            first_seen=prev.first_seen if prev else at, received=at,
+                            held_until=hold, held_why=why)
         if len(active) > MAX_ACTIVE_FAULTS:
             drop = min(active, key=lambda k: (ACTION_WEIGHT[active[k].action],
                                               active[k].first_seen))
@@ -877,6 +919,67 @@ def _on_raise(s: NodeState, alert: Alert, now: datetime, defects: frozenset[str]
                         text=f"{dec.action.value} recommended ({dec.rule})")]
 
 
+def _grace_mark(alert: Alert) -> tuple[datetime, str] | None:
+    """The ``in_grace`` mark ingest stamped (grace end, window id), None when absent or
+    not a time (ingest removes a sender's: the mark is its own)."""
+    v = alert.evidence.get(IN_GRACE)
+    if not isinstance(v, str):
+        return None
+    try:
+        end = _utc(datetime.fromisoformat(v))
+    except ValueError:
+        return None
+    win = alert.evidence.get(MAINTENANCE_WINDOW)
+    return end, win if isinstance(win, str) else "?"
+
+
+def _grace(s: NodeState, alert: Alert, at: datetime
+           ) -> tuple[NodeState, tuple[datetime, str] | None]:
+    """The grace period a raise received at ``at`` falls in (its end and why), the
+    node's grace view updated: a report inside a window records its boot id; a report
+    from another boot, inside a window's grace or the node's, starts ``grace_s`` from
+    its receipt (the node booted during or after the window). None: no grace applies."""
+    boot = _boot(alert)
+    if isinstance(alert.evidence.get(IN_MAINTENANCE), str):
+        if boot and boot != s.maint_boot:
+            s = s.model_copy(update={"maint_boot": boot})
+        return s, None
+    cands: list[tuple[datetime, str]] = []
+    mark = _grace_mark(alert)
+    if mark is not None and at < mark[0]:
+        cands.append((mark[0], f"grace period after maintenance window {mark[1]}"))
+    if s.grace_until is not None and at < s.grace_until:
+        cands.append((s.grace_until, s.grace_why))
+    if cands and boot and s.maint_boot and boot != s.maint_boot and s.grace_s > 0:
+        cands.append((at + timedelta(seconds=s.grace_s),
+                      f"grace period after boot {boot[:36]} (first reported "
+                      f"{at.isoformat()}; boot {s.maint_boot[:36]} was reported inside "
+                      "the maintenance window)"))
+        s = s.model_copy(update={"maint_boot": boot})
+    if not cands:
+        return s, None
+    end, why = max(cands, key=lambda c: c[0])
+    if s.grace_until is None or end > s.grace_until:
+        s = s.model_copy(update={"grace_until": end, "grace_why": why})
+    return s, (end, why)
+
+
+def _release(s: NodeState, now: datetime) -> tuple[NodeState, list[Command]]:
+    """Drop the event faults whose grace hold ended without a recurrence (they were the
+    maintenance's, not the machine's); a level fault still raised is due instead."""
+    gone = [k for k, f in s.active.items() if f.held_until is not None
+            and not f.alert.level and f.received < f.held_until <= now]
+    if not gone:
+        return s, []
+    active = {k: f for k, f in s.active.items() if k not in gone}
+    end = max(f.held_until for k, f in s.active.items()
+              if k in gone and f.held_until is not None)
+    text = (f"held {', '.join(gone)} dropped: not reported again after the grace period "
+            f"ended {end.isoformat()} (policy.maintenance.grace_s)")
+    s = s.model_copy(update={"active": active, "details": text})
+    return s, [SetDetails(text=text)]
+
+
 class _Tracked(BaseModel):
     """Internal: an actionable raise tracked, its answer given after the evaluation."""
 
@@ -889,10 +992,15 @@ class _Tracked(BaseModel):
 def _waiting(s: NodeState, key: str, now: datetime) -> str:
     if s.reconcile != Reconcile.done:
         return "waiting for the ledger before deciding (the node's open repair is unknown)"
+    f = s.active.get(key)
+    if f is not None and held(f, now):
+        assert f.held_until is not None
+        need = "still raised" if f.alert.level else "reported again"
+        return (f"held: received in the {f.held_why}; recommended only if {need} after "
+                f"{f.held_until.isoformat()} (policy.maintenance.grace_s)")
     if in_cooldown(s.cooldown_until, now):
         assert s.cooldown_until is not None
         return f"in cooldown until {s.cooldown_until.isoformat()}"
-    f = s.active.get(key)
     if f is None:
         return "not active"
     due = f.first_seen + timedelta(seconds=persistence_for(f.alert, s.rails))
@@ -1078,7 +1186,11 @@ def _drain(s: NodeState, now: datetime, defects: frozenset[str]
                 cmds.append(_reply(t.alert, AlertOutcome.recommended, t.text,
                                    s.repair.repair_id))
             else:
-                cmds.append(_reply(t.alert, AlertOutcome.new, _waiting(s, t.key, now)))
+                why = _waiting(s, t.key, now)
+                cmds.append(_reply(t.alert, AlertOutcome.new, why))
+                if why.startswith("held:") and s.details != f"{t.key} {why}":
+                    s = s.model_copy(update={"details": f"{t.key} {why}"})
+                    cmds.append(SetDetails(text=s.details))
     return s, cmds
 
 
@@ -1091,6 +1203,7 @@ def _on_policy(s: NodeState, ev: PolicyLoaded, now: datetime, defects: frozenset
     configured machine)."""
     update: dict[str, object] = {"catalogue": ev.catalogue, "rails": ev.rails,
                                  "policy_at": now, "policy_out": False,
+                                 "grace_s": ev.grace_s,
                                  "machine_id": ev.machine_id, "node_pool": ev.node_pool}
     cmds: list[Command] = []
     old = s.history_machine
@@ -1118,6 +1231,8 @@ def step(state: NodeState, event: Event, now: datetime,
     now = _utc(now)
     s, cmds = _step(state, event, now, defects)
     if not any(isinstance(c, ContinueAsNew) for c in cmds):
+        s, dropped = _release(s, now)
+        cmds += dropped
         s, drained = _drain(s, now, defects)
         s, more = _evaluate(s, now, defects)
         s, timer = _timer(s, now)
@@ -1226,7 +1341,11 @@ def _table() -> None:
             "queued" + ("; decided once the ledger answers or fails (I21)" if waiting else
                         "; decided in order once recorded and the policy is fresh: stale "
                         "(at/before a clear, before a success that retired it, from the "
-                        "boot it replaced) → ignored; catalogue decides; open repair → "
+                        "boot it replaced) → ignored; inside a maintenance window → "
+                        "observed only (its boot id noted); in a grace period after one "
+                        "(the `in_grace` mark, or a first report from another boot "
+                        "within it: `grace_s` from then) → held to the grace end; "
+                        "catalogue decides; open repair → "
                         "signalled, `attached` once it landed; diagnostic → notify once "
                         "per window; actionable → tracked from its receipt time, repair "
                         "started once persistence is over" + (
@@ -1265,7 +1384,9 @@ def _table() -> None:
             if rc == Reconcile.reading else "ignored: no read is out")
         TRANSITIONS[(rc, "timer")] = {
             Reconcile.retry_wait: "→ reading: ask the ledger again",
-            Reconcile.done: "open repair → probe it every 15 min; else due faults decided",
+            Reconcile.done: "open repair → probe it every 15 min; else due faults decided "
+            "(a held level fault still raised at its grace end is due; a held event "
+            "fault not reported again is dropped)",
         }.get(rc, "nothing")
         TRANSITIONS[(rc, "history_full")] = (
             "continue as new carrying the whole state (policy read again; the ledger too "
