@@ -8,8 +8,9 @@ one try, bounded by ``timeout_s`` + :data:`~workflows.evidence.ACTIVITY_MARGIN_S
 when it is scheduled (``schedule_to_close``: a worker that never picks it up bounds it
 too), then records it with ``ledger_record_evidence``. A capture that fails, or runs out
 of time, becomes an :class:`~workflows.evidence.EvidenceCapture` with the reason in its
-notes: recorded and shown like any other, never a repair failure. New in 0.5: a repair
-history recorded before it (no :data:`PATCH` marker) replays without the step.
+notes: recorded and shown like any other, never a repair failure. New in 0.5.0 (every
+workflow is pinned to its build, so no ``workflow.patched`` marker: docs/architecture.md
+"Baseline and replay").
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.models import Action
 
-#: ``workflow.patched`` id of the step: histories recorded before it replay without it.
-PATCH = "evidence-capture-before-action"
 #: One try: a retry would run past the bound (the activity bounds itself by timeout_s).
 _ONCE = RetryPolicy(maximum_attempts=1)
 #: Bound on the ledger write of the capture, seconds (as the repair's other ledger writes).
@@ -57,7 +56,7 @@ async def capture_before(
     the step). Raises only ``CancelledError`` (the repair was cancelled meanwhile)."""
     inp = capture_input(cfg, cluster=cluster, node=node, machine_id=machine_id,
                         repair_id=repair_id, action=action, attempt=attempt)
-    if inp is None or not workflow.patched(PATCH):
+    if inp is None:
         return None
     bound = timedelta(seconds=inp.timeout_s + ACTIVITY_MARGIN_S)
     try:

@@ -6,9 +6,10 @@ one must keep replaying on the current code: a worker that restarts replays the
 histories of the runs in flight on its own build. Every workflow is ``PINNED``
 (docs/architecture.md "Upgrades"): a repair finishes on the build that started it and
 the node and guard entities move to a new build only by continue-as-new, so an older
-version's histories never replay on newer code and are not kept here. 0.4.0 is the
+version's histories never replay on newer code and are not kept here. 0.4.0 was the
 baseline (issue 26 item 6): the node and guard machines interpreted by their workflows,
-every workflow pinned.
+every workflow pinned; 0.5.0 adds the domain holds, shadow mode, the maintenance grace
+period, the evidence capture before an action and the breaker's count of ended repairs.
 
 Record the current version (into :data:`RECORD_INTO`, the directory named after the
 package version in pyproject.toml: bump the version first, never overwrite an old one)
