@@ -20,6 +20,11 @@ async def test_whatif_over_a_ledger_of_real_runs(harness: Harness, pg_dsn: str,
     from workflows.config import AutorepairConfig, ClusterConfig, ConsentConfig
 
     h = harness
+    # three automatic power cycles inside one 600 s breaker window: above the default
+    # threshold of 20 GPU nodes (max(breaker_min 2, ⌈0.10 × 20⌉) = 2; a released repair
+    # still counts, commit 7a5d23d), so the third would wait for a breaker reset; this test
+    # is about the what-if reading real runs back, so the breaker allows three
+    h.policy.rails.breaker_min = 3
     t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
     for i in (1, 2, 3):
         a = make_alert(h.cluster.cluster, f"gpu-0{i}", i,
@@ -63,9 +68,11 @@ async def test_whatif_over_a_ledger_of_real_runs(harness: Harness, pg_dsn: str,
     sep = "&" if "?" in pg_dsn else "?"
     new_yaml = tmp_path / "new.yaml"
     new_yaml.write_text(f"policy:\n  consent:\n    mode: approve\n"
+                        f"  rails:\n    breaker_min: 3\n"
                         f"clusters:\n  - name: {h.cluster.cluster}\n    gpu_nodes: 20\n")
     cur_yaml = tmp_path / "current.yaml"
     cur_yaml.write_text(f"policy:\n  consent:\n    mode: automatic\n"
+                        f"  rails:\n    breaker_min: 3\n"
                         f"clusters:\n  - name: {h.cluster.cluster}\n    gpu_nodes: 20\n")
     r = await asyncio.to_thread(
         CliRunner().invoke, app,
