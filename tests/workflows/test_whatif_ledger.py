@@ -58,6 +58,22 @@ async def test_whatif_over_a_ledger_of_real_runs(harness: Harness, pg_dsn: str,
     again = await whatif_doc(pool, current, new, since, until, h.cluster.cluster)
     assert json.dumps(again, sort_keys=True) == json.dumps(doc, sort_keys=True)
 
+    # the same ledger with gpu-01..03 in one configured failure domain (each its own
+    # pool): the third node's request opens the hold and waits; the runs recorded no
+    # hold, so nobody releases it and the repair's lease wait times out
+    from workflows.config import NodeConfig
+
+    racked = ClusterConfig(name=h.cluster.cluster, gpu_nodes=h.gpu_nodes, nodes=[
+        NodeConfig(name=f"gpu-0{i}", pool=f"p{i}", failure_domain="rack-1") for i in (1, 2, 3)])
+    dom = await whatif_doc(pool, current, AutorepairConfig(policy=h.policy, clusters=[racked]),
+                           since, until, h.cluster.cluster)
+    assert dom["current"]["domain_holds"] == 0 and dom["new"]["domain_holds"] == 1
+    assert dom["new"]["holds"][0]["nodes"] == ["gpu-01", "gpu-02", "gpu-03"]
+    assert dom["new"]["holds"][0]["released_at"] is None
+    assert [d["node"] for d in dom["differences"]] == ["gpu-03"]
+    assert "(why=domain)" in dom["differences"][0]["new"]["why"]
+    assert any("nobody releases a domain hold" in s for s in dom["assumptions"])
+
     # the CLI over the same ledger (its own read-only session, search_path as a server
     # setting of the DSN): the same figures as JSON
     from typer.testing import CliRunner
