@@ -84,12 +84,12 @@ def figures(run: Run, info_for: InfoFor = _default_info) -> dict[str, Any]:
             cost += d.cost
     counts = list(per_node.values())
     released: dict[tuple[str, str], list[datetime]] = {}
-    for c, d, at in run.releases:
-        released.setdefault((c, d), []).append(at)
-    holds = []
-    for c, d, at, nodes in run.holds:  # the k-th release of a domain ends its k-th hold
-        rel = released.get((c, d), [])
-        holds.append({"cluster": c, "domain": d, "at": at.isoformat(), "nodes": nodes,
+    for cl, dom, at in run.releases:
+        released.setdefault((cl, dom), []).append(at)
+    holds: list[dict[str, Any]] = []
+    for cl, dom, at, nodes in run.holds:  # the k-th release of a domain ends its k-th hold
+        rel = released.get((cl, dom), [])
+        holds.append({"cluster": cl, "domain": dom, "at": at.isoformat(), "nodes": nodes,
                       "released_at": rel.pop(0).isoformat() if rel else None})
     return {
         "repairs": len(run.repairs),

@@ -183,6 +183,7 @@ class _Sim:
         self.attempts: dict[tuple[str, str], list[AttemptRecord]] = {}
         self.tries: dict[tuple[str, str, str], int] = {}
         self.removed: set[tuple[str, str]] = set()
+        self.views: dict[str, gm.PolicyView] = {}
         self.run = Run()
 
     # -- scheduling ---------------------------------------------------------------------
@@ -327,18 +328,24 @@ class _Sim:
 
     # -- the guard ----------------------------------------------------------------------
     def view(self, cluster: str) -> gm.PolicyView:
+        """The guard's policy for ``cluster``: built once (policy and facts do not change
+        during a replay; a 10,000-node map is not copied at every policy re-read)."""
+        got = self.views.get(cluster)
+        if got is not None:
+            return got
         rails = self.policy.rails
         gpu = self.facts.gpu_nodes.get(cluster, 0)
-        return gm.PolicyView(gpu_nodes=gpu, budget=concurrency_budget(gpu, rails, 0),
-                             breaker_threshold=breaker_threshold(gpu, rails, 0),
-                             breaker_window_s=rails.breaker_window_s,
-                             one_per_pool=rails.one_per_pool, detector_cap=rails.detector_cap,
-                             lease_ttl_s=rails.lease_ttl_s,
-                             pools=dict(self.facts.pools.get(cluster, {})),
-                             domains={n: list(ds) for n, ds in
-                                      self.facts.domains.get(cluster, {}).items()},
-                             domain_threshold=self.policy.domains.threshold,
-                             domain_window_s=self.policy.domains.window_s)
+        got = gm.PolicyView(
+            gpu_nodes=gpu, budget=concurrency_budget(gpu, rails, 0),
+            breaker_threshold=breaker_threshold(gpu, rails, 0),
+            breaker_window_s=rails.breaker_window_s, one_per_pool=rails.one_per_pool,
+            detector_cap=rails.detector_cap, lease_ttl_s=rails.lease_ttl_s,
+            pools=dict(self.facts.pools.get(cluster, {})),
+            domains={n: list(ds) for n, ds in self.facts.domains.get(cluster, {}).items()},
+            domain_threshold=self.policy.domains.threshold,
+            domain_window_s=self.policy.domains.window_s)
+        self.views[cluster] = got
+        return got
 
     def start_guard(self, cluster: str) -> None:
         self.guards[cluster] = gm.new_state(cluster, self.view(cluster))
