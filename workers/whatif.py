@@ -4,7 +4,9 @@ item 1).
 Reads the window's alerts from the ledger (``activities.ledger_queries.whatif_alerts``,
 keyset pages, read-only session) and what the ledger measured
 (``whatif_measures``: median stage durations per action, the median approval wait,
-recorded attempt outcomes), replays them through the production lifecycle machines with
+recorded attempt outcomes; ``breaker_reset_median`` and ``domain_release_median``: how
+long breakers and failure-domain holds stayed until a person reset or released them),
+replays them through the production lifecycle machines with
 the current configuration and with the new one (:func:`workflows.whatif.sim.replay`),
 and prints the figures of each side by side (:mod:`workflows.whatif.figures`), the
 alerts whose outcome differs (first 20, with why) and the assumptions made. It never

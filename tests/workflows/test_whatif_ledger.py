@@ -73,6 +73,25 @@ async def test_whatif_over_a_ledger_of_real_runs(harness: Harness, pg_dsn: str,
     assert [d["node"] for d in dom["differences"]] == ["gpu-03"]
     assert "(why=domain)" in dom["differences"][0]["new"]["why"]
     assert any("nobody releases a domain hold" in s for s in dom["assumptions"])
+    # a hold and its release 30 min later recorded as the guard records them (raise, then
+    # the clear of `<id>/release`): the replayed hold is released after that median and
+    # gpu-03's repair goes on; the rows are not replayed as alerts
+    from workflows.models import Alert, Severity
+
+    hid = f"domain/{h.cluster.cluster}/rack-9/{t0.isoformat()}"
+    for aid, active, at in ((hid, True, t0), (f"{hid}/release", False,
+                                               t0 + timedelta(minutes=30))):
+        await h.ledger.record_alert(Alert(
+            alert_id=aid, cluster=h.cluster.cluster, node="*", kind="failure_domain",
+            severity=Severity.critical, summary="hold", evidence={"domain": "rack-9"},
+            level=True, active=active, source="guard", observed_at=at))
+    dom = await whatif_doc(pool, current, AutorepairConfig(policy=h.policy, clusters=[racked]),
+                           since, until, h.cluster.cluster)
+    assert dom["alerts"] == 3 and dom["new"]["domain_holds"] == 1
+    held = datetime.fromisoformat(dom["new"]["holds"][0]["at"])
+    assert dom["new"]["holds"][0]["released_at"] == (held + timedelta(minutes=30)).isoformat()
+    assert dom["new"]["outcomes"] == {"succeeded": 3}
+    assert any("releases a domain hold after 1800 s" in s for s in dom["assumptions"])
 
     # the CLI over the same ledger (its own read-only session, search_path as a server
     # setting of the DSN): the same figures as JSON
