@@ -204,8 +204,9 @@ async def whatif_alerts(
 ) -> AsyncIterator[list[Alert]]:
     """The node alerts observed in ``[since, until)`` (``cluster`` only, when given), in
     observation order (``observed_at``, then ``alert_id``), ``batch`` rows a query (keyset
-    pages: the answer is never held in one result). The guard's own cluster alerts (kind
-    ``circuit_breaker``) are left out: the replay's guard raises its own. Raises
+    pages: the answer is never held in one result). The guard's own cluster alerts (kinds
+    ``circuit_breaker`` and ``failure_domain``) are left out: the replay's guard raises its
+    own. Raises
     ``ValueError`` naming ``batch`` when it is below 1."""
     if batch < 1:
         raise ValueError(f"batch: must be at least 1 (got {batch})")
@@ -215,7 +216,8 @@ async def whatif_alerts(
         rows = await pool.fetch(
             f"""SELECT {_WHATIF_COLS} FROM alerts
                 WHERE observed_at >= $1 AND observed_at < $2
-                  AND ($3::text IS NULL OR cluster = $3) AND kind <> 'circuit_breaker'
+                  AND ($3::text IS NULL OR cluster = $3)
+                  AND kind NOT IN ('circuit_breaker', 'failure_domain')
                   AND ($4::timestamptz IS NULL OR (observed_at, alert_id) > ($4, $5))
                 ORDER BY observed_at, alert_id LIMIT $6""",
             since, until, cluster, after_t, after_id, batch,
@@ -298,6 +300,29 @@ async def breaker_reset_median(
            SELECT percentile_cont(0.5) WITHIN GROUP (
                     ORDER BY EXTRACT(EPOCH FROM (next_at - observed_at))) AS median
              FROM b WHERE active AND next_active IS FALSE
+              AND observed_at >= $1 AND observed_at < $2""",
+        since, until, cluster,
+    )
+    return None if row is None or row["median"] is None else float(row["median"])
+
+
+async def domain_release_median(
+    pool: asyncpg.Pool, since: datetime, until: datetime, *, cluster: str | None = None,
+) -> float | None:
+    """Median seconds from a failure-domain hold (a ``failure_domain`` alert raised) to its
+    release (the next one of the same cluster and domain, ``evidence.domain``, cleared)
+    for holds in ``[since, until)``; None when no hold of the window was released."""
+    row = await pool.fetchrow(
+        """WITH d AS (
+             SELECT active, observed_at,
+                    LEAD(active) OVER w AS next_active, LEAD(observed_at) OVER w AS next_at
+               FROM alerts WHERE kind = 'failure_domain'
+                AND ($3::text IS NULL OR cluster = $3)
+             WINDOW w AS (PARTITION BY cluster, evidence->>'domain'
+                          ORDER BY observed_at, alert_id))
+           SELECT percentile_cont(0.5) WITHIN GROUP (
+                    ORDER BY EXTRACT(EPOCH FROM (next_at - observed_at))) AS median
+             FROM d WHERE active AND next_active IS FALSE
               AND observed_at >= $1 AND observed_at < $2""",
         since, until, cluster,
     )

@@ -4,7 +4,9 @@ item 1).
 Reads the window's alerts from the ledger (``activities.ledger_queries.whatif_alerts``,
 keyset pages, read-only session) and what the ledger measured
 (``whatif_measures``: median stage durations per action, the median approval wait,
-recorded attempt outcomes), replays them through the production lifecycle machines with
+recorded attempt outcomes; ``breaker_reset_median`` and ``domain_release_median``: how
+long breakers and failure-domain holds stayed until a person reset or released them),
+replays them through the production lifecycle machines with
 the current configuration and with the new one (:func:`workflows.whatif.sim.replay`),
 and prints the figures of each side by side (:mod:`workflows.whatif.figures`), the
 alerts whose outcome differs (first 20, with why) and the assumptions made. It never
@@ -28,6 +30,7 @@ from rich.console import Console, Group
 from activities.ledger_queries import (
     breaker_reset_median,
     connect_read_only,
+    domain_release_median,
     whatif_alerts,
     whatif_measures,
 )
@@ -46,17 +49,30 @@ _err = Console(stderr=True)
 
 def facts_of(cfg: AutorepairConfig, outcomes: dict[tuple[str, str, str], list[str]]) -> Facts:
     """The inventory a replay under ``cfg`` sees: each configured cluster's GPU node count
-    (``clusters[].gpu_nodes``, else its listed nodes), pools and machines, and the ledger's
-    attempt ``outcomes``."""
+    (``clusters[].gpu_nodes``, else its listed nodes), pools, machines and failure domains
+    (``nodes[].failure_domain``: the scheduler's labels and features are not read
+    offline), and the ledger's attempt ``outcomes``."""
     return Facts(
         gpu_nodes={c.name: c.gpu_node_count for c in cfg.clusters},
         pools={c.name: {n.name: n.pool for n in c.nodes if n.pool} for c in cfg.clusters},
         machines={c.name: {n.name: n.machine for n in c.nodes if n.machine}
                   for c in cfg.clusters},
-        outcomes=outcomes)
+        outcomes=outcomes,
+        domains={c.name: {n.name: [n.failure_domain] for n in c.nodes if n.failure_domain}
+                 for c in cfg.clusters})
 
 
-def assumptions(d: Durations) -> list[str]:
+def _domains_line(cfg: AutorepairConfig) -> str:
+    nodes = sum(1 for c in cfg.clusters for n in c.nodes if n.failure_domain)
+    names = len({(c.name, n.failure_domain) for c in cfg.clusters for n in c.nodes
+                 if n.failure_domain})
+    d = cfg.policy.domains
+    return (f"{nodes} nodes in {names} domains, a hold at {d.threshold} nodes within "
+            f"{d.window_s:g} s")
+
+
+def assumptions(d: Durations, current: AutorepairConfig | None = None,
+                new: AutorepairConfig | None = None) -> list[str]:
     """What the replay assumes, in words (printed with every answer)."""
     measured = ", ".join(f"{a}: " + ", ".join(f"{s} {v:.0f} s" for s, v in sorted(st.items()))
                          for a, st in sorted(d.by_action.items())) or "none measured"
@@ -79,7 +95,18 @@ def assumptions(d: Durations) -> list[str]:
          "(no reset measured): it stays open to the end of the replay"),
         f"the replay runs {HORIZON_S / 86400:g} days past the window; repairs still open "
         "then are counted `open`",
-        "domain holds: not modelled (the guard machine has none)",
+        "failure domains: each configuration's nodes[].failure_domain with its "
+        "policy.domains.threshold / window_s"
+        + (f" (current: {_domains_line(current)}; new: {_domains_line(new)})"
+           if current is not None and new is not None else "")
+        + "; the scheduler's domain labels (policy.domains.label_keys) and Slurm features "
+        "(slurm_feature_prefix) are not available offline and are not used, nor the nodes "
+        "the ledger's failure_domain alerts name (they reflect the membership then live, "
+        "not either configuration's)",
+        (f"a person releases a domain hold after {d.domain_release_s:.0f} s (the measured "
+         "median from a failure_domain alert to its clear)" if d.domain_release_s is not None
+         else "nobody releases a domain hold (no release measured): the domain's automatic "
+         "repairs wait to the end of the replay (or their lease wait times out)"),
     ]
 
 
@@ -92,8 +119,9 @@ async def read_window(pool: asyncpg.Pool, since: datetime, until: datetime,
         alerts.extend(page)
     by_action, approval, outcomes = await whatif_measures(pool, since, until, cluster=cluster)
     reset = await breaker_reset_median(pool, since, until, cluster=cluster)
+    release = await domain_release_median(pool, since, until, cluster=cluster)
     return alerts, Durations(by_action=by_action, approval_s=approval,
-                             breaker_reset_s=reset), outcomes
+                             breaker_reset_s=reset, domain_release_s=release), outcomes
 
 
 def _info_for(cfg: AutorepairConfig) -> Any:
@@ -117,7 +145,7 @@ def compare(alerts: list[Alert], durations: Durations,
     a = replay(alerts, current.policy, facts_of(current, outcomes), durations, until)
     b = replay(alerts, new.policy, facts_of(new, outcomes), durations, until)
     diff, total = differences(a, b)
-    return {"alerts": len(alerts), "assumptions": assumptions(durations),
+    return {"alerts": len(alerts), "assumptions": assumptions(durations, current, new),
             "current": figures(a, _info_for(current)), "new": figures(b, _info_for(new)),
             "differing_alerts": total, "differences": diff}
 
@@ -155,7 +183,9 @@ def tables(doc: dict[str, Any], width: int) -> Group:
         _row("nodes reaching a person", cur["nodes_reaching_person"],
              new["nodes_reaching_person"]),
         _row("breaker trips", cur["breaker_trips"], new["breaker_trips"]),
-        _row("domain holds", "not modelled", "not modelled"),
+        _row("domain holds", cur["domain_holds"], new["domain_holds"]),
+        _row("repairs waiting for a domain hold", cur["domain_held_repairs"],
+             new["domain_held_repairs"]),
         _row("disruptive actions / node (max)", cur["disruptive_per_node"]["max"],
              new["disruptive_per_node"]["max"]),
         _row("disruptive actions / node (p99)", cur["disruptive_per_node"]["p99"],
@@ -182,8 +212,16 @@ def tables(doc: dict[str, Any], width: int) -> Group:
         [Col("at", priority=2), Col("node", keep=True), Col("alert", keep=True),
          Col("current", priority=3), Col("new", priority=3), Col("why", wrap=True, priority=1)],
         drows, width)
+    hrows = [[side, h["at"][:19], h["cluster"], h["domain"], ", ".join(h["nodes"]),
+              (h["released_at"] or "never")[:19]]
+             for side in ("current", "new") for h in doc[side]["holds"]]
+    holds = fitted_table(
+        f"domain holds (current {cur['domain_holds']}, new {new['domain_holds']})",
+        [Col("policy", keep=True), Col("at", priority=2), Col("cluster", priority=3),
+         Col("domain", keep=True), Col("nodes", wrap=True, priority=1),
+         Col("released", priority=2)], hrows, width)
     notes = "\n".join(f"- {a}" for a in doc["assumptions"])
-    return Group(fig, diff, f"assumptions:\n{notes}")
+    return Group(fig, holds, diff, f"assumptions:\n{notes}")
 
 
 def write_plot(doc: dict[str, Any], path: Path) -> None:
@@ -197,7 +235,7 @@ def write_plot(doc: dict[str, Any], path: Path) -> None:
     keys = [("repairs", "repairs"), ("automatic", "automatic"),
             ("waited_for_person", "waiting for a person"),
             ("nodes_reaching_person", "nodes reaching a person"),
-            ("breaker_trips", "breaker trips")]
+            ("breaker_trips", "breaker trips"), ("domain_holds", "domain holds")]
     fig, axes = plt.subplots(1, 2, figsize=(12, 5))
     xs = range(len(keys))
     for off, side in ((-0.2, "current"), (0.2, "new")):

@@ -10,15 +10,20 @@ from typing import Any
 import pytest
 
 from activities.ledger import Ledger
-from activities.ledger_queries import breaker_reset_median, whatif_alerts, whatif_measures
+from activities.ledger_queries import (
+    breaker_reset_median,
+    domain_release_median,
+    whatif_alerts,
+    whatif_measures,
+)
 from workflows.models import Action, Alert, Severity
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 
 
 def _alert(aid: str, t_s: float, kind: str = "xid", active: bool = True,
-           cluster: str = "c") -> Alert:
-    return Alert(alert_id=aid, cluster=cluster, node="n1", kind=kind,
+           cluster: str = "c", evidence: dict[str, Any] | None = None) -> Alert:
+    return Alert(alert_id=aid, cluster=cluster, node="n1", kind=kind, evidence=evidence or {},
                  code=79 if kind == "xid" else None, severity=Severity.critical,
                  summary=kind, actionable=kind == "xid", action=Action.power_cycle
                  if kind == "xid" else Action.none, active=active,
@@ -29,7 +34,8 @@ async def test_alerts_come_in_keyset_pages_in_observation_order(ledger_pool: Any
     led = Ledger(ledger_pool)
     # two at the same time (ordered by id), one outside the window, one breaker alert
     for a in (_alert("b", 10), _alert("a", 10), _alert("c", 5), _alert("late", 99999),
-              _alert("brk", 20, kind="circuit_breaker"), _alert("other", 7, cluster="d")):
+              _alert("brk", 20, kind="circuit_breaker"), _alert("other", 7, cluster="d"),
+              _alert("dom", 30, kind="failure_domain", evidence={"domain": "r1"})):
         await led.record_alert(a)
     pages = [[a.alert_id for a in p] async for p in whatif_alerts(
         ledger_pool, T0, T0 + timedelta(hours=1), batch=2)]
@@ -82,3 +88,22 @@ async def test_breaker_reset_median(ledger_pool: Any) -> None:
         await led.record_alert(_alert(aid, t, kind="circuit_breaker", active=active))
     got = await breaker_reset_median(ledger_pool, T0, T0 + timedelta(days=1))
     assert got == pytest.approx(1200.0)
+
+
+async def test_domain_release_median_pairs_holds_per_domain(ledger_pool: Any) -> None:
+    """rack-1 held at 0 s, released at 600 s; rack-2 held at 100 s (between them),
+    released at 3700 s (3600 s); rack-1 held again at 5000 s, never released: the median
+    over the released holds is (600 + 3600) / 2 = 2100 s. Pairing by cluster alone would
+    pair rack-1's hold with rack-2's (still-active) hold and miss it."""
+    led = Ledger(ledger_pool)
+    assert await domain_release_median(ledger_pool, T0, T0 + timedelta(days=1)) is None
+    for aid, t, active, dom in (("h1", 0, True, "rack-1"), ("h2", 100, True, "rack-2"),
+                                ("h1/release", 600, False, "rack-1"),
+                                ("h2/release", 3700, False, "rack-2"),
+                                ("h3", 5000, True, "rack-1")):
+        await led.record_alert(_alert(aid, t, kind="failure_domain", active=active,
+                                      evidence={"domain": dom}))
+    got = await domain_release_median(ledger_pool, T0, T0 + timedelta(days=1))
+    assert got == pytest.approx(2100.0)
+    assert await domain_release_median(ledger_pool, T0, T0 + timedelta(days=1),
+                                       cluster="other") is None

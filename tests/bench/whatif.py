@@ -11,13 +11,18 @@ Run: ``.venv/bin/python tests/bench/whatif.py [--nodes 10000] [--days 30] [--rat
   interruption is an Xid 79 (50 %: power cycle), an Xid 48 on one GPU (20 %: GPU reset), a
   ``gpu_lost`` level fault (15 %: power cycle) or an ``xfs_shutdown`` (15 %: reboot); level
   faults clear 20 minutes later; 10 % recur 2 hours later from a new boot. Plus a storm:
-  ``--storm`` nodes losing a GPU off the bus (Xid 79) within 5 minutes on day 12 (a rack's
-  power event). Each interruption also has its repair as the ledger records it (stage
+  ``--storm`` nodes losing a GPU off the bus (Xid 79) within 5 minutes on day 12 (a power
+  event of consecutive racks: nodes ``gpu-01800`` on). Each interruption also has its repair as the ledger records it (stage
   transitions with durations around the defaults, an attempt, 5 % failed), so the measured
-  medians and recorded outcomes are read as in production.
-* Current policy: consent automatic, the rails' defaults (breaker 10 % of GPU nodes). New
-  policy: breaker at 2 % (200 of 10,000: the storm trips it) and the ladder moving up after
-  one attempt instead of two.
+  medians and recorded outcomes are read as in production. The ledger also records
+  :data:`RECORDED_HOLDS` failure-domain holds and their releases (45 min, 1 h, 2 h: the
+  measured median release is 1 h).
+* Both configurations list the nodes, each in its own pool (no pool rule: the figures
+  differ by policy only). Current policy: consent automatic, the rails' defaults (breaker
+  10 % of GPU nodes), no failure domains. New policy: breaker at 2 % (200 of 10,000: the
+  storm trips it), the ladder moving up after one attempt instead of two, and the nodes in
+  racks of :data:`RACK` (``nodes[].failure_domain`` ``rack-K`` = index // 18, a GB200
+  NVL72 rack's 18 trays; issue 29) with the default hold (3 nodes within 600 s).
 * Timed: reading the window through ``whatif_alerts`` / ``whatif_measures`` (read-only
   pool) and the two replays plus figures (``workers.whatif.compare``), in this process.
 
@@ -43,6 +48,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 TARGET_S = 60.0
 T0 = datetime(2026, 10, 1, tzinfo=UTC)
 CLUSTER = "bench"
+#: Nodes per failure domain of the new configuration (a GB200 NVL72 rack: 18 compute trays).
+RACK = 18
+#: Failure-domain holds the generated ledger records, (hold at day, release after s).
+RECORDED_HOLDS = ((3.0, 2700.0), (7.5, 3600.0), (20.0, 7200.0))
 
 _ALERT_SQL = """INSERT INTO alerts (alert_id, cluster, node, machine_id, kind, code, gpu,
   severity, mnemonic, actionable, action, summary, description, evidence_text, evidence,
@@ -111,10 +120,19 @@ def generate(nodes: int, days: int, rate: float, storm: int, seed: int
             repair(node, kind, again, aid2)
     storm_at = T0 + timedelta(days=12)
     for i in range(storm):
-        node = f"gpu-{(i * 7919) % nodes:05d}"
+        node = f"gpu-{(1800 + i) % nodes:05d}"
         at = storm_at + timedelta(seconds=300.0 * i / max(storm, 1))
         aid = alert(node, kinds[0], at, 5, True)
         repair(node, kinds[0], at, aid)
+    for k, (day, release_s) in enumerate(RECORDED_HOLDS):
+        at = T0 + timedelta(days=day)
+        hold_id = f"domain/{CLUSTER}/rack-{k}/{at.isoformat()}"
+        for aid, active, t in ((hold_id, True, at),
+                               (f"{hold_id}/release", False,
+                                at + timedelta(seconds=release_s))):
+            alerts.append((aid, CLUSTER, "*", None, "failure_domain", None, None,
+                           "critical", "none", f"hold on rack-{k}",
+                           {"domain": f"rack-{k}"}, True, active, t))
     return alerts, repairs, trans, attempts
 
 
@@ -135,16 +153,26 @@ async def fill(pool: Any, rows: tuple[list[tuple[Any, ...]], ...]) -> None:
 
 
 def configs(nodes: int) -> tuple[Any, Any]:
-    from workflows.config import AutorepairConfig, ClusterConfig, PolicyConfig
+    from workflows.config import AutorepairConfig, ClusterConfig, NodeConfig, PolicyConfig
 
     current = PolicyConfig()
     current.consent.mode = "automatic"
     new = current.model_copy(deep=True)
     new.rails.breaker_fraction = 0.02
     new.ladder.attempts = 1
-    cl = [ClusterConfig(name=CLUSTER, gpu_nodes=nodes)]
-    return (AutorepairConfig(policy=current, clusters=cl),
-            AutorepairConfig(policy=new, clusters=cl))
+    names = [f"gpu-{i:05d}" for i in range(nodes)]
+    plain = [ClusterConfig(name=CLUSTER, gpu_nodes=nodes,
+                           nodes=[NodeConfig(name=n, pool=n) for n in names])]
+    racked = [ClusterConfig(name=CLUSTER, gpu_nodes=nodes, nodes=[
+        NodeConfig(name=n, pool=n, failure_domain=f"rack-{i // RACK}")
+        for i, n in enumerate(names)])]
+    return (AutorepairConfig(policy=current, clusters=plain),
+            AutorepairConfig(policy=new, clusters=racked))
+
+
+#: The figures the benchmark prints per policy.
+FIGURES = ("repairs", "automatic", "waited_for_person", "breaker_trips", "domain_holds",
+           "domain_held_repairs", "outcomes", "gpu_hours", "disruptive_per_node")
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -182,13 +210,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
            "read_s": round(read_s, 2), "replay_both_s": round(replay_s, 2),
            "total_s": round(total, 2), "target_s": TARGET_S,
            "ratio_to_target": round(total / TARGET_S, 3),
-           "current": {k: doc["current"][k] for k in (
-               "repairs", "automatic", "waited_for_person", "breaker_trips", "outcomes",
-               "gpu_hours", "disruptive_per_node")},
-           "new": {k: doc["new"][k] for k in (
-               "repairs", "automatic", "waited_for_person", "breaker_trips", "outcomes",
-               "gpu_hours", "disruptive_per_node")},
-           "differing_alerts": doc["differing_alerts"]}
+           "current": {k: doc["current"][k] for k in FIGURES},
+           "new": {k: doc["new"][k] for k in FIGURES},
+           "differing_alerts": doc["differing_alerts"],
+           "measured_domain_release_s": durations.domain_release_s}
     return out
 
 

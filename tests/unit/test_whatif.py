@@ -44,7 +44,7 @@ def test_automatic_policy_figures_hand_checked() -> None:
     assert f["outcomes"] == {"succeeded": 5}
     assert f["disruptive_per_node"] == {"max": 1, "p99": 1, "nodes": 5, "total": 5}
     assert f["gpu_hours"] == pytest.approx(5 * 8 * 780 / 3600, abs=1e-5)
-    assert f["cost"] is None and f["domain_holds"] is None
+    assert f["cost"] is None and f["domain_holds"] == 0
 
 
 def test_consent_approve_makes_every_repair_wait_for_a_person() -> None:
@@ -208,7 +208,7 @@ def test_tables_and_plot_of_a_document(tmp_path: Path) -> None:
     text = con.export_text()
     for want in ("waiting for a person", "breaker trips", "disruptive actions / node (p99)",
                  "GPU-hours lost", "alerts whose outcome differs (5; first 5 shown)",
-                 "domain holds: not modelled", "a0"):
+                 "failure domains: each configuration", "a0"):
         assert want in text, want
     png = tmp_path / "w.png"
     write_plot(doc, png)
@@ -233,3 +233,114 @@ def test_clear_while_waiting_for_a_person_resolves_the_repair() -> None:
     assert r.transitions[0] == ("recommended", T0 + timedelta(seconds=60))
     assert r.stage == "auto_resolved" and r.transitions[-1][1] == T0 + timedelta(seconds=600)
     assert figures(run)["gpu_hours"] == 0.0 and run.alerts["x2"].outcome
+
+
+# ---- failure-domain holds (issue 29 item 2 in the what-if) ---------------------------
+RACK = ["n0", "n1", "n2", "n4"]  # rack-1; n3 is in no domain
+
+
+def storm() -> list[Alert]:
+    """Xid 79 on n0 (0 s), n1 (10 s), n2 (20 s), n3 (30 s), n4 (40 s)."""
+    return [xid79(i, f"n{i}", i * 10) for i in range(5)]
+
+
+def rack_facts() -> Facts:
+    return Facts(gpu_nodes={"c": 100}, domains={"c": {n: ["rack-1"] for n in RACK}})
+
+
+def test_three_nodes_of_a_domain_hold_the_rest_of_it() -> None:
+    """Hand-checked: n0 and n1 of rack-1 are granted (1 and 2 nodes counted); n2's request
+    at 20 s is the third node of rack-1 within 600 s: the hold opens then, naming n0, n1,
+    n2, and n2 waits (why=domain); n3 (no domain) is granted at 30 s; n4 (rack-1) at 40 s
+    waits. Nobody releases (no release measured): n2 and n4 wait until lease_wait_max_s
+    (24 h) and time out. Without domains (the current config) all five succeed."""
+    cur = replay(storm(), automatic(), FACTS)
+    new = replay(storm(), automatic(), rack_facts())
+    fc, fn = figures(cur), figures(new)
+    assert fc["domain_holds"] == 0 and fc["holds"] == [] and fc["domain_held_repairs"] == 0
+    assert fc["outcomes"] == {"succeeded": 5}
+    assert fn["domain_holds"] == 1 and fn["domain_held_repairs"] == 2
+    assert fn["holds"] == [{"cluster": "c", "domain": "rack-1",
+                            "at": (T0 + timedelta(seconds=20)).isoformat(),
+                            "nodes": ["n0", "n1", "n2"], "released_at": None}]
+    assert fn["outcomes"] == {"succeeded": 3, "timed_out": 2}
+    by_node = {r.node: r for r in new.repairs.values()}
+    assert [n for n, r in sorted(by_node.items()) if r.domain_held] == ["n2", "n4"]
+    assert by_node["n2"].stage == "timed_out" and by_node["n3"].stage == "succeeded"
+    assert fn["breaker_trips"] == 0 and fn["automatic"] == 5
+    diff, total = differences(cur, new)
+    assert total == 2 and [d["alert_id"] for d in diff] == ["a2", "a4"]
+    why = diff[0]["new"]["why"]
+    assert "lease queued: failure domain rack-1 held" in why and "(why=domain)" in why
+    assert "(why=domain)" not in diff[0]["current"]["why"]
+
+
+def test_measured_domain_release_frees_the_held_repairs() -> None:
+    """The ledger's holds were released 1 h after opening: the hold opened at 00:00:20 is
+    released at 01:00:20; n2 and n4 are granted then and are back in service 780 s later
+    (drain 60 + action 600 + rejoin 120), at 01:13:20."""
+    run = replay(storm(), automatic(), rack_facts(), Durations(domain_release_s=3600.0))
+    f = figures(run)
+    assert f["domain_holds"] == 1 and f["outcomes"] == {"succeeded": 5}
+    assert f["holds"][0]["released_at"] == (T0 + timedelta(hours=1, seconds=20)).isoformat()
+    by_node = {r.node: r for r in run.repairs.values()}
+    for n in ("n2", "n4"):
+        assert by_node[n].transitions[-1] == ("succeeded",
+                                              T0 + timedelta(hours=1, minutes=13, seconds=20))
+    assert ("cordoning", T0 + timedelta(hours=1, seconds=20)) in by_node["n2"].transitions
+
+
+def test_domain_threshold_and_window_come_from_the_policy() -> None:
+    """policy.domains.threshold 5: four rack-1 nodes never hold; window_s 15: n0 (0 s),
+    n1 (10 s), n2 (20 s) are never three within 15 s."""
+    p = automatic()
+    p.domains.threshold = 5
+    assert figures(replay(storm(), p, rack_facts()))["domain_holds"] == 0
+    p = automatic()
+    p.domains.window_s = 15.0
+    assert figures(replay(storm(), p, rack_facts()))["domain_holds"] == 0
+
+
+def test_domain_replay_is_deterministic() -> None:
+    d = Durations(domain_release_s=3600.0)
+    one = figures(replay(storm(), automatic(), rack_facts(), d))
+    two = figures(replay(list(reversed(storm())), automatic(), rack_facts(), d))
+    assert json.dumps(one, sort_keys=True) == json.dumps(two, sort_keys=True)
+
+
+def test_compare_takes_domains_from_each_config() -> None:
+    """The new config puts n0..n2, n4 in rack-1 (nodes[].failure_domain); the current has
+    no domains: only the new policy holds, and the assumptions say where membership came
+    from and that nobody releases."""
+    from workers.whatif import compare, tables
+    from workflows.config import NodeConfig
+
+    cur = AutorepairConfig(policy=automatic(), clusters=[ClusterConfig(name="c", gpu_nodes=100)])
+    # each its own pool (the default pool "default" would serialize them: one_per_pool)
+    nodes = [NodeConfig(name=n, pool=n, failure_domain="rack-1") for n in RACK]
+    new = cur.model_copy(update={"clusters": [ClusterConfig(name="c", gpu_nodes=100,
+                                                            nodes=nodes)]})
+    doc = compare(storm(), Durations(), {}, cur, new)
+    assert doc["current"]["domain_holds"] == 0 and doc["new"]["domain_holds"] == 1
+    assert doc["differing_alerts"] == 2
+    text = " ".join(doc["assumptions"])
+    assert "current: 0 nodes in 0 domains" in text and "new: 4 nodes in 1 domains" in text
+    assert "not available offline" in text and "nobody releases a domain hold" in text
+    assert "not modelled" not in text
+    from rich.console import Console
+
+    con = Console(record=True, width=200)
+    con.print(tables({"since": T0.isoformat(), "until": T0.isoformat(), "cluster": None,
+                      **doc}, 200))
+    out = con.export_text()
+    assert "domain holds" in out and "rack-1" in out and "n0, n1, n2" in out
+
+
+def test_a_persons_approval_is_not_held_by_a_domain() -> None:
+    """consent approve with a measured approval wait of 1 h: every repair is approved by
+    a person, and a person's request is not held nor counted (issue 29 item 2), so the
+    rack opens no hold and all five succeed."""
+    p = PolicyConfig(consent=ConsentConfig(mode="approve"))
+    f = figures(replay(storm(), p, rack_facts(), Durations(approval_s=3600.0)))
+    assert f["domain_holds"] == 0 and f["domain_held_repairs"] == 0
+    assert f["waited_for_person"] == 5 and f["outcomes"] == {"succeeded": 5}

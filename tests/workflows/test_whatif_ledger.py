@@ -20,6 +20,11 @@ async def test_whatif_over_a_ledger_of_real_runs(harness: Harness, pg_dsn: str,
     from workflows.config import AutorepairConfig, ClusterConfig, ConsentConfig
 
     h = harness
+    # three automatic power cycles inside one 600 s breaker window: above the default
+    # threshold of 20 GPU nodes (max(breaker_min 2, ⌈0.10 × 20⌉) = 2; a released repair
+    # still counts, commit 7a5d23d), so the third would wait for a breaker reset; this test
+    # is about the what-if reading real runs back, so the breaker allows three
+    h.policy.rails.breaker_min = 3
     t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
     for i in (1, 2, 3):
         a = make_alert(h.cluster.cluster, f"gpu-0{i}", i,
@@ -53,6 +58,41 @@ async def test_whatif_over_a_ledger_of_real_runs(harness: Harness, pg_dsn: str,
     again = await whatif_doc(pool, current, new, since, until, h.cluster.cluster)
     assert json.dumps(again, sort_keys=True) == json.dumps(doc, sort_keys=True)
 
+    # the same ledger with gpu-01..03 in one configured failure domain (each its own
+    # pool): the third node's request opens the hold and waits; the runs recorded no
+    # hold, so nobody releases it and the repair's lease wait times out
+    from workflows.config import NodeConfig
+
+    racked = ClusterConfig(name=h.cluster.cluster, gpu_nodes=h.gpu_nodes, nodes=[
+        NodeConfig(name=f"gpu-0{i}", pool=f"p{i}", failure_domain="rack-1") for i in (1, 2, 3)])
+    dom = await whatif_doc(pool, current, AutorepairConfig(policy=h.policy, clusters=[racked]),
+                           since, until, h.cluster.cluster)
+    assert dom["current"]["domain_holds"] == 0 and dom["new"]["domain_holds"] == 1
+    assert dom["new"]["holds"][0]["nodes"] == ["gpu-01", "gpu-02", "gpu-03"]
+    assert dom["new"]["holds"][0]["released_at"] is None
+    assert [d["node"] for d in dom["differences"]] == ["gpu-03"]
+    assert "(why=domain)" in dom["differences"][0]["new"]["why"]
+    assert any("nobody releases a domain hold" in s for s in dom["assumptions"])
+    # a hold and its release 30 min later recorded as the guard records them (raise, then
+    # the clear of `<id>/release`): the replayed hold is released after that median and
+    # gpu-03's repair goes on; the rows are not replayed as alerts
+    from workflows.models import Alert, Severity
+
+    hid = f"domain/{h.cluster.cluster}/rack-9/{t0.isoformat()}"
+    for aid, active, at in ((hid, True, t0), (f"{hid}/release", False,
+                                               t0 + timedelta(minutes=30))):
+        await h.ledger.record_alert(Alert(
+            alert_id=aid, cluster=h.cluster.cluster, node="*", kind="failure_domain",
+            severity=Severity.critical, summary="hold", evidence={"domain": "rack-9"},
+            level=True, active=active, source="guard", observed_at=at))
+    dom = await whatif_doc(pool, current, AutorepairConfig(policy=h.policy, clusters=[racked]),
+                           since, until, h.cluster.cluster)
+    assert dom["alerts"] == 3 and dom["new"]["domain_holds"] == 1
+    held = datetime.fromisoformat(dom["new"]["holds"][0]["at"])
+    assert dom["new"]["holds"][0]["released_at"] == (held + timedelta(minutes=30)).isoformat()
+    assert dom["new"]["outcomes"] == {"succeeded": 3}
+    assert any("releases a domain hold after 1800 s" in s for s in dom["assumptions"])
+
     # the CLI over the same ledger (its own read-only session, search_path as a server
     # setting of the DSN): the same figures as JSON
     from typer.testing import CliRunner
@@ -63,9 +103,11 @@ async def test_whatif_over_a_ledger_of_real_runs(harness: Harness, pg_dsn: str,
     sep = "&" if "?" in pg_dsn else "?"
     new_yaml = tmp_path / "new.yaml"
     new_yaml.write_text(f"policy:\n  consent:\n    mode: approve\n"
+                        f"  rails:\n    breaker_min: 3\n"
                         f"clusters:\n  - name: {h.cluster.cluster}\n    gpu_nodes: 20\n")
     cur_yaml = tmp_path / "current.yaml"
     cur_yaml.write_text(f"policy:\n  consent:\n    mode: automatic\n"
+                        f"  rails:\n    breaker_min: 3\n"
                         f"clusters:\n  - name: {h.cluster.cluster}\n    gpu_nodes: 20\n")
     r = await asyncio.to_thread(
         CliRunner().invoke, app,

@@ -7,8 +7,9 @@ Figures of one replay (:func:`figures`), a JSON-ready dict:
   cap applied); ``automatic``: repairs that never waited for a person; ``waited_for_person``:
   the others; ``nodes_reaching_person``: nodes with at least one such repair;
 - ``outcomes``: repairs by terminal stage (``open`` when the replay ended first);
-- ``breaker_trips`` (and ``trips``: cluster, time, reason); ``domain_holds``: ``None``:
-  the guard machine has no domain holds (not modelled);
+- ``breaker_trips`` (and ``trips``: cluster, time, reason); ``domain_holds`` (and
+  ``holds``: cluster, domain, time, nodes that opened it, ``released_at`` or ``None``);
+  ``domain_held_repairs``: repairs whose lease request waited for a hold (``why=domain``);
 - ``disruptive_per_node``: executed actions per node over nodes that had an alert
   (``max``, ``p99`` by the nearest-rank method: the ⌈0.99·n⌉-th smallest);
 - ``gpu_hours`` / ``cost`` / ``unpriced_repairs``: the downtime model of
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from workflows.downtime import compute_downtime
@@ -81,6 +83,14 @@ def figures(run: Run, info_for: InfoFor = _default_info) -> dict[str, Any]:
             priced += 1
             cost += d.cost
     counts = list(per_node.values())
+    released: dict[tuple[str, str], list[datetime]] = {}
+    for cl, dom, at in run.releases:
+        released.setdefault((cl, dom), []).append(at)
+    holds: list[dict[str, Any]] = []
+    for cl, dom, at, nodes in run.holds:  # the k-th release of a domain ends its k-th hold
+        rel = released.get((cl, dom), [])
+        holds.append({"cluster": cl, "domain": dom, "at": at.isoformat(), "nodes": nodes,
+                      "released_at": rel.pop(0).isoformat() if rel else None})
     return {
         "repairs": len(run.repairs),
         "by_action": dict(sorted(by_action.items())),
@@ -91,7 +101,9 @@ def figures(run: Run, info_for: InfoFor = _default_info) -> dict[str, Any]:
         "breaker_trips": len(run.trips),
         "trips": [{"cluster": c, "at": at.isoformat(), "reason": why}
                   for c, at, why in run.trips],
-        "domain_holds": None,
+        "domain_holds": len(run.holds),
+        "holds": holds,
+        "domain_held_repairs": sum(1 for r in run.repairs.values() if r.domain_held),
         "disruptive_per_node": {"max": max(counts, default=0), "p99": p99(counts),
                                 "nodes": len(counts), "total": sum(counts)},
         "gpu_hours": round(gpu_hours, 6),
@@ -119,7 +131,7 @@ def _why(a: AlertResult, run: Run) -> str:
     if r.asked:
         parts.append(f"waited for a person: {r.asked[0]}")
     if r.refused:
-        parts.append(f"lease queued: {r.refused}")
+        parts.append(f"lease queued: {r.refused} (why={r.refused_why or 'queued'})")
     parts.append(f"ended {r.stage}: {r.reason}" if r.stage else "still open")
     return "; ".join(parts)
 

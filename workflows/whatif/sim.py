@@ -28,7 +28,13 @@ delivers them):
   ledger measured (:attr:`Durations.approval_s`; ``None``: nobody approves, it ends as the
   consent's ``approval_timeout_s`` says); a tripped breaker is reset after the median
   trip-to-reset time of the ledger's breaker alerts (``breaker_reset_s``; ``None``: never,
-  it stays open to the end of the replay, :data:`HORIZON_S` past the window).
+  it stays open to the end of the replay, :data:`HORIZON_S` past the window);
+- failure domains: each node's domains are :attr:`Facts.domains` (the configuration's
+  ``nodes[].failure_domain``; the scheduler's labels and features are not read offline),
+  with the policy's ``domains.threshold`` and ``domains.window_s``; a domain hold the
+  guard opens is released by a person after the median hold-to-release time of the
+  ledger's ``failure_domain`` alerts (``domain_release_s``; ``None``: never, the domain's
+  automatic repairs wait to the end of the replay).
 
 Alert times: the control plane's receipt time ``received_at`` where an alert carries it,
 else ``observed_at`` (the ledger keeps no receipt time; ingest rejects senders more than
@@ -47,7 +53,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from workflows.config import PolicyConfig
-from workflows.leases import LeaseRelease, LeaseRequest, ResetBreakerSignal
+from workflows.leases import LeaseRelease, LeaseRequest, ReleaseDomainSignal, ResetBreakerSignal
 from workflows.lifecycle import guard as gm
 from workflows.lifecycle import machine_action as ma
 from workflows.lifecycle import node as nm
@@ -75,11 +81,14 @@ class Durations:
     for ``waiting_for_idle``, ``draining``, ``repairing`` (``migrating`` for migrate is
     filed as ``repairing``) and ``joining``; ``approval_s``: median wait from
     ``awaiting_approval`` to the next stage (None: nobody approves); ``breaker_reset_s``:
-    median time from a breaker trip to its reset in the ledger (None: nobody resets it)."""
+    median time from a breaker trip to its reset in the ledger (None: nobody resets it);
+    ``domain_release_s``: median time from a failure-domain hold to its release in the
+    ledger (None: nobody releases one)."""
 
     by_action: dict[str, dict[str, float]] = field(default_factory=dict)
     approval_s: float | None = None
     breaker_reset_s: float | None = None
+    domain_release_s: float | None = None
 
     def of(self, action: Action, stage: str) -> float:
         """Seconds ``action`` spends in ``stage`` (measured, else :data:`DEFAULT_DURATIONS_S`)."""
@@ -91,11 +100,13 @@ class Durations:
 class Facts:
     """What the ledger and inventory say beside the alerts: GPU nodes per cluster (the
     rails' denominator; 0: the rails' minimums), node → pool and node → machine per
-    cluster, and the recorded attempt outcomes per (cluster, node, action), oldest first."""
+    cluster, the recorded attempt outcomes per (cluster, node, action), oldest first, and
+    node → failure domains per cluster (the guard's ``PolicyView.domains``)."""
 
     gpu_nodes: dict[str, int] = field(default_factory=dict)
     pools: dict[str, dict[str, str]] = field(default_factory=dict)
     machines: dict[str, dict[str, str]] = field(default_factory=dict)
+    domains: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     outcomes: dict[tuple[str, str, str], list[str]] = field(default_factory=dict)
 
 
@@ -105,7 +116,9 @@ class RepairRun:
     person (empty: automatic), ``transitions`` ``(stage, at)`` as recorded, ``attempts``
     the actions executed with their outcome, ``stage`` the terminal one ("" still open
     when the replay ended), ``rule`` / ``reason`` the last decision and end, ``refused``
-    the guard's last reason for queueing its lease request."""
+    the guard's last reason for queueing its lease request and ``refused_why`` its
+    category (``gm.Why``: ``budget``, ``breaker``, ``domain``, …); ``domain_held``: its
+    lease request ever waited for a failure-domain hold."""
 
     repair_id: str
     cluster: str
@@ -119,6 +132,8 @@ class RepairRun:
     rule: str = ""
     reason: str = ""
     refused: str = ""  # the guard's last reason for not granting the lease ("" none)
+    refused_why: str = ""
+    domain_held: bool = False
 
 
 @dataclass
@@ -137,11 +152,14 @@ class AlertResult:
 @dataclass
 class Run:
     """A replay's result: alerts in replay order, repairs by id (in start order), breaker
-    trips ``(cluster, at, reason)``, the simulated time the replay ended."""
+    trips ``(cluster, at, reason)``, failure-domain holds ``(cluster, domain, at, nodes)``
+    and their releases ``(cluster, domain, at)``, the simulated time the replay ended."""
 
     alerts: dict[str, AlertResult] = field(default_factory=dict)
     repairs: dict[str, RepairRun] = field(default_factory=dict)
     trips: list[tuple[str, datetime, str]] = field(default_factory=list)
+    holds: list[tuple[str, str, datetime, list[str]]] = field(default_factory=list)
+    releases: list[tuple[str, str, datetime]] = field(default_factory=list)
     ended_at: datetime | None = None
     open_at_end: int = 0
 
@@ -165,6 +183,7 @@ class _Sim:
         self.attempts: dict[tuple[str, str], list[AttemptRecord]] = {}
         self.tries: dict[tuple[str, str, str], int] = {}
         self.removed: set[tuple[str, str]] = set()
+        self.views: dict[str, gm.PolicyView] = {}
         self.run = Run()
 
     # -- scheduling ---------------------------------------------------------------------
@@ -218,6 +237,13 @@ class _Sim:
                 if g is not None and g.breaker_open:
                     self.send("guard", who, gm.ResetBreaker(sig=ResetBreakerSignal(
                         by=APPROVER, reason="reset as the ledger's breaker resets took")))
+            elif kind == "domain_release":
+                g = self.guards.get(who[0])
+                if g is not None and any(h.domain == who[1] for h in g.holds):
+                    self.run.releases.append((who[0], who[1], self.now))
+                    self.send("guard", who[0], gm.ReleaseDomain(sig=ReleaseDomainSignal(
+                        domain=who[1], by=APPROVER,
+                        reason="released as the ledger's domain holds were")))
             elif kind == "repair_clock":
                 if who in self.repairs:
                     self.send("repair", who, rm.Clock())
@@ -302,14 +328,24 @@ class _Sim:
 
     # -- the guard ----------------------------------------------------------------------
     def view(self, cluster: str) -> gm.PolicyView:
+        """The guard's policy for ``cluster``: built once (policy and facts do not change
+        during a replay; a 10,000-node map is not copied at every policy re-read)."""
+        got = self.views.get(cluster)
+        if got is not None:
+            return got
         rails = self.policy.rails
         gpu = self.facts.gpu_nodes.get(cluster, 0)
-        return gm.PolicyView(gpu_nodes=gpu, budget=concurrency_budget(gpu, rails, 0),
-                             breaker_threshold=breaker_threshold(gpu, rails, 0),
-                             breaker_window_s=rails.breaker_window_s,
-                             one_per_pool=rails.one_per_pool, detector_cap=rails.detector_cap,
-                             lease_ttl_s=rails.lease_ttl_s,
-                             pools=dict(self.facts.pools.get(cluster, {})))
+        got = gm.PolicyView(
+            gpu_nodes=gpu, budget=concurrency_budget(gpu, rails, 0),
+            breaker_threshold=breaker_threshold(gpu, rails, 0),
+            breaker_window_s=rails.breaker_window_s, one_per_pool=rails.one_per_pool,
+            detector_cap=rails.detector_cap, lease_ttl_s=rails.lease_ttl_s,
+            pools=dict(self.facts.pools.get(cluster, {})),
+            domains={n: list(ds) for n, ds in self.facts.domains.get(cluster, {}).items()},
+            domain_threshold=self.policy.domains.threshold,
+            domain_window_s=self.policy.domains.window_s)
+        self.views[cluster] = got
+        return got
 
     def start_guard(self, cluster: str) -> None:
         self.guards[cluster] = gm.new_state(cluster, self.view(cluster))
@@ -331,7 +367,12 @@ class _Sim:
                                                                       purpose=c.purpose))
                 elif c.purpose == "reply":
                     if not c.reply.granted:
-                        self.run.repairs[rid].refused = c.reply.reason
+                        run = self.run.repairs[rid]
+                        run.refused = c.reply.reason
+                        why = next((q.why.value for q in g.queue
+                                    if q.req.repair_id == rid), "")
+                        run.refused_why = why
+                        run.domain_held = run.domain_held or why == gm.Why.domain.value
                     self.send("repair", rid, rm.LeaseReply(granted=c.reply.granted,
                                                            reason=c.reply.reason))
             elif isinstance(c, gm.WriteAlert):
@@ -340,6 +381,13 @@ class _Sim:
                     if self.dur.breaker_reset_s is not None:
                         self.at(self.now + timedelta(seconds=self.dur.breaker_reset_s),
                                 "breaker_reset", cluster, None)
+                elif c.alert.kind == gm.DOMAIN_KIND and c.alert.active:
+                    domain = str(c.alert.evidence.get("domain", ""))
+                    nodes = [str(n) for n in c.alert.evidence.get("nodes", [])]
+                    self.run.holds.append((cluster, domain, self.now, nodes))
+                    if self.dur.domain_release_s is not None:
+                        self.at(self.now + timedelta(seconds=self.dur.domain_release_s),
+                                "domain_release", (cluster, domain), None)
             elif isinstance(c, gm.StartTimer):
                 self.guard_timers[(cluster, c.name)] = c.at
                 self.at(c.at, "guard_timer", (cluster, c.name), None)
@@ -385,7 +433,8 @@ class _Sim:
                     repair_id=rid, workflow_id=rid, cluster=cluster, node=node,
                     node_pool=s.pool, automatic=s.approval is None,
                     requester_kind=s.requester.kind, renew=c.what == "renew",
-                    gpu_evidence=any(a.gpu for a in s.alerts), requested_at=self.now)))
+                    gpu_evidence=any(a.gpu for a in s.alerts), requested_at=self.now,
+                    fault_kinds=sorted({a.kind for a in s.alerts}))))
         elif isinstance(c, rm.StartTimer):
             self.later(c.seconds, rid, rm.TimerFired())
         elif isinstance(c, rm.RecordTransition):
