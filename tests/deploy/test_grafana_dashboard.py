@@ -65,12 +65,21 @@ def _design_md_names() -> set[str] | None:
     return None
 
 
-def _walk_exprs(dash: dict[str, Any]) -> list[str]:
-    exprs: list[str] = []
+#: The Grafana Infinity plugin: the reliability panels read ``GET /api/v1/report``.
+INFINITY = "yesoreyeram-infinity-datasource"
+
+
+def _targets(dash: dict[str, Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
     for p in dash["panels"]:
-        exprs.extend(t["expr"] for t in p.get("targets", []))
+        out.extend(p.get("targets", []))
         for sub in p.get("panels", []):
-            exprs.extend(t["expr"] for t in sub.get("targets", []))
+            out.extend(sub.get("targets", []))
+    return out
+
+
+def _walk_exprs(dash: dict[str, Any]) -> list[str]:
+    exprs = [t["expr"] for t in _targets(dash) if t["datasource"]["type"] == "prometheus"]
     for var in dash["templating"]["list"]:
         if var["type"] == "query":
             q = var["query"]
@@ -167,7 +176,8 @@ def test_dashboard_structure(dashboard: dict[str, Any]) -> None:
         g = p["gridPos"]
         assert 0 <= g["x"] and g["x"] + g["w"] <= 24 and g["h"] > 0
         for t in p.get("targets", []):
-            assert t["datasource"]["uid"] == "${datasource}"
+            want = "${report}" if t["datasource"]["type"] == INFINITY else "${datasource}"
+            assert t["datasource"]["uid"] == want, (p["title"], t["datasource"])
     # Panel y ranges never overlap in the same columns.
     boxes = [(p["gridPos"]["x"], p["gridPos"]["y"], p["gridPos"]["w"], p["gridPos"]["h"])
              for p in dashboard["panels"]]
@@ -187,3 +197,54 @@ def test_project_design_doc_lists_every_contract_metric() -> None:
     names = set(re.findall(r"`(autorepair_[a-z_]+)", m.group(1)))
     missing = (set(DESIGN_METRICS) | ROUND2_METRICS) - names
     assert not missing, f"docs/design.md §4.5 lacks {sorted(missing)}"
+
+
+def _path(doc: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        assert isinstance(doc, dict) and part in doc, f"{dotted!r}: no {part!r} in {doc!r}"
+        doc = doc[part]
+    return doc
+
+
+def test_reliability_panels_read_fields_the_report_has(dashboard: dict[str, Any]) -> None:
+    """Issue 31 item 4: the reliability figures are on the dashboard, read from the API's
+    report (they come from the ledger, not Prometheus). Every root and column a panel
+    selects exists in the report's real shape (``reliability_figures`` of a small known
+    ledger), and every figure the issue names has a panel."""
+    from datetime import UTC, datetime, timedelta
+
+    from activities.reliability import AttemptFact, RepairFact, reliability_figures
+
+    t0 = datetime(2026, 11, 1, tzinfo=UTC)
+    ended = [RepairFact(f"r{i}", "m1", "system", None, None, "succeeded",
+                        t0 + timedelta(days=i), t0 + timedelta(days=i, hours=1))
+             for i in range(2)]
+    attempts = [AttemptFact(f"r{i}", "reboot", "succeeded", t0 + timedelta(days=i))
+                for i in range(2)]
+    report = {"reliability": reliability_figures(
+        ended, attempts, [("m1", r.started_at) for r in ended], t0, t0 + timedelta(days=7),
+        800)}
+    targets = [t for t in _targets(dashboard) if t["datasource"]["type"] == INFINITY]
+    assert targets
+    roots = set()
+    for t in targets:
+        assert t["url"] == "/api/v1/report" and t["type"] == "json", t
+        params = {p["key"]: p["value"] for p in t["url_options"]["params"]}
+        assert params == {"since": "${__from:date:iso}", "until": "${__to:date:iso}"}
+        root = _path(report, t["root_selector"])
+        rows = root if isinstance(root, list) else [root]
+        assert rows, t["root_selector"]
+        for col in t["columns"]:
+            _path(rows[0], col["selector"])
+        roots |= {f"{t['root_selector']}.{c['selector']}" for c in t["columns"]}
+    for figure in ("reliability.auto_remediation.rate",
+                   "reliability.disruptive_per_1k_gpu_days",
+                   "reliability.time_between_incidents.median_s",
+                   "reliability.second_rung.share",
+                   "reliability.mttr_by_decision.automatic.mttr_s",
+                   "reliability.mttr_by_decision.approved.mttr_s",
+                   "reliability.mttr_by_decision.operator.mttr_s",
+                   "reliability.mttr_by_decision.detector.mttr_s",
+                   "reliability.time_between_incidents.worst.machine"):
+        assert figure in roots, figure
+    assert {v["name"] for v in dashboard["templating"]["list"]} >= {"report"}
