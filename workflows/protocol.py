@@ -276,6 +276,10 @@ class RepairFinished(BaseModel):
     #: the field; the node then judges by the action it started the repair with). An
     #: operator's ``approve --action`` or the ladder can make them differ from it.
     actions: list[Action] | None = None
+    #: The repair ended because its machine is held for RMA (I18: removed and not
+    #: returned): the node takes the faults it stood for as dealt with — the machine is
+    #: out of service — so it does not open another repair for them every cooldown.
+    machine_held: bool = False
 
 
 class NodeStatus(BaseModel):

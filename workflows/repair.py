@@ -338,6 +338,8 @@ class RepairWorkflow:
         self._done = "node back in service"
         #: shadow mode (issue 29 item 3): decide and record, never act
         self._shadow = False
+        #: I18: the repair ended because its machine is held for RMA
+        self._machine_held = False
         #: one line per evidence capture before an action (issue 31 item 3)
         self._captures: list[str] = []
         #: what the machine action's ``step`` commanded, checked against what runs
@@ -601,6 +603,7 @@ class RepairWorkflow:
         )
         if hold.held:
             since = hold.since.isoformat() if hold.since is not None else "unknown"
+            self._machine_held = True  # told to the node with the end (RepairFinished)
             raise _Ended(
                 S.cancelled, "system",
                 f"machine {hold.machine_id or self._machine} is held for RMA since {since} "
@@ -1698,6 +1701,7 @@ class RepairWorkflow:
                     at=workflow.now(),
                     alert_ids=[a.alert_id for a in self._alerts],
                     actions=list(self._acted),
+                    machine_held=self._machine_held,
                 ),
             )
         except FailureError:

@@ -230,6 +230,12 @@ def _world_events(w: World) -> list[tuple[str, World, nm.Event | None]]:
         out.append((f"repair_shadowed({rid})", replace(w, repair=None),
                     nm.RepairFinishedEv(repair_id=rid, stage=Stage.shadowed,
                                         at=T0 + timedelta(seconds=w.now_s))))
+        # I18: the machine is held for RMA; the repair refused to act (cancelled) and the
+        # node sets the faults it stood for aside (no repair for them every cooldown)
+        out.append((f"repair_refused_held({rid})", replace(w, repair=None),
+                    nm.RepairFinishedEv(repair_id=rid, stage=Stage.cancelled,
+                                        at=T0 + timedelta(seconds=w.now_s),
+                                        machine_held=True)))
         out.append((f"repair_failed({rid})", replace(w, repair=None),
                     nm.RepairFinishedEv(repair_id=rid, stage=Stage.failed,
                                         at=T0 + timedelta(seconds=w.now_s))))

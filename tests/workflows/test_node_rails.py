@@ -427,3 +427,50 @@ async def test_node_reconciles_after_continue_as_new_and_opens_a_new_repair(
     await eventually(second, "a new repair after the cooldown")
     rows = await h.ledger.list_repairs(cluster=c, node="gpu-07")
     assert len(rows) == 2 and {r["repair_id"] for r in rows} > {rid}
+
+
+async def test_a_machine_held_for_rma_is_not_repaired_again_every_cooldown(
+    harness: Harness,
+) -> None:
+    """I18 on the node: a level fault of a machine held for RMA (removed, not returned)
+    gets one repair, which ends ``cancelled`` naming the hold; the node sets the fault
+    aside, so no second repair is opened for it when the cooldown ends (before: a new
+    refused repair every cooldown, each in the ledger and a notification). A fault
+    reported after that end is a new episode and is judged again."""
+    from workflows.activity_api import AttemptRecord
+    from workflows.models import Action
+
+    h = harness
+    c = h.cluster.cluster
+    await h.ledger.record_attempt(AttemptRecord(
+        repair_id="r-rma", cluster=c, node="gpu-12", machine_id="m-gpu-12",
+        action=Action.remove, alert_kind="xid", code=79, outcome="succeeded",
+        at=datetime.now(UTC) - timedelta(hours=1)))
+    await h.deliver(_xfs(h, "gpu-12", "1"))
+    await h.env.sleep(timedelta(minutes=3))  # past the level fault's persistence
+
+    async def ended() -> bool:
+        st = await node_status(h, "gpu-12")
+        return st.repair_id is None and st.recommendations == 1
+
+    await eventually(ended, "the repair refused by the RMA hold")
+    rows = await h.ledger.list_repairs(cluster=c, node="gpu-12")
+    assert [r["stage"] for r in rows] == ["cancelled"], rows
+    st = await node_status(h, "gpu-12")
+    assert not st.active_alerts, st.active_alerts  # set aside: the machine is out
+    row = await h.ledger.get_repair(rows[0]["repair_id"])
+    assert row is not None and "held for RMA" in row["transitions"][-1]["reason"], row
+    until = st.cooldown_until
+    assert until is not None
+    await h.env.sleep(until - await h.env.get_current_time() + timedelta(minutes=5))
+    st = await node_status(h, "gpu-12")
+    assert st.recommendations == 1 and st.repair_id is None, st
+    assert len(await h.ledger.list_repairs(cluster=c, node="gpu-12")) == 1
+    # a new raise after that end is a new episode: judged (and refused) again
+    await h.deliver(_xfs(h, "gpu-12", "2"))
+    await h.env.sleep(timedelta(minutes=3))
+
+    async def judged_again() -> bool:
+        return (await node_status(h, "gpu-12")).recommendations == 2
+
+    await eventually(judged_again, "a repair for the new raise")

@@ -247,6 +247,8 @@ class Finished(BaseModel):
     at: datetime
     alert_ids: list[str] = Field(default_factory=list)
     actions: list[Action] | None = None
+    #: the repair ended because its machine is held for RMA (``RepairFinished``)
+    machine_held: bool = False
 
 
 class Attaching(BaseModel):
@@ -391,6 +393,7 @@ class RepairFinishedEv(BaseModel):
     at: datetime
     alert_ids: list[str] = Field(default_factory=list)
     actions: list[Action] | None = None
+    machine_held: bool = False
 
 
 class RepairEnded(BaseModel):
@@ -733,6 +736,16 @@ def _finish(s: NodeState, msg: Finished, defects: frozenset[str]) -> NodeState:
     # one fault episode makes one shadowed repair, as it makes one repair in enforce
     ok = (msg.stage in (Stage.succeeded, Stage.shadowed)
           and "level_fault_survives_success" not in defects)
+    if msg.machine_held:
+        # I18: the machine is held for RMA (out of service until an operator returns
+        # it); the faults the repair stood for are dealt with — a repair for them would
+        # be refused again every cooldown. A fault reported after this end (a new
+        # raise, a new Xid) is a new episode and is judged as any other.
+        for k in set(rep.acted_on) | {k for k, f in s.active.items()
+                                      if f.alert.alert_id in used or f.received <= at}:
+            gone = active.pop(k, None)
+            if gone is not None:
+                retired[k] = (at, _boot(gone.alert))
     if ok:
         acted = set(rep.acted_on) | {k for k, f in s.active.items()
                                      if f.alert.alert_id in used or (
@@ -747,10 +760,12 @@ def _finish(s: NodeState, msg: Finished, defects: frozenset[str]) -> NodeState:
     cooldown = s.cooldown_until
     if msg.stage != Stage.auto_resolved:
         cooldown = cooldown_until(at, s.rails)
+    held = (": its machine is held for RMA, the faults it stood for are set aside until "
+            "reported again" if msg.machine_held else "")
     return s.model_copy(update={
         "active": active, "retired": _bounded(retired, MAX_CLEARED), "repair": None,
         "cooldown_until": cooldown, "booted_at": booted,
-        "details": f"repair {msg.repair_id} ended {msg.stage.value}"})
+        "details": f"repair {msg.repair_id} ended {msg.stage.value}{held}"})
 
 
 def _foreign_finish(s: NodeState, msg: Finished) -> NodeState:
@@ -1307,7 +1322,8 @@ def _step(s: NodeState, ev: Event, now: datetime, defects: frozenset[str]
         return s, []
     if isinstance(ev, RepairFinishedEv):
         msg = Finished(repair_id=ev.repair_id, stage=ev.stage, at=ev.at,
-                       alert_ids=ev.alert_ids, actions=ev.actions)
+                       alert_ids=ev.alert_ids, actions=ev.actions,
+                       machine_held=ev.machine_held)
         if s.repair is not None and s.repair.repair_id == ev.repair_id:
             return _finish(s, msg, defects), []
         if rc != Reconcile.done and len(s.finished_early) < MAX_FINISHED_EARLY:
@@ -1365,8 +1381,9 @@ def _table() -> None:
         TRANSITIONS[(rc, "repair_finished")] = (
             "ours → cooldown (not after auto_resolved), used event faults dropped; "
             "succeeded (or shadowed: the action it stood for) → acted-on faults retired, "
-            "every fault received before its end after a booting action (I20); not ours "
-            "→ ignored" if known else
+            "every fault received before its end after a booting action (I20); refused "
+            "because the machine is held for RMA (I18) → the faults it stood for set "
+            "aside until reported again; not ours → ignored" if known else
             "ours → as when known; not ours → kept until the ledger answers")
         TRANSITIONS[(rc, "repair_ended")] = ("ours → cooldown, ledger closed (not after "
                                              "`completed`), lease released, warning sent; "
