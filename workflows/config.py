@@ -649,7 +649,8 @@ class PoolConfig(_Section):
     """A node pool of a cluster (its nodes name it in ``nodes[].pool``) and what differs
     for it."""
 
-    #: Pool name, as ``nodes[].pool`` (or the ledger's bindings) give it.
+    #: Pool name, as ``nodes[].pool`` gives it (a pool with a ``mode`` must be named by
+    #: at least one ``nodes[].pool``, else the config is refused).
     name: str = Field(min_length=1)
     #: ``enforce`` or ``shadow`` for the pool's repairs (None = the cluster's mode).
     mode: PolicyMode | None = None
@@ -919,6 +920,15 @@ class ClusterConfig(_Section):
                 raise ValueError(f"clusters[{self.name}].pools[{i}].name: pool {p.name!r} "
                                  "is listed twice")
             seen.add(p.name)
+        # a mode no node can take is a rollout control that silently does nothing (a
+        # shadow pool whose nodes then act in enforce): a node's pool is nodes[].pool
+        named = {n.pool for n in self.nodes if n.pool}
+        for i, p in enumerate(self.pools):
+            if p.mode is not None and p.name not in named:
+                raise ValueError(
+                    f"clusters[{self.name}].pools[{i}].mode: {p.mode!r} applies to no node "
+                    f"(no clusters[{self.name}].nodes[].pool is {p.name!r}; a node's pool is "
+                    "its nodes[].pool): list the pool's nodes, or set the cluster's mode")
         return self
 
     def mode_of(self, pool: str | None, default: PolicyMode) -> PolicyMode:
@@ -1197,7 +1207,8 @@ class MaintenanceConfig(_Section):
 
 class DomainsConfig(_Section):
     """Failure-domain holds (issue 29 item 2): when ``threshold`` distinct nodes of one
-    domain ask for automatic repairs within ``window_s``, the cluster guard holds every
+    domain ask for repairs the platform recommended (automatic, or approved by a person;
+    an operator's own request is not counted) within ``window_s``, the cluster guard holds every
     automatic repair of the domain until an operator releases it
     (``autorepair domains release``). Membership: ``nodes[].failure_domain``, the values
     of the Kubernetes node labels ``label_keys``, the Slurm node features starting with

@@ -1241,7 +1241,11 @@ class RepairWorkflow:
             # a cancel or reject that came while the last rung ran, was verified or failed
             # stops here, before the next rung touches anything (I19)
             self._check_cancel_before_act()
-            # evidence re-checked right before every action (docs/design.md §5 rails)
+            # what the fault left behind, before the action destroys it (bounded; a cancel
+            # that came meanwhile stops here), then the evidence re-checked right before
+            # the action (docs/design.md §5 rails): a fault that cleared during the capture
+            # ends the repair auto_resolved, nothing touched
+            await self._capture_evidence(self._action)
             if not self._evidence_ok():
                 await self._rejoin()
                 raise _Ended(
@@ -1265,7 +1269,6 @@ class RepairWorkflow:
                 boot_id_before=before.boot_id,
                 boot_time_before=before.boot_time,
             )
-            await self._capture_evidence(action)
             await self._ensure_lease(action.value)
             self._acted.append(action)
             try:

@@ -156,3 +156,27 @@ def test_a_queued_request_of_the_domain_is_held_from_the_queue() -> None:
 def test_every_state_and_event_pair_is_decided() -> None:
     assert all((st, "release_domain") in gm.TRANSITIONS for st in gm.Status)
     assert DomainHold.model_fields.keys() >= {"domain", "nodes", "kinds", "alert_id"}
+
+
+def test_approved_requests_open_a_hold_under_the_default_consent() -> None:
+    """With ``consent.mode: approve`` (the default) every request comes after a person's
+    approval. Those still count: three approved repairs of one rack open the hold and
+    its alert (the approvers learn of the shared cause) and are granted (a person
+    decided); an automatic request of the rack then waits. An operator's own requests
+    are not counted: three of them open nothing."""
+    s = _serving()
+    s, cmds = _held(s, [])
+    out: list[gm.Command] = []
+    for n in RACK[:3]:
+        s, cmds = gm.step(s, gm.Request(req=_req(n, automatic=False)), T0)
+        assert _replies(cmds)[f"r-{n}"].reply.granted
+        out += cmds
+    assert [h.domain for h in s.holds] == ["rack-1"]
+    assert sum(1 for c in out if isinstance(c, gm.WriteAlert)
+               and c.alert.kind == "failure_domain") == 1
+    s, cmds = gm.step(s, gm.Request(req=_req(RACK[3])), T0)
+    assert not _replies(cmds)[f"r-{RACK[3]}"].reply.granted
+    t = _serving()
+    for n in RACK[:3]:
+        t, _ = gm.step(t, gm.Request(req=_req(n, kind=RequesterKind.user)), T0)
+    assert not t.holds and not t.domain_faults

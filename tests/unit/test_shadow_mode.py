@@ -82,6 +82,17 @@ def test_a_pool_listed_twice_is_refused(tmp_path: Path) -> None:
         _cfg(tmp_path, "clusters: [{name: a, pools: [{name: p}, {name: p, mode: shadow}]}]")
 
 
+def test_a_pool_mode_that_applies_to_no_node_is_refused(tmp_path: Path) -> None:
+    """A pool's mode reaches only nodes whose ``nodes[].pool`` names it: a shadow pool no
+    node is in would leave its intended nodes acting in enforce, silently (fail-open)."""
+    with pytest.raises(ConfigError, match=r"clusters\[a\]\.pools\[0\]\.mode: 'shadow' "
+                       r"applies to no node"):
+        _cfg(tmp_path, "clusters: [{name: a, pools: [{name: canary, mode: shadow}]}]")
+    ok = _cfg(tmp_path, "clusters: [{name: a, nodes: [{name: n1, pool: canary}],"
+                        " pools: [{name: canary, mode: shadow}, {name: spare}]}]")
+    assert ok.clusters[0].mode_of("canary", "enforce") == "shadow"
+
+
 def test_shadowed_is_a_terminal_stage_and_its_own_state() -> None:
     assert Stage.shadowed in TERMINAL_STAGES
     assert repair_state(Stage.shadowed) == "shadowed"

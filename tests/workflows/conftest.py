@@ -279,6 +279,7 @@ class FakeCluster:
         ``capture_mode``, a capture that fails or never answers)."""
         self._log("capture_evidence", inp.node)
         self.captures.append(inp)
+        await self._out("capture_evidence", inp.node)
         if self.capture_mode == "fail":
             raise ApplicationError(f"capture_evidence on {inp.node}: injected ssh refused",
                                    type=ERR_ACTION_FAILED, non_retryable=True)

@@ -79,3 +79,28 @@ async def test_a_failed_repair_notification_summarises_the_evidence(harness: Har
     assert st.stage == Stage.timed_out
     (n,) = [n for n in h.cluster.notifications if n.repair_id == "ev-note"]
     assert "before power_cycle (attempt 1): evidence: node archive" in n.body
+
+
+async def test_a_fault_that_clears_during_the_capture_is_not_acted_on(
+    harness: Harness,
+) -> None:
+    """The evidence is re-checked right before the action, after the capture (which may
+    take up to ``timeout_s``): a level fault that cleared meanwhile ends the repair
+    ``auto_resolved`` — captured, never power-cycled (docs/design.md §5 rails)."""
+    from tests.workflows.conftest import make_alert
+
+    h = harness
+    lvl = make_alert(h.cluster.cluster, "gpu-10", "lvl", kind="gpu_lost", code=None,
+                     level=True, action="power_cycle")
+    handle = await start_repair(h, "gpu-10", Action.power_cycle, "ev-clr", alerts=[lvl])
+
+    async def clear_now(node: str) -> None:
+        await handle.signal("attach_alert",
+                            lvl.model_copy(update={"alert_id": "clr", "active": False}))
+
+    h.cluster.while_out["capture_evidence"] = clear_now
+    st = await handle.result()
+    assert st.stage == Stage.auto_resolved, st.history[-1]
+    assert "before acting" in st.history[-1].reason
+    assert len(h.cluster.captures) == 1 and h.cluster.power_cycles == 0
+    assert h.cluster.count("power_cycle", "gpu-10") == 0

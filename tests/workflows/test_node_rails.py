@@ -446,7 +446,8 @@ async def test_a_machine_held_for_rma_is_not_repaired_again_every_cooldown(
         repair_id="r-rma", cluster=c, node="gpu-12", machine_id="m-gpu-12",
         action=Action.remove, alert_kind="xid", code=79, outcome="succeeded",
         at=datetime.now(UTC) - timedelta(hours=1)))
-    await h.deliver(_xfs(h, "gpu-12", "1"))
+    boot = {"boot_id": "b-1"}  # the machine is not rebooted while it is held
+    await h.deliver(_xfs(h, "gpu-12", "1", evidence=boot))
     await h.env.sleep(timedelta(minutes=3))  # past the level fault's persistence
 
     async def ended() -> bool:
@@ -466,8 +467,9 @@ async def test_a_machine_held_for_rma_is_not_repaired_again_every_cooldown(
     st = await node_status(h, "gpu-12")
     assert st.recommendations == 1 and st.repair_id is None, st
     assert len(await h.ledger.list_repairs(cluster=c, node="gpu-12")) == 1
-    # a new raise after that end is a new episode: judged (and refused) again
-    await h.deliver(_xfs(h, "gpu-12", "2"))
+    # a new raise after that end is a new episode (the same boot: nothing rebooted it,
+    # so it is not taken for a stale raise), judged (and refused) again
+    await h.deliver(_xfs(h, "gpu-12", "2", evidence=boot))
     await h.env.sleep(timedelta(minutes=3))
 
     async def judged_again() -> bool:

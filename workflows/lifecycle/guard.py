@@ -515,7 +515,7 @@ def domain_hold(s: GuardState, req: LeaseRequest) -> DomainHold | None:
 def _hold_reason(s: GuardState, domain: str, opened_at: datetime, nodes: list[str],
                  kinds: list[str]) -> str:
     return (f"failure domain {domain} held since {opened_at.isoformat()}: {len(nodes)} "
-            f"nodes ({', '.join(nodes)}) asked for automatic repairs of "
+            f"nodes ({', '.join(nodes)}) asked for repairs of "
             f"{', '.join(kinds) or 'faults'} within {s.policy.domain_window_s:g} s; "
             f"waiting until an operator runs `autorepair domains release --cluster "
             f"{s.cluster} {domain}`")
@@ -545,10 +545,15 @@ def _open_hold(s: GuardState, domain: str, nodes: list[str], kinds: list[str],
 
 def _count_domain(s: GuardState, req: LeaseRequest, now: datetime
                   ) -> tuple[GuardState, Cmds]:
-    """Count an automatic new request once (per repair) for each failure domain of its
-    node that is not held; a domain with ``domain_threshold`` distinct nodes counted
-    inside ``domain_window_s`` is held (:func:`_open_hold`)."""
-    if req.renew or is_person(req):
+    """Count a new request of a platform-recommended repair once (per repair) for each
+    failure domain of its node that is not held — automatic or approved by a person: the
+    faults point at a shared cause either way, and with ``consent.mode: approve`` (the
+    default) every request comes after an approval; an operator's own request
+    (``requested by a user``) is not counted. A domain with ``domain_threshold`` distinct
+    nodes counted inside ``domain_window_s`` is held (:func:`_open_hold`); the hold keeps
+    only automatic requests waiting (:func:`domain_hold`): a person's approval still
+    goes, and the hold's alert tells the approvers of the shared cause."""
+    if req.renew or req.requester_kind == RequesterKind.user:
         return s, []
     mine = s.policy.domains.get(req.node) or []
     if not mine:

@@ -741,16 +741,19 @@ def _finish(s: NodeState, msg: Finished, defects: frozenset[str]) -> NodeState:
         # it); the faults the repair stood for are dealt with — a repair for them would
         # be refused again every cooldown. A fault reported after this end (a new
         # raise, a new Xid) is a new episode and is judged as any other.
-        for k in set(rep.acted_on) | {k for k, f in s.active.items()
-                                      if f.alert.alert_id in used or f.received <= at}:
-            gone = active.pop(k, None)
-            if gone is not None:
-                retired[k] = (at, _boot(gone.alert))
+        # retired with no boot: nothing rebooted the machine, so a raise of the same
+        # boot after its return is a new episode, not a stale one (_stale_raise); sorted,
+        # so the bounded map trims the same entries on every replay
+        for k in sorted(set(rep.acted_on) | {k for k, f in s.active.items()
+                                             if f.alert.alert_id in used
+                                             or f.received <= at}):
+            if active.pop(k, None) is not None:
+                retired[k] = (at, "")
     if ok:
         acted = set(rep.acted_on) | {k for k, f in s.active.items()
                                      if f.alert.alert_id in used or (
                                          booting and f.received <= at)}
-        for k in acted:
+        for k in sorted(acted):  # sorted: the bounded map trims alike on every replay
             gone = active.pop(k, None)
             boot = rep.boots.get(k) or (_boot(gone.alert) if gone is not None else "")
             retired[k] = (at, boot)
