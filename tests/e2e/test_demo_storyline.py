@@ -124,7 +124,11 @@ async def test_demo_storyline(tmp_path: Path) -> None:
             row = await ledger.get_repair(repairs[0]["repair_id"])
             assert row is not None and row["approved_by"] == "demo-operator"
             stages = [t["stage"] for t in row["transitions"]]
-            assert [s for s in stages if s in EXPECTED_STAGES] == EXPECTED_STAGES, stages
+            # a note (e.g. the evidence captured before the power cycle) is a transition
+            # that keeps the stage: consecutive repeats are one stage
+            seen = [s for i, s in enumerate(stages) if s in EXPECTED_STAGES
+                    and (i == 0 or stages[i - 1] != s)]
+            assert seen == EXPECTED_STAGES, stages
             assert [(a["action"], a["outcome"]) for a in row["attempts"]] == [
                 ("power_cycle", "succeeded")]
             alerts = await ledger.list_alerts(cluster="demo", limit=500)
