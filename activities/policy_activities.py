@@ -1,6 +1,12 @@
-"""The ``load_policy`` activity: hands workflows the current policy and cluster facts.
+"""The policy activities: hand workflows the current policy and cluster facts.
 
-Workflows read policy through this activity (recorded in their history) so a config
+- ``load_policy(cluster)`` → :class:`PolicySnapshot`: every node's pool, machine and
+  failure domains (the cluster guard needs them all);
+- ``load_node_policy(NodeRef)`` → :class:`NodePolicy`: the same for one node only (the
+  node entity and its repairs, which run it as a local activity on every alert's path:
+  its size does not grow with the cluster, issue 30 item 2).
+
+Workflows read policy through these activities (recorded in their history) so a config
 change applies to new decisions without restarting running workflows.
 """
 
@@ -14,8 +20,15 @@ import asyncpg
 from temporalio import activity
 
 from activities.spares import MachineBindings
-from workflows.activity_api import ACT, ERR_UNKNOWN_NODE, PolicySnapshot, permanent
-from workflows.config import AutorepairConfig
+from workflows.activity_api import (
+    ACT,
+    ERR_UNKNOWN_NODE,
+    NodePolicy,
+    NodeRef,
+    PolicySnapshot,
+    permanent,
+)
+from workflows.config import AutorepairConfig, ClusterConfig, NodeConfig, PolicyConfig
 
 log = logging.getLogger("autorepair.activities.policy")
 
@@ -49,6 +62,27 @@ class PolicyActivities:
         self.clock = clock
         self._counts: dict[str, tuple[float, int]] = {}
         self._domains: dict[str, tuple[float, dict[str, list[str]]]] = {}
+        #: cluster → node name → its configuration (built once: the config is fixed)
+        self._index: dict[str, dict[str, NodeConfig]] = {}
+
+    def all(self) -> list[Callable[..., Awaitable[PolicySnapshot]]]:
+        """Both policy activities, for ``Worker(activities=...)``."""
+        return [self.load_policy, self.load_node_policy]
+
+    def _node_config(self, c: ClusterConfig, node: str) -> NodeConfig | None:
+        index = self._index.get(c.name)
+        if index is None:
+            index = self._index[c.name] = {n.name: n for n in c.nodes}
+        return index.get(node)
+
+    @staticmethod
+    def _cluster_policy(c: ClusterConfig, policy: PolicyConfig) -> PolicyConfig:
+        """``policy`` with the cluster's ``reset_gpu.policy`` and ``mode`` folded in."""
+        if c.reset_gpu.policy is not None:
+            policy = policy.model_copy(update={"reset_gpu": c.reset_gpu.policy})
+        if c.mode is not None:
+            policy = policy.model_copy(update={"mode": c.mode})
+        return policy
 
     async def _labelled(self, cluster: str) -> dict[str, list[str]]:
         """node → domains the scheduler labels (``{}`` without ``node_domains``), re-read
@@ -115,11 +149,7 @@ class PolicyActivities:
                 scheduler="slurm",
                 bmc_task_queue=self.config.temporal.bmc_task_queue,
             )
-        policy = self.config.policy
-        if c.reset_gpu.policy is not None:
-            policy = policy.model_copy(update={"reset_gpu": c.reset_gpu.policy})
-        if c.mode is not None:
-            policy = policy.model_copy(update={"mode": c.mode})
+        policy = self._cluster_policy(c, self.config.policy)
         machines = {n.name: (n.machine or n.name) for n in c.nodes}
         domains = {n: sorted(set(ds)) for n, ds in (await self._labelled(cluster)).items()}
         for n in c.nodes:
@@ -137,6 +167,49 @@ class PolicyActivities:
             pools={n.name: n.pool for n in c.nodes},
             machines=machines,
             domains=domains,
+            bmc_task_queue=self.config.temporal.bmc_task_queue,
+            pool_modes={p.name: p.mode for p in c.pools if p.mode is not None},
+        )
+
+    @activity.defn(name=ACT.load_node_policy)
+    async def load_node_policy(self, ref: NodeRef) -> NodePolicy:
+        """``load_policy(ref.cluster)`` for ``ref.node`` alone: the same policy, node
+        count, scheduler, BMC queue and pool modes, and in ``pools`` / ``machines`` /
+        ``domains`` only ``ref.node``'s entry (none where ``load_policy`` has none). The
+        machine is the ledger's binding (one indexed row read), else the configured one.
+        Cost and size are independent of the cluster's node count (the node index and
+        the scheduler's domain labels are cached; the node count is cached as in
+        ``load_policy``).
+
+        An unconfigured cluster gets the global policy with ``gpu_nodes=0``. Raises
+        non-retryable ``UnknownNode`` for an empty cluster or node name."""
+        if not ref.cluster or not ref.node:
+            field = "cluster" if not ref.cluster else "node"
+            raise permanent(ERR_UNKNOWN_NODE,
+                            f"load_node_policy: {field} must not be empty (got {ref!r})")
+        node = ref.node
+        try:
+            c = self.config.cluster(ref.cluster)
+        except KeyError:
+            return NodePolicy(cluster=ref.cluster, node=node, policy=self.config.policy,
+                              gpu_nodes=0, scheduler="slurm",
+                              bmc_task_queue=self.config.temporal.bmc_task_queue)
+        n = self._node_config(c, node)
+        machine = (n.machine or n.name) if n is not None else None
+        if self.pool is not None:
+            machine = await MachineBindings(self.pool).machine_of(ref.cluster, node) or machine
+        domains = set((await self._labelled(ref.cluster)).get(node, []))
+        if n is not None and n.failure_domain:
+            domains.add(n.failure_domain)
+        return NodePolicy(
+            cluster=ref.cluster,
+            node=node,
+            policy=self._cluster_policy(c, self.config.policy),
+            gpu_nodes=c.gpu_node_count or await self._listed(ref.cluster),
+            scheduler=c.scheduler,
+            pools={node: n.pool} if n is not None else {},
+            machines={node: machine} if machine is not None else {},
+            domains={node: sorted(domains)} if domains else {},
             bmc_task_queue=self.config.temporal.bmc_task_queue,
             pool_modes={p.name: p.mode for p in c.pools if p.mode is not None},
         )

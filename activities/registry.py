@@ -1,12 +1,16 @@
 """Every activity the worker registers: ``build_activities(config, pool) -> WorkerActivities``.
 
 - main task queue (``temporal.task_queue``, docs/design.md §4.4): ledger, ``load_policy``,
-  ``notify``, scheduler (cordon, idle, drain, rejoin, node health) and validation
-  (place, collect, release, return machine, post ticket) activities;
+  ``load_node_policy``, ``notify``, scheduler (cordon, idle, drain, rejoin, node health)
+  and validation (place, collect, release, return machine, post ticket) activities;
 - BMC task queue (``temporal.bmc_task_queue``, rate limited by the worker to
   ``temporal.bmc_rate_per_s`` starts per second): the machine actions — ``reset_gpu``
   (a job on the node, :mod:`activities.reset`), power (reboot, power cycle) and
   provisioning (reprovision, migrate, remove).
+
+The ledger activities and ``load_node_policy`` also run as local activities of the node
+and repair workflows (:mod:`workflows.local`): they are registered on the main queue's
+worker, the one that runs the workflows, which is where local activities execute.
 
 Recommended caller settings (workflows): start-to-close 5 min and heartbeat 30 s for
 ``drain_node``/``power_cycle_machine``/``reboot_machine``/``reprovision_machine`` (they
@@ -101,8 +105,8 @@ def build_activities(
     ledger_acts = LedgerActivities(pool, providers=config.providers, notifier=notifier)
     main: list[Callable[..., Any]] = [
         *ledger_acts.all(),
-        PolicyActivities(config, pool, node_names=_node_names(sched),
-                         node_domains=_node_domains(sched, config)).load_policy,
+        *PolicyActivities(config, pool, node_names=_node_names(sched),
+                          node_domains=_node_domains(sched, config)).all(),
         notify or NotifyActivities(config.notifications, notifier=notifier,
                                    ledger=Ledger(pool)).notify,
         *sched.all(),

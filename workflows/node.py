@@ -16,12 +16,13 @@ Every decision is made by the pure machine :mod:`workflows.lifecycle.node`
 (``step(state, event, now) -> (state, commands)``, issue 26): this workflow turns the
 update, the signals, the repair child's end, its one timer, activity outcomes and a long
 history into the machine's events and executes the commands it returns, in order
-(the ledger write, policy read and ledger reads are started in command order and their
-outcomes stepped as events when they come back; signals, the child start, notifications
-and closing ledger writes are awaited in place). The machine's state is the
-whole carried state (``NodeInput.carried``; a 0.3.0 run's :class:`NodeCarried` is read
-once and converted). A versioned node is ``PINNED`` and moves to a new build by
-continue-as-new (:mod:`workflows.upgrades`).
+(the ledger write, policy read and ledger reads are started in command order, as local
+activities (:mod:`workflows.local`; the policy read is ``load_node_policy``, this node's
+slice only), and their outcomes stepped as events when they come back; signals, the
+child start, notifications and closing ledger writes are awaited in place). The
+machine's state is the whole carried state (``NodeInput.carried``; a 0.3.0 run's
+:class:`NodeCarried` is read once and converted). A versioned node is ``PINNED`` and
+moves to a new build by continue-as-new (:mod:`workflows.upgrades`).
 
 Interface: update ``deliver_alert`` (Alert → AlertDelivery), signal ``repair_finished``
 (RepairFinished, from the repair), query ``status`` → NodeStatus.
@@ -58,8 +59,9 @@ with workflow.unsafe.imports_passed_through():
 
     from workflows.activity_api import (
         ACT,
+        NodePolicy,
+        NodeRef,
         Notification,
-        PolicySnapshot,
         RepairLiveness,
         RepairProbe,
         TransitionRecord,
@@ -68,6 +70,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.console import repair_details, repair_summary
     from workflows.lifecycle import node as nm
     from workflows.lifecycle.trace import Call, Trace
+    from workflows.local import start_local
     from workflows.models import (
         Action,
         Alert,
@@ -120,7 +123,11 @@ MAX_FINISHED_EARLY = nm.MAX_FINISHED_EARLY
 seen_digest = nm.seen_digest
 _dump_seen = nm.dump_seen
 _ACT_TIMEOUT = timedelta(seconds=30)
-#: Ledger writes of alerts and policy reads retry until they succeed (30 s apart at most).
+#: Ledger writes of alerts and policy reads retry (30 s apart at most) within the local
+#: activity's bound (``workflows.local.LOCAL_SCHEDULE_TO_CLOSE``, 2 min); then the
+#: machine is told it failed (``AlertRecorded(ok=False)``: decided all the same, ingest's
+#: outbox holds the alert; ``PolicyFailed``: the last policy decides, re-read after
+#: ``nm.POLICY_REFRESH_S``).
 _ACT_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30))
 #: Ledger reads, closing writes and notifications: a few tries, then the machine is told
 #: (a failed read is retried by the machine with back-off, ``nm.LEDGER_RETRY_S``).
@@ -341,25 +348,27 @@ class NodeWorkflow:
     async def _execute(self, cmd: nm.Command) -> nm.Event | None:
         """Carry out one command; returns the event its immediate outcome is (or None)."""
         inp = self._inp
+        # the ledger and policy calls are short and idempotent: local activities
+        # (workflows.local), run in this worker inside the workflow task
         if isinstance(cmd, nm.RecordAlert):
             aid = cmd.alert.alert_id
-            self._spawn(workflow.start_activity(
+            self._spawn(start_local(
                 ACT.ledger_record_alert, cmd.alert, result_type=bool,
-                start_to_close_timeout=_ACT_TIMEOUT, retry_policy=_ACT_RETRY),
+                start_to_close=_ACT_TIMEOUT, retry_policy=_ACT_RETRY),
                 lambda _r: nm.AlertRecorded(alert_id=aid),
                 lambda _e: nm.AlertRecorded(alert_id=aid, ok=False))
         elif isinstance(cmd, nm.LoadPolicy):
-            self._spawn(workflow.start_activity(
-                ACT.load_policy, inp.cluster, result_type=PolicySnapshot,
-                start_to_close_timeout=_ACT_TIMEOUT, retry_policy=_ACT_RETRY),
+            self._spawn(start_local(
+                ACT.load_node_policy, NodeRef(cluster=inp.cluster, node=inp.node),
+                result_type=NodePolicy, start_to_close=_ACT_TIMEOUT, retry_policy=_ACT_RETRY),
                 self._policy_event, lambda e: nm.PolicyFailed(message=_cause(e)))
         elif isinstance(cmd, (nm.ReadLedger, nm.ProbeRepair)):
             read = isinstance(cmd, nm.ReadLedger)
-            self._spawn(workflow.start_activity(
+            self._spawn(start_local(
                 ACT.ledger_open_repair,
                 RepairProbe(cluster=inp.cluster, node=inp.node, repair_id=cmd.repair_id),
                 result_type=RepairLiveness,
-                start_to_close_timeout=_READ_TIMEOUT if read else _ACT_TIMEOUT,
+                start_to_close=_READ_TIMEOUT if read else _ACT_TIMEOUT,
                 retry_policy=_READ_RETRY if read else _BEST_EFFORT),
                 *_liveness_events(cmd))
         elif isinstance(cmd, nm.StartRepair):
@@ -374,12 +383,12 @@ class NodeWorkflow:
                 return nm.AttachDone(alert_id=cmd.alert.alert_id, ok=False)
             return nm.AttachDone(alert_id=cmd.alert.alert_id, ok=True)
         elif isinstance(cmd, nm.CloseLedger):
-            await self._effect(workflow.start_activity(
+            await self._effect(start_local(
                 ACT.ledger_record_transition,
                 TransitionRecord(repair_id=cmd.repair_id, stage=cmd.stage, at=cmd.at,
                                  by="system", reason=f"repair workflow {cmd.how} before it "
                                  "finished; recorded by the node workflow"),
-                start_to_close_timeout=_ACT_TIMEOUT, retry_policy=_BEST_EFFORT))
+                start_to_close=_ACT_TIMEOUT, retry_policy=_BEST_EFFORT))
         elif isinstance(cmd, nm.ReleaseLease):
             try:
                 await workflow.get_external_workflow_handle(
@@ -432,7 +441,9 @@ class NodeWorkflow:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _policy_event(self, snap: PolicySnapshot) -> nm.Event:
+    def _policy_event(self, snap: NodePolicy) -> nm.Event:
+        """``load_node_policy``'s slice as the machine's event (this node's machine and
+        pool; the snapshot's accessors read as ``load_policy``'s did)."""
         node = self._inp.node
         return nm.PolicyLoaded(catalogue=snap.policy.catalogue, rails=snap.policy.rails,
                                machine_id=snap.machines.get(node),
@@ -509,12 +520,13 @@ def calls(cmd: nm.Command) -> tuple[Call, ...]:
     fidelity check's expectation, :mod:`workflows.lifecycle.trace`); replies, timers and
     details stay inside the workflow: ``()``."""
     if isinstance(cmd, nm.RecordAlert):
-        return (Call("activity", ACT.ledger_record_alert,
+        return (Call("local_activity", ACT.ledger_record_alert,
                      (("alert_id", cmd.alert.alert_id),)),)
     if isinstance(cmd, nm.LoadPolicy):
-        return (Call("activity", ACT.load_policy),)
+        return (Call("local_activity", ACT.load_node_policy),)
     if isinstance(cmd, (nm.ReadLedger, nm.ProbeRepair)):
-        return (Call("activity", ACT.ledger_open_repair, (("repair_id", cmd.repair_id),)),)
+        return (Call("local_activity", ACT.ledger_open_repair,
+                     (("repair_id", cmd.repair_id),)),)
     if isinstance(cmd, nm.StartRepair):
         return (Call("child", REPAIR_WORKFLOW, (("repair_id", cmd.repair_id),
                                                 ("action", cmd.action),
@@ -523,7 +535,7 @@ def calls(cmd: nm.Command) -> tuple[Call, ...]:
         return (Call("signal", REPAIR_SIGNAL_ATTACH_ALERT,
                      (("alert_id", cmd.alert.alert_id),)),)
     if isinstance(cmd, nm.CloseLedger):
-        return (Call("activity", ACT.ledger_record_transition,
+        return (Call("local_activity", ACT.ledger_record_transition,
                      (("repair_id", cmd.repair_id), ("stage", cmd.stage))),)
     if isinstance(cmd, nm.ReleaseLease):
         return (Call("signal", GUARD_SIGNAL_RELEASE, (("repair_id", cmd.repair_id),)),)

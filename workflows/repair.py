@@ -100,9 +100,9 @@ with workflow.unsafe.imports_passed_through():
         MaintenanceQuery,
         MigrateResult,
         NodeHealth,
+        NodePolicy,
         NodeRef,
         Notification,
-        PolicySnapshot,
         RejoinInput,
         RejoinResult,
         RepairLiveness,
@@ -139,6 +139,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.lifecycle.machine_action import new_state as new_machine_action
     from workflows.lifecycle.machine_action import step as ma_step
     from workflows.lifecycle.trace import Call, Trace
+    from workflows.local import execute_short, start_local
     from workflows.models import (
         AUTO_APPROVED,
         Action,
@@ -423,7 +424,7 @@ class RepairWorkflow:
         cancelled = False
         try:
             if carried.stage is None and req.detector and req.request_id:
-                claim = await self._act(
+                claim = await self._short(
                     ACT.ledger_claim_request,
                     ClaimInput(
                         detector=req.detector,
@@ -488,10 +489,12 @@ class RepairWorkflow:
 
     async def _prepare(self, req: RepairRequest) -> None:
         """From ``recommended`` through consent, lease and cordon."""
-        snap = await self._act(ACT.load_policy, req.cluster, PolicySnapshot)
+        # this node's slice of the policy (issue 30 item 2: never every node's)
+        snap = await self._short(ACT.load_node_policy,
+                                 NodeRef(cluster=req.cluster, node=req.node), NodePolicy)
         self._policy = snap.policy
         self._bmc_queue = snap.bmc_task_queue
-        # Machine and pool from configuration and the ledger's bindings (load_policy);
+        # Machine and pool from configuration and the ledger's bindings (load_node_policy);
         # the request's own only where those have none (docs/design.md §5: never what an agent
         # reported about itself).
         self._machine = snap.machines.get(req.node) or self._machine
@@ -556,7 +559,7 @@ class RepairWorkflow:
         paused = False
         auto_resolvable = any(a.level for a in self._alerts)
         while True:
-            cover = await self._act(
+            cover = await self._short(
                 ACT.ledger_maintenance_covering,
                 MaintenanceQuery(cluster=self._req.cluster, node=self._req.node,
                                  pool=self._pool),
@@ -596,7 +599,7 @@ class RepairWorkflow:
         the hold (docs/design.md §5 rails). Asked when the repair starts and again right
         before the cordon. Raises :class:`_Ended`."""
         assert self._req is not None
-        hold = await self._act(
+        hold = await self._short(
             ACT.ledger_machine_held,
             MachineHoldQuery(cluster=self._req.cluster, machine_id=self._machine),
             MachineHold,
@@ -735,7 +738,7 @@ class RepairWorkflow:
         if not self._attempts and not self._critical:
             days = max(self._policy.ladder.window_s, self._policy.migrate_gate.window_s)
             days = max(days, rails.max_actions_window_s, rails.repeat_offender.window_s)
-            hist = await self._act(
+            hist = await self._short(
                 ACT.ledger_attempt_history,
                 AttemptQuery(
                     cluster=self._req.cluster,
@@ -1042,11 +1045,10 @@ class RepairWorkflow:
         lifting it)."""
         assert self._req is not None
         try:
-            live: RepairLiveness | None = await workflow.execute_activity(
+            live: RepairLiveness | None = await start_local(
                 ACT.ledger_open_repair,
                 RepairProbe(cluster=self._req.cluster, node=self._req.node, repair_id=holder),
                 result_type=RepairLiveness,
-                start_to_close_timeout=_SHORT,
                 retry_policy=_LIVENESS_RETRY,
             )
         except ActivityError as err:
@@ -1609,7 +1611,7 @@ class RepairWorkflow:
             at=workflow.now(),
         )
         self._attempts.append(rec)
-        await self._act0(ACT.ledger_record_attempt, rec)
+        await self._short0(ACT.ledger_record_attempt, rec)
 
     async def _transition(self, stage: S, by: str, reason: str) -> None:
         assert self._req is not None
@@ -1629,7 +1631,7 @@ class RepairWorkflow:
         workflow.set_current_details(
             f"{self._detail} (action {self._action.value}, node {self._req.node})"
         )
-        await self._act0(
+        await self._short0(
             ACT.ledger_record_transition,
             TransitionRecord(
                 repair_id=self._req.repair_id, stage=stage, at=now, by=by, reason=reason
@@ -1643,7 +1645,7 @@ class RepairWorkflow:
     async def _upsert(self) -> None:
         assert self._req is not None
         r = self._req
-        await self._act0(
+        await self._short0(
             ACT.ledger_upsert_repair,
             RepairRecord(
                 repair_id=r.repair_id,
@@ -1807,10 +1809,23 @@ class RepairWorkflow:
         return result
 
     async def _act0(self, name: str, arg: object) -> None:
-        """Run an activity whose result is ignored (ledger writes, notifications)."""
+        """Run an activity whose result is ignored (notifications)."""
         await workflow.execute_activity(
             name, arg, start_to_close_timeout=_SHORT, retry_policy=_RETRY
         )
+
+    async def _short(self, name: str, arg: object, result_type: type[T]) -> T:
+        """Run a short idempotent ledger or policy call as a local activity, with the
+        retry policy of :meth:`_act` (retried without end: past the local bound it goes
+        on as the regular activity, :func:`workflows.local.execute_short`); returns its
+        typed result."""
+        result: T = await execute_short(name, arg, result_type=result_type,
+                                        retry_policy=_RETRY, attempt_timeout=_SHORT)
+        return result
+
+    async def _short0(self, name: str, arg: object) -> None:
+        """:meth:`_short` for a ledger write whose result is ignored."""
+        await execute_short(name, arg, retry_policy=_RETRY, attempt_timeout=_SHORT)
 
 
 def machine_calls(cmd: object) -> tuple[Call, ...]:

@@ -104,7 +104,7 @@ async def _run(env: WorkflowEnvironment, dsn: str, nodes: int, spread_s: float,
             Worker(env.client, task_queue=h.task_queue,
                    workflows=[*OWN_WORKFLOWS, FakeValidationWorkflow],
                    activities=[*LedgerActivities(pool).all(), *fake.scheduler_activities(),
-                               h.load_policy]),
+                               *h.policy_activities()]),
             Worker(env.client, task_queue=h.bmc_queue, activities=fake.machine_activities()),
         ):
             if domains:

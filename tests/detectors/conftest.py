@@ -78,7 +78,7 @@ async def start_stack(config: AutorepairConfig, pool: Any, env: Any, tokens: Pat
     ledger = Ledger(pool)
     worker = Worker(
         env.client, task_queue=config.temporal.task_queue, workflows=WORKFLOWS,
-        activities=[*LedgerActivities(pool).all(), PolicyActivities(config).load_policy],
+        activities=[*LedgerActivities(pool).all(), *PolicyActivities(config).all()],
     )
     intake = RepairIntake(config, ledger, env.client)
 

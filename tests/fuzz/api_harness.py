@@ -443,7 +443,7 @@ class ApiServer:
         client = await Client.connect(self.temporal, data_converter=pydantic_data_converter)
         worker = Worker(
             client, task_queue=queue, workflows=WORKFLOWS,
-            activities=[*LedgerActivities(pool).all(), PolicyActivities(config).load_policy],
+            activities=[*LedgerActivities(pool).all(), *PolicyActivities(config).all()],
         )
         worker_task = asyncio.create_task(worker.run())
 

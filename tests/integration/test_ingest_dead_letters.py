@@ -91,7 +91,7 @@ async def test_three_megabyte_attribute_never_wedges_the_node(
     cluster = "c-" + uuid.uuid4().hex[:6]
     config = cfg()
     ledger = Ledger(ledger_pool)
-    activities = [*LedgerActivities(ledger_pool).all(), PolicyActivities(config).load_policy,
+    activities = [*LedgerActivities(ledger_pool).all(), *PolicyActivities(config).all(),
                   NotifyActivities(config.notifications).notify]
     sink = TemporalAlertSink(client, tq, max_value_chars=config.ingest.max_evidence_value_chars,
                              max_alert_bytes=config.ingest.max_alert_bytes,

@@ -43,7 +43,14 @@ from workers.devpeers import free_port, wait_port
 from workers.fleet_query import FleetQuery
 from workers.mcp_server import TOOLS, BearerGate, build_server, dev_stack_dsn, http_app
 from workers.repairs.auth import ApiTokens
-from workflows.activity_api import ACT, AttemptRecord, PolicySnapshot, RepairRecord
+from workflows.activity_api import (
+    ACT,
+    AttemptRecord,
+    NodePolicy,
+    NodeRef,
+    PolicySnapshot,
+    RepairRecord,
+)
 from workflows.config import AutorepairConfig, PolicyConfig
 from workflows.models import (
     Action,
@@ -129,6 +136,10 @@ async def test_tools_answer_on_a_live_fleet(
         return PolicySnapshot(cluster=c, policy=policy, gpu_nodes=20, scheduler="slurm",
                               machines={n: f"m-{n}" for n in NODES}, bmc_task_queue=bmc_q)
 
+    @activity.defn(name=ACT.load_node_policy)
+    async def load_node_policy(ref: NodeRef) -> NodePolicy:
+        return NodePolicy.of(await load_policy(ref.cluster), ref.node)
+
     async def deliver(node: str, n: int, **kw: Any) -> AlertDelivery:
         alert = make_alert(cluster, node, n, observed_at=datetime.now(UTC), **kw)
         op = WithStartWorkflowOperation(
@@ -143,7 +154,7 @@ async def test_tools_answer_on_a_live_fleet(
     async with (
         Worker(env.client, task_queue=tq, workflows=[*OWN_WORKFLOWS, FakeValidationWorkflow],
                activities=[*LedgerActivities(ledger_pool).all(), load_policy,
-                           *fake.scheduler_activities()]),
+                           load_node_policy, *fake.scheduler_activities()]),
         Worker(env.client, task_queue=bmc_q, activities=fake.machine_activities()),
         Client(build_server(fq), mode="legacy") as client,
     ):

@@ -49,6 +49,7 @@ from workflows.activity_api import (
     MachineActionInput,
     MigrateResult,
     NodeHealth,
+    NodePolicy,
     NodeRef,
     Notification,
     PolicySnapshot,
@@ -361,6 +362,18 @@ class Harness:
             pool_modes=self.pool_modes,
         )
 
+    @activity.defn(name=ACT.load_node_policy)
+    async def load_node_policy(self, ref: NodeRef) -> NodePolicy:
+        """``load_policy``'s answer cut to ``ref.node`` (the node's and repair's read,
+        a local activity of theirs)."""
+        return NodePolicy.of(await self.load_policy(ref.cluster), ref.node)
+
+    def policy_activities(self) -> list[Callable[..., Any]]:
+        """Both policy reads: a worker that runs NodeWorkflow / RepairWorkflow needs
+        ``load_node_policy`` beside the ledger activities (their local activities run in
+        that worker), a guard ``load_policy``."""
+        return [self.load_policy, self.load_node_policy]
+
     async def deliver(self, alert: Alert, history_limit: int | None = None) -> AlertDelivery:
         """Start-if-needed + ``deliver_alert`` (the time-skipping server lacks
         update-with-start; the dev-server test covers that path)."""
@@ -511,7 +524,8 @@ async def harness(ts_env: WorkflowEnvironment, ledger_pool: Any) -> AsyncIterato
             ts_env.client,
             task_queue=h.task_queue,
             workflows=[*OWN_WORKFLOWS, FakeValidationWorkflow],
-            activities=[*ledger_acts.all(), *fake.scheduler_activities(), h.load_policy],
+            activities=[*ledger_acts.all(), *fake.scheduler_activities(),
+                        *h.policy_activities()],
             # the recording interpreter check (issue 26 item 5): a call the machine did
             # not command fails the workflow, and the test
             interceptors=[FidelityInterceptor()],

@@ -3,8 +3,8 @@ interprets a lifecycle machine makes must be one ``step`` commanded, in order, w
 commanded arguments (:mod:`workflows.lifecycle.trace`).
 
 :class:`FidelityInterceptor` sits on the test harness's worker. For a workflow instance
-with a ``lifecycle_trace`` it checks each activity start, external signal, child start
-and continue-as-new against the trace, and at the end of a run (returned, failed on
+with a ``lifecycle_trace`` it checks each activity start (regular or local, told apart),
+external signal, child start and continue-as-new against the trace, and at the end of a run (returned, failed on
 purpose or continued as new) that nothing commanded was left unmade. A violation raises
 :class:`FidelityViolation`, which the harness's worker lists in
 ``workflow_failure_exception_types``: the workflow fails at once and the test with it
@@ -73,7 +73,9 @@ class _Outbound(WorkflowOutboundInterceptor):
         return super().start_activity(input)
 
     def start_local_activity(self, input: StartLocalActivityInput) -> Any:
-        _check("activity", input.activity, input.args[0] if input.args else None)
+        # its own kind: a shell that runs a commanded local activity through the server
+        # (or the other way round) departs from what its ``calls`` promised
+        _check("local_activity", input.activity, input.args[0] if input.args else None)
         return super().start_local_activity(input)
 
     async def signal_external_workflow(self, input: SignalExternalWorkflowInput) -> None:

@@ -120,7 +120,8 @@ async def test_guard_answer_in_the_same_task_as_the_send_is_kept(
         h.client,
         task_queue=queue,
         workflows=[*OWN_WORKFLOWS, FakeValidationWorkflow],
-        activities=[*ledger_acts.all(), *h.cluster.scheduler_activities(), h.load_policy],
+        activities=[*ledger_acts.all(), *h.cluster.scheduler_activities(),
+                    *h.policy_activities()],
         workflow_task_executor=executor,
         max_concurrent_workflow_tasks=8,
     )

@@ -24,7 +24,7 @@ from activities.ledger_activities import LedgerActivities
 from tests.workflows.conftest import OWN_WORKFLOWS, FakeCluster, make_alert
 from tests.workflows.fake_validation import FakeValidationWorkflow
 from tests.workflows.worker_proc import write_state
-from workflows.activity_api import ACT, PolicySnapshot
+from workflows.activity_api import ACT, NodePolicy, NodeRef, PolicySnapshot
 from workflows.config import PolicyConfig
 from workflows.models import (
     Action,
@@ -54,6 +54,10 @@ async def test_update_with_start_delivers_alerts(
     async def load_policy(cluster: str) -> PolicySnapshot:
         return PolicySnapshot(cluster=cluster, policy=policy, gpu_nodes=8, scheduler="slurm")
 
+    @activity.defn(name=ACT.load_node_policy)
+    async def load_node_policy(ref: NodeRef) -> NodePolicy:
+        return NodePolicy.of(await load_policy(ref.cluster), ref.node)
+
     tq = f"autorepair-{sfx}"
     async with Worker(
         env.client,
@@ -62,6 +66,7 @@ async def test_update_with_start_delivers_alerts(
         activities=[
             *LedgerActivities(ledger_pool).all(),
             load_policy,
+            load_node_policy,
             *fake.scheduler_activities(),
         ],
     ):

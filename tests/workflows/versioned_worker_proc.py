@@ -53,6 +53,7 @@ async def main(argv: list[str]) -> None:
         activities=[
             *ledger.all(),
             cluster.load_policy,
+            cluster.load_node_policy,
             cluster.cordon_node,
             cluster.check_idle,
             cluster.drain_node,

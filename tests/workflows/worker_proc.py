@@ -35,6 +35,7 @@ from workflows.activity_api import (
     IdleStatus,
     MachineActionInput,
     NodeHealth,
+    NodePolicy,
     NodeRef,
     Notification,
     PolicySnapshot,
@@ -91,6 +92,11 @@ class FileCluster:
             machines={},
             bmc_task_queue=self.bmc_queue,
         )
+
+    @activity.defn(name=ACT.load_node_policy)
+    async def load_node_policy(self, ref: NodeRef) -> NodePolicy:
+        """``load_policy``'s answer for ``ref.node`` (the node's and repair's read)."""
+        return NodePolicy.of(await self.load_policy(ref.cluster), ref.node)
 
     @activity.defn(name=ACT.cordon_node)
     async def cordon_node(self, inp: CordonInput) -> CordonResult:
@@ -155,6 +161,7 @@ async def main(argv: list[str]) -> None:
         activities=[
             *ledger.all(),
             cluster.load_policy,
+            cluster.load_node_policy,
             cluster.cordon_node,
             cluster.check_idle,
             cluster.drain_node,

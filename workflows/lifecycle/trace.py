@@ -22,8 +22,9 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any, Literal, NamedTuple
 
-#: Kinds of outbound call a command can stand for.
-CallKind = Literal["activity", "signal", "child", "continue_as_new"]
+#: Kinds of outbound call a command can stand for ("local_activity": run in the
+#: workflow's own worker, ``workflows.local``, not the same call as through the server).
+CallKind = Literal["activity", "local_activity", "signal", "child", "continue_as_new"]
 
 
 class Call(NamedTuple):
