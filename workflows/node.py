@@ -123,8 +123,8 @@ MAX_FINISHED_EARLY = nm.MAX_FINISHED_EARLY
 seen_digest = nm.seen_digest
 _dump_seen = nm.dump_seen
 _ACT_TIMEOUT = timedelta(seconds=30)
-#: Ledger writes of alerts and policy reads retry (30 s apart at most) within the local
-#: activity's bound (``workflows.local.LOCAL_SCHEDULE_TO_CLOSE``, 2 min); then the
+#: Ledger writes of alerts and policy reads retry (30 s apart at most) for the local
+#: activity's tries (``workflows.local.LOCAL_ATTEMPTS``, about 1.5 min); then the
 #: machine is told it failed (``AlertRecorded(ok=False)``: decided all the same, ingest's
 #: outbox holds the alert; ``PolicyFailed``: the last policy decides, re-read after
 #: ``nm.POLICY_REFRESH_S``).
