@@ -227,6 +227,11 @@ class NodeWorkflow:
         self._watches: set[asyncio.Task[None]] = set()
         #: what ``step`` commanded, checked against what runs (issue 26 item 5)
         self.lifecycle_trace = Trace()
+        #: a newer build was seen current in an activation of this run. The flag
+        #: (``upgrade_due``) is set on the activation that starts a workflow task only: a
+        #: local activity resolved later in the same task sees it unset, so the run
+        #: remembers it (it is read from the history: the same on replay)
+        self._upgrade_seen = False
 
     # ---- update / signal / query -------------------------------------------------
     @workflow.update(name=NODE_UPDATE_DELIVER_ALERT)
@@ -308,9 +313,10 @@ class NodeWorkflow:
         activity out, nothing the machine is deciding): the machine may continue as new
         at once."""
         info = workflow.info()
+        self._upgrade_seen = self._upgrade_seen or upgrade_due()
         long = (info.is_continue_as_new_suggested()
                 or info.get_current_history_length() > self._m.history_limit
-                or upgrade_due())
+                or self._upgrade_seen)
         return (long and not self._tasks and not self._lock.locked()
                 and workflow.all_handlers_finished() and nm.quiescent(self._m))
 
@@ -410,7 +416,7 @@ class NodeWorkflow:
             workflow.continue_as_new(NodeInput(
                 cluster=inp.cluster, node=inp.node, machine_id=inp.machine_id,
                 node_pool=inp.node_pool, carried=cmd.state.model_dump(mode="json")),
-                initial_versioning_behavior=upgrade_behavior())
+                initial_versioning_behavior=upgrade_behavior(self._upgrade_seen))
         # SetTimer: the machine's state holds the timer (``timer_at``), which run() waits on
         return None
 

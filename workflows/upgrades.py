@@ -43,7 +43,9 @@ def upgrade_due() -> bool:
         return False
 
 
-def upgrade_behavior() -> ContinueAsNewVersioningBehavior | None:
+def upgrade_behavior(seen: bool = False) -> ContinueAsNewVersioningBehavior | None:
     """``initial_versioning_behavior`` of a continue-as-new: ``AUTO_UPGRADE`` when moving
-    to a newer build (:func:`upgrade_due`), else None (the next run stays on this build)."""
-    return ContinueAsNewVersioningBehavior.AUTO_UPGRADE if upgrade_due() else None
+    to a newer build (:func:`upgrade_due` now, or ``seen``: the run saw it due in an
+    earlier activation), else None (the next run stays on this build)."""
+    due = seen or upgrade_due()
+    return ContinueAsNewVersioningBehavior.AUTO_UPGRADE if due else None
