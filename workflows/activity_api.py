@@ -522,11 +522,14 @@ class MachineHold(BaseModel):
 
 
 class MaintenanceQuery(BaseModel):
-    """Input of ``ledger_maintenance_covering``: a node (and its pool)."""
+    """Input of ``ledger_maintenance_covering``: a node (and its pool) at ``at`` (the
+    asking workflow's time, the control plane's clock; None: the activity's clock, as
+    the first release asked)."""
 
     cluster: str
     node: str
     pool: str | None = None
+    at: datetime | None = None
 
 
 class MaintenanceCover(BaseModel):

@@ -72,6 +72,7 @@ with workflow.unsafe.imports_passed_through():
         PolicySnapshot,
     )
     from workflows.config import PolicyConfig
+    from workflows.leases import FaultReport
     from workflows.lifecycle import guard as gm
     from workflows.lifecycle.trace import Call, Trace
     from workflows.models import Alert, RequesterKind
@@ -80,6 +81,7 @@ with workflow.unsafe.imports_passed_through():
         GUARD_QUERY_STATUS,
         GUARD_SIGNAL_ACQUIRE,
         GUARD_SIGNAL_CLUSTER_ALERT,
+        GUARD_SIGNAL_FAULT_SEEN,
         GUARD_SIGNAL_RELEASE,
         GUARD_SIGNAL_RELEASE_DOMAIN,
         GUARD_SIGNAL_RESET_BREAKER,
@@ -221,6 +223,12 @@ class ClusterGuardWorkflow:
     def release_domain(self, sig: ReleaseDomainSignal) -> None:
         """Operator lifts a failure-domain hold: ``{"domain": "rack-07", "by": "alice"}``."""
         self._inbox.append(gm.ReleaseDomain(sig=sig))
+
+    @workflow.signal(name=GUARD_SIGNAL_FAULT_SEEN)
+    def fault_seen(self, rep: FaultReport) -> None:
+        """A node of a failure domain raised an actionable fault (issue 29 item 2):
+        counted toward its domains' holds on arrival (the guard's clock)."""
+        self._inbox.append(gm.FaultSeen(report=rep))
 
     @workflow.signal(name=GUARD_SIGNAL_CLUSTER_ALERT)
     def cluster_alert(self, alert: Alert) -> None:

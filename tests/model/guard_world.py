@@ -32,8 +32,13 @@ equivalent one), so the bounded run is exhaustive. Invariants after every step:
 With ``domains`` (issue 29 item 2) the three nodes form one failure domain ``r`` (hold
 threshold 2 inside the breaker window), ``b1``'s repair is a person's (approved by one:
 ``automatic`` false), an operator's ``release domain r`` is an event, and the ledger keeps
-the guard's newest ``failure_domain`` rows for a rebuild. Invariant: no automatic repair
-is granted a lease (a new start) while its domain is held — a person's may be.
+the guard's newest ``failure_domain`` rows for a rebuild; each node may report its fault
+once (``fault_seen``, before or after its request). Invariants: no automatic repair is
+granted a lease (a new start) while its domain is held — a person's may be; and none is
+granted once 2 nodes of the domain reported a fault inside the window (the hold judges
+faults, not only lease requests), counting the reports a release or a fresh guard has not
+dropped (a fresh guard counts afresh: the counts below the threshold are not in the
+ledger).
 
 Not modelled: a guard restarted after a reset knows the reset only from the ledger's
 breaker alerts, not which requests waited through it, so the I23 bookkeeping of the
@@ -49,6 +54,7 @@ from datetime import UTC, datetime, timedelta
 
 from workflows.leases import (
     DomainHold,
+    FaultReport,
     LeaseRelease,
     LeaseRequest,
     ReleaseDomainSignal,
@@ -92,6 +98,10 @@ class World:
     domains: bool = False
     #: the holds the ledger has open (the guard's newest failure_domain rows), as JSON
     ledger_holds: tuple[str, ...] = ()
+    #: per node: when it reported its fault (``fault_seen``; None: not yet), and whether
+    #: that report still counts (a release of the hold, or a fresh guard, drops it)
+    fault_at: tuple[float | None, ...] = (None, None, None)
+    fault_live: tuple[bool, ...] = (False, False, False)
 
 
 @dataclass
@@ -163,6 +173,9 @@ def _events(m: gm.GuardState, w: World) -> list[tuple[str, gm.Event | None]]:
     if w.domains:
         evs.append(("release domain r", gm.ReleaseDomain(sig=ReleaseDomainSignal(
             domain="r", by="oncall"))))
+        evs += [(f"fault {n}", gm.FaultSeen(report=FaultReport(
+            cluster="c", node=n, alert_id=f"x-{n}", kind="nvlink_down", domains=["r"])))
+                for i, n in enumerate(NODES) if w.fault_at[i] is None]
     evs.append(("clock", gm.Clock()))
     now = T0 + timedelta(seconds=w.now_s)
     for name, at in sorted(m.timers.items()):
@@ -219,9 +232,17 @@ def _before(label: str, ev: gm.Event, m: gm.GuardState, w: World) -> World:
     if isinstance(ev, gm.Release):
         i = _node_of(ev.rel.repair_id)
         return replace(w, repairs=_set(w.repairs, i, "done"))
+    if isinstance(ev, gm.FaultSeen):
+        i = NODES.index(ev.report.node)
+        return replace(w, fault_at=_set(w.fault_at, i, w.now_s),
+                       fault_live=_set(w.fault_live, i, True))
+    if isinstance(ev, gm.ReleaseDomain) and _held(m, NODES[0]):
+        return replace(w, fault_live=(False,) * 3)
     if isinstance(ev, gm.Started):
-        # a fresh guard knows nothing of an earlier reset (see the module's notes)
-        return replace(w, out=None, stale=(False,) * 3, pre_reset=(False,) * 3)
+        # a fresh guard knows nothing of an earlier reset (see the module's notes), nor
+        # of the fault counts below the threshold
+        return replace(w, out=None, stale=(False,) * 3, pre_reset=(False,) * 3,
+                       fault_live=(False,) * 3)
     if isinstance(ev, gm.PolicyRead | gm.PolicyFailed | gm.LedgerRead | gm.LedgerUnavailable):
         return replace(w, out=None)
     return w
@@ -282,6 +303,11 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
                                 and held_at.get(c.reply.repair_id, _held(m, NODES[i]))):
                             bad.append(f"domain: automatic {NODES[i]} granted while its "
                                        "domain is held")
+                        if (_automatic(w, i) and c.purpose == "reply"
+                                and c.reply.reason != "re-acquired"
+                                and _reported(w) >= POLICY_DOMAINS.domain_threshold):
+                            bad.append(f"domain: automatic {NODES[i]} granted after "
+                                       f"{_reported(w)} nodes of its domain reported faults")
                         if w.stale[i] and c.reply.reset_at is None:
                             bad.append(f"I23: {NODES[i]} waited through a reset and acts on "
                                        "pre-reset evidence")
@@ -290,6 +316,12 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
                 elif st == "holding":  # a refused renewal: the lease lapsed, do not act
                     w = replace(w, repairs=_set(w.repairs, i, "waiting"))
     return m, replace(w, bad=tuple(bad))
+
+
+def _reported(w: World) -> int:
+    """Nodes whose fault report counts now (inside the window, not dropped)."""
+    return sum(1 for at, live in zip(w.fault_at, w.fault_live, strict=True)
+               if live and at is not None and w.now_s - at <= WINDOW_S)
 
 
 def _held(m: gm.GuardState, node: str) -> bool:
@@ -368,7 +400,8 @@ def _mirror(w: World) -> World:
     def sw(t: tuple) -> tuple:  # type: ignore[type-arg]
         return (t[1], t[0], t[2])
     return replace(w, repairs=sw(w.repairs), granted_at=sw(w.granted_at), stale=sw(w.stale),
-                   pre_reset=sw(w.pre_reset))
+                   pre_reset=sw(w.pre_reset), fault_at=sw(w.fault_at),
+                   fault_live=sw(w.fault_live))
 
 
 def _key(m: gm.GuardState, w: World) -> str:

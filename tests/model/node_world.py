@@ -33,7 +33,9 @@ States are hashed (canonical JSON of the machine's state plus the world). After 
 step the invariants are checked: one repair per node at a time (I21), rule zero and I20
 (a repair starts only on a fault reported after its last fix and not cleared since),
 I17 (its persistence counted on the control plane's receipt times), and no alert is
-answered ``attached`` to a repair that is not running, and (issue 29 item 1) nothing is
+answered ``attached`` to a repair that is not running, a repair starts only on a fault
+the node (of failure domain :data:`DOMAIN`) reported to its guard (issue 29 item 2), and
+(issue 29 item 1) nothing is
 recommended inside a window or its grace from a fault that did not persist (a level
 fault raised at the grace end) or recur (an event fault received after it) past it. A
 violation comes with the shortest event trace (BFS order).
@@ -56,6 +58,8 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 #: 1800 s (the defaults, docs/design.md §5).
 RAILS = RailsConfig()
 CATALOGUE = CatalogueConfig()
+#: The failure domain the world's node belongs to (its guard counts its fault reports).
+DOMAIN = "rack-1"
 #: Clock step of a bare ``clock`` event, seconds (more than the persistence window).
 CLOCK_STEP_S = 120.0
 #: Sender clock offsets, seconds (ingest accepts up to 300 s ahead).
@@ -117,6 +121,9 @@ class World:
     window_open: bool = False
     grace_end_s: float | None = None  # the node's grace end (window's or a boot's)
     window_boot: int | None = None  # the boot of the last report inside the window
+    #: fault kinds the node reported to its guard (``fault_seen``; the node is in a
+    #: failure domain, issue 29 item 2)
+    reported: tuple[str, ...] = ()
 
 
 def _get(t: tuple[tuple[str, float], ...], k: str) -> float | None:
@@ -286,7 +293,7 @@ def _world_events(w: World) -> list[tuple[str, World, nm.Event | None]]:
 
 def _policy(machine: int) -> nm.PolicyLoaded:
     return nm.PolicyLoaded(catalogue=CATALOGUE, rails=RAILS, machine_id=f"m{machine}",
-                           grace_s=GRACE_S)
+                           grace_s=GRACE_S, domains=[DOMAIN])
 
 
 def _run(m: nm.NodeState, w: World, ev: nm.Event, now: datetime,
@@ -316,8 +323,14 @@ def _apply(w: World, cmds: list[nm.Command], now_s: float) -> World:
             if w.repair is None or w.repair[0] != c.repair_id:
                 w = replace(w, bad=(*w.bad, f"attached {c.alert_id} to repair "
                                     f"{c.repair_id}, which is not running"))
+        if isinstance(c, nm.ReportFault) and c.report.kind not in w.reported:
+            w = replace(w, reported=tuple(sorted((*w.reported, c.report.kind))))
         if isinstance(c, nm.StartRepair):
             bad = list(w.bad)
+            unreported = [k for k in c.fault_keys if k.split(":")[0] not in w.reported]
+            if unreported:
+                bad.append(f"domain: repair on {unreported[0]} of a node of failure domain "
+                           f"{DOMAIN} whose fault was never reported to the guard")
             if w.repair is not None:
                 bad.append("one repair per node: a second repair started while "
                            f"{w.repair[0] or 'one'} may still run (I21)")

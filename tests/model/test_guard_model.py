@@ -52,11 +52,17 @@ def test_no_automatic_lease_in_a_held_domain_to_the_ci_bound() -> None:
     assert res.states > 3000, res.line()
 
 
-def test_domain_checker_finds_the_planted_hold_defect() -> None:
-    defect = "domain_hold_ignores_queue"
+@pytest.mark.parametrize(
+    ("defect", "invariant"),
+    [
+        ("domain_hold_ignores_queue", "granted while its domain is held"),
+        ("domain_counts_requests_only", "nodes of its domain reported faults"),
+    ],
+)
+def test_domain_checker_finds_each_planted_hold_defect(defect: str, invariant: str) -> None:
     assert defect in DEFECTS
     res = check(DOMAIN_DEPTH, defects=frozenset({defect}), stop_at_first=True, domains=True)
     assert res.violations, f"{defect} not found"
     what, trace = res.violations[0]
-    assert "granted while its domain is held" in what, what
+    assert invariant in what, what
     assert len(trace) <= DOMAIN_DEPTH

@@ -61,6 +61,7 @@ from pydantic import BaseModel, Field, field_serializer, field_validator
 from workflows.catalogue.kinds import NODE_LEVEL_KINDS
 from workflows.catalogue.vocabulary import count_window_s
 from workflows.config import CatalogueConfig, MaintenanceConfig, RailsConfig
+from workflows.leases import FaultReport
 from workflows.maintenance import IN_GRACE, IN_MAINTENANCE, MAINTENANCE_WINDOW
 from workflows.models import (
     ACTION_WEIGHT,
@@ -121,6 +122,8 @@ OCCURRENCE_TTL_S = 8 * 86400.0
 NON_BOOTING = frozenset({Action.reset_gpu, Action.none})
 #: Test-only defects :func:`step` can re-introduce (``tests/model`` shows each is found).
 DEFECTS: dict[str, str] = {
+    "unreported_domain_fault": "a new actionable fault of a node of a failure domain is "
+                               "not reported to the guard (issue 29 item 2)",
     "level_fault_survives_success": "a success keeps the level faults it acted on "
     "(the healthy node is repaired again after the cooldown; reproduction 1)",
     "decide_without_ledger": "a fresh entity whose ledger read failed decides anyway "
@@ -315,6 +318,9 @@ class NodeState(BaseModel):
     #: The node's grace end after maintenance (None: none seen) and why.
     grace_until: datetime | None = None
     grace_why: str = ""
+    #: The failure domains the node belongs to (``load_policy``'s ``domains``, last read):
+    #: a new actionable fault of a node with any is reported to the guard (issue 29 item 2).
+    domains: list[str] = Field(default_factory=list)
 
     @field_serializer("seen")
     def _ser_seen(self, seen: dict[str, int]) -> list[tuple[int, str]]:
@@ -359,6 +365,8 @@ class PolicyLoaded(BaseModel):
     machine_id: str | None = None
     node_pool: str | None = None
     grace_s: float = GRACE_S
+    #: the node's failure domains (``nodes[].failure_domain``, scheduler labels/features)
+    domains: list[str] = Field(default_factory=list)
 
 
 class PolicyFailed(BaseModel):
@@ -433,6 +441,15 @@ class LedgerUnavailable(BaseModel):
     message: str = ""
 
 
+class FaultReportFailed(BaseModel):
+    """A ``fault_seen`` report could not be delivered (no guard runs for the cluster);
+    ``retried``: it was already the second try, after starting the guard."""
+
+    kind: Literal["fault_report_failed"] = "fault_report_failed"
+    report: FaultReport
+    retried: bool = False
+
+
 class TimerFired(BaseModel):
     """The timer the machine asked for fired."""
 
@@ -454,12 +471,13 @@ class Clock(BaseModel):
 Event = Annotated[
     Begin | AlertDelivered | AlertRecorded | PolicyLoaded | PolicyFailed | AttachDone
     | RepairStarted | RepairFinishedEv | RepairEnded | RepairProbed | LedgerRead
-    | LedgerUnavailable | TimerFired | HistoryFull | Clock,
+    | LedgerUnavailable | FaultReportFailed | TimerFired | HistoryFull | Clock,
     Field(discriminator="kind"),
 ]
 EVENT_KINDS = ("begin", "alert_delivered", "alert_recorded", "policy_loaded",
                "policy_failed", "attach_done", "repair_started", "repair_finished",
                "repair_ended", "repair_probed", "ledger_read", "ledger_unavailable",
+               "fault_report_failed",
                "timer", "history_full", "clock")
 
 
@@ -543,6 +561,22 @@ class ReleaseLease(BaseModel):
     outcome: str
 
 
+class ReportFault(BaseModel):
+    """Signal ``fault_seen`` to the cluster's guard: a new actionable fault of a node of a
+    failure domain (issue 29 item 2); undeliverable → :class:`FaultReportFailed`."""
+
+    kind: Literal["report_fault"] = "report_fault"
+    report: FaultReport
+    retried: bool = False
+
+
+class StartGuard(BaseModel):
+    """Start the cluster's guard (``guard/{cluster}``, abandoned by the node; one that
+    already runs is left as it is)."""
+
+    kind: Literal["start_guard"] = "start_guard"
+
+
 class Notify(BaseModel):
     kind: Literal["notify"] = "notify"
     subject: str
@@ -572,8 +606,8 @@ class ContinueAsNew(BaseModel):
 
 
 Command = (Reply | RecordAlert | LoadPolicy | StartRepair | AttachAlert | ReadLedger
-           | ProbeRepair | CloseLedger | ReleaseLease | Notify | SetTimer | SetDetails
-           | ContinueAsNew)
+           | ProbeRepair | CloseLedger | ReleaseLease | ReportFault | StartGuard | Notify
+           | SetTimer | SetDetails | ContinueAsNew)
 
 
 # ---- the machine -------------------------------------------------------------------
@@ -880,6 +914,7 @@ def _on_raise(s: NodeState, alert: Alert, now: datetime, defects: frozenset[str]
         occ[k] = [*times, at][-MAX_OCCURRENCES:]
     s = s.model_copy(update={"occurrences": _bounded(occ, MAX_OCCURRENCE_KEYS)})
     s, grace = _grace(s, alert, at)
+    report: list[Command | _Tracked] = []
     dec = decide_node_action(
         alert, cat,
         occurrences_in_window=count_in_window(occ[occ_key], at,
@@ -897,6 +932,11 @@ def _on_raise(s: NodeState, alert: Alert, now: datetime, defects: frozenset[str]
         active[key] = Fault(alert=alert, action=dec.action, rule=dec.rule,
                             first_seen=prev.first_seen if prev else at, received=at,
                             held_until=hold, held_why=why)
+        if (prev is None and s.domains and "unreported_domain_fault" not in defects
+                and not isinstance(alert.evidence.get(IN_MAINTENANCE), str)):
+            report = [ReportFault(report=FaultReport(
+                cluster=s.cluster, node=s.node, alert_id=alert.alert_id, kind=alert.kind,
+                code=alert.code, domains=list(s.domains)))]
         if len(active) > MAX_ACTIVE_FAULTS:
             drop = min(active, key=lambda k: (ACTION_WEIGHT[active[k].action],
                                               active[k].first_seen))
@@ -909,7 +949,7 @@ def _on_raise(s: NodeState, alert: Alert, now: datetime, defects: frozenset[str]
                 update={"alert_ids": [*rep.alert_ids, alert.alert_id]})})
         s, sent = _attach(s, alert, key, f"repair {rep.repair_id} in flight; {dec.reason}",
                           AlertOutcome.attached, defects)
-        return s, [*sent]
+        return s, [*report, *sent]
     if dec.diagnostic:
         dk = repeat_key(alert)
         last = s.diagnosed.get(dk)
@@ -933,8 +973,8 @@ def _on_raise(s: NodeState, alert: Alert, now: datetime, defects: frozenset[str]
         return s, [_reply(alert, AlertOutcome.ignored, f"{dec.rule}: {dec.reason}")]
     # answered once every alert decidable now was decided (:func:`_drain`): a clear
     # queued behind it may end the fault before a repair would start
-    return s, [_Tracked(alert=alert, key=key,
-                        text=f"{dec.action.value} recommended ({dec.rule})")]
+    return s, [*report, _Tracked(alert=alert, key=key,
+                                 text=f"{dec.action.value} recommended ({dec.rule})")]
 
 
 def _grace_mark(alert: Alert) -> tuple[datetime, str] | None:
@@ -1221,7 +1261,7 @@ def _on_policy(s: NodeState, ev: PolicyLoaded, now: datetime, defects: frozenset
     configured machine)."""
     update: dict[str, object] = {"catalogue": ev.catalogue, "rails": ev.rails,
                                  "policy_at": now, "policy_out": False,
-                                 "grace_s": ev.grace_s,
+                                 "grace_s": ev.grace_s, "domains": sorted(ev.domains),
                                  "machine_id": ev.machine_id, "node_pool": ev.node_pool}
     cmds: list[Command] = []
     old = s.history_machine
@@ -1289,6 +1329,11 @@ def _step(s: NodeState, ev: Event, now: datetime, defects: frozenset[str]
         return _on_attach(s, ev, now)
     if isinstance(ev, RepairProbed):
         return _on_probe(s, ev, now)
+    if isinstance(ev, FaultReportFailed):
+        if ev.retried:  # the guard could not be started: its lease requests still count
+            return s, [SetDetails(text=f"fault {ev.report.alert_id} not reported to the "
+                                       f"guard of {s.cluster}: no guard answers")]
+        return s, [StartGuard(), ReportFault(report=ev.report, retried=True)]
     if isinstance(ev, LedgerRead):
         if rc != Reconcile.reading:
             return s, []  # not asked (a late answer of a lost read)
@@ -1402,6 +1447,9 @@ def _table() -> None:
             "→ retry_wait: timer 5 s doubling to 60 s; queued alerts answered `new` "
             "(waiting for the ledger); no repair meanwhile (I21)"
             if rc == Reconcile.reading else "ignored: no read is out")
+        TRANSITIONS[(rc, "fault_report_failed")] = (
+            "first try → start the cluster's guard and report again; second → noted in "
+            "the details (the repair's lease request still counts for its domain)")
         TRANSITIONS[(rc, "timer")] = {
             Reconcile.retry_wait: "→ reading: ask the ledger again",
             Reconcile.done: "open repair → probe it every 15 min; else due faults decided "
