@@ -21,8 +21,10 @@ stands for all) with
 - the node re-registered: another machine bound to it (the old machine's faults are
   gone with it), learnt at the policy read;
 - from :data:`W_MAINT`: a planned maintenance window covering the node (reports marked
-  ``in_maintenance`` on receipt), the window ending (reports marked ``in_grace`` for
-  :data:`GRACE_S` after), and the node rebooting (its first report from the new boot
+  ``in_maintenance`` on receipt, with its scheduled end :data:`WINDOW_UNTIL_S`), the
+  window ending early or at that end (reports marked ``in_grace`` for :data:`GRACE_S`
+  after; a level fault raised inside it is a fault judged past that grace), and the
+  node rebooting (its first report from the new boot
   inside a grace starts a grace of its own).
 
 The ledger write of an alert, the policy read and an ``attach_alert`` signal are answered
@@ -50,7 +52,7 @@ from datetime import UTC, datetime, timedelta
 
 from workflows.config import CatalogueConfig, RailsConfig
 from workflows.lifecycle import node as nm
-from workflows.maintenance import IN_GRACE, IN_MAINTENANCE, MAINTENANCE_WINDOW
+from workflows.maintenance import IN_GRACE, IN_MAINTENANCE, MAINTENANCE_UNTIL, MAINTENANCE_WINDOW
 from workflows.models import Action, Alert, Severity, Stage
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -70,6 +72,9 @@ LEVEL, EVENT = "gpu_lost::", "xid:79:"
 #: Grace period after maintenance in the world, seconds (more than one clock step, so
 #: that time passes inside it; ``policy.maintenance.grace_s`` as the policy read says).
 GRACE_S = 180.0
+#: The window's scheduled end, seconds from T0 (ingest's ``maintenance_until`` mark): it
+#: closes then by itself, or earlier when an operator ends it (``window_ends``).
+WINDOW_UNTIL_S = 240.0
 #: A report's maintenance mark (the queue's last field): none, inside the window, else
 #: the grace end (seconds from T0).
 NO_MARK, IN_WINDOW = -1.0, -2.0
@@ -81,6 +86,7 @@ def _alert(key: str, active: bool, sent_s: float, skew: float, boot: int, n: int
     ev: dict[str, object] = {"boot_id": f"b{boot}"}
     if mark == IN_WINDOW and active:
         ev[IN_MAINTENANCE] = "mw-1"
+        ev[MAINTENANCE_UNTIL] = (T0 + timedelta(seconds=WINDOW_UNTIL_S)).isoformat()
     elif mark >= 0 and active:
         ev |= {IN_GRACE: (T0 + timedelta(seconds=mark)).isoformat(),
                MAINTENANCE_WINDOW: "mw-1"}
@@ -206,7 +212,9 @@ def _world_events(w: World) -> list[tuple[str, World, nm.Event | None]]:
             # last report: a grace of its own from its receipt
             w1 = replace(w1, window_boot=boot,
                          grace_end_s=max(w1.grace_end_s, sent_s + GRACE_S))
-        if active and mark != IN_WINDOW:
+        if active and (mark != IN_WINDOW or key == LEVEL):
+            # a level fault raised inside the window is a fault all the same (judged
+            # after the window's grace); an event fault there is the maintenance's
             last = _get(w1.raised_at, key)
             w1 = replace(w1, raised_at=_put(w1.raised_at, key, max(sent_s, last or sent_s)))
             open_ep = _get(w1.episode_at, key)
@@ -288,8 +296,15 @@ def _world_events(w: World) -> list[tuple[str, World, nm.Event | None]]:
     out.append(("history_full", w, nm.HistoryFull()))
     out.append(("worker_restart", replace(w, read_out=False, probe_out=False, timer_s=None),
                 None))
-    return out
+    return [(label, _closed_on_time(w1), ev) for label, w1, ev in out]
 
+
+def _closed_on_time(w: World) -> World:
+    """The window closes by itself at its scheduled end (its grace runs from then)."""
+    if not (w.maint and w.window_open and w.now_s >= WINDOW_UNTIL_S):
+        return w
+    return replace(w, window_open=False,
+                   grace_end_s=max(w.grace_end_s or 0.0, WINDOW_UNTIL_S + GRACE_S))
 
 def _policy(machine: int) -> nm.PolicyLoaded:
     return nm.PolicyLoaded(catalogue=CATALOGUE, rails=RAILS, machine_id=f"m{machine}",

@@ -10,11 +10,18 @@ from datetime import UTC, datetime, timedelta
 
 from tests.unit.test_guard_domains import POLICY, RACK, _replies, _req, _serving
 from tests.unit.test_guard_domains import T0 as GT0
-from tests.unit.test_node_machine import CAT, RAILS, known, lost, raised, run
+from tests.unit.test_node_machine import CAT, RAILS, known, lost, raised, run, starts
 from workflows.leases import FaultReport
 from workflows.lifecycle import guard as gm
 from workflows.lifecycle import node as nm
-from workflows.maintenance import IN_GRACE, IN_MAINTENANCE, MAINTENANCE_WINDOW
+from workflows.maintenance import (
+    IN_GRACE,
+    IN_MAINTENANCE,
+    MAINTENANCE_REASON,
+    MAINTENANCE_UNTIL,
+    MAINTENANCE_WINDOW,
+)
+from workflows.models import Action, Alert
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)  # the node tests' clock
 
@@ -148,3 +155,95 @@ def test_an_undelivered_report_starts_the_guard_and_is_sent_once_more() -> None:
     s, cmds = nm.step(s, nm.FaultReportFailed(report=rep, retried=True), T0)
     assert not [c for c in cmds if c.kind in ("start_guard", "report_fault")]
     assert any(isinstance(c, nm.SetDetails) and "not reported" in c.text for c in cmds)
+
+
+# ---- a level fault raised inside a maintenance window (issue 29 item 1) --------------
+def _inside(n: int, at: datetime, until: datetime, *, level: bool = True) -> Alert:
+    base = lost(n, at) if level else Alert(
+        alert_id=f"x79-{n}", cluster="c", node="n", kind="xid", code=79,
+        summary="Xid 79", evidence={"boot_id": "b0"}, observed_at=at, received_at=at)
+    # as ingest marks it: observed, not actionable, the window's scheduled end beside
+    return base.model_copy(update={"actionable": False, "action": Action.none, "evidence": {
+        **base.evidence, IN_MAINTENANCE: "mw-1", MAINTENANCE_REASON: "rack reboot",
+        MAINTENANCE_UNTIL: until.isoformat()}})
+
+
+def _grace_policy(s: nm.NodeState, domains: list[str]) -> nm.NodeState:
+    s, _ = nm.step(s, nm.PolicyLoaded(catalogue=CAT, rails=RAILS, domains=domains,
+                                      grace_s=GRACE), T0)
+    return s
+
+
+GRACE = 900.0
+
+
+def _run_in(s: nm.NodeState, ev: nm.Event, now: datetime, domains: list[str]
+            ) -> tuple[nm.NodeState, list[nm.Command]]:
+    """:func:`run`, the policy read answering with ``domains`` and ``GRACE``."""
+    todo: list[nm.Event] = [ev]
+    out: list[nm.Command] = []
+    while todo:
+        s, cmds = nm.step(s, todo.pop(0), now)
+        out += cmds
+        for c in cmds:
+            if isinstance(c, nm.RecordAlert):
+                todo.append(nm.AlertRecorded(alert_id=c.alert.alert_id))
+            elif isinstance(c, nm.LoadPolicy):
+                todo.append(nm.PolicyLoaded(catalogue=CAT, rails=RAILS, domains=domains,
+                                            grace_s=GRACE))
+            elif isinstance(c, nm.StartRepair):
+                todo.append(nm.RepairStarted(repair_id=c.repair_id))
+    return s, out
+
+
+def test_a_gpu_lost_inside_a_window_is_repaired_after_its_grace_if_still_lost() -> None:
+    """A GPU that did not come back from the planned reboot: the level fault raised inside
+    the window is held to the window's scheduled end + grace_s, then repaired (reported
+    to the guard first: it was not reported inside the window)."""
+    s = _grace_policy(known(), ["rack-1"])
+    until = T0 + timedelta(seconds=600)
+    s, cmds = _run_in(s, raised(_inside(1, T0, until)), T0, ["rack-1"])
+    assert _reports(cmds) == [] and not starts(cmds)  # inside the window: not reported
+    (f,) = s.active.values()
+    assert f.held_until == until + timedelta(seconds=GRACE) and "mw-1" in f.held_why
+    assert IN_MAINTENANCE not in f.alert.evidence
+    s, cmds = _run_in(s, nm.TimerFired(), until + timedelta(seconds=GRACE - 1), ["rack-1"])
+    assert not starts(cmds)
+    s, cmds = _run_in(s, nm.TimerFired(), until + timedelta(seconds=GRACE + 1), ["rack-1"])
+    (start,) = starts(cmds)
+    assert start.action == Action.power_cycle
+    kinds = [c.kind for c in cmds if c.kind in ("report_fault", "start_repair")]
+    assert kinds == ["report_fault", "start_repair"]
+
+
+def test_a_gpu_lost_inside_a_window_and_back_after_it_is_not_repaired() -> None:
+    s = _grace_policy(known(), [])
+    until = T0 + timedelta(seconds=600)
+    s, _ = run(s, raised(_inside(1, T0, until)), T0)
+    s, _ = run(s, raised(lost(2, until + timedelta(seconds=30), active=False)),
+               until + timedelta(seconds=30))
+    s, cmds = run(s, nm.TimerFired(), until + timedelta(seconds=GRACE + 1))
+    assert not starts(cmds) and not s.active
+
+
+def test_an_xid_inside_a_window_stays_observed_only() -> None:
+    s = _grace_policy(known(), [])
+    until = T0 + timedelta(seconds=600)
+    s, cmds = run(s, raised(_inside(1, T0, until, level=False)), T0)
+    assert not s.active
+    s, cmds = run(s, nm.TimerFired(), until + timedelta(seconds=GRACE + 1))
+    assert not starts(cmds)
+
+
+def test_the_forgotten_window_fault_defect_is_what_the_test_catches() -> None:
+    """With the planted defect (the first release's behaviour) the lost GPU is never
+    repaired: the test above fails on it."""
+    assert "window_level_fault_forgotten" in nm.DEFECTS
+    s = _grace_policy(known(), [])
+    until = T0 + timedelta(seconds=600)
+    d = frozenset({"window_level_fault_forgotten"})
+    s, _ = nm.step(s, raised(_inside(1, T0, until)), T0, d)
+    for ev in (nm.AlertRecorded(alert_id="lost-1"),):
+        s, _ = nm.step(s, ev, T0, d)
+    s, cmds = nm.step(s, nm.TimerFired(), until + timedelta(seconds=GRACE + 1), d)
+    assert not s.active and not starts(cmds)

@@ -12,7 +12,7 @@ from ingest.handoff import TemporalAlertSink
 from ingest.maintenance_marks import MAINTENANCE_REASON, MaintenanceMarks
 from tests.workflows.conftest import Harness, make_alert
 from workflows.config import CatalogueConfig
-from workflows.maintenance import IN_MAINTENANCE, MaintenanceWindow
+from workflows.maintenance import IN_MAINTENANCE, MAINTENANCE_UNTIL, MaintenanceWindow
 from workflows.models import Action, AlertOutcome
 from workflows.policy import decide_node_action
 
@@ -39,6 +39,8 @@ def test_marks_follow_the_control_plane_clock_and_strip_sender_marks() -> None:
     assert not m.actionable and m.action == Action.none
     assert m.evidence[IN_MAINTENANCE] == w.window_id
     assert m.evidence[MAINTENANCE_REASON] == "cable swap"
+    # the window's scheduled end: a level fault raised inside is judged after it
+    assert m.evidence[MAINTENANCE_UNTIL] == (T0 + timedelta(hours=1)).isoformat()
     # received after the window: not marked, whatever the sender's clock says
     after = make_alert("c", "gpu-01", 79, received_at=T0 + timedelta(hours=2),
                        observed_at=T0 + timedelta(minutes=5))

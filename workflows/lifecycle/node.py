@@ -62,7 +62,13 @@ from workflows.catalogue.kinds import NODE_LEVEL_KINDS
 from workflows.catalogue.vocabulary import count_window_s
 from workflows.config import CatalogueConfig, MaintenanceConfig, RailsConfig
 from workflows.leases import FaultReport
-from workflows.maintenance import IN_GRACE, IN_MAINTENANCE, MAINTENANCE_WINDOW
+from workflows.maintenance import (
+    IN_GRACE,
+    IN_MAINTENANCE,
+    MAINTENANCE_REASON,
+    MAINTENANCE_UNTIL,
+    MAINTENANCE_WINDOW,
+)
 from workflows.models import (
     ACTION_WEIGHT,
     TERMINAL_STAGES,
@@ -134,6 +140,9 @@ DEFECTS: dict[str, str] = {
     "signal reaching it (a repair that is gone swallows every later alert)",
     "inherit_machine_history": "a node re-registered to another machine keeps the old "
     "machine's faults and history (its retired faults hide the new machine's)",
+    "window_level_fault_forgotten": "a level fault raised inside a maintenance window is "
+    "observed only and never judged again: a GPU that did not come back from the planned "
+    "reboot is never repaired (issue 29 item 1)",
     "grace_ignored": "a fault received in the grace period after maintenance is "
     "recommended once its persistence is over (the false faults of a planned reboot are "
     "repaired; issue 29 item 1)",
@@ -217,6 +226,9 @@ class Fault(BaseModel):
     #: a level fault is due only from then on, an event fault only if received after it.
     held_until: datetime | None = None
     held_why: str = ""
+    #: Reported to the cluster's guard (``fault_seen``, issue 29 item 2): at its first
+    #: raise outside a window, else when a repair is started for it.
+    reported: bool = False
 
 
 def held(f: Fault, now: datetime) -> bool:
@@ -741,7 +753,16 @@ def _evaluate(s: NodeState, now: datetime, defects: frozenset[str]
         "repairs_started": s.repairs_started + 1,
         "details": f"repair {rid} ({action.value}) in flight"})
     reason = "; ".join(f"{f.alert.summary} ({f.rule})" for _, f in due)
-    return s, [StartRepair(repair_id=rid, action=action, fault_keys=keys, alerts=alerts,
+    # a fault not reported yet (raised inside a window, or before the domains were
+    # known) is reported now, before the repair's lease request
+    told = [] if not s.domains or "unreported_domain_fault" in defects else [
+        k for k, f in due if not f.reported]
+    if told:
+        s = s.model_copy(update={"active": {
+            k: f.model_copy(update={"reported": True}) if k in told else f
+            for k, f in s.active.items()}})
+    return s, [*[_report(s, s.active[k].alert) for k in told],
+               StartRepair(repair_id=rid, action=action, fault_keys=keys, alerts=alerts,
                            reason=reason, machine_id=s.machine_id, node_pool=s.node_pool),
                SetDetails(text=s.details)]
 
@@ -914,6 +935,10 @@ def _on_raise(s: NodeState, alert: Alert, now: datetime, defects: frozenset[str]
         occ[k] = [*times, at][-MAX_OCCURRENCES:]
     s = s.model_copy(update={"occurrences": _bounded(occ, MAX_OCCURRENCE_KEYS)})
     s, grace = _grace(s, alert, at)
+    in_window = isinstance(alert.evidence.get(IN_MAINTENANCE), str)
+    inside = _inside_window(s, alert, defects)
+    if inside is not None:  # a level fault raised inside a window: judged after it
+        alert, grace = inside
     report: list[Command | _Tracked] = []
     dec = decide_node_action(
         alert, cat,
@@ -931,12 +956,12 @@ def _on_raise(s: NodeState, alert: Alert, now: datetime, defects: frozenset[str]
             hold, why = grace
         active[key] = Fault(alert=alert, action=dec.action, rule=dec.rule,
                             first_seen=prev.first_seen if prev else at, received=at,
-                            held_until=hold, held_why=why)
-        if (prev is None and s.domains and "unreported_domain_fault" not in defects
-                and not isinstance(alert.evidence.get(IN_MAINTENANCE), str)):
-            report = [ReportFault(report=FaultReport(
-                cluster=s.cluster, node=s.node, alert_id=alert.alert_id, kind=alert.kind,
-                code=alert.code, domains=list(s.domains)))]
+                            held_until=hold, held_why=why,
+                            reported=bool(prev and prev.reported))
+        if (not (prev and prev.reported) and s.domains and not in_window
+                and "unreported_domain_fault" not in defects):
+            report = [_report(s, alert)]
+            active[key] = active[key].model_copy(update={"reported": True})
         if len(active) > MAX_ACTIVE_FAULTS:
             drop = min(active, key=lambda k: (ACTION_WEIGHT[active[k].action],
                                               active[k].first_seen))
@@ -975,6 +1000,38 @@ def _on_raise(s: NodeState, alert: Alert, now: datetime, defects: frozenset[str]
     # queued behind it may end the fault before a repair would start
     return s, [*report, _Tracked(alert=alert, key=key,
                                  text=f"{dec.action.value} recommended ({dec.rule})")]
+
+
+def _report(s: NodeState, alert: Alert) -> ReportFault:
+    return ReportFault(report=FaultReport(cluster=s.cluster, node=s.node,
+                                          alert_id=alert.alert_id, kind=alert.kind,
+                                          code=alert.code, domains=list(s.domains)))
+
+
+def _inside_window(s: NodeState, alert: Alert, defects: frozenset[str]
+                   ) -> tuple[Alert, tuple[datetime, str]] | None:
+    """A level fault raised inside a maintenance window (the ``in_maintenance`` mark with
+    the window's scheduled end, ``maintenance_until``): the alert without the mark, to
+    be judged by the catalogue, and its hold — ``grace_s`` after that end, when it is
+    recommended only if still raised (a GPU that did not come back from the planned
+    reboot is repaired; one the agent clears meanwhile is not). None for an event fault
+    (observed only: the maintenance's), a clear, or a mark with no end."""
+    if not alert.level or not alert.active or "window_level_fault_forgotten" in defects:
+        return None
+    window = alert.evidence.get(IN_MAINTENANCE)
+    until = alert.evidence.get(MAINTENANCE_UNTIL)
+    if not isinstance(window, str) or not isinstance(until, str):
+        return None
+    try:
+        end = _utc(datetime.fromisoformat(until))
+    except ValueError:
+        return None
+    ev = {k: v for k, v in alert.evidence.items()
+          if k not in (IN_MAINTENANCE, MAINTENANCE_REASON, MAINTENANCE_UNTIL)}
+    hold = end + timedelta(seconds=s.grace_s)
+    return (alert.model_copy(update={"evidence": ev}),
+            (hold, f"raised inside maintenance window {window} (scheduled to end "
+                   f"{end.isoformat()}); judged again at the end of its grace period"))
 
 
 def _grace_mark(alert: Alert) -> tuple[datetime, str] | None:
@@ -1406,7 +1463,9 @@ def _table() -> None:
                         "; decided in order once recorded and the policy is fresh: stale "
                         "(at/before a clear, before a success that retired it, from the "
                         "boot it replaced) → ignored; inside a maintenance window → "
-                        "observed only (its boot id noted); in a grace period after one "
+                        "observed only (its boot id noted), a level fault held to "
+                        "`grace_s` after the window's scheduled end (recommended only if "
+                        "still raised then); in a grace period after one "
                         "(the `in_grace` mark, or a first report from another boot "
                         "within it: `grace_s` from then) → held to the grace end; "
                         "catalogue decides; open repair → "
