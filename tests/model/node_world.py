@@ -130,6 +130,9 @@ class World:
     #: fault kinds the node reported to its guard (``fault_seen``; the node is in a
     #: failure domain, issue 29 item 2)
     reported: tuple[str, ...] = ()
+    #: fault keys whose current episode began inside the window (reports marked
+    #: ``in_maintenance``): no repair may start on one while the window is open
+    window_eps: tuple[str, ...] = ()
 
 
 def _get(t: tuple[tuple[str, float], ...], k: str) -> float | None:
@@ -224,6 +227,9 @@ def _world_events(w: World) -> list[tuple[str, World, nm.Event | None]]:
             ends = [t for t in (cl, fx) if t is not None]
             if fresh and (open_ep is None or (ends and open_ep <= max(ends))):
                 w1 = replace(w1, episode_at=_put(w1.episode_at, key, sent_s))
+                inside = tuple(sorted({*w1.window_eps, key})) if mark == IN_WINDOW \
+                    else tuple(k for k in w1.window_eps if k != key)
+                w1 = replace(w1, window_eps=inside)
         elif not active:
             cl = _get(w1.cleared_at, key)
             w1 = replace(w1, cleared_at=_put(w1.cleared_at, key, max(sent_s, cl or sent_s)))
@@ -342,6 +348,9 @@ def _apply(w: World, cmds: list[nm.Command], now_s: float) -> World:
             w = replace(w, reported=tuple(sorted((*w.reported, c.report.kind))))
         if isinstance(c, nm.StartRepair):
             bad = list(w.bad)
+            if w.window_open and any(k in w.window_eps for k in c.fault_keys):
+                bad.append("window: repair recommended inside the maintenance window from "
+                           "a fault raised inside it")
             unreported = [k for k in c.fault_keys if k.split(":")[0] not in w.reported]
             if unreported:
                 bad.append(f"domain: repair on {unreported[0]} of a node of failure domain "

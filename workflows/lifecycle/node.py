@@ -143,6 +143,8 @@ DEFECTS: dict[str, str] = {
     "window_level_fault_forgotten": "a level fault raised inside a maintenance window is "
     "observed only and never judged again: a GPU that did not come back from the planned "
     "reboot is never repaired (issue 29 item 1)",
+    "window_level_fault_unheld": "a level fault raised inside a maintenance window is "
+    "judged at once: its repair is recommended inside the window (issue 29 item 1)",
     "grace_ignored": "a fault received in the grace period after maintenance is "
     "recommended once its persistence is over (the false faults of a planned reboot are "
     "repaired; issue 29 item 1)",
@@ -1029,6 +1031,8 @@ def _inside_window(s: NodeState, alert: Alert, defects: frozenset[str]
     ev = {k: v for k, v in alert.evidence.items()
           if k not in (IN_MAINTENANCE, MAINTENANCE_REASON, MAINTENANCE_UNTIL)}
     hold = end + timedelta(seconds=s.grace_s)
+    if "window_level_fault_unheld" in defects:
+        return alert.model_copy(update={"evidence": ev}), (end - timedelta(days=1), "")
     return (alert.model_copy(update={"evidence": ev}),
             (hold, f"raised inside maintenance window {window} (scheduled to end "
                    f"{end.isoformat()}); judged again at the end of its grace period"))
