@@ -77,7 +77,12 @@ from workflows.models import (
     AlertOutcome,
     Stage,
 )
-from workflows.policy.node_action import count_in_window, decide_node_action, repeat_key
+from workflows.policy.node_action import (
+    NodeActionDecision,
+    count_in_window,
+    decide_node_action,
+    repeat_key,
+)
 from workflows.policy.rails import cooldown_until, in_cooldown, persistence_for
 
 #: Back-off between ledger reads while the ledger is unavailable, seconds: 5 s doubling
@@ -938,15 +943,20 @@ def _on_raise(s: NodeState, alert: Alert, now: datetime, defects: frozenset[str]
     s = s.model_copy(update={"occurrences": _bounded(occ, MAX_OCCURRENCE_KEYS)})
     s, grace = _grace(s, alert, at)
     in_window = isinstance(alert.evidence.get(IN_MAINTENANCE), str)
-    inside = _inside_window(s, alert, defects)
-    if inside is not None:  # a level fault raised inside a window: judged after it
-        alert, grace = inside
     report: list[Command | _Tracked] = []
-    dec = decide_node_action(
-        alert, cat,
-        occurrences_in_window=count_in_window(occ[occ_key], at,
-                                              count_window_s(alert.kind, alert.code, cat)),
-        repeats_same_gpu=count_in_window(occ[rep_key], at, cat.app_xid_repeat_window_s))
+
+    def decide(a: Alert) -> NodeActionDecision:
+        return decide_node_action(
+            a, cat,
+            occurrences_in_window=count_in_window(occ[occ_key], at,
+                                                  count_window_s(a.kind, a.code, cat)),
+            repeats_same_gpu=count_in_window(occ[rep_key], at, cat.app_xid_repeat_window_s))
+
+    dec = decide(alert)
+    inside = _inside_window(s, alert, defects)
+    if inside is not None and (judged := decide(inside[0])).actionable:
+        # a level fault raised inside a window: a fault all the same, judged after it
+        (alert, grace), dec = inside, judged
     if dec.actionable:
         sev = dec.severity or alert.severity
         alert = trim(alert.model_copy(update={"action": dec.action, "actionable": True,
