@@ -11,6 +11,7 @@ import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.worker import Worker
 
+from activities.guard_replies import GuardReplyActivities
 from activities.ledger_activities import LedgerActivities
 from tests.workflows import fidelity
 from tests.workflows.conftest import Harness
@@ -66,7 +67,8 @@ async def test_the_check_finds_a_shell_that_departs_from_its_machine(
         h.client,
         task_queue=queue,
         workflows=[planted],
-        activities=[h.load_policy, *LedgerActivities(h.ledger.pool).all()],
+        activities=[h.load_policy, *LedgerActivities(h.ledger.pool).all(),
+                    *GuardReplyActivities(h.client).all()],
         interceptors=[FidelityInterceptor()],
         workflow_failure_exception_types=[FidelityViolation],
     ):

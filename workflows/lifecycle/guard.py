@@ -319,11 +319,13 @@ class ReplyUndeliverable(BaseModel):
 
 
 class EffectFailed(BaseModel):
-    """A best-effort side effect failed after its tries (``what``: ``write_alert`` or
-    ``notify``; ``subject``: the alert id or the notification's subject)."""
+    """A best-effort side effect failed after its tries (``what``: ``write_alert``,
+    ``notify`` or ``send_lease``; ``subject``: the alert id, the notification's subject,
+    or the repair a lease reply could not reach for another reason than its requester
+    being gone: the guard keeps its decision, the requester re-sends its request)."""
 
     kind: Literal["effect_failed"] = "effect_failed"
-    what: Literal["write_alert", "notify"]
+    what: Literal["write_alert", "notify", "send_lease"]
     subject: str
     message: str = ""
 
@@ -1029,8 +1031,9 @@ def _step(s: GuardState, ev: Event, now: datetime, defects: frozenset[str]
     if isinstance(ev, ClusterAlert):
         return s, _record(ev.alert)
     if isinstance(ev, EffectFailed):
-        what = (f"ledger write of {ev.subject}" if ev.what == "write_alert"
-                else f"notification {ev.subject!r}")
+        what = {"write_alert": f"ledger write of {ev.subject}",
+                "notify": f"notification {ev.subject!r}",
+                "send_lease": f"lease reply to {ev.subject}"}[ev.what]
         return _note(s, now, f"{what} failed: {ev.message}")
     if isinstance(ev, ReplyUndeliverable):
         gone = next((x for x in s.leases if x.repair_id == ev.repair_id), None)
@@ -1124,7 +1127,9 @@ def _table() -> None:
             elif kind == "cluster_alert":
                 what = "record in the ledger; notify while active"
             elif kind == "effect_failed":
-                what = "noted in errors (best effort); nothing else changes"
+                what = ("noted in errors (best effort: a ledger write, a notification, "
+                        "or a lease reply that failed for another reason than its "
+                        "requester being gone, which re-sends); nothing else changes")
             elif kind == "reply_undeliverable":
                 what = "the holder/requester is gone: its lease and queue entry dropped " \
                        "(an expiry probe's lease goes to expired)"
