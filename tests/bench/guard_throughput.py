@@ -288,6 +288,9 @@ async def measure(core: Core, args: argparse.Namespace) -> dict[str, Any]:
         "decision_p99_ms": pct(lat, 99),
         "decision_max_ms": max(lat) if lat else float("nan"),
         "send_s": t_sent - t_first,
+        # how far the last reply came after the last request was sent: near 0, the guard
+        # kept up with the arrivals and decisions/s is their rate
+        "last_reply_after_last_request_s": (max(got) - t_sent) if got else float("nan"),
         "busy_retries": BUSY["retries"],
         "all_replies_s": t_done - t_first,
         "granted": granted,
@@ -309,6 +312,8 @@ async def measure(core: Core, args: argparse.Namespace) -> dict[str, Any]:
         ("decision latency p50 (ms)", f"{figures['decision_p50_ms']:.0f}", "—"),
         ("decision latency p99 (ms)", f"{figures['decision_p99_ms']:.0f}", "—"),
         ("client send time (s)", f"{figures['send_s']:.2f}", "—"),
+        ("last reply after last request (s)",
+         f"{figures['last_reply_after_last_request_s']:.2f}", "—"),
         ("client re-sends (workflow busy)", str(BUSY["retries"]), "—"),
         ("granted / queued", f"{granted} / {n - granted}", "—"),
         ("breaker open after", str(after.breaker_open), "—"),

@@ -211,3 +211,17 @@ async def test_a_reply_that_cannot_be_sent_is_noted_and_the_decision_kept(
         assert await rec.query("replies", result_type=list[LeaseReply]) == []
         await guard.terminate()
         await rec.terminate()
+
+
+async def test_the_worker_process_registers_guard_send_leases(
+    ts_env: WorkflowEnvironment, ledger_pool: Any
+) -> None:
+    """``autorepair worker`` (``build_workers``) runs ``guard_send_leases`` on the main
+    task queue, where the guard schedules it: without it every lease reply would wait."""
+    from workers.worker import build_workers
+    from workflows.activity_api import ACT
+    from workflows.config import AutorepairConfig
+
+    workers = build_workers(ts_env.client, AutorepairConfig(), ledger_pool, workflows=[])
+    acts = workers[0]._activity_worker
+    assert acts is not None and ACT.guard_send_leases in acts._activities
