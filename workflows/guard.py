@@ -22,20 +22,27 @@ signals, activity results and timers into its events and executes its commands.
 
 Throughput (issue 30 item 1): every message that arrived before the guard's next step
 (signals, and the outcomes of its own replies and effects) is decided in one ``step``
-over a :class:`~workflows.lifecycle.guard.Batch`; the replies, ledger writes and
-notifications that step commands are started at once, in the commanded order, and run
-concurrently (at most :data:`MAX_IN_FLIGHT`); their outcomes (an undeliverable reply, a
-failed effect) are messages of a later batch. Nothing the guard writes is on the decision
-path: a decision waits only for a policy or ledger read the machine asked for.
+over a :class:`~workflows.lifecycle.guard.Batch`. The calls a step commands go out in the
+commanded order (:meth:`ClusterGuardWorkflow._pump`): the ``lease`` replies as one
+``guard_send_leases`` activity per batch (:mod:`activities.guard_replies`; one out at a
+time, so a requester gets its replies in order, and the next gathers every reply decided
+meanwhile), each ledger write and notification as a best-effort activity of its own,
+run concurrently (at most :data:`MAX_IN_FLIGHT`). Their outcomes (a gone requester, a
+failed effect) are messages of a later batch. Nothing the guard writes is on the
+decision path: a decision waits only for a policy or ledger read the machine asked for.
+A reply used to be an external signal whose completion woke the guard for a workflow
+task of its own: tasks grew with decisions, not batches (docs/scaling.md).
 
 Durability (docs/design.md §5 rails must hold across restarts):
 
-- grants are signalled before any side effect runs; notifications and ledger writes are
-  best effort (bounded retries; a failure is noted in ``GuardStatus.errors`` and logged,
-  never fails the guard);
-- continue-as-new waits for every call in flight and every handler, then carries the
-  messages that arrived meanwhile (``carried["inbox"]``, :data:`CARRIED_INBOX`) into the
-  next run, which decides them first: none is lost;
+- a step's replies start before its ledger writes and notifications (the commanded
+  order); a reply that cannot be sent for another reason than its requester being gone
+  is noted and the decision kept (the requester re-sends); notifications and ledger
+  writes are best effort (bounded retries; a failure is noted in ``GuardStatus.errors``
+  and logged, never fails the guard);
+- continue-as-new waits for every commanded call to have gone out and come back, and for
+  every handler, then carries the messages that arrived meanwhile (``carried["inbox"]``,
+  :data:`CARRIED_INBOX`) into the next run, which decides them first: none is lost;
 - a lease lives as long as its holder: holders renew it from their long waits, and at
   expiry the guard asks the holder (a signal) — still running, the lease is extended;
   gone, the slot is freed;
@@ -322,7 +329,7 @@ class ClusterGuardWorkflow:
     async def _deliver(self, event: gm.Event) -> None:
         """Step the machine with ``event`` and execute its commands in order. A read's
         outcome (policy, ledger) is stepped after the step's commands; replies and effects
-        run in the background (:meth:`_start`) and their outcomes join the inbox."""
+        go to the outbox (:meth:`_pump` starts them) and their outcomes join the inbox."""
         todo: deque[gm.Event] = deque([event])
         while todo:
             ev = todo.popleft()
