@@ -26,7 +26,7 @@ from tests.workflows.conftest import Harness
 from tests.workflows.fidelity import FidelityInterceptor, FidelityViolation
 from tests.workflows.helpers import eventually, guard_status
 from tests.workflows.lease_recorder import RECORDER, LeaseRecorder
-from workflows.activity_api import LeaseDeliveries, LeaseDelivery
+from workflows.activity_api import ACT, LeaseDeliveries, LeaseDelivery
 from workflows.guard import ClusterGuardWorkflow
 from workflows.protocol import (
     GUARD_SIGNAL_ACQUIRE,
@@ -219,9 +219,62 @@ async def test_the_worker_process_registers_guard_send_leases(
     """``autorepair worker`` (``build_workers``) runs ``guard_send_leases`` on the main
     task queue, where the guard schedules it: without it every lease reply would wait."""
     from workers.worker import build_workers
-    from workflows.activity_api import ACT
     from workflows.config import AutorepairConfig
 
     workers = build_workers(ts_env.client, AutorepairConfig(), ledger_pool, workflows=[])
     acts = workers[0]._activity_worker
     assert acts is not None and ACT.guard_send_leases in acts._activities
+
+
+async def test_the_replies_of_one_batch_are_one_activity_not_a_signal_each(
+    harness: Harness, ledger_pool: Any
+) -> None:
+    """20 requests decided in one step (they are all in the guard's first workflow task)
+    are answered by one ``guard_send_leases`` carrying 20 replies, and the guard's history
+    holds no external signal: its workflow tasks grow with batches, not with decisions
+    (issue 30 item 1; before, each reply was an external signal whose completion woke the
+    guard for another task). Each requester gets exactly one reply."""
+    from temporalio.api.enums.v1 import EventType
+
+    h = harness
+    cluster = h.cluster.cluster
+    guard_queue = f"guard-one-batch-{uuid.uuid4().hex[:8]}"
+    rec_queue = f"recorders-{uuid.uuid4().hex[:8]}"
+    async with Worker(h.client, task_queue=rec_queue, workflows=[LeaseRecorder]):
+        recs = [await _recorder(h.env, rec_queue) for _ in h.cluster.nodes]
+        # started with no worker on its queue: every request waits in its history
+        guard = await h.client.start_workflow(GUARD_WORKFLOW, GuardInput(cluster=cluster),
+                                              id=workflow_id_guard(cluster),
+                                              task_queue=guard_queue)
+        for node, rec in zip(h.cluster.nodes, recs, strict=True):
+            await guard.signal(GUARD_SIGNAL_ACQUIRE, LeaseRequest(
+                repair_id=f"r-{node}", workflow_id=rec.id, cluster=cluster, node=node,
+                automatic=False))
+        async with Worker(
+            h.client, task_queue=guard_queue, workflows=[ClusterGuardWorkflow],
+            activities=[*LedgerActivities(ledger_pool).all(), h.load_policy,
+                        *GuardReplyActivities(h.client).all()],
+            interceptors=[FidelityInterceptor()],
+            workflow_failure_exception_types=[FidelityViolation],
+        ):
+            for rec in recs:
+                got = await _replies(rec, 1)
+                assert len(got) == 1, got
+            sizes: list[int] = []
+            external = 0
+            async for ev in guard.fetch_history_events():
+                if ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                    a = ev.activity_task_scheduled_event_attributes
+                    if a.activity_type.name == ACT.guard_send_leases:
+                        body = LeaseDeliveries.model_validate_json(a.input.payloads[0].data)
+                        sizes.append(len(body.commands))
+                elif ev.event_type == \
+                        EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED:
+                    external += 1
+            assert external == 0
+            assert sizes == [len(recs)], sizes
+            st = await guard_status(h)
+            assert len(st.leases) + len(st.pending) == len(recs)
+            await guard.terminate()
+        for rec in recs:
+            await rec.terminate()
