@@ -140,6 +140,10 @@ _BATCH_PAUSE = timedelta(milliseconds=1)
 #: Key of the carried messages in ``GuardInput.carried`` (beside the machine's state,
 #: which ignores it).
 CARRIED_INBOX = "inbox"
+#: Longest a long inbox's next step waits for the reply batch out (a batch normally
+#: completes within about a second; one whose attempt is retried must not stall the
+#: decisions behind it).
+_CUT_WAIT = timedelta(seconds=2)
 _INBOX: TypeAdapter[list[gm.Message]] = TypeAdapter(list[gm.Message])
 
 
@@ -295,7 +299,12 @@ class ClusterGuardWorkflow:
             if cut and self._replying:
                 # decide the rest in a new activation (the deadlock bound): the one the
                 # reply batch out completes in, when the pump would send the next anyway
-                await workflow.wait_condition(lambda: not self._replying)
+                # (a batch retried for long holds no decision back: _CUT_WAIT)
+                try:
+                    await workflow.wait_condition(lambda: not self._replying,
+                                                  timeout=_CUT_WAIT)
+                except TimeoutError:
+                    pass
             elif cut:
                 await workflow.sleep(_BATCH_PAUSE)
             else:
