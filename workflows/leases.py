@@ -141,3 +141,7 @@ class Lease(BaseModel):
     #: ``ledger`` for a lease the guard rebuilt from the ledger's open repairs after a
     #: fresh start (its holder re-registers on its next renewal), else ``granted``.
     source: str = "granted"
+    #: The breaker reset the grant carried (``LeaseReply.reset_at``; None: none): every
+    #: later answer to the holder carries it too, so a holder whose grant reply was lost
+    #: still acts only on evidence observed after the reset (I23, issue 30 item 1).
+    evidence_after: datetime | None = None

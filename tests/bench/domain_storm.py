@@ -65,6 +65,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.guard_replies import GuardReplyActivities
 from activities.ledger import Ledger, connect, migrate
 from activities.ledger_activities import LedgerActivities
 from activities.maintenance_store import MaintenanceStore
@@ -117,7 +118,7 @@ async def _run(env: WorkflowEnvironment, dsn: str, nodes: int, spread_s: float,
             Worker(env.client, task_queue=h.task_queue,
                    workflows=[*OWN_WORKFLOWS, FakeValidationWorkflow],
                    activities=[*LedgerActivities(pool).all(), *fake.scheduler_activities(),
-                               h.load_policy]),
+                               h.load_policy, *GuardReplyActivities(env.client).all()]),
             Worker(env.client, task_queue=h.bmc_queue, activities=fake.machine_activities()),
         ):
             if window:

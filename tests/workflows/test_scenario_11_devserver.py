@@ -19,6 +19,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.guard_replies import GuardReplyActivities
 from activities.ledger import Ledger
 from activities.ledger_activities import LedgerActivities
 from tests.workflows.conftest import OWN_WORKFLOWS, FakeCluster, make_alert
@@ -63,6 +64,7 @@ async def test_update_with_start_delivers_alerts(
             *LedgerActivities(ledger_pool).all(),
             load_policy,
             *fake.scheduler_activities(),
+            *GuardReplyActivities(env.client).all(),
         ],
     ):
         outcomes = []

@@ -333,11 +333,13 @@ class ReplyUndeliverable(BaseModel):
 
 
 class EffectFailed(BaseModel):
-    """A best-effort side effect failed after its tries (``what``: ``write_alert`` or
-    ``notify``; ``subject``: the alert id or the notification's subject)."""
+    """A best-effort side effect failed after its tries (``what``: ``write_alert``,
+    ``notify`` or ``send_lease``; ``subject``: the alert id, the notification's subject,
+    or the repair a lease reply could not reach for another reason than its requester
+    being gone: the guard keeps its decision, the requester re-sends its request)."""
 
     kind: Literal["effect_failed"] = "effect_failed"
-    what: Literal["write_alert", "notify"]
+    what: Literal["write_alert", "notify", "send_lease"]
     subject: str
     message: str = ""
 
@@ -726,7 +728,8 @@ def _grant(s: GuardState, q: Queued, now: datetime) -> tuple[Lease, SendLease]:
     req, exp = q.req, now + _ttl(s)
     lease = Lease(repair_id=req.repair_id, workflow_id=req.workflow_id, node=req.node,
                   node_pool=_pool(s, req), automatic=req.automatic,
-                  requester_kind=req.requester_kind, granted_at=now, expires_at=exp)
+                  requester_kind=req.requester_kind, granted_at=now, expires_at=exp,
+                  evidence_after=q.evidence_after)
     return lease, SendLease(workflow_id=req.workflow_id, reply=LeaseReply(
         repair_id=req.repair_id, granted=True,
         reason="re-acquired" if req.renew else "granted",
@@ -781,7 +784,7 @@ def _expire(s: GuardState, now: datetime) -> tuple[GuardState, Cmds]:
             cmds.append(SendLease(workflow_id=x.workflow_id, purpose="extend", reply=LeaseReply(
                 repair_id=x.repair_id, granted=True,
                 reason="lease extended at expiry: holder still running",
-                expires_at=x.expires_at)))
+                reset_at=x.evidence_after, expires_at=x.expires_at)))
         leases.append(x)
     return s.model_copy(update={"leases": leases}), cmds
 
@@ -823,9 +826,12 @@ def _on_request(s: GuardState, req: LeaseRequest, now: datetime, defects: frozen
                                        "source": "granted"})
                   if x.repair_id == req.repair_id else x for x in s.leases]
         s = s.model_copy(update={"leases": leases})
+        # the grant's reset, again: a holder whose grant never reached it (a failed
+        # reply) acts on this answer, and must not act on pre-reset evidence (I23)
         return s, [SendLease(workflow_id=req.workflow_id, reply=LeaseReply(
             repair_id=req.repair_id, granted=True,
-            reason="renewed" if req.renew else "already held", expires_at=exp))], []
+            reason="renewed" if req.renew else "already held",
+            reset_at=held.evidence_after, expires_at=exp))], []
     # list comprehensions, not generators: a storm's batch looks through long lists
     # once per request (issue 30: a batch must fit one workflow activation)
     ids = [q.req.repair_id for q in s.queue]
@@ -1070,8 +1076,9 @@ def _step(s: GuardState, ev: Event, now: datetime, defects: frozenset[str]
     if isinstance(ev, ClusterAlert):
         return s, _record(ev.alert)
     if isinstance(ev, EffectFailed):
-        what = (f"ledger write of {ev.subject}" if ev.what == "write_alert"
-                else f"notification {ev.subject!r}")
+        what = {"write_alert": f"ledger write of {ev.subject}",
+                "notify": f"notification {ev.subject!r}",
+                "send_lease": f"lease reply to {ev.subject}"}[ev.what]
         return _note(s, now, f"{what} failed: {ev.message}")
     if isinstance(ev, ReplyUndeliverable):
         gone = next((x for x in s.leases if x.repair_id == ev.repair_id), None)
@@ -1165,7 +1172,9 @@ def _table() -> None:
             elif kind == "cluster_alert":
                 what = "record in the ledger; notify while active"
             elif kind == "effect_failed":
-                what = "noted in errors (best effort); nothing else changes"
+                what = ("noted in errors (best effort: a ledger write, a notification, "
+                        "or a lease reply that failed for another reason than its "
+                        "requester being gone, which re-sends); nothing else changes")
             elif kind == "reply_undeliverable":
                 what = "the holder/requester is gone: its lease and queue entry dropped " \
                        "(an expiry probe's lease goes to expired)"
@@ -1197,7 +1206,8 @@ def _table() -> None:
                 what = msg_wait + ("; a request is told it is queued (rebuilding)"
                                    if st == Status.rebuilding and kind == "request" else "")
             elif kind == "request":
-                what = ("held → renewed; automatic new → counted once (a repair counted "
+                what = ("held → renewed (the answer carries the grant's breaker reset "
+                        "again, I23); automatic new → counted once (a repair counted "
                         "before a reset is never counted again), trips the breaker past "
                         "the threshold, queued while open; counted once for each failure "
                         "domain of its node, the domain held at the threshold (one "
