@@ -221,9 +221,9 @@ class LedgerActivities:
 
     @activity.defn(name=ACT.ledger_maintenance_covering)
     async def maintenance_covering(self, q: MaintenanceQuery) -> MaintenanceCover:
-        """The maintenance window in force now that covers ``q.node`` and ends last
-        (issue 29: a repair that has not cordoned waits for it to end)."""
-        now = datetime.now(UTC)
+        """The maintenance window in force at ``q.at`` (else now) that covers ``q.node``
+        and ends last (issue 29: a repair that has not cordoned waits for it to end)."""
+        now = q.at or datetime.now(UTC)
         windows = await MaintenanceStore(self.ledger.pool).list(q.cluster, active_at=now,
                                                                 limit=10_000)
         hit = covering(windows, q.cluster, q.node, q.pool, now)

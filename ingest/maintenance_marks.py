@@ -33,6 +33,8 @@ from datetime import UTC, datetime
 from workflows.maintenance import (
     IN_GRACE,
     IN_MAINTENANCE,
+    MAINTENANCE_REASON,
+    MAINTENANCE_UNTIL,
     MAINTENANCE_WINDOW,
     MaintenanceWindow,
     covering,
@@ -42,15 +44,14 @@ from workflows.models import Action, Alert
 
 log = logging.getLogger("autorepair.maintenance")
 
-#: ``evidence`` key carrying the covering window's reason beside ``in_maintenance``.
-MAINTENANCE_REASON = "maintenance_reason"
 #: Default seconds between ledger reads of the windows (10 s: an operator's new window
 #: takes effect within one push interval of the agents, docs/design.md §5).
 REFRESH_S = 10.0
 #: Default grace period after a window, seconds (``policy.maintenance.grace_s``'s default).
 GRACE_S = 900.0
 #: ``evidence`` keys only this module sets (a sender's are removed).
-MARK_KEYS = (IN_MAINTENANCE, MAINTENANCE_REASON, IN_GRACE, MAINTENANCE_WINDOW)
+MARK_KEYS = (IN_MAINTENANCE, MAINTENANCE_REASON, MAINTENANCE_UNTIL, IN_GRACE,
+             MAINTENANCE_WINDOW)
 
 
 class MaintenanceMarks:
@@ -120,5 +121,6 @@ class MaintenanceMarks:
         return alert.model_copy(update={
             "actionable": False, "action": Action.none,
             "evidence": {**evidence, IN_MAINTENANCE: w.window_id,
-                         MAINTENANCE_REASON: w.reason[:200]},
+                         MAINTENANCE_REASON: w.reason[:200],
+                         MAINTENANCE_UNTIL: max(x.end() for x in hit).isoformat()},
         })

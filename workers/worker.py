@@ -35,6 +35,7 @@ from prometheus_client import start_http_server
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from activities.guard_replies import GuardReplyActivities
 from activities.ledger import connect, migrate
 from activities.registry import WorkerActivities, build_activities
 from workers.temporal_client import temporal_client
@@ -124,7 +125,8 @@ def build_workers(
             client,
             task_queue=config.temporal.task_queue,
             workflows=wfs,
-            activities=acts.main,
+            # the guard's lease replies signal through this worker's client (issue 30)
+            activities=[*acts.main, *GuardReplyActivities(client).all()],
             deployment_config=deployment,
         )
     ]

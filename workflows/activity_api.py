@@ -17,13 +17,13 @@ No credentials ever appear in these models (docs/design.md §4.4).
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 from temporalio.exceptions import ApplicationError
 
 from workflows.config import PolicyConfig, PolicyMode
-from workflows.leases import DomainHold
+from workflows.leases import DomainHold, LeaseReply
 from workflows.models import Action, Alert, Requester, Stage, ValidationResult, Verdict
 from workflows.models import AttemptRecord as AttemptRecord  # defined there: pure (issue 26)
 from workflows.protocol import BMC_TASK_QUEUE
@@ -72,6 +72,8 @@ class ACT:
     post_ticket = "post_ticket"
     # notifications
     notify = "notify"
+    # cluster guard (issue 30 item 1)
+    guard_send_leases = "guard_send_leases"
 
 
 # Non-retryable ApplicationError types (docs/design.md §6: permanent failures are non-retryable
@@ -483,6 +485,53 @@ class Notification(BaseModel):
     dedup_key: str | None = None
 
 
+class LeaseDelivery(BaseModel):
+    """One ``lease`` signal the guard commanded (``SendLease``): ``reply`` to the workflow
+    ``workflow_id``; ``purpose`` as the machine gave it (``reply``, ``extend``, ``rebuilt``)."""
+
+    workflow_id: str
+    reply: LeaseReply
+    purpose: Literal["reply", "extend", "rebuilt"] = "reply"
+
+    @property
+    def repair_id(self) -> str:
+        """The reply's repair id (the fidelity check's field)."""
+        return self.reply.repair_id
+
+    @property
+    def granted(self) -> bool:
+        """Whether the reply grants (the fidelity check's field)."""
+        return self.reply.granted
+
+
+class LeaseDeliveries(BaseModel):
+    """Input of ``guard_send_leases``: the ``lease`` signals of one or more guard steps,
+    in the commanded order (``commands``: the fidelity check matches each element against
+    one commanded ``SendLease``, :mod:`workflows.lifecycle.trace`). ``guard_id``: the
+    guard's workflow id (the idempotency keys' prefix). At most
+    ``workflows.guard.MAX_REPLIES`` elements."""
+
+    guard_id: str
+    commands: list[LeaseDelivery] = Field(default_factory=list)
+
+
+class LeaseOutcome(BaseModel):
+    """What became of one :class:`LeaseDelivery`: ``delivered``; ``gone`` (the requester
+    workflow is not running: NOT_FOUND); ``failed`` (another error after the activity's
+    own tries; ``message`` says which)."""
+
+    repair_id: str
+    purpose: Literal["reply", "extend", "rebuilt"] = "reply"
+    status: Literal["delivered", "gone", "failed"]
+    message: str = ""
+
+
+class LeaseOutcomes(BaseModel):
+    """Result of ``guard_send_leases``: one outcome per delivery, in the input's order."""
+
+    outcomes: list[LeaseOutcome] = Field(default_factory=list)
+
+
 class GuardStateQuery(BaseModel):
     """Input of ``ledger_guard_state``: the cluster, and the start of the breaker window."""
 
@@ -563,11 +612,14 @@ class MachineHold(BaseModel):
 
 
 class MaintenanceQuery(BaseModel):
-    """Input of ``ledger_maintenance_covering``: a node (and its pool)."""
+    """Input of ``ledger_maintenance_covering``: a node (and its pool) at ``at`` (the
+    asking workflow's time, the control plane's clock; None: the activity's clock, as
+    the first release asked)."""
 
     cluster: str
     node: str
     pool: str | None = None
+    at: datetime | None = None
 
 
 class MaintenanceCover(BaseModel):

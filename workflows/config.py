@@ -1207,8 +1207,9 @@ class MaintenanceConfig(_Section):
 
 class DomainsConfig(_Section):
     """Failure-domain holds (issue 29 item 2): when ``threshold`` distinct nodes of one
-    domain ask for repairs the platform recommended (automatic, or approved by a person;
-    an operator's own request is not counted) within ``window_s``, the cluster guard holds every
+    domain raise actionable faults (reported by each node when raised) or ask for repairs
+    the platform recommended (automatic, or approved by a person; an operator's own
+    request is not counted) within ``window_s``, the cluster guard holds every
     automatic repair of the domain until an operator releases it
     (``autorepair domains release``). Membership: ``nodes[].failure_domain``, the values
     of the Kubernetes node labels ``label_keys``, the Slurm node features starting with

@@ -22,20 +22,27 @@ signals, activity results and timers into its events and executes its commands.
 
 Throughput (issue 30 item 1): every message that arrived before the guard's next step
 (signals, and the outcomes of its own replies and effects) is decided in one ``step``
-over a :class:`~workflows.lifecycle.guard.Batch`; the replies, ledger writes and
-notifications that step commands are started at once, in the commanded order, and run
-concurrently (at most :data:`MAX_IN_FLIGHT`); their outcomes (an undeliverable reply, a
-failed effect) are messages of a later batch. Nothing the guard writes is on the decision
-path: a decision waits only for a policy or ledger read the machine asked for.
+over a :class:`~workflows.lifecycle.guard.Batch`. The calls a step commands go out in the
+commanded order (:meth:`ClusterGuardWorkflow._pump`): the ``lease`` replies as one
+``guard_send_leases`` activity per batch (:mod:`activities.guard_replies`; one out at a
+time, so a requester gets its replies in order, and the next gathers every reply decided
+meanwhile), each ledger write and notification as a best-effort activity of its own,
+run concurrently (at most :data:`MAX_IN_FLIGHT`). Their outcomes (a gone requester, a
+failed effect) are messages of a later batch. Nothing the guard writes is on the
+decision path: a decision waits only for a policy or ledger read the machine asked for.
+A reply used to be an external signal whose completion woke the guard for a workflow
+task of its own: tasks grew with decisions, not batches (docs/scaling.md).
 
 Durability (docs/design.md §5 rails must hold across restarts):
 
-- grants are signalled before any side effect runs; notifications and ledger writes are
-  best effort (bounded retries; a failure is noted in ``GuardStatus.errors`` and logged,
-  never fails the guard);
-- continue-as-new waits for every call in flight and every handler, then carries the
-  messages that arrived meanwhile (``carried["inbox"]``, :data:`CARRIED_INBOX`) into the
-  next run, which decides them first: none is lost;
+- a step's replies start before its ledger writes and notifications (the commanded
+  order); a reply that cannot be sent for another reason than its requester being gone
+  is noted and the decision kept (the requester re-sends); notifications and ledger
+  writes are best effort (bounded retries; a failure is noted in ``GuardStatus.errors``
+  and logged, never fails the guard);
+- continue-as-new waits for every commanded call to have gone out and come back, and for
+  every handler, then carries the messages that arrived meanwhile (``carried["inbox"]``,
+  :data:`CARRIED_INBOX`) into the next run, which decides them first: none is lost;
 - a lease lives as long as its holder: holders renew it from their long waits, and at
   expiry the guard asks the holder (a signal) — still running, the lease is extended;
   gone, the slot is freed;
@@ -61,17 +68,21 @@ from typing import Any
 from pydantic import TypeAdapter
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, FailureError
+from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from workflows.activity_api import (
         ACT,
         GuardLedgerState,
         GuardStateQuery,
+        LeaseDeliveries,
+        LeaseDelivery,
+        LeaseOutcomes,
         Notification,
         PolicySnapshot,
     )
     from workflows.config import PolicyConfig
+    from workflows.leases import FaultReport
     from workflows.lifecycle import guard as gm
     from workflows.lifecycle.trace import Call, Trace
     from workflows.models import Alert, RequesterKind
@@ -80,11 +91,11 @@ with workflow.unsafe.imports_passed_through():
         GUARD_QUERY_STATUS,
         GUARD_SIGNAL_ACQUIRE,
         GUARD_SIGNAL_CLUSTER_ALERT,
+        GUARD_SIGNAL_FAULT_SEEN,
         GUARD_SIGNAL_RELEASE,
         GUARD_SIGNAL_RELEASE_DOMAIN,
         GUARD_SIGNAL_RESET_BREAKER,
         GUARD_WORKFLOW,
-        REPAIR_SIGNAL_LEASE,
         GuardInput,
         GuardStatus,
         LeaseRelease,
@@ -109,18 +120,32 @@ _EFFECT_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30), maximum_atte
 #: 2,000 activities (``limit.numPendingActivities.error``) pending (its defaults); half of
 #: that leaves room to spare.
 MAX_IN_FLIGHT = 1000
+#: Most replies one ``guard_send_leases`` carries: a step's replies (at most
+#: :data:`MAX_BATCH` requests, each answered once, plus the grants a release makes) fit
+#: in one, and 1,000 replies of about 250 bytes stay far below the server's 2 MB payload
+#: limit (``limit.blobSize.error``).
+MAX_REPLIES = 1000
+#: Bound of one ``guard_send_leases`` attempt: 1,000 signals at 32 in flight take about
+#: 3 s on the 2-core dev stack; a slow or restarted worker's attempt is retried.
+_REPLY_TIMEOUT = timedelta(seconds=60)
 #: Most messages one step decides. The SDK fails a workflow task whose activation runs
 #: longer than 2 s without yielding (its deadlock detector, TMPRL1101); a batch of 1,000
 #: requests took longer than that on a loaded 2-core machine (tests/bench/guard_throughput.py),
 #: 200 take about a tenth of it. A longer inbox is decided in steps of this size, each
 #: in an activation of its own (:data:`_BATCH_PAUSE`).
 MAX_BATCH = 200
-#: The pause between two steps of a long inbox: a timer, so the next step runs in a new
-#: activation (1 ms: the shortest timer; the server answers it at once).
+#: The pause between two steps of a long inbox when no reply batch is out (with one out,
+#: its completion starts the next activation): a timer, so the next step runs in a new
+#: activation (1 ms: the shortest timer; the dev server fires it within about a second,
+#: which is why a reply batch's completion is waited for instead where there is one).
 _BATCH_PAUSE = timedelta(milliseconds=1)
 #: Key of the carried messages in ``GuardInput.carried`` (beside the machine's state,
 #: which ignores it).
 CARRIED_INBOX = "inbox"
+#: Longest a long inbox's next step waits for the reply batch out (a batch normally
+#: completes within about a second; one whose attempt is retried must not stall the
+#: decisions behind it).
+_CUT_WAIT = timedelta(seconds=2)
 _INBOX: TypeAdapter[list[gm.Message]] = TypeAdapter(list[gm.Message])
 
 
@@ -194,7 +219,12 @@ class ClusterGuardWorkflow:
         self._inbox: list[gm.Message] = (
             _INBOX.validate_python(inp.carried.get(CARRIED_INBOX) or [])
             if inp.carried else [])
-        #: replies and effects started and not finished
+        #: replies, ledger writes and notifications commanded and not yet started, in
+        #: the commanded order (:meth:`_pump` starts them)
+        self._outbox: list[gm.SendLease | gm.WriteAlert | gm.Notify] = []
+        #: a ``guard_send_leases`` is out (one at a time)
+        self._replying = False
+        #: ledger writes and notifications started and not finished
         self._in_flight = 0
         self._tasks: set[asyncio.Task[None]] = set()
         #: what ``step`` commanded, checked against what runs (issue 26 item 5)
@@ -221,6 +251,12 @@ class ClusterGuardWorkflow:
     def release_domain(self, sig: ReleaseDomainSignal) -> None:
         """Operator lifts a failure-domain hold: ``{"domain": "rack-07", "by": "alice"}``."""
         self._inbox.append(gm.ReleaseDomain(sig=sig))
+
+    @workflow.signal(name=GUARD_SIGNAL_FAULT_SEEN)
+    def fault_seen(self, rep: FaultReport) -> None:
+        """A node of a failure domain raised an actionable fault (issue 29 item 2):
+        counted toward its domains' holds on arrival (the guard's clock)."""
+        self._inbox.append(gm.FaultSeen(report=rep))
 
     @workflow.signal(name=GUARD_SIGNAL_CLUSTER_ALERT)
     def cluster_alert(self, alert: Alert) -> None:
@@ -264,10 +300,20 @@ class ClusterGuardWorkflow:
     @workflow.run
     async def run(self, inp: GuardInput) -> None:
         """Serve lease requests forever. Input ``{"cluster": "demo"}``."""
+        self._spawn(self._pump())
         await self._deliver(gm.Started(fresh=self._fresh))
         cut = False  # the last step left part of a long inbox for later
         while True:
-            if cut:  # decide the rest in a new activation (the deadlock bound)
+            if cut and self._replying:
+                # decide the rest in a new activation (the deadlock bound): the one the
+                # reply batch out completes in, when the pump would send the next anyway
+                # (a batch retried for long holds no decision back: _CUT_WAIT)
+                try:
+                    await workflow.wait_condition(lambda: not self._replying,
+                                                  timeout=_CUT_WAIT)
+                except TimeoutError:
+                    pass
+            elif cut:
                 await workflow.sleep(_BATCH_PAUSE)
             else:
                 try:
@@ -300,7 +346,7 @@ class ClusterGuardWorkflow:
     async def _deliver(self, event: gm.Event) -> None:
         """Step the machine with ``event`` and execute its commands in order. A read's
         outcome (policy, ledger) is stepped after the step's commands; replies and effects
-        run in the background (:meth:`_start`) and their outcomes join the inbox."""
+        go to the outbox (:meth:`_pump` starts them) and their outcomes join the inbox."""
         todo: deque[gm.Event] = deque([event])
         while todo:
             ev = todo.popleft()
@@ -314,8 +360,10 @@ class ClusterGuardWorkflow:
     async def _execute(self, cmd: gm.Command) -> gm.Event | None:
         """Carry out one command; returns the event a read's outcome is (or None)."""
         if isinstance(cmd, gm.SendLease | gm.WriteAlert | gm.Notify):
-            await self._start(cmd)
+            self._outbox.append(cmd)
         elif isinstance(cmd, gm.LoadPolicy | gm.ReadLedger):
+            # every call commanded before it goes out first (the commanded order)
+            await workflow.wait_condition(lambda: not self._outbox)
             return await self._read(cmd)
         elif isinstance(cmd, gm.SetDetails):
             workflow.set_current_details(cmd.text)
@@ -327,18 +375,74 @@ class ClusterGuardWorkflow:
         # which the main loop waits on
         return None
 
-    async def _start(self, cmd: gm.SendLease | gm.WriteAlert | gm.Notify) -> None:
-        """Start ``cmd`` in the background; its outbound call is made before this returns,
-        so calls go out in the commanded order (the fidelity check's order)."""
-        if self._in_flight >= MAX_IN_FLIGHT:
-            await workflow.wait_condition(lambda: self._in_flight < MAX_IN_FLIGHT)
-        self._in_flight += 1
-        task = asyncio.create_task(self._background(cmd))
+    async def _pump(self) -> None:
+        """Start the outbox's calls in the commanded order, forever: the replies at its
+        head as one ``guard_send_leases`` (at most :data:`MAX_REPLIES`; only one at a
+        time, so a requester gets its replies in order and a batch waits for the one
+        before it, gathering what came meanwhile), each ledger write or notification as
+        its own best-effort activity (at most :data:`MAX_IN_FLIGHT`)."""
+        while True:
+            await workflow.wait_condition(lambda: bool(self._outbox))
+            head = self._outbox[0]
+            if isinstance(head, gm.SendLease):
+                await workflow.wait_condition(lambda: not self._replying)
+                n = 0
+                while (n < len(self._outbox) and n < MAX_REPLIES
+                       and isinstance(self._outbox[n], gm.SendLease)):
+                    n += 1
+                batch = [c for c in self._outbox[:n] if isinstance(c, gm.SendLease)]
+                del self._outbox[:n]
+                self._replying = True
+                self._spawn(self._replies(batch))
+            else:
+                if self._in_flight >= MAX_IN_FLIGHT:
+                    await workflow.wait_condition(lambda: self._in_flight < MAX_IN_FLIGHT)
+                self._outbox.pop(0)
+                assert isinstance(head, gm.WriteAlert | gm.Notify)
+                self._in_flight += 1
+                self._spawn(self._background(head))
+            await asyncio.sleep(0)  # the task makes its call before the next one starts
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
         self._tasks.add(task)  # the loop keeps only a weak reference
         task.add_done_callback(self._tasks.discard)
-        await asyncio.sleep(0)  # the task runs to its call before the next command
 
-    async def _background(self, cmd: gm.SendLease | gm.WriteAlert | gm.Notify) -> None:
+    async def _replies(self, batch: list[gm.SendLease]) -> None:
+        """One ``guard_send_leases`` for ``batch``; a gone requester's outcome is a
+        ``ReplyUndeliverable``, any other failure an ``EffectFailed`` (noted), each a
+        message of a later batch."""
+        try:
+            follow = await self._send_leases(batch)
+        finally:
+            self._replying = False
+        self._inbox.extend(follow)
+
+    async def _send_leases(self, batch: list[gm.SendLease]) -> list[gm.Message]:
+        inp = LeaseDeliveries(guard_id=workflow.info().workflow_id, commands=[
+            LeaseDelivery(workflow_id=c.workflow_id, reply=c.reply, purpose=c.purpose)
+            for c in batch])
+        try:
+            out = await workflow.execute_activity(
+                ACT.guard_send_leases,
+                inp,
+                result_type=LeaseOutcomes,
+                start_to_close_timeout=_REPLY_TIMEOUT,
+                retry_policy=_EFFECT_RETRY,
+            )
+        except ActivityError as err:
+            return [gm.EffectFailed(what="send_lease", subject=f"{len(batch)} lease replies",
+                                    message=_cause(err))]
+        follow: list[gm.Message] = []
+        for o in out.outcomes:
+            if o.status == "gone":
+                follow.append(gm.ReplyUndeliverable(repair_id=o.repair_id, purpose=o.purpose))
+            elif o.status == "failed":
+                follow.append(gm.EffectFailed(what="send_lease", subject=o.repair_id,
+                                              message=o.message))
+        return follow
+
+    async def _background(self, cmd: gm.WriteAlert | gm.Notify) -> None:
         try:
             follow = await self._effect(cmd)
         finally:
@@ -352,23 +456,16 @@ class ClusterGuardWorkflow:
         them first). Nothing is awaited between the last look and ``continue_as_new``, so
         no signal can come in between."""
         await workflow.wait_condition(
-            lambda: self._in_flight == 0 and workflow.all_handlers_finished())
+            lambda: not self._outbox and not self._replying and self._in_flight == 0
+            and workflow.all_handlers_finished())
         carried: dict[str, Any] = self._m.model_dump(mode="json")
         if self._inbox:
             carried[CARRIED_INBOX] = _INBOX.dump_python(self._inbox, mode="json")
         workflow.continue_as_new(GuardInput(cluster=self._cluster, carried=carried),
                                  initial_versioning_behavior=upgrade_behavior())
 
-    async def _effect(self, cmd: gm.SendLease | gm.WriteAlert | gm.Notify) -> gm.Message | None:
-        """A reply or a best-effort effect; returns the message its failure is (or None)."""
-        if isinstance(cmd, gm.SendLease):
-            try:
-                await workflow.get_external_workflow_handle(cmd.workflow_id).signal(
-                    REPAIR_SIGNAL_LEASE, cmd.reply
-                )
-            except FailureError:
-                return gm.ReplyUndeliverable(repair_id=cmd.reply.repair_id, purpose=cmd.purpose)
-            return None
+    async def _effect(self, cmd: gm.WriteAlert | gm.Notify) -> gm.Message | None:
+        """A best-effort effect; returns the message its failure is (or None)."""
         if isinstance(cmd, gm.WriteAlert):
             try:
                 await workflow.execute_activity(
@@ -427,8 +524,10 @@ def calls(cmd: gm.Command) -> tuple[Call, ...]:
     ``cmd`` (the fidelity check's expectation, :mod:`workflows.lifecycle.trace`); timers,
     details and warnings stay inside the workflow: ``()``."""
     if isinstance(cmd, gm.SendLease):
-        return (Call("signal", REPAIR_SIGNAL_LEASE, (("repair_id", cmd.reply.repair_id),
-                                                     ("granted", cmd.reply.granted))),)
+        # one element of a ``guard_send_leases`` batch (LeaseDeliveries.commands)
+        return (Call("activity", ACT.guard_send_leases, (
+            ("workflow_id", cmd.workflow_id), ("repair_id", cmd.reply.repair_id),
+            ("granted", cmd.reply.granted), ("purpose", cmd.purpose))),)
     if isinstance(cmd, gm.LoadPolicy):
         return (Call("activity", ACT.load_policy),)
     if isinstance(cmd, gm.ReadLedger):

@@ -78,9 +78,24 @@ class ReleaseDomainSignal(BaseModel):
     reason: str = ""
 
 
+class FaultReport(BaseModel):
+    """Payload of ``fault_seen`` (issue 29 item 2): node ``node`` of ``cluster``, which
+    belongs to ``domains``, raised the actionable fault ``alert_id`` of ``kind`` (``code``:
+    the Xid or other code, None when it has none). Time is the guard's: it counts the
+    report when it arrives, never at a sender's clock."""
+
+    cluster: str
+    node: str
+    alert_id: str
+    kind: str
+    code: int | None = None
+    domains: list[str] = Field(default_factory=list)
+
+
 class DomainFault(BaseModel):
-    """An automatic repair's lease request counted for a failure domain: ``node`` of
-    ``domain`` asked at ``at`` (the guard's clock) for ``kinds``."""
+    """A count toward a failure domain's hold: ``node`` of ``domain`` asked at ``at``
+    (the guard's clock) for ``kinds``. ``repair_id``: the repair whose lease request
+    counted, or ``fault/{alert id}`` for a node's :class:`FaultReport`."""
 
     domain: str
     node: str
@@ -126,3 +141,7 @@ class Lease(BaseModel):
     #: ``ledger`` for a lease the guard rebuilt from the ledger's open repairs after a
     #: fresh start (its holder re-registers on its next renewal), else ``granted``.
     source: str = "granted"
+    #: The breaker reset the grant carried (``LeaseReply.reset_at``; None: none): every
+    #: later answer to the holder carries it too, so a holder whose grant reply was lost
+    #: still acts only on evidence observed after the reset (I23, issue 30 item 1).
+    evidence_after: datetime | None = None

@@ -26,6 +26,13 @@ from workflows.names import NAME_PATTERN
 MAINTENANCE_ANNOTATION = "autorepair.io/maintenance"
 #: Alert evidence key set on an alert of a node inside a window (observed, not acted on).
 IN_MAINTENANCE = "in_maintenance"
+#: Alert evidence key beside ``in_maintenance``: the covering window's reason.
+MAINTENANCE_REASON = "maintenance_reason"
+#: Alert evidence key beside ``in_maintenance``: the window's end as scheduled when the
+#: alert was received (ISO 8601, UTC). A level fault raised inside a window is judged
+#: again ``grace_s`` after it (a GPU that did not come back from a planned reboot is
+#: still repaired).
+MAINTENANCE_UNTIL = "maintenance_until"
 
 #: Alert evidence key set on an alert of a node a window covered, received within the
 #: grace period after it ended: the grace end (ISO 8601, UTC).

@@ -49,6 +49,7 @@ from temporalio.exceptions import (
     ChildWorkflowError,
     FailureError,
     TerminatedError,
+    WorkflowAlreadyStartedError,
 )
 from temporalio.exceptions import (
     TimeoutError as TemporalTimeoutError,
@@ -67,7 +68,7 @@ with workflow.unsafe.imports_passed_through():
         TransitionRecord,
     )
     from workflows.config import RailsConfig
-    from workflows.console import repair_details, repair_summary
+    from workflows.console import guard_details, guard_summary, repair_details, repair_summary
     from workflows.lifecycle import node as nm
     from workflows.lifecycle.trace import Call, Trace
     from workflows.local import start_local
@@ -82,7 +83,9 @@ with workflow.unsafe.imports_passed_through():
         Stage,
     )
     from workflows.protocol import (
+        GUARD_SIGNAL_FAULT_SEEN,
         GUARD_SIGNAL_RELEASE,
+        GUARD_WORKFLOW,
         NODE_QUERY_STATUS,
         NODE_SIGNAL_REPAIR_FINISHED,
         NODE_UPDATE_DELIVER_ALERT,
@@ -94,6 +97,7 @@ with workflow.unsafe.imports_passed_through():
         SA_ACTION,
         SA_STAGE,
         SA_STATE,
+        GuardInput,
         LeaseRelease,
         NodeStatus,
         RepairFinished,
@@ -403,6 +407,22 @@ class NodeWorkflow:
                          LeaseRelease(repair_id=cmd.repair_id, outcome=cmd.outcome))
             except FailureError:
                 pass  # no guard running: a fresh one rebuilds from the ledger
+        elif isinstance(cmd, nm.ReportFault):
+            try:
+                await workflow.get_external_workflow_handle(
+                    workflow_id_guard(inp.cluster)).signal(GUARD_SIGNAL_FAULT_SEEN, cmd.report)
+            except FailureError:
+                return nm.FaultReportFailed(report=cmd.report, retried=cmd.retried)
+        elif isinstance(cmd, nm.StartGuard):
+            try:
+                await workflow.start_child_workflow(
+                    GUARD_WORKFLOW, GuardInput(cluster=inp.cluster),
+                    id=workflow_id_guard(inp.cluster), task_queue=workflow.info().task_queue,
+                    parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+                    static_summary=guard_summary(inp.cluster),
+                    static_details=guard_details(inp.cluster))
+            except WorkflowAlreadyStartedError:
+                pass  # started meanwhile (a repair's lease request): the report goes there
         elif isinstance(cmd, nm.Notify):
             await self._effect(workflow.start_activity(
                 ACT.notify,
@@ -454,7 +474,8 @@ class NodeWorkflow:
         return nm.PolicyLoaded(catalogue=snap.policy.catalogue, rails=snap.policy.rails,
                                machine_id=snap.machines.get(node),
                                node_pool=snap.pools.get(node),
-                               grace_s=snap.policy.maintenance.grace_s)
+                               grace_s=snap.policy.maintenance.grace_s,
+                               domains=snap.domains.get(node, []))
 
     async def _start_repair(self, cmd: nm.StartRepair) -> None:
         inp = self._inp
@@ -545,6 +566,11 @@ def calls(cmd: nm.Command) -> tuple[Call, ...]:
                      (("repair_id", cmd.repair_id), ("stage", cmd.stage))),)
     if isinstance(cmd, nm.ReleaseLease):
         return (Call("signal", GUARD_SIGNAL_RELEASE, (("repair_id", cmd.repair_id),)),)
+    if isinstance(cmd, nm.ReportFault):
+        return (Call("signal", GUARD_SIGNAL_FAULT_SEEN,
+                     (("alert_id", cmd.report.alert_id),)),)
+    if isinstance(cmd, nm.StartGuard):
+        return (Call("child", GUARD_WORKFLOW),)
     if isinstance(cmd, nm.Notify):
         return (Call("activity", ACT.notify, (("subject", cmd.subject),)),)
     if isinstance(cmd, nm.ContinueAsNew):

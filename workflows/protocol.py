@@ -111,6 +111,11 @@ GUARD_SIGNAL_RELEASE_DOMAIN = "release_domain"
 """Signal on ``guard/{cluster}`` (:class:`ReleaseDomainSignal`): an operator lifts the
 hold of a failure domain (issue 29 item 2); its waiting repairs are then granted as the
 other rails allow, and the release is recorded as the hold alert's clear."""
+GUARD_SIGNAL_FAULT_SEEN = "fault_seen"
+"""Signal on ``guard/{cluster}`` (:class:`~workflows.leases.FaultReport`): a node of a
+failure domain reports an actionable fault when it is first raised, before any repair
+asks for a lease (issue 29 item 2: the domain is judged on faults, so a rack whose faults
+wait out a grace period is held before the first of its repairs asks)."""
 GUARD_QUERY_STATUS = "status"
 LEASE_RESEND_S = 300.0
 """How often a repair waiting for a lease re-sends its request, seconds (5 min: a guard

@@ -562,7 +562,7 @@ class RepairWorkflow:
             cover = await self._short(
                 ACT.ledger_maintenance_covering,
                 MaintenanceQuery(cluster=self._req.cluster, node=self._req.node,
-                                 pool=self._pool),
+                                 pool=self._pool, at=workflow.now()),
                 MaintenanceCover,
             )
             if cover.window_id is None or cover.ends_at is None:

@@ -27,6 +27,7 @@ from temporalio import activity
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
+from activities.guard_replies import GuardReplyActivities
 from activities.ledger import Ledger
 from activities.registry import build_activities
 from activities.scheduler_activities import SchedulerActivities
@@ -100,7 +101,7 @@ async def running_workers(
     acts = build_activities(config, pool, scheduler=sched, notify=notes.notify)
     workers = [
         Worker(client, task_queue=config.temporal.task_queue, workflows=list(WORKFLOWS),
-               activities=acts.main),
+               activities=[*acts.main, *GuardReplyActivities(client).all()]),
         Worker(client, task_queue=config.temporal.bmc_task_queue, activities=acts.bmc,
                max_task_queue_activities_per_second=config.temporal.bmc_rate_per_s),
     ]

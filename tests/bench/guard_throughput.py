@@ -48,12 +48,14 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
+from activities.guard_replies import GuardReplyActivities
 from activities.ledger import Ledger
 from activities.ledger_activities import LedgerActivities
 from activities.notify import NotifyActivities
 from activities.policy_activities import PolicyActivities
 from tests.bench.support.lease_sink import SINK_QUEUE, SINK_WORKFLOW, LeaseSink
 from tests.bench.support.stack import Core, core_stack, node_name, pct
+from workflows.activity_api import ACT
 from workflows.guard import ClusterGuardWorkflow
 from workflows.protocol import (
     GUARD_QUERY_STATUS,
@@ -159,16 +161,51 @@ async def signal_retrying(guard: WorkflowHandle[Any, Any], req: LeaseRequest) ->
             await asyncio.sleep(min(2.0, 0.05 * 2 ** min(attempt, 6)))
 
 
-async def guard_history(client: Client) -> dict[str, int]:
-    """Workflow tasks and events of the guard's runs (continue-as-new followed)."""
-    tasks = events = runs = 0
+def _t(ev: Any) -> float:
+    return float(ev.event_time.seconds) + ev.event_time.nanos / 1e9
+
+
+TIMELINE: list[tuple[float, str, str]] = []
+
+
+async def guard_history(client: Client) -> dict[str, Any]:
+    """What the guard's runs (continue-as-new followed) cost in history: events, workflow
+    tasks, signals received, and the lease replies it sent (``guard_send_leases``
+    activities: how many, replies per activity, seconds from scheduled to completed; an
+    external ``lease`` signal for a guard that still sends them)."""
+    tasks = events = runs = signals = external = 0
+    sizes: list[int] = []
+    scheduled: dict[int, float] = {}
+    durations: list[float] = []
     async for wf in client.list_workflows(f"WorkflowId = '{workflow_id_guard(CLUSTER)}'"):
         runs += 1
         hist = await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
         events += len(hist.events)
-        tasks += sum(1 for e in hist.events
-                     if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)
-    return {"guard_runs": runs, "guard_events": events, "guard_workflow_tasks": tasks}
+        for e in hist.events:
+            t = e.event_type
+            TIMELINE.append((_t(e), EventType.Name(t).removeprefix("EVENT_TYPE_"), ""))
+            if t == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+                tasks += 1
+            elif t == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+                signals += 1
+            elif t == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED:
+                external += 1
+            elif t == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                a = e.activity_task_scheduled_event_attributes
+                if a.activity_type.name == ACT.guard_send_leases:
+                    scheduled[e.event_id] = _t(e)
+                    body = json.loads(a.input.payloads[0].data)
+                    sizes.append(len(body.get("commands", [])))
+            elif t == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+                sid = e.activity_task_completed_event_attributes.scheduled_event_id
+                if sid in scheduled:
+                    durations.append(_t(e) - scheduled[sid])
+    return {"guard_runs": runs, "guard_events": events, "guard_workflow_tasks": tasks,
+            "guard_signals_received": signals, "guard_external_signals": external,
+            "reply_activities": len(sizes),
+            "replies_per_activity": sum(sizes) / len(sizes) if sizes else 0.0,
+            "reply_activity_p50_s": pct(durations, 50) if durations else 0.0,
+            "reply_activity_max_s": max(durations) if durations else 0.0}
 
 
 async def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
@@ -201,7 +238,8 @@ async def measure(core: Core, args: argparse.Namespace) -> dict[str, Any]:
                       workflow_runner=UnsandboxedWorkflowRunner(),
                       max_concurrent_workflow_tasks=50), \
             Worker(client, task_queue=GUARD_QUEUE, workflows=[ClusterGuardWorkflow],
-                   activities=[*ledger.all(), policy.load_policy, notify.notify]):
+                   activities=[*ledger.all(), policy.load_policy, notify.notify,
+                               *GuardReplyActivities(client).all()]):
         await client.start_workflow(GUARD_WORKFLOW, GuardInput(cluster=CLUSTER),
                                     id=workflow_id_guard(CLUSTER), task_queue=GUARD_QUEUE)
         before = await wait_serving(client)
@@ -229,6 +267,7 @@ async def measure(core: Core, args: argparse.Namespace) -> dict[str, Any]:
             asyncio.gather(*(h.result() for h in sinks)), REPLY_TIMEOUT_S)
         t_done = time.time()
         cpu1 = (cpu_s(), cpu_s(temporal_pid))
+        TIMELINE.extend([(t_first, "CLIENT_FIRST_SEND", ""), (t_sent, "CLIENT_LAST_SEND", "")])
         at: list[float | None] = await bounded(16, [signalled_at(client, sink_id(i))
                                                     for i in range(n)])
         after = await settled_status(client)
@@ -249,6 +288,9 @@ async def measure(core: Core, args: argparse.Namespace) -> dict[str, Any]:
         "decision_p99_ms": pct(lat, 99),
         "decision_max_ms": max(lat) if lat else float("nan"),
         "send_s": t_sent - t_first,
+        # how far the last reply came after the last request was sent: near 0, the guard
+        # kept up with the arrivals and decisions/s is their rate
+        "last_reply_after_last_request_s": (max(got) - t_sent) if got else float("nan"),
         "busy_retries": BUSY["retries"],
         "all_replies_s": t_done - t_first,
         "granted": granted,
@@ -270,12 +312,20 @@ async def measure(core: Core, args: argparse.Namespace) -> dict[str, Any]:
         ("decision latency p50 (ms)", f"{figures['decision_p50_ms']:.0f}", "—"),
         ("decision latency p99 (ms)", f"{figures['decision_p99_ms']:.0f}", "—"),
         ("client send time (s)", f"{figures['send_s']:.2f}", "—"),
+        ("last reply after last request (s)",
+         f"{figures['last_reply_after_last_request_s']:.2f}", "—"),
         ("client re-sends (workflow busy)", str(BUSY["retries"]), "—"),
         ("granted / queued", f"{granted} / {n - granted}", "—"),
         ("breaker open after", str(after.breaker_open), "—"),
         ("guard workflow tasks / runs", f"{hist['guard_workflow_tasks']} / {hist['guard_runs']}",
          "—"),
         ("decisions per guard task", f"{figures['decisions_per_guard_task']:.1f}", "—"),
+        ("guard history events per decision", f"{hist['guard_events'] / n:.2f}", "—"),
+        ("reply activities / replies each", f"{hist['reply_activities']} / "
+                                            f"{hist['replies_per_activity']:.0f}", "—"),
+        ("reply activity p50 / max (s)", f"{hist['reply_activity_p50_s']:.2f} / "
+                                         f"{hist['reply_activity_max_s']:.2f}", "—"),
+        ("external lease signals", str(hist["guard_external_signals"]), "—"),
         ("bench process / Temporal CPU (s)", f"{figures['worker_cpu_s']:.1f} / "
                                       f"{figures['temporal_cpu_s']:.1f}", "—"),
     ]
@@ -292,6 +342,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=4, help="client signals in flight")
     ap.add_argument("--manual", action="store_true",
                     help="requests from a person (not counted by the breaker)")
+    ap.add_argument("--timeline", type=Path, default=None,
+                    help="write the guard's history (time, event type) as JSON lines here")
     ap.add_argument("--data-dir", type=Path, default=None,
                     help="stack data dir (default: a temporary directory, removed after)")
     args = ap.parse_args()
@@ -300,6 +352,10 @@ def main() -> None:
     else:
         with tempfile.TemporaryDirectory(prefix="bench-guard-") as tmp:
             figures = asyncio.run(run(args, Path(tmp)))
+    if args.timeline is not None:
+        t0 = min((t for t, _, _ in TIMELINE), default=0.0)
+        args.timeline.write_text("".join(json.dumps([round(t - t0, 3), k]) + "\n"
+                                         for t, k, _ in sorted(TIMELINE)))
     print(json.dumps(figures, sort_keys=True))
 
 

@@ -13,6 +13,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from activities.guard_replies import GuardReplyActivities
 from activities.ledger import Ledger
 from activities.ledger_activities import LedgerActivities
 from activities.policy_activities import PolicyActivities
@@ -78,7 +79,8 @@ async def start_stack(config: AutorepairConfig, pool: Any, env: Any, tokens: Pat
     ledger = Ledger(pool)
     worker = Worker(
         env.client, task_queue=config.temporal.task_queue, workflows=WORKFLOWS,
-        activities=[*LedgerActivities(pool).all(), *PolicyActivities(config).all()],
+        activities=[*LedgerActivities(pool).all(), *PolicyActivities(config).all(),
+                    *GuardReplyActivities(env.client).all()],
     )
     intake = RepairIntake(config, ledger, env.client)
 

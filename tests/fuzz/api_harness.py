@@ -403,6 +403,7 @@ class ApiServer:
         from temporalio.contrib.pydantic import pydantic_data_converter
         from temporalio.worker import Worker
 
+        from activities.guard_replies import GuardReplyActivities
         from activities.ledger import connect, migrate
         from activities.ledger_activities import LedgerActivities
         from activities.policy_activities import PolicyActivities
@@ -443,7 +444,8 @@ class ApiServer:
         client = await Client.connect(self.temporal, data_converter=pydantic_data_converter)
         worker = Worker(
             client, task_queue=queue, workflows=WORKFLOWS,
-            activities=[*LedgerActivities(pool).all(), *PolicyActivities(config).all()],
+            activities=[*LedgerActivities(pool).all(), *PolicyActivities(config).all(),
+                        *GuardReplyActivities(client).all()],
         )
         worker_task = asyncio.create_task(worker.run())
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from temporalio.worker import Worker
 
+from activities.guard_replies import GuardReplyActivities
 from activities.ledger import Ledger
 from activities.ledger_activities import LedgerActivities
 from activities.notify import NotifyActivities
@@ -33,7 +34,8 @@ async def test_panic_alert_recorded_by_the_guard(temporal_dev_env: Any, ledger_p
         catalogue=CatalogueConfig(), level=True, source="ingest",
     )
     activities = [*LedgerActivities(ledger_pool).all(), PolicyActivities(cfg).load_policy,
-                  NotifyActivities(cfg.notifications).notify]
+                  NotifyActivities(cfg.notifications).notify,
+                  *GuardReplyActivities(client).all()]
     async with Worker(client, task_queue=tq, workflows=[ClusterGuardWorkflow],
                       activities=activities):
         sink = TemporalAlertSink(client, tq)

@@ -31,6 +31,7 @@ import asyncpg
 import pytest
 from temporalio.worker import Worker
 
+from activities.guard_replies import GuardReplyActivities
 from activities.ledger import Ledger, connect, migrate
 from activities.ledger_activities import LedgerActivities
 from activities.notify import NotifyActivities
@@ -100,7 +101,7 @@ async def test_replay_redelivers_in_order_marks_rows_and_skips_stale(
     await ledger.record_dead_letter(raise5, "retries_exhausted", "again", 3)
     activities: list[Callable[..., Any]] = [
         *LedgerActivities(ledger_pool).all(), *PolicyActivities(config).all(),
-        NotifyActivities(config.notifications).notify]
+        NotifyActivities(config.notifications).notify, *GuardReplyActivities(client).all()]
     nodes = [f"gpu-0{i}" for i in range(1, 7)]
     async with Worker(client, task_queue=tq, workflows=WORKFLOWS, activities=activities):
         try:
@@ -241,9 +242,9 @@ async def test_cli_lists_and_replays_and_names_bad_arguments(
     common = ("--config", str(cfg_file), "--data-dir", str(tmp_path / "none"),
               "--ledger-dsn", ledger_database)
     config = AutorepairConfig(temporal=TemporalConfig(task_queue=tq))
-    activities: list[Callable[..., Any]] = [*LedgerActivities(pool).all(),
-                                            *PolicyActivities(config).all(),
-                  NotifyActivities(config.notifications).notify]
+    activities: list[Callable[..., Any]] = [*LedgerActivities(pool).all(), *PolicyActivities(config).all(),
+                  NotifyActivities(config.notifications).notify,
+                  *GuardReplyActivities(client).all()]
     try:
         rc, out, err = await _cli("dead-letters", "list", "--json", *common, cwd=tmp_path)
         assert rc == 0, err

@@ -26,6 +26,7 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
+from activities.guard_replies import GuardReplyActivities
 from activities.ledger import Ledger
 from activities.ledger_activities import LedgerActivities
 from activities.notify import NotifyActivities
@@ -92,7 +93,8 @@ async def test_three_megabyte_attribute_never_wedges_the_node(
     config = cfg()
     ledger = Ledger(ledger_pool)
     activities = [*LedgerActivities(ledger_pool).all(), *PolicyActivities(config).all(),
-                  NotifyActivities(config.notifications).notify]
+                  NotifyActivities(config.notifications).notify,
+                  *GuardReplyActivities(client).all()]
     sink = TemporalAlertSink(client, tq, max_value_chars=config.ingest.max_evidence_value_chars,
                              max_alert_bytes=config.ingest.max_alert_bytes,
                              dead_letters=LedgerStore(ledger))

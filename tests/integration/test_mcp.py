@@ -34,6 +34,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.guard_replies import GuardReplyActivities
 from activities.ledger import Ledger
 from activities.ledger_activities import LedgerActivities
 from activities.ledger_queries import connect_read_only
@@ -154,7 +155,8 @@ async def test_tools_answer_on_a_live_fleet(
     async with (
         Worker(env.client, task_queue=tq, workflows=[*OWN_WORKFLOWS, FakeValidationWorkflow],
                activities=[*LedgerActivities(ledger_pool).all(), load_policy,
-                           load_node_policy, *fake.scheduler_activities()]),
+                           load_node_policy, *fake.scheduler_activities(),
+                           *GuardReplyActivities(env.client).all()]),
         Worker(env.client, task_queue=bmc_q, activities=fake.machine_activities()),
         Client(build_server(fq), mode="legacy") as client,
     ):

@@ -32,8 +32,20 @@ equivalent one), so the bounded run is exhaustive. Invariants after every step:
 With ``domains`` (issue 29 item 2) the three nodes form one failure domain ``r`` (hold
 threshold 2 inside the breaker window), ``b1``'s repair is a person's (approved by one:
 ``automatic`` false), an operator's ``release domain r`` is an event, and the ledger keeps
-the guard's newest ``failure_domain`` rows for a rebuild. Invariant: no automatic repair
-is granted a lease (a new start) while its domain is held — a person's may be.
+the guard's newest ``failure_domain`` rows for a rebuild; each node may report its fault
+once (``fault_seen``, before or after its request). Invariants: no automatic repair is
+granted a lease (a new start) while its domain is held — a person's may be; and none is
+granted once 2 nodes of the domain reported a fault inside the window (the hold judges
+faults, not only lease requests), counting the reports a release or a fresh guard has not
+dropped (a fresh guard counts afresh: the counts below the threshold are not in the
+ledger).
+
+With ``lossy`` (issue 30 item 1: the replies go out as ``guard_send_leases``, which
+reports a reply the server did not take after its tries as ``failed``) the server can
+stop and start taking lease replies (events ``replies lost`` / ``replies back``); while
+it takes none, every reply to a live requester comes back as ``EffectFailed`` in the
+next batch and the requester hears nothing (it re-sends its request). The invariants
+above must hold all the same.
 
 Not modelled: a guard restarted after a reset knows the reset only from the ledger's
 breaker alerts, not which requests waited through it, so the I23 bookkeeping of the
@@ -49,6 +61,7 @@ from datetime import UTC, datetime, timedelta
 
 from workflows.leases import (
     DomainHold,
+    FaultReport,
     LeaseRelease,
     LeaseRequest,
     ReleaseDomainSignal,
@@ -92,6 +105,14 @@ class World:
     domains: bool = False
     #: the holds the ledger has open (the guard's newest failure_domain rows), as JSON
     ledger_holds: tuple[str, ...] = ()
+    #: per node: when it reported its fault (``fault_seen``; None: not yet), and whether
+    #: that report still counts (a release of the hold, or a fresh guard, drops it)
+    fault_at: tuple[float | None, ...] = (None, None, None)
+    fault_live: tuple[bool, ...] = (False, False, False)
+    #: the lossy world (see the module's docstring); ``replies_lost``: the server takes
+    #: no lease reply now (each comes back ``failed``: the machine's EffectFailed)
+    lossy: bool = False
+    replies_lost: bool = False
 
 
 @dataclass
@@ -163,6 +184,9 @@ def _events(m: gm.GuardState, w: World) -> list[tuple[str, gm.Event | None]]:
     if w.domains:
         evs.append(("release domain r", gm.ReleaseDomain(sig=ReleaseDomainSignal(
             domain="r", by="oncall"))))
+        evs += [(f"fault {n}", gm.FaultSeen(report=FaultReport(
+            cluster="c", node=n, alert_id=f"x-{n}", kind="nvlink_down", domains=["r"])))
+                for i, n in enumerate(NODES) if w.fault_at[i] is None]
     evs.append(("clock", gm.Clock()))
     now = T0 + timedelta(seconds=w.now_s)
     for name, at in sorted(m.timers.items()):
@@ -170,6 +194,8 @@ def _events(m: gm.GuardState, w: World) -> list[tuple[str, gm.Event | None]]:
             evs.append((f"timer {name}", gm.TimerFired(name=name)))
     evs.append(("guard restart", gm.Started(fresh=True)))
     evs.append(("ledger down" if w.ledger_up else "ledger back", None))
+    if w.lossy:
+        evs.append(("replies lost" if not w.replies_lost else "replies back", None))
     if w.out == "policy":
         evs.append(("policy ok", gm.PolicyRead(view=_policy(w))))
         evs.append(("policy failed", gm.PolicyFailed(message="timeout")))
@@ -202,6 +228,8 @@ def _world_only(label: str, w: World) -> World:
     if label.startswith("die "):
         i = NODES.index(label.removeprefix("die "))
         return replace(w, repairs=_set(w.repairs, i, "dead"))
+    if label.startswith("replies "):
+        return replace(w, replies_lost=not w.replies_lost)
     return replace(w, ledger_up=not w.ledger_up)
 
 
@@ -219,9 +247,17 @@ def _before(label: str, ev: gm.Event, m: gm.GuardState, w: World) -> World:
     if isinstance(ev, gm.Release):
         i = _node_of(ev.rel.repair_id)
         return replace(w, repairs=_set(w.repairs, i, "done"))
+    if isinstance(ev, gm.FaultSeen):
+        i = NODES.index(ev.report.node)
+        return replace(w, fault_at=_set(w.fault_at, i, w.now_s),
+                       fault_live=_set(w.fault_live, i, True))
+    if isinstance(ev, gm.ReleaseDomain) and _held(m, NODES[0]):
+        return replace(w, fault_live=(False,) * 3)
     if isinstance(ev, gm.Started):
-        # a fresh guard knows nothing of an earlier reset (see the module's notes)
-        return replace(w, out=None, stale=(False,) * 3, pre_reset=(False,) * 3)
+        # a fresh guard knows nothing of an earlier reset (see the module's notes), nor
+        # of the fault counts below the threshold
+        return replace(w, out=None, stale=(False,) * 3, pre_reset=(False,) * 3,
+                       fault_live=(False,) * 3)
     if isinstance(ev, gm.PolicyRead | gm.PolicyFailed | gm.LedgerRead | gm.LedgerUnavailable):
         return replace(w, out=None)
     return w
@@ -240,14 +276,17 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
         e = todo.popleft()
         now = T0 + timedelta(seconds=w.now_s)
         was_open, reset_at, counted = m.breaker_open, m.reset_at, m.counted
+        # a repair the guard holds a lease for was not waiting at a reset, whatever the
+        # repair believes (its grant lost, the lossy world)
+        holding = {x.repair_id for x in m.leases}
         open_at = _open_at_grant(m, e, now, defects)
         held_at = _held_at_grant(m, e, now, defects)
         m, cmds = gm.step(m, e, now, defects)
         if m.reset_at != reset_at:  # the machine applied a reset in this step
             pre = tuple(p or any(c.repair_id == _rid(i) for c in counted)
                         for i, p in enumerate(w.pre_reset))
-            stale = tuple(x or (was_open and st == "waiting")
-                          for x, st in zip(w.stale, w.repairs, strict=True))
+            stale = tuple(x or (was_open and st == "waiting" and _rid(i) not in holding)
+                          for i, (x, st) in enumerate(zip(w.stale, w.repairs, strict=True)))
             w = replace(w, pre_reset=pre, stale=stale)
         for c in cmds:
             if isinstance(c, gm.LoadPolicy):
@@ -268,20 +307,31 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
                     later.append(gm.ReplyUndeliverable(repair_id=c.reply.repair_id,
                                                        purpose=c.purpose))
                     continue
+                if w.replies_lost:  # guard_send_leases' "failed": the requester hears nothing
+                    later.append(gm.EffectFailed(what="send_lease", subject=c.reply.repair_id,
+                                                 message="UNAVAILABLE (3 tries)"))
+                    continue
                 if c.reply.granted:
                     if st == "waiting":
-                        # a lapsed holder's renewal re-acquires ("re-acquired"):
-                        # not a new start, which is all the breaker holds back
+                        # a lapsed holder's renewal re-acquires ("re-acquired"), and a
+                        # re-sent request of a holder whose grant was lost is told again
+                        # ("already held", the lossy world): not a new start, which is
+                        # all the breaker holds back
                         if open_at.get(c.reply.repair_id, m.breaker_open) \
-                                and c.purpose == "reply" and c.reply.reason != "re-acquired":
+                                and c.purpose == "reply" and c.reply.reason not in _NOT_NEW:
                             bad.append("breaker: an automatic new repair granted while open")
                         if m.status != gm.Status.serving or m.rebuilt_at is None:
                             bad.append("I21: granted before the ledger answered")
                         if (_automatic(w, i) and c.purpose == "reply"
-                                and c.reply.reason != "re-acquired"
+                                and c.reply.reason not in _NOT_NEW
                                 and held_at.get(c.reply.repair_id, _held(m, NODES[i]))):
                             bad.append(f"domain: automatic {NODES[i]} granted while its "
                                        "domain is held")
+                        if (_automatic(w, i) and c.purpose == "reply"
+                                and c.reply.reason not in _NOT_NEW
+                                and _reported(w) >= POLICY_DOMAINS.domain_threshold):
+                            bad.append(f"domain: automatic {NODES[i]} granted after "
+                                       f"{_reported(w)} nodes of its domain reported faults")
                         if w.stale[i] and c.reply.reset_at is None:
                             bad.append(f"I23: {NODES[i]} waited through a reset and acts on "
                                        "pre-reset evidence")
@@ -290,6 +340,16 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
                 elif st == "holding":  # a refused renewal: the lease lapsed, do not act
                     w = replace(w, repairs=_set(w.repairs, i, "waiting"))
     return m, replace(w, bad=tuple(bad))
+
+
+def _reported(w: World) -> int:
+    """Nodes whose fault report counts now (inside the window, not dropped)."""
+    return sum(1 for at, live in zip(w.fault_at, w.fault_live, strict=True)
+               if live and at is not None and w.now_s - at <= WINDOW_S)
+
+
+#: Reasons of grants that are no new start (the breaker and domain checks skip them).
+_NOT_NEW = ("re-acquired", "already held")
 
 
 def _held(m: gm.GuardState, node: str) -> bool:
@@ -368,7 +428,8 @@ def _mirror(w: World) -> World:
     def sw(t: tuple) -> tuple:  # type: ignore[type-arg]
         return (t[1], t[0], t[2])
     return replace(w, repairs=sw(w.repairs), granted_at=sw(w.granted_at), stale=sw(w.stale),
-                   pre_reset=sw(w.pre_reset))
+                   pre_reset=sw(w.pre_reset), fault_at=sw(w.fault_at),
+                   fault_live=sw(w.fault_live))
 
 
 def _key(m: gm.GuardState, w: World) -> str:
@@ -380,10 +441,10 @@ def _key(m: gm.GuardState, w: World) -> str:
     return min(text, mirrored)
 
 
-def initial(defects: frozenset[str] = frozenset(), domains: bool = False
-            ) -> tuple[gm.GuardState, World]:
+def initial(defects: frozenset[str] = frozenset(), domains: bool = False,
+            lossy: bool = False) -> tuple[gm.GuardState, World]:
     """A guard that started, read its policy and rebuilt from an empty ledger."""
-    w0 = World(domains=domains)
+    w0 = World(domains=domains, lossy=lossy)
     m, w = _run(gm.new_state("c", _policy(w0)), w0, gm.Started(fresh=True), defects)
     m, w = _run(m, replace(w, out=None), gm.PolicyRead(view=_policy(w0)), defects)
     m, w = _run(m, replace(w, out=None), gm.LedgerRead(view=_ledger(w, m)), defects)
@@ -392,13 +453,13 @@ def initial(defects: frozenset[str] = frozenset(), domains: bool = False
 
 
 def check(depth: int, defects: frozenset[str] = frozenset(),
-          stop_at_first: bool = False, domains: bool = False) -> Result:
+          stop_at_first: bool = False, domains: bool = False, lossy: bool = False) -> Result:
     """Explore every event sequence of length ≤ ``depth`` from a guard's first start;
-    ``defects`` re-introduces the named ones (test-only); ``domains``: the domain world
-    (module docstring)."""
+    ``defects`` re-introduces the named ones (test-only); ``domains``: the domain world,
+    ``lossy``: the lossy world (module docstring)."""
     res = Result(depth=depth)
     t0 = time.monotonic()
-    m0, w0 = initial(defects, domains)
+    m0, w0 = initial(defects, domains, lossy)
     seen = {_key(m0, w0)}
     queue: deque[tuple[gm.GuardState, World, list[str]]] = deque([(m0, w0, [])])
     while queue:
@@ -430,3 +491,27 @@ def check(depth: int, defects: frozenset[str] = frozenset(),
     res.states = len(seen)
     res.seconds = time.monotonic() - t0
     return res
+
+
+def replay(labels: list[str], defects: frozenset[str] = frozenset(), domains: bool = False,
+           lossy: bool = False) -> list[str]:
+    """Step the events named ``labels`` (as :func:`_events` names them) from
+    :func:`initial` and return the invariant violations of the last state (a trace the
+    checker printed, kept as a named test). Raises ``KeyError`` naming a label that is
+    not enabled where it comes."""
+    m, w = initial(defects, domains, lossy)
+    for label in labels:
+        evs = dict(_events(m, w))
+        if label not in evs:
+            raise KeyError(f"{label!r} not enabled here (enabled: {sorted(evs)})")
+        ev = evs[label]
+        if ev is None:
+            w = _world_only(label, w)
+        else:
+            w = _before(label, ev, m, w)
+            base = gm.new_state("c", _policy(w)) if isinstance(ev, gm.Started) else m
+            m, w = _run(base, w, ev, defects)
+        bad = check_invariants(m, w)
+        if bad:
+            return bad
+    return []

@@ -21,8 +21,10 @@ stands for all) with
 - the node re-registered: another machine bound to it (the old machine's faults are
   gone with it), learnt at the policy read;
 - from :data:`W_MAINT`: a planned maintenance window covering the node (reports marked
-  ``in_maintenance`` on receipt), the window ending (reports marked ``in_grace`` for
-  :data:`GRACE_S` after), and the node rebooting (its first report from the new boot
+  ``in_maintenance`` on receipt, with its scheduled end :data:`WINDOW_UNTIL_S`), the
+  window ending early or at that end (reports marked ``in_grace`` for :data:`GRACE_S`
+  after; a level fault raised inside it is a fault judged past that grace), and the
+  node rebooting (its first report from the new boot
   inside a grace starts a grace of its own).
 
 The ledger write of an alert, the policy read and an ``attach_alert`` signal are answered
@@ -33,7 +35,9 @@ States are hashed (canonical JSON of the machine's state plus the world). After 
 step the invariants are checked: one repair per node at a time (I21), rule zero and I20
 (a repair starts only on a fault reported after its last fix and not cleared since),
 I17 (its persistence counted on the control plane's receipt times), and no alert is
-answered ``attached`` to a repair that is not running, and (issue 29 item 1) nothing is
+answered ``attached`` to a repair that is not running, a repair starts only on a fault
+the node (of failure domain :data:`DOMAIN`) reported to its guard (issue 29 item 2), and
+(issue 29 item 1) nothing is
 recommended inside a window or its grace from a fault that did not persist (a level
 fault raised at the grace end) or recur (an event fault received after it) past it. A
 violation comes with the shortest event trace (BFS order).
@@ -48,7 +52,7 @@ from datetime import UTC, datetime, timedelta
 
 from workflows.config import CatalogueConfig, RailsConfig
 from workflows.lifecycle import node as nm
-from workflows.maintenance import IN_GRACE, IN_MAINTENANCE, MAINTENANCE_WINDOW
+from workflows.maintenance import IN_GRACE, IN_MAINTENANCE, MAINTENANCE_UNTIL, MAINTENANCE_WINDOW
 from workflows.models import Action, Alert, Severity, Stage
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -56,6 +60,8 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 #: 1800 s (the defaults, docs/design.md §5).
 RAILS = RailsConfig()
 CATALOGUE = CatalogueConfig()
+#: The failure domain the world's node belongs to (its guard counts its fault reports).
+DOMAIN = "rack-1"
 #: Clock step of a bare ``clock`` event, seconds (more than the persistence window).
 CLOCK_STEP_S = 120.0
 #: Sender clock offsets, seconds (ingest accepts up to 300 s ahead).
@@ -66,6 +72,9 @@ LEVEL, EVENT = "gpu_lost::", "xid:79:"
 #: Grace period after maintenance in the world, seconds (more than one clock step, so
 #: that time passes inside it; ``policy.maintenance.grace_s`` as the policy read says).
 GRACE_S = 180.0
+#: The window's scheduled end, seconds from T0 (ingest's ``maintenance_until`` mark): it
+#: closes then by itself, or earlier when an operator ends it (``window_ends``).
+WINDOW_UNTIL_S = 240.0
 #: A report's maintenance mark (the queue's last field): none, inside the window, else
 #: the grace end (seconds from T0).
 NO_MARK, IN_WINDOW = -1.0, -2.0
@@ -77,6 +86,7 @@ def _alert(key: str, active: bool, sent_s: float, skew: float, boot: int, n: int
     ev: dict[str, object] = {"boot_id": f"b{boot}"}
     if mark == IN_WINDOW and active:
         ev[IN_MAINTENANCE] = "mw-1"
+        ev[MAINTENANCE_UNTIL] = (T0 + timedelta(seconds=WINDOW_UNTIL_S)).isoformat()
     elif mark >= 0 and active:
         ev |= {IN_GRACE: (T0 + timedelta(seconds=mark)).isoformat(),
                MAINTENANCE_WINDOW: "mw-1"}
@@ -117,6 +127,12 @@ class World:
     window_open: bool = False
     grace_end_s: float | None = None  # the node's grace end (window's or a boot's)
     window_boot: int | None = None  # the boot of the last report inside the window
+    #: fault kinds the node reported to its guard (``fault_seen``; the node is in a
+    #: failure domain, issue 29 item 2)
+    reported: tuple[str, ...] = ()
+    #: fault keys whose current episode began inside the window (reports marked
+    #: ``in_maintenance``): no repair may start on one while the window is open
+    window_eps: tuple[str, ...] = ()
 
 
 def _get(t: tuple[tuple[str, float], ...], k: str) -> float | None:
@@ -199,7 +215,9 @@ def _world_events(w: World) -> list[tuple[str, World, nm.Event | None]]:
             # last report: a grace of its own from its receipt
             w1 = replace(w1, window_boot=boot,
                          grace_end_s=max(w1.grace_end_s, sent_s + GRACE_S))
-        if active and mark != IN_WINDOW:
+        if active and (mark != IN_WINDOW or key == LEVEL):
+            # a level fault raised inside the window is a fault all the same (judged
+            # after the window's grace); an event fault there is the maintenance's
             last = _get(w1.raised_at, key)
             w1 = replace(w1, raised_at=_put(w1.raised_at, key, max(sent_s, last or sent_s)))
             open_ep = _get(w1.episode_at, key)
@@ -209,6 +227,9 @@ def _world_events(w: World) -> list[tuple[str, World, nm.Event | None]]:
             ends = [t for t in (cl, fx) if t is not None]
             if fresh and (open_ep is None or (ends and open_ep <= max(ends))):
                 w1 = replace(w1, episode_at=_put(w1.episode_at, key, sent_s))
+                inside = tuple(sorted({*w1.window_eps, key})) if mark == IN_WINDOW \
+                    else tuple(k for k in w1.window_eps if k != key)
+                w1 = replace(w1, window_eps=inside)
         elif not active:
             cl = _get(w1.cleared_at, key)
             w1 = replace(w1, cleared_at=_put(w1.cleared_at, key, max(sent_s, cl or sent_s)))
@@ -281,12 +302,19 @@ def _world_events(w: World) -> list[tuple[str, World, nm.Event | None]]:
     out.append(("history_full", w, nm.HistoryFull()))
     out.append(("worker_restart", replace(w, read_out=False, probe_out=False, timer_s=None),
                 None))
-    return out
+    return [(label, _closed_on_time(w1), ev) for label, w1, ev in out]
 
+
+def _closed_on_time(w: World) -> World:
+    """The window closes by itself at its scheduled end (its grace runs from then)."""
+    if not (w.maint and w.window_open and w.now_s >= WINDOW_UNTIL_S):
+        return w
+    return replace(w, window_open=False,
+                   grace_end_s=max(w.grace_end_s or 0.0, WINDOW_UNTIL_S + GRACE_S))
 
 def _policy(machine: int) -> nm.PolicyLoaded:
     return nm.PolicyLoaded(catalogue=CATALOGUE, rails=RAILS, machine_id=f"m{machine}",
-                           grace_s=GRACE_S)
+                           grace_s=GRACE_S, domains=[DOMAIN])
 
 
 def _run(m: nm.NodeState, w: World, ev: nm.Event, now: datetime,
@@ -316,8 +344,17 @@ def _apply(w: World, cmds: list[nm.Command], now_s: float) -> World:
             if w.repair is None or w.repair[0] != c.repair_id:
                 w = replace(w, bad=(*w.bad, f"attached {c.alert_id} to repair "
                                     f"{c.repair_id}, which is not running"))
+        if isinstance(c, nm.ReportFault) and c.report.kind not in w.reported:
+            w = replace(w, reported=tuple(sorted((*w.reported, c.report.kind))))
         if isinstance(c, nm.StartRepair):
             bad = list(w.bad)
+            if w.window_open and any(k in w.window_eps for k in c.fault_keys):
+                bad.append("window: repair recommended inside the maintenance window from "
+                           "a fault raised inside it")
+            unreported = [k for k in c.fault_keys if k.split(":")[0] not in w.reported]
+            if unreported:
+                bad.append(f"domain: repair on {unreported[0]} of a node of failure domain "
+                           f"{DOMAIN} whose fault was never reported to the guard")
             if w.repair is not None:
                 bad.append("one repair per node: a second repair started while "
                            f"{w.repair[0] or 'one'} may still run (I21)")

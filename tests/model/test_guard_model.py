@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.model.guard_world import check
+from tests.model.guard_world import check, replay
 from workflows.lifecycle.guard import DEFECTS, EVENT_KINDS, TRANSITIONS, Status
 
 #: The CI bound: every event sequence of up to 5 events from a serving guard (~15 s
@@ -42,6 +42,28 @@ def test_guard_checker_finds_each_planted_defect(defect: str, invariant: str) ->
     assert len(trace) <= CI_DEPTH
 
 
+#: The lossy world's CI bound (issue 30 item 1: replies the server does not take).
+LOSSY_DEPTH = 4
+
+
+def test_lost_lease_replies_break_no_invariant_to_the_ci_bound() -> None:
+    """A grant the requester never heard of keeps its slot (the guard counts it) and a
+    re-sent request is answered again; nothing else changes."""
+    res = check(LOSSY_DEPTH, lossy=True)
+    assert not res.violations, res.violations[:3]
+    assert res.states > 3000, res.line()
+
+
+def test_a_holder_whose_grant_after_a_reset_was_lost_is_told_the_reset_again() -> None:
+    """Found by the lossy world at depth 5 (I23): a2 waits through a reset, is granted
+    with ``reset_at``, that reply is lost, and its re-sent request was answered "already
+    held" without ``reset_at``, so it acted on pre-reset evidence. The lease keeps the
+    reset (``Lease.evidence_after``) and every later answer carries it."""
+    trace = ["batch: requests", "replies lost", "batch: releases, requests, reset",
+             "replies back", "request a2"]
+    assert replay(trace, lossy=True) == []
+
+
 #: The failure-domain world's CI bound (issue 29 item 2; ~6 s here).
 DOMAIN_DEPTH = 4
 
@@ -52,11 +74,17 @@ def test_no_automatic_lease_in_a_held_domain_to_the_ci_bound() -> None:
     assert res.states > 3000, res.line()
 
 
-def test_domain_checker_finds_the_planted_hold_defect() -> None:
-    defect = "domain_hold_ignores_queue"
+@pytest.mark.parametrize(
+    ("defect", "invariant"),
+    [
+        ("domain_hold_ignores_queue", "granted while its domain is held"),
+        ("domain_counts_requests_only", "nodes of its domain reported faults"),
+    ],
+)
+def test_domain_checker_finds_each_planted_hold_defect(defect: str, invariant: str) -> None:
     assert defect in DEFECTS
     res = check(DOMAIN_DEPTH, defects=frozenset({defect}), stop_at_first=True, domains=True)
     assert res.violations, f"{defect} not found"
     what, trace = res.violations[0]
-    assert "granted while its domain is held" in what, what
+    assert invariant in what, what
     assert len(trace) <= DOMAIN_DEPTH

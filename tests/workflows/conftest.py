@@ -32,6 +32,7 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.guard_replies import GuardReplyActivities
 from activities.ledger import Ledger
 from activities.ledger_activities import LedgerActivities
 from tests.workflows.fake_validation import FakeValidationWorkflow
@@ -524,8 +525,8 @@ async def harness(ts_env: WorkflowEnvironment, ledger_pool: Any) -> AsyncIterato
             ts_env.client,
             task_queue=h.task_queue,
             workflows=[*OWN_WORKFLOWS, FakeValidationWorkflow],
-            activities=[*ledger_acts.all(), *fake.scheduler_activities(),
-                        *h.policy_activities()],
+            activities=[*ledger_acts.all(), *fake.scheduler_activities(), *h.policy_activities(),
+                        *GuardReplyActivities(ts_env.client).all()],
             # the recording interpreter check (issue 26 item 5): a call the machine did
             # not command fails the workflow, and the test
             interceptors=[FidelityInterceptor()],

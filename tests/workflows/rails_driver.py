@@ -64,6 +64,7 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.guard_replies import GuardReplyActivities
 from activities.ledger import Ledger
 from activities.ledger_activities import LedgerActivities
 from tests.workflows.conftest import OWN_WORKFLOWS, FakeCluster, Harness, make_alert
@@ -718,7 +719,7 @@ async def world(
             Worker(env.client, task_queue=h.task_queue,
                    workflows=[*OWN_WORKFLOWS, FakeValidationWorkflow],
                    activities=[*LedgerActivities(pool).all(), *fake.scheduler_activities(),
-                               *h.policy_activities()]),
+                               *h.policy_activities(), *GuardReplyActivities(env.client).all()]),
             Worker(env.client, task_queue=h.bmc_queue, activities=fake.machine_activities()),
         ):
             try:

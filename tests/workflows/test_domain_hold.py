@@ -6,13 +6,14 @@ operator's ``release_domain`` lets the waiting repairs through."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
 import pytest
 from fastapi import FastAPI
 
-from tests.workflows.conftest import Harness
+from tests.workflows.conftest import Harness, make_alert
 from tests.workflows.helpers import (
     eventually,
     guard_status,
@@ -26,7 +27,7 @@ from workers.repairs.intake import RepairIntake
 from workers.repairs.router import build_repairs_router
 from workflows.activity_api import GuardStateQuery
 from workflows.config import AutorepairConfig
-from workflows.models import Action, Requester, RequesterKind
+from workflows.models import Action, Alert, AlertOutcome, Requester, RequesterKind
 from workflows.protocol import (
     GUARD_SIGNAL_RELEASE_DOMAIN,
     ReleaseDomainSignal,
@@ -184,3 +185,69 @@ async def test_a_domain_hold_survives_a_guard_restart(harness: Harness) -> None:
     state = await h.ledger.guard_state(GuardStateQuery(cluster=h.cluster.cluster,
                                                        since=g.rebuilt_at))
     assert state.domain_holds == []
+
+
+async def test_a_rack_whose_faults_wait_out_a_grace_is_held_before_any_repair_asks(
+        harness: Harness) -> None:
+    """The false NVLink-down after a planned rack reboot (issue 29 Done-when; NVSentinel PR
+    #1715): the faults arrive in the grace period after the rack's window, so no repair
+    asks for a lease before it ends; each node reports its fault to the guard
+    (``fault_seen``, the guard started by the first report) and the third opens the hold.
+    When the faults recur after the grace, every repair waits on the hold: nothing is
+    cordoned, though nothing but the hold stops them (budget 5, breaker 10)."""
+    from activities.maintenance_store import MaintenanceStore
+    from tests.workflows.test_maintenance_grace import GRACE_S, _deliver
+    from workflows.leases import DomainFault
+
+    h = harness
+    c = h.cluster.cluster
+    rack = RACK[:4]
+    h.gpu_nodes = 100
+    h.domains = {n: ["rack-g"] for n in rack}
+    h.policy.consent.mode = "automatic"
+    h.policy.wait_for_idle.do_not_interrupt = True
+    for n in rack:
+        h.cluster.busy_polls[n] = 10_000
+    store = MaintenanceStore(h.ledger.pool)
+    now = await h.env.get_current_time()
+    await store.start(cluster=c, scope="nodes", nodes=rack, duration_s=3600,
+                      reason="planned rack reboot", created_by="ops",
+                      now=now - timedelta(seconds=3630))  # ended 30 s ago
+
+    def nvlink(node: str, n: str) -> Alert:
+        return make_alert(c, node, n, code=74, action="reset_gpu",
+                          summary="Xid 74: NVLink error")
+
+    for i, n in enumerate(rack):
+        d = await _deliver(h, store, nvlink(n, f"x74-{i}"))
+        assert d.outcome == AlertOutcome.new and d.reason.startswith("held:"), d
+        await h.env.sleep(timedelta(seconds=10))
+
+    async def held() -> bool:
+        g = await guard_status(h)
+        return [x.domain for x in g.domain_holds] == ["rack-g"]
+
+    await eventually(held, "the rack held on its nodes' fault reports")
+    g = await guard_status(h)
+    assert g.domain_holds[0].nodes == rack[:3] and not g.leases and not g.pending
+    assert all(isinstance(f, DomainFault) and f.repair_id.startswith("fault/")
+               for f in g.domain_faults)
+    assert await h.ledger.list_repairs(cluster=c) == []  # held before any repair asked
+    alerts = await h.ledger.list_alerts(cluster=c, node="*")
+    assert [(a.kind, a.active) for a in alerts] == [("failure_domain", True)]
+    for _ in range(int(GRACE_S // 60) + 1):  # past the grace end, a minute at a time
+        await h.env.sleep(timedelta(seconds=60))
+    for i, n in enumerate(rack):  # the false fault persists
+        await _deliver(h, store, nvlink(n, f"x74-again-{i}"))
+
+    async def all_wait() -> bool:
+        g = await guard_status(h)
+        return len(g.pending) == len(rack)
+
+    await eventually(all_wait, "every repair of the rack waiting on the hold")
+    for p in (await guard_status(h)).pending:
+        async def says(node: str = p.node, rid: str = p.repair_id) -> bool:
+            return "failure domain rack-g held" in (await repair_status(h, node, rid)).detail
+
+        await eventually(says, f"{p.repair_id} waiting with the hold's reason")
+    assert not (await guard_status(h)).leases and h.cluster.count("cordon") == 0

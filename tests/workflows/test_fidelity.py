@@ -11,6 +11,7 @@ import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.worker import Worker
 
+from activities.guard_replies import GuardReplyActivities
 from activities.ledger_activities import LedgerActivities
 from tests.workflows import fidelity
 from tests.workflows.conftest import Harness
@@ -36,6 +37,47 @@ def test_trace_accepts_only_the_commanded_calls_in_order() -> None:
     governed = Trace([("activity", "a")])
     assert governed.executed("activity", "other") is None  # not the machine's call
     assert governed.checked == 0
+
+
+def test_trace_matches_a_batched_call_element_by_element() -> None:
+    """The guard's ``guard_send_leases`` stands for one ``SendLease`` per element of its
+    ``commands`` (issue 30 item 1): each element must be the commanded reply, in order;
+    a changed answer, a reordered, missing or extra element, or an empty batch is a
+    violation."""
+    from workflows.activity_api import ACT, LeaseDeliveries, LeaseDelivery
+    from workflows.guard import calls
+    from workflows.lifecycle import guard as gm
+    from workflows.protocol import LeaseReply
+
+    def send(rid: str, granted: bool) -> gm.SendLease:
+        return gm.SendLease(workflow_id=f"w-{rid}",
+                            reply=LeaseReply(repair_id=rid, granted=granted))
+
+    def batch(*cmds: gm.SendLease) -> LeaseDeliveries:
+        return LeaseDeliveries(guard_id="g", commands=[
+            LeaseDelivery(workflow_id=c.workflow_id, reply=c.reply) for c in cmds])
+
+    a, b = send("a", True), send("b", False)
+
+    def trace() -> Trace:
+        t = Trace()
+        t.commanded(c for cmd in (a, b) for c in calls(cmd))
+        return t
+
+    name = ACT.guard_send_leases
+    ok = trace()
+    assert ok.executed("activity", name, batch(a, b)) is None and ok.leftover() is None
+    split = trace()  # the same replies over two batches: fine
+    assert split.executed("activity", name, batch(a)) is None
+    assert split.executed("activity", name, batch(b)) is None and split.leftover() is None
+    assert trace().executed("activity", name, batch(b, a)) is not None  # reordered
+    assert trace().executed("activity", name, batch(send("a", False), b)) is not None
+    extra = trace()
+    assert extra.executed("activity", name, batch(a, b, send("c", True))) is not None
+    missing = trace()
+    assert missing.executed("activity", name, batch(a)) is None
+    assert missing.leftover() is not None  # b was never sent
+    assert trace().executed("activity", name, batch()) is not None  # nothing in it
 
 
 async def test_real_repair_and_guard_run_only_what_their_machines_commanded(
@@ -66,7 +108,8 @@ async def test_the_check_finds_a_shell_that_departs_from_its_machine(
         h.client,
         task_queue=queue,
         workflows=[planted],
-        activities=[h.load_policy, *LedgerActivities(h.ledger.pool).all()],
+        activities=[h.load_policy, *LedgerActivities(h.ledger.pool).all(),
+                    *GuardReplyActivities(h.client).all()],
         interceptors=[FidelityInterceptor()],
         workflow_failure_exception_types=[FidelityViolation],
     ):

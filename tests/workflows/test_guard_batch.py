@@ -12,6 +12,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.worker import Worker
 
+from activities.guard_replies import GuardReplyActivities
 from activities.ledger_activities import LedgerActivities
 from tests.bench.support.lease_sink import SINK_WORKFLOW, LeaseSink
 from tests.workflows.conftest import Harness
@@ -57,7 +58,8 @@ async def test_request_arriving_while_the_guard_continues_as_new_is_answered(
         h.client,
         task_queue=queue,
         workflows=[ClusterGuardWorkflow, LeaseSink],
-        activities=[*LedgerActivities(ledger_pool).all(), h.load_policy, slow.notify],
+        activities=[*LedgerActivities(ledger_pool).all(), h.load_policy, slow.notify,
+                    *GuardReplyActivities(h.client).all()],
         interceptors=[FidelityInterceptor()],
         workflow_failure_exception_types=[FidelityViolation],
     ):

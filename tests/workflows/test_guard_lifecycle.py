@@ -11,6 +11,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
+from activities.guard_replies import GuardReplyActivities
 from activities.ledger_activities import LedgerActivities
 from tests.workflows.conftest import Harness
 from tests.workflows.helpers import (
@@ -140,7 +141,7 @@ async def test_rebuilt_guard_grants_nothing_until_the_ledger_answers(
     queue = h.task_queue + "-guard"
     async with Worker(h.client, task_queue=queue, workflows=[ClusterGuardWorkflow],
                       activities=[*others, guard_state, h.load_policy,
-                                  h.cluster.notify]):
+                                  h.cluster.notify, *GuardReplyActivities(h.client).all()]):
         await h.client.start_workflow(
             "ClusterGuardWorkflow", {"cluster": h.cluster.cluster}, id=wid, task_queue=queue
         )

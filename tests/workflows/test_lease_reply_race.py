@@ -22,6 +22,7 @@ from typing import Any
 from temporalio.api.enums.v1 import EventType
 from temporalio.worker import Worker
 
+from activities.guard_replies import GuardReplyActivities
 from activities.ledger_activities import LedgerActivities
 from tests.workflows.conftest import OWN_WORKFLOWS, Harness
 from tests.workflows.fake_validation import FakeValidationWorkflow
@@ -32,8 +33,9 @@ from tests.workflows.helpers import (
     terminate_between_tasks,
     wait_stage,
 )
+from workflows.activity_api import ACT
 from workflows.models import Action, RepairRequest, RepairStatus, Requester, RequesterKind, Stage
-from workflows.protocol import REPAIR_SIGNAL_LEASE, workflow_id_guard, workflow_id_repair
+from workflows.protocol import workflow_id_guard, workflow_id_repair
 
 USER = Requester(kind=RequesterKind.user, name="ops")
 
@@ -76,19 +78,23 @@ class _HoldSendCompletion(ThreadPoolExecutor):
 
 
 async def _guard_answered(h: Harness, wid: str) -> bool:
-    """Whether the guard's history shows a ``lease`` signal to ``wid`` delivered."""
-    initiated: set[int] = set()
+    """Whether the guard's history shows a ``lease`` reply to ``wid`` delivered: a
+    ``guard_send_leases`` activity whose input names ``wid`` completed (issue 30 item 1:
+    the replies go out as one activity per batch, which returns once each signal was
+    accepted by the server)."""
+    scheduled: set[int] = set()
     async for ev in h.client.get_workflow_handle(
         workflow_id_guard(h.cluster.cluster)
     ).fetch_history_events():
-        if ev.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED:
-            a = ev.signal_external_workflow_execution_initiated_event_attributes
-            if a.workflow_execution.workflow_id == wid and a.signal_name == REPAIR_SIGNAL_LEASE:
-                initiated.add(ev.event_id)
-        elif ev.event_type == EventType.EVENT_TYPE_EXTERNAL_WORKFLOW_EXECUTION_SIGNALED:
-            if ev.external_workflow_execution_signaled_event_attributes.initiated_event_id in (
-                initiated
-            ):
+        if ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            a = ev.activity_task_scheduled_event_attributes
+            if a.activity_type.name == ACT.guard_send_leases and any(
+                    wid.encode() in p.data for p in a.input.payloads):
+                scheduled.add(ev.event_id)
+        elif ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            a2 = ev.activity_task_completed_event_attributes
+            if a2.scheduled_event_id in scheduled and any(
+                    b'"delivered"' in p.data for p in a2.result.payloads):
                 return True
     return False
 
@@ -120,8 +126,8 @@ async def test_guard_answer_in_the_same_task_as_the_send_is_kept(
         h.client,
         task_queue=queue,
         workflows=[*OWN_WORKFLOWS, FakeValidationWorkflow],
-        activities=[*ledger_acts.all(), *h.cluster.scheduler_activities(),
-                    *h.policy_activities()],
+        activities=[*ledger_acts.all(), *h.cluster.scheduler_activities(), *h.policy_activities(),
+                    *GuardReplyActivities(h.client).all()],
         workflow_task_executor=executor,
         max_concurrent_workflow_tasks=8,
     )

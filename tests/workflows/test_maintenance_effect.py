@@ -12,7 +12,7 @@ from ingest.handoff import TemporalAlertSink
 from ingest.maintenance_marks import MAINTENANCE_REASON, MaintenanceMarks
 from tests.workflows.conftest import Harness, make_alert
 from workflows.config import CatalogueConfig
-from workflows.maintenance import IN_MAINTENANCE, MaintenanceWindow
+from workflows.maintenance import IN_MAINTENANCE, MAINTENANCE_UNTIL, MaintenanceWindow
 from workflows.models import Action, AlertOutcome
 from workflows.policy import decide_node_action
 
@@ -39,6 +39,8 @@ def test_marks_follow_the_control_plane_clock_and_strip_sender_marks() -> None:
     assert not m.actionable and m.action == Action.none
     assert m.evidence[IN_MAINTENANCE] == w.window_id
     assert m.evidence[MAINTENANCE_REASON] == "cable swap"
+    # the window's scheduled end: a level fault raised inside is judged after it
+    assert m.evidence[MAINTENANCE_UNTIL] == (T0 + timedelta(hours=1)).isoformat()
     # received after the window: not marked, whatever the sender's clock says
     after = make_alert("c", "gpu-01", 79, received_at=T0 + timedelta(hours=2),
                        observed_at=T0 + timedelta(minutes=5))
@@ -129,15 +131,17 @@ async def test_a_repair_not_yet_cordoned_waits_for_the_window_to_end(harness: Ha
     h = harness
     c = h.cluster.cluster
     store = MaintenanceStore(h.ledger.pool)
+    # on the workflows' clock (the time-skipping server's; a full run's runs far ahead)
     w = await store.start(cluster=c, scope="nodes", nodes=["gpu-09"], duration_s=7200,
-                          reason="rack 9 firmware", created_by="ops")
+                          reason="rack 9 firmware", created_by="ops",
+                          now=await h.env.get_current_time())
     handle = await start_repair(h, "gpu-09", Action.power_cycle, "mw-hold")
     await h.env.sleep(120)
     assert h.cluster.count("cordon") == 0 and h.cluster.power_cycles == 0
     row = await ledger_row(h, "mw-hold")
     notes = " ".join(t["reason"] for t in row["transitions"])
     assert w.window_id in notes and "paused before cordoning" in notes, notes
-    await store.end(w.window_id, "ops")
+    await store.end(w.window_id, "ops", now=await h.env.get_current_time())
     await h.env.sleep(MAINTENANCE_RECHECK_S + 60)
     st = await handle.result()
     assert st.stage == Stage.succeeded and h.cluster.power_cycles == 1
@@ -151,7 +155,8 @@ async def test_an_operators_own_repair_is_not_held_by_a_window(harness: Harness)
     h = harness
     c = h.cluster.cluster
     await MaintenanceStore(h.ledger.pool).start(
-        cluster=c, scope="all", duration_s=7200, reason="whole cluster", created_by="ops")
+        cluster=c, scope="all", duration_s=7200, reason="whole cluster", created_by="ops",
+        now=await h.env.get_current_time())
     st = await (await start_repair(h, "gpu-10", Action.power_cycle, "mw-op",
                                    requester=Requester(kind=RequesterKind.user,
                                                        name="alice"))).result()

@@ -118,3 +118,35 @@ async def test_a_fault_in_the_grace_of_a_boot_made_in_the_window_is_held(
     d3 = await _deliver(h, store, make_alert(h.cluster.cluster, "gpu-16", "x3",
                                              evidence={"boot_id": "b1"}))
     assert d3.outcome == AlertOutcome.recommended and d3.repair_id, d3
+
+
+async def test_a_gpu_lost_inside_the_window_is_repaired_after_its_grace(
+        harness: Harness) -> None:
+    """A GPU that does not come back from the planned reboot: lost inside the window
+    (marked ``in_maintenance`` with the window's end), still lost at the end of the grace
+    that follows the window, it is repaired then — not before, and not never (the first
+    release observed it only and forgot it: an edge-triggered agent sends no second
+    raise)."""
+    h = harness
+    store = await _window(h, "gpu-16", 60, 300)  # ends in 240 s
+    d = await _deliver(h, store, _lost(h, "gpu-16", "r1"))
+    assert d.outcome == AlertOutcome.new and d.reason.startswith("held:"), d
+    assert "raised inside maintenance window" in d.reason
+    await h.env.sleep(timedelta(seconds=240 + GRACE_S - 60))
+    assert await h.ledger.list_repairs(cluster=h.cluster.cluster, node="gpu-16") == []
+    await h.env.sleep(timedelta(seconds=120))
+    rows = await h.ledger.list_repairs(cluster=h.cluster.cluster, node="gpu-16")
+    assert len(rows) == 1 and rows[0]["action"] == "power_cycle", rows
+
+
+async def test_a_gpu_lost_inside_the_window_and_back_after_it_is_not_repaired(
+        harness: Harness) -> None:
+    h = harness
+    store = await _window(h, "gpu-17", 60, 300)
+    await _deliver(h, store, _lost(h, "gpu-17", "r1"))
+    await h.env.sleep(timedelta(seconds=300))  # the window ended; the GPU came back
+    c = await _deliver(h, store, _lost(h, "gpu-17", "c1", active=False))
+    assert c.outcome == AlertOutcome.cleared, c
+    await h.env.sleep(timedelta(seconds=GRACE_S + 300))
+    assert await h.ledger.list_repairs(cluster=h.cluster.cluster, node="gpu-17") == []
+    assert h.cluster.count("cordon") == 0

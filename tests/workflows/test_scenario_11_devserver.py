@@ -19,6 +19,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.guard_replies import GuardReplyActivities
 from activities.ledger import Ledger
 from activities.ledger_activities import LedgerActivities
 from tests.workflows.conftest import OWN_WORKFLOWS, FakeCluster, make_alert
@@ -68,6 +69,7 @@ async def test_update_with_start_delivers_alerts(
             load_policy,
             load_node_policy,
             *fake.scheduler_activities(),
+            *GuardReplyActivities(env.client).all(),
         ],
     ):
         outcomes = []

@@ -233,14 +233,15 @@ async def test_a_shadow_repair_waits_out_a_maintenance_window_like_an_enforcing_
     h.policy.mode = "shadow"
     store = MaintenanceStore(h.ledger.pool)
     w = await store.start(cluster=h.cluster.cluster, scope="nodes", nodes=["gpu-17"],
-                          duration_s=7200, reason="rack 17 firmware", created_by="ops")
+                          duration_s=7200, reason="rack 17 firmware", created_by="ops",
+                          now=await h.env.get_current_time())
     handle = await start_repair(h, "gpu-17", Action.power_cycle, "sh-mw")
     await h.env.sleep(120)
     row = await ledger_row(h, "sh-mw")
     assert row["stage"] != "shadowed", row
     notes = " ".join(t["reason"] for t in row["transitions"])
     assert w.window_id in notes and "paused before cordoning" in notes, notes
-    await store.end(w.window_id, "ops")
+    await store.end(w.window_id, "ops", now=await h.env.get_current_time())
     await h.env.sleep(MAINTENANCE_RECHECK_S + 60)
     st = await handle.result()
     assert st.stage == Stage.shadowed and "power-cycle m-gpu-17" in st.history[-1].reason

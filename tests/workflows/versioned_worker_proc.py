@@ -23,6 +23,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
+from activities.guard_replies import GuardReplyActivities
 from activities.ledger import connect
 from activities.ledger_activities import LedgerActivities
 from tests.workflows.fake_validation import PinnedFakeValidationWorkflow
@@ -60,6 +61,7 @@ async def main(argv: list[str]) -> None:
             cluster.rejoin_node,
             cluster.node_health,
             cluster.notify,
+            *GuardReplyActivities(client).all(),
         ],
         deployment_config=dc,
     )

@@ -22,6 +22,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
+from activities.guard_replies import GuardReplyActivities
 from activities.ledger import connect
 from activities.ledger_activities import LedgerActivities
 from tests.workflows.fake_validation import FakeValidationWorkflow
@@ -168,6 +169,7 @@ async def main(argv: list[str]) -> None:
             cluster.rejoin_node,
             cluster.node_health,
             cluster.notify,
+            *GuardReplyActivities(client).all(),
         ],
         max_cached_workflows=0,
     )

@@ -24,8 +24,9 @@ Rules (docs/design.md §5 rails), checked by ``tests/model/guard_world.py``:
 - **I21** a fresh guard grants nothing until the ledger answered (a holder the ledger
   lists, in any stage that holds a node, keeps its slot).
 - **failure-domain hold** (issue 29 item 2): when ``domain_threshold`` distinct nodes of
-  one failure domain (``PolicyView.domains``) have asked for a lease for an automatic
-  repair within ``domain_window_s`` (the guard's clock), the domain is held: one
+  one failure domain (``PolicyView.domains``) have raised an actionable fault (the node's
+  ``fault_seen`` report, :class:`FaultSeen`) or asked for a lease for a platform-
+  recommended repair within ``domain_window_s`` (the guard's clock), the domain is held: one
   ``failure_domain`` cluster alert names it, its nodes and fault kinds, and no automatic
   new request of a node of the domain is granted until an operator releases it
   (:class:`ReleaseDomain`); a person's request (approved by a person, or requested by a
@@ -52,6 +53,7 @@ from workflows.leases import (
     DomainFault,
     DomainHold,
     DomainRelease,
+    FaultReport,
     Lease,
     LeaseRelease,
     LeaseReply,
@@ -112,6 +114,10 @@ DEFECTS: dict[str, str] = {
     "domain_hold_ignores_queue": "the hold is checked only when a request arrives: one "
                                  "queued before its domain was held (budget, pool, node) is "
                                  "granted from the queue while the hold is in force",
+    "domain_counts_requests_only": "a node's fault report is not counted: a domain is "
+                                   "judged on lease requests only, so the first "
+                                   "threshold - 1 repairs of a rack cordon before it is "
+                                   "held (issue 29 item 2)",
 }
 
 
@@ -226,7 +232,7 @@ class GuardState(BaseModel):
     policy: PolicyView
     leases: list[Lease] = Field(default_factory=list)
     queue: list[Queued] = Field(default_factory=list)
-    deferred: list[Annotated[Request | Release | ResetBreaker | ReleaseDomain,
+    deferred: list[Annotated[Request | Release | ResetBreaker | ReleaseDomain | FaultSeen,
                              Field(discriminator="kind")]] = Field(default_factory=list)
     breaker_open: bool = False
     tripped_at: datetime | None = None
@@ -298,6 +304,14 @@ class ReleaseDomain(BaseModel):
     sig: ReleaseDomainSignal
 
 
+class FaultSeen(BaseModel):
+    """Signal ``fault_seen``: a node of a failure domain raised an actionable fault
+    (counted toward the domain's hold when it arrives; issue 29 item 2)."""
+
+    kind: Literal["fault_seen"] = "fault_seen"
+    report: FaultReport
+
+
 class ClusterAlert(BaseModel):
     """Signal ``cluster_alert`` (ingest's panic mode): recorded and notified."""
 
@@ -319,11 +333,13 @@ class ReplyUndeliverable(BaseModel):
 
 
 class EffectFailed(BaseModel):
-    """A best-effort side effect failed after its tries (``what``: ``write_alert`` or
-    ``notify``; ``subject``: the alert id or the notification's subject)."""
+    """A best-effort side effect failed after its tries (``what``: ``write_alert``,
+    ``notify`` or ``send_lease``; ``subject``: the alert id, the notification's subject,
+    or the repair a lease reply could not reach for another reason than its requester
+    being gone: the guard keeps its decision, the requester re-sends its request)."""
 
     kind: Literal["effect_failed"] = "effect_failed"
-    what: Literal["write_alert", "notify"]
+    what: Literal["write_alert", "notify", "send_lease"]
     subject: str
     message: str = ""
 
@@ -341,8 +357,8 @@ class Clock(BaseModel):
 
 
 Message = Annotated[
-    Request | Release | ResetBreaker | ReleaseDomain | ClusterAlert | ReplyUndeliverable
-    | EffectFailed,
+    Request | Release | ResetBreaker | ReleaseDomain | FaultSeen | ClusterAlert
+    | ReplyUndeliverable | EffectFailed,
     Field(discriminator="kind"),
 ]
 
@@ -362,13 +378,13 @@ GuardState.model_rebuild()
 
 Event = Annotated[
     Started | PolicyRead | PolicyFailed | LedgerRead | LedgerUnavailable | Request | Release
-    | ResetBreaker | ReleaseDomain | ClusterAlert | TimerFired | ReplyUndeliverable | EffectFailed
-    | HistoryLong | Clock | Batch,
+    | ResetBreaker | ReleaseDomain | FaultSeen | ClusterAlert | TimerFired
+    | ReplyUndeliverable | EffectFailed | HistoryLong | Clock | Batch,
     Field(discriminator="kind"),
 ]
 EVENT_KINDS = ("started", "policy_ok", "policy_failed", "ledger_ok", "ledger_unavailable",
-               "request", "release", "reset_breaker", "release_domain", "cluster_alert",
-               "timer",
+               "request", "release", "reset_breaker", "release_domain", "fault_seen",
+               "cluster_alert", "timer",
                "reply_undeliverable", "effect_failed", "history_long", "clock", "batch")
 
 
@@ -515,7 +531,7 @@ def domain_hold(s: GuardState, req: LeaseRequest) -> DomainHold | None:
 def _hold_reason(s: GuardState, domain: str, opened_at: datetime, nodes: list[str],
                  kinds: list[str]) -> str:
     return (f"failure domain {domain} held since {opened_at.isoformat()}: {len(nodes)} "
-            f"nodes ({', '.join(nodes)}) asked for repairs of "
+            f"nodes ({', '.join(nodes)}) raised "
             f"{', '.join(kinds) or 'faults'} within {s.policy.domain_window_s:g} s; "
             f"waiting until an operator runs `autorepair domains release --cluster "
             f"{s.cluster} {domain}`")
@@ -555,7 +571,32 @@ def _count_domain(s: GuardState, req: LeaseRequest, now: datetime
     goes, and the hold's alert tells the approvers of the shared cause."""
     if req.renew or req.requester_kind == RequesterKind.user:
         return s, []
-    mine = s.policy.domains.get(req.node) or []
+    return _count(s, req.node, s.policy.domains.get(req.node) or [], req.repair_id,
+                  req.fault_kinds, now)
+
+
+def _count_fault(s: GuardState, rep: FaultReport, now: datetime,
+                 defects: frozenset[str]) -> tuple[GuardState, Cmds]:
+    """Count a node's actionable fault (``fault_seen``) toward each failure domain of the
+    node (the guard's view, with the domains the node reported: both come from
+    ``load_policy``) at arrival: at most one count per (domain, node) inside the window,
+    so a flapping node fills no list. Counting faults, not only lease requests, holds a
+    domain before its first repair asks (faults waiting out a grace period ask at once
+    when it ends)."""
+    if "domain_counts_requests_only" in defects:
+        return s, []
+    mine = sorted({*(s.policy.domains.get(rep.node) or []), *rep.domains})
+    start = now - timedelta(seconds=s.policy.domain_window_s)
+    fresh = [d for d in mine if not any(f.domain == d and f.node == rep.node
+                                        and f.at >= start for f in s.domain_faults)]
+    return _count(s, rep.node, fresh, f"fault/{rep.alert_id}", [rep.kind], now)
+
+
+def _count(s: GuardState, node: str, mine: list[str], key: str, kinds: list[str],
+           now: datetime) -> tuple[GuardState, Cmds]:
+    """Count ``node`` (under ``key``: a repair id or ``fault/{alert id}``) once for each
+    domain of ``mine`` not held; hold a domain at ``domain_threshold`` distinct nodes
+    inside ``domain_window_s``."""
     if not mine:
         return s, []
     start = now - timedelta(seconds=s.policy.domain_window_s)
@@ -566,10 +607,10 @@ def _count_domain(s: GuardState, req: LeaseRequest, now: datetime
         # a held domain counts no more (its hold names what opened it): the counts stay
         # below the threshold per domain, so a storm's batch scans short lists
         if any(h.domain == d for h in holds) or any(
-                f.domain == d and f.repair_id == req.repair_id for f in faults):
+                f.domain == d and f.repair_id == key for f in faults):
             continue
-        faults.append(DomainFault(domain=d, node=req.node, repair_id=req.repair_id,
-                                  kinds=sorted(set(req.fault_kinds)), at=now))
+        faults.append(DomainFault(domain=d, node=node, repair_id=key,
+                                  kinds=sorted(set(kinds)), at=now))
         recent = [f for f in faults if f.domain == d and start <= f.at <= now]
         nodes = sorted({f.node for f in recent})
         if len(nodes) >= s.policy.domain_threshold:
@@ -687,7 +728,8 @@ def _grant(s: GuardState, q: Queued, now: datetime) -> tuple[Lease, SendLease]:
     req, exp = q.req, now + _ttl(s)
     lease = Lease(repair_id=req.repair_id, workflow_id=req.workflow_id, node=req.node,
                   node_pool=_pool(s, req), automatic=req.automatic,
-                  requester_kind=req.requester_kind, granted_at=now, expires_at=exp)
+                  requester_kind=req.requester_kind, granted_at=now, expires_at=exp,
+                  evidence_after=q.evidence_after)
     return lease, SendLease(workflow_id=req.workflow_id, reply=LeaseReply(
         repair_id=req.repair_id, granted=True,
         reason="re-acquired" if req.renew else "granted",
@@ -742,7 +784,7 @@ def _expire(s: GuardState, now: datetime) -> tuple[GuardState, Cmds]:
             cmds.append(SendLease(workflow_id=x.workflow_id, purpose="extend", reply=LeaseReply(
                 repair_id=x.repair_id, granted=True,
                 reason="lease extended at expiry: holder still running",
-                expires_at=x.expires_at)))
+                reset_at=x.evidence_after, expires_at=x.expires_at)))
         leases.append(x)
     return s.model_copy(update={"leases": leases}), cmds
 
@@ -784,9 +826,12 @@ def _on_request(s: GuardState, req: LeaseRequest, now: datetime, defects: frozen
                                        "source": "granted"})
                   if x.repair_id == req.repair_id else x for x in s.leases]
         s = s.model_copy(update={"leases": leases})
+        # the grant's reset, again: a holder whose grant never reached it (a failed
+        # reply) acts on this answer, and must not act on pre-reset evidence (I23)
         return s, [SendLease(workflow_id=req.workflow_id, reply=LeaseReply(
             repair_id=req.repair_id, granted=True,
-            reason="renewed" if req.renew else "already held", expires_at=exp))], []
+            reason="renewed" if req.renew else "already held",
+            reset_at=held.evidence_after, expires_at=exp))], []
     # list comprehensions, not generators: a storm's batch looks through long lists
     # once per request (issue 30: a batch must fit one workflow activation)
     ids = [q.req.repair_id for q in s.queue]
@@ -905,9 +950,11 @@ def _rebuild(s: GuardState, v: LedgerView, now: datetime) -> tuple[GuardState, C
     return s.model_copy(update=upd), cmds
 
 
-def _serve(s: GuardState, ev: Request | Release | ResetBreaker | ReleaseDomain,
+def _serve(s: GuardState, ev: Request | Release | ResetBreaker | ReleaseDomain | FaultSeen,
            now: datetime, defects: frozenset[str]) -> tuple[GuardState, Cmds]:
     """One message while serving (the policy is fresh)."""
+    if isinstance(ev, FaultSeen):
+        return _count_fault(s, ev.report, now, defects)
     if isinstance(ev, Request):
         s, replies, effects = _on_request(s, ev.req, now, defects)
         return s, [*replies, *effects]
@@ -1029,8 +1076,9 @@ def _step(s: GuardState, ev: Event, now: datetime, defects: frozenset[str]
     if isinstance(ev, ClusterAlert):
         return s, _record(ev.alert)
     if isinstance(ev, EffectFailed):
-        what = (f"ledger write of {ev.subject}" if ev.what == "write_alert"
-                else f"notification {ev.subject!r}")
+        what = {"write_alert": f"ledger write of {ev.subject}",
+                "notify": f"notification {ev.subject!r}",
+                "send_lease": f"lease reply to {ev.subject}"}[ev.what]
         return _note(s, now, f"{what} failed: {ev.message}")
     if isinstance(ev, ReplyUndeliverable):
         gone = next((x for x in s.leases if x.repair_id == ev.repair_id), None)
@@ -1124,7 +1172,9 @@ def _table() -> None:
             elif kind == "cluster_alert":
                 what = "record in the ledger; notify while active"
             elif kind == "effect_failed":
-                what = "noted in errors (best effort); nothing else changes"
+                what = ("noted in errors (best effort: a ledger write, a notification, "
+                        "or a lease reply that failed for another reason than its "
+                        "requester being gone, which re-sends); nothing else changes")
             elif kind == "reply_undeliverable":
                 what = "the holder/requester is gone: its lease and queue entry dropped " \
                        "(an expiry probe's lease goes to expired)"
@@ -1156,7 +1206,8 @@ def _table() -> None:
                 what = msg_wait + ("; a request is told it is queued (rebuilding)"
                                    if st == Status.rebuilding and kind == "request" else "")
             elif kind == "request":
-                what = ("held → renewed; automatic new → counted once (a repair counted "
+                what = ("held → renewed (the answer carries the grant's breaker reset "
+                        "again, I23); automatic new → counted once (a repair counted "
                         "before a reset is never counted again), trips the breaker past "
                         "the threshold, queued while open; counted once for each failure "
                         "domain of its node, the domain held at the threshold (one "
@@ -1165,6 +1216,10 @@ def _table() -> None:
                         "queued with why; a stale policy is re-read first")
             elif kind == "release":
                 what = "lease / queue entry dropped; the queue granted in order"
+            elif kind == "fault_seen":
+                what = ("counted once per (domain, node) in the window for each failure "
+                        "domain of the node not held; the domain held at the threshold "
+                        "(one failure_domain alert), before any of its repairs asks")
             elif kind == "release_domain":
                 what = ("the domain's hold lifted and its counts dropped (not held: a "
                         "warning); its waiting repairs granted as the rails allow; the "

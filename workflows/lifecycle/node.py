@@ -61,7 +61,14 @@ from pydantic import BaseModel, Field, field_serializer, field_validator
 from workflows.catalogue.kinds import NODE_LEVEL_KINDS
 from workflows.catalogue.vocabulary import count_window_s
 from workflows.config import CatalogueConfig, MaintenanceConfig, RailsConfig
-from workflows.maintenance import IN_GRACE, IN_MAINTENANCE, MAINTENANCE_WINDOW
+from workflows.leases import FaultReport
+from workflows.maintenance import (
+    IN_GRACE,
+    IN_MAINTENANCE,
+    MAINTENANCE_REASON,
+    MAINTENANCE_UNTIL,
+    MAINTENANCE_WINDOW,
+)
 from workflows.models import (
     ACTION_WEIGHT,
     TERMINAL_STAGES,
@@ -70,7 +77,12 @@ from workflows.models import (
     AlertOutcome,
     Stage,
 )
-from workflows.policy.node_action import count_in_window, decide_node_action, repeat_key
+from workflows.policy.node_action import (
+    NodeActionDecision,
+    count_in_window,
+    decide_node_action,
+    repeat_key,
+)
 from workflows.policy.rails import cooldown_until, in_cooldown, persistence_for
 
 #: Back-off between ledger reads while the ledger is unavailable, seconds: 5 s doubling
@@ -121,6 +133,8 @@ OCCURRENCE_TTL_S = 8 * 86400.0
 NON_BOOTING = frozenset({Action.reset_gpu, Action.none})
 #: Test-only defects :func:`step` can re-introduce (``tests/model`` shows each is found).
 DEFECTS: dict[str, str] = {
+    "unreported_domain_fault": "a new actionable fault of a node of a failure domain is "
+                               "not reported to the guard (issue 29 item 2)",
     "level_fault_survives_success": "a success keeps the level faults it acted on "
     "(the healthy node is repaired again after the cooldown; reproduction 1)",
     "decide_without_ledger": "a fresh entity whose ledger read failed decides anyway "
@@ -131,6 +145,11 @@ DEFECTS: dict[str, str] = {
     "signal reaching it (a repair that is gone swallows every later alert)",
     "inherit_machine_history": "a node re-registered to another machine keeps the old "
     "machine's faults and history (its retired faults hide the new machine's)",
+    "window_level_fault_forgotten": "a level fault raised inside a maintenance window is "
+    "observed only and never judged again: a GPU that did not come back from the planned "
+    "reboot is never repaired (issue 29 item 1)",
+    "window_level_fault_unheld": "a level fault raised inside a maintenance window is "
+    "judged at once: its repair is recommended inside the window (issue 29 item 1)",
     "grace_ignored": "a fault received in the grace period after maintenance is "
     "recommended once its persistence is over (the false faults of a planned reboot are "
     "repaired; issue 29 item 1)",
@@ -214,6 +233,9 @@ class Fault(BaseModel):
     #: a level fault is due only from then on, an event fault only if received after it.
     held_until: datetime | None = None
     held_why: str = ""
+    #: Reported to the cluster's guard (``fault_seen``, issue 29 item 2): at its first
+    #: raise outside a window, else when a repair is started for it.
+    reported: bool = False
 
 
 def held(f: Fault, now: datetime) -> bool:
@@ -315,6 +337,9 @@ class NodeState(BaseModel):
     #: The node's grace end after maintenance (None: none seen) and why.
     grace_until: datetime | None = None
     grace_why: str = ""
+    #: The failure domains the node belongs to (``load_policy``'s ``domains``, last read):
+    #: a new actionable fault of a node with any is reported to the guard (issue 29 item 2).
+    domains: list[str] = Field(default_factory=list)
 
     @field_serializer("seen")
     def _ser_seen(self, seen: dict[str, int]) -> list[tuple[int, str]]:
@@ -359,6 +384,8 @@ class PolicyLoaded(BaseModel):
     machine_id: str | None = None
     node_pool: str | None = None
     grace_s: float = GRACE_S
+    #: the node's failure domains (``nodes[].failure_domain``, scheduler labels/features)
+    domains: list[str] = Field(default_factory=list)
 
 
 class PolicyFailed(BaseModel):
@@ -433,6 +460,15 @@ class LedgerUnavailable(BaseModel):
     message: str = ""
 
 
+class FaultReportFailed(BaseModel):
+    """A ``fault_seen`` report could not be delivered (no guard runs for the cluster);
+    ``retried``: it was already the second try, after starting the guard."""
+
+    kind: Literal["fault_report_failed"] = "fault_report_failed"
+    report: FaultReport
+    retried: bool = False
+
+
 class TimerFired(BaseModel):
     """The timer the machine asked for fired."""
 
@@ -454,12 +490,13 @@ class Clock(BaseModel):
 Event = Annotated[
     Begin | AlertDelivered | AlertRecorded | PolicyLoaded | PolicyFailed | AttachDone
     | RepairStarted | RepairFinishedEv | RepairEnded | RepairProbed | LedgerRead
-    | LedgerUnavailable | TimerFired | HistoryFull | Clock,
+    | LedgerUnavailable | FaultReportFailed | TimerFired | HistoryFull | Clock,
     Field(discriminator="kind"),
 ]
 EVENT_KINDS = ("begin", "alert_delivered", "alert_recorded", "policy_loaded",
                "policy_failed", "attach_done", "repair_started", "repair_finished",
                "repair_ended", "repair_probed", "ledger_read", "ledger_unavailable",
+               "fault_report_failed",
                "timer", "history_full", "clock")
 
 
@@ -543,6 +580,22 @@ class ReleaseLease(BaseModel):
     outcome: str
 
 
+class ReportFault(BaseModel):
+    """Signal ``fault_seen`` to the cluster's guard: a new actionable fault of a node of a
+    failure domain (issue 29 item 2); undeliverable → :class:`FaultReportFailed`."""
+
+    kind: Literal["report_fault"] = "report_fault"
+    report: FaultReport
+    retried: bool = False
+
+
+class StartGuard(BaseModel):
+    """Start the cluster's guard (``guard/{cluster}``, abandoned by the node; one that
+    already runs is left as it is)."""
+
+    kind: Literal["start_guard"] = "start_guard"
+
+
 class Notify(BaseModel):
     kind: Literal["notify"] = "notify"
     subject: str
@@ -572,8 +625,8 @@ class ContinueAsNew(BaseModel):
 
 
 Command = (Reply | RecordAlert | LoadPolicy | StartRepair | AttachAlert | ReadLedger
-           | ProbeRepair | CloseLedger | ReleaseLease | Notify | SetTimer | SetDetails
-           | ContinueAsNew)
+           | ProbeRepair | CloseLedger | ReleaseLease | ReportFault | StartGuard | Notify
+           | SetTimer | SetDetails | ContinueAsNew)
 
 
 # ---- the machine -------------------------------------------------------------------
@@ -707,7 +760,16 @@ def _evaluate(s: NodeState, now: datetime, defects: frozenset[str]
         "repairs_started": s.repairs_started + 1,
         "details": f"repair {rid} ({action.value}) in flight"})
     reason = "; ".join(f"{f.alert.summary} ({f.rule})" for _, f in due)
-    return s, [StartRepair(repair_id=rid, action=action, fault_keys=keys, alerts=alerts,
+    # a fault not reported yet (raised inside a window, or before the domains were
+    # known) is reported now, before the repair's lease request
+    told = [] if not s.domains or "unreported_domain_fault" in defects else [
+        k for k, f in due if not f.reported]
+    if told:
+        s = s.model_copy(update={"active": {
+            k: f.model_copy(update={"reported": True}) if k in told else f
+            for k, f in s.active.items()}})
+    return s, [*[_report(s, s.active[k].alert) for k in told],
+               StartRepair(repair_id=rid, action=action, fault_keys=keys, alerts=alerts,
                            reason=reason, machine_id=s.machine_id, node_pool=s.node_pool),
                SetDetails(text=s.details)]
 
@@ -880,11 +942,21 @@ def _on_raise(s: NodeState, alert: Alert, now: datetime, defects: frozenset[str]
         occ[k] = [*times, at][-MAX_OCCURRENCES:]
     s = s.model_copy(update={"occurrences": _bounded(occ, MAX_OCCURRENCE_KEYS)})
     s, grace = _grace(s, alert, at)
-    dec = decide_node_action(
-        alert, cat,
-        occurrences_in_window=count_in_window(occ[occ_key], at,
-                                              count_window_s(alert.kind, alert.code, cat)),
-        repeats_same_gpu=count_in_window(occ[rep_key], at, cat.app_xid_repeat_window_s))
+    in_window = isinstance(alert.evidence.get(IN_MAINTENANCE), str)
+    report: list[Command | _Tracked] = []
+
+    def decide(a: Alert) -> NodeActionDecision:
+        return decide_node_action(
+            a, cat,
+            occurrences_in_window=count_in_window(occ[occ_key], at,
+                                                  count_window_s(a.kind, a.code, cat)),
+            repeats_same_gpu=count_in_window(occ[rep_key], at, cat.app_xid_repeat_window_s))
+
+    dec = decide(alert)
+    inside = _inside_window(s, alert, defects)
+    if inside is not None and (judged := decide(inside[0])).actionable:
+        # a level fault raised inside a window: a fault all the same, judged after it
+        (alert, grace), dec = inside, judged
     if dec.actionable:
         sev = dec.severity or alert.severity
         alert = trim(alert.model_copy(update={"action": dec.action, "actionable": True,
@@ -896,7 +968,12 @@ def _on_raise(s: NodeState, alert: Alert, now: datetime, defects: frozenset[str]
             hold, why = grace
         active[key] = Fault(alert=alert, action=dec.action, rule=dec.rule,
                             first_seen=prev.first_seen if prev else at, received=at,
-                            held_until=hold, held_why=why)
+                            held_until=hold, held_why=why,
+                            reported=bool(prev and prev.reported))
+        if (not (prev and prev.reported) and s.domains and not in_window
+                and "unreported_domain_fault" not in defects):
+            report = [_report(s, alert)]
+            active[key] = active[key].model_copy(update={"reported": True})
         if len(active) > MAX_ACTIVE_FAULTS:
             drop = min(active, key=lambda k: (ACTION_WEIGHT[active[k].action],
                                               active[k].first_seen))
@@ -909,7 +986,7 @@ def _on_raise(s: NodeState, alert: Alert, now: datetime, defects: frozenset[str]
                 update={"alert_ids": [*rep.alert_ids, alert.alert_id]})})
         s, sent = _attach(s, alert, key, f"repair {rep.repair_id} in flight; {dec.reason}",
                           AlertOutcome.attached, defects)
-        return s, [*sent]
+        return s, [*report, *sent]
     if dec.diagnostic:
         dk = repeat_key(alert)
         last = s.diagnosed.get(dk)
@@ -933,8 +1010,42 @@ def _on_raise(s: NodeState, alert: Alert, now: datetime, defects: frozenset[str]
         return s, [_reply(alert, AlertOutcome.ignored, f"{dec.rule}: {dec.reason}")]
     # answered once every alert decidable now was decided (:func:`_drain`): a clear
     # queued behind it may end the fault before a repair would start
-    return s, [_Tracked(alert=alert, key=key,
-                        text=f"{dec.action.value} recommended ({dec.rule})")]
+    return s, [*report, _Tracked(alert=alert, key=key,
+                                 text=f"{dec.action.value} recommended ({dec.rule})")]
+
+
+def _report(s: NodeState, alert: Alert) -> ReportFault:
+    return ReportFault(report=FaultReport(cluster=s.cluster, node=s.node,
+                                          alert_id=alert.alert_id, kind=alert.kind,
+                                          code=alert.code, domains=list(s.domains)))
+
+
+def _inside_window(s: NodeState, alert: Alert, defects: frozenset[str]
+                   ) -> tuple[Alert, tuple[datetime, str]] | None:
+    """A level fault raised inside a maintenance window (the ``in_maintenance`` mark with
+    the window's scheduled end, ``maintenance_until``): the alert without the mark, to
+    be judged by the catalogue, and its hold — ``grace_s`` after that end, when it is
+    recommended only if still raised (a GPU that did not come back from the planned
+    reboot is repaired; one the agent clears meanwhile is not). None for an event fault
+    (observed only: the maintenance's), a clear, or a mark with no end."""
+    if not alert.level or not alert.active or "window_level_fault_forgotten" in defects:
+        return None
+    window = alert.evidence.get(IN_MAINTENANCE)
+    until = alert.evidence.get(MAINTENANCE_UNTIL)
+    if not isinstance(window, str) or not isinstance(until, str):
+        return None
+    try:
+        end = _utc(datetime.fromisoformat(until))
+    except ValueError:
+        return None
+    ev = {k: v for k, v in alert.evidence.items()
+          if k not in (IN_MAINTENANCE, MAINTENANCE_REASON, MAINTENANCE_UNTIL)}
+    hold = end + timedelta(seconds=s.grace_s)
+    if "window_level_fault_unheld" in defects:
+        return alert.model_copy(update={"evidence": ev}), (end - timedelta(days=1), "")
+    return (alert.model_copy(update={"evidence": ev}),
+            (hold, f"raised inside maintenance window {window} (scheduled to end "
+                   f"{end.isoformat()}); judged again at the end of its grace period"))
 
 
 def _grace_mark(alert: Alert) -> tuple[datetime, str] | None:
@@ -1221,7 +1332,7 @@ def _on_policy(s: NodeState, ev: PolicyLoaded, now: datetime, defects: frozenset
     configured machine)."""
     update: dict[str, object] = {"catalogue": ev.catalogue, "rails": ev.rails,
                                  "policy_at": now, "policy_out": False,
-                                 "grace_s": ev.grace_s,
+                                 "grace_s": ev.grace_s, "domains": sorted(ev.domains),
                                  "machine_id": ev.machine_id, "node_pool": ev.node_pool}
     cmds: list[Command] = []
     old = s.history_machine
@@ -1289,6 +1400,11 @@ def _step(s: NodeState, ev: Event, now: datetime, defects: frozenset[str]
         return _on_attach(s, ev, now)
     if isinstance(ev, RepairProbed):
         return _on_probe(s, ev, now)
+    if isinstance(ev, FaultReportFailed):
+        if ev.retried:  # the guard could not be started: its lease requests still count
+            return s, [SetDetails(text=f"fault {ev.report.alert_id} not reported to the "
+                                       f"guard of {s.cluster}: no guard answers")]
+        return s, [StartGuard(), ReportFault(report=ev.report, retried=True)]
     if isinstance(ev, LedgerRead):
         if rc != Reconcile.reading:
             return s, []  # not asked (a late answer of a lost read)
@@ -1361,7 +1477,9 @@ def _table() -> None:
                         "; decided in order once recorded and the policy is fresh: stale "
                         "(at/before a clear, before a success that retired it, from the "
                         "boot it replaced) → ignored; inside a maintenance window → "
-                        "observed only (its boot id noted); in a grace period after one "
+                        "observed only (its boot id noted), a level fault held to "
+                        "`grace_s` after the window's scheduled end (recommended only if "
+                        "still raised then); in a grace period after one "
                         "(the `in_grace` mark, or a first report from another boot "
                         "within it: `grace_s` from then) → held to the grace end; "
                         "catalogue decides; open repair → "
@@ -1402,6 +1520,9 @@ def _table() -> None:
             "→ retry_wait: timer 5 s doubling to 60 s; queued alerts answered `new` "
             "(waiting for the ledger); no repair meanwhile (I21)"
             if rc == Reconcile.reading else "ignored: no read is out")
+        TRANSITIONS[(rc, "fault_report_failed")] = (
+            "first try → start the cluster's guard and report again; second → noted in "
+            "the details (the repair's lease request still counts for its domain)")
         TRANSITIONS[(rc, "timer")] = {
             Reconcile.retry_wait: "→ reading: ask the ledger again",
             Reconcile.done: "open repair → probe it every 15 min; else due faults decided "

@@ -22,6 +22,9 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any, Literal, NamedTuple
 
+#: The attribute of a batched call's argument that lists its elements, one per commanded
+#: call (:meth:`Trace.executed`).
+BATCH_FIELD = "commands"
 #: Kinds of outbound call a command can stand for ("local_activity": run in the
 #: workflow's own worker, ``workflows.local``, not the same call as through the server).
 CallKind = Literal["activity", "local_activity", "signal", "child", "continue_as_new"]
@@ -57,9 +60,28 @@ class Trace:
         self.pending.extend(calls)
 
     def executed(self, kind: CallKind, name: str, arg: Any = None) -> str | None:
-        """The workflow made a call; returns a violation (text) or None."""
+        """The workflow made a call; returns a violation (text) or None.
+
+        A call whose argument has a list ``commands`` (:data:`BATCH_FIELD`) is a batch:
+        it stands for one commanded call of its kind and name per element, in order,
+        each element carrying that call's fields (the guard's ``guard_send_leases``
+        carries the replies of its steps). An empty batch is a call no command asked
+        for."""
         if self.governed is not None and (kind, name) not in self.governed:
             return None
+        items = getattr(arg, BATCH_FIELD, None)
+        if not isinstance(items, list):
+            return self._one(kind, name, arg)
+        if not items:
+            self.checked += 1
+            return f"{kind} {name!r} made with no {BATCH_FIELD}: no command asked for it"
+        for i, item in enumerate(items):
+            err = self._one(kind, name, item)
+            if err is not None:
+                return f"{err} ({BATCH_FIELD}[{i}] of {len(items)})"
+        return None
+
+    def _one(self, kind: CallKind, name: str, arg: Any) -> str | None:
         self.checked += 1
         if not self.pending:
             return f"{kind} {name!r} made but no command asked for it"

@@ -279,7 +279,9 @@ class _Sim:
             elif isinstance(c, nm.LoadPolicy):
                 self.send("node", key, nm.PolicyLoaded(
                     catalogue=self.policy.catalogue, rails=self.policy.rails,
-                    machine_id=self.machine(cluster, node), node_pool=self.pool(cluster, node)))
+                    machine_id=self.machine(cluster, node), node_pool=self.pool(cluster, node),
+                    grace_s=self.policy.maintenance.grace_s,
+                    domains=list(self.facts.domains.get(cluster, {}).get(node, []))))
             elif isinstance(c, nm.Reply):
                 r = self.run.alerts.get(c.alert_id)
                 if r is not None:
@@ -312,6 +314,9 @@ class _Sim:
             elif isinstance(c, nm.ReleaseLease):
                 self.send("guard", cluster, gm.Release(rel=LeaseRelease(
                     repair_id=c.repair_id, outcome=c.outcome)))
+            elif isinstance(c, nm.ReportFault):  # the guard counts it for the domain
+                self.send("guard", cluster, gm.FaultSeen(report=c.report))
+            # nm.StartGuard: the replay's guard of every cluster always runs
 
     def open_repair(self, key: tuple[str, str]) -> nm.LedgerRead:
         for rid, s in self.repairs.items():

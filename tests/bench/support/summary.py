@@ -102,6 +102,12 @@ ROWS: tuple[Row, ...] = (
         key("guard_throughput", "decisions_per_s"), (">=", 100.0)),
     Row("guard_throughput", "lease decision latency p99", "ms",
         key("guard_throughput", "decision_p99_ms")),
+    Row("guard_throughput", "last reply after the last request", "s",
+        key("guard_throughput", "last_reply_after_last_request_s")),
+    Row("signal_floor", "signals into one workflow, 4 in flight", "/s",
+        key("signal_floor", "into_one_c4_per_s")),
+    Row("signal_floor", "Temporal CPU of a signal that wakes a workflow", "ms",
+        key("signal_floor", "wake_to_completion_temporal_ms")),
 )
 
 _OPS: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, ">=": operator.ge}
