@@ -26,6 +26,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 import workflows.local as local
+from activities.guard_replies import GuardReplyActivities
 from activities.ledger import Ledger
 from activities.ledger_activities import LedgerActivities
 from tests.workflows.conftest import OWN_WORKFLOWS, FakeCluster, Harness, make_alert
@@ -82,7 +83,7 @@ def _worker(h: Harness, pool: Any, queue: str, transition: Any) -> Worker:
     return Worker(h.client, task_queue=queue,
                   workflows=[*OWN_WORKFLOWS, FakeValidationWorkflow],
                   activities=[*acts, transition, *h.cluster.scheduler_activities(),
-                              *h.policy_activities()])
+                              *h.policy_activities(), *GuardReplyActivities(h.client).all()])
 
 
 async def _repair(client: Client, cluster: str, queue: str, rid: str) -> RepairStatus:
@@ -134,7 +135,8 @@ async def test_a_ledger_write_failing_past_the_local_bound_goes_on_as_an_activit
         # sandbox imports a copy of its own)
         Worker(env.client, task_queue=queue, workflows=[*OWN_WORKFLOWS, FakeValidationWorkflow],
                activities=[*acts, flaky, load_policy, load_node_policy,
-                           *fake.scheduler_activities()],
+                           *fake.scheduler_activities(),
+                           *GuardReplyActivities(env.client).all()],
                workflow_runner=UnsandboxedWorkflowRunner()),
         Worker(env.client, task_queue=bmc, activities=fake.machine_activities()),
     ):
