@@ -177,23 +177,8 @@ def _grace_policy(s: nm.NodeState, domains: list[str]) -> nm.NodeState:
 GRACE = 900.0
 
 
-def _run_in(s: nm.NodeState, ev: nm.Event, now: datetime, domains: list[str]
-            ) -> tuple[nm.NodeState, list[nm.Command]]:
-    """:func:`run`, the policy read answering with ``domains`` and ``GRACE``."""
-    todo: list[nm.Event] = [ev]
-    out: list[nm.Command] = []
-    while todo:
-        s, cmds = nm.step(s, todo.pop(0), now)
-        out += cmds
-        for c in cmds:
-            if isinstance(c, nm.RecordAlert):
-                todo.append(nm.AlertRecorded(alert_id=c.alert.alert_id))
-            elif isinstance(c, nm.LoadPolicy):
-                todo.append(nm.PolicyLoaded(catalogue=CAT, rails=RAILS, domains=domains,
-                                            grace_s=GRACE))
-            elif isinstance(c, nm.StartRepair):
-                todo.append(nm.RepairStarted(repair_id=c.repair_id))
-    return s, out
+#: The policy read of a node of ``rack-1`` with the grace above.
+IN_RACK = nm.PolicyLoaded(catalogue=CAT, rails=RAILS, domains=["rack-1"], grace_s=GRACE)
 
 
 def test_a_gpu_lost_inside_a_window_is_repaired_after_its_grace_if_still_lost() -> None:
@@ -202,14 +187,14 @@ def test_a_gpu_lost_inside_a_window_is_repaired_after_its_grace_if_still_lost() 
     to the guard first: it was not reported inside the window)."""
     s = _grace_policy(known(), ["rack-1"])
     until = T0 + timedelta(seconds=600)
-    s, cmds = _run_in(s, raised(_inside(1, T0, until)), T0, ["rack-1"])
+    s, cmds = run(s, raised(_inside(1, T0, until)), T0, IN_RACK)
     assert _reports(cmds) == [] and not starts(cmds)  # inside the window: not reported
     (f,) = s.active.values()
     assert f.held_until == until + timedelta(seconds=GRACE) and "mw-1" in f.held_why
     assert IN_MAINTENANCE not in f.alert.evidence
-    s, cmds = _run_in(s, nm.TimerFired(), until + timedelta(seconds=GRACE - 1), ["rack-1"])
+    s, cmds = run(s, nm.TimerFired(), until + timedelta(seconds=GRACE - 1), IN_RACK)
     assert not starts(cmds)
-    s, cmds = _run_in(s, nm.TimerFired(), until + timedelta(seconds=GRACE + 1), ["rack-1"])
+    s, cmds = run(s, nm.TimerFired(), until + timedelta(seconds=GRACE + 1), IN_RACK)
     (start,) = starts(cmds)
     assert start.action == Action.power_cycle
     kinds = [c.kind for c in cmds if c.kind in ("report_fault", "start_repair")]

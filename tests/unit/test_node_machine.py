@@ -29,9 +29,10 @@ def lost(n: int, at: datetime, *, active: bool = True, skew_s: float = 0.0,
 POLICY = nm.PolicyLoaded(catalogue=CAT, rails=RAILS)
 
 
-def run(s: nm.NodeState, ev: nm.Event, now: datetime) -> tuple[nm.NodeState,
-                                                                   list[nm.Command]]:
-    """Step ``ev``, answering the ledger write, policy read, attach and child start."""
+def run(s: nm.NodeState, ev: nm.Event, now: datetime,
+        policy: nm.PolicyLoaded = POLICY) -> tuple[nm.NodeState, list[nm.Command]]:
+    """Step ``ev``, answering the ledger write, policy read (with ``policy``), attach and
+    child start."""
     todo: list[nm.Event] = [ev]
     out: list[nm.Command] = []
     while todo:
@@ -41,7 +42,7 @@ def run(s: nm.NodeState, ev: nm.Event, now: datetime) -> tuple[nm.NodeState,
             if isinstance(c, nm.RecordAlert):
                 todo.append(nm.AlertRecorded(alert_id=c.alert.alert_id))
             elif isinstance(c, nm.LoadPolicy):
-                todo.append(POLICY)
+                todo.append(policy)
             elif isinstance(c, nm.AttachAlert):
                 todo.append(nm.AttachDone(alert_id=c.alert.alert_id, ok=True))
             elif isinstance(c, nm.StartRepair):
