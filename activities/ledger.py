@@ -864,6 +864,7 @@ class Ledger:
             tripped_at=breaker["observed_at"] if is_open and breaker is not None else None,
             tripped_reason=str(evidence.get("reason", "")) if is_open else "",
             domain_holds=holds,
+            reset_at=breaker["observed_at"] if breaker is not None and not is_open else None,
         )
 
     async def open_repair(

@@ -577,6 +577,10 @@ class GuardLedgerState(BaseModel):
     #: Failure-domain holds in force (issue 29 item 2): per domain, the guard's newest
     #: ``failure_domain`` alert is a raise, not a release's clear.
     domain_holds: list[DomainHold] = Field(default_factory=list)
+    #: When an operator last reset the open breaker (the newest ``circuit_breaker``
+    #: alert of the guard is that reset's clear), None otherwise: a rebuilt guard marks a
+    #: request first asked for before it (I23).
+    reset_at: datetime | None = None
 
 
 class RepairProbe(BaseModel):

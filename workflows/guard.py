@@ -194,6 +194,7 @@ def ledger_view(cluster: str, st: GuardLedgerState) -> gm.LedgerView:
         tripped_at=st.tripped_at,
         tripped_reason=st.tripped_reason,
         holds=list(st.domain_holds),
+        reset_at=st.reset_at,
     )
 
 

@@ -286,6 +286,8 @@ class Carried(BaseModel):
     rule: str | None = None
     lease: LeaseReply | None = None
     lease_requested: bool = False
+    #: when the lease now requested was first asked for (the guard's I23 check)
+    lease_requested_at: datetime | None = None
     cordoned_by_us: bool = False
     policy: PolicyConfig | None = None
     bmc_queue: str = BMC_TASK_QUEUE
@@ -323,6 +325,7 @@ class RepairWorkflow:
         self._cancel: CancelSignal | None = None
         self._lease: LeaseReply | None = None
         self._lease_requested = False
+        self._lease_requested_at: datetime | None = None
         self._last_renew: datetime | None = None
         self._cordoned_by_us = False
         self._policy = PolicyConfig()
@@ -864,6 +867,7 @@ class RepairWorkflow:
             requester_kind=req.requester.kind,
             renew=renew,
             gpu_evidence=any(a.gpu for a in self._alerts),
+            requested_at=self._lease_requested_at,
             fault_kinds=sorted({a.kind for a in self._alerts}),
         )
 
@@ -907,6 +911,9 @@ class RepairWorkflow:
     async def _acquire_lease(self) -> None:
         """Ask the cluster guard for a lease and wait for the grant (docs/design.md §5 rails)."""
         assert self._req is not None
+        # a fresh ask: the guard judges by this time whether the wait crossed a breaker
+        # reset it no longer knows of (its restart lost the queue; I23)
+        self._lease_requested_at = workflow.now()
         lreq = self._lease_request()
         self._detail = "waiting for a lease from the cluster guard"
         workflow.set_current_details(self._detail)
@@ -1156,6 +1163,7 @@ class RepairWorkflow:
             rule=self._rule,
             lease=self._lease,
             lease_requested=self._lease_requested,
+            lease_requested_at=self._lease_requested_at,
             cordoned_by_us=self._cordoned_by_us,
             policy=self._policy,
             bmc_queue=self._bmc_queue,
@@ -1185,6 +1193,7 @@ class RepairWorkflow:
         self._approved_by, self._rule = c.approved_by, c.rule
         self._lease = self._lease or c.lease
         self._lease_requested = c.lease_requested
+        self._lease_requested_at = c.lease_requested_at
         self._cordoned_by_us = c.cordoned_by_us
         self._policy = c.policy or PolicyConfig()
         self._bmc_queue = c.bmc_queue

@@ -47,9 +47,13 @@ it takes none, every reply to a live requester comes back as ``EffectFailed`` in
 next batch and the requester hears nothing (it re-sends its request). The invariants
 above must hold all the same.
 
-Not modelled: a guard restarted after a reset knows the reset only from the ledger's
-breaker alerts, not which requests waited through it, so the I23 bookkeeping of the
-world starts afresh at a guard restart (see the report of issue 26's guard branch).
+A guard restarted after a reset knows the reset from the ledger's newest breaker alert
+(its clear), and a request names when its repair first asked (``requested_at``, kept
+across re-sends): a request first asked for at or before the last reset waited through
+it, even when the restart lost the queue that held it, and I23 is checked across guard
+restarts; a rebuilt guard keeps the automatic starts the ledger lists at or before that
+reset out of the window, so "nothing counted before a reset is counted again" holds
+across restarts too.
 """
 
 from __future__ import annotations
@@ -95,6 +99,7 @@ class World:
     out: str | None = None  # "policy" / "ledger": a read of the guard's is out
     ledger_up: bool = True
     ledger_breaker: bool = False  # the newest breaker alert the guard wrote is a trip
+    ledger_reset_s: float | None = None  # when the newest breaker alert is a reset's clear
     granted_at: tuple[float | None, ...] = (None, None, None)  # automatic grant times
     #: per node: waited through a reset of the open breaker (evidence predates it)
     stale: tuple[bool, ...] = (False, False, False)
@@ -113,6 +118,12 @@ class World:
     #: no lease reply now (each comes back ``failed``: the machine's EffectFailed)
     lossy: bool = False
     replies_lost: bool = False
+    #: per node: when its repair first asked (``LeaseRequest.requested_at``, kept across
+    #: re-sends: the repair's clock, which is the control plane's)
+    asked_at: tuple[float | None, ...] = (None, None, None)
+    #: per node: a grant told the repair of a reset (``reset_at``); the repair keeps it
+    #: when a later grant of a re-acquire lacks it (workflows/repair.py, ``lease``)
+    told_reset: tuple[bool, ...] = (False, False, False)
 
 
 @dataclass
@@ -141,10 +152,12 @@ def _automatic(w: World, i: int) -> bool:
 
 
 def _req(i: int, renew: bool = False, w: World | None = None) -> LeaseRequest:
+    asked = None if w is None else w.asked_at[i] if w.asked_at[i] is not None else w.now_s
     return LeaseRequest(repair_id=_rid(i), workflow_id=f"w-{NODES[i]}", cluster="c",
                         node=NODES[i], node_pool=POOLS[NODES[i]],
                         automatic=w is None or _automatic(w, i), renew=renew,
-                        fault_kinds=["nvlink_down"])
+                        fault_kinds=["nvlink_down"],
+                        requested_at=None if asked is None else T0 + timedelta(seconds=asked))
 
 
 def _set(t: tuple, i: int, v: object) -> tuple:  # type: ignore[type-arg]
@@ -165,6 +178,8 @@ def _ledger(w: World, m: gm.GuardState) -> gm.LedgerView:
     return gm.LedgerView(holders=holders, automatic=auto, breaker_open=w.ledger_breaker,
                          tripped_at=T0 if w.ledger_breaker else None,
                          tripped_reason="tripped" if w.ledger_breaker else "",
+                         reset_at=None if w.ledger_reset_s is None
+                         else T0 + timedelta(seconds=w.ledger_reset_s),
                          holds=[DomainHold.model_validate_json(h) for h in w.ledger_holds])
 
 
@@ -243,7 +258,9 @@ def _before(label: str, ev: gm.Event, m: gm.GuardState, w: World) -> World:
         return replace(w, now_s=w.now_s + CLOCK_STEP_S)
     if isinstance(ev, gm.Request) and not ev.req.renew:
         i = _node_of(ev.req.repair_id)
-        return replace(w, repairs=_set(w.repairs, i, "waiting"))
+        asked = w.asked_at[i] if w.asked_at[i] is not None else w.now_s
+        return replace(w, repairs=_set(w.repairs, i, "waiting"),
+                       asked_at=_set(w.asked_at, i, asked))
     if isinstance(ev, gm.Release):
         i = _node_of(ev.rel.repair_id)
         return replace(w, repairs=_set(w.repairs, i, "done"))
@@ -254,10 +271,10 @@ def _before(label: str, ev: gm.Event, m: gm.GuardState, w: World) -> World:
     if isinstance(ev, gm.ReleaseDomain) and _held(m, NODES[0]):
         return replace(w, fault_live=(False,) * 3)
     if isinstance(ev, gm.Started):
-        # a fresh guard knows nothing of an earlier reset (see the module's notes), nor
-        # of the fault counts below the threshold
-        return replace(w, out=None, stale=(False,) * 3, pre_reset=(False,) * 3,
-                       fault_live=(False,) * 3)
+        # a fresh guard knows an earlier reset from the ledger only (its time: a request
+        # first asked for before it waited through it, whatever queue it sat in, and a
+        # start before it is out of the window), not the fault counts below the threshold
+        return replace(w, out=None, fault_live=(False,) * 3)
     if isinstance(ev, gm.PolicyRead | gm.PolicyFailed | gm.LedgerRead | gm.LedgerUnavailable):
         return replace(w, out=None)
     return w
@@ -282,7 +299,7 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
         open_at = _open_at_grant(m, e, now, defects)
         held_at = _held_at_grant(m, e, now, defects)
         m, cmds = gm.step(m, e, now, defects)
-        if m.reset_at != reset_at:  # the machine applied a reset in this step
+        if m.reset_at != reset_at:  # the machine reset the open breaker in this step
             pre = tuple(p or any(c.repair_id == _rid(i) for c in counted)
                         for i, p in enumerate(w.pre_reset))
             stale = tuple(x or (was_open and st == "waiting" and _rid(i) not in holding)
@@ -294,7 +311,8 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
             elif isinstance(c, gm.ReadLedger):
                 w = replace(w, out="ledger")
             elif isinstance(c, gm.WriteAlert) and c.alert.kind == gm.BREAKER_KIND:
-                w = replace(w, ledger_breaker=c.alert.active)
+                w = replace(w, ledger_breaker=c.alert.active,
+                            ledger_reset_s=None if c.alert.active else w.now_s)
             elif isinstance(c, gm.WriteAlert) and c.alert.kind == gm.DOMAIN_KIND:
                 w = replace(w, ledger_holds=_ledger_holds(w, c))
             elif isinstance(c, gm.ContinueAsNew):
@@ -332,11 +350,13 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
                                 and _reported(w) >= POLICY_DOMAINS.domain_threshold):
                             bad.append(f"domain: automatic {NODES[i]} granted after "
                                        f"{_reported(w)} nodes of its domain reported faults")
-                        if w.stale[i] and c.reply.reset_at is None:
+                        if w.stale[i] and c.reply.reset_at is None and not w.told_reset[i]:
                             bad.append(f"I23: {NODES[i]} waited through a reset and acts on "
                                        "pre-reset evidence")
                         w = replace(w, repairs=_set(w.repairs, i, "holding"),
-                                    granted_at=_set(w.granted_at, i, w.now_s))
+                                    granted_at=_set(w.granted_at, i, w.now_s),
+                                    told_reset=_set(w.told_reset, i, w.told_reset[i]
+                                                    or c.reply.reset_at is not None))
                 elif st == "holding":  # a refused renewal: the lease lapsed, do not act
                     w = replace(w, repairs=_set(w.repairs, i, "waiting"))
     return m, replace(w, bad=tuple(bad))
@@ -429,7 +449,8 @@ def _mirror(w: World) -> World:
         return (t[1], t[0], t[2])
     return replace(w, repairs=sw(w.repairs), granted_at=sw(w.granted_at), stale=sw(w.stale),
                    pre_reset=sw(w.pre_reset), fault_at=sw(w.fault_at),
-                   fault_live=sw(w.fault_live))
+                   fault_live=sw(w.fault_live), asked_at=sw(w.asked_at),
+                   told_reset=sw(w.told_reset))
 
 
 def _key(m: gm.GuardState, w: World) -> str:

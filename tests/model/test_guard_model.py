@@ -64,6 +64,53 @@ def test_a_holder_whose_grant_after_a_reset_was_lost_is_told_the_reset_again() -
     assert replay(trace, lossy=True) == []
 
 
+#: Found by ``make model-check`` at guard depth 6 (I23): the batch queues a2 and b1 and
+#: trips the breaker; the guard restarts (its queue lost), is rebuilt, the breaker is
+#: reset, and a2's re-sent request is granted without ``reset_at``: the reset marked only
+#: the queue it held, which no longer had a2.
+RESTART_THEN_RESET = ["batch: requests", "guard restart", "policy ok", "ledger answers",
+                      "reset", "batch: releases, requests, reset"]
+
+
+def test_a_request_lost_by_a_guard_restart_and_resent_after_a_reset_is_told_the_reset(
+) -> None:
+    """The request names when its repair first asked (``requested_at``) and the guard
+    keeps the last reset of the open breaker (``open_reset_at``, rebuilt from the
+    ledger's reset alert): a request first asked for at or before it waited through it."""
+    assert replay(RESTART_THEN_RESET) == []
+    bad = replay(RESTART_THEN_RESET, defects=frozenset({"reset_marks_queue_only"}))
+    assert any("a2 waited through a reset" in b for b in bad), bad
+
+
+def test_a_reset_before_a_guard_restart_marks_the_requests_re_sent_after_it() -> None:
+    """The reset is known to the rebuilt guard from the ledger only (its breaker clear),
+    yet b1, queued before the reset (by the breaker, then the budget), is granted with
+    ``reset_at`` once a2 releases."""
+    trace = ["batch: requests", "release a1", "reset", "guard restart", "policy ok",
+             "ledger answers", "release a2", "request b1"]
+    assert replay(trace) == []
+    bad = replay(trace, defects=frozenset({"reset_marks_queue_only"}))
+    assert any("b1 waited through a reset" in b for b in bad), bad
+
+
+def test_a_rebuilt_guard_does_not_count_again_what_was_counted_before_the_reset() -> None:
+    """Found by ``make model-check`` at guard depth 6 once restarts kept the I23
+    bookkeeping: a2, counted in the storm that tripped the breaker, re-sends after a
+    restart that followed the reset; the fresh guard counted it in the new window."""
+    trace = ["batch: requests", "reset", "guard restart", "request a2", "policy ok",
+             "ledger answers"]
+    assert replay(trace) == []
+    bad = replay(trace, defects=frozenset({"rebuild_recounts_before_reset"}))
+    assert any("counted before the reset is counted again" in b for b in bad), bad
+
+
+def test_a_reset_of_a_closed_breaker_leaves_the_window_alone() -> None:
+    """A closed breaker is left alone (the CLI sends nothing then; the ledger records the
+    resets of an open breaker only, so a fresh window here would be lost at a restart)."""
+    trace = ["request a1", "reset", "guard restart", "policy ok", "ledger answers"]
+    assert replay(trace) == []
+
+
 #: The failure-domain world's CI bound (issue 29 item 2; ~6 s here).
 DOMAIN_DEPTH = 4
 

@@ -85,6 +85,61 @@ async def test_budget_queued_repair_acts_only_on_evidence_after_a_quick_reset(
     assert h.cluster.count("power_cycle", "gpu-01") == 1
 
 
+async def test_requests_a_guard_restart_lost_are_told_of_a_reset_sent_before_they_return(
+    harness: Harness,
+) -> None:
+    """I23 across a guard restart (found by ``make model-check`` at guard depth 6): the
+    breaker trips with q2 (budget-queued) and q3 (breaker-queued) waiting; the guard is
+    terminated (its queue lost) and started afresh, and the operator resets the breaker
+    before either re-sends. Their re-sent requests name when they first asked
+    (``requested_at``), before the reset the rebuilt guard keeps (``open_reset_at``), so
+    both are granted with ``reset_at``, find their Xid evidence stale and auto-resolve;
+    before, the reset marked only a queue that no longer held them and q2 power-cycled."""
+    h = harness
+    c = h.cluster.cluster
+    await _trip_with_one_holder_and_two_queued(h, "g", busy=3)
+
+    async def trip_recorded() -> bool:
+        st = await h.ledger.guard_state(GuardStateQuery(cluster=c, since=datetime(
+            2000, 1, 1, tzinfo=UTC)))
+        return st.breaker_open
+
+    await eventually(trip_recorded, "the trip in the ledger")
+    wid = workflow_id_guard(c)
+    await terminate_between_tasks(h, wid)
+    await h.client.start_workflow(
+        "ClusterGuardWorkflow", {"cluster": c}, id=wid, task_queue=h.task_queue)
+
+    async def rebuilt() -> bool:
+        g = await guard_status(h)
+        return g.rebuilt_at is not None and g.breaker_open and g.pending == []
+
+    await eventually(rebuilt, "the fresh guard rebuilt (breaker open, nobody queued)")
+    guard = h.client.get_workflow_handle(wid)
+    await guard.signal(GUARD_SIGNAL_RESET_BREAKER, ResetBreakerSignal(by="alice"))
+
+    async def reset() -> bool:
+        g = await guard_status(h)
+        return not g.breaker_open and g.reset_by == "alice"
+
+    await eventually(reset, "breaker reset")
+
+    async def reset_recorded() -> bool:  # what a guard rebuilt after now would read
+        st = await h.ledger.guard_state(GuardStateQuery(cluster=c, since=datetime(
+            2000, 1, 1, tzinfo=UTC)))
+        return not st.breaker_open and st.reset_at == (await guard_status(h)).reset_at
+
+    await eventually(reset_recorded, "the reset's time in the ledger")
+    st = await result_skipping(h, "gpu-01", "g1")
+    assert st.stage == Stage.succeeded, st
+    for i in (2, 3):
+        st = await result_skipping(h, f"gpu-0{i}", f"g{i}")
+        assert st.stage == Stage.auto_resolved and "breaker reset" in st.detail, st
+        assert h.cluster.count("power_cycle", f"gpu-0{i}") == 0
+    g = await guard_status(h)
+    assert g.recent_automatic == [], g.recent_automatic  # nothing counted twice
+
+
 async def test_breaker_reset_starts_a_fresh_window(harness: Harness) -> None:
     """I23: after a reset, the queued repairs' re-sent requests (every LEASE_RESEND_S)
     are not counted again: the window holds nothing from before the reset (on main the

@@ -20,7 +20,11 @@ Rules (docs/design.md §5 rails), checked by ``tests/model/guard_world.py``:
 - **I23** a reset marks every request queued at that moment, whatever queued it (budget,
   pool, node or breaker): its grant carries ``reset_at``, so the repair acts only on
   evidence observed after the reset; a reset starts a fresh window, and a repair counted
-  before it is never counted again (its re-sent requests included);
+  before it is never counted again (its re-sent requests included). A request names when
+  its repair first asked (``LeaseRequest.requested_at``, the repair's clock) and the guard
+  keeps the last reset (``open_reset_at``; a rebuilt guard reads it from the ledger's
+  reset alert), so a request first asked for at or before it is treated so even when a
+  guard restart lost the queue that held it. A reset of a closed breaker is left alone;
 - **I21** a fresh guard grants nothing until the ledger answered (a holder the ledger
   lists, in any stage that holds a node, keeps its slot).
 - **failure-domain hold** (issue 29 item 2): when ``domain_threshold`` distinct nodes of
@@ -100,6 +104,12 @@ EXPIRY_TIMER = "lease_expiry"
 LEDGER_TIMER = "ledger_retry"
 
 DEFECTS: dict[str, str] = {
+    "reset_marks_queue_only": "a breaker reset marks only the requests the guard's queue "
+                              "holds; one re-sent after a guard restart lost it acts on "
+                              "pre-reset evidence (I23)",
+    "rebuild_recounts_before_reset": "a guard rebuilt from the ledger counts the automatic "
+                                     "starts and requests from before the last reset in "
+                                     "the window again (I23)",
     "reset_marks_breaker_queued_only": "a breaker reset marks only breaker-queued requests; "
                                        "a budget-queued one acts on pre-reset evidence (I23)",
     "reset_recounts": "a reset forgets which repairs were counted, so their re-sent "
@@ -209,6 +219,8 @@ class LedgerView(BaseModel):
     tripped_reason: str = ""
     #: Failure-domain holds the ledger has open (their alert raised, not cleared).
     holds: list[DomainHold] = Field(default_factory=list)
+    #: The last reset of the open breaker, when the newest breaker alert is its clear.
+    reset_at: datetime | None = None
 
 
 class GuardState(BaseModel):
@@ -239,6 +251,10 @@ class GuardState(BaseModel):
     tripped_reason: str = ""
     reset_at: datetime | None = None
     reset_by: str | None = None
+    #: the last reset of an *open* breaker: a request first asked for at or before it
+    #: waited through it (I23), even when this guard's queue never held it (a restart
+    #: lost the queue, the request was re-sent after the reset)
+    open_reset_at: datetime | None = None
     counted: list[Counted] = Field(default_factory=list)
     refused_total: int = 0
     expired: list[Lease] = Field(default_factory=list)
@@ -838,9 +854,15 @@ def _on_request(s: GuardState, req: LeaseRequest, now: datetime, defects: frozen
     old = s.queue[ids.index(req.repair_id)] if req.repair_id in ids else None
     counts = req.automatic and not req.renew
     effects: Cmds = []
+    # first asked at or before the last reset: counted before it (by this guard or by the
+    # one a restart replaced), so not in the fresh window (I23)
+    before_reset = (req.requested_at is not None and s.open_reset_at is not None
+                    and req.requested_at <= s.open_reset_at)
     if counts and req.repair_id not in {c.repair_id for c in s.counted}:
-        s = s.model_copy(update={"counted": [*s.counted, Counted(repair_id=req.repair_id,
-                                                                  at=now)]})
+        s = s.model_copy(update={"counted": [*s.counted, Counted(
+            repair_id=req.repair_id, at=now,
+            in_window=not before_reset or bool(
+                {"rebuild_recounts_before_reset", "reset_recounts"} & defects))]})
     if counts and not s.breaker_open:  # (pruned once per step, in _settle)
         recent = window_count(s, now)
         if len(recent) > s.policy.breaker_threshold:
@@ -848,6 +870,9 @@ def _on_request(s: GuardState, req: LeaseRequest, now: datetime, defects: frozen
     s, opened = _count_domain(s, req, now)
     effects += opened
     q = old or Queued(req=req, why=Why.breaker, reason="", since=now)
+    if (q.evidence_after is None and not req.renew and before_reset
+            and "reset_marks_queue_only" not in defects):
+        q = q.model_copy(update={"evidence_after": s.open_reset_at})
     if counts and s.breaker_open:
         q = q.model_copy(update={"why": Why.breaker,
                                  "reason": f"circuit breaker open: {s.tripped_reason}"})
@@ -891,32 +916,35 @@ def _on_request(s: GuardState, req: LeaseRequest, now: datetime, defects: frozen
 def _on_reset(s: GuardState, sig: ResetBreakerSignal, now: datetime,
               defects: frozenset[str]) -> tuple[GuardState, Cmds]:
     was_open, tripped_at = s.breaker_open, s.tripped_at
+    if not was_open:
+        # a closed breaker is left alone (docs/design.md §5; the CLI sends nothing then):
+        # no fresh window, which a rebuilt guard could not know of (the ledger records
+        # the resets of an open breaker only)
+        return s, [SetDetails(text=f"breaker reset by {sig.by} at {now.isoformat()} left "
+                                   "alone: the breaker is closed")]
     counted = ([] if "reset_recounts" in defects
                else [c.model_copy(update={"in_window": False}) for c in s.counted])
-    queue = s.queue
-    if was_open:
-        queue = [q.model_copy(update={"evidence_after": now})
-                 if "reset_marks_breaker_queued_only" not in defects
-                 or q.reason.startswith("circuit breaker open")  # (re-)sent while open
-                 else q for q in s.queue]
+    queue = [q.model_copy(update={"evidence_after": now})
+             if "reset_marks_breaker_queued_only" not in defects
+             or q.reason.startswith("circuit breaker open")  # (re-)sent while open
+             else q for q in s.queue]
     s = s.model_copy(update={"breaker_open": False, "reset_at": now, "reset_by": sig.by,
-                             "counted": counted, "queue": queue})
-    cmds: Cmds = [SetDetails(text=f"breaker reset by {sig.by} at {now.isoformat()}: "
-                                  f"{sig.reason}")]
-    if was_open:
-        since = (tripped_at or now).isoformat()
-        cmds.append(WriteAlert(alert=Alert(
-            alert_id=f"breaker/{s.cluster}/{since}/reset", cluster=s.cluster, node="*",
-            kind=BREAKER_KIND, severity=Severity.info,
-            summary=f"Circuit breaker reset on cluster {s.cluster} by {sig.by}",
-            description=sig.reason, evidence={"by": sig.by, "reason": sig.reason},
-            level=True, active=False, source="guard", observed_at=now)))
-    return s, cmds
+                             "counted": counted, "queue": queue, "open_reset_at": now})
+    since = (tripped_at or now).isoformat()
+    return s, [SetDetails(text=f"breaker reset by {sig.by} at {now.isoformat()}: {sig.reason}"),
+               WriteAlert(alert=Alert(
+                   alert_id=f"breaker/{s.cluster}/{since}/reset", cluster=s.cluster, node="*",
+                   kind=BREAKER_KIND, severity=Severity.info,
+                   summary=f"Circuit breaker reset on cluster {s.cluster} by {sig.by}",
+                   description=sig.reason, evidence={"by": sig.by, "reason": sig.reason},
+                   level=True, active=False, source="guard", observed_at=now))]
 
 
-def _rebuild(s: GuardState, v: LedgerView, now: datetime) -> tuple[GuardState, Cmds]:
-    """Take the ledger's holders, automatic starts and breaker as ours; tell each
-    rebuilt holder (one that is gone is dropped)."""
+def _rebuild(s: GuardState, v: LedgerView, now: datetime, defects: frozenset[str] = frozenset()
+             ) -> tuple[GuardState, Cmds]:
+    """Take the ledger's holders, automatic starts, breaker and last reset as ours; tell
+    each rebuilt holder (one that is gone is dropped). An automatic start at or before the
+    last reset is kept out of the window (a reset starts a fresh one, I23)."""
     leases = list(s.leases)
     cmds: Cmds = []
     for hr in v.holders:
@@ -932,9 +960,13 @@ def _rebuild(s: GuardState, v: LedgerView, now: datetime) -> tuple[GuardState, C
             reason="lease re-registered from the ledger after a guard restart",
             expires_at=lease.expires_at)))
     counted = list(s.counted)
+    # a reset started a fresh window: a start at or before it is not counted again (I23)
+    reset = max((t for t in (s.open_reset_at, v.reset_at) if t is not None), default=None)
     for rid, at in v.automatic:
         if all(c.repair_id != rid for c in counted):
-            counted.append(Counted(repair_id=rid, at=at))
+            counted.append(Counted(repair_id=rid, at=at,
+                                   in_window=reset is None or at > reset
+                                   or "rebuild_recounts_before_reset" in defects))
     upd: dict[str, object] = {"leases": leases, "counted": counted, "rebuilt_at": now,
                               "status": Status.serving, "reading": None}
     have = {h.domain for h in s.holds}
@@ -943,6 +975,8 @@ def _rebuild(s: GuardState, v: LedgerView, now: datetime) -> tuple[GuardState, C
         upd["holds"] = [*s.holds, *rebuilt]
         cmds.insert(0, SetDetails(text="failure domains HELD (from the ledger): "
                                        + ", ".join(h.domain for h in rebuilt)))
+    if v.reset_at is not None and (s.open_reset_at is None or v.reset_at > s.open_reset_at):
+        upd["open_reset_at"] = v.reset_at
     if v.breaker_open and not s.breaker_open:
         reason = v.tripped_reason or "breaker open in the ledger"
         upd |= {"breaker_open": True, "tripped_at": v.tripped_at, "tripped_reason": reason}
@@ -1111,7 +1145,7 @@ def _step(s: GuardState, ev: Event, now: datetime, defects: frozenset[str]
         if s.reading != "ledger" or s.status != Status.rebuilding:
             return s, []
         if isinstance(ev, LedgerRead):
-            s, cmds = _rebuild(s, ev.view, now)
+            s, cmds = _rebuild(s, ev.view, now, defects)
             s, more = _drain(s, now, defects)
             return s, [*cmds, *more]
         s, cmds = _note(s, now, f"reading the ledger's guard state failed: {ev.message}")
@@ -1225,10 +1259,10 @@ def _table() -> None:
                         "warning); its waiting repairs granted as the rails allow; the "
                         "clear recorded")
             else:
-                what = ("breaker closed, a fresh window (what was counted before it is "
-                        "not counted again); if it was open every queued request, whatever "
-                        "queued it, "
-                        "acts only on evidence after the reset (I23); the clear recorded")
+                what = ("open: closed, a fresh window (what was counted before it is not "
+                        "counted again), every queued request, whatever queued it, and "
+                        "every later one first asked for before the reset act only on "
+                        "evidence after it (I23); the clear recorded. Closed: left alone")
             TRANSITIONS[(st, kind)] = what
 
 
