@@ -219,7 +219,9 @@ class OtlpHttpApp:
             raise _Reject(413, code_pb2.RESOURCE_EXHAUSTED,
                           f"Content-Length: {int(clen)} exceeds {self.max_body} bytes")
         try:
-            body = await asyncio.wait_for(self._read_body(receive), self.receive_timeout_s)
+            # asyncio.timeout, not wait_for: no task per request (a tenth of a push's cost)
+            async with asyncio.timeout(self.receive_timeout_s):
+                body = await self._read_body(receive)
         except TimeoutError:
             raise _Reject(408, code_pb2.DEADLINE_EXCEEDED,
                           f"body: not received within {self.receive_timeout_s} s "

@@ -132,7 +132,7 @@ DEFAULT_LIMITS = Limits.from_config(IngestConfig())
 """The limits of a default ``ingest`` config section."""
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Resource:
     """Identity of the node that sent a resource block."""
 
@@ -401,6 +401,29 @@ def repeated_identity_key(kvs: Any) -> str | None:
     return None
 
 
+#: Most resource blocks :func:`resource_of` keeps decoded. An agent sends the same resource
+#: block with every push, so its attributes are bounded, checked and named once; the
+#: cache is emptied when full. 16,384 entries (one per active node of a shard, about
+#: 1.3 KB each: ~21 MB at most; docs/scaling.md sizes a 2-core ingest for 60,000 nodes,
+#: beyond which the hit rate falls and a push costs what it did without the cache).
+RESOURCE_CACHE_MAX = 16_384
+_resources: dict[tuple[Limits, bytes], tuple[str, str] | Resource] = {}
+
+
+def resource_of(resource: Any, lim: Limits) -> tuple[str, str] | Resource:
+    """:func:`_resource_of` of an OTLP ``Resource`` message, remembered by its serialized
+    bytes (the result is a pure function of them and ``lim``; :class:`Resource` is
+    frozen, so a shared one cannot be changed by a consumer)."""
+    key = (lim, resource.SerializeToString())
+    hit = _resources.get(key)
+    if hit is None:
+        hit = _resource_of(resource.attributes, lim)
+        if len(_resources) >= RESOURCE_CACHE_MAX:
+            _resources.clear()
+        _resources[key] = hit
+    return hit
+
+
 def _resource_of(attrs: Any, lim: Limits) -> tuple[str, str] | Resource:
     """The resource, or ``(code, message)`` of its rejection."""
     if len(attrs) <= lim.attributes:
@@ -431,7 +454,7 @@ def decode_metrics(
                        f"request: more than {limits.resources} resource blocks",
                        _resource_points(rm))
             continue
-        res = _resource_of(rm.resource.attributes, limits)
+        res = resource_of(rm.resource, limits)
         if isinstance(res, tuple):
             out.reject(*res, _resource_points(rm))
             continue
@@ -548,7 +571,7 @@ def decode_logs(
             out.reject("too_many_resources",
                        f"request: more than {limits.resources} resource blocks", n_records)
             continue
-        res = _resource_of(rl.resource.attributes, limits)
+        res = resource_of(rl.resource, limits)
         if isinstance(res, tuple):
             out.reject(*res, n_records)
             continue

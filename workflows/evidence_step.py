@@ -9,7 +9,7 @@ when it is scheduled (``schedule_to_close``: a worker that never picks it up bou
 too), then records it with ``ledger_record_evidence``. A capture that fails, or runs out
 of time, becomes an :class:`~workflows.evidence.EvidenceCapture` with the reason in its
 notes: recorded and shown like any other, never a repair failure. New in 0.5.0 (every
-workflow is pinned to its build, so no ``workflow.patched`` marker: docs/architecture.md
+workflow is pinned to its build, so no patch marker: docs/architecture.md
 "Baseline and replay").
 """
 

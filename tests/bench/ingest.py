@@ -57,7 +57,15 @@ def _server_main(kind: str, transport: str, conn: Any) -> None:
 
             cfg = AutorepairConfig(
                 ingest=IngestConfig(host="127.0.0.1", otlp_grpc_port=0, otlp_http_port=0,
-                                    api_port=0, admin_port=0, max_inflight=4096),
+                                    api_port=0, admin_port=0, max_inflight=4096,
+                                    # every simulated agent pushes from 127.0.0.1, as
+                                    # agents behind one NAT address: raised, as the
+                                    # key's documentation says for that case; and the
+                                    # gRPC clients multiplex thousands of agents on 4
+                                    # connections, where an agent holds one of its own
+                                    # (beyond the cap a stream is refused: REFUSED_STREAM)
+                                    max_inflight_per_peer=4096,
+                                    max_streams_per_connection=4096),
                 threshold=ThresholdConfig(push_interval_s=PUSH_INTERVAL_S),
             )
             svc = IngestService(cfg)
@@ -102,7 +110,7 @@ async def _start_bare(transport: str) -> tuple[int, Any]:
 
     import uvicorn
 
-    from ingest.service import _HTTP_IMPL, _bind, _Server
+    from ingest.service import _HTTP_BASE, _bind, _Server
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -117,7 +125,7 @@ async def _start_bare(transport: str) -> tuple[int, Any]:
         await send({"type": "http.response.body", "body": empty})
 
     sock = _bind("127.0.0.1", 0, "bench")
-    server = _Server(uvicorn.Config(app, http=_HTTP_IMPL, lifespan="off", access_log=False,
+    server = _Server(uvicorn.Config(app, http=_HTTP_BASE, lifespan="off", access_log=False,
                                     log_level="warning", timeout_keep_alive=30,
                                     server_header=False, date_header=False))
     task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -139,6 +147,11 @@ class ServerProc:
         self.parent, child = ctx.Pipe()
         self.proc = ctx.Process(target=_server_main, args=(kind, transport, child), daemon=True)
         self.proc.start()
+        # a server that fails to start (its traceback is on stderr) must not hang the run
+        while not self.parent.poll(0.5):
+            if not self.proc.is_alive():
+                raise RuntimeError(f"{kind} {transport} server exited with code "
+                                   f"{self.proc.exitcode} before it listened")
         info = self.parent.recv()
         self.port: int = info["port"]
         self.api_port: int | None = info["api_port"]
