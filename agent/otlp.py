@@ -149,8 +149,12 @@ class Transport(Protocol):
     async def aclose(self) -> None: ...
 
 
-#: HTTP statuses worth retrying (OTLP/HTTP spec: 429, 502, 503, 504).
-RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
+#: HTTP statuses worth retrying: the OTLP/HTTP specification's 429, 502, 503, 504, and
+#: 408, which the ingest answers when the body did not arrive within
+#: ``ingest.receive_timeout_s`` (an overloaded path; nothing of the push was kept) and the
+#: OpenTelemetry SDK's own exporters retry too; over gRPC the same is DEADLINE_EXCEEDED,
+#: retried below. Dropping it would lose a fault record.
+RETRYABLE_STATUS = frozenset({408, 429, 502, 503, 504})
 
 
 def client_ssl_context(ca_file: str | None, client_cert: str | None,

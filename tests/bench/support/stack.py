@@ -29,6 +29,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
+from agent.otlp import RETRYABLE_STATUS
 from ingest.otlp import make_fault_request, make_metrics_request
 from workers.config import load_config
 from workers.devpeers import free_ports
@@ -81,9 +82,9 @@ class Stack:
                                  time_ns=time_ns or time.time_ns()).SerializeToString()
         headers = {"Content-Type": "application/x-protobuf",
                    "Authorization": f"Bearer {self.token}"}
-        for _ in range(30):  # 503 / 429 carry Retry-After: re-send, as an agent does
+        for _ in range(30):  # re-send what an agent re-sends (503 / 429 say when)
             r = await self.http.post("/v1/logs", content=raw, headers=headers)
-            if r.status_code not in (429, 503):
+            if r.status_code not in RETRYABLE_STATUS:
                 break
             await asyncio.sleep(float(r.headers.get("retry-after", "1")))
         if r.status_code != 200:
