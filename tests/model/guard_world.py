@@ -174,7 +174,7 @@ def _ledger(w: World, m: gm.GuardState) -> gm.LedgerView:
                for i, st in enumerate(w.repairs) if st == "holding"
                or (st == "dead" and w.granted_at[i] is not None)]
     auto = [(_rid(i), T0 + timedelta(seconds=t)) for i, t in enumerate(w.granted_at)
-            if t is not None and w.now_s - t <= WINDOW_S]
+            if t is not None and w.now_s - t <= WINDOW_S and _automatic(w, i)]
     return gm.LedgerView(holders=holders, automatic=auto, breaker_open=w.ledger_breaker,
                          tripped_at=T0 if w.ledger_breaker else None,
                          tripped_reason="tripped" if w.ledger_breaker else "",
@@ -268,8 +268,6 @@ def _before(label: str, ev: gm.Event, m: gm.GuardState, w: World) -> World:
         i = NODES.index(ev.report.node)
         return replace(w, fault_at=_set(w.fault_at, i, w.now_s),
                        fault_live=_set(w.fault_live, i, True))
-    if isinstance(ev, gm.ReleaseDomain) and _held(m, NODES[0]):
-        return replace(w, fault_live=(False,) * 3)
     if isinstance(ev, gm.Started):
         # a fresh guard knows an earlier reset from the ledger only (its time: a request
         # first asked for before it waited through it, whatever queue it sat in, and a
@@ -299,6 +297,11 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
         open_at = _open_at_grant(m, e, now, defects)
         held_at = _held_at_grant(m, e, now, defects)
         m, cmds = gm.step(m, e, now, defects)
+        if any(isinstance(c, gm.WriteAlert) and c.alert.kind == gm.DOMAIN_KIND
+               and not c.alert.active for c in cmds):
+            # the machine lifted the hold in this step (a deferred release included): the
+            # reports it dropped count no more, before the grants the step made
+            w = replace(w, fault_live=(False,) * 3)
         if m.reset_at != reset_at:  # the machine reset the open breaker in this step
             pre = tuple(p or any(c.repair_id == _rid(i) for c in counted)
                         for i, p in enumerate(w.pre_reset))
@@ -335,7 +338,7 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
                         # re-sent request of a holder whose grant was lost is told again
                         # ("already held", the lossy world): not a new start, which is
                         # all the breaker holds back
-                        if open_at.get(c.reply.repair_id, m.breaker_open) \
+                        if _automatic(w, i) and open_at.get(c.reply.repair_id, m.breaker_open) \
                                 and c.purpose == "reply" and c.reply.reason not in _NOT_NEW:
                             bad.append("breaker: an automatic new repair granted while open")
                         if m.status != gm.Status.serving or m.rebuilt_at is None:

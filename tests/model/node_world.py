@@ -235,7 +235,8 @@ def _world_events(w: World) -> list[tuple[str, World, nm.Event | None]]:
             w1 = replace(w1, cleared_at=_put(w1.cleared_at, key, max(sent_s, cl or sent_s)))
         out.append((f"deliver({a.alert_id},{'raise' if active else 'clear'},skew={skew:+g})",
                     w1, ev))
-    if w.repair is not None:
+    # a terminated repair (id "") never reports that it finished
+    if w.repair is not None and w.repair[0]:
         rid, keys = w.repair
         fixed = w.fixed_at
         for k in keys + ((LEVEL,) if w.level_present else ()) + (
@@ -334,6 +335,9 @@ def _run(m: nm.NodeState, w: World, ev: nm.Event, now: datetime,
                 todo.append(_policy(w.machine))
             elif isinstance(c, nm.AttachAlert):
                 landed = w.repair is not None and w.repair[0] == c.repair_id
+                if not landed and w.repair == ("", ()):
+                    # the signal failed: the terminated workflow is closed (workflows/node.py)
+                    w = replace(w, repair=None)
                 todo.append(nm.AttachDone(alert_id=c.alert.alert_id, ok=landed))
     return m, w, every
 

@@ -135,3 +135,15 @@ def test_domain_checker_finds_each_planted_hold_defect(defect: str, invariant: s
     what, trace = res.violations[0]
     assert invariant in what, what
     assert len(trace) <= DOMAIN_DEPTH
+
+
+def test_a_persons_repair_is_neither_counted_nor_held_by_the_breaker_after_a_rebuild(
+) -> None:
+    """Found at domain depth 6 (a fault of the world, not of the machine): the world's
+    ledger listed b1, a person's repair, among the automatic starts, so the rebuilt guard
+    counted three and tripped, and the breaker check flagged the person's grant. The real
+    query lists ``approved_by = auto`` rows only, and an open breaker holds back
+    automatic new requests only."""
+    trace = ["request b1", "guard restart", "policy ok", "renew b1", "batch: requests",
+             "ledger answers"]
+    assert replay(trace, domains=True) == []
