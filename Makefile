@@ -102,16 +102,17 @@ clean:
 # DEPTH, the cluster guard to GUARD_DEPTH, the node to NODE_DEPTH): every event sequence
 # up to its bound; the last line is `states=… transitions=… depth=…
 # violations=0 seconds=…`, exit 1 on a violation (printed with its shortest trace).
-# NODE_DEPTH bounds the node lifecycle's world (tests/model/node_world.py), which
-# branches more widely: 5 takes about 20 s, 6 about 100 s on one core. REPAIR_DEPTH bounds
-# the repair lifecycle's world (tests/model/repair_world.py): 16 about 6 s, 18 about 25 s.
-# FLEET_DEPTH bounds the composed fleet (tests/model/fleet_world.py: 3 nodes, the guard,
-# the repairs and their machine actions; a line per depth): 3 takes about 15 s, 4 about
-# 10 min.
+# Times on one core of the 2-core development machine (Dec 2026): GUARD_DEPTH 6 about
+# 65 s; DOMAIN_DEPTH (the guard's failure-domain world) 5 about 30 s, 6 about 5 min;
+# NODE_DEPTH (tests/model/node_world.py, which branches more widely) 6 about 30 s, 7 about
+# 2 min, 8 about 11 min and 13 GB; REPAIR_DEPTH (tests/model/repair_world.py) 16 about
+# 1 s, 24 about 2 min; FLEET_DEPTH (tests/model/fleet_world.py: 3 nodes, the guard, the
+# repairs and their machine actions; a line per depth) 4 about 25 s, 5 about 5 min.
 DEPTH ?= 12
 GUARD_DEPTH ?= 6
-NODE_DEPTH ?= 5
+DOMAIN_DEPTH ?= 5
+NODE_DEPTH ?= 6
 REPAIR_DEPTH ?= 16
-FLEET_DEPTH ?= 3
+FLEET_DEPTH ?= 4
 model-check: install
-	$(BIN)/python -m tests.model --depth $(DEPTH) --guard-depth $(GUARD_DEPTH) --node-depth $(NODE_DEPTH) --repair-depth $(REPAIR_DEPTH) --fleet-depth $(FLEET_DEPTH)
+	$(BIN)/python -m tests.model --depth $(DEPTH) --guard-depth $(GUARD_DEPTH) --domain-depth $(DOMAIN_DEPTH) --node-depth $(NODE_DEPTH) --repair-depth $(REPAIR_DEPTH) --fleet-depth $(FLEET_DEPTH)

@@ -124,6 +124,10 @@ class World:
     #: per node: a grant told the repair of a reset (``reset_at``); the repair keeps it
     #: when a later grant of a re-acquire lacks it (workflows/repair.py, ``lease``)
     told_reset: tuple[bool, ...] = (False, False, False)
+    #: per node: fault reports that counted when its request was delivered; a request the
+    #: guard deferred (a policy or ledger read out) is decided later in arrival order, so
+    #: what counted for it is what had arrived before it, not what arrived since
+    asked_reports: tuple[int, ...] = (0, 0, 0)
 
 
 @dataclass
@@ -259,8 +263,12 @@ def _before(label: str, ev: gm.Event, m: gm.GuardState, w: World) -> World:
     if isinstance(ev, gm.Request) and not ev.req.renew:
         i = _node_of(ev.req.repair_id)
         asked = w.asked_at[i] if w.asked_at[i] is not None else w.now_s
+        waiting = any(isinstance(d, gm.Request) and d.req.repair_id == ev.req.repair_id
+                      for d in m.deferred)  # the first copy is the one decided
         return replace(w, repairs=_set(w.repairs, i, "waiting"),
-                       asked_at=_set(w.asked_at, i, asked))
+                       asked_at=_set(w.asked_at, i, asked),
+                       asked_reports=w.asked_reports if waiting or not w.domains
+                       else _set(w.asked_reports, i, _reported(w)))
     if isinstance(ev, gm.Release):
         i = _node_of(ev.rel.repair_id)
         return replace(w, repairs=_set(w.repairs, i, "done"))
@@ -296,6 +304,7 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
         holding = {x.repair_id for x in m.leases}
         open_at = _open_at_grant(m, e, now, defects)
         held_at = _held_at_grant(m, e, now, defects)
+        deferred = {d.req.repair_id for d in m.deferred if isinstance(d, gm.Request)}
         m, cmds = gm.step(m, e, now, defects)
         if any(isinstance(c, gm.WriteAlert) and c.alert.kind == gm.DOMAIN_KIND
                and not c.alert.active for c in cmds):
@@ -348,11 +357,13 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
                                 and held_at.get(c.reply.repair_id, _held(m, NODES[i]))):
                             bad.append(f"domain: automatic {NODES[i]} granted while its "
                                        "domain is held")
+                        seen = (min(_reported(w), w.asked_reports[i])
+                                if c.reply.repair_id in deferred else _reported(w))
                         if (_automatic(w, i) and c.purpose == "reply"
                                 and c.reply.reason not in _NOT_NEW
-                                and _reported(w) >= POLICY_DOMAINS.domain_threshold):
+                                and seen >= POLICY_DOMAINS.domain_threshold):
                             bad.append(f"domain: automatic {NODES[i]} granted after "
-                                       f"{_reported(w)} nodes of its domain reported faults")
+                                       f"{seen} nodes of its domain reported faults")
                         if w.stale[i] and c.reply.reset_at is None and not w.told_reset[i]:
                             bad.append(f"I23: {NODES[i]} waited through a reset and acts on "
                                        "pre-reset evidence")
@@ -453,7 +464,7 @@ def _mirror(w: World) -> World:
     return replace(w, repairs=sw(w.repairs), granted_at=sw(w.granted_at), stale=sw(w.stale),
                    pre_reset=sw(w.pre_reset), fault_at=sw(w.fault_at),
                    fault_live=sw(w.fault_live), asked_at=sw(w.asked_at),
-                   told_reset=sw(w.told_reset))
+                   told_reset=sw(w.told_reset), asked_reports=sw(w.asked_reports))
 
 
 def _key(m: gm.GuardState, w: World) -> str:
