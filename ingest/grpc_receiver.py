@@ -132,7 +132,9 @@ class _Common:
         """The call's one message, within ``ingest.receive_timeout_s`` (DEADLINE_EXCEEDED
         otherwise; INVALID_ARGUMENT when the stream ends without one)."""
         try:
-            return await asyncio.wait_for(anext(requests), self.receive_timeout_s)
+            # asyncio.timeout, not wait_for: no task per call (as the HTTP receiver)
+            async with asyncio.timeout(self.receive_timeout_s):
+                return await anext(requests)
         except TimeoutError:
             self.bad.inc()
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
