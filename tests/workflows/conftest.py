@@ -457,6 +457,21 @@ class TimeSkippingServer:
             self.env = None
 
 
+def _rearm_timeout(item: pytest.Item) -> None:
+    """Give the rerun a ``timeout`` of its own. pytest-timeout arms one timer around the
+    whole protocol hook, which this hook's rerun runs inside: a first run that failed by
+    that timer left the rerun with none, and a rerun on a server whose clock stopped too
+    then waited for ever (a CI run hung at 93 % so)."""
+    import pytest_timeout  # type: ignore[import-untyped]
+
+    settings = pytest_timeout._get_item_settings(item)
+    if settings.timeout is None or settings.timeout <= 0 or settings.func_only:
+        return  # func_only: pytest-timeout arms a timer per call itself
+    hooks = item.config.pluginmanager.hook
+    hooks.pytest_timeout_cancel_timer(item=item)
+    hooks.pytest_timeout_set_timer(item=item, settings=settings)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
     """Run a test on the time-skipping server once more, on a fresh server, when it failed
@@ -473,6 +488,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if any(r.failed for r in reports) and TimeSkippingServer.stuck_total > stuck_before:
         first = next(r for r in reports if r.failed)
         item._initrequest()  # type: ignore[attr-defined]  # fresh fixtures for the rerun
+        _rearm_timeout(item)
         reports = runtestprotocol(item, nextitem=nextitem, log=False)
         for r in reports:
             r.sections.append((
