@@ -65,6 +65,18 @@ async def _trip_with_one_holder_and_two_queued(h: Harness, prefix: str, busy: in
     await eventually(tripped, "breaker trip")
 
 
+async def _holder_acted_and_the_queued_resolved(h: Harness, prefix: str) -> None:
+    """After the reset: the holder (gpu-01) power-cycled once and succeeded; both queued
+    repairs auto-resolved on their pre-reset Xid evidence and touched nothing."""
+    st = await result_skipping(h, "gpu-01", f"{prefix}1")
+    assert st.stage == Stage.succeeded, st
+    for i in (2, 3):
+        st = await result_skipping(h, f"gpu-0{i}", f"{prefix}{i}")
+        assert st.stage == Stage.auto_resolved and "breaker reset" in st.detail, st
+        assert h.cluster.count("power_cycle", f"gpu-0{i}") == 0
+    assert h.cluster.count("power_cycle", "gpu-01") == 1
+
+
 async def test_budget_queued_repair_acts_only_on_evidence_after_a_quick_reset(
     harness: Harness,
 ) -> None:
@@ -76,13 +88,7 @@ async def test_budget_queued_repair_acts_only_on_evidence_after_a_quick_reset(
     await _trip_with_one_holder_and_two_queued(h, "q")
     guard = h.client.get_workflow_handle(workflow_id_guard(h.cluster.cluster))
     await guard.signal(GUARD_SIGNAL_RESET_BREAKER, ResetBreakerSignal(by="alice"))
-    st = await result_skipping(h, "gpu-01", "q1")
-    assert st.stage == Stage.succeeded, st
-    for i in (2, 3):
-        st = await result_skipping(h, f"gpu-0{i}", f"q{i}")
-        assert st.stage == Stage.auto_resolved and "breaker reset" in st.detail, st
-        assert h.cluster.count("power_cycle", f"gpu-0{i}") == 0
-    assert h.cluster.count("power_cycle", "gpu-01") == 1
+    await _holder_acted_and_the_queued_resolved(h, "q")
 
 
 async def test_requests_a_guard_restart_lost_are_told_of_a_reset_sent_before_they_return(
@@ -130,12 +136,7 @@ async def test_requests_a_guard_restart_lost_are_told_of_a_reset_sent_before_the
         return not st.breaker_open and st.reset_at == (await guard_status(h)).reset_at
 
     await eventually(reset_recorded, "the reset's time in the ledger")
-    st = await result_skipping(h, "gpu-01", "g1")
-    assert st.stage == Stage.succeeded, st
-    for i in (2, 3):
-        st = await result_skipping(h, f"gpu-0{i}", f"g{i}")
-        assert st.stage == Stage.auto_resolved and "breaker reset" in st.detail, st
-        assert h.cluster.count("power_cycle", f"gpu-0{i}") == 0
+    await _holder_acted_and_the_queued_resolved(h, "g")
     g = await guard_status(h)
     assert g.recent_automatic == [], g.recent_automatic  # nothing counted twice
 
