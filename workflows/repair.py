@@ -171,6 +171,7 @@ with workflow.unsafe.imports_passed_through():
         GUARD_SIGNAL_RELEASE,
         GUARD_WORKFLOW,
         LEASE_RENEW_S,
+        LEASE_RESEND_JITTER,
         LEASE_RESEND_S,
         NODE_SIGNAL_REPAIR_FINISHED,
         REPAIR_FAILED,
@@ -939,8 +940,9 @@ class RepairWorkflow:
 
     async def _wait_for_grant(self, lreq: LeaseRequest) -> None:
         """Wait for a granted ``lease`` reply to ``lreq`` (sent by
-        :meth:`_send_lease_request`), re-sending it every :data:`LEASE_RESEND_S` (a guard
-        that was terminated or reset learns of us again). Ends the repair ``timed_out``
+        :meth:`_send_lease_request`), re-sending it every :data:`LEASE_RESEND_S` plus up to
+        :data:`LEASE_RESEND_JITTER` of it (a guard that was terminated or reset learns of
+        us again). Ends the repair ``timed_out``
         after ``rails.lease_wait_max_s`` with the guard's last reason, ``auto_resolved``
         when the level evidence clears, and on reject/cancel."""
         auto_resolvable = any(a.level for a in self._alerts)
@@ -948,6 +950,7 @@ class RepairWorkflow:
         start = workflow.now()
         last_reason = "no answer from the cluster guard"
         while True:
+            resend_s = LEASE_RESEND_S * (1 + LEASE_RESEND_JITTER * workflow.random().random())
             waited = (workflow.now() - start).total_seconds()
             if waited >= limit:
                 raise _Ended(
@@ -963,7 +966,7 @@ class RepairWorkflow:
                         or self._cancel is not None
                         or (auto_resolvable and not evidence_current(self._evidence()))
                     ),
-                    timeout=timedelta(seconds=max(min(LEASE_RESEND_S, limit - waited), 1.0)),
+                    timeout=timedelta(seconds=max(min(resend_s, limit - waited), 1.0)),
                 )
             except TimeoutError:
                 await self._signal_guard(lreq)

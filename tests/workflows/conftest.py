@@ -411,7 +411,11 @@ class TimeSkippingServer:
 
     The test server stops advancing time for every later caller once a workflow is left
     with a task no worker will ever take (a workflow cut mid-task, or one started moments
-    before teardown and missed by it). Teardown probes the clock (:meth:`check`); a locked
+    before teardown and missed by it), or with a task whose completion it refused: a task
+    that cancels a timer which fired while the task was with the worker ("invalid history
+    builder state for action", temporalio/sdk-java#3088; never timed out nor sent again).
+    The workflows jitter the lease re-send (``LEASE_RESEND_JITTER``) so that a grant does
+    not land, as a rule, on the instant of a waiter's re-send timer. Teardown probes the clock (:meth:`check`); a locked
     server is shut down and the next test gets a fresh one, so one test's leftovers
     never fail another's timing.
     """
