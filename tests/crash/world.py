@@ -29,7 +29,9 @@ ingest that died on its own (e.g. it started while PostgreSQL was down), counted
 
 Policy for the run (so that only the kills, not the rails, shape it): ``gpu_nodes`` 1000
 (budget 50 concurrent, breaker at 100), one pool per node, ladder and per-node cap out of
-reach (``ladder.attempts`` / ``rails.max_actions_per_node`` 1000), cooldown 0, rejoin
+reach (``ladder.attempts`` / ``rails.max_actions_per_node`` /
+``rails.repeat_offender.threshold`` 1000: from a node's fourth round on, the repeat-offender
+rule would otherwise recommend ``remove`` for a person and the run wait on it), cooldown 0, rejoin
 polled every 1 s, and ``rails.heartbeat_timeout_s`` 3 s so an activity of a killed
 worker is retried within seconds (short activities without heartbeat wait out their 60 s
 ``start_to_close_timeout``, as in production).
@@ -424,7 +426,8 @@ def _config(data_dir: Path, kube: KubeApi, emu: RedfishEmulator, bmc_url: str,
             "wait_for_idle": {"poll_s": 1},
             "ladder": {"attempts": 1000},
             "rails": {"cooldown_s": 0, "rejoin_poll_s": 1, "rejoin_timeout_s": 300,
-                      "heartbeat_timeout_s": 3, "max_actions_per_node": 1000},
+                      "heartbeat_timeout_s": 3, "max_actions_per_node": 1000,
+                      "repeat_offender": {"threshold": 1000}},
             # no kubelet runs kmock's Jobs: the capture before each power cycle would wait
             # out its timeout_s (300 s, past this slice's deadline). Capture is tested on
             # the workflows (tests/workflows/test_evidence_capture.py) and on kmock itself
