@@ -581,17 +581,27 @@ class Ledger:
     async def record_transition(self, t: TransitionRecord) -> None:
         """Append a stage transition (idempotent on repair, stage and time) and move the
         row's stage to it, with the same guard against stale writes as
-        :meth:`upsert_repair`."""
+        :meth:`upsert_repair`. With ``t.write_key`` the row of that key is replaced
+        instead (the same write of a workflow task run again after a crash, with a later
+        ``at``: migration 0013), so the transition is recorded once."""
+        args = (t.repair_id, t.stage.value, t.at, t.by, t.reason, t.write_key)
         async with self._atomic() as conn:
-            await conn.execute(
-                """INSERT INTO repair_transitions (repair_id, stage, at, by_whom, reason)
-                   VALUES ($1,$2,$3,$4,$5) ON CONFLICT DO NOTHING""",
-                t.repair_id,
-                t.stage.value,
-                t.at,
-                t.by,
-                t.reason,
-            )
+            done = "UPDATE 0"
+            if t.write_key is not None:
+                done = await conn.execute(
+                    """UPDATE repair_transitions SET stage = $2, at = $3, by_whom = $4,
+                         reason = $5
+                       WHERE write_key = $6 AND repair_id = $1 AND NOT EXISTS (
+                         SELECT 1 FROM repair_transitions o WHERE o.repair_id = $1
+                           AND o.stage = $2 AND o.at = $3
+                           AND o.write_key IS DISTINCT FROM $6)""",
+                    *args)
+            if done == "UPDATE 0":
+                await conn.execute(
+                    """INSERT INTO repair_transitions (repair_id, stage, at, by_whom, reason,
+                         write_key)
+                       VALUES ($1,$2,$3,$4,$5,$6) ON CONFLICT DO NOTHING""",
+                    *args)
             await conn.execute(
                 "UPDATE repairs SET stage = CASE WHEN stage = ANY($4::text[])"
                 " AND NOT $2 = ANY($4::text[]) AND $3 <= updated_at THEN stage ELSE $2 END,"
@@ -682,21 +692,32 @@ class Ledger:
 
     # -- escalation history ---------------------------------------------------------------
     async def record_attempt(self, a: AttemptRecord) -> None:
-        await self._db.execute(
-            """INSERT INTO repair_attempts (repair_id, cluster, node, machine_id, action,
-                 alert_kind, code, outcome, at)
-               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)
-               ON CONFLICT (repair_id, action, at) DO UPDATE SET outcome = EXCLUDED.outcome""",
-            a.repair_id,
-            a.cluster,
-            a.node,
-            a.machine_id,
-            a.action.value,
-            a.alert_kind,
-            a.code,
-            a.outcome,
-            a.at,
-        )
+        """Record an executed action; a repeat on (repair, action, at) updates the outcome.
+        With ``a.write_key`` the row of that key is replaced first (the same write of a
+        workflow task run again after a crash, with a later ``at``: migration 0013), so
+        the attempt is counted once."""
+        args = (a.repair_id, a.cluster, a.node, a.machine_id, a.action.value, a.alert_kind,
+                a.code, a.outcome, a.at, a.write_key)
+        async with self._atomic() as conn:
+            if a.write_key is not None:
+                done = await conn.execute(
+                    """UPDATE repair_attempts SET machine_id = $4, action = $5,
+                         alert_kind = $6, code = $7, outcome = $8, at = $9
+                       WHERE write_key = $10 AND NOT EXISTS (
+                         SELECT 1 FROM repair_attempts o WHERE o.repair_id = $1
+                           AND o.action = $5 AND o.at = $9
+                           AND o.write_key IS DISTINCT FROM $10)
+                         AND repair_id = $1 AND cluster = $2 AND node = $3""",
+                    *args)
+                if done != "UPDATE 0":
+                    return
+            await conn.execute(
+                """INSERT INTO repair_attempts (repair_id, cluster, node, machine_id, action,
+                     alert_kind, code, outcome, at, write_key)
+                   VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10)
+                   ON CONFLICT (repair_id, action, at) DO UPDATE SET
+                     outcome = EXCLUDED.outcome""",
+                *args)
 
     async def attempt_history(self, q: AttemptQuery) -> AttemptHistory:
         """Attempts on the machine or on the node since ``q.since`` (the ladder follows a

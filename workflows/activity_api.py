@@ -339,6 +339,11 @@ class TransitionRecord(BaseModel):
     at: datetime
     by: str = "system"
     reason: str = ""
+    #: The write's own idempotency key, ``"<run id>/<n>"`` (``RepairWorkflow`` counts its
+    #: ledger writes per run): a workflow task run again after a worker crash writes with
+    #: the same key and a later ``at``, and overwrites the row instead of adding one
+    #: (migration 0013). None: idempotent on (repair, stage, at) only.
+    write_key: str | None = None
 
 
 class AttemptQuery(BaseModel):

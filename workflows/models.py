@@ -352,3 +352,8 @@ class AttemptRecord(BaseModel):
     #: repair stood for: counted by the rails of shadow-mode repairs only)
     outcome: str
     at: datetime
+    #: The write's own idempotency key, ``"<run id>/<n>"`` (``RepairWorkflow`` counts its
+    #: ledger writes per run): the same attempt written again by a workflow task re-run
+    #: after a worker crash (later ``at``) overwrites its row instead of adding a second
+    #: attempt (migration 0013). None: idempotent on (repair, action, at) only.
+    write_key: str | None = None

@@ -397,7 +397,10 @@ class NodeWorkflow:
                 ACT.ledger_record_transition,
                 TransitionRecord(repair_id=cmd.repair_id, stage=cmd.stage, at=cmd.at,
                                  by="system", reason=f"repair workflow {cmd.how} before it "
-                                 "finished; recorded by the node workflow"),
+                                 "finished; recorded by the node workflow",
+                                 # one close per repair, whichever task (or run) writes
+                                 # it: a task re-run after a crash has a later ``at``
+                                 write_key=f"node-close/{cmd.repair_id}"),
                 start_to_close=_ACT_TIMEOUT, retry_policy=_BEST_EFFORT))
         elif isinstance(cmd, nm.ReleaseLease):
             try:

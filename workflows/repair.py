@@ -350,6 +350,10 @@ class RepairWorkflow:
         #: what the machine action's ``step`` commanded, checked against what runs
         #: (issue 26 item 5); the rest of the repair is not a machine yet
         self.lifecycle_trace = Trace(("activity", n) for n in MACHINE_ACTIVITY.values())
+        #: attempt and transition writes of this run so far (their ``write_key``s): replay
+        #: counts them again, so a workflow task re-run after a crash keys its local-
+        #: activity writes as the lost run of it did (migration 0013)
+        self._ledger_writes = 0
 
     # ---- signals / query -----------------------------------------------------
     @workflow.signal(name=REPAIR_SIGNAL_APPROVE)
@@ -1621,6 +1625,7 @@ class RepairWorkflow:
             code=first.code if first else None,
             outcome=outcome,
             at=workflow.now(),
+            write_key=self._write_key(),
         )
         self._attempts.append(rec)
         await self._short0(ACT.ledger_record_attempt, rec)
@@ -1646,9 +1651,19 @@ class RepairWorkflow:
         await self._short0(
             ACT.ledger_record_transition,
             TransitionRecord(
-                repair_id=self._req.repair_id, stage=stage, at=now, by=by, reason=reason
+                repair_id=self._req.repair_id, stage=stage, at=now, by=by, reason=reason,
+                write_key=self._write_key(),
             ),
         )
+
+    def _write_key(self) -> str:
+        """The next attempt or transition write's ``write_key``: ``"<run id>/<n>"``. A
+        workflow task that a worker crash cut short after its local activity wrote is run
+        again with a later ``workflow.now()``; counted in replay order, its writes get the
+        same keys and replace the lost run's rows (``Ledger.record_attempt`` /
+        ``record_transition``) instead of adding a second attempt or transition."""
+        self._ledger_writes += 1
+        return f"{workflow.info().run_id}/{self._ledger_writes}"
 
     async def _note(self, text: str) -> None:
         """Record a note as a transition to the current stage (visible in the ledger)."""

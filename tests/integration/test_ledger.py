@@ -154,6 +154,54 @@ async def test_repair_transitions_and_attempt_history(ledger_pool: asyncpg.Pool)
     assert sorted(a.repair_id for a in both.attempts) == ["r1", "r2"]
 
 
+async def test_write_of_a_rerun_workflow_task_replaces_the_lost_one(
+    ledger_pool: asyncpg.Pool,
+) -> None:
+    """A workflow task cut short by a worker crash after its local activity wrote is run
+    again with a later workflow clock (the crash test found an attempt counted twice so):
+    the writes carry the same ``write_key`` and replace the lost run's rows, for attempts
+    and transitions; the kept write's time and content stand. Writes of other keys at
+    the same instant, and writes without a key, keep their old idempotency."""
+    ledger = Ledger(ledger_pool)
+    rec = RepairRecord(
+        repair_id="rk", cluster="c1", node="gpu-03", machine_id="m-03", action=Action.reboot,
+        stage=Stage.recommended, requester=Requester(), alert_ids=[], updated_at=T0,
+    )
+    await ledger.upsert_repair(rec)
+    lost, kept = T0 + timedelta(minutes=5), T0 + timedelta(minutes=5, seconds=12)
+    att = AttemptRecord(repair_id="rk", cluster="c1", node="gpu-03", machine_id="m-03",
+                        action=Action.reboot, alert_kind="xid", code=79, outcome="succeeded",
+                        at=lost, write_key="run-1/7")
+    await ledger.record_attempt(att)
+    await ledger.record_attempt(att.model_copy(update={"at": kept}))
+    await ledger.record_attempt(att.model_copy(update={"at": kept}))  # retried: once
+    tr = TransitionRecord(repair_id="rk", stage=Stage.succeeded, at=lost, reason="lost run",
+                          write_key="run-1/8")
+    await ledger.record_transition(tr)
+    await ledger.record_transition(tr.model_copy(update={"at": kept, "reason": "kept run"}))
+    # another write of the same instant and stage (a second note in one task) keeps the
+    # old rule: the first one of that instant stands
+    await ledger.record_transition(tr.model_copy(update={"at": kept, "reason": "same instant",
+                                                         "write_key": "run-1/9"}))
+    hist = await ledger.attempt_history(AttemptQuery(
+        cluster="c1", node="gpu-03", machine_id="m-03", since=T0 - timedelta(days=1)))
+    assert [(a.action, a.outcome, a.at) for a in hist.attempts] == [
+        (Action.reboot, "succeeded", kept)]
+    row = await ledger.get_repair("rk")
+    assert row is not None and row["stage"] == "succeeded"
+    assert [(t["stage"], t["reason"]) for t in row["transitions"]] == [
+        ("succeeded", "kept run")]
+    # a new key is a new attempt, even of the same action; no key: (repair, action, at)
+    await ledger.record_attempt(att.model_copy(update={"at": kept + timedelta(hours=1),
+                                                       "write_key": "run-2/1"}))
+    bare = att.model_copy(update={"at": kept + timedelta(hours=2), "write_key": None})
+    await ledger.record_attempt(bare)
+    await ledger.record_attempt(bare.model_copy(update={"outcome": "failed"}))
+    hist = await ledger.attempt_history(AttemptQuery(
+        cluster="c1", node="gpu-03", machine_id="m-03", since=T0 - timedelta(days=1)))
+    assert [a.outcome for a in hist.attempts] == ["succeeded", "succeeded", "failed"]
+
+
 async def test_racing_claims_produce_one_repair(ledger_pool: asyncpg.Pool) -> None:
     ledger = Ledger(ledger_pool)
     claims = [

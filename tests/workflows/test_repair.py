@@ -72,6 +72,29 @@ async def test_automatic_power_cycle_runs_every_stage(harness: Harness) -> None:
     assert sa.get(SA_NODE) == "gpu-01" and sa.get(SA_ACTION) == "power_cycle"
 
 
+async def test_attempt_and_transition_writes_carry_the_runs_write_keys(
+    harness: Harness,
+) -> None:
+    """Every attempt and transition a repair writes from its local activities carries
+    ``"<run id>/<n>"``, n counting the run's writes in order (replay counts them the
+    same, so a task re-run after a worker crash replaces its rows: migration 0013)."""
+    h = harness
+    handle = await start_repair(h, "gpu-02", Action.power_cycle, "wk1")
+    st = await handle.result()
+    assert st.stage == Stage.succeeded, st.detail
+    run_id = (await handle.describe()).run_id
+    async with h.ledger.pool.acquire() as conn:
+        trans = await conn.fetch("SELECT write_key, at FROM repair_transitions"
+                                 " WHERE repair_id = 'wk1'")
+        atts = await conn.fetch("SELECT write_key, action, outcome FROM repair_attempts"
+                                " WHERE repair_id = 'wk1'")
+    keys = [r["write_key"] for r in trans] + [r["write_key"] for r in atts]
+    assert all(k is not None and k.startswith(f"{run_id}/") for k in keys), keys
+    numbers = sorted(int(k.rsplit("/", 1)[1]) for k in keys)
+    assert len(set(numbers)) == len(numbers) and numbers[0] >= 1
+    assert [(r["action"], r["outcome"]) for r in atts] == [("power_cycle", "succeeded")]
+
+
 async def test_approve_before_repair_waits_for_signal(harness: Harness) -> None:
     h = harness
     h.policy.consent.mode = "approve"
