@@ -121,13 +121,14 @@ LEASE_RESEND_S = 300.0
 """How often a repair waiting for a lease re-sends its request, seconds (5 min: a guard
 that was terminated or reset learns of every waiter within that time; each re-send adds
 a handful of history events, ~100 a day)."""
-LEASE_RESEND_JITTER = 0.1
+LEASE_RESEND_JITTER = 0.02
 """A waiter's re-send comes after ``LEASE_RESEND_S × (1 + u × LEASE_RESEND_JITTER)``, u
-uniform in [0, 1) from ``workflow.random()`` (replay-safe), so 300–330 s: the repairs a
-storm queued at one moment do not re-send in one burst, and a re-send timer never lines
-up, to the millisecond, with another repair's polling that ends on a multiple of a
-minute (the grant it then gets would cancel a timer firing at that instant, which
-Temporal's time-skipping test server refuses for good: temporalio/sdk-java#3088)."""
+uniform in [0, 1) from ``workflow.random()`` (replay-safe), so 300–306 s: the repairs a
+storm queued at one moment do not re-send in the same instant, and a re-send timer does
+not line up, to the millisecond, with another repair's polling that ends on a multiple
+of a minute (the grant it then gets would cancel a timer firing at that instant, which
+Temporal's time-skipping test server refuses for good: temporalio/sdk-java#3088). Kept
+small so that "past ``LEASE_RESEND_S``" stays a few seconds past it."""
 LEASE_RENEW_S = 900.0
 """How often a lease holder renews from its long waits, seconds (15 min, or half of
 ``rails.lease_ttl_s`` when that is shorter): a guard that was reset to an earlier point
