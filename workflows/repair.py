@@ -946,9 +946,9 @@ class RepairWorkflow:
         """Wait for a granted ``lease`` reply to ``lreq`` (sent by
         :meth:`_send_lease_request`), re-sending it every :data:`LEASE_RESEND_S` plus up to
         :data:`LEASE_RESEND_JITTER` of it (a guard that was terminated or reset learns of
-        us again). Ends the repair ``timed_out``
-        after ``rails.lease_wait_max_s`` with the guard's last reason, ``auto_resolved``
-        when the level evidence clears, and on reject/cancel."""
+        us again). Ends the repair ``timed_out`` after ``rails.lease_wait_max_s`` with
+        the guard's last reason, ``auto_resolved`` when the level evidence clears, and on
+        reject/cancel."""
         auto_resolvable = any(a.level for a in self._alerts)
         limit = self._policy.rails.lease_wait_max_s
         start = workflow.now()

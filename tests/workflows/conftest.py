@@ -415,9 +415,9 @@ class TimeSkippingServer:
     that cancels a timer which fired while the task was with the worker ("invalid history
     builder state for action", temporalio/sdk-java#3088; never timed out nor sent again).
     The workflows jitter the lease re-send (``LEASE_RESEND_JITTER``) so that a grant does
-    not land, as a rule, on the instant of a waiter's re-send timer. Teardown probes the clock (:meth:`check`); a locked
-    server is shut down and the next test gets a fresh one, so one test's leftovers
-    never fail another's timing.
+    not land, as a rule, on the instant of a waiter's re-send timer. Teardown probes the
+    clock (:meth:`check`); a locked server is shut down and the next test gets a fresh
+    one, so one test's leftovers never fail another's timing.
     """
 
     #: Servers found with a stuck clock, across the session (read by the rerun hook).
