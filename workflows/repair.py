@@ -120,6 +120,8 @@ with workflow.unsafe.imports_passed_through():
         waiting_details,
     )
     from workflows.evidence_step import capture_before
+    from workflows.lifecycle import decision
+    from workflows.lifecycle.decision import Approval, Decision
     from workflows.lifecycle.machine_action import DISRUPTIVE as MA_DISRUPTIVE
     from workflows.lifecycle.machine_action import PHASES as MA_PHASES
     from workflows.lifecycle.machine_action import ActivityFailed as MaFailed
@@ -156,11 +158,10 @@ with workflow.unsafe.imports_passed_through():
     from workflows.models import Stage as S
     from workflows.policy import (
         SHADOWED,
-        choose_action,
+        ConsentDecision,
         consent_decision,
         evidence_current,
         is_shadow,
-        node_actions_in_window,
         rail_attempts,
         reset_targets,
         would_do,
@@ -284,6 +285,8 @@ class Carried(BaseModel):
     history: list[StageTransition] = Field(default_factory=list)
     alerts: list[Alert] = Field(default_factory=list)
     approved_by: str | None = None
+    #: what the approval in force covers (one action at one rung, issue 26 item 3)
+    approval: Approval | None = None
     rule: str | None = None
     lease: LeaseReply | None = None
     lease_requested: bool = False
@@ -319,6 +322,10 @@ class RepairWorkflow:
         self._history: list[StageTransition] = []
         self._alerts: list[Alert] = list(req.alerts)
         self._approved_by: str | None = None
+        #: the approval in force and what it covers (:func:`decision.covers`)
+        self._approval: Approval | None = None
+        #: the last decision of :meth:`_decide` (ladder, gate, cap)
+        self._decision: Decision | None = None
         self._rule: str | None = None
         self._detail = ""
         self._approve: ApproveSignal | None = None
@@ -333,6 +340,8 @@ class RepairWorkflow:
         self._bmc_queue = BMC_TASK_QUEUE
         self._attempts: list[AttemptRecord] = []
         self._critical: list[Alert] = []
+        #: the attempt history was read (empty or not); cleared to read it again
+        self._history_read = False
         self._needs_human = False
         self._human_reason = ""
         self._history_limit = HISTORY_EVENTS_MAX
@@ -515,14 +524,13 @@ class RepairWorkflow:
         await self._transition(S.recommended, req.requester.name, req.reason or "repair requested")
         await self._check_hold()
         await self._decide(req.action, approver=None)
-        consent = consent_decision(self._action, self._alerts, req.requester, self._policy.consent)
-        if req.auto_approved_rule and self._action != Action.remove:
-            consent = type(consent)(True, req.auto_approved_rule)
+        consent = self._consent(self._action)
         needs_human = self._needs_human
         if consent.automatic and not needs_human:
             self._approved_by = (
                 req.requester.name if consent.rule == "requested_by_user" else AUTO_APPROVED
             )
+            self._approve_decision(self._approved_by)
             self._rule = f"{consent.rule}; {self._rule}"
             await self._upsert()
         else:
@@ -632,42 +640,41 @@ class RepairWorkflow:
     async def _decision_holds(self) -> bool:
         """With the lease just granted: does the decision still hold? Another repair of
         this node may have acted while this one waited (the guard queues repairs of one
-        node behind each other), so the attempt history is read again and the ladder and
-        the per-node cap decide once more (docs/design.md §5 rails). Returns True to go on (same
-        action, or a heavier one the consent policy allows automatically); otherwise the
-        lease is handed back while a person decides, and False asks for it again. A
-        person's approval covers the decision only while no other repair acted on the
-        node since it was given; otherwise they are asked again."""
+        node behind each other), so the attempt history is read again and the ladder, the
+        migrate gate and the per-node cap decide once more (docs/design.md §5 rails) on
+        what the approval in force approved. Returns True to go on: the approval covers
+        the decision made again (:func:`decision.covers`: the same action at the same rung
+        under the same decision), or the consent policy allows the changed decision by
+        itself (the rule and a note name what changed). Otherwise the lease is handed
+        back while a person decides, and False asks for it again."""
         assert self._req is not None
-        before, rule_before = self._action, self._rule
+        before, rule_before, approval = self._action, self._rule, self._approval
         known = {(a.repair_id, a.action, a.at) for a in self._attempts}
-        self._attempts, self._critical = [], []
-        await self._decide(self._req.action, approver=None)
+        self._history_read = False
+        await self._decide(approval.action if approval is not None else self._req.action,
+                           approver=None)
         acted_meanwhile = any(
             (a.repair_id, a.action, a.at) not in known and a.repair_id != self._req.repair_id
             for a in self._attempts
         )
-        human = self._approved_by not in (None, AUTO_APPROVED)
-        if human and not acted_meanwhile:
-            # a person approved over this same history: their decision stands
-            await self._decide(before, approver=self._approved_by)
-        # a person's approval covers one action at one rung: when another repair's attempt
-        # moved the rung meanwhile, it no longer covers what runs now
-        moved = human and acted_meanwhile
-        if not self._needs_human and self._action == before and not moved:
-            self._rule = rule_before  # unchanged: who approved and which rule decided
+        d = self._decision
+        assert d is not None
+        if decision.covers(approval, d, automatic=False):
+            # the approval given over this same decision stands (a person's beyond the
+            # ladder too): who approved and which rule decided are unchanged
+            self._rule, self._needs_human = rule_before, False
             return True
-        if not self._needs_human and self._action != Action.remove:
-            consent = consent_decision(
-                self._action, self._alerts, self._req.requester, self._policy.consent
+        consent = self._consent(self._action)
+        if decision.covers(None, d, consent.automatic):
+            self._rule = f"{consent.rule}; {self._rule}; was: {rule_before}"
+            self._approve_decision(self._approved_by if self._approved_by in (
+                AUTO_APPROVED, self._req.requester.name) else AUTO_APPROVED)
+            await self._note(
+                ("another repair acted on the node meanwhile: " if acted_meanwhile
+                 else "the decision changed while the lease was queued: ")
+                + f"{before.value} → {self._action.value} ({self._rule})"
             )
-            if consent.automatic:
-                self._rule = f"{consent.rule}; {self._rule}; was: {rule_before}"
-                await self._note(
-                    f"another repair acted on the node meanwhile: {before.value} → "
-                    f"{self._action.value} ({self._rule})"
-                )
-                return True
+            return True
         if self._needs_human:
             why = self._human_reason
         elif self._action != before:
@@ -681,9 +688,28 @@ class RepairWorkflow:
         await self._release_lease(S.awaiting_approval)
         self._lease, self._lease_requested = None, False
         self._approve = None  # an approval of the earlier decision does not cover this one
-        await self._await_approval(f"another repair acted on the node meanwhile; {why}")
+        self._approval = None
+        await self._await_approval(
+            ("another repair acted on the node meanwhile; " if acted_meanwhile
+             else "the decision changed while the lease was queued; ") + why)
         self._check_ended()
         return False
+
+    def _consent(self, action: Action) -> ConsentDecision:
+        """The consent policy's decision on ``action``
+        (:func:`workflows.policy.consent_decision`); a detector's ``auto_approved_rule``
+        on the request approves any action but ``remove``."""
+        assert self._req is not None
+        consent = consent_decision(action, self._alerts, self._req.requester,
+                                   self._policy.consent)
+        if self._req.auto_approved_rule and action != Action.remove:
+            consent = ConsentDecision(True, self._req.auto_approved_rule)
+        return consent
+
+    def _approve_decision(self, by: str) -> None:
+        """Record that ``by`` approved the last decision: what the approval covers."""
+        assert self._decision is not None
+        self._approval = decision.approval_of(by, self._decision)
 
     def _evidence_ok(self) -> bool:
         """Whether the evidence still stands; after a breaker reset only evidence observed
@@ -743,7 +769,7 @@ class RepairWorkflow:
         assert self._req is not None
         now = workflow.now()
         rails = self._policy.rails
-        if not self._attempts and not self._critical:
+        if not self._history_read:
             days = max(self._policy.ladder.window_s, self._policy.migrate_gate.window_s)
             days = max(days, rails.max_actions_window_s, rails.repeat_offender.window_s)
             hist = await self._short(
@@ -759,45 +785,16 @@ class RepairWorkflow:
             # shadowed attempts count for shadow-mode repairs only (workflows.policy.shadow)
             self._attempts = rail_attempts(hist.attempts, self._shadow)
             self._critical = list(hist.critical_alerts)
-        dec = choose_action(
-            requested,
-            self._alerts,
-            self._attempts,
-            self._critical,
-            self._machine,
-            now,
-            self._policy.ladder,
-            self._policy.migrate_gate,
-            reset=self._policy.reset_gpu,
-            pool=self._pool,
-            reset_blocked=reset_blocked,
-            node=self._req.node,
-            repeat=rails.repeat_offender,
-        )
-        action = dec.action
-        rule = dec.rule
-        needs_human = dec.needs_human
-        self._human_reason = (
-            "repeat offender: a human must decide" if dec.repeat_offender is not None
-            else "ladder exhausted: a human must decide")
-        if action not in (Action.none, Action.remove):
-            n = node_actions_in_window(
-                self._attempts, self._req.node, now, rails.max_actions_window_s
-            )
-            if n >= rails.max_actions_per_node:
-                cap = (
-                    f"node cap: {n} disruptive actions on {self._req.node} within "
-                    f"{rails.max_actions_window_s:g} s (max {rails.max_actions_per_node})"
-                )
-                rule = f"{rule}; {cap}"
-                if not needs_human:
-                    self._human_reason = f"{cap}: a human must decide"
-                needs_human = True
-        if approver is not None and needs_human:
-            rule = f"{rule}; approved by {approver} beyond the ladder"
-        self._set_action(action)
-        self._rule = rule
-        self._needs_human = needs_human and approver is None
+            self._history_read = True
+        d = decision.decide(
+            requested, self._policy, node=self._req.node, machine=self._machine,
+            pool=self._pool, alerts=self._alerts, attempts=self._attempts, now=now,
+            critical=self._critical, approver=approver, reset_blocked=reset_blocked)
+        self._decision = d
+        self._set_action(d.action)
+        self._rule = d.rule
+        self._needs_human = bool(d.needs_human)
+        self._human_reason = d.needs_human
 
     def _set_action(self, action: Action) -> None:
         self._action = action
@@ -849,6 +846,7 @@ class RepairWorkflow:
         self._approve = None  # consumed
         self._approved_by = sig.by
         await self._decide(sig.action or self._action, approver=sig.by)
+        self._approve_decision(sig.by)
         self._rule = f"approved by {sig.by}; {self._rule}"
         await self._upsert()
 
@@ -1167,6 +1165,7 @@ class RepairWorkflow:
             history=self._history,
             alerts=self._alerts,
             approved_by=self._approved_by,
+            approval=self._approval,
             rule=self._rule,
             lease=self._lease,
             lease_requested=self._lease_requested,
@@ -1198,6 +1197,7 @@ class RepairWorkflow:
         known = {a.alert_id for a in c.alerts}
         self._alerts = list(c.alerts) + [a for a in self._alerts if a.alert_id not in known]
         self._approved_by, self._rule = c.approved_by, c.rule
+        self._approval = c.approval
         self._lease = self._lease or c.lease
         self._lease_requested = c.lease_requested
         self._lease_requested_at = c.lease_requested_at
@@ -1205,6 +1205,7 @@ class RepairWorkflow:
         self._policy = c.policy or PolicyConfig()
         self._bmc_queue = c.bmc_queue
         self._attempts, self._critical = list(c.attempts), list(c.critical)
+        self._history_read = True  # read before the cordon, carried since
         self._continued = c.continued
         # a signal delivered to this run before the restore wins over the carried one
         self._approve = self._approve or c.approve
@@ -1305,6 +1306,8 @@ class RepairWorkflow:
                     await self._await_approval(
                         f"{action.value} cannot run; moves to {self._action.value}"
                     )
+                else:
+                    self._approve_decision(AUTO_APPROVED)
                 continue
             except _ActionFailed as af:
                 # the machine recorded the attempt when the action touched the machine (I22)
@@ -1414,29 +1417,16 @@ class RepairWorkflow:
                     else f"another attempt of {action.value} (next rung)")
             await self._await_approval(f"{why}; {step}")
         else:
+            self._approve_decision(AUTO_APPROVED)
             self._rule = f"{consent.rule}; {self._rule}"
 
     def _recurrence(self, acted_at: datetime, before: NodeHealth) -> Alert | None:
         """An active alert of the same fault (kind and code of the repair's evidence)
-        received by the control plane at or after the action completed — and, when its
-        evidence names the ``boot_id``, from another boot than the one before the action.
-
-        I17: judged on ``received_at`` (ingest's clock); the sender's ``observed_at``
-        only for an alert that did not pass through ingest (``received_at`` None), so an
-        agent clock minutes fast cannot make a pre-action report a recurrence."""
-
-        def at(a: Alert) -> datetime:
-            return a.received_at if a.received_at is not None else a.observed_at
-
-        faults = {(a.kind, a.code) for a in self._alerts if at(a) < acted_at}
-        for a in self._alerts:
-            if not a.active or at(a) < acted_at or (a.kind, a.code) not in faults:
-                continue
-            boot = a.evidence.get("boot_id")
-            if boot is not None and before.boot_id is not None and boot == before.boot_id:
-                continue  # a late report from the boot before the action
-            return a
-        return None
+        received by the control plane at or after the action completed, from another
+        boot than the one before the action where its evidence names the ``boot_id``
+        (:func:`decision.recurrence`; I17: ingest's ``received_at`` judges, never an
+        agent's clock)."""
+        return decision.recurrence(self._alerts, acted_at, before.boot_id)
 
     async def _machine_action(self, action: Action, minput: MachineActionInput) -> str | None:
         """Run ``action`` on the BMC queue through the pure machine
@@ -1702,13 +1692,7 @@ class RepairWorkflow:
         req = self._req
         held: str | None = None
         if self._cordoned_by_us:
-            held = self._hold
-            if held is None and self._acted and stage != S.succeeded:
-                tried = ", ".join(a.value for a in self._acted)
-                held = (
-                    f"{tried} ran and the node was not verified healthy; the fault stands, "
-                    "left cordoned for a human"
-                )
+            held = decision.left_cordoned(self._hold, self._acted, stage)
             if held is None:
                 held = await self._cleanup_uncordon()
             if held is not None:

@@ -9,7 +9,9 @@ the node and guard entities move to a new build only by continue-as-new, so an o
 version's histories never replay on newer code and are not kept here. 0.4.0 was the
 baseline (issue 26 item 6): the node and guard machines interpreted by their workflows,
 every workflow pinned; 0.5.0 adds the domain holds, shadow mode, the maintenance grace
-period, the evidence capture before an action and the breaker's count of ended repairs.
+period, the evidence capture before an action and the breaker's count of ended repairs;
+0.6.0 has the repair decide with the repair machine's functions
+(workflows/lifecycle/decision.py), reading the attempt history once per decision point.
 
 Record the current version (into :data:`RECORD_INTO`, the directory named after the
 package version in pyproject.toml: bump the version first, never overwrite an old one)

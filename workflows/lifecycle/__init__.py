@@ -8,6 +8,8 @@ exhaustively. Interpreted by their workflows: :mod:`workflows.lifecycle.machine_
 leases, queue, circuit breaker, rebuild from the ledger; ``ClusterGuardWorkflow``) and
 :mod:`workflows.lifecycle.node` (the node entity; ``NodeWorkflow``). Model-checked but not
 yet interpreted: :mod:`workflows.lifecycle.repair` (the whole repair; ``RepairWorkflow``
-still decides in its own code, following the same rules, apart from the machine action).
+still sequences its stages in its own code, but decides with the machine's functions:
+the machine action, and :mod:`workflows.lifecycle.decision` for the ladder / gate / cap
+decision, approval coverage, recurrence and what keeps a node cordoned).
 :mod:`workflows.lifecycle.trace` records what ``step`` commanded, for the fidelity check.
 """

@@ -41,9 +41,12 @@ their final outcome only: ``ok`` or a permanent failure / time-out, which ends t
 passes it) re-introduces known defects so the checker can show it finds them
 (:data:`DEFECTS`).
 
-This machine is model-checked (``tests/model/repair_world.py``); ``RepairWorkflow``
-(workflows/repair.py) still decides in its own code — wiring it as a thin interpreter
-of this machine is the remaining step of issue 26 item 2.
+This machine is model-checked (``tests/model/repair_world.py``). ``RepairWorkflow``
+(workflows/repair.py) interprets its machine action (:mod:`machine_action`) and decides
+with the same functions (:mod:`workflows.lifecycle.decision`: the decision, what an
+approval covers, recurrence, what keeps a node cordoned), but still sequences the
+stages in its own code — wiring it as a thin interpreter of this machine is the
+remaining step of issue 26 item 2.
 """
 
 from __future__ import annotations
@@ -55,11 +58,12 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field
 
 from workflows.config import PolicyConfig
+from workflows.lifecycle import decision
 from workflows.lifecycle import machine_action as ma
+from workflows.lifecycle.decision import Approval
 from workflows.models import Action, Alert, AttemptRecord, Requester
 from workflows.models import Stage as S
 from workflows.policy import (
-    choose_action,
     consent_decision,
     evidence_current,
     is_shadow,
@@ -120,16 +124,6 @@ CALL_OF: dict[Status, str] = {
     Status.draining: "drain_node", Status.joining: "node_health",
     Status.rejoining: "rejoin_node",
 }
-
-
-class Approval(BaseModel):
-    """A person's approval and what it covers: ``action`` at ``rung`` (attempts counted
-    on the node when given) under the decision ``fingerprint``."""
-
-    by: str
-    action: Action
-    rung: int
-    fingerprint: str
 
 
 class Stop(BaseModel):
@@ -423,39 +417,29 @@ def _rung(s: RepairState, now: datetime) -> int:
 
 def _decide(s: RepairState, now: datetime, requested: Action,
             approver: str | None = None) -> RepairState:
-    """Ladder + migrate gate + node cap on ``requested`` (``workflows.policy``)."""
-    p = s.policy
-    dec = choose_action(requested, s.alerts, s.attempts or [], [], s.machine, now, p.ladder,
-                        p.migrate_gate, pool=s.pool, node=s.node,
-                        repeat=p.rails.repeat_offender)
-    rule = dec.rule
-    human = ("" if not dec.needs_human else "repeat offender: a human must decide"
-             if dec.repeat_offender is not None else "ladder exhausted: a human must decide")
-    n = _rung(s, now)
-    if dec.action not in (Action.none, Action.remove) and n >= p.rails.max_actions_per_node:
-        cap = (f"node cap: {n} disruptive actions on {s.node} within "
-               f"{p.rails.max_actions_window_s:g} s (max {p.rails.max_actions_per_node})")
-        rule, human = f"{rule}; {cap}", human or f"{cap}: a human must decide"
-    if approver is not None and human:
-        rule, human = f"{rule}; approved by {approver} beyond the ladder", ""
-    fp = f"{dec.action.value}|rung {n}|{'human' if human else 'policy'}"
-    return s.model_copy(update={"action": dec.action, "rule": rule, "needs_human": human,
-                                "fingerprint": fp})
+    """Ladder + migrate gate + node cap on ``requested`` (:func:`decision.decide`, the
+    function ``RepairWorkflow`` decides with)."""
+    d = decision.decide(requested, s.policy, node=s.node, machine=s.machine, pool=s.pool,
+                        alerts=s.alerts, attempts=s.attempts or [], now=now,
+                        approver=approver)
+    return s.model_copy(update={"action": d.action, "rule": d.rule,
+                                "needs_human": d.needs_human, "fingerprint": d.fingerprint})
+
+
+def _decision_of(s: RepairState, now: datetime) -> decision.Decision:
+    return decision.Decision(action=s.action, rule=s.rule, needs_human=s.needs_human,
+                             rung=_rung(s, now), fingerprint=s.fingerprint)
 
 
 def covers(s: RepairState, now: datetime, defects: frozenset[str] = frozenset()) -> bool:
-    """Whether the recorded approval covers what would run now: the same action at the
-    same rung under the same decision (issue 26 item 3). Consent the policy gives
-    (``automatic``) needs none."""
-    if not s.needs_human and consent_decision(s.action, s.alerts, s.requester,
-                                              s.policy.consent).automatic:
+    """Whether what would run now may run (:func:`decision.covers`, as in
+    ``RepairWorkflow``): consent the policy gives (``automatic``) with nothing needing a
+    human, or the recorded approval of the same action at the same rung under the same
+    decision (issue 26 item 3)."""
+    automatic = consent_decision(s.action, s.alerts, s.requester, s.policy.consent).automatic
+    if "approval_carried_over" in defects and s.approval is not None:
         return True
-    a = s.approval
-    if a is None:
-        return False
-    if "approval_carried_over" in defects:
-        return True
-    return a.action == s.action and a.rung == _rung(s, now) and a.fingerprint == s.fingerprint
+    return decision.covers(s.approval, _decision_of(s, now), automatic)
 
 
 def _ask(s: RepairState, now: datetime, why: str) -> Out:
@@ -485,7 +469,7 @@ def _apply_approval(s: RepairState, now: datetime, cmds: list[Command]) -> Out:
         s = _decide(s, now, pa.action, approver=pa.by)
     else:
         s = _decide(s, now, s.action, approver=pa.by)
-    approval = Approval(by=pa.by, action=s.action, rung=_rung(s, now), fingerprint=s.fingerprint)
+    approval = decision.approval_of(pa.by, _decision_of(s, now))
     s = s.model_copy(update={"approval": approval, "pending_approve": None,
                              "rule": f"approved by {pa.by}; {s.rule}",
                              "approval_deadline": None})
@@ -511,10 +495,7 @@ def _consent_or_ask(s: RepairState, now: datetime, why: str, cmds: list[Command]
 def _end(s: RepairState, stage: S, by: str, reason: str) -> Out:
     """Finish: uncordon unless a disruptive action ran without a verified recovery, a
     remove held the machine, or the hold says why the node stays cordoned."""
-    held = s.hold
-    if s.cordoned_by_us and held is None and s.acted and stage != S.succeeded:
-        held = (f"{', '.join(a.value for a in s.acted)} ran and the node was not verified "
-                "healthy; the fault stands, left cordoned for a human")
+    held = decision.left_cordoned(s.hold, s.acted, stage)
     cmds: list[Command] = []
     if s.unrecorded is not None:  # I22: an action that ran is recorded, whatever ended it
         cmds.append(RecordAttempt(action=s.unrecorded,
@@ -678,13 +659,9 @@ def _idle_start(s: RepairState, now: datetime) -> Out:
 
 
 def _recurred(s: RepairState) -> bool:
-    """An active alert of the repair's fault received at or after the action (I17)."""
-    if s.acted_at is None:
-        return False
-    faults = {(a.kind, a.code) for a in s.alerts
-              if (a.received_at or a.observed_at) < s.acted_at}
-    return any(a.active and (a.received_at or a.observed_at) >= s.acted_at
-               and (a.kind, a.code) in faults for a in s.alerts)
+    """An active alert of the repair's fault received at or after the action
+    (:func:`decision.recurrence`, I17)."""
+    return s.acted_at is not None and decision.recurrence(s.alerts, s.acted_at) is not None
 
 
 def _on_machine(s: RepairState, ev: ma.Event, now: datetime, defects: frozenset[str]) -> Out:

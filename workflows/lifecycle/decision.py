@@ -1,0 +1,143 @@
+"""The repair's decisions, shared by the model-checked machine and the workflow that runs
+(issue 26 items 2, 3 and 5): what :mod:`workflows.lifecycle.repair` decides in
+``tests/model`` is decided by the same functions in ``RepairWorkflow``.
+
+- :func:`decide`: the ladder, the migrate gate, the repeat-offender rule and the per-node
+  cap on a requested action → a :class:`Decision` (the action, the rule that names every
+  step, whether a person must decide, the rung and the decision's fingerprint).
+- :func:`covers`: whether an :class:`Approval` (a person's, or the policy's own) covers a
+  decision: one action at one rung under one decision. Anything else that changed before
+  acting (an escalation, the node cap, the migrate gate, another action, another repair's
+  attempt) asks again.
+- :func:`recurrence`: the alert that makes an action's fix not hold (I17: judged on the
+  control plane's receive time).
+- :func:`left_cordoned`: why an ending keeps the node cordoned (docs/design.md §5 rule
+  zero), or None when the cleanup uncordons.
+
+Pure: no I/O, no Temporal imports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from pydantic import BaseModel
+
+from workflows.config import PolicyConfig
+from workflows.models import Action, Alert, AttemptRecord
+from workflows.models import Stage as S
+from workflows.policy import choose_action, node_actions_in_window
+
+
+class Decision(BaseModel, frozen=True):
+    """What runs next and why.
+
+    ``rule``: every step that decided, ``; ``-joined (ladder, gate, cap, approver);
+    ``needs_human``: why a person must decide, ``""`` when the policy allows it or an
+    approver was given; ``rung``: disruptive actions on the node within
+    ``rails.max_actions_window_s`` at the decision's time; ``fingerprint``:
+    ``"<action>|rung <n>|human|policy"``, where the last part is what the policy itself
+    said (before any approver), so an approval beyond the ladder is compared with the
+    same fingerprint when the decision is made again."""
+
+    action: Action
+    rule: str
+    needs_human: str
+    rung: int
+    fingerprint: str
+
+
+class Approval(BaseModel, frozen=True):
+    """An approval and what it covers: ``action`` at ``rung`` under ``fingerprint``
+    (:attr:`Decision.fingerprint`). ``by``: the person, the requesting user, or
+    :data:`workflows.models.AUTO_APPROVED` for the consent policy's own."""
+
+    by: str
+    action: Action
+    rung: int
+    fingerprint: str
+
+
+def decide(requested: Action, policy: PolicyConfig, *, node: str, machine: str | None,
+           pool: str | None, alerts: Sequence[Alert], attempts: Sequence[AttemptRecord],
+           now: datetime, critical: Sequence[Alert] = (), approver: str | None = None,
+           reset_blocked: str | None = None, with_reset: bool = True) -> Decision:
+    """Reset preconditions (``with_reset``: ``policy.reset_gpu``; ``reset_blocked``: why
+    the node said a reset cannot run), ladder, migrate gate and repeat-offender rule
+    (:func:`workflows.policy.choose_action`), then the per-node cap
+    (``rails.max_actions_per_node`` disruptive actions per ``rails.max_actions_window_s``
+    seconds) on ``requested``. ``critical``: the node's critical alerts of the migrate
+    gate's window; ``approver``: the person who approved beyond the ladder or the cap
+    (their name joins the rule and nothing more needs a human). ``now``: the control
+    plane's clock."""
+    rails = policy.rails
+    dec = choose_action(requested, alerts, attempts, critical, machine, now, policy.ladder,
+                        policy.migrate_gate, reset=policy.reset_gpu if with_reset else None,
+                        pool=pool, reset_blocked=reset_blocked, node=node,
+                        repeat=rails.repeat_offender)
+    rule = dec.rule
+    human = ("" if not dec.needs_human else "repeat offender: a human must decide"
+             if dec.repeat_offender is not None else "ladder exhausted: a human must decide")
+    rung = node_actions_in_window(attempts, node, now, rails.max_actions_window_s)
+    if dec.action not in (Action.none, Action.remove) and rung >= rails.max_actions_per_node:
+        cap = (f"node cap: {rung} disruptive actions on {node} within "
+               f"{rails.max_actions_window_s:g} s (max {rails.max_actions_per_node})")
+        rule, human = f"{rule}; {cap}", human or f"{cap}: a human must decide"
+    fingerprint = f"{dec.action.value}|rung {rung}|{'human' if human else 'policy'}"
+    if approver is not None and human:
+        rule, human = f"{rule}; approved by {approver} beyond the ladder", ""
+    return Decision(action=dec.action, rule=rule, needs_human=human, rung=rung,
+                    fingerprint=fingerprint)
+
+
+def approval_of(by: str, decision: Decision) -> Approval:
+    """The approval ``by`` gives to ``decision`` (what it covers)."""
+    return Approval(by=by, action=decision.action, rung=decision.rung,
+                    fingerprint=decision.fingerprint)
+
+
+def covers(approval: Approval | None, decision: Decision, automatic: bool) -> bool:
+    """Whether ``decision`` may run: the policy's consent allows it (``automatic``, the
+    consent decision for ``decision.action``) and nothing needs a human, or ``approval``
+    was given to this same action at this same rung under this same decision."""
+    if automatic and not decision.needs_human:
+        return True
+    return (approval is not None and approval.action == decision.action
+            and approval.rung == decision.rung and approval.fingerprint == decision.fingerprint)
+
+
+def received(a: Alert) -> datetime:
+    """When the control plane received ``a`` (``received_at``, ingest's clock); the
+    sender's ``observed_at`` only for an alert that did not pass through ingest."""
+    return a.received_at if a.received_at is not None else a.observed_at
+
+
+def recurrence(alerts: Sequence[Alert], acted_at: datetime,
+               boot_before: str | None = None) -> Alert | None:
+    """An active alert of a fault the repair had before the action (same kind and code)
+    received at or after ``acted_at`` — and, when its evidence names a ``boot_id``, from
+    another boot than ``boot_before`` (a late report of the boot before the action is no
+    recurrence). I17: judged on :func:`received`, never on a sender's clock."""
+    faults = {(a.kind, a.code) for a in alerts if received(a) < acted_at}
+    for a in alerts:
+        if not a.active or received(a) < acted_at or (a.kind, a.code) not in faults:
+            continue
+        boot = a.evidence.get("boot_id")
+        if boot is not None and boot_before is not None and boot == boot_before:
+            continue
+        return a
+    return None
+
+
+def left_cordoned(hold: str | None, acted: Sequence[Action], stage: S) -> str | None:
+    """Why an ending keeps the node this repair cordoned: ``hold`` (a remove, a node
+    that did not come back, an action cancelled after it touched the machine), or a
+    disruptive action ran and the repair ends without a verified recovery (the fault
+    stands, the machine's state is unknown). None: the cleanup uncordons."""
+    if hold is not None:
+        return hold
+    if acted and stage != S.succeeded:
+        return (f"{', '.join(a.value for a in acted)} ran and the node was not verified "
+                "healthy; the fault stands, left cordoned for a human")
+    return None
