@@ -150,6 +150,7 @@ def _alert_from_row(row: asyncpg.Record) -> Alert:
         active=row["active"],
         source=row["source"],
         observed_at=row["observed_at"],
+        received_at=row.get("received_at"),
         node_pool=row.get("node_pool"),
     )
 
@@ -185,19 +186,20 @@ WITH given AS (
   SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
                        $7::int[], $8::text[], $9::text[], $10::text[], $11::bool[],
                        $12::text[], $13::text[], $14::text[], $15::text[], $16::text[],
-                       $17::bool[], $18::bool[], $19::text[], $20::timestamptz[])
+                       $17::bool[], $18::bool[], $19::text[], $20::timestamptz[],
+                       $21::timestamptz[])
          WITH ORDINALITY AS g(alert_id, cluster, node, machine_id, node_pool, kind, code, gpu,
                               severity, mnemonic, actionable, action, summary, description,
                               evidence_text, evidence, level, active, source, observed_at,
-                              ord)
+                              received_at, ord)
 ), ins AS (
   INSERT INTO alerts (alert_id, cluster, node, machine_id, node_pool, kind, code, gpu,
                       severity, mnemonic, actionable, action, summary, description,
                       evidence_text, evidence, level, active, source, observed_at,
-                      handed_off_at, accepted_ord)
+                      received_at, handed_off_at, accepted_ord)
   SELECT alert_id, cluster, node, machine_id, node_pool, kind, code, gpu, severity, mnemonic,
          actionable, action, summary, description, evidence_text, evidence::jsonb, level,
-         active, source, observed_at, NULL, ord::integer
+         active, source, observed_at, received_at, NULL, ord::integer
     FROM given ORDER BY ord
   ON CONFLICT (alert_id) DO NOTHING
   RETURNING alert_id, kind, action, actionable
@@ -279,9 +281,10 @@ class Ledger:
             status = await conn.execute(
                 """INSERT INTO alerts (alert_id, cluster, node, machine_id, kind, code, gpu,
                      severity, mnemonic, actionable, action, summary, description,
-                     evidence_text, evidence, level, active, source, observed_at, node_pool)
+                     evidence_text, evidence, level, active, source, observed_at, node_pool,
+                     received_at)
                    VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,
-                           $20)
+                           $20,$21)
                    ON CONFLICT (alert_id) DO NOTHING""",
                 alert.alert_id,
                 alert.cluster,
@@ -303,6 +306,7 @@ class Ledger:
                 alert.source,
                 alert.observed_at,
                 alert.node_pool,
+                alert.received_at,
             )
             inserted = status.endswith(" 1")
             if inserted and alert.action == Action.none and not alert.actionable:
@@ -323,13 +327,13 @@ class Ledger:
         cannot take them; then nothing of the push is recorded."""
         if not alerts:
             return set()
-        cols: list[list[Any]] = [[] for _ in range(20)]
+        cols: list[list[Any]] = [[] for _ in range(21)]
         for a in alerts:
             for col, v in zip(cols, (
                     a.alert_id, a.cluster, a.node, a.machine_id, a.node_pool, a.kind, a.code,
                     a.gpu, a.severity.value, a.mnemonic, a.actionable, a.action.value,
                     a.summary, a.description, a.evidence_text, json.dumps(self._evidence(a)),
-                    a.level, a.active, a.source, a.observed_at), strict=True):
+                    a.level, a.active, a.source, a.observed_at, a.received_at), strict=True):
                 col.append(v)
         rows = await self._db.fetch(_ACCEPT_ALERTS, *cols)
         return {r["alert_id"] for r in rows}
@@ -722,8 +726,9 @@ class Ledger:
     async def attempt_history(self, q: AttemptQuery) -> AttemptHistory:
         """Attempts on the machine or on the node since ``q.since`` (the ladder follows a
         node's fault episode across a migrate, and the per-node action cap counts the node),
-        and critical alerts seen on the machine (the node when no machine id) in the same
-        period (for the migrate evidence gate)."""
+        and critical alerts the control plane received on the machine (the node when no
+        machine id) in the same period (for the migrate evidence gate; I17: by
+        ``received_at``, ``observed_at`` only for alerts recorded without one)."""
         if q.machine_id:
             where, key = "cluster = $1 AND machine_id = $2", q.machine_id
         else:
@@ -751,8 +756,8 @@ class Ledger:
             for r in rows
         ]
         alerts = await self._db.fetch(
-            f"SELECT * FROM alerts WHERE {where} AND observed_at >= $3 AND severity = 'critical'"
-            " ORDER BY observed_at",
+            f"SELECT * FROM alerts WHERE {where} AND coalesce(received_at, observed_at) >= $3"
+            " AND severity = 'critical' ORDER BY coalesce(received_at, observed_at)",
             q.cluster,
             key,
             q.since,

@@ -11,7 +11,8 @@ Every transition is recorded in the ledger (``ledger_record_transition``), in th
 for a person, and ``in_progress`` otherwise.
 
 Signals (JSON a person can type in the Temporal UI): ``approve`` ``{"by": "alice",
-"action": "reprovision"}`` (action optional; ladder and migrate gate still apply; an
+"action": "reprovision"}`` (action optional; ladder and migrate gate still apply, and
+when they make it another action the person is asked again for that one; an
 approval sent before the repair asks for one is kept), ``reject`` ``{"by", "reason"}``,
 ``cancel`` ``{"by", "reason"}``; internal signals ``attach_alert`` (:class:`Alert`, from
 the NodeWorkflow) and ``lease`` (:class:`LeaseReply`, from the guard). Query ``status`` →
@@ -354,6 +355,15 @@ class RepairWorkflow:
         self._shadow = False
         #: I18: the repair ended because its machine is held for RMA
         self._machine_held = False
+        #: the workflow was cancelled from Temporal during a machine action, which
+        #: brought the machine to a safe state first: it closes cancelled after cleanup
+        self._temporal_cancelled = False
+        #: when the machine action now running (or last run) started
+        self._action_started: datetime | None = None
+        #: an action that ran and touched the machine, its attempt not yet recorded
+        #: (with the machine it ran on): whatever ends the repair records it (I22), as
+        #: the repair machine's ``unrecorded`` does
+        self._unrecorded: tuple[Action, str | None] | None = None
         #: one line per evidence capture before an action (issue 31 item 3)
         self._captures: list[str] = []
         #: what the machine action's ``step`` commanded, checked against what runs
@@ -475,7 +485,7 @@ class RepairWorkflow:
                 stage, by = S.failed, "system"
                 reason = f"{err.activity_type} failed at stage {self._stage.value}: {_cause(err)}"
         await self._finish(stage, by, reason)
-        if cancelled:
+        if cancelled or self._temporal_cancelled:
             raise asyncio.CancelledError(reason)
         if stage in (S.failed, S.timed_out):
             # shown as failed in Temporal (UI list, ExecutionStatus), with the final
@@ -844,8 +854,16 @@ class RepairWorkflow:
             raise _Ended(S.auto_resolved, "system", "alert cleared before approval")
         sig = self._approve
         self._approve = None  # consumed
+        asked = sig.action or self._action
+        await self._decide(asked, approver=sig.by)
+        assert self._decision is not None
+        again = decision.approved_as_asked(asked, sig.by, self._decision,
+                                           self._consent(self._action).automatic)
+        if again is not None:
+            # the ladder or the migrate gate made it another action than the one approved
+            await self._await_approval(again)
+            return
         self._approved_by = sig.by
-        await self._decide(sig.action or self._action, approver=sig.by)
         self._approve_decision(sig.by)
         self._rule = f"approved by {sig.by}; {self._rule}"
         await self._upsert()
@@ -1105,7 +1123,7 @@ class RepairWorkflow:
             self._check_cancel_before_act()
             if not self._evidence_ok():
                 return  # the caller ends the repair auto_resolved before draining
-            idle = await self._act(ACT.check_idle, ref, IdleStatus)
+            idle = await self._read(ACT.check_idle, ref, IdleStatus)
             if idle.detail and idle.detail != noted:
                 # what the check did beyond looking (a non-graceful-shutdown taint on a host
                 # the BMC reports off) goes in the repair's record, once per change
@@ -1276,7 +1294,7 @@ class RepairWorkflow:
                 stage, "system", f"{action.value} on {self._machine or req.node}"
             )
             ref = NodeRef(cluster=req.cluster, node=req.node, repair_id=req.repair_id)
-            before = await self._act(ACT.node_health, ref, NodeHealth)
+            before = await self._read(ACT.node_health, ref, NodeHealth)
             faulty = self._machine
             minput = MachineActionInput(
                 cluster=req.cluster,
@@ -1289,7 +1307,11 @@ class RepairWorkflow:
                 boot_time_before=before.boot_time,
             )
             await self._ensure_lease(action.value)
+            # a cancel or reject that came while the health read or the lease renewal was
+            # out stops here: nothing is touched after a person said stop (I19)
+            self._check_cancel_before_act()
             self._acted.append(action)
+            self._action_started = workflow.now()
             try:
                 new_machine = await self._machine_action(action, minput)
             except _NotRun as nr:
@@ -1337,6 +1359,7 @@ class RepairWorkflow:
                 self._done = f"machine {faulty or req.node} removed for RMA"
                 await self._revalidate(faulty, "removed for RMA", "hold")
                 return
+            self._unrecorded = (action, faulty)
             if new_machine is not None:
                 self._machine = new_machine
                 workflow.upsert_search_attributes([SA_MACHINE.value_set(new_machine)])
@@ -1422,11 +1445,12 @@ class RepairWorkflow:
 
     def _recurrence(self, acted_at: datetime, before: NodeHealth) -> Alert | None:
         """An active alert of the same fault (kind and code of the repair's evidence)
-        received by the control plane at or after the action completed, from another
-        boot than the one before the action where its evidence names the ``boot_id``
-        (:func:`decision.recurrence`; I17: ingest's ``received_at`` judges, never an
-        agent's clock)."""
-        return decision.recurrence(self._alerts, acted_at, before.boot_id)
+        received by the control plane at or after the action completed (not a late
+        report of the boot before it), or after the action started from the boot it
+        brought (:func:`decision.recurrence`; I17: ingest's ``received_at`` judges,
+        never an agent's clock)."""
+        return decision.recurrence(self._alerts, acted_at, before.boot_id,
+                                   self._action_started)
 
     async def _machine_action(self, action: Action, minput: MachineActionInput) -> str | None:
         """Run ``action`` on the BMC queue through the pure machine
@@ -1460,7 +1484,7 @@ class RepairWorkflow:
                     run_input = minput.model_copy(update={
                         "resume_phase": cmd.resume_phase, "idempotency_key": cmd.key})
                     try:
-                        res = await workflow.execute_activity(
+                        res = await self._through_cancel(workflow.start_activity(
                             name,
                             run_input,
                             result_type=rtype,
@@ -1468,7 +1492,7 @@ class RepairWorkflow:
                             start_to_close_timeout=_MACHINE_TIMEOUT,
                             heartbeat_timeout=hb,
                             retry_policy=_MACHINE_ONCE,
-                        )
+                        ))
                         outcome: MachineEvent = _ok_event(action, res)
                     except ActivityError as err:
                         if is_cancelled_exception(err):
@@ -1480,7 +1504,10 @@ class RepairWorkflow:
                 elif isinstance(cmd, MaTimer):
                     # the back-off ends early for a cancel or reject the machine has not
                     # been told of yet (one it knows of waits the back-off out)
-                    await self._wait(self._untold_stop(m.cancel is not None), cmd.seconds)
+                    try:
+                        await self._wait(self._untold_stop(m.cancel is not None), cmd.seconds)
+                    except asyncio.CancelledError:
+                        self._cancelled_from_temporal()
                     events += self._stop_event(m) or [MaTimerFired()]
                 elif isinstance(cmd, MaRecord):
                     await self._attempt(action, cmd.outcome)
@@ -1490,6 +1517,31 @@ class RepairWorkflow:
                 elif isinstance(cmd, MaFinish):
                     return await self._machine_finished(action, cmd, res, unsupported)
         raise AssertionError("the machine action ended without finishing")  # pragma: no cover
+
+    async def _through_cancel(self, call: Awaitable[T]) -> T:
+        """Await a machine action's activity to its end even when the workflow is
+        cancelled from Temporal (UI or CLI) meanwhile: that cancel is taken as the cancel
+        signal's (:meth:`_cancelled_from_temporal`) and the machine decides it once the
+        call returns (a power cycle that sent ForceOff sends On; I19), instead of the
+        call being abandoned half-way. ``asyncio.wait`` never cancels what it waits
+        for."""
+        task = asyncio.ensure_future(call)
+        while not task.done():
+            try:
+                await workflow.wait([task])
+            except asyncio.CancelledError:
+                self._cancelled_from_temporal()
+        return task.result()
+
+    def _cancelled_from_temporal(self) -> None:
+        """The workflow was cancelled from Temporal while a machine action ran: a cancel
+        by ``temporal`` (unless a person's stop came first), and the workflow closes
+        cancelled once the machine is safe and the cleanup ran."""
+        self._temporal_cancelled = True
+        if self._cancel is None and self._reject is None:
+            self._cancel = CancelSignal(
+                by="temporal",
+                reason=f"workflow cancelled from Temporal (UI or CLI) at {self._stage.value}")
 
     def _untold_stop(self, told: bool) -> Callable[[], bool]:
         """Condition: a cancel or reject arrived that the machine was not told of yet."""
@@ -1534,7 +1586,7 @@ class RepairWorkflow:
         limit = self._policy.rails.rejoin_timeout_s
         start = workflow.now()
         while True:
-            h = await self._act(ACT.node_health, ref, NodeHealth)
+            h = await self._read(ACT.node_health, ref, NodeHealth)
             rebooted = (
                 action not in REBOOTING or before.boot_id is None or h.boot_id != before.boot_id
             )
@@ -1545,13 +1597,17 @@ class RepairWorkflow:
                 return False
             poll = self._policy.rails.rejoin_poll_s
 
-            def recurred() -> bool:
+            def recurred_or_stop() -> bool:
                 return (
-                    acted_at is not None
-                    and self._recurrence(acted_at, before) is not None
+                    self._cancel is not None
+                    or self._reject is not None
+                    or (acted_at is not None and self._recurrence(acted_at, before) is not None)
                 )
 
-            if await self._wait(recurred, min(poll, max(limit - waited, 1.0))):
+            if await self._wait(recurred_or_stop, min(poll, max(limit - waited, 1.0))):
+                # a person's stop ends the repair here, in the wait (I19): the action ran
+                # and the node is not verified, so it stays cordoned (left_cordoned)
+                self._check_cancel_before_act()
                 return False
 
     async def _rejoin(self) -> None:
@@ -1618,6 +1674,8 @@ class RepairWorkflow:
             write_key=self._write_key(),
         )
         self._attempts.append(rec)
+        if self._unrecorded is not None and self._unrecorded[0] == action:
+            self._unrecorded = None
         await self._short0(ACT.ledger_record_attempt, rec)
 
     async def _transition(self, stage: S, by: str, reason: str) -> None:
@@ -1691,6 +1749,11 @@ class RepairWorkflow:
         assert self._req is not None
         req = self._req
         held: str | None = None
+        if self._unrecorded is not None:
+            # I22: the action touched the machine; a later step ended the repair first
+            ran, on = self._unrecorded
+            outcome = "succeeded" if stage == S.succeeded else "failed"
+            await self._safely("ledger attempt", lambda: self._attempt(ran, outcome, on))
         if self._cordoned_by_us:
             held = decision.left_cordoned(self._hold, self._acted, stage)
             if held is None:
@@ -1817,6 +1880,26 @@ class RepairWorkflow:
             heartbeat_timeout=heartbeat,
             retry_policy=_RETRY,
         )
+        return result
+
+    async def _read(self, name: str, arg: object, result_type: type[T]) -> T:
+        """A read-only scheduler call (idle check, node health) as :meth:`_act`, which a
+        person's cancel or reject interrupts (I19: a stop is never held up by a call
+        that retries for as long as the scheduler is down): the call is cancelled and
+        :class:`_Ended` raised. A stop that came before the call stops it unasked."""
+        self._check_cancel_before_act()
+        handle = workflow.start_activity(name, arg, result_type=result_type,
+                                         start_to_close_timeout=_SHORT, retry_policy=_RETRY)
+        await workflow.wait_condition(
+            lambda: handle.done() or self._cancel is not None or self._reject is not None)
+        if not handle.done():
+            handle.cancel()
+            try:
+                await handle
+            except (ActivityError, asyncio.CancelledError):
+                pass  # the read was cancelled (or answered as it was): it decides nothing
+            self._check_cancel_before_act()
+        result: T = await handle
         return result
 
     async def _act0(self, name: str, arg: object) -> None:

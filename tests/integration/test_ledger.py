@@ -313,3 +313,22 @@ async def test_transactions_with_the_same_lock_run_one_after_the_other(
     first_in.clear()
     await asyncio.gather(first(), second("other"))  # another key does not wait
     assert order == ["first in", "second in (other)", "first out"]
+
+
+async def test_critical_history_is_judged_on_receive_time(ledger_pool: asyncpg.Pool) -> None:
+    """I17: the migrate gate's critical history is the alerts the control plane received
+    in the window, whatever the sender's clock said: one from a host 11 days behind,
+    received now, counts; one received 11 days ago from a clock 11 days ahead does not.
+    Both ways in (ingest's batch and the node's single record) keep ``received_at``."""
+    ledger = Ledger(ledger_pool)
+    behind = _alert("slow", at=T0 - timedelta(days=11)).model_copy(update={"received_at": T0})
+    ahead = _alert("fast", at=T0).model_copy(
+        update={"received_at": T0 - timedelta(days=11), "machine_id": "m-01"})
+    assert await ledger.accept_alerts([behind]) == {"slow"}
+    assert await ledger.record_alert(ahead) is True
+    hist = await ledger.attempt_history(
+        AttemptQuery(cluster="c1", node="gpu-01", machine_id="m-01", since=T0 - timedelta(days=10)))
+    assert [a.alert_id for a in hist.critical_alerts] == ["slow"]
+    assert hist.critical_alerts[0].received_at == T0
+    got = await ledger.get_alert("fast")
+    assert got is not None and got.received_at == T0 - timedelta(days=11)

@@ -122,3 +122,34 @@ def test_auto_approval_records_what_it_covers() -> None:
     d = _decide([])
     appr = decision.approval_of(AUTO_APPROVED, d)
     assert appr.fingerprint == "power_cycle|rung 0|policy"
+
+
+def test_a_report_from_the_new_boot_during_the_action_is_a_recurrence() -> None:
+    """A reboot returns only after "booted"; the agent of the new boot may report the
+    fault again before that: received after the action started, from another boot than
+    the one before it, it is a recurrence. A report of an older boot received before the
+    action started is not."""
+    started, acted = NOW, NOW + timedelta(minutes=5)
+    first = _alert(1, at=NOW - timedelta(minutes=10), received_at=NOW - timedelta(minutes=10),
+                   evidence={"boot_id": "boot-a"})
+    again = _alert(2, at=NOW + timedelta(minutes=3), received_at=NOW + timedelta(minutes=3),
+                   evidence={"boot_id": "boot-b"})
+    assert decision.recurrence([first, again], acted, "boot-a", started) == again
+    assert decision.recurrence([first, again], acted, "boot-a") is None  # no start known
+    older = _alert(3, at=NOW - timedelta(minutes=2), received_at=NOW - timedelta(minutes=2),
+                   evidence={"boot_id": "boot-0"})
+    assert decision.recurrence([first, older], acted, "boot-a", started) is None
+
+
+def test_migrate_gate_counts_critical_history_by_receive_time() -> None:
+    """I17: a critical alert from a host whose clock is 11 days behind, received now,
+    is within the gate's 10-day window; one received 11 days ago is not."""
+    from workflows.config import MigrateGateConfig
+    from workflows.policy import migrate_gate
+
+    gate = MigrateGateConfig()
+    slow = _alert(1, at=NOW - timedelta(days=11), received_at=NOW - timedelta(hours=1))
+    old = _alert(2, at=NOW - timedelta(hours=1), received_at=NOW - timedelta(days=11))
+    warn = _alert(3, severity="warning")
+    assert migrate_gate(Action.migrate, [warn], [slow], NOW, gate).action == Action.migrate
+    assert migrate_gate(Action.migrate, [warn], [old], NOW, gate).action == Action.reprovision

@@ -71,7 +71,9 @@ async def test_record_histories(harness: Harness) -> None:
     saved["repair_power_cycle"] = f"repair/{h.cluster.cluster}/gpu-01/{d.repair_id}"
     # 2. approval with an override through the migrate gate
     h.policy.consent.mode = "approve"
-    a = await start_repair(h, "gpu-02", Action.reboot, "rec-approve")
+    fresh = make_alert(h.cluster.cluster, "gpu-02", "rec-approve",
+                       observed_at=await h.env.get_current_time())  # the gate lets it migrate
+    a = await start_repair(h, "gpu-02", Action.reboot, "rec-approve", alerts=[fresh])
     await wait_stage(h, "gpu-02", "rec-approve", Stage.awaiting_approval)
     await a.signal("approve", ApproveSignal(by="alice", action=Action.migrate))
     await a.result()

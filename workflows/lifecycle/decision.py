@@ -27,7 +27,7 @@ from pydantic import BaseModel
 from workflows.config import PolicyConfig
 from workflows.models import Action, Alert, AttemptRecord
 from workflows.models import Stage as S
-from workflows.policy import choose_action, node_actions_in_window
+from workflows.policy import choose_action, node_actions_in_window, received_time
 
 
 class Decision(BaseModel, frozen=True):
@@ -39,13 +39,15 @@ class Decision(BaseModel, frozen=True):
     ``rails.max_actions_window_s`` at the decision's time; ``fingerprint``:
     ``"<action>|rung <n>|human|policy"``, where the last part is what the policy itself
     said (before any approver), so an approval beyond the ladder is compared with the
-    same fingerprint when the decision is made again."""
+    same fingerprint when the decision is made again; ``policy_human``: the policy itself
+    asks a person (ladder exhausted, repeat offender, node cap), approver or not."""
 
     action: Action
     rule: str
     needs_human: str
     rung: int
     fingerprint: str
+    policy_human: bool = False
 
 
 class Approval(BaseModel, frozen=True):
@@ -88,7 +90,7 @@ def decide(requested: Action, policy: PolicyConfig, *, node: str, machine: str |
     if approver is not None and human:
         rule, human = f"{rule}; approved by {approver} beyond the ladder", ""
     return Decision(action=dec.action, rule=rule, needs_human=human, rung=rung,
-                    fingerprint=fingerprint)
+                    fingerprint=fingerprint, policy_human=fingerprint.endswith("|human"))
 
 
 def approval_of(by: str, decision: Decision) -> Approval:
@@ -107,25 +109,54 @@ def covers(approval: Approval | None, decision: Decision, automatic: bool) -> bo
             and approval.rung == decision.rung and approval.fingerprint == decision.fingerprint)
 
 
-def received(a: Alert) -> datetime:
-    """When the control plane received ``a`` (``received_at``, ingest's clock); the
-    sender's ``observed_at`` only for an alert that did not pass through ingest."""
-    return a.received_at if a.received_at is not None else a.observed_at
+def approved_as_asked(asked: Action, by: str, decided: Decision,
+                      automatic: bool) -> str | None:
+    """An approval ``by`` gave to ``asked`` (the action shown, or the one their approval
+    named) and what the ladder and the migrate gate then decided (``decided``, made with
+    ``by`` as approver): None when it may run — the same action, or another the consent
+    policy allows by itself (``automatic`` for ``decided.action``, nothing the policy
+    asks a person for); otherwise why the person is asked again, naming both actions and
+    the rule that changed one into the other (an approval covers one action)."""
+    if decided.action == asked or (automatic and not decided.policy_human):
+        return None
+    return (f"{by} approved {asked.value}, but {decided.rule} decides "
+            f"{decided.action.value}: approve {decided.action.value}, approve with another "
+            "action, or reject / cancel")
 
 
-def recurrence(alerts: Sequence[Alert], acted_at: datetime,
-               boot_before: str | None = None) -> Alert | None:
+#: When the control plane received an alert (:func:`workflows.policy.received_time`).
+received = received_time
+
+
+def recurrence(alerts: Sequence[Alert], acted_at: datetime, boot_before: str | None = None,
+               started_at: datetime | None = None) -> Alert | None:
     """An active alert of a fault the repair had before the action (same kind and code)
-    received at or after ``acted_at`` — and, when its evidence names a ``boot_id``, from
-    another boot than ``boot_before`` (a late report of the boot before the action is no
-    recurrence). I17: judged on :func:`received`, never on a sender's clock."""
-    faults = {(a.kind, a.code) for a in alerts if received(a) < acted_at}
+    that shows the fix did not hold: received at or after ``acted_at`` (the action's
+    end), unless its evidence names ``boot_before`` (a late report of the boot before the
+    action); or, with ``started_at`` (the action's start), received after it from
+    another boot than ``boot_before`` — the boot the action brought, whose agent may
+    report before the action's last step returns (a reboot waits for "booted").
+    I17: judged on :func:`received`, never on a sender's clock."""
+
+    def boot(a: Alert) -> object:
+        return a.evidence.get("boot_id")
+
+    def after_start_new_boot(a: Alert) -> bool:
+        b = boot(a)
+        return (started_at is not None and boot_before is not None and b is not None
+                and b != boot_before and received(a) >= started_at)
+
+    faults = {(a.kind, a.code) for a in alerts
+              if received(a) < acted_at and not after_start_new_boot(a)}
     for a in alerts:
-        if not a.active or received(a) < acted_at or (a.kind, a.code) not in faults:
+        if not a.active or (a.kind, a.code) not in faults:
             continue
-        boot = a.evidence.get("boot_id")
-        if boot is not None and boot_before is not None and boot == boot_before:
+        if after_start_new_boot(a):
+            return a
+        if received(a) < acted_at:
             continue
+        if boot(a) is not None and boot_before is not None and boot(a) == boot_before:
+            continue  # a late report from the boot before the action
         return a
     return None
 

@@ -116,6 +116,9 @@ CALL_OUT = frozenset({Status.reading_policy, Status.reading_hold, Status.reading
 #: Statuses in which the repair only waits (a cancel ends it at once).
 WAITING = frozenset({Status.awaiting_approval, Status.awaiting_lease, Status.idle_backoff,
                      Status.join_backoff})
+#: Statuses whose call out is a read-only scheduler call a stop interrupts (the call is
+#: cancelled, the repair ends at once: I19, never held up by a scheduler that is down).
+INTERRUPTIBLE = frozenset({Status.checking_idle, Status.joining})
 #: Which activity is out in each :data:`CALL_OUT` status.
 CALL_OF: dict[Status, str] = {
     Status.reading_policy: "load_policy", Status.reading_hold: "ledger_machine_held",
@@ -428,7 +431,8 @@ def _decide(s: RepairState, now: datetime, requested: Action,
 
 def _decision_of(s: RepairState, now: datetime) -> decision.Decision:
     return decision.Decision(action=s.action, rule=s.rule, needs_human=s.needs_human,
-                             rung=_rung(s, now), fingerprint=s.fingerprint)
+                             rung=_rung(s, now), fingerprint=s.fingerprint,
+                             policy_human=s.fingerprint.endswith("|human"))
 
 
 def covers(s: RepairState, now: datetime, defects: frozenset[str] = frozenset()) -> bool:
@@ -465,10 +469,13 @@ def _ask(s: RepairState, now: datetime, why: str) -> Out:
 def _apply_approval(s: RepairState, now: datetime, cmds: list[Command]) -> Out:
     pa = s.pending_approve
     assert pa is not None
-    if pa.action != Action.none:
-        s = _decide(s, now, pa.action, approver=pa.by)
-    else:
-        s = _decide(s, now, s.action, approver=pa.by)
+    asked = pa.action if pa.action != Action.none else s.action
+    s = _decide(s, now, asked, approver=pa.by)
+    automatic = consent_decision(s.action, s.alerts, s.requester, s.policy.consent).automatic
+    again = decision.approved_as_asked(asked, pa.by, _decision_of(s, now), automatic)
+    if again is not None:  # the ladder or the gate made it another action: asked again
+        s2, more = _ask(s.model_copy(update={"pending_approve": None}), now, again)
+        return s2, [*cmds, *more]
     approval = decision.approval_of(pa.by, _decision_of(s, now))
     s = s.model_copy(update={"approval": approval, "pending_approve": None,
                              "rule": f"approved by {pa.by}; {s.rule}",
@@ -735,13 +742,19 @@ def _carry(s: RepairState, defects: frozenset[str]) -> ContinueAsNew:
     return ContinueAsNew(state=carried)
 
 
-def _stop_event(s: RepairState, ev: Cancel | Reject, now: datetime) -> Out:
+def _stop_event(s: RepairState, ev: Cancel | Reject, now: datetime,
+                defects: frozenset[str] = frozenset()) -> Out:
     if s.stop is not None:
         return s, []  # the first cancel or reject decides
     stop = Stop(stage="cancelled" if isinstance(ev, Cancel) else "rejected", by=ev.by,
                 reason=ev.reason)
     s = s.model_copy(update={"stop": stop})
-    if s.status in WAITING or s.status == Status.new:
+    # the planted defect keeps the stop until the idle check returns, as before the fix
+    deferred = ("cancel_lost_across_can" in defects and s.status == Status.checking_idle
+                and s.can_due) or ("cancel_ignored_between_rungs" in defects
+                                   and s.status == Status.joining)
+    if s.status in WAITING or (s.status in INTERRUPTIBLE and not deferred) \
+            or s.status == Status.new:
         return _stop_now(s)
     if s.status == Status.acting:
         return _on_machine(s, ma.Cancel(by=ev.by, reason=ev.reason), now, frozenset())
@@ -756,7 +769,7 @@ def step(state: RepairState, event: Event, now: datetime,
     if st == Status.ended:
         return s, []
     if isinstance(event, (Cancel, Reject)):
-        return _stop_event(s, event, now)
+        return _stop_event(s, event, now, defects)
     if isinstance(event, Approve):
         s = s.model_copy(update={"pending_approve": Approval(
             by=event.by, action=event.action or Action.none, rung=-1, fingerprint="")})
@@ -923,12 +936,18 @@ def _decision(st: Status, kind: str) -> str:
         if st in WAITING or st == Status.new:
             return f"→ ended `{'cancelled' if kind == 'cancel' else 'rejected'}` at once; " \
                 "cleanup (I19)"
+        if st in INTERRUPTIBLE:
+            stage = "cancelled" if kind == "cancel" else "rejected"
+            return (f"the read is cancelled → ended `{stage}` at once; cleanup (left "
+                    "cordoned if an action ran; I19)")
         if st == Status.acting:
             return "to the machine action: safe power state, then ended (held if touched)"
         return "remembered; ends when the call returns, before the next step (I19)"
     if kind == "approve":
-        return ("applied: decision re-made with the approver; the approval records action, "
-                "rung and fingerprint → awaiting_lease" if st == Status.awaiting_approval
+        return ("applied: decision re-made with the approver; the ladder or the gate made "
+                "it another action than approved (consent does not allow it by itself) → "
+                "asked again naming both; else the approval records action, rung and "
+                "fingerprint → awaiting_lease" if st == Status.awaiting_approval
                 else "kept until the repair asks")
     if kind == "alert_attached":
         return ("joins the evidence; a recurrence after the action → attempt recorded, "

@@ -33,6 +33,7 @@ from workflows.policy.rails import (
     evidence_current,
     in_cooldown,
     persistence_for,
+    received_time,
     recent_events,
 )
 from workflows.policy.reset import (
@@ -71,6 +72,7 @@ __all__ = [
     "persistence_for",
     "platform_blocker",
     "rail_attempts",
+    "received_time",
     "recent_events",
     "repeat_key",
     "repeat_offender",

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 
 from workflows.config import LadderConfig, MigrateGateConfig, RepeatOffenderConfig, ResetGpuPolicy
 from workflows.models import ACTION_WEIGHT, Action, Alert, AttemptRecord, Severity
+from workflows.policy.rails import received_time
 from workflows.policy.reset import reset_decision
 
 #: Attempt outcomes that never count for the ladder (docs/design.md §5).
@@ -149,15 +150,16 @@ def migrate_gate(
 
     "Firing now" is a critical level fault still raised; every other critical alert — the
     repair's own ``alerts`` (an Xid event, a level fault cleared since) or the machine's
-    ``critical_history`` — counts by its age (``observed_at`` within the window), never by
-    whether it is still active."""
+    ``critical_history`` — counts by its age (received by the control plane within the
+    window, :func:`~workflows.policy.rails.received_time`; I17: never a sender's clock),
+    never by whether it is still active."""
     if action != Action.migrate:
         return GateDecision(action, "gate:not applicable")
     if any(a.severity == Severity.critical and a.active and a.level for a in alerts):
         return GateDecision(Action.migrate, "gate:critical alert now")
     since = now - timedelta(seconds=gate.window_s)
     if any(
-        a.severity == Severity.critical and since <= a.observed_at
+        a.severity == Severity.critical and since <= received_time(a)
         for a in [*alerts, *critical_history]
     ):
         return GateDecision(Action.migrate, f"gate:critical alert within {gate.window_s:g}s")

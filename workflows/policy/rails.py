@@ -77,8 +77,9 @@ def evidence_current(alerts: Sequence[Alert], not_before: datetime | None = None
     """Whether any alert behind a repair is still current.
 
     A level fault is current while active (no clear received). An event fault (Xid) is
-    current unless ``not_before`` is given and it was observed before it (after a breaker
-    reset only evidence seen after the reset counts; design.md §5 rails). No alerts (an operator
+    current unless ``not_before`` is given and the control plane received it before then
+    (after a breaker reset only evidence received after the reset counts; design.md §5
+    rails; I17: :func:`received_time`, never a sender's clock). No alerts (an operator
     repair) is always current.
     """
     if not alerts:
@@ -87,6 +88,13 @@ def evidence_current(alerts: Sequence[Alert], not_before: datetime | None = None
         if a.level:
             if a.active:
                 return True
-        elif a.active and (not_before is None or a.observed_at >= not_before):
+        elif a.active and (not_before is None or received_time(a) >= not_before):
             return True
     return False
+
+
+def received_time(a: Alert) -> datetime:
+    """When the control plane received ``a``: ``received_at`` (ingest's clock), the
+    sender's ``observed_at`` only for an alert that did not pass through ingest (an
+    operator's or a test's). Every window and cut-off judges alerts by it (I17)."""
+    return a.received_at if a.received_at is not None else a.observed_at
