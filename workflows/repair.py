@@ -1021,7 +1021,9 @@ class RepairWorkflow:
 
     async def _ensure_lease(self, step: str) -> None:
         """Before a disruptive ``step``: hold an unexpired lease, or re-acquire one (and
-        wait for it) first — an expired lease is never silently reused (docs/design.md §5 rails)."""
+        wait for it) first — an expired lease is never silently reused (docs/design.md §5
+        rails). Raises :class:`_Ended` ``auto_resolved`` when, re-acquired, the evidence is
+        no longer current (after a breaker reset only what was received after it counts)."""
         if not self._lease_requested:
             return
         lease = self._lease
@@ -1043,6 +1045,12 @@ class RepairWorkflow:
         await self._wait_for_grant(lreq)
         if reset_at is not None and self._lease is not None and self._lease.reset_at is None:
             self._lease = self._lease.model_copy(update={"reset_at": reset_at})
+        if not self._evidence_ok():
+            # a grant after a breaker reset counts only evidence received after it (I23),
+            # as the first grant does (:meth:`_acquire_lease`); the cleanup uncordons
+            raise _Ended(S.auto_resolved, "system",
+                         f"evidence is no longer current when the lease came back before "
+                         f"{step} (a breaker reset, or the alerts cleared meanwhile)")
 
     # ---- stages ------------------------------------------------------------------
     async def _cordon(self) -> None:

@@ -12,7 +12,11 @@
 - after a breaker reset, a sender clock minutes fast made pre-reset evidence current
   (I17, I23: judged on the control plane's receive time);
 - a workflow cancelled from the Temporal UI during a power cycle's back-off after
-  ForceOff left the host off and recorded no attempt (I19, I22).
+  ForceOff left the host off and recorded no attempt (I19, I22);
+- a cancel while the idle check retried (the scheduler down) waited for the scheduler
+  to come back (I19);
+- a holder that lost its lease and re-acquired it after a breaker reset drained and
+  acted on evidence received before the reset (I23).
 """
 
 from __future__ import annotations
@@ -239,3 +243,45 @@ async def test_cancel_while_the_idle_check_retries_ends_at_once(harness: Harness
     assert h.cluster.count("check_idle", "gpu-14") < 50  # not after hours of retries
     assert "gpu-14" not in h.cluster.cordons
     assert h.cluster.resets == []
+
+
+async def test_a_lease_re_acquired_after_a_breaker_reset_counts_only_later_evidence(
+        harness: Harness) -> None:
+    """A holder whose lease was lost (the guard forgot it) re-acquires before it drains;
+    the breaker tripped and was reset while it was queued, so the grant says so, and its
+    Xid — received before the reset — no longer counts (I23): it ends auto_resolved
+    without draining, like a repair whose first grant came after the reset."""
+    from workflows.protocol import GUARD_SIGNAL_RELEASE, LeaseRelease
+
+    h = harness
+    h.policy.wait_for_idle.do_not_interrupt = True
+    h.policy.wait_for_idle.poll_s = 60
+    h.policy.wait_for_idle.poll_max_s = 60
+    h.cluster.busy_polls["gpu-01"] = 40
+    h.cluster.busy_polls["gpu-02"] = 90  # holds the budget past the reset
+    now = await h.env.get_current_time()
+    xid = make_alert(h.cluster.cluster, "gpu-01", "l1", observed_at=now, received_at=now)
+    await start_repair(h, "gpu-01", Action.power_cycle, "l1", alerts=[xid])
+    await wait_stage(h, "gpu-01", "l1", Stage.waiting_for_idle)
+    guard = h.client.get_workflow_handle(workflow_id_guard(h.cluster.cluster))
+    await guard.signal(GUARD_SIGNAL_RELEASE, LeaseRelease(repair_id="l1", outcome="forgotten"))
+    for i in (2, 3):
+        await start_repair(h, f"gpu-0{i}", Action.power_cycle, f"l{i}")
+
+    async def tripped() -> bool:
+        return (await guard_status(h)).breaker_open
+
+    await eventually(tripped, "breaker trip")
+
+    async def l1_queued() -> bool:
+        return "lease not held before drain" in " ".join(
+            t.reason for t in (await repair_status(h, "gpu-01", "l1")).history)
+
+    await h.env.sleep(timedelta(minutes=45))  # l1 renews (refused), goes idle, re-queues
+    await eventually(l1_queued, "l1 re-acquiring before its drain")
+    await guard.signal(GUARD_SIGNAL_RESET_BREAKER, ResetBreakerSignal(by="alice"))
+    st = await result_skipping(h, "gpu-01", "l1")
+    assert st.stage == Stage.auto_resolved, (st.stage, st.history[-1])
+    assert h.cluster.count("drain", "gpu-01") == 0
+    assert h.cluster.count("power_cycle", "gpu-01") == 0
+    assert "gpu-01" not in h.cluster.cordons
