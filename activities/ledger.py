@@ -414,15 +414,17 @@ class Ledger:
                                since: datetime) -> str | None:
         """The id of the newest active alert of one of ``kinds`` on ``node`` that the
         node's own agent reported (``source = 'agent'`` and ingest's stamp
-        ``evidence.reported_by = 'node'``: a per-node identity) at or after ``since``;
+        ``evidence.reported_by = 'node'``: a per-node identity) received at or after
+        ``since`` (the control plane's receipt time, I17; ``observed_at`` for rows
+        recorded without one);
         ``None`` when there is none. Confirms a Kubernetes node condition
         (``workers.watchers.kube``)."""
         val = await self._db.fetchval(
             """SELECT alert_id FROM alerts
                WHERE cluster = $1 AND node = $2 AND source = 'agent' AND active
                  AND kind = ANY($3::text[]) AND evidence->>'reported_by' = 'node'
-                 AND observed_at >= $4
-               ORDER BY observed_at DESC LIMIT 1""",
+                 AND coalesce(received_at, observed_at) >= $4
+               ORDER BY coalesce(received_at, observed_at) DESC LIMIT 1""",
             cluster, node, list(kinds), since,
         )
         return str(val) if val is not None else None

@@ -37,8 +37,9 @@ delivers them):
   automatic repairs wait to the end of the replay).
 
 Alert times: the control plane's receipt time ``received_at`` where an alert carries it,
-else ``observed_at`` (the ledger keeps no receipt time; ingest rejects senders more than
-300 s ahead, so the two agree to within that).
+else ``observed_at`` (the ledger keeps the receipt time of alerts recorded since
+migration 0014; for older rows, ingest rejected senders more than 300 s ahead, so the two
+agree to within that).
 
 Deterministic: events are ordered by (time, sequence number), every collection is
 iterated in insertion or sorted order, nothing reads a clock or a random source.
