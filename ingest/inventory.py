@@ -72,6 +72,9 @@ class NodeInventory:
         self._machines: dict[tuple[str, str], str] = {
             (c.name, n.name): n.machine or n.name for c in clusters for n in c.nodes}
         self._bound: dict[str, dict[str, str]] = {}
+        #: configured pool of each configured node (``clusters[].nodes[].pool``)
+        self._pools: dict[tuple[str, str], str] = {
+            (c.name, n.name): n.pool for c in clusters for n in c.nodes}
 
     def bind(self, cluster: str, bindings: Mapping[str, str]) -> None:
         """Take ``bindings`` (node → machine, the ledger's ``node_bindings``) as the
@@ -84,6 +87,14 @@ class NodeInventory:
         what the node's telemetry says (``host.id`` is evidence only)."""
         bound = self._bound.get(cluster, {}).get(node)
         return bound if bound is not None else self._machines.get((cluster, node))
+
+    def pool(self, cluster: str, node: str, reported: str | None = None) -> str | None:
+        """The node pool of ``node``: the configured one (``clusters[].nodes[].pool``) for
+        a configured node, whatever its telemetry says; ``reported`` (the sender's) only
+        for a node the configuration does not list. The workers' ``load_policy`` uses the
+        same configured pool, so a pool-scoped maintenance window judges an alert as it
+        judges the repair."""
+        return self._pools.get((cluster, node), reported)
 
     @property
     def clusters(self) -> frozenset[str]:

@@ -261,7 +261,8 @@ class Ingestor:
             observed_at=datetime.fromtimestamp(observed_at, UTC),
             catalogue=self.config.policy.catalogue,
             machine_id=self.inventory.machine(res.cluster, res.node),
-            node_pool=res.node_pool, active=active, level=level, source=source,
+            node_pool=self.inventory.pool(res.cluster, res.node, res.node_pool),
+            active=active, level=level, source=source,
         )
         # I17: the control plane's receipt time judges recurrence, persistence and edge
         # order; the sender's observed_at is evidence only (its clock may be off)
@@ -401,6 +402,7 @@ class Ingestor:
         finally:
             SENDER_IS_COLLECTOR.reset(collector)
             SENDER.reset(sender)
+        self._contact(req, now)
         await self.unreachable.flush(now)
         self._count_rejected(d, transport, "metrics")
         if self.forwarder is not None:
@@ -547,7 +549,8 @@ class Ingestor:
             observed_at=datetime.fromtimestamp(edge.at, UTC),
             catalogue=self.config.policy.catalogue,
             machine_id=self.inventory.machine(edge.cluster, edge.node),
-            node_pool=r.node_pool if r is not None else None,
+            node_pool=self.inventory.pool(edge.cluster, edge.node,
+                                          r.node_pool if r is not None else None),
             active=edge.active, level=True, source="ingest",
         )
 
@@ -562,6 +565,24 @@ class Ingestor:
                 thr, q = self.scores.published(r.cluster, r.cohort)
                 return ThresholdHint(thr, q, r.ingero)
         return ThresholdHint()
+
+    def _contact(self, req: Any, now: float) -> None:
+        """Every node a push names is in contact (``node_unreachable``), whatever the
+        push carried: a score, signals, faults, NCCL points, nothing the control plane
+        keeps (an agent's empty window sends its detection-mode gauge only), or points
+        refused as too far ahead. The receivers refuse (403) a push whose identity may
+        not speak for a node it names, so a node named here is one the sender speaks
+        for; nodes outside the inventory count only once already tracked (an accepted
+        score or fault), so a sender cannot grow the tracker with made-up names."""
+        from ingest.otlp import attributes, decode_resource
+
+        blocks = getattr(req, "resource_metrics", None) or getattr(req, "resource_logs", [])
+        for b in blocks:
+            r = decode_resource(attributes(b.resource.attributes))
+            if isinstance(r, str):
+                continue  # no usable identity: rejected with its reason by the decoder
+            if self.inventory.known(r.cluster, r.node) or self.unreachable.tracks(r):
+                self.unreachable.seen(r, now)
 
     def _info(self, r: Resource, now: float) -> NodeInfo:
         key = (r.cluster, r.node)
@@ -660,6 +681,7 @@ class Ingestor:
         finally:
             SENDER_IS_COLLECTOR.reset(collector)
             SENDER.reset(sender)
+        self._contact(req, now)
         await self.unreachable.flush(now)
         self._count_rejected(d, transport, "logs")
         if self.forwarder is not None:

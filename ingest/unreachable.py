@@ -93,6 +93,10 @@ class UnreachableTracker:
         if key not in self._nodes:
             self._nodes[key] = _Node(resource, now)
 
+    def tracks(self, resource: Any) -> bool:
+        """Whether (cluster, node) of ``resource`` is watched already."""
+        return (resource.cluster, resource.node) in self._nodes
+
     def seen(self, resource: Any, now: float) -> None:
         """A push from ``resource`` (cluster, node) at ``now``. Never raises."""
         key = (resource.cluster, resource.node)
