@@ -790,8 +790,17 @@ def _finish(s: NodeState, msg: Finished, defects: frozenset[str]) -> NodeState:
     booting = not all(a in NON_BOOTING for a in ran)
     active = dict(s.active)
     retired = dict(s.retired)
+    # I20: a report from another boot than the ones the repair acted on, after a booting
+    # action, is a fresh observation of the boot the action brought (attached to the
+    # repair while it verified, or not): it re-confirms its fault, which stays
+    old_boots = {b for b in rep.boots.values() if b}
+
+    def from_new_boot(f: Fault) -> bool:
+        b = _boot(f.alert)
+        return booting and bool(old_boots) and bool(b) and b not in old_boots
+
     for k, f in list(active.items()):
-        if not f.alert.level and f.alert.alert_id in used:
+        if not f.alert.level and f.alert.alert_id in used and not from_new_boot(f):
             active.pop(k)
     # a shadowed repair (shadow mode, issue 29 item 3) stands for the action it would have
     # run: the faults it stood for are retired as after a success (nothing booted), so
@@ -813,8 +822,9 @@ def _finish(s: NodeState, msg: Finished, defects: frozenset[str]) -> NodeState:
                 retired[k] = (at, "")
     if ok:
         acted = set(rep.acted_on) | {k for k, f in s.active.items()
-                                     if f.alert.alert_id in used or (
-                                         booting and f.received <= at)}
+                                     if (f.alert.alert_id in used or (
+                                         booting and f.received <= at))
+                                     and not from_new_boot(f)}
         for k in sorted(acted):  # sorted: the bounded map trims alike on every replay
             gone = active.pop(k, None)
             boot = rep.boots.get(k) or (_boot(gone.alert) if gone is not None else "")
@@ -835,20 +845,27 @@ def _finish(s: NodeState, msg: Finished, defects: frozenset[str]) -> NodeState:
 
 def _foreign_finish(s: NodeState, msg: Finished) -> NodeState:
     """A repair of this node that another run started told us it finished before the
-    ledger answered: its cooldown holds (not after ``auto_resolved``), and a success
-    retires every fault received before its end (what it acted on is not known here;
-    a fault still there is reported again after the new boot, I20)."""
+    ledger answered: its cooldown holds (not after ``auto_resolved``). A success after a
+    booting action (``msg.actions``; unknown: taken as booting) retires every fault
+    received before its end (what it acted on is not known here; a fault still there is
+    reported again after the new boot, I20); a success (or ``shadowed``) after only
+    non-booting actions (``reset_gpu``: nothing reboots, so nothing is reported again)
+    retires just the faults whose alerts it names (``msg.alert_ids``)."""
     at = _utc(msg.at)
     update: dict[str, object] = {}
     if msg.stage != Stage.auto_resolved:
         end = cooldown_until(at, s.rails)
         update["cooldown_until"] = max(end, s.cooldown_until or end)
-    if msg.stage == Stage.succeeded:
-        update["booted_at"] = max(at, s.booted_at or at)
+    if msg.stage in (Stage.succeeded, Stage.shadowed):
+        booting = (msg.stage == Stage.succeeded and (
+            msg.actions is None or not all(a in NON_BOOTING for a in msg.actions)))
+        named = set(msg.alert_ids)
+        if booting:
+            update["booted_at"] = max(at, s.booted_at or at)
         retired = dict(s.retired)
         active = dict(s.active)
-        for k, f in s.active.items():
-            if f.received <= at:
+        for k, f in sorted(s.active.items()):
+            if (f.received <= at) if booting else (f.alert.alert_id in named):
                 active.pop(k)
                 retired[k] = (at, "")
         update |= {"active": active, "retired": _bounded(retired, MAX_CLEARED)}
