@@ -1893,11 +1893,15 @@ class RepairWorkflow:
     async def _read(self, name: str, arg: object, result_type: type[T]) -> T:
         """A read-only scheduler call (idle check, node health) as :meth:`_act`, which a
         person's cancel or reject interrupts (I19: a stop is never held up by a call
-        that retries for as long as the scheduler is down): the call is cancelled and
+        that retries for as long as the scheduler is down): the call is abandoned and
         :class:`_Ended` raised. A stop that came before the call stops it unasked."""
         self._check_cancel_before_act()
-        handle = workflow.start_activity(name, arg, result_type=result_type,
-                                         start_to_close_timeout=_SHORT, retry_policy=_RETRY)
+        # abandoned, not cancelled on the server: the read decides nothing once a stop
+        # came, and a cancel request racing the read's completion is what the
+        # time-skipping test server wedges on (as with timers, sdk-java#3088)
+        handle = workflow.start_activity(
+            name, arg, result_type=result_type, start_to_close_timeout=_SHORT,
+            retry_policy=_RETRY, cancellation_type=workflow.ActivityCancellationType.ABANDON)
         await workflow.wait_condition(
             lambda: handle.done() or self._cancel is not None or self._reject is not None)
         if not handle.done():

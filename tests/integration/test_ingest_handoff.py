@@ -146,7 +146,12 @@ async def test_alerts_wait_for_temporal_worker_and_are_not_lost(
             await sink.submit(Alert(alert_id=f"a{i}", cluster=cluster, node="n1", kind="xid",
                                     code=79, summary="Xid 79",
                                     observed_at="2026-01-01T00:00:00Z"))  # type: ignore[arg-type]
-        await asyncio.sleep(2.5)
+        # a retry comes after the first try's 1 s RPC timeout; on a loaded CI machine that
+        # takes longer than the 2.5 s this waited for once, so it waits for the retry
+        for _ in range(300):
+            if sink.counts["retried"] >= 1:
+                break
+            await asyncio.sleep(0.1)
         assert sink.counts["delivered"] == 0 and sink.counts["retried"] >= 1
         async with Worker(client, task_queue=queue, workflows=[FakeNodeWorkflow]):
             got = await delivered(client, cluster, "n1", 3)

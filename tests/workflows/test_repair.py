@@ -129,8 +129,19 @@ async def test_approve_may_override_action_through_the_gate(harness: Harness) ->
     handle = await start_repair(h, "gpu-03", Action.reboot, "r3", alerts=[warn])
     await wait_stage(handle, Stage.awaiting_approval)
     await handle.signal("approve", ApproveSignal(by="bob", action=Action.migrate))
+    # migrate without critical evidence runs as a quick reprovision (evidence gate); bob
+    # approved migrate, not that, so he is asked again for the reprovision
+    for _ in range(300):
+        st = await handle.query("status", result_type=RepairStatus)
+        asks = [x for x in st.history if x.stage == Stage.awaiting_approval]
+        if len(asks) == 2:
+            break
+        await asyncio.sleep(0.05)
+    assert st.action == Action.reprovision and st.stage == Stage.awaiting_approval
+    assert "bob approved migrate" in asks[-1].reason and "gate:no critical" in asks[-1].reason
+    assert h.cluster.count("reprovision") == 0
+    await handle.signal("approve", ApproveSignal(by="bob"))
     st = await handle.result()
-    # migrate without critical evidence runs as a quick reprovision (evidence gate)
     assert st.action == Action.reprovision and st.stage == Stage.succeeded
     assert h.cluster.count("migrate") == 0 and h.cluster.count("reprovision") == 1
 

@@ -1275,12 +1275,19 @@ def _on_ledger(s: NodeState, ev: LedgerRead, now: datetime, defects: frozenset[s
 
 def _on_delivered(s: NodeState, alert: Alert, now: datetime
                   ) -> tuple[NodeState, list[Command]]:
-    """Take ``alert``: a duplicate is answered at once; a new one is remembered, recorded
-    and queued for its decision (:func:`_drain`)."""
+    """Take ``alert``: a duplicate is answered at once; a new one is remembered (stamped
+    ``received_at`` = ``now`` when nothing stamped it), recorded and queued for its
+    decision (:func:`_drain`)."""
     digest = seen_digest(alert.alert_id)
     if digest in s.seen:
         rid = s.repair.repair_id if s.repair else None
         return s, [_reply(alert, AlertOutcome.deduplicated, "alert id already delivered", rid)]
+    if alert.received_at is None:
+        # I17: an alert that did not pass through ingest (a scheduler watcher's, an
+        # operator's) is stamped with the control plane's clock at delivery, so the
+        # ledger, the repair's recurrence and the breaker reset judge it on that, never
+        # on the sender's observed_at
+        alert = alert.model_copy(update={"received_at": _utc(now)})
     seen = dict(s.seen)
     seen[digest] = bucket(now)
     horizon = bucket(now - timedelta(seconds=DEDUP_TTL_S))
