@@ -1531,7 +1531,7 @@ class RepairWorkflow:
         cancelled from Temporal (UI or CLI) meanwhile: that cancel is taken as the cancel
         signal's (:meth:`_cancelled_from_temporal`) and the machine decides it once the
         call returns (a power cycle that sent ForceOff sends On; I19), instead of the
-        call being abandoned half-way. ``asyncio.wait`` never cancels what it waits
+        call being abandoned half-way. ``workflow.wait`` never cancels what it waits
         for."""
         task = asyncio.ensure_future(call)
         while not task.done():
