@@ -117,7 +117,7 @@ CALL_OUT = frozenset({Status.reading_policy, Status.reading_hold, Status.reading
 WAITING = frozenset({Status.awaiting_approval, Status.awaiting_lease, Status.idle_backoff,
                      Status.join_backoff})
 #: Statuses whose call out is a read-only scheduler call a stop interrupts (the call is
-#: cancelled, the repair ends at once: I19, never held up by a scheduler that is down).
+#: abandoned, the repair ends at once: I19, never held up by a scheduler that is down).
 INTERRUPTIBLE = frozenset({Status.checking_idle, Status.joining})
 #: Which activity is out in each :data:`CALL_OUT` status.
 CALL_OF: dict[Status, str] = {
@@ -938,7 +938,7 @@ def _decision(st: Status, kind: str) -> str:
                 "cleanup (I19)"
         if st in INTERRUPTIBLE:
             stage = "cancelled" if kind == "cancel" else "rejected"
-            return (f"the read is cancelled → ended `{stage}` at once; cleanup (left "
+            return (f"the read is abandoned → ended `{stage}` at once; cleanup (left "
                     "cordoned if an action ran; I19)")
         if st == Status.acting:
             return "to the machine action: safe power state, then ended (held if touched)"
