@@ -260,3 +260,10 @@ async def terminate_between_tasks(h: Harness, workflow_id: str) -> None:
     run_id = (await handle.describe()).run_id
     await handle.terminate("terminated from the Temporal UI")
     await unlock_if_cut(h, workflow_id, run_id)
+
+
+async def attempt_outcomes(h: Harness, rid: str) -> list[tuple[str, str]]:
+    """The ledger's attempts of repair ``rid`` as ``(action, outcome)``, in order."""
+    row: dict[str, Any] | None = await h.ledger.get_repair(rid)
+    assert row is not None, rid
+    return [(a["action"], a["outcome"]) for a in row["attempts"]]

@@ -8,14 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from tests.workflows.conftest import Harness
-from tests.workflows.helpers import eventually, repair_status, start_repair
+from tests.workflows.helpers import attempt_outcomes, eventually, repair_status, start_repair
 from workflows.models import Action, CancelSignal, Stage
-
-
-async def _attempts(h: Harness, rid: str) -> list[tuple[str, str]]:
-    row: dict[str, Any] | None = await h.ledger.get_repair(rid)
-    assert row is not None, rid
-    return [(a["action"], a["outcome"]) for a in row["attempts"]]
 
 
 def _resets(h: Harness, node: str) -> list[str]:
@@ -32,7 +26,7 @@ async def test_bmc_read_failure_after_on_never_power_cycles_again(harness: Harne
     assert st.stage == Stage.succeeded
     assert _resets(h, "gpu-16") == ["FORCE_OFF", "ON"]
     assert h.cluster.count("power_cycle", "gpu-16") == 2 and h.cluster.power_cycles == 1
-    assert await _attempts(h, "rep2") == [("power_cycle", "succeeded")]
+    assert await attempt_outcomes(h, "rep2") == [("power_cycle", "succeeded")]
 
 
 async def test_cancel_during_backoff_after_forceoff_powers_the_host_on(harness: Harness) -> None:
@@ -53,7 +47,7 @@ async def test_cancel_during_backoff_after_forceoff_powers_the_host_on(harness: 
     assert st.stage == Stage.cancelled
     assert _resets(h, "gpu-17") == ["FORCE_OFF", "ON"]
     assert h.cluster.count("reprovision", "gpu-17") == 0
-    assert await _attempts(h, "i19") == [("power_cycle", "cancelled")]
+    assert await attempt_outcomes(h, "i19") == [("power_cycle", "cancelled")]
     assert h.cluster.cordons.get("gpu-17") == "i19"  # touched: left for a human
 
 
@@ -73,7 +67,7 @@ async def test_cancel_during_backoff_before_anything_was_sent(harness: Harness) 
     st = await handle.result()
     assert st.stage == Stage.cancelled
     assert _resets(h, "gpu-18") == []
-    assert await _attempts(h, "i19b") == []
+    assert await attempt_outcomes(h, "i19b") == []
     assert "gpu-18" not in h.cluster.cordons  # nothing touched: uncordoned
 
 

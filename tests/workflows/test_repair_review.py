@@ -22,12 +22,12 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
 import pytest
 
 from tests.workflows.conftest import Harness, make_alert
 from tests.workflows.helpers import (
+    attempt_outcomes,
     closed,
     eventually,
     guard_status,
@@ -39,12 +39,6 @@ from tests.workflows.helpers import (
 from workflows.activity_api import ERR_AUTH, AttemptRecord
 from workflows.models import Action, ApproveSignal, CancelSignal, RejectSignal, Stage
 from workflows.protocol import GUARD_SIGNAL_RESET_BREAKER, ResetBreakerSignal, workflow_id_guard
-
-
-async def _attempts(h: Harness, rid: str) -> list[tuple[str, str]]:
-    row: dict[str, Any] | None = await h.ledger.get_repair(rid)
-    assert row is not None, rid
-    return [(a["action"], a["outcome"]) for a in row["attempts"]]
 
 
 async def _asked_again(h: Harness, node: str, rid: str, action: Action) -> None:
@@ -120,7 +114,7 @@ async def test_cancel_while_the_pre_action_health_read_retries_touches_nothing(
     assert st.stage == Stage.cancelled, st.history[-1]
     assert h.cluster.resets == [], "power cycle sent after a cancel that came before it"
     assert "gpu-05" not in h.cluster.cordons
-    assert await _attempts(h, "pc1") == []
+    assert await attempt_outcomes(h, "pc1") == []
 
 
 @pytest.mark.parametrize("call", ["rejoin", "node_health"])
@@ -136,7 +130,7 @@ async def test_a_later_step_failing_for_good_keeps_the_attempt(harness: Harness,
     st = await (await start_repair(h, node, Action.power_cycle, f"a-{call}")).result()
     assert st.stage == Stage.failed
     assert h.cluster.power_cycles == 1
-    assert await _attempts(h, f"a-{call}") == [("power_cycle", "failed")]
+    assert await attempt_outcomes(h, f"a-{call}") == [("power_cycle", "failed")]
     assert node in h.cluster.cordons  # touched and not verified: left for a person
 
 
@@ -154,7 +148,7 @@ async def test_cancel_while_waiting_for_the_node_to_come_back_ends_at_once(
     # the power cycle ran and the node was never verified: it stays cordoned, and the
     # attempt counts (I22)
     assert "gpu-11" in h.cluster.cordons
-    assert await _attempts(h, "cj1") == [("power_cycle", "failed")]
+    assert await attempt_outcomes(h, "cj1") == [("power_cycle", "failed")]
     h.cluster.unhealthy.discard("gpu-11")
 
 
@@ -221,7 +215,7 @@ async def test_workflow_cancel_during_a_power_cycle_back_off_powers_the_host_on(
     assert row is not None and row["stage"] == "cancelled"
     assert [r for n, r in h.cluster.resets if n == "gpu-12"] == ["FORCE_OFF", "ON"], \
         "host left powered off"
-    assert await _attempts(h, "wfc") == [("power_cycle", "cancelled")]
+    assert await attempt_outcomes(h, "wfc") == [("power_cycle", "cancelled")]
     assert "gpu-12" in h.cluster.cordons  # touched: a person looks
 
 
