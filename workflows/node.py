@@ -262,7 +262,8 @@ class NodeWorkflow:
         """The in-flight repair ended (stage, end time, alerts used, actions that ran)."""
         await self._deliver(nm.RepairFinishedEv(
             repair_id=msg.repair_id, stage=msg.stage, at=msg.at, alert_ids=msg.alert_ids,
-            actions=msg.actions, machine_held=msg.machine_held))
+            actions=msg.actions, machine_held=msg.machine_held,
+            unjudged_alert_ids=msg.unjudged_alert_ids))
 
     @workflow.query(name=NODE_QUERY_STATUS)
     def status(self) -> NodeStatus:

@@ -293,6 +293,11 @@ class RepairFinished(BaseModel):
     #: returned): the node takes the faults it stood for as dealt with — the machine is
     #: out of service — so it does not open another repair for them every cooldown.
     machine_held: bool = False
+    #: Alerts attached after the repair last checked that its fault had not come back
+    #: (while it put the node back in service and closed): nothing judged them, so the
+    #: node keeps their faults open instead of retiring them as fixed (I20; a recurrence
+    #: from the new boot received during the rejoin, with or without a boot id).
+    unjudged_alert_ids: list[str] = Field(default_factory=list)
 
 
 class NodeStatus(BaseModel):

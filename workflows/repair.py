@@ -364,6 +364,9 @@ class RepairWorkflow:
         #: (with the machine it ran on): whatever ends the repair records it (I22), as
         #: the repair machine's ``unrecorded`` does
         self._unrecorded: tuple[Action, str | None] | None = None
+        #: alert ids the last recurrence check after an action saw (None: no check yet);
+        #: those attached later go to the node as ``unjudged_alert_ids``
+        self._judged: set[str] | None = None
         #: one line per evidence capture before an action (issue 31 item 3)
         self._captures: list[str] = []
         #: what the machine action's ``step`` commanded, checked against what runs
@@ -1375,6 +1378,9 @@ class RepairWorkflow:
             await self._transition(S.joining, "system", "waiting for the node to come back healthy")
             healthy = await self._wait_healthy(action, before, acted_at)
             recurred = self._recurrence(acted_at, before)
+            # what this check judged: a report attached after it (while the node rejoins
+            # and the repair closes) is handed to the node as unjudged (I20)
+            self._judged = {a.alert_id for a in self._alerts}
             if recurred is not None:
                 # success needs the fault not to come back after the action
                 await self._attempt(action, "failed", machine=faulty)
@@ -1789,6 +1795,9 @@ class RepairWorkflow:
                     alert_ids=[a.alert_id for a in self._alerts],
                     actions=list(self._acted),
                     machine_held=self._machine_held,
+                    unjudged_alert_ids=[] if self._judged is None else [
+                        a.alert_id for a in self._alerts
+                        if a.active and a.alert_id not in self._judged],
                 ),
             )
         except FailureError:

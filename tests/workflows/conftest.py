@@ -172,6 +172,7 @@ class FakeCluster:
 
     @activity.defn(name=ACT.rejoin_node)
     async def rejoin_node(self, inp: RejoinInput) -> RejoinResult:
+        await self._out("rejoin", inp.node)
         self._log("rejoin", inp.node)
         holder = self.cordons.get(inp.node)
         if holder == inp.repair_id:

@@ -271,6 +271,8 @@ class Finished(BaseModel):
     actions: list[Action] | None = None
     #: the repair ended because its machine is held for RMA (``RepairFinished``)
     machine_held: bool = False
+    #: alerts attached after the repair's last recurrence check (``RepairFinished``)
+    unjudged_alert_ids: list[str] = Field(default_factory=list)
 
 
 class Attaching(BaseModel):
@@ -421,6 +423,7 @@ class RepairFinishedEv(BaseModel):
     alert_ids: list[str] = Field(default_factory=list)
     actions: list[Action] | None = None
     machine_held: bool = False
+    unjudged_alert_ids: list[str] = Field(default_factory=list)
 
 
 class RepairEnded(BaseModel):
@@ -795,9 +798,15 @@ def _finish(s: NodeState, msg: Finished, defects: frozenset[str]) -> NodeState:
     # repair while it verified, or not): it re-confirms its fault, which stays
     old_boots = {b for b in rep.boots.values() if b}
 
+    # and a report the repair received after its last check that the fault had not come
+    # back (``unjudged_alert_ids``: while it rejoined and closed) was judged by nobody:
+    # its fault stays open too, whether or not the report names its boot
+    unjudged = set(msg.unjudged_alert_ids)
+
     def from_new_boot(f: Fault) -> bool:
         b = _boot(f.alert)
-        return booting and bool(old_boots) and bool(b) and b not in old_boots
+        return (f.alert.alert_id in unjudged
+                or (booting and bool(old_boots) and bool(b) and b not in old_boots))
 
     for k, f in list(active.items()):
         if not f.alert.level and f.alert.alert_id in used and not from_new_boot(f):
@@ -821,10 +830,12 @@ def _finish(s: NodeState, msg: Finished, defects: frozenset[str]) -> NodeState:
             if active.pop(k, None) is not None:
                 retired[k] = (at, "")
     if ok:
-        acted = set(rep.acted_on) | {k for k, f in s.active.items()
-                                     if (f.alert.alert_id in used or (
-                                         booting and f.received <= at))
-                                     and not from_new_boot(f)}
+        acted = {k for k in set(rep.acted_on) | {
+                     k for k, f in s.active.items()
+                     if f.alert.alert_id in used or (booting and f.received <= at)}
+                 # the fault it acted on, reported again from the new boot or after its
+                 # last check, was not fixed: it stays
+                 if not (k in s.active and from_new_boot(s.active[k]))}
         for k in sorted(acted):  # sorted: the bounded map trims alike on every replay
             gone = active.pop(k, None)
             boot = rep.boots.get(k) or (_boot(gone.alert) if gone is not None else "")
@@ -1466,7 +1477,8 @@ def _step(s: NodeState, ev: Event, now: datetime, defects: frozenset[str]
     if isinstance(ev, RepairFinishedEv):
         msg = Finished(repair_id=ev.repair_id, stage=ev.stage, at=ev.at,
                        alert_ids=ev.alert_ids, actions=ev.actions,
-                       machine_held=ev.machine_held)
+                       machine_held=ev.machine_held,
+                       unjudged_alert_ids=ev.unjudged_alert_ids)
         if s.repair is not None and s.repair.repair_id == ev.repair_id:
             return _finish(s, msg, defects), []
         if rc != Reconcile.done and len(s.finished_early) < MAX_FINISHED_EARLY:
@@ -1526,7 +1538,9 @@ def _table() -> None:
         TRANSITIONS[(rc, "repair_finished")] = (
             "ours → cooldown (not after auto_resolved), used event faults dropped; "
             "succeeded (or shadowed: the action it stood for) → acted-on faults retired, "
-            "every fault received before its end after a booting action (I20); refused "
+            "every fault received before its end after a booting action, except one "
+            "reported from another boot or after the repair's last check (unjudged: it "
+            "stays open; I20); refused "
             "because the machine is held for RMA (I18) → the faults it stood for set "
             "aside until reported again; not ours → ignored" if known else
             "ours → as when known; not ours → kept until the ledger answers")
