@@ -24,7 +24,10 @@ reason), I16 (one disruptive command per attempt), I18 (a held machine is never 
 drained or acted on; an ended repair's cordon is never adopted without a person), I19
 (after a cancel or reject nothing more is cordoned, drained or acted on), I22 (attempts
 recorded exactly for the actions that touched), "an approval covers one action at one
-rung", and shadow mode (issue 29 item 3): no disruptive command (cordon, drain, machine
+rung", "a drain, and each attempt of a machine action, starts only under a held
+lease" (a lease that lapsed — a refused renewal, its TTL past — is asked for again,
+never reused; a retry inside an attempt resumes under the lease it started with), and
+shadow mode (issue 29 item 3): no disruptive command (cordon, drain, machine
 action) in shadow mode, and a shadow repair that ends after deciding records exactly one
 ``shadowed`` attempt. A violation comes with the shortest event trace (BFS order).
 """
@@ -87,6 +90,7 @@ class World:
     finished: bool = False
     shadow: bool = False  # the repair's pool is in shadow mode
     shadowed: int = 0  # ``shadowed`` attempts recorded
+    lapsed: bool = False  # the lease lapsed once (a refused renewal, its TTL passed)
     bad: tuple[str, ...] = ()
 
 
@@ -115,6 +119,8 @@ def _events(s: rm.RepairState, w: World) -> list[rm.Event]:
         evs += [rm.LeaseReply(granted=True), rm.LeaseReply(granted=False, reason="budget")]
     if st in (rm.Status.idle_backoff, rm.Status.join_backoff):
         evs.append(rm.TimerFired())
+    if s.lease == "granted" and not w.lapsed:
+        evs.append(rm.LeaseLapsed())  # once per world: the renewal refused, the TTL past
     if st in (rm.Status.idle_backoff, rm.Status.checking_idle) and not s.can_due:
         evs.append(rm.ContinueAsNewDue())
     if st == rm.Status.join_backoff and not w.recurred:
@@ -180,6 +186,8 @@ def _deliver(s: rm.RepairState, w: World, ev: rm.Event) -> tuple[rm.Event | None
         return ev, w
     if isinstance(ev, rm.AlertAttached):
         return ev, replace(w, recurred=True)
+    if isinstance(ev, rm.LeaseLapsed):
+        return ev, replace(w, lapsed=True)
     if isinstance(ev, rm.CallOk) and s.status == rm.Status.rejoining and w.cordon == "us":
         return ev, replace(w, cordon="")
     if isinstance(ev, rm.CallOk) and s.status == rm.Status.cordoning:
@@ -219,6 +227,14 @@ def _apply(s_before: rm.RepairState, s: rm.RepairState, w: World,
                 bad.append(f"I18: {name} beside an ended repair's cordon, no person asked")
             if w.shadow:
                 bad.append(f"shadow: {name} in shadow mode (no disruptive command)")
+            # an attempt starts (its first try) only under a held lease; a retry of the
+            # same attempt resumes under the lease it started with (ending it half-way
+            # for a lease could leave a host off)
+            first = not isinstance(c, rm.MachineCommand) or (
+                s.machine_action is not None and s.machine_action.tries == 1
+                and not s.machine_action.first_failure)
+            if name != "cordon_node" and first and (s.lease != "granted" or s.lease_lapsed):
+                bad.append(f"lease: {name} without a held lease (a lapsed one reused)")
         if isinstance(c, rm.MachineCommand) and isinstance(c.command, ma.RunActivity) \
                 and c.command.purpose == "act" and s.machine_action is not None \
                 and s.machine_action.tries == 1 and not s.machine_action.first_failure:

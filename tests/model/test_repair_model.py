@@ -35,6 +35,9 @@ def test_every_repair_status_event_pair_is_in_the_table() -> None:
         ("cancel_ignored_between_rungs", "I19", 17),
         # shadow mode ignored: the cordon is commanded once the lease is granted
         ("act_in_shadow", "shadow", 9),
+        # the renewal refused while the node drains towards idle, then the drain or the
+        # action on the lapsed lease
+        ("reuse_lapsed_lease", "lease", 12),
     ],
 )
 def test_checker_finds_each_planted_repair_defect(defect: str, invariant: str,

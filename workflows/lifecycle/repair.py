@@ -85,6 +85,9 @@ DEFECTS: dict[str, str] = {
                                     "next rung runs (reproduction 5)",
     "act_in_shadow": "a repair in shadow mode cordons and acts as in enforce (issue 29 "
                      "item 3)",
+    "reuse_lapsed_lease": "a lease the guard refused to renew (or whose TTL passed) is "
+                          "used for the drain or the machine action (an expired lease is "
+                          "never silently reused: docs/design.md §5 rails)",
 }
 
 
@@ -161,6 +164,11 @@ class RepairState(BaseModel):
     pending_approve: Approval | None = None  # sent, not yet applied (by + action only)
     stop: Stop | None = None
     lease: Literal["none", "requested", "granted"] = "none"
+    #: the lease granted is no longer held (a refused renewal, its TTL passed): it is
+    #: asked for again before the next drain or machine action
+    lease_lapsed: bool = False
+    #: what the re-acquired lease is for once granted ("": the first grant)
+    reacquire_then: Literal["", "drain", "act"] = ""
     lease_deadline: datetime | None = None
     approval_deadline: datetime | None = None
     cordoned_by_us: bool = False
@@ -252,6 +260,13 @@ class LeaseReply(BaseModel):
     reason: str = ""
 
 
+class LeaseLapsed(BaseModel):
+    """The lease granted is no longer held: the guard refused a renewal, or the grant's
+    ``expires_at`` passed on the control plane's clock without a renewal answered."""
+
+    kind: Literal["lease_lapsed"] = "lease_lapsed"
+
+
 class CallOk(BaseModel):
     """The repair's own call (the one :data:`CALL_OF` names for the status) returned.
     ``cordoned_by_us`` / ``held_by_repair``: cordon; ``running``: the holder probe;
@@ -306,14 +321,15 @@ class Clock(BaseModel):
 
 Event = Annotated[
     Start | PolicyRead | HoldRead | HistoryRead | LedgerUnavailable | Approve | Reject
-    | Cancel | AlertAttached | AlertCleared | LeaseReply | CallOk | CallFailed | Machine
+    | Cancel | AlertAttached | AlertCleared | LeaseReply | LeaseLapsed | CallOk | CallFailed
+    | Machine
     | TimerFired | ContinueAsNewDue | WorkerRestart | Clock,
     Field(discriminator="kind"),
 ]
 EVENT_KINDS = ("start", "policy_read", "hold_read", "history_read", "ledger_unavailable",
                "approve", "reject", "cancel", "alert_attached", "alert_cleared", "lease",
-               "call_ok", "call_failed", "machine", "timer", "can_due", "worker_restart",
-               "clock")
+               "lease_lapsed", "call_ok", "call_failed", "machine", "timer", "can_due",
+               "worker_restart", "clock")
 
 
 # ---- commands ----------------------------------------------------------------------
@@ -456,6 +472,7 @@ def _ask(s: RepairState, now: datetime, why: str) -> Out:
         # an approval sent before an earlier question does not cover this one
         s = s.model_copy(update={"pending_approve": None})
     s = s.model_copy(update={"status": Status.awaiting_approval, "lease": "none",
+                             "lease_lapsed": False, "reacquire_then": "",
                              "approval": None,
                              "approval_deadline": None if t is None
                              else now + timedelta(seconds=t)})
@@ -534,13 +551,41 @@ def _stop_now(s: RepairState) -> Out:
     return _end(s, st, s.stop.by, s.stop.reason or st.value)
 
 
+def _reacquire(s: RepairState, now: datetime, then: Literal["drain", "act"]) -> Out:
+    """The lease lapsed: ask for it again before the ``then`` step (never reused)."""
+    t = s.policy.rails.lease_wait_max_s
+    step = "drain" if then == "drain" else s.action.value
+    s = s.model_copy(update={"status": Status.awaiting_lease, "lease": "requested",
+                             "lease_lapsed": False, "reacquire_then": then,
+                             "lease_deadline": now + timedelta(seconds=t)})
+    return s, [RecordTransition(stage=s.stage, by="system",
+                                reason=f"lease not held before {step}; re-acquiring"),
+               SignalGuard(what="acquire")]
+
+
+def _lapsed(s: RepairState, defects: frozenset[str]) -> bool:
+    return s.lease_lapsed and "reuse_lapsed_lease" not in defects
+
+
+def _drain(s: RepairState, now: datetime, defects: frozenset[str]) -> Out:
+    """Idle (or the bound spent) and the evidence current: drain with a held lease."""
+    if _lapsed(s, defects):
+        return _reacquire(s, now, "drain")
+    s, tr = _to(s, S.draining, "")
+    s2, cmds = _run(s, Status.draining)
+    return s2, [tr, *cmds]
+
+
 def _start_action(s: RepairState, now: datetime, defects: frozenset[str]) -> Out:
-    """Before each rung: a pending stop ends; stale evidence ends; else the action."""
+    """Before each rung: a pending stop ends; stale evidence ends; a lapsed lease is
+    asked for again; else the action."""
     if s.stop is not None and not ("cancel_ignored_between_rungs" in defects and s.acted):
         return _stop_now(s)
     if not _evidence_ok(s):
         return _end(s, S.auto_resolved, "system", "every alert behind the repair cleared "
                     "before acting")
+    if _lapsed(s, defects):
+        return _reacquire(s, now, "act")
     key = f"{s.repair_id}/{s.action.value}/{len(s.acted) + 1}"
     m = ma.new_state(s.action, key, s.policy.rails.action_retry_max_s)
     m, mcmds = ma.step(m, ma.Start(), now)
@@ -623,9 +668,7 @@ def _on_call_ok(s: RepairState, ev: CallOk, now: datetime, defects: frozenset[st
             if not _evidence_ok(s):
                 return _end(s, S.auto_resolved, "system",
                             "every alert behind the repair cleared before draining")
-            s, tr = _to(s, S.draining, "")
-            s2, cmds = _run(s, Status.draining)
-            return s2, [tr, *cmds]
+            return _drain(s, now, defects)
         wfi = s.policy.wait_for_idle
         poll = s.idle_poll_s or wfi.poll_s
         s = s.model_copy(update={"status": Status.idle_backoff,
@@ -835,10 +878,21 @@ def step(state: RepairState, event: Event, now: datetime,
             return s, []  # not asked: a late grant is never held
         if not event.granted:
             return s, []  # queued: keep waiting (the deadline is judged on the clock)
-        s = s.model_copy(update={"lease": "granted"})
+        then = s.reacquire_then
+        s = s.model_copy(update={"lease": "granted", "reacquire_then": ""})
         if s.stop is not None and not ("cancel_ignored_between_rungs" in defects and s.acted):
             return _stop_now(s)
+        if then:  # re-acquired: the evidence is checked again, then the step it was for
+            if not _evidence_ok(s):
+                return _end(s, S.auto_resolved, "system", "evidence is no longer current "
+                            f"when the lease came back before {then}")
+            return _drain(s, now, defects) if then == "drain" else _start_action(
+                s, now, defects)
         return _after_grant(s, now, defects)
+    if isinstance(event, LeaseLapsed):
+        if s.lease != "granted":
+            return s, []  # none held: nothing lapses
+        return s.model_copy(update={"lease_lapsed": True}), []  # decided before the next step
     if st not in CALL_OUT:
         return s, []  # an answer to no call of ours
     if isinstance(event, (CallFailed, LedgerUnavailable)):
@@ -981,9 +1035,14 @@ def _decision(st: Status, kind: str) -> str:
         return {Status.idle_backoff: "pending stop → ended; else → checking_idle",
                 Status.join_backoff: "→ joining"}.get(st, "ignored: no timer of ours runs")
     if kind == "lease":
-        return ("granted: pending stop → ended; else re-read history (or act, or check idle); "
-                "queued: keep waiting" if st == Status.awaiting_lease
+        return ("granted: pending stop → ended; re-acquired after a lapse → the evidence "
+                "checked again, then the drain or the action it was for; else re-read "
+                "history (or act, or check idle); queued: keep waiting"
+                if st == Status.awaiting_lease
                 else "ignored: not asked (a late grant is never held)")
+    if kind == "lease_lapsed":
+        return ("lease held → remembered: asked for again before the next drain or machine "
+                "action (→ awaiting_lease, never reused); none held → ignored")
     if st not in CALL_OUT:
         return "ignored: no call is out"
     if kind in ("call_failed", "ledger_unavailable"):
