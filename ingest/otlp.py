@@ -13,8 +13,11 @@ Accepted attribute names: the project's (``host.name``, ``host.id``,
 
 Rejected and counted, never stored: points of a resource without a node or cluster id
 (or with one longer than :data:`MAX_ID_LEN`), NaN/Inf scores, scores outside ``[0, 1]``,
-unknown node states, timestamps more than ``max_future_s`` in the future or older than
-the score TTL. Metrics with other names are valid OTLP and are ignored (not rejected).
+unknown node states, score timestamps more than ``max_future_s`` in the future or older
+than the score TTL. A fault record is never refused for its timestamp (I17: the
+receipt time judges it): one more than ``max_future_s`` ahead is stamped with the
+receipt time, the sender's kept as evidence (``sender_time_unix_nano``,
+``sender_clock_ahead_s``). Metrics with other names are valid OTLP and are ignored (not rejected).
 
 Per-request limits (:class:`Limits`, from the ``ingest.max_*`` config keys): resource
 blocks beyond ``max_resources_per_request`` and points / records beyond the per-request
@@ -633,8 +636,12 @@ def _decode_fault(
         return "fault", f"{ATTR_FAULT_ACTIVE}: {str(active_raw)[:64]!r} is not a boolean"
     t_ns = lr.time_unix_nano or lr.observed_time_unix_nano
     t = _time_check(t_ns, now, max_future_s, math.inf)
+    skew: dict[str, Any] = {}
     if isinstance(t, str):
-        return "timestamp", t
+        # a fault is never dropped for its sender's clock (I17: ingest's receipt time
+        # judges it): stamped ``now``, the sender's own time kept as evidence
+        skew = {"sender_time_unix_nano": t_ns, "sender_clock_ahead_s": round(t_ns / 1e9 - now)}
+        t = now
     if lr.body.WhichOneof("value") == "string_value":
         body: Any = lr.body.string_value
     else:
@@ -654,6 +661,7 @@ def _decode_fault(
                 evidence[key] = v[:4096] if isinstance(v, str) else v
         elif k.startswith("autorepair.straggler.") or k.startswith("autorepair.node."):
             evidence[k.removeprefix("autorepair.")] = v
+    evidence |= skew
     gpu = _str_attr(attrs, ATTR_GPU_PCI)
     return FaultRecord(
         resource=res,
