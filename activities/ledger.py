@@ -551,10 +551,13 @@ class Ledger:
         await self._db.execute(
             """INSERT INTO repairs (repair_id, cluster, node, machine_id, action, stage,
                  requester_kind, requester_name, reason, approved_by, decided_by_rule,
-                 detector, request_id, alert_ids, workflow_id, created_at, updated_at)
-               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$16)
+                 detector, request_id, alert_ids, workflow_id, created_at, updated_at,
+                 lease_held)
+               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$16,$18)
                ON CONFLICT (repair_id) DO UPDATE SET
                  action = EXCLUDED.action,
+                 lease_held = CASE WHEN EXCLUDED.updated_at >= repairs.updated_at
+                                   THEN EXCLUDED.lease_held ELSE repairs.lease_held END,
                  stage = CASE WHEN repairs.stage = ANY($17::text[])
                                    AND NOT EXCLUDED.stage = ANY($17::text[])
                                    AND EXCLUDED.updated_at <= repairs.updated_at
@@ -582,6 +585,7 @@ class Ledger:
             rec.workflow_id,
             rec.updated_at,
             _TERMINAL,
+            rec.lease_held,
         )
 
     async def record_transition(self, t: TransitionRecord) -> None:
@@ -812,24 +816,24 @@ class Ledger:
     # -- cluster guard ----------------------------------------------------------------------
     async def guard_state(self, q: GuardStateQuery) -> GuardLedgerState:
         """What a freshly started cluster guard rebuilds (see :class:`GuardLedgerState`):
-        open repairs in :data:`HOLDING_STAGES` or awaiting approval after they cordoned
-        (a holder waiting for a person after it acted), automatic repairs that cordoned (or
+        open repairs in :data:`HOLDING_STAGES` or that record holding a lease
+        (``repairs.lease_held``: granted and not handed back — before its cordon, or
+        waiting for a person after it acted), automatic repairs that cordoned (or
         ended ``shadowed``: shadow mode's stand-in for the cordon) since ``q.since`` (their
         lease was granted) and the guard's newest circuit-breaker alert.
         ``gpu_nodes_reported`` stays 0: nodes named by alerts are no denominator
         (issue 27 item 9)."""
-        # a repair waiting for a person after it cordoned (an escalation after acting)
-        # still holds its node: it counts (issue 26 I21)
+        # the holder records its lease (I21): one granted before its cordon, or waiting
+        # for a person after it acted, counts; one that handed it back (a stale cordon a
+        # person must look at, a maintenance window) does not
         rows = await self.pool.fetch(
             """SELECT repair_id, node, workflow_id, approved_by, requester_kind, stage
                FROM repairs r WHERE cluster = $1 AND (stage = ANY($2::text[])
-                 OR (stage = $3 AND EXISTS (SELECT 1 FROM repair_transitions t
-                     WHERE t.repair_id = r.repair_id AND t.stage = $4)))
+                 OR (lease_held AND NOT stage = ANY($3::text[])))
                ORDER BY created_at""",
             q.cluster,
             list(HOLDING_STAGES),
-            Stage.awaiting_approval.value,
-            Stage.cordoning.value,
+            list(_TERMINAL),
         )
         holders = [
             HeldRepair(

@@ -331,6 +331,10 @@ class RepairRecord(BaseModel):
     alert_ids: list[str] = Field(default_factory=list)
     workflow_id: str | None = None
     updated_at: datetime
+    #: The repair holds a lease the guard granted (set when the grant arrives, cleared
+    #: when it hands the lease back): a guard rebuilt from the ledger counts it as a
+    #: holder whatever its stage (before its cordon too; I21)
+    lease_held: bool = False
 
 
 class TransitionRecord(BaseModel):

@@ -605,8 +605,7 @@ class RepairWorkflow:
                     f"paused before cordoning: {self._req.node} is in maintenance window "
                     f"{cover.window_id} until {cover.ends_at.isoformat()} ({cover.reason}); "
                     "the evidence is checked again when it ends")
-                await self._release_lease(S.recommended)
-                self._lease, self._lease_requested = None, False
+                await self._hand_back(S.recommended)
             self._detail = waiting_details(
                 f"maintenance window {cover.window_id} on {self._req.node} to end "
                 f"({cover.reason}; `autorepair maintenance end {cover.window_id}` ends it "
@@ -698,8 +697,7 @@ class RepairWorkflow:
                 f"counts another attempt ({self._rule})"
             )
         self._rule = f"{self._rule}; was: {rule_before}"
-        await self._release_lease(S.awaiting_approval)
-        self._lease, self._lease_requested = None, False
+        await self._hand_back(S.awaiting_approval)
         self._approve = None  # an approval of the earlier decision does not cover this one
         self._approval = None
         await self._await_approval(
@@ -1000,6 +998,9 @@ class RepairWorkflow:
                 raise _Ended(S.auto_resolved, "system", "alert cleared while waiting for lease")
             if reply.granted:
                 self._last_renew = workflow.now()
+                # recorded by the holder: a guard rebuilt from the ledger before this
+                # repair's cordon counts it (I21; the budget holds across a restart)
+                await self._upsert()
                 return
             last_reason = reply.reason or "queued"
             self._detail = f"lease queued: {last_reason}"
@@ -1109,8 +1110,7 @@ class RepairWorkflow:
             f"cordon left by repair {holder}, which has ended ({live.status or live.stage}); "
             "approve to go on (the cordon is kept as it is), or reject / cancel"
         )
-        await self._release_lease(S.awaiting_approval)
-        self._lease, self._lease_requested = None, False
+        await self._hand_back(S.awaiting_approval)
         self._approve = None  # an approval given before did not cover the stale cordon
         await self._await_approval(why)
         self._check_ended()
@@ -1752,6 +1752,7 @@ class RepairWorkflow:
                 alert_ids=[a.alert_id for a in self._alerts],
                 workflow_id=workflow.info().workflow_id,
                 updated_at=workflow.now(),
+                lease_held=self._holding(),
             ),
         )
 
@@ -1865,6 +1866,14 @@ class RepairWorkflow:
                     continue
                 workflow.logger.warning("cleanup step %s failed: %s", what, _cause(err))
                 return
+
+    async def _hand_back(self, stage: S) -> None:
+        """Hand the lease back mid-repair (a person decides, a maintenance window) and
+        record in the ledger that this repair holds none, so a guard rebuilt meanwhile
+        does not count it (:attr:`RepairRecord.lease_held`)."""
+        await self._release_lease(stage)
+        self._lease, self._lease_requested = None, False
+        await self._upsert()
 
     async def _release_lease(self, stage: S) -> None:
         """Hand the lease back to the cluster guard (if one was requested)."""

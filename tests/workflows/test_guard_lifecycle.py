@@ -229,21 +229,24 @@ async def test_rebuilt_guard_counts_a_holder_waiting_for_a_person_after_it_acted
     harness: Harness,
 ) -> None:
     """I21 (guard half): a repair that cordoned, acted and now waits for a person
-    (the ladder escalated) still holds its node: the ledger's guard state lists it, so a
-    rebuilt guard keeps its slot (on main only cordoning … running counted). One that
-    never cordoned (waiting for its first approval) holds nothing."""
+    (the ladder escalated) still holds its node and its lease, as it records
+    (``lease_held``): the ledger's guard state lists it, so a rebuilt guard keeps its
+    slot (on main only cordoning … running counted). One that never cordoned (waiting
+    for its first approval) holds nothing, nor does one that handed its lease back after
+    its cordon found an ended repair's (a person looks at the stale cordon)."""
     h = harness
     c = h.cluster.cluster
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
-    for rid, node, stages in (
+    for rid, node, stages, holding in (
         ("held", "gpu-01", [Stage.cordoning, Stage.draining, Stage.repairing,
-                            Stage.awaiting_approval]),
-        ("asking", "gpu-02", [Stage.awaiting_approval]),
+                            Stage.awaiting_approval], True),
+        ("asking", "gpu-02", [Stage.awaiting_approval], False),
+        ("handed_back", "gpu-03", [Stage.cordoning, Stage.awaiting_approval], False),
     ):
         await h.ledger.upsert_repair(RepairRecord(
             repair_id=rid, cluster=c, node=node, action=Action.reboot,
             stage=Stage.recommended, requester=USER, workflow_id=f"repair/{c}/{node}/{rid}",
-            updated_at=t0))
+            updated_at=t0, lease_held=holding))
         for k, stage in enumerate(stages):
             await h.ledger.record_transition(TransitionRecord(
                 repair_id=rid, stage=stage, at=t0 + timedelta(minutes=k + 1)))
