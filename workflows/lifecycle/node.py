@@ -816,6 +816,14 @@ def _finish(s: NodeState, msg: Finished, defects: frozenset[str]) -> NodeState:
     # one fault episode makes one shadowed repair, as it makes one repair in enforce
     ok = (msg.stage in (Stage.succeeded, Stage.shadowed)
           and "level_fault_survives_success" not in defects)
+    if msg.stage == Stage.rejected:
+        # a person said no to this repair: the faults it stood for are set aside until
+        # reported again (a new raise is a new episode), not proposed again every
+        # cooldown (with automatic consent, not cordoned again 30 min after the reject)
+        for k in sorted(set(rep.acted_on) | {k for k, f in s.active.items()
+                                             if f.alert.alert_id in used}):
+            if active.pop(k, None) is not None:
+                retired[k] = (at, "")
     if msg.machine_held:
         # I18: the machine is held for RMA (out of service until an operator returns
         # it); the faults the repair stood for are dealt with — a repair for them would
@@ -847,7 +855,9 @@ def _finish(s: NodeState, msg: Finished, defects: frozenset[str]) -> NodeState:
     if msg.stage != Stage.auto_resolved:
         cooldown = cooldown_until(at, s.rails)
     held = (": its machine is held for RMA, the faults it stood for are set aside until "
-            "reported again" if msg.machine_held else "")
+            "reported again" if msg.machine_held else
+            ": the faults it stood for are set aside until reported again"
+            if msg.stage == Stage.rejected else "")
     return s.model_copy(update={
         "active": active, "retired": _bounded(retired, MAX_CLEARED), "repair": None,
         "cooldown_until": cooldown, "booted_at": booted,
@@ -934,8 +944,8 @@ def _stale_raise(s: NodeState, alert: Alert, key: str, at: datetime) -> str | No
     if ret is not None:
         end, boot = ret
         if at <= end:
-            return (f"stale raise: received {at.isoformat()}, before repair success at "
-                    f"{end.isoformat()} retired the fault")
+            return (f"stale raise: received {at.isoformat()}, before the repair that "
+                    f"ended at {end.isoformat()} retired the fault")
         if boot and _boot(alert) == boot:
             return f"stale raise: from boot {boot}, which the successful repair replaced"
     return None
@@ -1540,7 +1550,8 @@ def _table() -> None:
             "succeeded (or shadowed: the action it stood for) → acted-on faults retired, "
             "every fault received before its end after a booting action, except one "
             "reported from another boot or after the repair's last check (unjudged: it "
-            "stays open; I20); refused "
+            "stays open; I20); rejected → the faults it stood for set aside until "
+            "reported again (not proposed again every cooldown); refused "
             "because the machine is held for RMA (I18) → the faults it stood for set "
             "aside until reported again; not ours → ignored" if known else
             "ours → as when known; not ours → kept until the ledger answers")
