@@ -141,6 +141,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.lifecycle.machine_action import WorkerRestart as MaWorkerRestart
     from workflows.lifecycle.machine_action import new_state as new_machine_action
     from workflows.lifecycle.machine_action import step as ma_step
+    from workflows.lifecycle.repair import MAINTENANCE_RECHECK_S
     from workflows.lifecycle.trace import Call, Trace
     from workflows.local import execute_short, start_local
     from workflows.models import (
@@ -229,10 +230,6 @@ _PERMANENT = [
     ERR_CONFIGURATION,
 ]
 _SHORT = timedelta(seconds=60)
-#: While a maintenance window holds a repair before its cordon, the windows are read
-#: again at least this often, seconds (5 min: an operator ending a window early frees
-#: the repairs it held within minutes, at one ledger read per held repair each time).
-MAINTENANCE_RECHECK_S = 300.0
 _RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30), non_retryable_error_types=_PERMANENT)
 #: Asking whether another repair still runs: a few tries, then assume it does (the safe
 #: side: this repair ends instead of acting beside it).

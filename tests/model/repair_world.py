@@ -24,7 +24,9 @@ reason), I16 (one disruptive command per attempt), I18 (a held machine is never 
 drained or acted on; an ended repair's cordon is never adopted without a person), I19
 (after a cancel or reject nothing more is cordoned, drained or acted on), I22 (attempts
 recorded exactly for the actions that touched), "an approval covers one action at one
-rung", "a drain, and each attempt of a machine action, starts only under a held
+rung", "a cordon only after a maintenance read that found no window covering the node,
+and no lease held while a window is waited out" (issue 29; a window may open or end at
+any point before the cordon), "a drain, and each attempt of a machine action, starts only under a held
 lease" (a lease that lapsed — a refused renewal, its TTL past — is asked for again,
 never reused; a retry inside an attempt resumes under the lease it started with), and
 shadow mode (issue 29 item 3): no disruptive command (cordon, drain, machine
@@ -91,6 +93,9 @@ class World:
     shadow: bool = False  # the repair's pool is in shadow mode
     shadowed: int = 0  # ``shadowed`` attempts recorded
     lapsed: bool = False  # the lease lapsed once (a refused renewal, its TTL passed)
+    window: bool = False  # a maintenance window covers the node now
+    window_opened: bool = False  # one opened (once per world)
+    last_read: str = ""  # what the last maintenance read answered: "" | "none" | "covered"
     bad: tuple[str, ...] = ()
 
 
@@ -117,8 +122,13 @@ def _events(s: rm.RepairState, w: World) -> list[rm.Event]:
         evs.append(rm.Approve(by="alice"))
     if st == rm.Status.awaiting_lease:
         evs += [rm.LeaseReply(granted=True), rm.LeaseReply(granted=False, reason="budget")]
-    if st in (rm.Status.idle_backoff, rm.Status.join_backoff):
+    if st in (rm.Status.idle_backoff, rm.Status.join_backoff, rm.Status.maintenance_wait):
         evs.append(rm.TimerFired())
+    if not w.window_opened and not s.acted and w.cordon != "us" and st in (
+            rm.Status.awaiting_lease, rm.Status.reading_history):
+        evs.append(rm.MaintenanceRead(window_id="opens"))  # marker: a window opens
+    if w.window:
+        evs.append(rm.MaintenanceRead(window_id="ends"))  # marker: it ends (early)
     if s.lease == "granted" and not w.lapsed:
         evs.append(rm.LeaseLapsed())  # once per world: the renewal refused, the TTL past
     if st in (rm.Status.idle_backoff, rm.Status.checking_idle) and not s.can_due:
@@ -142,6 +152,8 @@ def _events(s: rm.RepairState, w: World) -> list[rm.Event]:
             evs += [rm.HoldRead(held=False, reason="answer"), rm.LedgerUnavailable()]
         elif st == rm.Status.reading_history:
             evs.append(rm.HistoryRead(attempts=[]))
+        elif st == rm.Status.reading_maintenance:
+            evs.append(rm.MaintenanceRead())  # the world answers (see _deliver)
         elif st == rm.Status.checking_idle:
             evs += [rm.CallOk(idle=True), rm.CallOk(idle=False)]
         elif st == rm.Status.joining:
@@ -188,6 +200,16 @@ def _deliver(s: rm.RepairState, w: World, ev: rm.Event) -> tuple[rm.Event | None
         return ev, replace(w, recurred=True)
     if isinstance(ev, rm.LeaseLapsed):
         return ev, replace(w, lapsed=True)
+    if isinstance(ev, rm.MaintenanceRead) and ev.window_id == "opens":
+        return None, replace(w, window=True, window_opened=True)
+    if isinstance(ev, rm.MaintenanceRead) and ev.window_id == "ends":
+        return None, replace(w, window=False)
+    if isinstance(ev, rm.MaintenanceRead):
+        if not w.window:
+            return rm.MaintenanceRead(), replace(w, last_read="none")
+        return rm.MaintenanceRead(window_id="w1", reason="rack reboot",
+                                  ends_at=T0 + timedelta(seconds=w.now_s + 1800)), \
+            replace(w, last_read="covered")
     if isinstance(ev, rm.CallOk) and s.status == rm.Status.rejoining and w.cordon == "us":
         return ev, replace(w, cordon="")
     if isinstance(ev, rm.CallOk) and s.status == rm.Status.cordoning:
@@ -227,6 +249,9 @@ def _apply(s_before: rm.RepairState, s: rm.RepairState, w: World,
                 bad.append(f"I18: {name} beside an ended repair's cordon, no person asked")
             if w.shadow:
                 bad.append(f"shadow: {name} in shadow mode (no disruptive command)")
+            if name == "cordon_node" and w.last_read != "none":
+                bad.append("maintenance: cordon without a maintenance read that found no "
+                           "window")
             # an attempt starts (its first try) only under a held lease; a retry of the
             # same attempt resumes under the lease it started with (ending it half-way
             # for a lease could leave a host off)
@@ -261,6 +286,8 @@ def _apply(s_before: rm.RepairState, s: rm.RepairState, w: World,
                 bad.append(f"shadow: ended {c.stage.value} with {w.shadowed} shadowed "
                            "attempt(s) recorded")
             w = replace(w, finished=True, cordon=cordon)
+    if s.status == rm.Status.maintenance_wait and s.lease != "none":
+        bad.append("maintenance: a lease held while waiting out a window")
     if s.status == rm.Status.awaiting_approval and s_before.status == rm.Status.probing_holder:
         w = replace(w, stale_asked=True)
     if any(n > 1 for _, n in w.disruptive):

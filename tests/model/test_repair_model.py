@@ -27,17 +27,19 @@ def test_every_repair_status_event_pair_is_in_the_table() -> None:
 @pytest.mark.parametrize(
     ("defect", "invariant", "depth"),
     [
-        ("cancel_lost_across_can", "I19", 12),
-        ("approval_carried_over", "approval", 12),
-        ("act_on_held_machine", "I18", 9),
-        ("adopt_stale_cordon", "I18", 11),
+        ("cancel_lost_across_can", "I19", 13),
+        ("approval_carried_over", "approval", 13),
+        ("act_on_held_machine", "I18", 10),
+        ("adopt_stale_cordon", "I18", 12),
         # a cancel while the node rejoins, a recurrence, the next rung approved
-        ("cancel_ignored_between_rungs", "I19", 17),
+        ("cancel_ignored_between_rungs", "I19", 18),
         # shadow mode ignored: the cordon is commanded once the lease is granted
         ("act_in_shadow", "shadow", 9),
         # the renewal refused while the node drains towards idle, then the drain or the
         # action on the lapsed lease
         ("reuse_lapsed_lease", "lease", 12),
+        # a window opens while the lease is asked for; the repair cordons inside it
+        ("cordon_in_maintenance", "maintenance", 10),
     ],
 )
 def test_checker_finds_each_planted_repair_defect(defect: str, invariant: str,
@@ -52,7 +54,7 @@ def test_checker_finds_each_planted_repair_defect(defect: str, invariant: str,
 
 def test_a_shadow_repair_decides_then_ends_shadowed_without_a_disruptive_command() -> None:
     """The shadow world's happy path: policy read in shadow, a person approves, the lease
-    is granted, the hold is asked again — then ``shadowed`` with the attempt it stood for,
+    is granted, no maintenance window covers the node, the hold is asked again — then ``shadowed`` with the attempt it stood for,
     the lease released, and no cordon / drain / machine command anywhere."""
     from tests.model.repair_world import POLICY, T0, _new
     from workflows.lifecycle import repair as rm
@@ -61,7 +63,8 @@ def test_a_shadow_repair_decides_then_ends_shadowed_without_a_disruptive_command
     events: list[rm.Event] = [
         rm.Start(), rm.PolicyRead(policy=POLICY, machine="m1", mode="shadow"),
         rm.HoldRead(held=False), rm.HistoryRead(attempts=[]), rm.Approve(by="alice"),
-        rm.LeaseReply(granted=True), rm.HistoryRead(attempts=[]), rm.HoldRead(held=False)]
+        rm.LeaseReply(granted=True), rm.HistoryRead(attempts=[]), rm.MaintenanceRead(),
+        rm.HoldRead(held=False)]
     every: list[rm.Command] = []
     for ev in events:
         s, cmds = rm.step(s, ev, T0)

@@ -27,6 +27,15 @@ Decisions (docs/design.md §5 rails; issue 26 item 3):
   drained or acted on: the repair ends ``cancelled`` by ``system`` naming the hold. A
   cordon left by an ended repair is never adopted silently: a person is asked.
 - **I22**: an attempt is recorded exactly when the action touched the machine.
+- **Maintenance (issue 29).** Before the cordon, a system or detector repair reads the
+  maintenance windows; one covering the node is waited out holding no lease (read again
+  at its end, at most every :data:`MAINTENANCE_RECHECK_S`); afterwards the evidence is
+  checked and the lease asked for again. An operator's own request does not wait.
+- **A lapsed lease is never reused.** A refused renewal or a TTL past (``lease_lapsed``)
+  is remembered; before the next drain or attempt of a machine action the lease is
+  asked for again and, on the grant, the evidence checked again. A retry inside an
+  attempt resumes under the lease it started with (ending half-way could leave a host
+  off).
 - **Shadow mode (issue 29 item 3).** A repair whose policy read says ``shadow`` decides
   everything as in enforce (ladder, cap, consent, the lease) and, where it would cordon
   (the hold checked once more), ends ``shadowed``: the attempt it stood for is recorded
@@ -61,7 +70,7 @@ from workflows.config import PolicyConfig
 from workflows.lifecycle import decision
 from workflows.lifecycle import machine_action as ma
 from workflows.lifecycle.decision import Approval
-from workflows.models import Action, Alert, AttemptRecord, Requester
+from workflows.models import Action, Alert, AttemptRecord, Requester, RequesterKind
 from workflows.models import Stage as S
 from workflows.policy import (
     consent_decision,
@@ -85,6 +94,9 @@ DEFECTS: dict[str, str] = {
                                     "next rung runs (reproduction 5)",
     "act_in_shadow": "a repair in shadow mode cordons and acts as in enforce (issue 29 "
                      "item 3)",
+    "cordon_in_maintenance": "a maintenance window covering the node is not waited out: "
+                             "the repair cordons inside it (issue 29: a planned rack "
+                             "reboot's false faults cordon nodes)",
     "reuse_lapsed_lease": "a lease the guard refused to renew (or whose TTL passed) is "
                           "used for the drain or the machine action (an expired lease is "
                           "never silently reused: docs/design.md §5 rails)",
@@ -98,6 +110,8 @@ class Status(StrEnum):
     reading_policy = "reading_policy"  # load_policy out
     reading_hold = "reading_hold"  # ledger_machine_held out
     reading_history = "reading_history"  # ledger_attempt_history out
+    reading_maintenance = "reading_maintenance"  # ledger_maintenance_covering out
+    maintenance_wait = "maintenance_wait"  # a window covers the node: its timer runs
     awaiting_approval = "awaiting_approval"  # a person decides
     awaiting_lease = "awaiting_lease"  # lease requested, no grant yet
     cordoning = "cordoning"  # cordon_node out
@@ -114,18 +128,25 @@ class Status(StrEnum):
 
 #: Statuses in which a call (activity) of the repair's own is out.
 CALL_OUT = frozenset({Status.reading_policy, Status.reading_hold, Status.reading_history,
-                      Status.cordoning, Status.probing_holder, Status.checking_idle,
-                      Status.draining, Status.joining, Status.rejoining})
+                      Status.reading_maintenance, Status.cordoning, Status.probing_holder,
+                      Status.checking_idle, Status.draining, Status.joining,
+                      Status.rejoining})
 #: Statuses in which the repair only waits (a cancel ends it at once).
 WAITING = frozenset({Status.awaiting_approval, Status.awaiting_lease, Status.idle_backoff,
-                     Status.join_backoff})
+                     Status.join_backoff, Status.maintenance_wait})
 #: Statuses whose call out is a read-only scheduler call a stop interrupts (the call is
 #: abandoned, the repair ends at once: I19, never held up by a scheduler that is down).
 INTERRUPTIBLE = frozenset({Status.checking_idle, Status.joining})
+#: While a maintenance window holds a repair before its cordon, the windows are read
+#: again at least this often, seconds (5 min: an operator ending a window early frees
+#: the repairs it held within minutes, at one ledger read per held repair each time;
+#: issue 29).
+MAINTENANCE_RECHECK_S = 300.0
 #: Which activity is out in each :data:`CALL_OUT` status.
 CALL_OF: dict[Status, str] = {
     Status.reading_policy: "load_policy", Status.reading_hold: "ledger_machine_held",
-    Status.reading_history: "ledger_attempt_history", Status.cordoning: "cordon_node",
+    Status.reading_history: "ledger_attempt_history",
+    Status.reading_maintenance: "ledger_maintenance_covering", Status.cordoning: "cordon_node",
     Status.probing_holder: "ledger_open_repair", Status.checking_idle: "check_idle",
     Status.draining: "drain_node", Status.joining: "node_health",
     Status.rejoining: "rejoin_node",
@@ -167,6 +188,8 @@ class RepairState(BaseModel):
     #: the lease granted is no longer held (a refused renewal, its TTL passed): it is
     #: asked for again before the next drain or machine action
     lease_lapsed: bool = False
+    #: the maintenance window the repair waits out before its cordon ("": none)
+    maintenance: str = ""
     #: what the re-acquired lease is for once granted ("": the first grant)
     reacquire_then: Literal["", "drain", "act"] = ""
     lease_deadline: datetime | None = None
@@ -216,6 +239,16 @@ class HoldRead(BaseModel):
 class HistoryRead(BaseModel):
     kind: Literal["history_read"] = "history_read"
     attempts: list[AttemptRecord] = Field(default_factory=list)
+
+
+class MaintenanceRead(BaseModel):
+    """``ledger_maintenance_covering`` answered: the window in force that covers the node
+    and ends last (``window_id`` None: none), when it ends and why."""
+
+    kind: Literal["maintenance_read"] = "maintenance_read"
+    window_id: str | None = None
+    ends_at: datetime | None = None
+    reason: str = ""
 
 
 class LedgerUnavailable(BaseModel):
@@ -320,13 +353,15 @@ class Clock(BaseModel):
 
 
 Event = Annotated[
-    Start | PolicyRead | HoldRead | HistoryRead | LedgerUnavailable | Approve | Reject
+    Start | PolicyRead | HoldRead | HistoryRead | MaintenanceRead | LedgerUnavailable
+    | Approve | Reject
     | Cancel | AlertAttached | AlertCleared | LeaseReply | LeaseLapsed | CallOk | CallFailed
     | Machine
     | TimerFired | ContinueAsNewDue | WorkerRestart | Clock,
     Field(discriminator="kind"),
 ]
-EVENT_KINDS = ("start", "policy_read", "hold_read", "history_read", "ledger_unavailable",
+EVENT_KINDS = ("start", "policy_read", "hold_read", "history_read", "maintenance_read",
+               "ledger_unavailable",
                "approve", "reject", "cancel", "alert_attached", "alert_cleared", "lease",
                "lease_lapsed", "call_ok", "call_failed", "machine", "timer", "can_due",
                "worker_restart", "clock")
@@ -699,6 +734,40 @@ def _on_call_ok(s: RepairState, ev: CallOk, now: datetime, defects: frozenset[st
     return s, []  # pragma: no cover (no other status has a call out)
 
 
+def _on_maintenance(s: RepairState, ev: MaintenanceRead, now: datetime,
+                    defects: frozenset[str]) -> Out:
+    """Before the cordon (the lease held, the decision made again): a window covering
+    the node is waited out holding no lease — read again at its end, at most every
+    :data:`MAINTENANCE_RECHECK_S`; once none covers it, the lease is asked for again
+    (the evidence checked first) and the decision made again on the grant."""
+    if s.stop is not None:
+        return _stop_now(s)
+    if ev.window_id is None or ev.ends_at is None or "cordon_in_maintenance" in defects:
+        if not s.maintenance:
+            return _run(s, Status.reading_hold)
+        note = RecordTransition(stage=s.stage, by="system", reason="maintenance over: "
+                                "evidence checked again before cordoning")
+        s = s.model_copy(update={"maintenance": ""})
+        if not _evidence_ok(s):
+            s2, more = _end(s, S.auto_resolved, "system", "every alert behind the repair "
+                            "cleared during the maintenance window")
+            return s2, [note, *more]
+        return _go_on(s, now, [note])
+    cmds: list[Command] = []
+    if not s.maintenance:
+        cmds.append(RecordTransition(
+            stage=s.stage, by="system",
+            reason=f"paused before cordoning: {s.node} is in maintenance window "
+                   f"{ev.window_id} until {ev.ends_at.isoformat()} ({ev.reason}); the "
+                   "evidence is checked again when it ends"))
+        if s.lease != "none":
+            cmds.append(SignalGuard(what="release"))
+    left = (ev.ends_at - now).total_seconds()
+    s = s.model_copy(update={"status": Status.maintenance_wait, "lease": "none",
+                             "lease_lapsed": False, "maintenance": ev.window_id})
+    return s, [*cmds, StartTimer(seconds=min(max(left, 1.0), MAINTENANCE_RECHECK_S))]
+
+
 def _idle_start(s: RepairState, now: datetime) -> Out:
     s = s.model_copy(update={"idle_since": s.idle_since or now})
     bound = ("do not interrupt" if s.policy.wait_for_idle.do_not_interrupt
@@ -837,6 +906,9 @@ def step(state: RepairState, event: Event, now: datetime,
                                             for a in s.alerts]})
         if st in (Status.awaiting_approval, Status.awaiting_lease) and not _evidence_ok(s):
             return _end(s, S.auto_resolved, "system", "alert cleared before acting")
+        if st == Status.maintenance_wait and not _evidence_ok(s):
+            return _end(s, S.auto_resolved, "system", "every alert behind the repair cleared "
+                        f"during maintenance window {s.maintenance}")
         return s, []
     if isinstance(event, Clock):
         if st == Status.awaiting_approval and s.approval_deadline and now >= s.approval_deadline:
@@ -872,6 +944,10 @@ def step(state: RepairState, event: Event, now: datetime,
             return _run(s, Status.checking_idle)
         if st == Status.join_backoff:
             return _run(s, Status.joining)
+        if st == Status.maintenance_wait:
+            if s.stop is not None:
+                return _stop_now(s)
+            return _run(s, Status.reading_maintenance)
         return s, []
     if isinstance(event, LeaseReply):
         if st != Status.awaiting_lease:
@@ -947,9 +1023,16 @@ def step(state: RepairState, event: Event, now: datetime,
             return _ask(s, now, ("another repair acted on the node meanwhile; "
                                  if moved else "") + why)
         s = s.model_copy(update={"hold_then": "cordon"})
-        return _run(s, Status.reading_hold)
+        if s.requester.kind == RequesterKind.user:
+            return _run(s, Status.reading_hold)  # an operator's request does not wait
+        return _run(s, Status.reading_maintenance)
+    if isinstance(event, MaintenanceRead):
+        if st != Status.reading_maintenance:
+            return s, []
+        return _on_maintenance(s, event, now, defects)
     if isinstance(event, CallOk):
-        if st in (Status.reading_policy, Status.reading_hold, Status.reading_history):
+        if st in (Status.reading_policy, Status.reading_hold, Status.reading_history,
+                  Status.reading_maintenance):
             return s, []  # reads answer with their own events
         return _on_call_ok(s, event, now, defects)
     return s, []  # pragma: no cover
@@ -969,7 +1052,14 @@ _CALL_ANSWER = {
     Status.reading_history: ("history_read", "decide (ladder, gate, cap); covered by consent "
                              "or an approval of this action at this rung → awaiting_lease; "
                              "else → awaiting_approval (at grant time: the rule names what "
-                             "changed)"),
+                             "changed; covered → reading_maintenance, an operator's own "
+                             "request → reading_hold)"),
+    Status.reading_maintenance: ("maintenance_read", "none → reading_hold (before the "
+                                 "cordon); none after a pause → the evidence checked, the "
+                                 "lease asked for again (the decision made again on the "
+                                 "grant); a window covers the node → lease released, → "
+                                 "maintenance_wait (timer: the window's end, at most "
+                                 f"{MAINTENANCE_RECHECK_S:g} s)"),
     Status.cordoning: ("call_ok", "ours → waiting for idle; held by another repair → "
                        "probing_holder"),
     Status.probing_holder: ("call_ok", "holder runs → ended `cancelled`; ended → "
@@ -1009,7 +1099,8 @@ def _decision(st: Status, kind: str) -> str:
                 else "joins the evidence")
     if kind == "alert_cleared":
         return ("level fault cleared; no evidence left → ended `auto_resolved`"
-                if st in (Status.awaiting_approval, Status.awaiting_lease)
+                if st in (Status.awaiting_approval, Status.awaiting_lease,
+                          Status.maintenance_wait)
                 else "level fault marked cleared; re-checked before the next disruptive step")
     if kind == "clock":
         return {Status.awaiting_approval: "approval deadline passed → ended `timed_out`",
@@ -1033,7 +1124,10 @@ def _decision(st: Status, kind: str) -> str:
         return "→ reading_policy" if st == Status.new else "ignored"
     if kind == "timer":
         return {Status.idle_backoff: "pending stop → ended; else → checking_idle",
-                Status.join_backoff: "→ joining"}.get(st, "ignored: no timer of ours runs")
+                Status.join_backoff: "→ joining",
+                Status.maintenance_wait: "pending stop → ended; else → reading_maintenance "
+                                         "(the windows read again)"}.get(
+                    st, "ignored: no timer of ours runs")
     if kind == "lease":
         return ("granted: pending stop → ended; re-acquired after a lapse → the evidence "
                 "checked again, then the drain or the action it was for; else re-read "
