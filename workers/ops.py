@@ -55,6 +55,22 @@ EXIT_INTERRUPTED = 130
 """Exit code after Ctrl-C: 128 + SIGINT (2), the shell's convention."""
 
 
+def validation_line(d: dict[str, Any]) -> str:
+    """One line of a 422 ``detail`` entry (FastAPI / pydantic): the field, the message
+    and the value sent — ``action: Input should be 'none', … (got 'rebot')``. The field
+    is the location without its ``body`` / ``query`` head (the last part when that leaves
+    nothing); a message that already names the field, or pydantic's ``Value error, ``
+    prefix, is not repeated."""
+    loc = [str(x) for x in d.get("loc", [])]
+    field = ".".join(loc[1:]) or (loc[-1] if loc else "request")
+    msg = str(d.get("msg", "")).removeprefix("Value error, ")
+    if msg.startswith(f"{field}:"):
+        msg = msg[len(field) + 1:].lstrip()
+    line = f"{field}: {msg}"
+    if "input" in d and not isinstance(d["input"], (dict, list)) and repr(d["input"]) not in msg:
+        line += f" (got {d['input']!r})"
+    return line
+
 def dev_stack_dsn(data_dir: Path) -> str | None:
     """DSN of the dev stack's running PostgreSQL in ``data_dir/pg``, read from its
     ``postmaster.pid`` (PostgreSQL's ``src/include/utils/pidfile.h``: line 4 port, line 5
@@ -178,8 +194,7 @@ def _call(method: str, api: str, path: str, auth: ApiToken | None,
         except ValueError:
             detail = r.text
         if isinstance(detail, list):
-            detail = "; ".join(f"{'.'.join(str(x) for x in d.get('loc', [])[1:])}: {d.get('msg')}"
-                               for d in detail)
+            detail = "; ".join(validation_line(d) for d in detail if isinstance(d, dict))
         _err.print(f"error: HTTP {r.status_code}: {detail}")
         if r.status_code == 401 and auth is not None:
             _err.print(auth.help_401())

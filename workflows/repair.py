@@ -852,7 +852,9 @@ class RepairWorkflow:
             raise _Ended(S.auto_resolved, "system", "alert cleared before approval")
         sig = self._approve
         self._approve = None  # consumed
-        asked = sig.action or self._action
+        # ``none`` is no action to run: as no override (the API refuses it; a signal sent
+        # by hand may carry it)
+        asked = sig.action if sig.action not in (None, Action.none) else self._action
         await self._decide(asked, approver=sig.by)
         assert self._decision is not None
         again = decision.approved_as_asked(asked, sig.by, self._decision,

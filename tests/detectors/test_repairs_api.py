@@ -75,6 +75,12 @@ async def test_malformed_bodies_name_the_field(stack: Stack) -> None:
         assert any(loc[-1] == field for loc in locs), (field, locs)
     r = await h.get("/api/v1/repairs?state=sideways", headers=VIEW)
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "state"]
+    # approve with action "none": no action to run (before: the node was drained, then the
+    # repair hung at "repairing none"); refused before the repair is even looked up
+    r = await h.post("/api/v1/repairs/req-x/approve", json={"action": "none"}, headers=OP)
+    assert r.status_code == 422, r.text
+    d = r.json()["detail"][0]
+    assert d["loc"][-1] == "action" and "not an action to run" in d["msg"], d
     # nothing was recorded by the refused bodies: the keys are still free
     assert (await h.get("/api/v1/repairs", headers=VIEW)).json() == {"repairs": []}
 

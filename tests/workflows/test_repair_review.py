@@ -279,3 +279,19 @@ async def test_a_lease_re_acquired_after_a_breaker_reset_counts_only_later_evide
     assert h.cluster.count("drain", "gpu-01") == 0
     assert h.cluster.count("power_cycle", "gpu-01") == 0
     assert "gpu-01" not in h.cluster.cordons
+
+
+async def test_an_approve_signal_naming_action_none_approves_the_proposed_action(
+        harness: Harness) -> None:
+    """A signal sent by hand (``temporal workflow signal``) with ``action: none``: no
+    action to run, so it is taken as no override. Before, the repair cordoned, drained
+    and then hung at ``repairing none`` (a KeyError every workflow task) with the node
+    drained for nothing. The API refuses the value (422)."""
+    h = harness
+    h.policy.consent.mode = "approve"
+    handle = await start_repair(h, "gpu-07", Action.reboot, "none1")
+    await wait_stage(h, "gpu-07", "none1", Stage.awaiting_approval)
+    await handle.signal("approve", ApproveSignal(by="alice", action=Action.none))
+    done = await handle.result()
+    assert done.stage == Stage.succeeded and done.action == Action.reboot, done
+    assert h.cluster.count("reboot", "gpu-07") == 1

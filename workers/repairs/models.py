@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from workflows.downtime import Downtime
 from workflows.models import Action, Alert, RepairStatus
@@ -88,6 +88,14 @@ class DecisionBody(BaseModel):
 
     reason: _Text = Field("", max_length=4000)
     action: Action | None = None
+
+    @field_validator("action")
+    @classmethod
+    def _an_action_to_run(cls, v: Action | None) -> Action | None:
+        if v == Action.none:
+            raise ValueError("'none' is not an action to run; leave `action` out to approve "
+                             "the action the repair proposes, or reject the repair")
+        return v
 
 
 class TransitionView(BaseModel):
