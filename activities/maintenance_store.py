@@ -86,6 +86,20 @@ class MaintenanceStore:
             cluster, active_at, limit, float(grace_s))
         return [_window(r) for r in rows]
 
+    async def overlapping(self, since: datetime, until: datetime, cluster: str | None = None,
+                          *, limit: int = 10_000) -> list[MaintenanceWindow]:
+        """Windows in force at some time of ``[since, until)`` (begun before ``until``,
+        ended after ``since``), oldest first, at most ``limit`` (the what-if replay's
+        windows)."""
+        rows = await self.pool.fetch(
+            """SELECT * FROM maintenance_windows
+                WHERE ($1::text IS NULL OR cluster = $1)
+                  AND starts_at < $3
+                  AND LEAST(ends_at, COALESCE(ended_at, ends_at)) > $2
+                ORDER BY starts_at, window_id LIMIT $4""",
+            cluster, since, until, limit)
+        return [_window(r) for r in rows]
+
     async def get(self, window_id: str) -> MaintenanceWindow | None:
         r = await self.pool.fetchrow(
             "SELECT * FROM maintenance_windows WHERE window_id = $1", window_id)

@@ -19,7 +19,7 @@ unreachable ledger or a chart that cannot be written.
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +34,12 @@ from activities.ledger_queries import (
     whatif_alerts,
     whatif_measures,
 )
+from activities.maintenance_store import MaintenanceStore
 from workers.config import ConfigError, load_config
 from workers.fleet_models import parse_since
 from workers.tables import Col, fitted_table
 from workflows.config import AutorepairConfig
+from workflows.maintenance import MaintenanceWindow
 from workflows.models import Alert
 from workflows.providers import ProviderInfo, ProviderResolver
 from workflows.whatif.figures import differences, figures
@@ -47,12 +49,15 @@ _out = Console()
 _err = Console(stderr=True)
 
 
-def facts_of(cfg: AutorepairConfig, outcomes: dict[tuple[str, str, str], list[str]]) -> Facts:
+def facts_of(cfg: AutorepairConfig, outcomes: dict[tuple[str, str, str], list[str]],
+             windows: list[MaintenanceWindow] | None = None) -> Facts:
     """The inventory a replay under ``cfg`` sees: each configured cluster's GPU node count
     (``clusters[].gpu_nodes``, else its listed nodes), pools, machines and failure domains
     (``nodes[].failure_domain``: the scheduler's labels and features are not read
-    offline), and the ledger's attempt ``outcomes``."""
+    offline), the ledger's attempt ``outcomes`` and its operator maintenance
+    ``windows``."""
     return Facts(
+        windows=list(windows or []),
         gpu_nodes={c.name: c.gpu_node_count for c in cfg.clusters},
         pools={c.name: {n.name: n.pool for n in c.nodes if n.pool} for c in cfg.clusters},
         machines={c.name: {n.name: n.machine for n in c.nodes if n.machine}
@@ -82,13 +87,16 @@ def assumptions(d: Durations, current: AutorepairConfig | None = None,
                 "nobody approves (no approval measured): a waiting repair times out as "
                 "consent.approval_timeout_s says")
     return [
-        "alerts are replayed at their recorded time (observed_at: the ledger keeps no "
-        "receipt time), every one whatever the policy did before it: a fault that recurred "
-        "after an action recurs",
+        "alerts are replayed at their receipt time (received_at; observed_at for rows "
+        "older than migration 0014), every one whatever the policy did before it: a fault "
+        "that recurred after an action recurs",
         "an action ends as the ledger's attempt of that action on that node ended (k-th "
         "replayed attempt = k-th recorded); otherwise it succeeds after the median stage "
         f"durations the ledger measured ({measured}; where none: {defaults})",
-        "nodes are idle, cordon and drain succeed, nothing is open when the window starts",
+        "nodes are idle, cordon and drain succeed, nothing is open when the window starts; "
+        "a repair about to cordon a node that one of the ledger's operator maintenance "
+        "windows covers waits for its end (Slurm MAINT reservations and the Kubernetes "
+        "annotation are not read offline)",
         approval,
         (f"a person resets a tripped breaker after {d.breaker_reset_s:.0f} s (the measured "
          "median)" if d.breaker_reset_s is not None else "nobody resets a tripped breaker "
@@ -138,12 +146,13 @@ def _info_for(cfg: AutorepairConfig) -> Any:
 
 def compare(alerts: list[Alert], durations: Durations,
             outcomes: dict[tuple[str, str, str], list[str]], current: AutorepairConfig,
-            new: AutorepairConfig, until: datetime | None = None) -> dict[str, Any]:
+            new: AutorepairConfig, until: datetime | None = None,
+            windows: list[MaintenanceWindow] | None = None) -> dict[str, Any]:
     """Both replays (up to ``sim.HORIZON_S`` past ``until``, default the last alert) and
-    their figures as one JSON-ready document (deterministic: the same alerts, measures and
-    configs give the same document)."""
-    a = replay(alerts, current.policy, facts_of(current, outcomes), durations, until)
-    b = replay(alerts, new.policy, facts_of(new, outcomes), durations, until)
+    their figures as one JSON-ready document (deterministic: the same alerts, measures,
+    maintenance windows and configs give the same document)."""
+    a = replay(alerts, current.policy, facts_of(current, outcomes, windows), durations, until)
+    b = replay(alerts, new.policy, facts_of(new, outcomes, windows), durations, until)
     diff, total = differences(a, b)
     return {"alerts": len(alerts), "assumptions": assumptions(durations, current, new),
             "current": figures(a, _info_for(current)), "new": figures(b, _info_for(new)),
@@ -154,7 +163,9 @@ async def whatif_doc(pool: asyncpg.Pool, current: AutorepairConfig, new: Autorep
                      since: datetime, until: datetime, cluster: str | None) -> dict[str, Any]:
     """:func:`compare` over the ledger's window ``[since, until)`` (``cluster`` only)."""
     alerts, durations, outcomes = await read_window(pool, since, until, cluster)
-    doc = compare(alerts, durations, outcomes, current, new, until)
+    windows = await MaintenanceStore(pool).overlapping(
+        since, until + timedelta(seconds=HORIZON_S), cluster)
+    doc = compare(alerts, durations, outcomes, current, new, until, windows)
     return {"since": since.isoformat(), "until": until.isoformat(), "cluster": cluster, **doc}
 
 

@@ -345,3 +345,27 @@ def test_a_persons_approval_is_not_held_by_a_domain() -> None:
     f = figures(replay(storm(), p, rack_facts(), Durations(approval_s=3600.0)))
     assert f["domain_holds"] == 1 and f["domain_held_repairs"] == 0
     assert f["waited_for_person"] == 5 and f["outcomes"] == {"succeeded": 5}
+
+
+def test_a_maintenance_window_in_the_ledger_holds_the_repair_to_its_end() -> None:
+    """An operator window on n0 from T0 to T0 + 2 h: n0's power cycle (Xid 79 at T0)
+    cordons when the window ends, not at once, as RepairWorkflow waits (issue 29); n1,
+    outside the window, cordons straight away; the window's end is what the replay read
+    from the ledger, not a constant."""
+    from workflows.maintenance import MaintenanceWindow
+
+    w = MaintenanceWindow(window_id="mw-000000000001", cluster="c", scope="nodes",
+                          nodes=["n0"], reason="firmware", created_by="op",
+                          starts_at=T0 - timedelta(minutes=5), ends_at=T0 + timedelta(hours=2))
+    alerts = [xid79(0, "n0", 0), xid79(1, "n1", 0)]
+    run = replay(alerts, automatic(), Facts(gpu_nodes={"c": 100}, windows=[w]))
+    r0 = run.repairs[run.alerts["a0"].repair_id or ""]
+    r1 = run.repairs[run.alerts["a1"].repair_id or ""]
+    cordon0 = [t for st, t in r0.transitions if st == "cordoning"]
+    cordon1 = [t for st, t in r1.transitions if st == "cordoning"]
+    assert cordon0 and cordon0[0] >= T0 + timedelta(hours=2)
+    assert cordon1 and cordon1[0] < T0 + timedelta(minutes=5)
+    assert r0.stage == "succeeded" and r1.stage == "succeeded"
+    without = replay(alerts, automatic(), FACTS)
+    r0w = without.repairs[without.alerts["a0"].repair_id or ""]
+    assert [t for st, t in r0w.transitions if st == "cordoning"][0] < T0 + timedelta(minutes=5)

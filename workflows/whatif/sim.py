@@ -16,6 +16,8 @@ delivers them):
   empty ledger (nothing open when the window starts);
 - the policy: ``load_policy`` answers the policy under test with the node's machine and
   pool from :class:`Facts`;
+- maintenance: a repair about to cordon a node that one of the ledger's windows
+  (:attr:`Facts.windows`) covers waits for the window's end, as the workflow does;
 - the scheduler: cordon is this repair's, the node is idle after the median idle wait,
   the drain completes after the median drain, the node is healthy after the median
   rejoin (:class:`Durations`);
@@ -59,6 +61,7 @@ from workflows.lifecycle import guard as gm
 from workflows.lifecycle import machine_action as ma
 from workflows.lifecycle import node as nm
 from workflows.lifecycle import repair as rm
+from workflows.maintenance import MaintenanceWindow, covering
 from workflows.models import Action, Alert, AttemptRecord, Requester, Stage
 from workflows.policy import breaker_threshold, concurrency_budget
 
@@ -101,14 +104,16 @@ class Durations:
 class Facts:
     """What the ledger and inventory say beside the alerts: GPU nodes per cluster (the
     rails' denominator; 0: the rails' minimums), node → pool and node → machine per
-    cluster, the recorded attempt outcomes per (cluster, node, action), oldest first, and
-    node → failure domains per cluster (the guard's ``PolicyView.domains``)."""
+    cluster, the recorded attempt outcomes per (cluster, node, action), oldest first,
+    node → failure domains per cluster (the guard's ``PolicyView.domains``) and the
+    ledger's maintenance windows (``ledger_maintenance_covering`` answers from them)."""
 
     gpu_nodes: dict[str, int] = field(default_factory=dict)
     pools: dict[str, dict[str, str]] = field(default_factory=dict)
     machines: dict[str, dict[str, str]] = field(default_factory=dict)
     domains: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     outcomes: dict[tuple[str, str, str], list[str]] = field(default_factory=dict)
+    windows: list[MaintenanceWindow] = field(default_factory=list)
 
 
 @dataclass
@@ -500,6 +505,16 @@ class _Sim:
             self.later(self.dur.of(s.action, "joining"), rid, rm.CallOk(healthy=True))
         elif name == "rejoin_node":
             self.send("repair", rid, rm.CallOk())
+        elif name == "ledger_maintenance_covering":
+            # as the activity: the covering window in force now that ends last
+            hit = covering(self.facts.windows, cluster, node, self.pool(cluster, node),
+                           self.now)
+            if not hit:
+                self.send("repair", rid, rm.MaintenanceRead())
+            else:
+                w = max(hit, key=lambda x: x.end())
+                self.send("repair", rid, rm.MaintenanceRead(window_id=w.window_id,
+                                                            ends_at=w.end(), reason=w.reason))
         else:  # pragma: no cover (CALL_OF names no other)
             raise AssertionError(f"activity: {name!r} is not simulated")
 
