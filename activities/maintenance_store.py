@@ -4,6 +4,7 @@ reservations, the Kubernetes annotation) are read where they live, never stored 
 
 from __future__ import annotations
 
+import builtins
 import secrets
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -87,7 +88,7 @@ class MaintenanceStore:
         return [_window(r) for r in rows]
 
     async def overlapping(self, since: datetime, until: datetime, cluster: str | None = None,
-                          *, limit: int = 10_000) -> list[MaintenanceWindow]:
+                          *, limit: int = 10_000) -> builtins.list[MaintenanceWindow]:
         """Windows in force at some time of ``[since, until)`` (begun before ``until``,
         ended after ``since``), oldest first, at most ``limit`` (the what-if replay's
         windows)."""

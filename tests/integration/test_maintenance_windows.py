@@ -111,6 +111,30 @@ async def test_store_bounds_and_scopes(ledger_pool: Any) -> None:
     assert await store.list("c2") == []
 
 
+async def test_overlapping_windows_for_the_whatif_replay(ledger_pool: Any) -> None:
+    """The what-if replay's windows: those in force at some time of [since, until),
+    an early end counted, other clusters left out, oldest first."""
+    store = MaintenanceStore(ledger_pool, max_s=86400)
+    a = await store.start(cluster="o1", scope="all", duration_s=3600, reason="a",
+                          created_by="bob", now=T0)
+    b = await store.start(cluster="o1", scope="pool", pool="p1", duration_s=7200,
+                          reason="b", created_by="bob", now=T0 + timedelta(hours=3))
+    await store.start(cluster="o2", scope="all", duration_s=3600, reason="c",
+                      created_by="bob", now=T0)
+    await store.end(b.window_id, by="bob", now=T0 + timedelta(hours=3, minutes=10))
+    got = await store.overlapping(T0 - timedelta(hours=1), T0 + timedelta(days=1), "o1")
+    assert [w.window_id for w in got] == [a.window_id, b.window_id]
+    # b ended early at 3 h 10 min: a replay window that starts after that misses it
+    late = await store.overlapping(T0 + timedelta(hours=3, minutes=20),
+                                   T0 + timedelta(days=1), "o1")
+    assert late == []
+    assert [w.window_id for w in await store.overlapping(
+        T0 + timedelta(minutes=30), T0 + timedelta(hours=3, minutes=5), "o1")] == [
+        a.window_id, b.window_id]
+    every = await store.overlapping(T0, T0 + timedelta(days=1))
+    assert sorted(w.cluster for w in every if w.cluster in ("o1", "o2")) == ["o1", "o1", "o2"]
+
+
 def _w(**kw: Any) -> MaintenanceWindow:
     base: dict[str, Any] = {"window_id": "mw-1", "cluster": "c1", "scope": "all",
                             "reason": "r", "created_by": "a", "starts_at": T0,

@@ -368,4 +368,4 @@ def test_a_maintenance_window_in_the_ledger_holds_the_repair_to_its_end() -> Non
     assert r0.stage == "succeeded" and r1.stage == "succeeded"
     without = replay(alerts, automatic(), FACTS)
     r0w = without.repairs[without.alerts["a0"].repair_id or ""]
-    assert [t for st, t in r0w.transitions if st == "cordoning"][0] < T0 + timedelta(minutes=5)
+    assert next(t for st, t in r0w.transitions if st == "cordoning") < T0 + timedelta(minutes=5)

@@ -272,7 +272,11 @@ async def test_a_lease_re_acquired_after_a_breaker_reset_counts_only_later_evide
             t.reason for t in (await repair_status(h, "gpu-01", "l1")).history)
 
     await h.env.sleep(timedelta(minutes=45))  # l1 renews (refused), goes idle, re-queues
-    await eventually(l1_queued, "l1 re-acquiring before its drain")
+    async def l1_history() -> object:
+        st = await repair_status(h, "gpu-01", "l1")
+        return [(t.stage, t.reason) for t in st.history], st.detail, await guard_status(h)
+
+    await eventually(l1_queued, "l1 re-acquiring before its drain", explain=l1_history)
     await guard.signal(GUARD_SIGNAL_RESET_BREAKER, ResetBreakerSignal(by="alice"))
     st = await result_skipping(h, "gpu-01", "l1")
     assert st.stage == Stage.auto_resolved, (st.stage, st.history[-1])
