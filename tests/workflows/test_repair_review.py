@@ -259,8 +259,12 @@ async def test_a_lease_re_acquired_after_a_breaker_reset_counts_only_later_evide
     await wait_stage(h, "gpu-01", "l1", Stage.waiting_for_idle)
     guard = h.client.get_workflow_handle(workflow_id_guard(h.cluster.cluster))
     await guard.signal(GUARD_SIGNAL_RELEASE, LeaseRelease(repair_id="l1", outcome="forgotten"))
-    for i in (2, 3):
-        await start_repair(h, f"gpu-0{i}", Action.power_cycle, f"l{i}")
+    # l2 first, holding the budget before l3 asks: were l3 granted first (the two
+    # repairs' first tasks race), it would finish at once and free the budget, and l1's
+    # renewal (not held by the breaker) would be granted: nothing to re-acquire
+    await start_repair(h, "gpu-02", Action.power_cycle, "l2")
+    await wait_stage(h, "gpu-02", "l2", Stage.waiting_for_idle)
+    await start_repair(h, "gpu-03", Action.power_cycle, "l3")
 
     async def tripped() -> bool:
         return (await guard_status(h)).breaker_open
