@@ -61,7 +61,7 @@ from workflows.activity_api import (
 )
 from workflows.config import NotifyEvent, ProvidersConfig
 from workflows.evidence import EvidenceRecord
-from workflows.maintenance import covering
+from workflows.maintenance import covering_last
 from workflows.models import TERMINAL_STAGES, Alert, Stage, Verdict
 from workflows.protocol import workflow_id_repair
 from workflows.providers import ProviderResolver
@@ -226,10 +226,9 @@ class LedgerActivities:
         now = q.at or datetime.now(UTC)
         windows = await MaintenanceStore(self.ledger.pool).list(q.cluster, active_at=now,
                                                                 limit=10_000)
-        hit = covering(windows, q.cluster, q.node, q.pool, now)
-        if not hit:
+        w = covering_last(windows, q.cluster, q.node, q.pool, now)
+        if w is None:
             return MaintenanceCover()
-        w = max(hit, key=lambda x: x.end())
         return MaintenanceCover(window_id=w.window_id, ends_at=w.end(), reason=w.reason)
 
     def all(self) -> list[Callable[..., Any]]:

@@ -106,6 +106,14 @@ def covering(windows: Iterable[MaintenanceWindow], cluster: str, node: str,
     return sorted(hit, key=lambda w: (w.end(), w.window_id))
 
 
+def covering_last(windows: Iterable[MaintenanceWindow], cluster: str, node: str,
+                  pool: str | None, now: datetime) -> MaintenanceWindow | None:
+    """The window of :func:`covering` that ends last (a tie: the first by window id),
+    the one a repair waits out before its cordon; ``None`` when none covers the node."""
+    hit = covering(windows, cluster, node, pool, now)
+    return max(hit, key=lambda w: w.end()) if hit else None
+
+
 def in_grace(windows: Iterable[MaintenanceWindow], cluster: str, node: str,
              pool: str | None, now: datetime, grace_s: float
              ) -> tuple[MaintenanceWindow, datetime] | None:

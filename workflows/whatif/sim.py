@@ -61,7 +61,7 @@ from workflows.lifecycle import guard as gm
 from workflows.lifecycle import machine_action as ma
 from workflows.lifecycle import node as nm
 from workflows.lifecycle import repair as rm
-from workflows.maintenance import MaintenanceWindow, covering
+from workflows.maintenance import MaintenanceWindow, covering_last
 from workflows.models import Action, Alert, AttemptRecord, Requester, Stage
 from workflows.policy import breaker_threshold, concurrency_budget
 
@@ -507,14 +507,10 @@ class _Sim:
             self.send("repair", rid, rm.CallOk())
         elif name == "ledger_maintenance_covering":
             # as the activity: the covering window in force now that ends last
-            hit = covering(self.facts.windows, cluster, node, self.pool(cluster, node),
-                           self.now)
-            if not hit:
-                self.send("repair", rid, rm.MaintenanceRead())
-            else:
-                w = max(hit, key=lambda x: x.end())
-                self.send("repair", rid, rm.MaintenanceRead(window_id=w.window_id,
-                                                            ends_at=w.end(), reason=w.reason))
+            w = covering_last(self.facts.windows, cluster, node, self.pool(cluster, node),
+                              self.now)
+            self.send("repair", rid, rm.MaintenanceRead() if w is None else rm.MaintenanceRead(
+                window_id=w.window_id, ends_at=w.end(), reason=w.reason))
         else:  # pragma: no cover (CALL_OF names no other)
             raise AssertionError(f"activity: {name!r} is not simulated")
 
