@@ -68,8 +68,8 @@ fuzz-api: install
 # Stateful property test of the repair rails (tests/workflows/test_rails_property.py) with
 # random programs, guard terminations and lease expiry among the steps; EXAMPLES=N sets how
 # many (CI runs three fixed programs and a fixed-seed slice of 16). The last line gives
-# examples run, failing examples, guard restarts, leaked time-skipping locks given back and
-# seconds.
+# examples run, failing examples, guard restarts, leaked time-skipping locks given back,
+# programs run again because the test server's clock stopped, and seconds.
 EXAMPLES ?= 200
 property: install
 	@rm -f .property.json; \
@@ -79,7 +79,7 @@ property: install
 	$(BIN)/python -c "import json; r = json.load(open('.property.json')); \
 	print(f\"examples={r['examples']} failures={r['failures']} \
 	guard_restarts={r['guard_restarts']} forced_unlocks={r['forced_unlocks']} \
-	seconds={r['seconds']}\")"; \
+	clock_stops={r['clock_stops']} seconds={r['seconds']}\")"; \
 	rm -f .property.json; exit $$rc
 
 # Crash run (tests/crash/crash.py): NODES x ROUNDS repairs on the dev stack (real worker

@@ -139,6 +139,17 @@ WAIT_CHECK_S = 2400.0
 DEBUG = bool(os.environ.get("RAILS_PROPERTY_DEBUG"))
 
 
+class ClockStopped(AssertionError):
+    """The time-skipping server's clock did not advance when asked (:meth:`World.skip`).
+
+    Usually the server's own failure (sdk-java#3088 family: a timer that fires while the
+    task cancelling it is with the worker wedges its clock; a transport error from its
+    sleep RPC), not a rail violation: the property test runs the same program again in a
+    fresh world (:data:`~tests.workflows.test_rails_property.CLOCK_RETRIES` times) and
+    fails only when the clock stops on every try — a program that stalls time by itself
+    does so each time."""
+
+
 @dataclass
 class Call:
     seq: int
@@ -543,14 +554,14 @@ class World:
                 return
             except (TimeoutError, RPCError) as e:
                 if retry or not await self.quiet(include_guard=True):
-                    raise AssertionError(f"time did not skip {seconds} s: {e}; "
-                                         f"{await self.pending()}") from e
+                    raise ClockStopped(f"time did not skip {seconds} s: {e}; "
+                                       f"{await self.pending()}") from e
                 try:
                     await self.env.client.test_service.unlock_time_skipping(
                         UnlockTimeSkippingRequest())
                 except RPCError as unbalanced:  # no lock was leaked after all
-                    raise AssertionError(f"time did not skip {seconds} s: {e}; "
-                                         f"{await self.pending()}") from unbalanced
+                    raise ClockStopped(f"time did not skip {seconds} s: {e}; "
+                                       f"{await self.pending()}") from unbalanced
                 self.forced_unlocks += 1
 
     async def pending(self) -> str:

@@ -13,7 +13,9 @@ CI runs three explicit programs (guard restart with a holder and two waiters, a
 terminated holder's lease expiring, a lease wait timing out) and a fixed-seed slice
 (``RAILS_PROPERTY_EXAMPLES``, default 16); the whole file takes about 50 s on two cores.
 ``make property`` runs a longer random one and prints ``examples=… failures=…
-guard_restarts=… forced_unlocks=… seconds=…`` last. The tests at the end show each lease check flags a
+guard_restarts=… forced_unlocks=… clock_stops=… seconds=…`` last. When the time-skipping
+server's clock stops (``ClockStopped``, the server's own failure), the program runs again
+in a fresh world, at most :data:`CLOCK_RETRIES` times; ``clock_stops`` counts those. The tests at the end show each lease check flags a
 planted violation.
 
 Workflow cancellation from the Temporal UI (``handle.cancel()``) is not in the mix: on the
@@ -34,7 +36,15 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from tests.workflows.rails_driver import FAULTS, NODES, Step, check, world
+from tests.workflows.rails_driver import (
+    FAULTS,
+    NODES,
+    ClockStopped,
+    Step,
+    World,
+    check,
+    world,
+)
 from tests.workflows.rails_leases import (
     lease_clashes,
     lease_waiters,
@@ -56,8 +66,11 @@ from workflows.protocol import (
 EXAMPLES = int(os.environ.get("RAILS_PROPERTY_EXAMPLES", "16"))
 #: ``make property`` sets this: random (not derandomized) programs, figures written here.
 REPORT = os.environ.get("RAILS_PROPERTY_REPORT")
+#: Runs of one program in a fresh world after the time-skipping server's clock stopped
+#: (:class:`~tests.workflows.rails_driver.ClockStopped`) before the example fails.
+CLOCK_RETRIES = 2
 _stats: dict[str, Any] = {"examples": 0, "failures": 0, "guard_restarts": 0,
-                          "forced_unlocks": 0, "started": None}
+                          "forced_unlocks": 0, "clock_stops": 0, "started": None}
 
 
 def steps() -> st.SearchStrategy[Step]:
@@ -112,6 +125,7 @@ def _record(failed: bool, guard_restarts: int, forced_unlocks: int) -> None:
             "examples": _stats["examples"], "failures": _stats["failures"],
             "guard_restarts": _stats["guard_restarts"],
             "forced_unlocks": _stats["forced_unlocks"],
+            "clock_stops": _stats["clock_stops"],
             "seconds": round(time.monotonic() - _stats["started"], 1),
         }))
 
@@ -158,17 +172,33 @@ WAIT_TIMES_OUT = [
 async def test_rails_hold_on_random_programs(
     ledger_pool: Any, approve: bool, program: list[Step]
 ) -> None:
-    async with world(ledger_pool, approve) as w:
-        for step in program:
-            await w.run(step)
-        still_open = await w.settle()
-        bad = await check(w, still_open)
-        _record(bool(bad), w.guard_restarts, w.forced_unlocks)
-        consent = "approve" if approve else "automatic"
-        assert not bad, "\n".join(
-            [*bad, f"consent={consent} program: {' '.join(w.trace)}",
-             *(f"  {c}" for c in w.fake.log)]
-        )
+    w, bad = await run_program(ledger_pool, approve, program)
+    _record(bool(bad), w.guard_restarts, w.forced_unlocks)
+    consent = "approve" if approve else "automatic"
+    assert not bad, "\n".join(
+        [*bad, f"consent={consent} program: {' '.join(w.trace)}",
+         *(f"  {c}" for c in w.fake.log)]
+    )
+
+
+async def run_program(pool: Any, approve: bool, program: list[Step]) -> tuple[World, list[str]]:
+    """Run ``program`` in a world, settle it and check it: the world and what the checks
+    found. When the test server's clock stops (:class:`ClockStopped`) the program runs
+    again in a fresh world, at most :data:`CLOCK_RETRIES` times (counted in
+    ``clock_stops``); the last stop is raised."""
+    for attempt in range(CLOCK_RETRIES + 1):
+        try:
+            async with world(pool, approve) as w:
+                for step in program:
+                    await w.run(step)
+                still_open = await w.settle()
+                return w, await check(w, still_open)
+        except ClockStopped:
+            _stats["clock_stops"] += 1
+            if attempt == CLOCK_RETRIES:
+                _record(True, 0, 0)
+                raise
+    raise AssertionError("unreachable: the last try returns or raises")
 
 
 # ---- the checks can fail -------------------------------------------------------------
@@ -256,3 +286,40 @@ async def test_settle_flags_a_lease_that_never_ends_and_a_waiter_behind_it(
     waiter = next(t.rid for t in w.repairs.values())
     assert any(b.startswith(f"settling: {waiter} still waits for a lease") for b in bad), bad
     assert "lease of planted on gpu-03 still held after settling (holder ended)" in bad, bad
+
+
+async def test_a_stopped_clock_runs_the_program_again_in_a_fresh_world(
+    ledger_pool: Any, monkeypatch: Any,
+) -> None:
+    """Planted: the first world's clock "stops" at its first skip. The program runs again
+    in a fresh world and passes there, counted in ``clock_stops``; a clock that stops on
+    every try fails the example with the stop."""
+    skip = World.skip
+    stops = {"left": 1}
+
+    async def stalling(self: World, seconds: float) -> None:
+        if stops["left"] > 0:
+            stops["left"] -= 1
+            raise ClockStopped(f"time did not skip {seconds} s: planted")
+        await skip(self, seconds)
+
+    monkeypatch.setattr(World, "skip", stalling)
+    kept = dict(_stats)  # the planted stops are not figures of `make property`
+    try:
+        program = [Step("api", "gpu-01", "event"), Step("advance", n=60)]
+        w, bad = await run_program(ledger_pool, False, program)
+        assert bad == []
+        assert _stats["clock_stops"] == kept["clock_stops"] + 1
+        assert w.trace and stops["left"] == 0
+
+        stops["left"] = CLOCK_RETRIES + 1
+        try:
+            await run_program(ledger_pool, False, program)
+        except ClockStopped as e:
+            assert "planted" in str(e)
+        else:
+            raise AssertionError("a clock that stops on every try must fail the example")
+        assert _stats["clock_stops"] == kept["clock_stops"] + 2 + CLOCK_RETRIES
+    finally:
+        _stats.clear()
+        _stats.update(kept)
