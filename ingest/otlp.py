@@ -45,6 +45,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import ResourceMetrics
 from ingest.threshold import DEFAULT_COHORT, NodeState
 from workflows.catalogue.vocabulary import SENDER_RESERVED_KINDS
 from workflows.config import IngestConfig
+from workflows.models import MAX_FAULT_CODE
 from workflows.names import name_problem
 
 # Wire contract names (docs/design.md §4.3).
@@ -91,6 +92,7 @@ MAX_REASONS = 5
 """Distinct rejection reasons quoted in ``partial_success.error_message``."""
 MAX_KIND_LEN = 64
 """Longest accepted ``autorepair.fault.kind`` (the catalogue's kinds are under 20)."""
+
 
 REASONS = frozenset({
     "resource", "value", "timestamp", "state", "fault", "attributes", "too_many_resources",
@@ -498,6 +500,10 @@ def decode_metrics(
                     if v is None or not math.isfinite(v):
                         out.reject("value", f"{name}: value {v!r} is not a finite number")
                         continue
+                    if not 0.0 <= v <= 1.0:
+                        # the four signals are ratios, gauge 0..1 (docs/wire-contract.md)
+                        out.reject("value", f"{name}: value {v!r} is outside 0..1")
+                        continue
                     signals[short or name] = v
         if signals:
             out.signals.append(SignalPoint(res, signals))
@@ -630,6 +636,8 @@ def _decode_fault(
             code = int(code_raw)
         except (TypeError, ValueError, OverflowError):
             return "fault", f"{ATTR_FAULT_CODE}: {str(code_raw)[:64]!r} is not an integer"
+        if not 0 <= code <= MAX_FAULT_CODE:
+            return "fault", (f"{ATTR_FAULT_CODE}: {code} is outside 0..{MAX_FAULT_CODE}")
     active_raw = attrs.get(ATTR_FAULT_ACTIVE, True)
     active = _as_bool(active_raw)
     if active is None:

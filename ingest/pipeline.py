@@ -674,7 +674,9 @@ class Ingestor:
             try:
                 for f in d.faults:
                     self.unreachable.seen(f.resource, now)
-                    await self._fault_alert(f, reporter or UNAUTHENTICATED)
+                    why = await self._fault_alert(f, reporter or UNAUTHENTICATED)
+                    if why is not None:
+                        d.reject("fault", f"log record: {why}")
             finally:
                 _PUSH.reset(token)
             await self._commit(batch)
@@ -692,7 +694,12 @@ class Ingestor:
                 rejected_log_records=d.rejected, error_message=d.error_message()))
         return resp, self._hint_for_request(d, req)
 
-    async def _fault_alert(self, f: FaultRecord, reporter: str = "unauthenticated") -> None:
+    async def _fault_alert(
+        self, f: FaultRecord, reporter: str = "unauthenticated",
+    ) -> str | None:
+        """Build and submit the alert of ``f``; returns why no alert could be built from
+        it (the record is counted rejected in the response's ``partial_success``,
+        docs/wire-contract.md), None when it was submitted."""
         # Level fault or event, and which raise a clear ends (ingest.levels).
         shape = fault_shape(f.kind, f.gpu, f.active, f.evidence)
         if f.kind == "straggler":
@@ -707,8 +714,9 @@ class Ingestor:
             # the error may quote sender text: %r, never a forged log line
             log.warning("event=alert_build_failed cluster=%s node=%s kind=%s error=%r",
                         f.resource.cluster, f.resource.node, f.kind, str(e))
-            return
+            return str(e)[:200]
         await self._submit(alert)
+        return None
 
     # ----------------------------------------------------------------- compute
     async def compute(self) -> list[CohortResult]:

@@ -13,6 +13,7 @@ ids, task queue, signal/query/update names, search attributes) are in
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -111,15 +112,24 @@ class Requester(BaseModel):
 
 def _without_nul(value: Any) -> Any:
     """``value`` with every U+0000 in its strings (keys and nested values included)
-    replaced by U+FFFD. PostgreSQL stores no NUL in ``text`` or ``jsonb``, so a record
+    replaced by U+FFFD, and every float that is not finite (NaN, ±Inf: OTLP and Python's
+    JSON reader carry them) replaced by its text (``"nan"``, ``"inf"``, ``"-inf"``).
+    PostgreSQL stores no NUL in ``text`` or ``jsonb`` and no NaN in ``jsonb``, so a record
     carrying one would fail its ledger write on every retry."""
     if isinstance(value, str):
         return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
     if isinstance(value, dict):
         return {_without_nul(k): _without_nul(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_without_nul(v) for v in value]
     return value
+
+
+#: Largest fault code an alert carries: the ledger's ``INTEGER`` column (Xid and SXid
+#: codes are under 200).
+MAX_FAULT_CODE = 2**31 - 1
 
 
 class Alert(BaseModel):
@@ -146,7 +156,7 @@ class Alert(BaseModel):
     machine_id: str | None = None
     node_pool: str | None = None
     kind: str
-    code: int | None = None
+    code: int | None = Field(default=None, ge=0, le=MAX_FAULT_CODE)
     gpu: str | None = None
     severity: Severity = Severity.warning
     mnemonic: str = ""

@@ -344,3 +344,49 @@ async def test_submit_many_refuses_all_when_the_outbox_fails(client: Client) -> 
     assert sink.depth() == 0 and sink.counts["outbox_unavailable"] == 1
     with pytest.raises(ValueError, match="outbox_timeout_s"):
         TemporalAlertSink(client, "nowhere", outbox_timeout_s=0)
+
+
+async def test_one_bad_record_never_makes_the_push_unstorable(
+    client: Client, ledger: Ledger
+) -> None:
+    """A push with a good Xid, a record whose code does not fit the ledger (2**40) and one
+    with a NaN evidence attribute: 200 with ``partial_success`` counting the one record
+    named by field and value, both good alerts stored (the NaN kept as text) and
+    delivered — never a 503 that the sender would retry for ever (docs/wire-contract.md:
+    503 only for a full hand-off queue or PostgreSQL unreachable)."""
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+        ExportLogsServiceRequest,
+        ExportLogsServiceResponse,
+    )
+
+    cluster = f"b-{uuid.uuid4().hex[:6]}"
+    queue = f"outbox-{uuid.uuid4().hex[:8]}"
+    req = ExportLogsServiceRequest()
+    req.MergeFrom(make_fault_request(cluster, "n1", kind="xid", code=48, body=f"{LINE} a",
+                                     time_ns=1_700_000_000 * 10**9))
+    req.MergeFrom(make_fault_request(cluster, "n1", kind="xid", code=2**40, body=f"{LINE} b",
+                                     time_ns=1_700_000_001 * 10**9))
+    req.MergeFrom(make_fault_request(cluster, "n1", kind="xid", code=79, body=f"{LINE} c",
+                                     time_ns=1_700_000_002 * 10**9,
+                                     evidence={"temp": float("nan"), "x": float("-inf")}))
+    sink = TemporalAlertSink(client, queue, outbox=ledger, mark_every_s=0.1)
+    svc = IngestService(cfg(), sink)
+    async with Worker(client, task_queue=queue, workflows=[FakeNodeWorkflow]):
+        await svc.start()
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{svc.http_port}") as c:
+                r = await c.post("/v1/logs", headers=PB, content=req.SerializeToString())
+            assert r.status_code == 200, r.content
+            resp = ExportLogsServiceResponse.FromString(r.content)
+            assert resp.partial_success.rejected_log_records == 1
+            assert f"autorepair.fault.code: {2**40} is outside 0..{2**31 - 1}" in \
+                resp.partial_success.error_message
+            got = await delivered(client, cluster, "n1", 2)
+            assert sorted(a.code or 0 for a in got) == [48, 79]
+            stored = await ledger.db.fetch(
+                "SELECT code, evidence FROM alerts WHERE cluster = $1 ORDER BY code", cluster)
+            assert [row["code"] for row in stored] == [48, 79]
+            nan = next(a for a in got if a.code == 79)
+            assert (nan.evidence["temp"], nan.evidence["x"]) == ("nan", "-inf")
+        finally:
+            await svc.stop()

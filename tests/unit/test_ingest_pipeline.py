@@ -4,6 +4,7 @@ straggler records → alerts (real ``workflows.alerts.alert_from_fault``), panic
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -247,3 +248,57 @@ async def test_alert_carries_the_control_planes_receipt_time() -> None:
     assert a.received_at == datetime.fromtimestamp(NOW, UTC)
     assert b.received_at == datetime.fromtimestamp(NOW + 30, UTC)
     assert a.alert_id == b.alert_id
+
+
+def test_decode_fault_code_outside_the_ledgers_range_is_rejected() -> None:
+    for code in (-5, 2**31, 2**40):
+        req = make_fault_request("c", "gpu-2", kind="xid", code=code, body="x",
+                                 time_ns=int(NOW * 1e9))
+        d = decode_logs(req, NOW, max_future_s=300)
+        assert d.rejected == 1 and not d.faults
+        assert f"autorepair.fault.code: {code} is outside 0..2147483647" in d.error_message()
+    ok = make_fault_request("c", "gpu-2", kind="xid", code=2**31 - 1, body="x",
+                            time_ns=int(NOW * 1e9))
+    assert decode_logs(ok, NOW, max_future_s=300).faults[0].code == 2**31 - 1
+
+
+def test_decode_signal_outside_0_to_1_is_rejected() -> None:
+    req = make_metrics_request("c1", "gpu-1", 0.8,
+                               signals={"throughput_ratio": 1.7, "memory_headroom": 0.4})
+    d = decode_metrics(req, NOW, max_future_s=300, ttl_s=50)
+    assert d.signals[0].values == {"memory_headroom": 0.4}
+    assert d.rejected == 1 and "throughput_ratio: value 1.7 is outside 0..1" in d.error_message()
+
+
+async def test_a_record_no_alert_can_be_built_from_is_counted_rejected() -> None:
+    """A record no alert can be built from (planted: the builder refuses one of two, as
+    the catalogue refuses a negative code) is counted in ``partial_success``, never
+    dropped under a 200 that says its alerts are stored."""
+    sink = ListSink()
+    ing, _ = ingestor(sink)
+    req = make_fault_request("c", "gpu-3", kind="xid", code=79, body="x",
+                             time_ns=int(NOW * 1e9))
+    req.MergeFrom(make_fault_request("c", "gpu-3", kind="xid", code=48, body="y",
+                                     time_ns=int(NOW * 1e9)))
+    bad = ing.build_alert
+
+    def refusing(*a: Any, **kw: Any) -> Alert:
+        if kw.get("code") == 48:
+            raise ValueError("code: must be a non-negative integer or None, got -5")
+        return bad(*a, **kw)
+
+    ing.build_alert = refusing  # type: ignore[method-assign]
+    resp, _ = await ing.handle_logs(req, "test")
+    assert [a.code for a in sink.alerts] == [79]
+    assert resp.partial_success.rejected_log_records == 1
+    assert "got -5" in resp.partial_success.error_message
+
+
+def test_alert_text_and_evidence_stay_storable() -> None:
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    a = Alert(alert_id="x", cluster="c", node="n", kind="xid", code=79, summary="s",
+              observed_at=at, evidence={"t": math.nan, "l": [math.inf, 1.5], "d": {"z": -math.inf}})
+    assert a.evidence == {"t": "nan", "l": ["inf", 1.5], "d": {"z": "-inf"}}
+    with pytest.raises(ValueError, match="code"):
+        Alert(alert_id="x", cluster="c", node="n", kind="xid", code=2**31, summary="s",
+              observed_at=at)
