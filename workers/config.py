@@ -108,6 +108,9 @@ def load_config(
             raise ConfigError(f"config file not found: {p}") from exc
         except OSError as exc:
             raise ConfigError(f"config file {p}: {exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {p}: not UTF-8 text (byte {exc.object[exc.start]:#04x} "
+                              f"at offset {exc.start})") from exc
         try:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as exc:

@@ -30,7 +30,9 @@ process at start with the field path and the value, e.g.
 `threshold.k: Input should be greater than 0 (got -1)`.
 
 Units: keys ending in `_s` are seconds, `_bytes` bytes, `_per_s` per second; fractions are
-0..1.
+0..1. Numbers must be finite (YAML `.inf` / `.nan` are refused) and no `_s` key may exceed
+ten years (315,360,000 s); "never" has keys of its own (`do_not_interrupt`,
+`approval_timeout_s: null`).
 
 Example: the demo's own config, as `autorepair up --demo` writes it to
 `DATA_DIR/demo/autorepair.yaml` (generated from `workers.demo.demo_config`; `DATA_DIR`,

@@ -48,7 +48,8 @@ def list_windows(api: str, auth: ops.ApiToken, as_json: bool, cluster: str | Non
 
 def end(api: str, auth: ops.ApiToken, as_json: bool, window_id: str) -> None:
     """End a window now (an ended window is reported as it is)."""
-    w = ops.call_api("DELETE", api, f"/api/v1/maintenance/{window_id}", auth,
+    path = f"/api/v1/maintenance/{ops.path_part('window_id', window_id)}"
+    w = ops.call_api("DELETE", api, path, auth,
                      hint_404="`autorepair maintenance list` shows the windows")
     if as_json:
         typer.echo(json.dumps(w, indent=2))

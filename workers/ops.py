@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import typer
@@ -188,11 +189,11 @@ def _call(method: str, api: str, path: str, auth: ApiToken | None,
         raise typer.Exit(2) from None
     if r.status_code == 404 and missing_ok:
         return None
-    if r.status_code >= 400:
+    if not 200 <= r.status_code < 300:
         try:
             detail = r.json().get("detail", r.text)
-        except ValueError:
-            detail = r.text
+        except (ValueError, AttributeError):
+            detail = r.text or r.reason_phrase
         if isinstance(detail, list):
             detail = "; ".join(validation_line(d) for d in detail if isinstance(d, dict))
         _err.print(f"error: HTTP {r.status_code}: {detail}")
@@ -201,7 +202,21 @@ def _call(method: str, api: str, path: str, auth: ApiToken | None,
         if r.status_code == 404 and hint_404:
             _err.print(hint_404)
         raise typer.Exit(1)
-    return r.json()
+    try:
+        return r.json()
+    except ValueError:
+        _err.print(f"error: HTTP {r.status_code} from {method} {path}: the answer is not "
+                   f"JSON: {r.text[:200]!r}")
+        raise typer.Exit(1) from None
+
+
+def path_part(field: str, value: str) -> str:
+    """``value`` as one URL path segment (percent-encoded: ``/``, ``?`` and ``#`` cannot
+    reach another route). Exits 2 naming ``field`` when it is empty or blank."""
+    if not value.strip():
+        _err.print(f"error: {field}: must not be empty, got {value!r}")
+        raise typer.Exit(2)
+    return quote(value, safe="")
 
 
 call_api = _call
@@ -333,7 +348,7 @@ def get_repair(api: str, auth: ApiToken, repair_id: str) -> dict[str, Any]:
     """``GET /api/v1/repairs/{id}`` (a :class:`workers.repairs.models.RepairView`); an
     unknown id prints the API's 404 (naming the id) and exits 1."""
     doc: dict[str, Any] = _call(
-        "GET", api, f"/api/v1/repairs/{repair_id}", auth,
+        "GET", api, f"/api/v1/repairs/{path_part('repair_id', repair_id)}", auth,
         hint_404="`autorepair repairs list` shows the repair ids")
     return doc
 
@@ -458,7 +473,8 @@ def repairs_create(api: str, auth: ApiToken, as_json: bool, body: dict[str, Any]
 def repairs_decide(verb: str, api: str, auth: ApiToken, as_json: bool, repair_id: str,
                    body: dict[str, Any]) -> None:
     """``repairs approve|reject|cancel ID``: POST the decision ``verb`` with ``body``."""
-    r = _call("POST", api, f"/api/v1/repairs/{repair_id}/{verb}", auth, body=body)
+    r = _call("POST", api, f"/api/v1/repairs/{path_part('repair_id', repair_id)}/{verb}",
+              auth, body=body)
     if as_json:
         typer.echo(json.dumps(r, indent=2))
     else:

@@ -12,16 +12,36 @@ from __future__ import annotations
 
 import ipaddress
 from enum import StrEnum
-from typing import Literal
+from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from workflows.models import Action, Severity
 from workflows.queues import BMC_TASK_QUEUE, TASK_QUEUE
 
+#: Longest duration any ``*_s`` key may hold, seconds: ten years. Beyond it a duration
+#: is a typo or an attempt at "for ever" that Python's ``timedelta`` and Temporal's
+#: timers cannot represent (1e30 s overflows them); "never" has keys of its own
+#: (``do_not_interrupt``, ``approval_timeout_s: null``).
+MAX_DURATION_S = 10 * 365 * 86400
+
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A configuration section: unknown keys, NaN and ±Inf (YAML ``.nan`` / ``.inf``,
+    which the workflows' JSON payloads cannot carry) and durations over
+    :data:`MAX_DURATION_S` are refused, naming the key and the value."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _durations_bounded(self) -> Self:
+        for name in type(self).model_fields:
+            v = getattr(self, name)
+            if name.endswith("_s") and isinstance(v, int | float) and not isinstance(v, bool) \
+                    and abs(v) > MAX_DURATION_S:
+                raise ValueError(f"{name}: {v!r} s is longer than {MAX_DURATION_S} s "
+                                 "(ten years)")
+        return self
 
 
 class TemporalTLSConfig(_Section):

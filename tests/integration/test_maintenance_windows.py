@@ -88,6 +88,10 @@ async def test_open_list_end_a_window_through_the_api(api: httpx.AsyncClient) ->
     ({"cluster": "c9", "all": True, "for": "1h", "reason": "unknown cluster"}, "cluster"),
     ({"cluster": "c1", "all": True, "for": "1h", "reason": ""}, "reason"),
     ({"cluster": "c1", "nodes": ["gpu 01"], "for": "1h", "reason": "bad node"}, "nodes"),
+    ({"cluster": "c1", "nodes": ["gpu-01", "gpu-1"], "for": "1h", "reason": "typo"},
+     "node 'gpu-1' is not a node of cluster 'c1'"),
+    ({"cluster": "c1", "pool": "rack-z", "for": "1h", "reason": "no such pool"},
+     "pool 'rack-z' has no node in cluster 'c1'"),
 ])
 async def test_bad_windows_are_refused_naming_the_field(
     api: httpx.AsyncClient, body: dict[str, Any], field: str

@@ -71,6 +71,30 @@ def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
     f.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(f, environ={})
+    f.write_bytes(b"threshold:\n  k: 2\n# \xff\n")
+    with pytest.raises(ConfigError, match=r"x\.yaml: not UTF-8 text \(byte 0xff at offset 20\)"):
+        load_config(f, environ={})
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    ("policy:\n  rails:\n    cooldown_s: .inf\n", r"policy\.rails\.cooldown_s.*finite"),
+    ("threshold:\n  k: .nan\n", r"threshold\.k.*finite"),
+    ("policy:\n  consent:\n    approval_timeout_s: -.inf\n", r"approval_timeout_s.*finite"),
+    ("policy:\n  rails:\n    cooldown_s: 1.0e+30\n",
+     r"policy\.rails.*cooldown_s: 1e\+30 s is longer than 315360000 s"),
+])
+def test_infinite_and_absurd_durations_are_refused_naming_the_key(
+    tmp_path: Path, text: str, where: str,
+) -> None:
+    """``.inf`` / ``.nan`` cannot reach the workflows (their JSON payloads turn them into
+    ``null``, which no longer validates) and a duration past ten years overflows
+    ``timedelta``: each stops the process at start, naming the key and the value."""
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=where):
+        load_config(f, environ={})
+    with pytest.raises(ConfigError, match=r"cooldown_s.*finite"):
+        load_config(None, environ={"AUTOREPAIR__POLICY__RAILS__COOLDOWN_S": ".inf"})
 
 
 def test_repair_rail_keys_and_poll_bounds() -> None:

@@ -210,6 +210,30 @@ class RepairIntake:
                 422, f"node {node!r} is not in the inventory of cluster {cluster!r} "
                 "(clusters[].nodes or the scheduler's node list)", "node")
 
+    def window_scope_problem(self, cluster: str, pool: str | None,
+                             nodes: list[str] | None) -> tuple[str, str] | None:
+        """What is wrong with a maintenance window's scope, as ``(field, message)``, or
+        None: a node that is not the cluster's (configured, or in the inventory), a pool
+        no configured node of the cluster is in. A typo (``gpu-1`` for ``gpu-01``) would
+        open a window covering nothing while the real node stays open to automatic
+        repairs. A cluster that lists no nodes (discovered from its scheduler) is checked
+        against the inventory only, and its pools not at all. Raises ``KeyError`` naming
+        an unknown cluster when clusters are configured."""
+        if not self.config.clusters:
+            return None
+        c = self.config.cluster(cluster)
+        names = {n.name for n in c.nodes}
+        for node in nodes or []:
+            if node in names or (self.known is not None and self.known(cluster, node)):
+                continue
+            if names or self.known is not None:
+                return "nodes", f"node {node!r} is not a node of cluster {cluster!r}"
+        pools = {n.pool for n in c.nodes if n.pool}
+        if pool is not None and names and pool not in pools:
+            return "pool", (f"pool {pool!r} has no node in cluster {cluster!r} "
+                            f"(pools: {sorted(pools)})")
+        return None
+
     # -- lookups ---------------------------------------------------------------------
     def resolve_cluster(self, cluster: str | None, node: str) -> ClusterConfig | None:
         """The configured cluster of the request (``None`` when none is configured and

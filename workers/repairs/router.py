@@ -301,11 +301,13 @@ def build_repairs_router(
         """Open a maintenance window (issue 29): alerts of covered nodes are recorded as
         ``in_maintenance`` and nothing is recommended until it ends."""
         try:
-            if ix.config.clusters:
-                ix.config.cluster(body.cluster)
+            known = ix.window_scope_problem(body.cluster, body.pool, body.nodes)
         except KeyError as e:
             raise HTTPException(422, [{"loc": ["body", "cluster"], "msg": str(e.args[0]),
                                        "type": "value_error"}]) from e
+        if known is not None:
+            raise HTTPException(422, [{"loc": ["body", known[0]], "msg": known[1],
+                                       "type": "value_error"}])
         store = MaintenanceStore(ix.ledger.pool, ix.config.policy.maintenance.max_s)
         scope: Scope = "all" if body.all else ("pool" if body.pool else "nodes")
         try:
