@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,6 +162,8 @@ class AgentConfig:
             )
         _check_nonempty("cluster", self.cluster)
         _check_nonempty("node", self.node)
+        _check_name("cluster", self.cluster)
+        _check_name("node", self.node)
         if self.backend not in ("nvml", "simulated"):
             raise ConfigError(f"backend: must be 'nvml' or 'simulated', got {self.backend!r}")
         _check_positive("push_interval_s", self.push_interval_s)
@@ -319,6 +322,23 @@ def _build_kwargs(cls: type, raw: dict[str, Any], prefix: str) -> dict[str, Any]
 
 def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
     return cls(**_build_kwargs(cls, raw, prefix))
+
+
+#: The wire contract's node and cluster name rule (docs/wire-contract.md; the control
+#: plane's ``workflows.names.NAME_PATTERN``, which this package may not import: it ships
+#: alone to GPU nodes; a test keeps the two equal). Ingest rejects every push from a
+#: resource whose name breaks it, so an agent with such a name refuses to start.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$"
+#: Longest name (RFC 1123: 253 characters), as ``workflows.names.MAX_NAME_LEN``.
+MAX_NAME_LEN = 253
+
+
+def _check_name(name: str, value: str) -> None:
+    if len(value) > MAX_NAME_LEN or not re.fullmatch(NAME_PATTERN, value):
+        raise ConfigError(
+            f"{name}: {value[:64]!r} is not a valid name (letters, digits and ._:@- only, "
+            f"starting with a letter or digit, at most {MAX_NAME_LEN} characters); ingest "
+            "would reject every push")
 
 
 def _check_nonempty(name: str, value: object) -> None:

@@ -470,6 +470,12 @@ def validate(
     cfg, address, namespace = _client_config(config, data_dir)
     api_url = ops.resolve_api(api, data_dir)
     auth = ops.resolve_token(token, data_dir)
+    known = [c.name for c in cfg.clusters]
+    if cluster is not None and known and cluster not in known:
+        # the workflow would start and fail at its first activity (no such cluster)
+        typer.echo(f"error: --cluster: unknown cluster {cluster!r} (configured: {known})",
+                   err=True)
+        raise typer.Exit(2)
     targets = [(cluster or ops.resolve_cluster(cfg, m, api_url, auth), m) for m in machines]
     started = ops_temporal.run_async(ops_temporal.start_validations(
         temporal_address or address, namespace, cfg.temporal.task_queue, targets, by,
@@ -642,7 +648,8 @@ def mcp(
     transport: Annotated[str, typer.Option(
         "--transport", help="stdio (an assistant starts this command) or http")] = "stdio",
     host: Annotated[str, typer.Option("--host", help="HTTP bind address")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="HTTP port (path /mcp)")] = 8082,
+    port: Annotated[int, typer.Option("--port", help="HTTP port (path /mcp)",
+                                      min=1, max=65535)] = 8082,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = ops.DEFAULT_DATA_DIR,
     ledger_dsn: Annotated[str | None, typer.Option(

@@ -202,6 +202,25 @@ def test_config_errors_name_field_and_value() -> None:
         AgentConfig.from_mapping({**base, "tiers": {"bogus": 1}})
     with pytest.raises(ConfigError, match=r"endpoint.*ftp"):
         AgentConfig.from_mapping({**base, "endpoint": "ftp://x"})
+    # the wire contract's name rule: ingest would reject every push of these
+    for field, bad in (("cluster", "bad cluster"), ("node", "bad/node"), ("cluster", "*"),
+                       ("node", "-lead"), ("node", "n" * 254)):
+        with pytest.raises(ConfigError, match=rf"{field}: .* is not a valid name"):
+            AgentConfig.from_mapping({**base, field: bad})
+    assert AgentConfig.from_mapping({**base, "node": "gpu-01.rack-a:0@x"}).node == \
+        "gpu-01.rack-a:0@x"
+
     cfg = AgentConfig.from_mapping({**base, "push": {"transport": "grpc"}, "expected_gpus": 8})
     assert cfg.push.transport == "grpc" and cfg.expected_gpus == 8
     assert math.isclose(sum(cfg.score.weights), 1.0)
+
+
+def test_the_agents_name_rule_is_the_control_planes() -> None:
+    """The agent ships alone (it imports nothing of the control plane), so it carries its
+    own copy of the name rule: kept equal to ``workflows.names``."""
+    from agent import config as agent_config
+    from workflows import names
+
+    assert agent_config.NAME_PATTERN == names.NAME_PATTERN
+    assert agent_config.MAX_NAME_LEN == names.MAX_NAME_LEN
+    assert names.RESERVED_NAMES == {"*"}  # refused by the pattern itself

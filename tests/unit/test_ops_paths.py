@@ -76,3 +76,20 @@ def test_an_answer_that_is_not_a_json_2xx_is_an_error(
         ops.get_repair("http://api", AUTH, rid)
     assert e.value.exit_code == 1
     assert said in capsys.readouterr().err
+
+
+def test_validate_refuses_an_unknown_cluster_before_starting(tmp_path: Path) -> None:
+    """``validate MACHINE --cluster NAME`` with a cluster the configuration does not list
+    exits 2 naming it; before, a workflow started and failed at its first activity while
+    the command said ``started`` and exited 0. (No Temporal is reached: nothing starts.)"""
+    from typer.testing import CliRunner
+
+    from workers.cli import app
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("clusters:\n  - name: c1\n    nodes: [{name: gpu-01}]\n")
+    r = CliRunner().invoke(app, ["validate", "gpu-01", "--cluster", "nosuch", "--config",
+                                 str(cfg), "--data-dir", str(tmp_path / "none"),
+                                 "--temporal-address", "127.0.0.1:1"])
+    assert r.exit_code == 2, r.output
+    assert "--cluster: unknown cluster 'nosuch' (configured: ['c1'])" in r.output
