@@ -284,6 +284,9 @@ class OtlpHttpApp:
         req = ExportMetricsServiceRequest() if signal == "metrics" else ExportLogsServiceRequest()
         try:
             if ctype == JSON:
+                if not body.lstrip(b" \t\r\n").startswith(b"{"):
+                    # protobuf's reader takes a JSON array as an empty message
+                    raise ValueError("the body must be a JSON object")
                 json_format.Parse(body, req, ignore_unknown_fields=True)
             else:
                 req.ParseFromString(body)

@@ -112,6 +112,12 @@ async def test_create_idempotent_then_approve(stack: Stack) -> None:
     # approval moves it on to the lease and cordon (no scheduler activity in this test)
     view = await wait_stage(stack, rid, "cordoning")
     assert view["approved_by"] == "alice"
+    # approved and acting on it: another approval (an override above all) is refused,
+    # not kept and silently dropped when the repair next asks
+    for extra in ({"action": "remove"}, {}):
+        r = await h.post(f"/api/v1/repairs/{rid}/approve", json=extra, headers=OP)
+        assert r.status_code == 409, r.text
+        assert "stage cordoning: it is not waiting for an approval" in r.json()["detail"]
     lst = (await h.get(f"/api/v1/repairs?node=gpu-01&cluster={stack.cluster}"
                        "&requester=scanner&state=open", headers=VIEW)).json()["repairs"]
     assert [v["repair_id"] for v in lst] == [rid]

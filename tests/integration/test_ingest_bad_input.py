@@ -78,6 +78,12 @@ async def test_truncated_protobuf_400_with_status(svc: IngestService) -> None:
 async def test_bad_json_400(svc: IngestService) -> None:
     r = await http(svc, b'{"resourceMetrics": [', {"Content-Type": "application/json"})
     assert r.status_code == 400 and r.json()["code"] == code_pb2.INVALID_ARGUMENT
+    # protobuf's JSON reader takes an array (or a bare value) as an empty message
+    for body in (b"[]", b" [ ]", b"null", b'"x"', b"\xef\xbb\xbf{}"):
+        r = await http(svc, body, {"Content-Type": "application/json"})
+        assert r.status_code == 400, body
+    r = await http(svc, b" {}", {"Content-Type": "application/json"})
+    assert r.status_code == 200
 
 
 async def test_wrong_content_type_415(svc: IngestService) -> None:

@@ -562,6 +562,13 @@ class RepairIntake:
             raise IntakeError(404, f"no repair {repair_id!r}")
         if row["stage"] in {s.value for s in TERMINAL_STAGES}:
             raise IntakeError(409, f"repair {repair_id!r} already finished ({row['stage']})")
+        if signal == REPAIR_SIGNAL_APPROVE and row["stage"] in APPROVED_STAGES:
+            # the repair was approved and acts on that approval; an approval sent now
+            # would be dropped when it next asks (it covers one action at one rung)
+            raise IntakeError(
+                409, f"repair {repair_id!r} is at stage {row['stage']}: it is not waiting "
+                "for an approval (it acts on the one it had; when it asks again it is "
+                "awaiting_approval); cancel or reject stop it")
         try:
             await self._handle(row).signal(signal, payload)
         except RPCError as e:
@@ -586,6 +593,15 @@ class RepairIntake:
         """Signal ``cancel {"by", "reason"}``. Raises :class:`IntakeError` 404/409."""
         return await self._decide(repair_id, REPAIR_SIGNAL_CANCEL,
                                   CancelSignal(by=by, reason=reason))
+
+
+#: Stages past an approval and before the repair asks again: an approve is refused (409)
+#: there instead of kept and silently dropped at the next question. ``recommended`` keeps
+#: an early approval (operator intent is never dropped before the question).
+APPROVED_STAGES = frozenset({Stage.cordoning.value, Stage.waiting_for_idle.value,
+                             Stage.draining.value, Stage.repairing.value,
+                             Stage.migrating.value, Stage.joining.value,
+                             Stage.running.value})
 
 
 class LazyIntake:
