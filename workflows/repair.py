@@ -233,6 +233,15 @@ _SHORT = timedelta(seconds=60)
 _RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30), non_retryable_error_types=_PERMANENT)
 #: Asking whether another repair still runs: a few tries, then assume it does (the safe
 #: side: this repair ends instead of acting beside it).
+#: A scheduler call that changes the node (cordon, drain): tries per batch on the server
+#: (3: a stop waits for at most three tries, about 3 min when each hangs to its 60 s
+#: limit, seconds when the scheduler refuses at once), then the workflow pauses
+#: (stop-aware) 30 s doubling to 5 min: about a dozen batches an hour while a scheduler
+#: stays down, a few hundred history events (:meth:`RepairWorkflow._act_stoppable`).
+_BATCH_RETRY = RetryPolicy(maximum_attempts=3, maximum_interval=timedelta(seconds=30),
+                           non_retryable_error_types=_PERMANENT)
+_BATCH_PAUSE_S = 30.0
+_BATCH_PAUSE_MAX_S = 300.0
 _LIVENESS_RETRY = RetryPolicy(maximum_attempts=3, maximum_interval=timedelta(seconds=10))
 #: Machine actions: one try per activity; the workflow retries transient failures itself
 #: (:meth:`RepairWorkflow._machine_action`) so the bound is ``rails.action_retry_max_s``.
@@ -364,6 +373,11 @@ class RepairWorkflow:
         #: alert ids the last recurrence check after an action saw (None: no check yet);
         #: those attached later go to the node as ``unjudged_alert_ids``
         self._judged: set[str] | None = None
+        #: the rung (``len(_acted)``) before which the RMA hold was last read (I18)
+        self._hold_read_for = -1
+        #: whether the machine action that last succeeded touched the machine (False:
+        #: skipped on its first try, the host had rebooted by itself; I22)
+        self._last_touched = True
         #: one line per evidence capture before an action (issue 31 item 3)
         self._captures: list[str] = []
         #: what the machine action's ``step`` commanded, checked against what runs
@@ -511,6 +525,10 @@ class RepairWorkflow:
                 S.auto_resolved, "system", "every alert behind the repair cleared before draining"
             )
         await self._ensure_lease("drain")
+        # I18: the machine may have been held for RMA (another repair removed it) while
+        # this one waited for idle; a held machine is never drained or acted on
+        await self._check_hold()
+        self._hold_read_for = 0  # read right before the drain: it counts for the first rung
         await self._drain()
         await self._act_with_ladder()
 
@@ -1022,19 +1040,20 @@ class RepairWorkflow:
         self._last_renew = now
         await self._signal_guard(self._lease_request(renew=True))
 
-    async def _ensure_lease(self, step: str) -> None:
+    async def _ensure_lease(self, step: str) -> bool:
         """Before a disruptive ``step``: hold an unexpired lease, or re-acquire one (and
         wait for it) first — an expired lease is never silently reused (docs/design.md §5
         rails). Raises :class:`_Ended` ``auto_resolved`` when, re-acquired, the evidence is
-        no longer current (after a breaker reset only what was received after it counts)."""
+        no longer current (after a breaker reset only what was received after it counts).
+        Returns True when the lease was re-acquired (waited for), False when it was held."""
         if not self._lease_requested:
-            return
+            return False
         lease = self._lease
         now = workflow.now()
         expires = lease.expires_at if lease is not None else None
         if lease is not None and lease.granted and (expires is None or now < expires):
             await self._renew_lease()
-            return
+            return False
         if lease is not None and not lease.granted:
             why = lease.reason or "lease not renewed"
         elif expires is not None:
@@ -1054,21 +1073,31 @@ class RepairWorkflow:
             raise _Ended(S.auto_resolved, "system",
                          f"evidence is no longer current when the lease came back before "
                          f"{step} (a breaker reset, or the alerts cleared meanwhile)")
+        return True
 
     # ---- stages ------------------------------------------------------------------
     async def _cordon(self) -> None:
         assert self._req is not None
         await self._transition(S.cordoning, "system", f"cordon for {self._action.value}")
-        res = await self._act(
-            ACT.cordon_node,
-            CordonInput(
-                cluster=self._req.cluster,
-                node=self._req.node,
-                repair_id=self._req.repair_id,
-                reason=f"autorepair {self._req.repair_id}: {self._action.value}",
-            ),
-            CordonResult,
-        )
+        # the cordon may be set before its answer comes back (a workflow cancelled from
+        # Temporal drops the answer): until then the cleanup lifts it as ours — the
+        # scheduler's rejoin lifts only this repair's own cordon (I1)
+        self._cordoned_by_us = True
+        try:
+            res = await self._act_stoppable(
+                ACT.cordon_node,
+                CordonInput(
+                    cluster=self._req.cluster,
+                    node=self._req.node,
+                    repair_id=self._req.repair_id,
+                    reason=f"autorepair {self._req.repair_id}: {self._action.value}",
+                ),
+                CordonResult,
+            )
+        except ActivityError as err:
+            if not is_cancelled_exception(err):
+                self._cordoned_by_us = False  # refused for good (403, 404): nothing was set
+            raise
         self._cordoned_by_us = res.cordoned_by_us
         if res.held_by_repair:
             await self._yield_to(res.held_by_repair)
@@ -1254,7 +1283,7 @@ class RepairWorkflow:
         await self._transition(S.draining, "system", "")
         deadline = self._policy.rails.drain_deadline_s
         try:
-            res = await self._act(
+            res = await self._act_stoppable(
                 ACT.drain_node,
                 DrainInput(
                     cluster=self._req.cluster,
@@ -1316,7 +1345,14 @@ class RepairWorkflow:
                 boot_id_before=before.boot_id,
                 boot_time_before=before.boot_time,
             )
-            await self._ensure_lease(action.value)
+            if await self._ensure_lease(action.value):
+                self._hold_read_for = -1  # re-acquired: the machine may be held meanwhile
+            if self._hold_read_for != len(self._acted):
+                # I18, before each rung: held for RMA meanwhile (a person asked, the node
+                # rejoined after the last rung, the lease re-acquired), as the repair
+                # machine reads it
+                await self._check_hold()
+            self._hold_read_for = len(self._acted)
             # a cancel or reject that came while the health read or the lease renewal was
             # out stops here: nothing is touched after a person said stop (I19)
             self._check_cancel_before_act()
@@ -1369,7 +1405,13 @@ class RepairWorkflow:
                 self._done = f"machine {faulty or req.node} removed for RMA"
                 await self._revalidate(faulty, "removed for RMA", "hold")
                 return
-            self._unrecorded = (action, faulty)
+            # I22: an action the activity skipped on its first try (the host had already
+            # rebooted by itself) touched nothing and is no attempt
+            touched = self._last_touched
+            self._unrecorded = (action, faulty) if touched else None
+            if not touched:
+                await self._note(f"{action.value} not sent: {self._detail}; no attempt "
+                                 "recorded")
             if new_machine is not None:
                 self._machine = new_machine
                 workflow.upsert_search_attributes([SA_MACHINE.value_set(new_machine)])
@@ -1382,7 +1424,8 @@ class RepairWorkflow:
             self._judged = {a.alert_id for a in self._alerts}
             if recurred is not None:
                 # success needs the fault not to come back after the action
-                await self._attempt(action, "failed", machine=faulty)
+                if touched:
+                    await self._attempt(action, "failed", machine=faulty)
                 await self._note(
                     f"fault recurred after {action.value}: {recurred.summary} "
                     f"(alert {recurred.alert_id})"
@@ -1390,7 +1433,8 @@ class RepairWorkflow:
                 await self._escalate(action, f"fault recurred after {action.value}")
                 continue
             if not healthy:
-                await self._attempt(action, "failed", machine=faulty)
+                if touched:
+                    await self._attempt(action, "failed", machine=faulty)
                 self._hold = (
                     f"node not healthy within {self._policy.rails.rejoin_timeout_s:g} s after "
                     f"{action.value}; left cordoned for a human"
@@ -1402,7 +1446,16 @@ class RepairWorkflow:
                     "after the action; left cordoned for a human",
                 )
             await self._rejoin()
-            await self._attempt(action, "succeeded", machine=faulty)
+            late = self._cancel or self._reject
+            if late is not None:
+                # the action ran and the node is back and verified: nothing is left to
+                # stop, and the record says so rather than dropping the person's word
+                await self._note(
+                    f"{'cancel' if self._cancel is not None else 'reject'} by {late.by} "
+                    f"came after {action.value} succeeded and the node rejoined; nothing "
+                    f"left to stop ({late.reason or 'no reason given'})")
+            if touched:
+                await self._attempt(action, "succeeded", machine=faulty)
             if action == Action.migrate and faulty:
                 await self._revalidate(faulty, "node migrated off this machine", "spare")
             await self._transition(S.running, "system", "node back in service")
@@ -1584,6 +1637,7 @@ class RepairWorkflow:
             else:
                 self._acted.pop()  # nothing touched: the cleanup uncordons
             raise _Ended(stage, stop.by, f"{stop.reason or stage.value}: {fin.detail}")
+        self._last_touched = fin.touched
         if isinstance(res, MigrateResult):
             return res.new_machine
         assert isinstance(res, ActionResult)
@@ -1907,6 +1961,39 @@ class RepairWorkflow:
         )
         return result
 
+    async def _act_stoppable(
+        self,
+        name: str,
+        arg: object,
+        result_type: type[T],
+        limit: timedelta = _SHORT,
+        heartbeat: timedelta | None = None,
+    ) -> T:
+        """A scheduler call that changes the node (cordon, drain) as :meth:`_act`, whose
+        retries a person's cancel or reject ends (I19: a stop is never held up for as
+        long as the scheduler is down). The server retries it in batches of
+        :data:`_BATCH_RETRY` tries; between batches the workflow waits
+        :data:`_BATCH_PAUSE_S` (doubling to :data:`_BATCH_PAUSE_MAX_S`), and a stop
+        that came meanwhile ends the repair (:class:`_Ended`) before the next batch.
+        A try in flight is never abandoned (its change could land after the cleanup):
+        a stop waits for the batch out, at most ``_BATCH_RETRY.maximum_attempts`` tries."""
+        pause = _BATCH_PAUSE_S
+        while True:
+            self._check_cancel_before_act()
+            try:
+                result: T = await workflow.execute_activity(
+                    name, arg, result_type=result_type, start_to_close_timeout=limit,
+                    heartbeat_timeout=heartbeat, retry_policy=_BATCH_RETRY)
+                return result
+            except ActivityError as err:
+                if is_cancelled_exception(err) or not _transient(err):
+                    raise
+                workflow.logger.warning("%s: %s; trying again in %g s", name, _cause(err),
+                                        pause)
+            await self._wait(lambda: self._cancel is not None or self._reject is not None,
+                             pause)
+            pause = min(pause * 2, _BATCH_PAUSE_MAX_S)
+
     async def _read(self, name: str, arg: object, result_type: type[T]) -> T:
         """A read-only scheduler call (idle check, node health) as :meth:`_act`, which a
         person's cancel or reject interrupts (I19: a stop is never held up by a call
@@ -2001,7 +2088,8 @@ def _ok_event(action: Action, res: Any) -> MachineEvent:
     if isinstance(res, ActionResult):
         if res.not_run:
             return MaOk(phase=MA_PHASES[action][0], not_run=res.not_run, detail=res.detail)
-        return MaOk(phase=final, detail=res.detail or res.skipped_reason)
+        return MaOk(phase=final, detail=res.detail or res.skipped_reason,
+                    skipped=bool(res.skipped_reason))
     return MaOk(phase=final)
 
 

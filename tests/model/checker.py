@@ -65,6 +65,10 @@ class World:
     recorded: int = 0
     finished: str | None = None
     finish_detail: str = ""
+    finish_touched: bool = False
+    #: a try ended without reporting its phase itself (worker died, time-out): a later
+    #: "host already rebooted" cannot be told from our own reboot, and is counted
+    uncertain: bool = False
     cancelled_sent: bool = False
     act_after_cancel: bool = False
     double_call: bool = False
@@ -92,6 +96,9 @@ def _events(action: Action, m: MachineActionState, w: World) -> list[Event]:
         phases = PHASES[action]
         r = phase_index(action, w.out[0])
         evs.append(ActivityOk(phase=phases[-1], detail="done"))
+        # the host found already rebooted since the attempt began: nothing sent
+        evs.append(ActivityOk(phase=phases[-1], detail="host already came back",
+                              skipped=True))
         if r == 0:
             evs.append(ActivityOk(phase=phases[0], not_run="cannot run here"))
         for p in phases[r:-1]:
@@ -117,6 +124,12 @@ def _deliver(action: Action, w: World, ev: Event) -> World:
         return w
     if w.out is None:
         return w
+    if isinstance(ev, ActivityOk) and ev.skipped:
+        # the call sent nothing; a new boot identity means the host is up
+        return replace(w, out=None, host_on=True)
+    if isinstance(ev, WorkerRestart) or (isinstance(ev, ActivityFailed)
+                                         and ev.outcome == "timed_out"):
+        w = replace(w, uncertain=True)
     phases = PHASES[action]
     r = phase_index(action, w.out[0])
     reached = phase_index(action, ev.phase)
@@ -143,7 +156,8 @@ def _apply(w: World, cmds: list[object]) -> World:
             w = replace(w, recorded=w.recorded + 1)
         elif isinstance(c, Finish):
             w = replace(w, double_finish=w.double_finish or w.finished is not None,
-                        finished=c.outcome, finish_detail=c.detail)
+                        finished=c.outcome, finish_detail=c.detail,
+                        finish_touched=c.touched)
     return w
 
 
@@ -158,10 +172,15 @@ def check_invariants(w: World) -> list[str]:
             w.finish_detail):
         bad.append("I19: ended cancelled with the host left off")
     touched = w.disruptive_sent > 0
-    if w.finished in ("failed", "cancelled") and w.recorded != int(touched):
+    # a try that could not report its phase, then a reboot found: counted (never under)
+    over = w.uncertain and w.recorded == 1 and not touched
+    if w.finished in ("failed", "cancelled") and w.recorded != int(touched) and not over:
         bad.append(f"I22: {w.recorded} attempt(s) recorded, machine touched={touched}")
     if w.finished in ("succeeded", "not_run") and w.recorded:
         bad.append("I22: an attempt recorded by the machine for a success / not-run")
+    if w.finished == "succeeded" and touched and not w.finish_touched:
+        # the repair records a success's attempt from Finish.touched
+        bad.append("I22: a success that touched the machine reported untouched")
     if w.finished == "not_run" and touched:
         bad.append("I22: not_run although the machine was touched")
     if w.double_call:

@@ -139,10 +139,14 @@ def _events(s: rm.RepairState, w: World) -> list[rm.Event]:
                              rm.Status.awaiting_approval, rm.Status.awaiting_lease):
         # the machine is removed before the hold check in front of the cordon
         pass
-    if not w.held and not s.acted and w.cordon != "us" and st in (
+    if not w.held and ((not s.acted and w.cordon != "us" and st in (
             rm.Status.new, rm.Status.reading_policy, rm.Status.reading_history,
-            rm.Status.awaiting_approval, rm.Status.awaiting_lease):
-        evs.append(rm.HoldRead(held=True, reason="appears"))  # marker: the machine is removed
+            rm.Status.awaiting_approval, rm.Status.awaiting_lease))
+            or st in (rm.Status.idle_backoff, rm.Status.join_backoff)):
+        # marker: the machine is removed (by another repair) before the hold check in
+        # front of the cordon, while this one waits for idle, or while the node rejoins
+        # after a rung (the next rung reads the hold again)
+        evs.append(rm.HoldRead(held=True, reason="appears"))
     if st in rm.CALL_OUT:
         evs.append(rm.CallFailed(message="403"))
         if st == rm.Status.reading_policy:

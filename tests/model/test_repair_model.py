@@ -27,17 +27,17 @@ def test_every_repair_status_event_pair_is_in_the_table() -> None:
 @pytest.mark.parametrize(
     ("defect", "invariant", "depth"),
     [
-        ("cancel_lost_across_can", "I19", 13),
-        ("approval_carried_over", "approval", 13),
+        ("cancel_lost_across_can", "I19", 16),
+        ("approval_carried_over", "approval", 15),
         ("act_on_held_machine", "I18", 10),
-        ("adopt_stale_cordon", "I18", 12),
+        ("adopt_stale_cordon", "I18", 13),
         # a cancel while the node rejoins, a recurrence, the next rung approved
         ("cancel_ignored_between_rungs", "I19", 18),
         # shadow mode ignored: the cordon is commanded once the lease is granted
         ("act_in_shadow", "shadow", 9),
         # the renewal refused while the node drains towards idle, then the drain or the
         # action on the lapsed lease
-        ("reuse_lapsed_lease", "lease", 12),
+        ("reuse_lapsed_lease", "lease", 13),
         # a window opens while the lease is asked for; the repair cordons inside it
         ("cordon_in_maintenance", "maintenance", 10),
     ],

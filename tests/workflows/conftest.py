@@ -140,6 +140,7 @@ class FakeCluster:
 
     @activity.defn(name=ACT.cordon_node)
     async def cordon_node(self, inp: CordonInput) -> CordonResult:
+        await self._out("cordon", inp.node)
         self._log("cordon", inp.node)
         holder = self.cordons.get(inp.node)
         if holder is None:
@@ -178,6 +179,8 @@ class FakeCluster:
         if holder == inp.repair_id:
             del self.cordons[inp.node]
             self.repair_cordoned.discard(inp.node)
+            return RejoinResult(uncordoned=True)
+        if holder is None:  # schedulable, nothing of ours (as the real schedulers answer)
             return RejoinResult(uncordoned=True)
         return RejoinResult(uncordoned=False, kept_reason=f"cordon held by {holder}")
 

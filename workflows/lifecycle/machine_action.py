@@ -99,6 +99,10 @@ class MachineActionState(BaseModel):
     first_failure: datetime | None = None
     backoff_s: float = BACKOFF_S[0]
     touched: bool = False
+    #: a try ended without a phase it reported itself (the worker died, a heartbeat or
+    #: start-to-close time-out): its last heartbeat may lag what it sent, so a later
+    #: "host already rebooted" may be this attempt's own doing (I22 counts it touched)
+    phase_uncertain: bool = False
     cancel: str | None = None  # who/why, once a cancel arrived
     recorded: bool = False
     detail: str = ""
@@ -119,6 +123,11 @@ class ActivityOk(BaseModel):
     phase: str
     not_run: str = ""
     detail: str = ""
+    #: the activity found the host already rebooted since the attempt began (its boot
+    #: identity changed) and sent nothing: untouched (the host came back by itself, I22:
+    #: no attempt) unless a try of this attempt reported the disruptive phase, or ended
+    #: without reporting its phase itself (``phase_uncertain``: the reboot may be ours)
+    skipped: bool = False
 
 
 class ActivityFailed(BaseModel):
@@ -331,7 +340,24 @@ def step(state: MachineActionState, event: Event, now: datetime,
     # an activity outcome: only meaningful while a call is out
     if st not in (Status.running, Status.making_safe):
         return s, []
+    if isinstance(event, ActivityOk) and event.skipped and not s.touched \
+            and not s.phase_uncertain and st == Status.running:
+        # the host rebooted by itself before any try of this attempt sent the command
+        # (every try reported its phase itself): done, untouched (I22)
+        if s.cancel is not None:
+            return _end(s, Status.cancelled, f"cancelled by {s.cancel}; the host had "
+                        "already rebooted by itself, nothing sent", defects)
+        s = s.model_copy(update={"phase": PHASES[s.action][-1]})
+        return _end(s, Status.succeeded, event.detail, defects)
     s = _advance(s, event.phase)
+    if isinstance(event, WorkerRestart) or (isinstance(event, ActivityFailed)
+                                            and event.outcome == "timed_out"):
+        s = s.model_copy(update={"phase_uncertain": True})
+    if isinstance(event, ActivityOk) and event.skipped and s.phase_uncertain \
+            and not s.touched:
+        # an earlier try may have sent the command before its phase was reported: the
+        # reboot the activity found may be ours, so it counts (never undercounted, I22)
+        s = s.model_copy(update={"touched": True})
     if isinstance(event, ActivityOk):
         if event.not_run and not s.touched:
             return _end(s, Status.not_run, event.not_run, defects)
@@ -389,7 +415,10 @@ def _table() -> None:
             elif kind == "ok":
                 what = ("→ cancelled (safe now; attempt recorded)" if st == Status.making_safe
                         else "→ succeeded; or cancelled if a cancel came meanwhile; "
-                             "not_run when nothing was touched")
+                             "not_run when nothing was touched; skipped (the host "
+                             "rebooted by itself, nothing sent) → succeeded / cancelled "
+                             "untouched unless a try reported the disruptive phase or "
+                             "ended without reporting its own (worker died, time-out)")
             elif st == Status.making_safe:
                 what = ("back off and retry On (→ safe_backing_off); permanent or bound "
                         "spent → cancelled, a human must power on") if kind != "failed" else (

@@ -197,7 +197,11 @@ class RepairState(BaseModel):
     cordoned_by_us: bool = False
     stale_cordon: str | None = None  # an ended repair's cordon a person accepted
     recheck: bool = False  # history re-read at grant time (another repair may have acted)
-    hold_then: Literal["decide", "cordon", "idle"] = "decide"
+    hold_then: Literal["decide", "cordon", "idle", "drain", "act"] = "decide"
+    #: the hold was read again before the drain (I18: held for RMA while waiting for idle)
+    drain_hold_read: bool = False
+    #: the rung (``len(acted)``) before which the hold was last read again (-1: none)
+    act_hold_read: int = -1
     idle_since: datetime | None = None
     idle_poll_s: float = 0.0
     acted: list[Action] = Field(default_factory=list)
@@ -590,8 +594,10 @@ def _reacquire(s: RepairState, now: datetime, then: Literal["drain", "act"]) -> 
     """The lease lapsed: ask for it again before the ``then`` step (never reused)."""
     t = s.policy.rails.lease_wait_max_s
     step = "drain" if then == "drain" else s.action.value
+    # the hold is read again once the lease is back (the machine may be held meanwhile)
     s = s.model_copy(update={"status": Status.awaiting_lease, "lease": "requested",
                              "lease_lapsed": False, "reacquire_then": then,
+                             "drain_hold_read": False, "act_hold_read": -1,
                              "lease_deadline": now + timedelta(seconds=t)})
     return s, [RecordTransition(stage=s.stage, by="system",
                                 reason=f"lease not held before {step}; re-acquiring"),
@@ -606,6 +612,11 @@ def _drain(s: RepairState, now: datetime, defects: frozenset[str]) -> Out:
     """Idle (or the bound spent) and the evidence current: drain with a held lease."""
     if _lapsed(s, defects):
         return _reacquire(s, now, "drain")
+    if not s.drain_hold_read and "act_on_held_machine" not in defects:
+        # I18: the machine may have been held for RMA while this repair waited for idle
+        # (read right before the drain, it counts for the first rung that follows it)
+        return _run(s.model_copy(update={"hold_then": "drain", "drain_hold_read": True,
+                                         "act_hold_read": 0}), Status.reading_hold)
     s, tr = _to(s, S.draining, "")
     s2, cmds = _run(s, Status.draining)
     return s2, [tr, *cmds]
@@ -621,6 +632,11 @@ def _start_action(s: RepairState, now: datetime, defects: frozenset[str]) -> Out
                     "before acting")
     if _lapsed(s, defects):
         return _reacquire(s, now, "act")
+    if s.act_hold_read != len(s.acted) and "act_on_held_machine" not in defects:
+        # I18, before every rung: held for RMA meanwhile (a lease re-acquired, a person
+        # asked, the node rejoining after the last rung)
+        return _run(s.model_copy(update={"hold_then": "act", "act_hold_read": len(s.acted)}),
+                    Status.reading_hold)
     key = f"{s.repair_id}/{s.action.value}/{len(s.acted) + 1}"
     m = ma.new_state(s.action, key, s.policy.rails.action_retry_max_s)
     m, mcmds = ma.step(m, ma.Start(), now)
@@ -830,8 +846,7 @@ def _on_machine(s: RepairState, ev: ma.Event, now: datetime, defects: frozenset[
         s2, more = _end(s, S.succeeded, "system", f"machine {s.machine or s.node} removed for RMA")
         return s2, [*cmds, *more]
     s = s.model_copy(update={"acted_at": now, "join_since": now,
-                             "unrecorded": m.action if m.touched or m.phase != "not_started"
-                             else None})
+                             "unrecorded": m.action if m.touched else None})
     s, tr = _to(s, S.joining, "waiting for the node to come back healthy")
     s2, more = _run(s, Status.joining)
     return s2, [*cmds, tr, *more]
@@ -991,10 +1006,15 @@ def step(state: RepairState, event: Event, now: datetime,
             return _end(s, S.cancelled, "system", f"machine {s.machine} is held for RMA "
                         f"({event.reason or 'removed'}); no repair acts on it until an "
                         "operator returns it")
-        if s.stop is not None:
+        if s.stop is not None and not ("cancel_ignored_between_rungs" in defects
+                                       and s.hold_then == "act" and s.acted):
             return _stop_now(s)
         if s.hold_then == "idle":
             return _idle_start(s, now)
+        if s.hold_then == "drain":
+            return _drain(s, now, defects)
+        if s.hold_then == "act":
+            return _start_action(s, now, defects)
         if s.hold_then == "cordon":
             if s.shadow and "act_in_shadow" not in defects:
                 return _end_shadowed(s)
@@ -1048,7 +1068,10 @@ _CALL_ANSWER = {
     Status.reading_hold: ("hold_read", "held → ended `cancelled` by system naming the hold "
                           "(I18); else → reading_history, or → cordoning when checked "
                           "before the cordon (shadow mode: → ended `shadowed`, the attempt "
-                          "recorded as shadowed, nothing cordoned)"),
+                          "recorded as shadowed, nothing cordoned), → draining when "
+                          "checked before the drain, → acting when checked before a rung "
+                          "(read again before each rung after the first and after a "
+                          "lease re-acquired)"),
     Status.reading_history: ("history_read", "decide (ladder, gate, cap); covered by consent "
                              "or an approval of this action at this rung → awaiting_lease; "
                              "else → awaiting_approval (at grant time: the rule names what "
@@ -1064,7 +1087,8 @@ _CALL_ANSWER = {
                        "probing_holder"),
     Status.probing_holder: ("call_ok", "holder runs → ended `cancelled`; ended → "
                             "awaiting_approval naming the stale cordon (I18)"),
-    Status.checking_idle: ("call_ok", "idle or bound spent → draining (evidence re-checked); "
+    Status.checking_idle: ("call_ok", "idle or bound spent → reading_hold, then draining "
+                           "(evidence re-checked); "
                            "busy → idle_backoff (poll timer, doubling)"),
     Status.draining: ("call_ok", "→ acting (pending stop or stale evidence ends first)"),
     Status.joining: ("call_ok", "healthy → rejoining; not yet → join_backoff; bound spent "
