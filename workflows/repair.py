@@ -231,8 +231,6 @@ _PERMANENT = [
 ]
 _SHORT = timedelta(seconds=60)
 _RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30), non_retryable_error_types=_PERMANENT)
-#: Asking whether another repair still runs: a few tries, then assume it does (the safe
-#: side: this repair ends instead of acting beside it).
 #: A scheduler call that changes the node (cordon, drain): tries per batch on the server
 #: (3: a stop waits for at most three tries, about 3 min when each hangs to its 60 s
 #: limit, seconds when the scheduler refuses at once), then the workflow pauses
@@ -242,6 +240,8 @@ _BATCH_RETRY = RetryPolicy(maximum_attempts=3, maximum_interval=timedelta(second
                            non_retryable_error_types=_PERMANENT)
 _BATCH_PAUSE_S = 30.0
 _BATCH_PAUSE_MAX_S = 300.0
+#: Asking whether another repair still runs: a few tries, then assume it does (the safe
+#: side: this repair ends instead of acting beside it).
 _LIVENESS_RETRY = RetryPolicy(maximum_attempts=3, maximum_interval=timedelta(seconds=10))
 #: Machine actions: one try per activity; the workflow retries transient failures itself
 #: (:meth:`RepairWorkflow._machine_action`) so the bound is ``rails.action_retry_max_s``.
