@@ -40,6 +40,8 @@ def test_every_repair_status_event_pair_is_in_the_table() -> None:
         ("reuse_lapsed_lease", "lease", 13),
         # a window opens while the lease is asked for; the repair cordons inside it
         ("cordon_in_maintenance", "maintenance", 10),
+        # the machine is removed while the node is busy; the drain follows the idle check
+        ("hold_read_only_before_cordon", "I18", 14),
     ],
 )
 def test_checker_finds_each_planted_repair_defect(defect: str, invariant: str,

@@ -97,6 +97,10 @@ DEFECTS: dict[str, str] = {
     "cordon_in_maintenance": "a maintenance window covering the node is not waited out: "
                              "the repair cordons inside it (issue 29: a planned rack "
                              "reboot's false faults cordon nodes)",
+    "hold_read_only_before_cordon": "the RMA hold is read only at start and before the "
+                                    "cordon: a machine removed by another repair while "
+                                    "this one waits for idle is drained and acted on "
+                                    "(I18; a break-test of 6f2cea4)",
     "reuse_lapsed_lease": "a lease the guard refused to renew (or whose TTL passed) is "
                           "used for the drain or the machine action (an expired lease is "
                           "never silently reused: docs/design.md §5 rails)",
@@ -612,7 +616,8 @@ def _drain(s: RepairState, now: datetime, defects: frozenset[str]) -> Out:
     """Idle (or the bound spent) and the evidence current: drain with a held lease."""
     if _lapsed(s, defects):
         return _reacquire(s, now, "drain")
-    if not s.drain_hold_read and "act_on_held_machine" not in defects:
+    if not s.drain_hold_read and not defects & {"act_on_held_machine",
+                                                 "hold_read_only_before_cordon"}:
         # I18: the machine may have been held for RMA while this repair waited for idle
         # (read right before the drain, it counts for the first rung that follows it)
         return _run(s.model_copy(update={"hold_then": "drain", "drain_hold_read": True,
@@ -632,7 +637,8 @@ def _start_action(s: RepairState, now: datetime, defects: frozenset[str]) -> Out
                     "before acting")
     if _lapsed(s, defects):
         return _reacquire(s, now, "act")
-    if s.act_hold_read != len(s.acted) and "act_on_held_machine" not in defects:
+    if s.act_hold_read != len(s.acted) and not defects & {"act_on_held_machine",
+                                                           "hold_read_only_before_cordon"}:
         # I18, before every rung: held for RMA meanwhile (a lease re-acquired, a person
         # asked, the node rejoining after the last rung)
         return _run(s.model_copy(update={"hold_then": "act", "act_hold_read": len(s.acted)}),
