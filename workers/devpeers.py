@@ -198,15 +198,38 @@ class SlurmCluster:
                 return
             time.sleep(0.3)
 
+    def slurmd_start_time(self, node: str) -> str | None:
+        """The node's ``SlurmdStartTime`` as slurmctld shows it (``None`` when unreadable)."""
+        out = self.run("scontrol", "-o", "show", "node", node, check=False, timeout=10)
+        for part in out.split():
+            if part.startswith("SlurmdStartTime="):
+                return part.partition("=")[2]
+        return None
+
     def restart_slurmd(self, node: str) -> None:
-        """Restart one node's slurmd (its ``SlurmdStartTime`` changes: a simulated reboot)."""
+        """Restart one node's slurmd (its ``SlurmdStartTime`` changes: a simulated reboot).
+
+        Returns once slurmctld shows the new ``SlurmdStartTime`` (the node registered
+        again), so the simulated reboot is over for every later reader: a registration
+        landing later would read as a second reboot to the next repair of the node.
+        ``SlurmdStartTime`` has one-second resolution, so the new slurmd starts in a later
+        second than the old one. Raises :class:`PeerStartError` when the port or the
+        registration does not come within ``START_TIMEOUT_S``."""
+        before = self.slurmd_start_time(node)
         proc = self.procs.get(f"slurmd-{node}")
         if proc is not None:
             _stop_process(proc)
+        time.sleep(1.02 - time.time() % 1.0)  # into the next second
         self.procs[f"slurmd-{node}"] = self._start_slurmd(node)
         port = self.slurmd_ports[self.nodes.index(node)]
         if not wait_port("127.0.0.1", port, START_TIMEOUT_S):
             raise PeerStartError(f"slurmd {node} did not come back on port {port}")
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while self.slurmd_start_time(node) == before:
+            if time.monotonic() > deadline:
+                raise PeerStartError(f"slurmd {node} did not register again within "
+                                     f"{START_TIMEOUT_S:.0f} s (SlurmdStartTime={before})")
+            time.sleep(0.2)
 
     def _start_slurmd(self, node: str) -> subprocess.Popen[bytes]:
         log = self.workdir / "log" / f"slurmd-{node}.out"
