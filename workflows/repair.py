@@ -54,6 +54,7 @@ events, so a *do not interrupt* wait of any length stays far below Temporal's li
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -1469,10 +1470,27 @@ class RepairWorkflow:
         assert self._req is not None
         req = self._req
         attempt = 1 + self._acted.count(action)
-        got = await capture_before(
+        capture = asyncio.ensure_future(capture_before(
             self._policy.evidence_capture, cluster=req.cluster, node=req.node,
             machine_id=self._machine, repair_id=req.repair_id, action=action,
-            attempt=attempt, task_queue=self._bmc_queue)
+            attempt=attempt, task_queue=self._bmc_queue))
+        # the capture only reads (the node's logs, the BMC's event log) and may run for
+        # up to ``evidence_capture.timeout_s`` (an hour at most): a cancel or reject that
+        # comes meanwhile abandons it and stops the repair at once (I19)
+        try:
+            await workflow.wait_condition(
+                lambda: capture.done() or self._cancel is not None or self._reject is not None)
+        except asyncio.CancelledError:
+            capture.cancel()  # the workflow itself was cancelled: the capture goes too
+            raise
+        if not capture.done():
+            capture.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ActivityError):
+                await capture
+            await self._note(f"evidence capture before {action.value} abandoned: the "
+                             "repair was stopped")
+            self._check_cancel_before_act()
+        got = capture.result()
         if got is None:
             return
         cap, unrecorded = got

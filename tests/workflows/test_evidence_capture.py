@@ -104,3 +104,27 @@ async def test_a_fault_that_clears_during_the_capture_is_not_acted_on(
     assert "before acting" in st.history[-1].reason
     assert len(h.cluster.captures) == 1 and h.cluster.power_cycles == 0
     assert h.cluster.count("power_cycle", "gpu-10") == 0
+
+
+async def test_a_cancel_during_a_long_capture_stops_the_repair_at_once(
+    harness: Harness,
+) -> None:
+    """A cancel while the capture runs (it may run up to ``timeout_s``, an hour at most)
+    abandons the capture and ends the repair ``cancelled`` at once, before anything is
+    touched, the node uncordoned (I19: a stop is never held up by a read)."""
+    h = harness
+    h.cluster.capture_mode = "hang"
+    h.policy.evidence_capture.timeout_s = 3600.0
+    handle = await start_repair(h, "gpu-11", Action.power_cycle, "ev-stop")
+
+    async def cancel_now(node: str) -> None:
+        await handle.signal("cancel", {"by": "alice", "reason": "wrong node"})
+
+    h.cluster.while_out["capture_evidence"] = cancel_now
+    st = await handle.result()
+    assert st.stage == Stage.cancelled and st.history[-1].by == "alice", st.history[-1]
+    assert h.cluster.power_cycles == 0 and len(h.cluster.captures) == 1
+    assert "evidence capture before power_cycle abandoned" in _notes(st)
+    drained_at = next(t.at for t in st.history if t.stage == Stage.draining)
+    assert (st.history[-1].at - drained_at).total_seconds() < 60, st.history
+    assert "gpu-11" not in h.cluster.repair_cordoned
