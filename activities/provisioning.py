@@ -4,9 +4,14 @@ Providers (``ClusterConfig.provisioner``):
 
 - ``redfish`` — ``reprovision`` through Redfish virtual media: insert the clean image
   (``ClusterConfig.provision_image``) in the virtual CD, one-time boot override to CD,
-  restart (or power on), wait for power ``On``, eject. Each step checks the current state
-  first (image already inserted, host already restarted by a previous attempt: the phase
-  is kept in heartbeat details), so a retry never restarts twice.
+  restart (or power on), wait for power ``On``, eject. The phase reached
+  (``workflows.lifecycle.machine_action.PHASES``: ``provision_started`` once the restart
+  is sent) is heartbeated and carried by every failure
+  (:func:`workflows.activity_api.phased_failure`); a retry resumes from
+  ``MachineActionInput.resume_phase`` (which the repair carries) or the last heartbeat,
+  so one attempt never restarts twice (I16), and a failure after the restart counts as
+  an attempt (I22). ``migrate`` reports ``started`` (bound) and ``restart_sent`` (the new
+  machine restarted) the same way.
 - ``webhook`` — for platforms with their own control plane: ``POST {provision_webhook}``
   with ``{"action", "cluster", "node", "machine", "repair_id", "image"}`` and the header
   ``Idempotency-Key: <action>/<repair_id>``; the answer ``{"id", "status"}`` is polled at
@@ -53,7 +58,13 @@ import sushy
 from temporalio import activity
 
 from activities.ledger import Ledger, connect
-from activities.power import POWER_POLL_S, HealthReader, RedfishMachine, heartbeat, last_phase
+from activities.power import (
+    POWER_POLL_S,
+    HealthReader,
+    RedfishMachine,
+    heartbeat,
+    resume_from,
+)
 from activities.secrets import CredentialsError, redact_url, scrub_url, secret_url
 from activities.spares import MachineBindings
 from workflows.activity_api import (
@@ -66,9 +77,11 @@ from workflows.activity_api import (
     MigrateResult,
     TicketInput,
     permanent,
+    phased_failure,
 )
 from workflows.config import AutorepairConfig, ClusterConfig, NodeConfig
-from workflows.models import ValidationResult, Verdict
+from workflows.lifecycle.machine_action import PHASES
+from workflows.models import Action, ValidationResult, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +168,14 @@ class ProvisioningActivities:
             raise permanent(ERR_UNSUPPORTED, str(e)) from None
 
     # ---- redfish virtual media ------------------------------------------------------
-    async def _redfish_reprovision(self, c: ClusterConfig, inp: MachineActionInput) -> ActionResult:
+    async def _redfish_reprovision(
+        self, c: ClusterConfig, inp: MachineActionInput, restarted: bool,
+        on_restart: Callable[[], None],
+    ) -> ActionResult:
+        """Insert the clean image, boot once from it, restart, wait On, eject. With
+        ``restarted`` (an earlier try of this attempt sent the restart) only the wait
+        and the eject run: the restart is sent once per attempt (I16). ``on_restart``
+        runs right after the restart is sent (the caller records its phase)."""
         if not c.provision_image:
             raise permanent(
                 ERR_UNSUPPORTED,
@@ -164,7 +184,6 @@ class ProvisioningActivities:
             )
         image = c.provision_image
         m = RedfishMachine(self.config, inp.cluster, inp.node, inp.machine)
-        phase = last_phase()
         steps: list[str] = []
 
         def insert(s: Any) -> str:
@@ -196,29 +215,27 @@ class ProvisioningActivities:
                     out = f"ejected from {vm.identity}"
             return out
 
-        if phase not in ("restart_sent", "ejected"):
+        if not restarted:
             steps.append(await m.call(insert))
-            heartbeat({"phase": "media_inserted"})
             await m.call(boot_once)
             steps.append("boot override Cd once")
-            heartbeat({"phase": "boot_set"})
             if (await m.power_state()).lower() == "off":
                 await m.reset(sushy.RESET_ON)
                 steps.append("On")
             else:
                 await m.reset(sushy.RESET_FORCE_RESTART)
                 steps.append("ForceRestart")
-            heartbeat({"phase": "restart_sent"})
+            on_restart()
         else:
-            steps.append("restart already sent by a previous attempt")
+            steps.append("restart already sent by an earlier try of this attempt")
         await m.wait_power("On", "restart_sent")
         steps.append(await m.call(eject))
-        heartbeat({"phase": "ejected"})
         return ActionResult(done=True, detail="; ".join(steps))
 
     # ---- webhook ---------------------------------------------------------------------
     async def _webhook(
-        self, c: ClusterConfig, action: str, inp: MachineActionInput
+        self, c: ClusterConfig, action: str, inp: MachineActionInput,
+        on_accepted: Callable[[], None] | None = None,
     ) -> dict[str, Any]:
         try:
             configured = secret_url(c.provision_webhook, c.provision_webhook_env,
@@ -273,6 +290,8 @@ class ProvisioningActivities:
 
         async with httpx.AsyncClient(timeout=WEBHOOK_HTTP_TIMEOUT_S) as http:
             op = check(await call("POST", url, json=payload, headers={"Idempotency-Key": key}))
+            if on_accepted is not None:
+                on_accepted()  # the operation runs: a retry re-POSTs the same key
             deadline = time.monotonic() + WEBHOOK_WAIT_S
             while True:
                 status = str(op.get("status", "")).lower()
@@ -293,33 +312,56 @@ class ProvisioningActivities:
     # ---- activities --------------------------------------------------------------------
     @activity.defn(name=ACT.reprovision_machine)
     async def reprovision_machine(self, inp: MachineActionInput) -> ActionResult:
-        """Reimage the machine with the clean image (redfish virtual media or webhook)."""
-        c = self._cluster(inp.cluster)
-        if c.provisioner == "webhook":
-            op = await self._webhook(c, "reprovision", inp)
-            return ActionResult(done=True, detail=f"webhook operation {op['id']} succeeded")
-        return await self._redfish_reprovision(c, await self.current(inp))
+        """Reimage the machine with the clean image (redfish virtual media or webhook).
 
-    async def _bring_up(self, c: ClusterConfig, inp: MachineActionInput) -> str:
-        """Boot ``inp.machine`` (the new machine of a migrate) as the node."""
+        Phases (``workflows.lifecycle.machine_action.PHASES``): ``not_started`` →
+        ``provision_started`` (the restart sent, or the webhook's operation accepted) →
+        ``booted``, resumed from ``inp.resume_phase`` (or the last heartbeat of an
+        earlier try): the restart is sent once per attempt, whatever fails after it
+        (a BMC that stops answering while the host boots the installer; I16). A failure
+        carries the phase reached (:func:`workflows.activity_api.phased_failure`), so
+        the repair counts a touched machine as an attempt (I22)."""
+        reached = [resume_from(inp, PHASES[Action.reprovision])]
+
+        def started() -> None:
+            reached.append("provision_started")
+            heartbeat({"phase": "provision_started"})
+
+        try:
+            c = self._cluster(inp.cluster)
+            if c.provisioner == "webhook":
+                op = await self._webhook(c, "reprovision", inp, on_accepted=started)
+                return ActionResult(done=True, detail=f"webhook operation {op['id']} succeeded",
+                                    phase="booted")
+            res = await self._redfish_reprovision(
+                c, await self.current(inp), reached[-1] != "not_started", started)
+        except Exception as e:
+            raise phased_failure(e, reached[-1]) from None
+        return res.model_copy(update={"phase": "booted"})
+
+    async def _bring_up(self, c: ClusterConfig, inp: MachineActionInput, restarted: bool,
+                        on_restart: Callable[[], None]) -> str:
+        """Boot ``inp.machine`` (the new machine of a migrate) as the node; with
+        ``restarted`` (an earlier try of this attempt sent the restart) only wait for it
+        (I16). ``on_restart`` runs right after the restart is sent."""
         ncfg = machine_config(c, inp.machine)
         if ncfg is None or ncfg.bmc is None:
             return (f"no BMC configured for machine {inp.machine} "
                     f"(clusters[{c.name}].nodes[].machine); left as it is")
         if c.provision_image:
-            res = await self._redfish_reprovision(c, inp)
+            res = await self._redfish_reprovision(c, inp, restarted, on_restart)
             return f"reprovisioned {inp.machine}: {res.detail}"
         m = RedfishMachine(self.config, inp.cluster, inp.node, inp.machine)
-        if last_phase() in ("restart_sent", "ejected"):
+        if restarted:
             await m.wait_power("On", "restart_sent")
-            return f"{inp.machine}: restart already sent by a previous attempt"
+            return f"{inp.machine}: restart already sent by an earlier try of this attempt"
         if (await m.power_state()).lower() == "off":
             await m.reset(sushy.RESET_ON)
             what = "powered on"
         else:
             await m.reset(sushy.RESET_FORCE_RESTART)
             what = "ForceRestart sent"
-        heartbeat({"phase": "restart_sent"})
+        on_restart()
         await m.wait_power("On", "restart_sent")
         return f"{inp.machine}: {what}"
 
@@ -332,9 +374,28 @@ class ProvisioningActivities:
         brought up as the node. Raises non-retryable ``ERR_UNSUPPORTED`` naming the
         cluster when no spare is available (nothing touched).
         """
+        reached = [resume_from(inp, PHASES[Action.migrate])]
+
+        def restarted() -> None:
+            reached.append("restart_sent")
+            heartbeat({"phase": "restart_sent"})
+
+        try:
+            return await self._migrate(inp, reached, restarted)
+        except Exception as e:
+            raise phased_failure(e, reached[-1]) from None
+
+    async def _migrate(self, inp: MachineActionInput, reached: list[str],
+                       restarted: Callable[[], None]) -> MigrateResult:
+        """:meth:`migrate_node`'s steps; ``reached[-1]`` is the phase reached so far (the
+        binding made: ``started``; the new machine's restart sent: ``restart_sent``)."""
         c = self._cluster(inp.cluster)
         if c.provisioner == "webhook":
-            op = await self._webhook(c, "migrate", inp)
+            def accepted() -> None:
+                reached.append("started")
+                heartbeat({"phase": "started"})
+
+            op = await self._webhook(c, "migrate", inp, on_accepted=accepted)
             new = op.get("new_machine")
             if not new:
                 raise permanent(
@@ -356,11 +417,14 @@ class ProvisioningActivities:
                 f"pool empty; clusters[{c.name}].spares = {c.spares})",
             )
         assert move.new_machine is not None
-        heartbeat({"phase": "bound", "new_machine": move.new_machine})
+        if reached[-1] == "not_started":
+            reached.append("started")
+        heartbeat({"phase": reached[-1], "new_machine": move.new_machine})
         log.info("event=node_migrated cluster=%s node=%s old=%s new=%s repair=%s retry=%s",
                  c.name, inp.node, move.old_machine, move.new_machine, inp.repair_id,
                  not move.created)
-        up = await self._bring_up(c, inp.model_copy(update={"machine": move.new_machine}))
+        up = await self._bring_up(c, inp.model_copy(update={"machine": move.new_machine}),
+                                  reached[-1] == "restart_sent", restarted)
         bound = ("bound" if move.created else "already bound by a previous attempt")
         return MigrateResult(
             new_machine=move.new_machine, old_machine=move.old_machine,

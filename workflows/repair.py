@@ -59,7 +59,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import (
@@ -216,9 +216,7 @@ MACHINE_ACTIVITY: dict[Action, str] = {
     Action.remove: ACT.remove_machine,
 }
 #: Actions after which the host must come back with a new boot id.
-REBOOTING: frozenset[Action] = frozenset(
-    {Action.reboot, Action.power_cycle, Action.reprovision, Action.migrate}
-)
+REBOOTING: frozenset[Action] = decision.REBOOTING
 #: Events in one run's history after which a long wait for idle continues as new: a fifth
 #: of Temporal's 51,200-event hard limit, below its 10,240-event warning.
 HISTORY_EVENTS_MAX = 10_000
@@ -268,6 +266,15 @@ class _ActionFailed(Exception):
         #: the last failure was ``ERR_UNSUPPORTED`` (the action cannot run with this
         #: configuration: no provision image, no spare machine, no BMC)
         self.unsupported = unsupported
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _named_by(raw: Any) -> str:
+    """Who a signal payload that did not validate says it is from (``"unknown"``)."""
+    by = raw.get("by") if isinstance(raw, dict) else None
+    return by if isinstance(by, str) and by else "unknown"
 
 
 class _Ended(Exception):
@@ -337,6 +344,10 @@ class RepairWorkflow:
         self._rule: str | None = None
         self._detail = ""
         self._approve: ApproveSignal | None = None
+        #: signals refused because their payload did not validate, not yet in the history
+        self._input_errors: list[str] = []
+        #: the action the last decision was decided from (the ladder starts there)
+        self._decided_from: Action | None = None
         self._reject: RejectSignal | None = None
         self._cancel: CancelSignal | None = None
         self._lease: LeaseReply | None = None
@@ -391,19 +402,51 @@ class RepairWorkflow:
 
     # ---- signals / query -----------------------------------------------------
     @workflow.signal(name=REPAIR_SIGNAL_APPROVE)
-    def approve(self, sig: ApproveSignal) -> None:
-        """``{"by": USER, "action": optional override}``; kept until the repair asks."""
+    def approve(self, raw: Any) -> None:
+        """``{"by": USER, "action": optional override}``; kept until the repair asks.
+        Without ``action`` it approves the action the repair shows when it arrives (an
+        approval covers one action: the ladder moving it to another asks again)."""
+        sig = self._signal_input(ApproveSignal, raw, REPAIR_SIGNAL_APPROVE)
+        if sig is None:
+            return  # an approval that cannot be read approves nothing (said in the history)
+        if sig.action in (None, Action.none):
+            sig = sig.model_copy(update={"action": self._action})
         self._approve = sig
 
     @workflow.signal(name=REPAIR_SIGNAL_REJECT)
-    def reject(self, sig: RejectSignal) -> None:
-        """``{"by": USER, "reason": TEXT}``: end as ``rejected`` (only before acting)."""
-        self._reject = sig
+    def reject(self, raw: Any) -> None:
+        """``{"by": USER, "reason": TEXT}``: end as ``rejected`` (only before acting). A
+        payload that cannot be read still rejects (a person said stop), by whoever it
+        names."""
+        self._reject = self._signal_input(RejectSignal, raw, REPAIR_SIGNAL_REJECT) or \
+            RejectSignal(by=_named_by(raw), reason="reject signal with an unreadable payload")
 
     @workflow.signal(name=REPAIR_SIGNAL_CANCEL)
-    def cancel(self, sig: CancelSignal) -> None:
-        """``{"by": USER, "reason": TEXT}``: end as ``cancelled`` at the next safe point."""
-        self._cancel = sig
+    def cancel(self, raw: Any) -> None:
+        """``{"by": USER, "reason": TEXT}``: end as ``cancelled`` at the next safe point. A
+        payload that cannot be read still cancels (a person said stop: I19)."""
+        self._cancel = self._signal_input(CancelSignal, raw, REPAIR_SIGNAL_CANCEL) or \
+            CancelSignal(by=_named_by(raw), reason="cancel signal with an unreadable payload")
+
+    def _signal_input(self, model: type[_M], raw: Any, name: str) -> _M | None:
+        """``raw`` (the signal's JSON) as ``model``, or None when it does not validate:
+        the error, naming the field and the value, is shown in the details at once and
+        written to the history at the next wait (docs/design.md §6: bad input gets a
+        clear error, never a silent drop)."""
+        if isinstance(raw, model):
+            return raw
+        try:
+            return model.model_validate(raw)
+        except ValidationError as e:
+            err = e.errors()[0]
+            field = ".".join(str(p) for p in err["loc"]) or "payload"
+            value = err.get("input")
+            why = (f"{name} signal refused: {field}: {value!r}: {err['msg']} "
+                   f"(payload {str(raw)[:200]})")
+            self._input_errors.append(why)
+            self._detail = f"{self._detail} — {why}" if self._detail else why
+            workflow.set_current_details(self._detail)
+            return None
 
     @workflow.signal(name=REPAIR_SIGNAL_ATTACH_ALERT)
     def attach_alert(self, alert: Alert) -> None:
@@ -551,6 +594,13 @@ class RepairWorkflow:
         )
         await self._upsert()
         await self._transition(S.recommended, req.requester.name, req.reason or "repair requested")
+        if req.action not in MACHINE_ACTIVITY:
+            # a request typed by hand (Temporal UI / CLI) naming no action to run: refused
+            # before anything is touched, with the field and the value named
+            raise _Ended(S.failed, "system",
+                         f"action {req.action.value!r} is not an action a repair can run "
+                         f"(RepairRequest.action: one of "
+                         f"{', '.join(a.value for a in MACHINE_ACTIVITY)})")
         await self._check_hold()
         await self._decide(req.action, approver=None)
         consent = self._consent(self._action)
@@ -679,8 +729,10 @@ class RepairWorkflow:
         before, rule_before, approval = self._action, self._rule, self._approval
         known = {(a.repair_id, a.action, a.at) for a in self._attempts}
         self._history_read = False
-        await self._decide(approval.action if approval is not None else self._req.action,
-                           approver=None)
+        # from where the decision in force was decided from (the approval's fingerprint
+        # was made there: the ladder from the action requested)
+        await self._decide(self._decided_from or (approval.action if approval is not None
+                                                  else self._req.action), approver=None)
         acted_meanwhile = any(
             (a.repair_id, a.action, a.at) not in known and a.repair_id != self._req.repair_id
             for a in self._attempts
@@ -728,7 +780,7 @@ class RepairWorkflow:
         on the request approves any action but ``remove``."""
         assert self._req is not None
         consent = consent_decision(action, self._alerts, self._req.requester,
-                                   self._policy.consent)
+                                   self._policy.consent, requested=self._req.action)
         if self._req.auto_approved_rule and action != Action.remove:
             consent = ConsentDecision(True, self._req.auto_approved_rule)
         return consent
@@ -818,6 +870,7 @@ class RepairWorkflow:
             pool=self._pool, alerts=self._alerts, attempts=self._attempts, now=now,
             critical=self._critical, approver=approver, reset_blocked=reset_blocked)
         self._decision = d
+        self._decided_from = requested
         self._set_action(d.action)
         self._rule = d.rule
         self._needs_human = bool(d.needs_human)
@@ -835,6 +888,9 @@ class RepairWorkflow:
         does not cover a heavier one."""
         if self._shadow:
             why = f"{why} (shadow mode: the approval is recorded; nothing will act)"
+        # I18: the machine may be held for RMA while a person decides (another repair
+        # removed it): the hold is read again before the next rung acts
+        self._hold_read_for = -1
         await self._transition(S.awaiting_approval, "system", f"approval needed: {why}")
         await self._upsert()
         assert self._req is not None
@@ -859,13 +915,21 @@ class RepairWorkflow:
             )
 
         deadline = self._policy.consent.approval_timeout_s
-        if deadline is not None:
-            if not await self._wait(decided, deadline):
+        asked_at = workflow.now()
+        while True:
+            left = (None if deadline is None
+                    else deadline - (workflow.now() - asked_at).total_seconds())
+            if left is not None and left <= 0:
                 raise _Ended(
                     S.timed_out, "system", f"no approval within {deadline:g} s; evidence is stale"
                 )
-        else:
-            await self._wait(decided, None)
+            await self._wait(lambda: decided() or bool(self._input_errors), left)
+            # a signal whose payload could not be read is said in the history (the
+            # person sees why nothing happened) and the wait goes on
+            while self._input_errors:
+                await self._note(self._input_errors.pop(0))
+            if decided():
+                break
         self._check_ended()
         if self._approve is None:
             raise _Ended(S.auto_resolved, "system", "alert cleared before approval")
@@ -874,7 +938,11 @@ class RepairWorkflow:
         # ``none`` is no action to run: as no override (the API refuses it; a signal sent
         # by hand may carry it)
         asked = sig.action if sig.action not in (None, Action.none) else self._action
-        await self._decide(asked, approver=sig.by)
+        # decided again from where the decision shown was decided from, so the rule
+        # keeps every step that moved it (the ladder from the action requested); an
+        # action the person chose instead is decided from itself
+        base = self._decided_from if asked == self._action and self._decided_from else asked
+        await self._decide(base, approver=sig.by)
         assert self._decision is not None
         again = decision.approved_as_asked(asked, sig.by, self._decision,
                                            self._consent(self._action).automatic)
@@ -1368,7 +1436,8 @@ class RepairWorkflow:
                 await self._decide(action, approver=None, reset_blocked=str(nr))
                 await self._upsert()
                 consent = consent_decision(
-                    self._action, self._alerts, req.requester, self._policy.consent
+                    self._action, self._alerts, req.requester, self._policy.consent,
+                    requested=req.action,
                 )
                 if not consent.automatic or self._needs_human:
                     self._approve = None  # an approval of the last action does not cover it
@@ -1416,10 +1485,15 @@ class RepairWorkflow:
             if new_machine is not None:
                 self._machine = new_machine
                 workflow.upsert_search_attributes([SA_MACHINE.value_set(new_machine)])
+                if faulty and faulty != new_machine:
+                    # the node left the machine for good: it is re-validated whatever
+                    # follows (a recurrence, a node that does not come back)
+                    await self._revalidate(faulty, "node migrated off this machine",
+                                           "spare")
             acted_at = workflow.now()
             await self._transition(S.joining, "system", "waiting for the node to come back healthy")
             healthy = await self._wait_healthy(action, before, acted_at)
-            recurred = self._recurrence(acted_at, before)
+            recurred = self._recurrence(action, acted_at, before)
             # what this check judged: a report attached after it (while the node rejoins
             # and the repair closes) is handed to the node as unjudged (I20)
             self._judged = {a.alert_id for a in self._alerts}
@@ -1457,8 +1531,6 @@ class RepairWorkflow:
                     f"left to stop ({late.reason or 'no reason given'})")
             if touched:
                 await self._attempt(action, "succeeded", machine=faulty)
-            if action == Action.migrate and faulty:
-                await self._revalidate(faulty, "node migrated off this machine", "spare")
             await self._transition(S.running, "system", "node back in service")
             return
 
@@ -1514,7 +1586,8 @@ class RepairWorkflow:
             await self._await_approval(f"{why}; {self._human_reason}")
             return
         consent = consent_decision(
-            self._action, self._alerts, self._req.requester, self._policy.consent
+            self._action, self._alerts, self._req.requester, self._policy.consent,
+            requested=self._req.action,
         )
         if not consent.automatic:
             # an approval covers one action at one rung: the next attempt, of the same
@@ -1527,14 +1600,15 @@ class RepairWorkflow:
             self._approve_decision(AUTO_APPROVED)
             self._rule = f"{consent.rule}; {self._rule}"
 
-    def _recurrence(self, acted_at: datetime, before: NodeHealth) -> Alert | None:
+    def _recurrence(self, action: Action, acted_at: datetime,
+                    before: NodeHealth) -> Alert | None:
         """An active alert of the same fault (kind and code of the repair's evidence)
         received by the control plane at or after the action completed (not a late
         report of the boot before it), or after the action started from the boot it
         brought (:func:`decision.recurrence`; I17: ingest's ``received_at`` judges,
         never an agent's clock)."""
         return decision.recurrence(self._alerts, acted_at, before.boot_id,
-                                   self._action_started)
+                                   self._action_started, rebooting=action in REBOOTING)
 
     async def _machine_action(self, action: Action, minput: MachineActionInput) -> str | None:
         """Run ``action`` on the BMC queue through the pure machine
@@ -1565,6 +1639,13 @@ class RepairWorkflow:
                     if cmd.purpose == "make_safe":
                         await self._note(f"{action.value} cancelled after {m.phase}: "
                                          "bringing the machine to a safe power state")
+                    elif m.tries > 0 and not m.touched and not m.phase_uncertain:
+                        # a retry after a back-off that touched nothing yet: the lease
+                        # may have lapsed meanwhile (a refused renewal) and is never
+                        # reused; re-acquired, the hold is read again (I18). A retry
+                        # that touched the machine finishes under the lease it started
+                        # with (ending half-way could leave a host off)
+                        await self._retry_under_lease(action)
                     run_input = minput.model_copy(update={
                         "resume_phase": cmd.resume_phase, "idempotency_key": cmd.key})
                     try:
@@ -1601,6 +1682,19 @@ class RepairWorkflow:
                 elif isinstance(cmd, MaFinish):
                     return await self._machine_finished(action, cmd, res, unsupported)
         raise AssertionError("the machine action ended without finishing")  # pragma: no cover
+
+    async def _retry_under_lease(self, action: Action) -> None:
+        """Before a machine action's retry that touched nothing: hold the lease (re-
+        acquire it when it lapsed, :meth:`_ensure_lease`) and, re-acquired, read the RMA
+        hold again. Raises :class:`_Ended` (held, evidence no longer current, a stop
+        while queued); the attempt is then not counted (nothing was touched)."""
+        try:
+            if await self._ensure_lease(f"retrying {action.value}"):
+                await self._check_hold()
+            self._check_cancel_before_act()
+        except _Ended:
+            self._acted.pop()  # nothing touched: no attempt, the cleanup uncordons
+            raise
 
     async def _through_cancel(self, call: Awaitable[T]) -> T:
         """Await a machine action's activity to its end even when the workflow is
@@ -1686,7 +1780,8 @@ class RepairWorkflow:
                 return (
                     self._cancel is not None
                     or self._reject is not None
-                    or (acted_at is not None and self._recurrence(acted_at, before) is not None)
+                    or (acted_at is not None
+                        and self._recurrence(action, acted_at, before) is not None)
                 )
 
             if await self._wait(recurred_or_stop, min(poll, max(limit - waited, 1.0))):

@@ -160,6 +160,25 @@ async def test_virtual_media_reprovision(
     assert (await m.power_state()).lower() == "on"
 
 
+async def test_reprovision_resumed_after_its_restart_sends_no_second_restart(
+    redfish_emulator: RedfishEmulator, bmc_secrets_file: Path
+) -> None:
+    """I16 at the BMC: a retry of a reprovision whose earlier try sent the restart (the
+    repair carries ``resume_phase``, no heartbeat needed) only waits for the host and
+    ejects the image: nothing inserted, no second restart mid-reimage. A bad phase is
+    refused by name."""
+    prov = ProvisioningActivities(_config(redfish_emulator, bmc_secrets_file))
+    inp = _inp("gpu-04").model_copy(update={"resume_phase": "provision_started"})
+    res = await ActivityEnvironment().run(prov.reprovision_machine, inp)
+    assert res.done and res.phase == "booted", res
+    assert "restart already sent by an earlier try of this attempt" in res.detail
+    assert "ForceRestart" not in res.detail and "inserted" not in res.detail
+    bad = _inp("gpu-04").model_copy(update={"resume_phase": "restart_sent"})
+    with pytest.raises(ApplicationError) as ei:
+        await ActivityEnvironment().run(prov.reprovision_machine, bad)
+    assert ei.value.non_retryable and "resume_phase: 'restart_sent'" in str(ei.value)
+
+
 async def test_redfish_migrate_without_ledger_names_the_setting(
     redfish_emulator: RedfishEmulator, bmc_secrets_file: Path
 ) -> None:

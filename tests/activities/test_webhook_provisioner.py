@@ -170,9 +170,11 @@ async def test_migrate_and_remove_return_endpoint_results(endpoint: OpsEndpoint)
 async def test_server_errors_retry_client_errors_do_not(endpoint: OpsEndpoint) -> None:
     acts = _acts(endpoint)
     endpoint.fail_next_posts = 1
-    with pytest.raises(RuntimeError) as re_:  # 503: a plain error, retried by Temporal
+    with pytest.raises(ApplicationError) as re_:  # 503: retried by Temporal
         await ActivityEnvironment().run(acts.reprovision_machine, _inp("gpu-01", "m-01", "r-5"))
     assert "HTTP 503" in str(re_.value) and "/ops" not in str(re_.value)
+    # retryable, and nothing was started (the POST was refused): the phase says so
+    assert not re_.value.non_retryable and re_.value.details == ({"phase": "not_started"},)
     res = await ActivityEnvironment().run(acts.reprovision_machine,
                                           _inp("gpu-01", "m-01", "r-5"))
     assert res.done and len(endpoint.ops) == 1

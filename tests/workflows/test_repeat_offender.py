@@ -40,7 +40,7 @@ async def test_third_disruptive_repair_makes_the_next_recommendation_remove(
     # a person decides: remove, as recommended
     await handle.signal("approve", ApproveSignal(by="oncall"))
     done = await handle.result()
-    assert done.stage == Stage.succeeded and h.cluster.count("remove", "gpu-05") == 1
+    assert done.stage == Stage.succeeded and h.cluster.count("remove", "gpu-05") == 1, [(t.stage.value, t.reason) for t in done.history]
     assert h.cluster.power_cycles == 0
 
 

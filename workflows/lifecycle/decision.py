@@ -124,27 +124,44 @@ def approved_as_asked(asked: Action, by: str, decided: Decision,
             "action, or reject / cancel")
 
 
+#: Actions after which the host comes back with a new boot (its boot id changes).
+REBOOTING: frozenset[Action] = frozenset(
+    {Action.reboot, Action.power_cycle, Action.reprovision, Action.migrate})
+
 #: When the control plane received an alert (:func:`workflows.policy.received_time`).
 received = received_time
 
 
 def recurrence(alerts: Sequence[Alert], acted_at: datetime, boot_before: str | None = None,
-               started_at: datetime | None = None) -> Alert | None:
+               started_at: datetime | None = None, rebooting: bool = True) -> Alert | None:
     """An active alert of a fault the repair had before the action (same kind and code)
     that shows the fix did not hold: received at or after ``acted_at`` (the action's
-    end), unless its evidence names ``boot_before`` (a late report of the boot before the
-    action); or, with ``started_at`` (the action's start), received after it from
-    another boot than ``boot_before`` — the boot the action brought, whose agent may
-    report before the action's last step returns (a reboot waits for "booted").
+    end), unless the action rebooted the host and its evidence names a boot from before
+    the action (a late report); or, with ``started_at`` (the action's start) and a
+    rebooting action, received after it from a boot not seen before it — the boot the
+    action brought, whose agent may report before the action's last step returns (a
+    reboot waits for "booted").
+
+    The boots "from before the action" are the ``boot_id`` evidence of the alerts
+    received before it started (ingest stamps the agent's boot id) and ``boot_before``
+    (the scheduler's boot identity read before acting: Kubernetes's ``bootID`` is the
+    agent's; Slurm's is not comparable and then simply matches nothing). A
+    non-rebooting action (``rebooting`` False: a GPU reset) leaves the boot as it was,
+    so a report of the same boot after it is a recurrence (I20).
     I17: judged on :func:`received`, never on a sender's clock."""
 
     def boot(a: Alert) -> object:
         return a.evidence.get("boot_id")
 
+    cut = started_at if started_at is not None else acted_at
+    old_boots = {boot(a) for a in alerts if boot(a) is not None and received(a) < cut}
+    if boot_before is not None:
+        old_boots.add(boot_before)
+
     def after_start_new_boot(a: Alert) -> bool:
         b = boot(a)
-        return (started_at is not None and boot_before is not None and b is not None
-                and b != boot_before and received(a) >= started_at)
+        return (rebooting and started_at is not None and bool(old_boots) and b is not None
+                and b not in old_boots and received(a) >= started_at)
 
     faults = {(a.kind, a.code) for a in alerts
               if received(a) < acted_at and not after_start_new_boot(a)}
@@ -155,8 +172,8 @@ def recurrence(alerts: Sequence[Alert], acted_at: datetime, boot_before: str | N
             return a
         if received(a) < acted_at:
             continue
-        if boot(a) is not None and boot_before is not None and boot(a) == boot_before:
-            continue  # a late report from the boot before the action
+        if rebooting and boot(a) is not None and boot(a) in old_boots:
+            continue  # a late report from a boot before the action
         return a
     return None
 

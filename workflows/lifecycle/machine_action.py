@@ -42,7 +42,7 @@ PHASES: dict[Action, tuple[str, ...]] = {
     Action.reboot: ("not_started", "restart_sent", "booted"),
     Action.reset_gpu: ("not_started", "reset_sent", "done"),
     Action.reprovision: ("not_started", "provision_started", "booted"),
-    Action.migrate: ("not_started", "started", "done"),
+    Action.migrate: ("not_started", "started", "restart_sent", "done"),
     Action.remove: ("not_started", "started", "done"),
 }
 #: Phase in which each action's disruptive command has been sent (at most once, I16).

@@ -183,6 +183,8 @@ class RepairState(BaseModel):
     cited: list[str] = Field(default_factory=list)  # alert ids the repair started with
     attempts: list[AttemptRecord] | None = None  # None until read
     rule: str = ""
+    #: the action the last decision was decided from (the ladder starts there)
+    decided_from: Action | None = None
     fingerprint: str = ""
     needs_human: str = ""  # why a person must decide ("" when the policy allows)
     approval: Approval | None = None
@@ -484,7 +486,7 @@ def _decide(s: RepairState, now: datetime, requested: Action,
     d = decision.decide(requested, s.policy, node=s.node, machine=s.machine, pool=s.pool,
                         alerts=s.alerts, attempts=s.attempts or [], now=now,
                         approver=approver)
-    return s.model_copy(update={"action": d.action, "rule": d.rule,
+    return s.model_copy(update={"action": d.action, "rule": d.rule, "decided_from": requested,
                                 "needs_human": d.needs_human, "fingerprint": d.fingerprint})
 
 
@@ -499,7 +501,8 @@ def covers(s: RepairState, now: datetime, defects: frozenset[str] = frozenset())
     ``RepairWorkflow``): consent the policy gives (``automatic``) with nothing needing a
     human, or the recorded approval of the same action at the same rung under the same
     decision (issue 26 item 3)."""
-    automatic = consent_decision(s.action, s.alerts, s.requester, s.policy.consent).automatic
+    automatic = consent_decision(s.action, s.alerts, s.requester, s.policy.consent,
+                                 requested=s.requested).automatic
     if "approval_carried_over" in defects and s.approval is not None:
         return True
     return decision.covers(s.approval, _decision_of(s, now), automatic)
@@ -514,9 +517,11 @@ def _ask(s: RepairState, now: datetime, why: str) -> Out:
     if s.acted or s.recheck:
         # an approval sent before an earlier question does not cover this one
         s = s.model_copy(update={"pending_approve": None})
+    # I18: the machine may be held for RMA while a person decides: read again before
+    # the next rung (after a rung that could not run, ``acted`` is as it was)
     s = s.model_copy(update={"status": Status.awaiting_approval, "lease": "none",
                              "lease_lapsed": False, "reacquire_then": "",
-                             "approval": None,
+                             "approval": None, "act_hold_read": -1,
                              "approval_deadline": None if t is None
                              else now + timedelta(seconds=t)})
     s, tr = _to(s, S.awaiting_approval, f"approval needed: {why}")
@@ -530,8 +535,12 @@ def _apply_approval(s: RepairState, now: datetime, cmds: list[Command]) -> Out:
     pa = s.pending_approve
     assert pa is not None
     asked = pa.action if pa.action != Action.none else s.action
-    s = _decide(s, now, asked, approver=pa.by)
-    automatic = consent_decision(s.action, s.alerts, s.requester, s.policy.consent).automatic
+    # decided again from where the decision shown was decided from (the rule keeps every
+    # step that moved it); an action the person chose instead is decided from itself
+    base = s.decided_from if asked == s.action and s.decided_from is not None else asked
+    s = _decide(s, now, base, approver=pa.by)
+    automatic = consent_decision(s.action, s.alerts, s.requester, s.policy.consent,
+                                 requested=s.requested).automatic
     again = decision.approved_as_asked(asked, pa.by, _decision_of(s, now), automatic)
     if again is not None:  # the ladder or the gate made it another action: asked again
         s2, more = _ask(s.model_copy(update={"pending_approve": None}), now, again)
@@ -802,7 +811,9 @@ def _idle_start(s: RepairState, now: datetime) -> Out:
 def _recurred(s: RepairState) -> bool:
     """An active alert of the repair's fault received at or after the action
     (:func:`decision.recurrence`, I17)."""
-    return s.acted_at is not None and decision.recurrence(s.alerts, s.acted_at) is not None
+    return s.acted_at is not None and decision.recurrence(
+        s.alerts, s.acted_at, rebooting=bool(s.acted) and s.acted[-1] in decision.REBOOTING
+    ) is not None
 
 
 def _on_machine(s: RepairState, ev: ma.Event, now: datetime, defects: frozenset[str]) -> Out:
@@ -904,8 +915,10 @@ def step(state: RepairState, event: Event, now: datetime,
     if isinstance(event, (Cancel, Reject)):
         return _stop_event(s, event, now, defects)
     if isinstance(event, Approve):
+        # without an action it approves the one the repair shows as it arrives
+        shown = event.action if event.action not in (None, Action.none) else s.action
         s = s.model_copy(update={"pending_approve": Approval(
-            by=event.by, action=event.action or Action.none, rung=-1, fingerprint="")})
+            by=event.by, action=shown, rung=-1, fingerprint="")})
         if st == Status.awaiting_approval:
             return _apply_approval(s, now, [])
         return s, []  # kept until the repair asks
@@ -1039,7 +1052,8 @@ def step(state: RepairState, event: Event, now: datetime,
             s = _decide(s, now, s.requested)
             return _consent_or_ask(s, now, s.needs_human or s.rule, [], defects)
         before, rule_before = s.action, s.rule
-        s = _decide(s, now, s.requested if s.approval is None else s.approval.action)
+        s = _decide(s, now, s.decided_from or (s.requested if s.approval is None
+                                                 else s.approval.action))
         moved = any((a.repair_id, a.action, a.at) not in known and a.repair_id != s.repair_id
                     for a in s.attempts or [])
         if not covers(s, now, defects):

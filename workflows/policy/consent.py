@@ -22,19 +22,22 @@ def consent_decision(
     alerts: Sequence[Alert],
     requester: Requester,
     consent: ConsentConfig,
+    requested: Action | None = None,
 ) -> ConsentDecision:
     """Whether ``action`` may run without a human approval.
 
     Rules, first match wins: ``remove`` always needs a human (``remove_is_human``);
     a repair a person created (requester kind ``user``) is approved by its creator
-    (``requested_by_user``); ``consent.mode == "automatic"`` (``mode_automatic``);
+    for the action they asked for (``requested``; None: any) — an approval covers one
+    action, so another action the ladder or the gate moved it to goes through the rules
+    below (``requested_by_user``); ``consent.mode == "automatic"`` (``mode_automatic``);
     the action is in ``automatic_actions`` (``automatic_action:<action>``); every Xid
     alert behind it has a code in ``automatic_xids`` and there is at least one
     (``automatic_xid:<codes>``); otherwise ``approve_before_repair``.
     """
     if action == Action.remove:
         return ConsentDecision(False, "remove_is_human")
-    if requester.kind == RequesterKind.user:
+    if requester.kind == RequesterKind.user and requested in (None, action):
         return ConsentDecision(True, "requested_by_user")
     if consent.mode == "automatic":
         return ConsentDecision(True, "mode_automatic")
