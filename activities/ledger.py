@@ -364,11 +364,12 @@ class Ledger:
     async def list_alerts(
         self, *, cluster: str | None = None, node: str | None = None, limit: int = 100
     ) -> list[Alert]:
-        """Newest alerts first, optionally for one cluster / node."""
+        """Newest alerts first by when the control plane received them (``received_at``,
+        else ``observed_at``: I17), optionally for one cluster / node."""
         rows = await self._db.fetch(
             """SELECT * FROM alerts
                WHERE ($1::text IS NULL OR cluster = $1) AND ($2::text IS NULL OR node = $2)
-               ORDER BY observed_at DESC LIMIT $3""",
+               ORDER BY coalesce(received_at, observed_at) DESC, alert_id LIMIT $3""",
             cluster,
             node,
             limit,

@@ -62,15 +62,17 @@ async def find_alerts(
     since: datetime | None = None,
     limit: int = 50,
 ) -> list[Alert]:
-    """Alerts newest first (``observed_at``), filtered by every argument that is not None;
-    ``since``: observed at or after it. At most ``limit`` rows."""
+    """Alerts newest first by when the control plane received them (``received_at``;
+    ``observed_at`` for an alert that never passed ingest: I17, a sender's clock never
+    orders or windows them), filtered by every argument that is not None; ``since``:
+    received at or after it. At most ``limit`` rows."""
     rows = await pool.fetch(
         """SELECT * FROM alerts
            WHERE ($1::text IS NULL OR cluster = $1) AND ($2::text IS NULL OR node = $2)
              AND ($3::text IS NULL OR kind = $3) AND ($4::text IS NULL OR severity = $4)
              AND ($5::boolean IS NULL OR active = $5)
-             AND ($6::timestamptz IS NULL OR observed_at >= $6)
-           ORDER BY observed_at DESC, alert_id LIMIT $7""",
+             AND ($6::timestamptz IS NULL OR coalesce(received_at, observed_at) >= $6)
+           ORDER BY coalesce(received_at, observed_at) DESC, alert_id LIMIT $7""",
         cluster, node, kind, severity, active, since, limit,
     )
     return [_alert(r) for r in rows]
@@ -81,23 +83,25 @@ async def occurrence_times(
     since: datetime, until: datetime, *, same_gpu: tuple[str | None, str] | None = None,
     limit: int = 1000,
 ) -> list[datetime]:
-    """Observation times of raised (``active``) alerts of ``kind``/``code`` on the node in
+    """Receipt times (``received_at``, else ``observed_at``: the clock the NodeWorkflow
+    counts on, I17) of raised (``active``) alerts of ``kind``/``code`` on the node in
     ``[since, until]``, oldest first (at most ``limit``, the newest kept): what the
     NodeWorkflow counts for count-in-window thresholds. ``same_gpu``: ``(gpu, gpc)`` to
     count only repeats on that GPU and GPC (``evidence.gpc``, else ``evidence.tpc``, else
     empty: the key of :func:`workflows.policy.repeat_key`)."""
     gpu, gpc = same_gpu if same_gpu is not None else (None, "")
     rows = await pool.fetch(
-        """SELECT observed_at FROM (
-             SELECT observed_at FROM alerts
+        """SELECT at FROM (
+             SELECT coalesce(received_at, observed_at) AS at FROM alerts
              WHERE cluster = $1 AND node = $2 AND kind = $3 AND code IS NOT DISTINCT FROM $4
-               AND active AND observed_at >= $5 AND observed_at <= $6
+               AND active AND coalesce(received_at, observed_at) >= $5
+               AND coalesce(received_at, observed_at) <= $6
                AND (NOT $7 OR (coalesce(gpu, '') = coalesce($8, '')
                     AND coalesce(evidence->>'gpc', evidence->>'tpc', '') = $9))
-             ORDER BY observed_at DESC LIMIT $10) t ORDER BY observed_at""",
+             ORDER BY at DESC LIMIT $10) t ORDER BY at""",
         cluster, node, kind, code, since, until, same_gpu is not None, gpu, gpc, limit,
     )
-    return [r["observed_at"] for r in rows]
+    return [r["at"] for r in rows]
 
 
 async def find_repairs(
@@ -136,12 +140,13 @@ async def clusters_of_node(pool: asyncpg.Pool, node: str, *, limit: int = 20) ->
 async def alert_counts(
     pool: asyncpg.Pool, *, cluster: str | None, since: datetime, top: int = 10
 ) -> dict[str, Any]:
-    """Alert counts observed since ``since`` (of ``cluster`` or all): ``{"total",
+    """Alert counts received since ``since`` (``received_at``, else ``observed_at``; of
+    ``cluster`` or all): ``{"total",
     "by_severity": {severity: n}, "actionable", "top_kinds": [{"kind", "count"}],
     "top_nodes": [{"cluster", "node", "count", "critical"}]}`` (``top`` of each, most
     first)."""
     args = (cluster, since)
-    where = "($1::text IS NULL OR cluster = $1) AND observed_at >= $2"
+    where = "($1::text IS NULL OR cluster = $1) AND coalesce(received_at, observed_at) >= $2"
     sev = await pool.fetch(
         f"SELECT severity, count(*) AS n, count(*) FILTER (WHERE actionable) AS act"
         f" FROM alerts WHERE {where} GROUP BY severity", *args)

@@ -84,6 +84,7 @@ from workflows.policy import (
     ladder_decision,
     migrate_gate,
     persistence_for,
+    received_time,
 )
 from workflows.protocol import (
     NODE_QUERY_STATUS,
@@ -401,7 +402,7 @@ class FleetQuery:
         for a in alerts:
             entry = entry_for(a.kind, a.code, a.evidence, cat)
             window = count_window_s(a.kind, a.code, cat)
-            at = a.observed_at
+            at = received_time(a)  # the clock the node counts on (I17)
             occ = await q.occurrence_times(self.pool, cluster, inp.node, a.kind, a.code,
                                            at - timedelta(seconds=window), at)
             gpc = str(a.evidence.get("gpc") or a.evidence.get("tpc") or "")

@@ -342,6 +342,33 @@ async def test_ledger_only_answers_without_temporal(
         assert fs["alerts"]["top_nodes"][0]["critical"] == 1
 
 
+async def test_alerts_are_listed_and_windowed_by_when_they_were_received(
+    ledger_pool: asyncpg.Pool, ro_pool: asyncpg.Pool
+) -> None:
+    """I17: a sender's clock never orders or windows alerts. An agent 10 min fast
+    reported 30 min ago; one 3 h slow reported a minute ago: the newest received is
+    listed first (``list_alerts``, the API's ``Ledger.list_alerts``), ``since=10m``
+    keeps only it, and the fleet summary counts it alone in the last 10 minutes."""
+    ledger = Ledger(ledger_pool)
+    now = datetime.now(UTC)
+    fast = make_alert("c1", "gpu-01", "fast", observed_at=now + timedelta(minutes=10),
+                      received_at=now - timedelta(minutes=30))
+    slow = make_alert("c1", "gpu-02", "slow", observed_at=now - timedelta(hours=3),
+                      received_at=now - timedelta(minutes=1))
+    for a in (fast, slow):
+        await ledger.record_alert(a)
+    assert [a.alert_id for a in await ledger.list_alerts(cluster="c1")] == \
+        [slow.alert_id, fast.alert_id]
+    fq = FleetQuery(config_for("c1"), ro_pool, None)
+    async with Client(build_server(fq)) as c:
+        doc = await call(c, "list_alerts", cluster="c1")
+        assert [a["alert_id"] for a in doc["alerts"]] == [slow.alert_id, fast.alert_id]
+        recent = await call(c, "list_alerts", cluster="c1", since="10m")
+        assert [a["alert_id"] for a in recent["alerts"]] == [slow.alert_id]
+        fs = await call(c, "fleet_summary", since="10m")
+        assert fs["alerts"]["total"] == 1
+
+
 async def test_http_transport_needs_a_viewer_token(ro_pool: asyncpg.Pool, tmp_path: Path) -> None:
     import uvicorn
 
