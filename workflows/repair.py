@@ -269,6 +269,8 @@ class _ActionFailed(Exception):
 
 
 _M = TypeVar("_M", bound=BaseModel)
+#: Joins the last refused signal to the details (one refusal shown at a time).
+_REFUSED = " — refused: "
 
 
 def _named_by(raw: Any) -> str:
@@ -346,8 +348,10 @@ class RepairWorkflow:
         self._approve: ApproveSignal | None = None
         #: signals refused because their payload did not validate, not yet in the history
         self._input_errors: list[str] = []
-        #: the action the last decision was decided from (the ladder starts there)
+        #: the action the last decision was decided from (the ladder starts there) and
+        #: why the node said a reset cannot run when it was decided (a NotRun fallback)
         self._decided_from: Action | None = None
+        self._decided_blocked: str | None = None
         self._reject: RejectSignal | None = None
         self._cancel: CancelSignal | None = None
         self._lease: LeaseReply | None = None
@@ -402,7 +406,7 @@ class RepairWorkflow:
 
     # ---- signals / query -----------------------------------------------------
     @workflow.signal(name=REPAIR_SIGNAL_APPROVE)
-    def approve(self, raw: Any) -> None:
+    def approve(self, raw: Any = None) -> None:
         """``{"by": USER, "action": optional override}``; kept until the repair asks.
         Without ``action`` it approves the action the repair shows when it arrives (an
         approval covers one action: the ladder moving it to another asks again)."""
@@ -414,7 +418,7 @@ class RepairWorkflow:
         self._approve = sig
 
     @workflow.signal(name=REPAIR_SIGNAL_REJECT)
-    def reject(self, raw: Any) -> None:
+    def reject(self, raw: Any = None) -> None:
         """``{"by": USER, "reason": TEXT}``: end as ``rejected`` (only before acting). A
         payload that cannot be read still rejects (a person said stop), by whoever it
         names."""
@@ -422,7 +426,7 @@ class RepairWorkflow:
             RejectSignal(by=_named_by(raw), reason="reject signal with an unreadable payload")
 
     @workflow.signal(name=REPAIR_SIGNAL_CANCEL)
-    def cancel(self, raw: Any) -> None:
+    def cancel(self, raw: Any = None) -> None:
         """``{"by": USER, "reason": TEXT}``: end as ``cancelled`` at the next safe point. A
         payload that cannot be read still cancels (a person said stop: I19)."""
         self._cancel = self._signal_input(CancelSignal, raw, REPAIR_SIGNAL_CANCEL) or \
@@ -441,10 +445,11 @@ class RepairWorkflow:
             err = e.errors()[0]
             field = ".".join(str(p) for p in err["loc"]) or "payload"
             value = err.get("input")
-            why = (f"{name} signal refused: {field}: {value!r}: {err['msg']} "
+            why = (f"{name} signal refused: {field}: {repr(value)[:200]}: {err['msg']} "
                    f"(payload {str(raw)[:200]})")
             self._input_errors.append(why)
-            self._detail = f"{self._detail} — {why}" if self._detail else why
+            base = self._detail.split(_REFUSED)[0]  # the last refusal only
+            self._detail = f"{base}{_REFUSED}{why}" if base else why
             workflow.set_current_details(self._detail)
             return None
 
@@ -732,7 +737,8 @@ class RepairWorkflow:
         # from where the decision in force was decided from (the approval's fingerprint
         # was made there: the ladder from the action requested)
         await self._decide(self._decided_from or (approval.action if approval is not None
-                                                  else self._req.action), approver=None)
+                                                  else self._req.action), approver=None,
+                           reset_blocked=self._decided_blocked if self._decided_from else None)
         acted_meanwhile = any(
             (a.repair_id, a.action, a.at) not in known and a.repair_id != self._req.repair_id
             for a in self._attempts
@@ -870,7 +876,7 @@ class RepairWorkflow:
             pool=self._pool, alerts=self._alerts, attempts=self._attempts, now=now,
             critical=self._critical, approver=approver, reset_blocked=reset_blocked)
         self._decision = d
-        self._decided_from = requested
+        self._decided_from, self._decided_blocked = requested, reset_blocked
         self._set_action(d.action)
         self._rule = d.rule
         self._needs_human = bool(d.needs_human)
@@ -941,8 +947,9 @@ class RepairWorkflow:
         # decided again from where the decision shown was decided from, so the rule
         # keeps every step that moved it (the ladder from the action requested); an
         # action the person chose instead is decided from itself
-        base = self._decided_from if asked == self._action and self._decided_from else asked
-        await self._decide(base, approver=sig.by)
+        same = asked == self._action and self._decided_from is not None
+        await self._decide(self._decided_from if same and self._decided_from else asked,
+                           approver=sig.by, reset_blocked=self._decided_blocked if same else None)
         assert self._decision is not None
         again = decision.approved_as_asked(asked, sig.by, self._decision,
                                            self._consent(self._action).automatic)
@@ -1639,13 +1646,6 @@ class RepairWorkflow:
                     if cmd.purpose == "make_safe":
                         await self._note(f"{action.value} cancelled after {m.phase}: "
                                          "bringing the machine to a safe power state")
-                    elif m.tries > 0 and not m.touched and not m.phase_uncertain:
-                        # a retry after a back-off that touched nothing yet: the lease
-                        # may have lapsed meanwhile (a refused renewal) and is never
-                        # reused; re-acquired, the hold is read again (I18). A retry
-                        # that touched the machine finishes under the lease it started
-                        # with (ending half-way could leave a host off)
-                        await self._retry_under_lease(action)
                     run_input = minput.model_copy(update={
                         "resume_phase": cmd.resume_phase, "idempotency_key": cmd.key})
                     try:
@@ -1673,7 +1673,17 @@ class RepairWorkflow:
                         await self._wait(self._untold_stop(m.cancel is not None), cmd.seconds)
                     except asyncio.CancelledError:
                         self._cancelled_from_temporal()
-                    events += self._stop_event(m) or [MaTimerFired()]
+                    stop = self._stop_event(m)
+                    if not stop and not m.touched and not m.phase_uncertain:
+                        # the retry that follows has touched nothing yet: the lease may
+                        # have lapsed meanwhile (a refused renewal) and is never reused;
+                        # re-acquired, the hold is read again (I18). Done before the
+                        # machine hears the timer, so a stop meanwhile leaves no retry
+                        # commanded. A retry after the command was sent finishes under
+                        # the lease it started with (ending half-way could leave a host off)
+                        await self._retry_under_lease(action)
+                        stop = self._stop_event(m)
+                    events += stop or [MaTimerFired()]
                 elif isinstance(cmd, MaRecord):
                     await self._attempt(action, cmd.outcome)
                 elif isinstance(cmd, MaDetails):
