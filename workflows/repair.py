@@ -1592,9 +1592,11 @@ class RepairWorkflow:
             self._approve = None  # an approval of the last action does not cover the next
             await self._await_approval(f"{why}; {self._human_reason}")
             return
+        # an operator's own request approved the first rung of what they asked for; a
+        # later rung (another attempt of it included) goes through the consent policy
         consent = consent_decision(
             self._action, self._alerts, self._req.requester, self._policy.consent,
-            requested=self._req.action,
+            requested=Action.none,
         )
         if not consent.automatic:
             # an approval covers one action at one rung: the next attempt, of the same

@@ -501,8 +501,9 @@ def covers(s: RepairState, now: datetime, defects: frozenset[str] = frozenset())
     ``RepairWorkflow``): consent the policy gives (``automatic``) with nothing needing a
     human, or the recorded approval of the same action at the same rung under the same
     decision (issue 26 item 3)."""
+    # an operator's own request approves the first rung of the action asked for only
     automatic = consent_decision(s.action, s.alerts, s.requester, s.policy.consent,
-                                 requested=s.requested).automatic
+                                 requested=Action.none if s.acted else s.requested).automatic
     if "approval_carried_over" in defects and s.approval is not None:
         return True
     return decision.covers(s.approval, _decision_of(s, now), automatic)

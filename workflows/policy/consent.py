@@ -28,9 +28,10 @@ def consent_decision(
 
     Rules, first match wins: ``remove`` always needs a human (``remove_is_human``);
     a repair a person created (requester kind ``user``) is approved by its creator
-    for the action they asked for (``requested``; None: any) — an approval covers one
-    action, so another action the ladder or the gate moved it to goes through the rules
-    below (``requested_by_user``); ``consent.mode == "automatic"`` (``mode_automatic``);
+    for the action they asked for (``requested``; None: any; ``Action.none``: nothing,
+    e.g. a later rung) — an approval covers one action at one rung, so another action
+    the ladder or the gate moved it to, or another attempt after one ran, goes through
+    the rules below (``requested_by_user``); ``consent.mode == "automatic"`` (``mode_automatic``);
     the action is in ``automatic_actions`` (``automatic_action:<action>``); every Xid
     alert behind it has a code in ``automatic_xids`` and there is at least one
     (``automatic_xid:<codes>``); otherwise ``approve_before_repair``.
