@@ -288,14 +288,16 @@ class Attaching(BaseModel):
 class NodeState(BaseModel):
     """Everything the node entity keeps across continue-as-new, a worker restart or an
     upgrade. Times are the control plane's (UTC). ``retired``: fault key → (end of the
-    successful repair, boot id it acted on or ""): a raise received before that end, or
-    from that boot, is stale (I20). ``cleared``: fault key → newest receipt time of its
-    clears (a raise received at or before it is stale). ``seen``: de-duplication digest →
-    hour bucket, oldest first (carried as :func:`dump_seen`'s compact form). ``intake``:
-    alerts taken and not yet decided, in arrival order; ``unrecorded``: their ids whose
-    ledger write is out. ``catalogue``/``policy_at``: the last policy read (not carried:
-    the next run reads it again); ``machine_id``/``node_pool``: the node's configured
-    binding at that read (alerts and repairs are filed under it)."""
+    successful repair, boot id a booting action of it replaced or ""): a raise received
+    before that end, or from that boot, is stale (I20); after only non-booting actions
+    (``reset_gpu``) the boot runs on and no boot is recorded. ``cleared``: fault key →
+    newest receipt time of its clears (a raise received at or before it is stale).
+    ``seen``: de-duplication digest → hour bucket, oldest first (carried as
+    :func:`dump_seen`'s compact form). ``intake``: alerts taken and not yet decided, in
+    arrival order; ``unrecorded``: their ids whose ledger write is out.
+    ``catalogue``/``policy_at``: the last policy read (not carried: the next run reads
+    it again); ``machine_id``/``node_pool``: the node's configured binding at that read
+    (alerts and repairs are filed under it)."""
 
     cluster: str
     node: str
@@ -846,7 +848,11 @@ def _finish(s: NodeState, msg: Finished, defects: frozenset[str]) -> NodeState:
                  if not (k in s.active and from_new_boot(s.active[k]))}
         for k in sorted(acted):  # sorted: the bounded map trims alike on every replay
             gone = active.pop(k, None)
-            boot = rep.boots.get(k) or (_boot(gone.alert) if gone is not None else "")
+            # the boot a later raise of the fault is stale from: only one a booting action
+            # replaced; after only non-booting actions (a GPU reset) the boot runs on, and
+            # the same fault reported from it after the end is the fault back (I20)
+            boot = "" if not booting else (
+                rep.boots.get(k) or (_boot(gone.alert) if gone is not None else ""))
             retired[k] = (at, boot)
     booted = s.booted_at
     if ok and booting:
