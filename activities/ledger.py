@@ -828,7 +828,8 @@ class Ledger:
         # for a person after it acted, counts; one that handed it back (a stale cordon a
         # person must look at, a maintenance window) does not
         rows = await self.pool.fetch(
-            """SELECT repair_id, node, workflow_id, approved_by, requester_kind, stage
+            """SELECT repair_id, node, workflow_id, approved_by, requester_kind, stage,
+                      created_at
                FROM repairs r WHERE cluster = $1 AND (stage = ANY($2::text[])
                  OR (lease_held AND NOT stage = ANY($3::text[])))
                ORDER BY created_at""",
@@ -844,6 +845,7 @@ class Ledger:
                 automatic=r["approved_by"] == AUTO_APPROVED,
                 requester_kind=r["requester_kind"],
                 stage=Stage(r["stage"]),
+                requested_at=r["created_at"],
             )
             for r in rows
         ]

@@ -74,6 +74,9 @@ PANIC_KIND = "straggler_panic"
 REPORTED_HOST_ID = "reported_host_id"
 """Evidence key of the sender's ``host.id`` (evidence only: the alert's machine comes from
 configuration and the ledger's bindings)."""
+EVIDENCE_BOOT_ID = "boot_id"
+"""Evidence key of the boot an agent's fault was reported from (the sender's resource
+attribute ``autorepair.host.boot_id``; read by the node and the repair, I20)."""
 REPORTED_BY = "reported_by"
 """Evidence key ingest stamps on a sender's alert: the role of its verified identity."""
 UNAUTHENTICATED = "unauthenticated"
@@ -252,9 +255,18 @@ class Ingestor:
         (:meth:`NodeInventory.machine`), never from the sender: its ``host.id`` is kept as
         ``evidence["reported_host_id"]`` only, so a node cannot put its alerts on another
         machine's migrate gate or ladder history. ``received_at`` is stamped with the
-        control plane's clock (I17), not the sender's."""
+        control plane's clock (I17), not the sender's.
+
+        A fault the agent reported (``source`` ``agent``) carries the boot it was
+        reported from, the sender's resource attribute ``autorepair.host.boot_id``, as
+        ``evidence["boot_id"]`` (replacing any evidence key of that name the record
+        had): the node and the repair tell a report of the boot an action replaced from
+        one of the boot it brought by it (I20, the grace after maintenance). Alerts the
+        control plane raises (``node_unreachable``, ``straggler``) carry none."""
         if res.machine_id is not None:
             evidence = {**evidence, REPORTED_HOST_ID: res.machine_id}
+        if source == "agent" and res.boot_id:
+            evidence = {**evidence, EVIDENCE_BOOT_ID: res.boot_id}
         alert = self._builder()(
             cluster=res.cluster, node=res.node, kind=kind, code=code, gpu=gpu,
             evidence_text=evidence_text, evidence=self._stamped(res, evidence),

@@ -557,6 +557,10 @@ class HeldRepair(BaseModel):
     automatic: bool = False
     requester_kind: str = "system"
     stage: Stage
+    #: when the repair was recorded (``repairs.created_at``, the control plane's clock):
+    #: its first lease request follows, so a rebuilt guard counts an automatic holder
+    #: that has not recorded its cordon yet from then (None: a ledger that predates it)
+    requested_at: datetime | None = None
 
 
 class AutomaticStart(BaseModel):

@@ -467,18 +467,21 @@ class World_:
         try:
             while q:
                 f = self.f
+                known = f.nodes[node].reconcile == nm.Reconcile.done
                 m, cmds = nm.step(f.nodes[node], q.popleft(), _now(f.w), self.defects)
                 f.nodes[node] = m
-                self.node_cmds(node, cmds)
+                self.node_cmds(node, cmds, known)
         finally:
             del self.node_q[node]
 
-    def node_cmds(self, node: str, cmds: list[nm.Command]) -> None:
+    def node_cmds(self, node: str, cmds: list[nm.Command], known: bool = False) -> None:
         """Execute a node entity's commands in order, as ``NodeWorkflow`` does. The
         ledger write of an alert, the policy read and an ``attach_alert`` signal are
         answered at once (the entity waits for each; they interleave with nothing it
-        decides on); the ledger read and a repair probe stay out until an event answers
-        them; replies, notices, details and the ledger's close-out change no truth the
+        decides on), and so is the read of the node's open repair an entity that knew its
+        ledger (``known``) makes before a start (every repair of this world is a node
+        entity's, so the one it finds is its own); the first ledger read and a repair
+        probe stay out until an event answers them; replies, notices, details and the ledger's close-out change no truth the
         invariants read (the world's ledger is the repairs themselves)."""
         f = self.f
         for c in cmds:
@@ -493,6 +496,9 @@ class World_:
                 self.to_node(node, nm.AttachDone(alert_id=c.alert.alert_id, ok=landed))
             elif isinstance(c, nm.StartRepair):
                 self.start_repair(node, c)
+            elif isinstance(c, nm.ReadLedger) and known:
+                self.to_node(node, _ledger_open(f, node, self.wd) if f.w.ledger_up
+                             else nm.LedgerUnavailable(message="connection refused"))
             elif isinstance(c, nm.ReadLedger):
                 f.w = _set_node(f.w, node, read_out=True)
             elif isinstance(c, nm.ProbeRepair):

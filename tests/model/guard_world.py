@@ -3,12 +3,15 @@
 The world (issue 26 item 4): one cluster, 3 nodes (``a1``, ``a2`` in pool ``A``, ``b1``
 in pool ``B``), budget 1, breaker threshold 2. One automatic repair per node goes
 idle → waiting (its request sent) → holding (granted) → done, or dies while waiting or
-holding (its signals become undeliverable, its ledger row stays). Events: a request or
-its re-send, a renewal, a release, a repair dying, the breaker reset, the clock
+holding (its signals become undeliverable, its ledger row stays); a holder records its
+cordon (``cordon``) some time after its grant. Events: a request or
+its re-send, a renewal, a release, a repair dying, a holder's cordon, the breaker reset, the clock
 crossing the lease TTL and the breaker window, each armed timer firing, a guard restart
 (the machine's state lost), the ledger going down and coming back, the policy read
 answering or failing, the ledger read answering (holders: every repair holding a node,
-dead ones included; breaker: the newest alert the guard wrote), continue-as-new (the
+dead ones included, with when it was recorded; automatic starts: the automatic repairs
+that recorded their cordon inside the window, as ``ledger_guard_state`` lists them, not
+from their grant; breaker: the newest alert the guard wrote), continue-as-new (the
 state round-trips through JSON), and batches (issue 30 item 1: the interpreter steps
 every message that arrived before its next step as one :class:`~workflows.lifecycle.guard.Batch`):
 a storm (every idle or waiting repair's request in one batch) and a busy task (every
@@ -24,6 +27,10 @@ equivalent one), so the bounded run is exhaustive. Invariants after every step:
 - leases held (repairs that believe they hold one and are alive) ≤ budget, at most one
   per pool and one per node; the machine's own leases likewise;
 - nothing automatic and new is granted while the breaker is open;
+- the breaker: no more than ``breaker_threshold`` automatic repairs asked within one
+  window (after the last reset) start — a start is a grant that cordoned or still holds
+  the node — across guard restarts too (from :data:`W_HOLDER`, a fresh guard whose
+  ledger lists a holder that has not recorded its cordon);
 - **I23** a repair that waited through a reset of the open breaker, whatever queued it,
   is granted only with ``reset_at`` (it acts on evidence after the reset); after a
   reset nothing counted before it is counted in the window again;
@@ -128,6 +135,12 @@ class World:
     #: guard deferred (a policy or ledger read out) is decided later in arrival order, so
     #: what counted for it is what had arrived before it, not what arrived since
     asked_reports: tuple[int, ...] = (0, 0, 0)
+    #: per node: when its repair recorded its cordon (the ledger's ``cordoning``
+    #: transition; None: not yet). The ledger lists an automatic start from then only
+    #: (``ledger_guard_state``), not from its grant
+    cordoned_at: tuple[float | None, ...] = (None, None, None)
+    #: when the open breaker was last reset (the guard's clear alert; None: never)
+    last_reset_s: float | None = None
 
 
 @dataclass
@@ -173,11 +186,17 @@ def _node_of(repair_id: str) -> int:
 
 
 def _ledger(w: World, m: gm.GuardState) -> gm.LedgerView:
+    # as ``Ledger.guard_state``: holders with when their row was recorded (before their
+    # first request: the world's ``asked_at``), automatic starts from their recorded
+    # cordon only (a holder granted before a guard restart that has not cordoned yet is
+    # a holder, not a start)
     holders = [gm.HeldRepair(repair_id=_rid(i), node=NODES[i], workflow_id=f"w-{NODES[i]}",
-                             automatic=_automatic(w, i))
+                             automatic=_automatic(w, i),
+                             requested_at=None if w.asked_at[i] is None
+                             else T0 + timedelta(seconds=w.asked_at[i]))
                for i, st in enumerate(w.repairs) if st == "holding"
                or (st == "dead" and w.granted_at[i] is not None)]
-    auto = [(_rid(i), T0 + timedelta(seconds=t)) for i, t in enumerate(w.granted_at)
+    auto = [(_rid(i), T0 + timedelta(seconds=t)) for i, t in enumerate(w.cordoned_at)
             if t is not None and w.now_s - t <= WINDOW_S and _automatic(w, i)]
     return gm.LedgerView(holders=holders, automatic=auto, breaker_open=w.ledger_breaker,
                          tripped_at=T0 if w.ledger_breaker else None,
@@ -195,6 +214,8 @@ def _events(m: gm.GuardState, w: World) -> list[tuple[str, gm.Event | None]]:
             evs.append((f"request {NODES[i]}", gm.Request(req=_req(i, w=w))))
         if st == "holding":
             evs.append((f"renew {NODES[i]}", gm.Request(req=_req(i, renew=True, w=w))))
+        if st == "holding" and w.cordoned_at[i] is None:
+            evs.append((f"cordon {NODES[i]}", None))
         if st in ("waiting", "holding"):
             evs.append((f"release {NODES[i]}",
                         gm.Release(rel=LeaseRelease(repair_id=_rid(i), outcome="succeeded"))))
@@ -249,6 +270,9 @@ def _world_only(label: str, w: World) -> World:
         return replace(w, repairs=_set(w.repairs, i, "dead"))
     if label.startswith("replies "):
         return replace(w, replies_lost=not w.replies_lost)
+    if label.startswith("cordon "):
+        i = NODES.index(label.removeprefix("cordon "))
+        return replace(w, cordoned_at=_set(w.cordoned_at, i, w.now_s))
     return replace(w, ledger_up=not w.ledger_up)
 
 
@@ -324,7 +348,8 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
                 w = replace(w, out="ledger")
             elif isinstance(c, gm.WriteAlert) and c.alert.kind == gm.BREAKER_KIND:
                 w = replace(w, ledger_breaker=c.alert.active,
-                            ledger_reset_s=None if c.alert.active else w.now_s)
+                            ledger_reset_s=None if c.alert.active else w.now_s,
+                            last_reset_s=w.last_reset_s if c.alert.active else w.now_s)
             elif isinstance(c, gm.WriteAlert) and c.alert.kind == gm.DOMAIN_KIND:
                 w = replace(w, ledger_holds=_ledger_holds(w, c))
             elif isinstance(c, gm.ContinueAsNew):
@@ -454,6 +479,17 @@ def check_invariants(m: gm.GuardState, w: World) -> list[str]:
     for c in m.counted:
         if c.in_window and w.pre_reset[_node_of(c.repair_id)]:
             bad.append(f"I23: {c.repair_id} counted before the reset is counted again")
+    # the breaker counts an automatic request when it arrives: more than the threshold
+    # of them asked within one window (after the last reset) never all start — a start
+    # is a grant that cordoned or still holds (one released before its cordon did nothing)
+    started = [NODES[i] for i in range(len(NODES))
+               if _automatic(w, i) and w.granted_at[i] is not None
+               and (w.cordoned_at[i] is not None or w.repairs[i] in ("holding", "dead"))
+               and (at := w.asked_at[i]) is not None and w.now_s - at <= WINDOW_S
+               and (w.last_reset_s is None or at > w.last_reset_s)]
+    if len(started) > POLICY.breaker_threshold:
+        bad.append(f"breaker: {len(started)} automatic repairs started in one window "
+                   f"({', '.join(started)}; threshold {POLICY.breaker_threshold})")
     return bad
 
 
@@ -464,7 +500,8 @@ def _mirror(w: World) -> World:
     return replace(w, repairs=sw(w.repairs), granted_at=sw(w.granted_at), stale=sw(w.stale),
                    pre_reset=sw(w.pre_reset), fault_at=sw(w.fault_at),
                    fault_live=sw(w.fault_live), asked_at=sw(w.asked_at),
-                   told_reset=sw(w.told_reset), asked_reports=sw(w.asked_reports))
+                   told_reset=sw(w.told_reset), asked_reports=sw(w.asked_reports),
+                   cordoned_at=sw(w.cordoned_at))
 
 
 def _key(m: gm.GuardState, w: World) -> str:
@@ -476,10 +513,18 @@ def _key(m: gm.GuardState, w: World) -> str:
     return min(text, mirrored)
 
 
+#: The world of a guard started afresh while ``a1``'s automatic repair holds a lease a
+#: guard before it granted, its cordon not recorded yet (``holder=True``).
+W_HOLDER = World(repairs=("holding", "idle", "idle"), granted_at=(0.0, None, None),
+                 asked_at=(0.0, None, None))
+
+
 def initial(defects: frozenset[str] = frozenset(), domains: bool = False,
-            lossy: bool = False) -> tuple[gm.GuardState, World]:
-    """A guard that started, read its policy and rebuilt from an empty ledger."""
-    w0 = World(domains=domains, lossy=lossy)
+            lossy: bool = False, holder: bool = False) -> tuple[gm.GuardState, World]:
+    """A guard that started, read its policy and rebuilt from the ledger: empty, or
+    (``holder``) listing ``a1``'s repair as a holder that has not cordoned yet."""
+    w0 = (replace(W_HOLDER, domains=domains, lossy=lossy) if holder
+          else World(domains=domains, lossy=lossy))
     m, w = _run(gm.new_state("c", _policy(w0)), w0, gm.Started(fresh=True), defects)
     m, w = _run(m, replace(w, out=None), gm.PolicyRead(view=_policy(w0)), defects)
     m, w = _run(m, replace(w, out=None), gm.LedgerRead(view=_ledger(w, m)), defects)
@@ -488,13 +533,14 @@ def initial(defects: frozenset[str] = frozenset(), domains: bool = False,
 
 
 def check(depth: int, defects: frozenset[str] = frozenset(),
-          stop_at_first: bool = False, domains: bool = False, lossy: bool = False) -> Result:
+          stop_at_first: bool = False, domains: bool = False, lossy: bool = False,
+          holder: bool = False) -> Result:
     """Explore every event sequence of length ≤ ``depth`` from a guard's first start;
     ``defects`` re-introduces the named ones (test-only); ``domains``: the domain world,
-    ``lossy``: the lossy world (module docstring)."""
+    ``lossy``: the lossy world (module docstring); ``holder``: from :data:`W_HOLDER`."""
     res = Result(depth=depth)
     t0 = time.monotonic()
-    m0, w0 = initial(defects, domains, lossy)
+    m0, w0 = initial(defects, domains, lossy, holder)
     seen = {_key(m0, w0)}
     queue: deque[tuple[gm.GuardState, World, list[str]]] = deque([(m0, w0, [])])
     while queue:

@@ -12,7 +12,8 @@ stands for all) with
 - up to :data:`QUEUE_MAX` reports in flight between ingest and the node, delivered in any
   order (replicas, an outbox re-delivery);
 - the repair the machine starts (or one another run started before this fresh entity,
-  world ``W_OWNED``) ending succeeded (fixing the faults: a new boot), failed, shadowed
+  world ``W_OWNED``, or a person's started at any time, ``operator_starts_repair``, which
+  the node learns of from the ledger only) ending succeeded (fixing the faults: a new boot), failed, shadowed
   (shadow mode: nothing ran, the faults stay), or without telling (terminated);
 - the ledger going down and coming back, reads answered from the world's truth;
 - timers, the clock crossing persistence and cooldown edges, continue-as-new and a
@@ -133,6 +134,9 @@ class World:
     #: fault keys whose current episode began inside the window (reports marked
     #: ``in_maintenance``): no repair may start on one while the window is open
     window_eps: tuple[str, ...] = ()
+    #: a person's repair of the node was started (the API, the CLI: it does not tell the
+    #: node; once per run of the world)
+    op_started: bool = False
 
 
 def _get(t: tuple[tuple[str, float], ...], k: str) -> float | None:
@@ -235,6 +239,11 @@ def _world_events(w: World) -> list[tuple[str, World, nm.Event | None]]:
             w1 = replace(w1, cleared_at=_put(w1.cleared_at, key, max(sent_s, cl or sent_s)))
         out.append((f"deliver({a.alert_id},{'raise' if active else 'clear'},skew={skew:+g})",
                     w1, ev))
+    if w.repair is None and not w.op_started:
+        # a person starts a repair of the node (``repairs create``): the node learns of
+        # it from the ledger only; its end is signalled to the node like any repair's
+        out.append(("operator_starts_repair",
+                    replace(w, repair=("op", ()), repair_told=False, op_started=True), None))
     # a terminated repair (id "") never reports that it finished
     if w.repair is not None and w.repair[0]:
         rid, keys = w.repair

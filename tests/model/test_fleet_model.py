@@ -73,9 +73,10 @@ def test_checker_finds_each_composed_defect(defect: str, automatic: bool,
     ("defect", "automatic", "invariant", "trace"),
     [
         # the guard's own defect, as the fleet meets it: a node's repair granted by a
-        # guard that could not read the ledger after its restart
+        # guard that could not read the ledger after its restart (the ledger goes down
+        # after the node read it before its start: a node starts no repair while it is)
         ("rebuild_gives_up", True, "I21",
-         ["ledger down", "guard restart", X("a1"), "guard: ledger answers"]),
+         ["guard restart", X("a1"), "ledger down", "guard: ledger answers"]),
         # the node's own defect: a fault 5 min "old" by the sender's clock starts a
         # repair at once
         ("sender_clock_judges", True, "I17", ["a1: gpu_lost(skew=-300)"]),

@@ -147,3 +147,25 @@ def test_a_persons_repair_is_neither_counted_nor_held_by_the_breaker_after_a_reb
     trace = ["request b1", "guard restart", "policy ok", "renew b1", "batch: requests",
              "ledger answers"]
     assert replay(trace, domains=True) == []
+
+
+def test_a_rebuilt_guard_counts_a_holder_that_has_not_cordoned_to_the_ci_bound() -> None:
+    """From a guard started afresh while a1's automatic repair holds a lease an earlier
+    guard granted, its cordon not yet recorded (the ledger lists it as a holder, not as an
+    automatic start): no more than the threshold start in the window."""
+    res = check(CI_DEPTH, holder=True)
+    assert not res.violations, res.violations[:3]
+    assert res.states > 1000, res.line()
+
+
+def test_guard_checker_finds_a_rebuild_that_counts_cordons_only() -> None:
+    """The break-test's defect (the rebuilt guard counted only the ledger's cordons): a1
+    cordons and ends, a2 and b1 ask in one batch, a2 cordons and ends, and b1 — the third
+    automatic repair of the window — is granted."""
+    assert "rebuild_counts_cordons_only" in DEFECTS
+    res = check(CI_DEPTH, defects=frozenset({"rebuild_counts_cordons_only"}),
+                stop_at_first=True, holder=True)
+    assert res.violations, "rebuild_counts_cordons_only not found"
+    what, trace = res.violations[0]
+    assert "automatic repairs started in one window" in what, what
+    assert len(trace) <= CI_DEPTH

@@ -31,6 +31,7 @@ def test_every_reconcile_event_pair_is_in_the_table() -> None:
         ("inherit_machine_history", "rule zero", 5),
         ("attach_blind", "not running", 5),
         ("unreported_domain_fault", "never reported to the guard", 3),
+        ("start_without_check", "one repair per node", 4),
     ],
 )
 def test_checker_finds_each_planted_node_defect(defect: str, invariant: str,

@@ -36,10 +36,14 @@ def run(s: nm.NodeState, ev: nm.Event, now: datetime,
     todo: list[nm.Event] = [ev]
     out: list[nm.Command] = []
     while todo:
+        known = s.reconcile == nm.Reconcile.done
         s, cmds = nm.step(s, todo.pop(0), now)
         out += cmds
         for c in cmds:
-            if isinstance(c, nm.RecordAlert):
+            if isinstance(c, nm.ReadLedger) and known:
+                # the read before a repair starts: the ledger has no open repair
+                todo.append(nm.LedgerRead())
+            elif isinstance(c, nm.RecordAlert):
                 todo.append(nm.AlertRecorded(alert_id=c.alert.alert_id))
             elif isinstance(c, nm.LoadPolicy):
                 todo.append(policy)

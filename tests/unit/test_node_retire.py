@@ -50,3 +50,23 @@ def test_a_booting_action_among_those_that_ran_retires_everything_before_its_end
 def test_an_older_sender_without_actions_is_judged_by_the_started_action() -> None:
     s = _finished(_node(started_as=Action.reset_gpu), None)
     assert set(s.active) == {"other"}
+
+
+def _with_boot(started_as: Action) -> nm.NodeState:
+    s = _node(started_as)
+    assert s.repair is not None
+    return s.model_copy(update={"repair": s.repair.model_copy(
+        update={"boots": {"used": "boot-0"}})})
+
+
+def test_a_reset_retires_its_fault_without_the_boot_it_ran_on() -> None:
+    """A GPU reset replaces no boot: the fault it fixed is retired with no boot, so the
+    same fault reported later from boot-0 (after the end) is the fault back, not a late
+    report of a replaced boot (found by a break-test: the node ignored it for good)."""
+    s = _finished(_with_boot(Action.reset_gpu), [Action.reset_gpu])
+    assert s.retired["used"] == (T0 + timedelta(hours=1), "")
+
+
+def test_a_booting_action_retires_its_fault_with_the_boot_it_replaced() -> None:
+    s = _finished(_with_boot(Action.reset_gpu), [Action.reset_gpu, Action.reboot])
+    assert s.retired["used"] == (T0 + timedelta(hours=1), "boot-0")

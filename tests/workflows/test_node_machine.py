@@ -25,10 +25,14 @@ def _run(s: nm.NodeState, ev: nm.Event, now: datetime = T0, *, attach_ok: bool =
     todo: list[nm.Event] = [ev]
     out: list[nm.Command] = []
     while todo:
+        known = s.reconcile == nm.Reconcile.done
         s, cmds = nm.step(s, todo.pop(0), now)
         out += cmds
         for c in cmds:
-            if isinstance(c, nm.RecordAlert):
+            if isinstance(c, nm.ReadLedger) and known:
+                # the read before a repair starts: the ledger has no open repair
+                todo.append(nm.LedgerRead())
+            elif isinstance(c, nm.RecordAlert):
                 todo.append(nm.AlertRecorded(alert_id=c.alert.alert_id))
             elif isinstance(c, nm.LoadPolicy):
                 todo.append(policy)
@@ -172,5 +176,8 @@ def test_a_repair_due_after_continue_as_new_reads_the_policy_first() -> None:
     assert [type(c) for c in cmds if not isinstance(c, nm.SetTimer)] == [nm.LoadPolicy]
     pool = POLICY.model_copy(update={"node_pool": "p1"})
     s, cmds = nm.step(s, pool, T0 + timedelta(minutes=2))
+    # then the node's open repair, read again right before the start (one per node)
+    assert [c for c in cmds if isinstance(c, nm.ReadLedger)] == [nm.ReadLedger()]
+    s, cmds = nm.step(s, nm.LedgerRead(), T0 + timedelta(minutes=2))
     starts = [c for c in cmds if isinstance(c, nm.StartRepair)]
     assert [(c.machine_id, c.node_pool) for c in starts] == [("m-a", "p1")]

@@ -114,6 +114,10 @@ DEFECTS: dict[str, str] = {
                                        "a budget-queued one acts on pre-reset evidence (I23)",
     "reset_recounts": "a reset forgets which repairs were counted, so their re-sent "
                       "requests are counted again in the fresh window (I23)",
+    "rebuild_counts_cordons_only": "a guard rebuilt from the ledger counts only the "
+                                   "automatic repairs that recorded their cordon: an "
+                                   "automatic holder granted before the restart is not "
+                                   "counted, and the breaker lets threshold more through",
     "rebuild_gives_up": "a fresh guard that cannot read the ledger serves without its "
                         "holders and grants a second lease beside one (I21)",
     "breaker_ignores_queue": "a budget-queued automatic request is granted while the "
@@ -206,6 +210,8 @@ class HeldRepair(BaseModel):
     workflow_id: str
     automatic: bool = False
     requester_kind: RequesterKind = RequesterKind.system
+    #: when the repair was recorded (its first request follows; None: not known)
+    requested_at: datetime | None = None
 
 
 class LedgerView(BaseModel):
@@ -943,8 +949,10 @@ def _on_reset(s: GuardState, sig: ResetBreakerSignal, now: datetime,
 def _rebuild(s: GuardState, v: LedgerView, now: datetime, defects: frozenset[str] = frozenset()
              ) -> tuple[GuardState, Cmds]:
     """Take the ledger's holders, automatic starts, breaker and last reset as ours; tell
-    each rebuilt holder (one that is gone is dropped). An automatic start at or before the
-    last reset is kept out of the window (a reset starts a fresh one, I23)."""
+    each rebuilt holder (one that is gone is dropped). An automatic holder the ledger does
+    not list among the starts (granted, its cordon not recorded yet) is counted as one,
+    from when it was recorded. An automatic start at or before the last reset is kept out
+    of the window (a reset starts a fresh one, I23)."""
     leases = list(s.leases)
     cmds: Cmds = []
     for hr in v.holders:
@@ -962,7 +970,16 @@ def _rebuild(s: GuardState, v: LedgerView, now: datetime, defects: frozenset[str
     counted = list(s.counted)
     # a reset started a fresh window: a start at or before it is not counted again (I23)
     reset = max((t for t in (s.open_reset_at, v.reset_at) if t is not None), default=None)
-    for rid, at in v.automatic:
+    starts = list(v.automatic)
+    if "rebuild_counts_cordons_only" not in defects:
+        # the ledger lists an automatic start once it recorded its cordon; a holder
+        # granted before the restart that has not cordoned yet was counted by the guard
+        # that granted it and will cordon: counted too, from when it was recorded (its
+        # first request came after), else from now
+        listed = {rid for rid, _ in starts}
+        starts += [(hr.repair_id, hr.requested_at or now) for hr in v.holders
+                   if hr.automatic and hr.repair_id not in listed]
+    for rid, at in starts:
         if all(c.repair_id != rid for c in counted):
             counted.append(Counted(repair_id=rid, at=at,
                                    in_window=reset is None or at > reset

@@ -9,7 +9,9 @@ is the control plane's clock. Everything the entity must keep lives in
 Invariants (checked by ``tests/model/node_world.py``):
 
 - **one repair per node at a time**: a repair child starts only while no repair of this
-  node is open, or may be open (the ledger not yet read, I21).
+  node is open, or may be open (the ledger not yet read, I21), and right after the ledger
+  said none is open: a person's or a detector's repair does not tell the node when it
+  starts, so the ledger is read again before every start (one running is taken over).
 - **I17 the control plane's clock decides**: a fault's first observation, its
   persistence and the stale-edge order are judged on when the control plane received
   the report (``Alert.received_at``, stamped by ingest; else ``now`` at delivery). The
@@ -122,6 +124,10 @@ MAX_CARRIED_TEXT = 4096
 #: Finished-repair messages kept until the ledger was read (one node has one repair at
 #: a time: more than a few is already abnormal).
 MAX_FINISHED_EARLY = 16
+#: Repairs closed without their ``repair_finished`` (a probe or the ledger found them
+#: closed, the child ended first) kept so that a late ``repair_finished`` of one is still
+#: applied as the repair's end (:func:`_late_finish`); newest kept.
+MAX_GONE = 4
 #: Occurrence times are kept this long, seconds (8 days: beyond the 7-day ladder window).
 OCCURRENCE_TTL_S = 8 * 86400.0
 
@@ -150,6 +156,8 @@ DEFECTS: dict[str, str] = {
     "reboot is never repaired (issue 29 item 1)",
     "window_level_fault_unheld": "a level fault raised inside a maintenance window is "
     "judged at once: its repair is recommended inside the window (issue 29 item 1)",
+    "start_without_check": "a node that knows its ledger starts a repair without reading "
+    "the node's open repair again (a second repair beside an operator's running one)",
     "grace_ignored": "a fault received in the grace period after maintenance is "
     "recommended once its persistence is over (the false faults of a planned reboot are "
     "repaired; issue 29 item 1)",
@@ -285,17 +293,29 @@ class Attaching(BaseModel):
     failed: bool = False  # the signal found the workflow closed: a probe decides
 
 
+class Tracked(BaseModel):
+    """An actionable raise tracked, its answer given after the evaluation (held in
+    ``NodeState.checking`` while the read before a repair start is out)."""
+
+    kind: Literal["tracked"] = "tracked"
+    alert: Alert
+    key: str
+    text: str
+
+
 class NodeState(BaseModel):
     """Everything the node entity keeps across continue-as-new, a worker restart or an
     upgrade. Times are the control plane's (UTC). ``retired``: fault key → (end of the
-    successful repair, boot id it acted on or ""): a raise received before that end, or
-    from that boot, is stale (I20). ``cleared``: fault key → newest receipt time of its
-    clears (a raise received at or before it is stale). ``seen``: de-duplication digest →
-    hour bucket, oldest first (carried as :func:`dump_seen`'s compact form). ``intake``:
-    alerts taken and not yet decided, in arrival order; ``unrecorded``: their ids whose
-    ledger write is out. ``catalogue``/``policy_at``: the last policy read (not carried:
-    the next run reads it again); ``machine_id``/``node_pool``: the node's configured
-    binding at that read (alerts and repairs are filed under it)."""
+    successful repair, boot id a booting action of it replaced or ""): a raise received
+    before that end, or from that boot, is stale (I20); after only non-booting actions
+    (``reset_gpu``) the boot runs on and no boot is recorded. ``cleared``: fault key →
+    newest receipt time of its clears (a raise received at or before it is stale).
+    ``seen``: de-duplication digest → hour bucket, oldest first (carried as
+    :func:`dump_seen`'s compact form). ``intake``: alerts taken and not yet decided, in
+    arrival order; ``unrecorded``: their ids whose ledger write is out.
+    ``catalogue``/``policy_at``: the last policy read (not carried: the next run reads
+    it again); ``machine_id``/``node_pool``: the node's configured binding at that read
+    (alerts and repairs are filed under it)."""
 
     cluster: str
     node: str
@@ -327,6 +347,19 @@ class NodeState(BaseModel):
     #: received at or before it is from the boot it replaced (I20).
     booted_at: datetime | None = None
     finished_early: dict[str, Finished] = Field(default_factory=dict)
+    #: Repairs of ours closed without their finish (:data:`MAX_GONE`, newest last): a
+    #: late ``repair_finished`` of one ends it as if it were still open (I20, cooldown).
+    gone: dict[str, OpenRepair] = Field(default_factory=dict)
+    #: Repairs whose end the node applied (:data:`MAX_GONE`, newest last): one the ledger
+    #: still shows running (it signals before its workflow closes) is not taken over.
+    ended: list[str] = Field(default_factory=list)
+    #: The ledger answered a read of the node's open repair in this step (reset at the
+    #: end of every step): a repair starts only in the step that took such an answer
+    #: (the read before a start; a person's repair may have started since any earlier).
+    checked: bool = False
+    #: Actionable raises whose answer waits for that read (``recommended`` with the repair
+    #: that starts, ``attached`` to the one the ledger has, or ``new``).
+    checking: list[Tracked] = Field(default_factory=list)
     recommendations: int = 0
     repairs_started: int = 0
     timer_at: datetime | None = None
@@ -660,7 +693,7 @@ def carry(s: NodeState) -> NodeState:
 def quiescent(s: NodeState) -> bool:
     """Nothing is being decided: no alert waits for its answer, no read or probe is out
     (continue-as-new only then; :class:`HistoryFull` waits otherwise)."""
-    return not (s.intake or s.attaching or s.probe_out or s.policy_out
+    return not (s.intake or s.attaching or s.checking or s.probe_out or s.policy_out
                 or s.reconcile == Reconcile.reading)
 
 
@@ -732,7 +765,9 @@ def _evaluate(s: NodeState, now: datetime, defects: frozenset[str]
     """Start a repair for the faults that outlived their persistence window (rule zero),
     if none is open, the ledger was read (I21) and the cooldown is over; the policy is
     read first when the last read is older than :data:`POLICY_REFRESH_S` (the repair is
-    filed under the machine configured now)."""
+    filed under the machine configured now), then the ledger's open repair of the node
+    again unless it answered in this step (→ ``reading``: a repair another
+    requester started meanwhile is taken over instead, :func:`_on_ledger`)."""
     known = s.reconcile == Reconcile.done or (
         "decide_without_ledger" in defects and s.reconcile == Reconcile.retry_wait)
     if s.repair is not None or not known or in_cooldown(s.cooldown_until, now):
@@ -751,6 +786,13 @@ def _evaluate(s: NodeState, now: datetime, defects: frozenset[str]
         if s.policy_out:
             return s, []
         return s.model_copy(update={"policy_out": True}), [LoadPolicy()]
+    if (not s.checked and s.reconcile == Reconcile.done
+            and "start_without_check" not in defects):
+        # one repair per node: a repair started by a person or a detector (the API, the
+        # CLI) does not tell the node; the ledger is read again right before a start, and
+        # a repair it has running is taken over as a fresh entity takes it (_on_ledger)
+        return (s.model_copy(update={"reconcile": Reconcile.reading}),
+                [ReadLedger(repair_id=None)])
     action = due[0][1].action
     rid = f"{s.id_seed}{s.repairs_started:04x}"[-16:]
     keys = [k for k, _ in due]
@@ -846,7 +888,11 @@ def _finish(s: NodeState, msg: Finished, defects: frozenset[str]) -> NodeState:
                  if not (k in s.active and from_new_boot(s.active[k]))}
         for k in sorted(acted):  # sorted: the bounded map trims alike on every replay
             gone = active.pop(k, None)
-            boot = rep.boots.get(k) or (_boot(gone.alert) if gone is not None else "")
+            # the boot a later raise of the fault is stale from: only one a booting action
+            # replaced; after only non-booting actions (a GPU reset) the boot runs on, and
+            # the same fault reported from it after the end is the fault back (I20)
+            boot = "" if not booting else (
+                rep.boots.get(k) or (_boot(gone.alert) if gone is not None else ""))
             retired[k] = (at, boot)
     booted = s.booted_at
     if ok and booting:
@@ -860,20 +906,21 @@ def _finish(s: NodeState, msg: Finished, defects: frozenset[str]) -> NodeState:
             if msg.stage == Stage.rejected else "")
     return s.model_copy(update={
         "active": active, "retired": _bounded(retired, MAX_CLEARED), "repair": None,
-        "cooldown_until": cooldown, "booted_at": booted,
+        "cooldown_until": cooldown, "booted_at": booted, "ended": _ended(s, msg.repair_id),
         "details": f"repair {msg.repair_id} ended {msg.stage.value}{held}"})
 
 
 def _foreign_finish(s: NodeState, msg: Finished) -> NodeState:
     """A repair of this node that another run started told us it finished before the
-    ledger answered: its cooldown holds (not after ``auto_resolved``). A success after a
+    ledger answered, or one this node did not start (a person's, a detector's) once it
+    knows its ledger: its cooldown holds (not after ``auto_resolved``). A success after a
     booting action (``msg.actions``; unknown: taken as booting) retires every fault
     received before its end (what it acted on is not known here; a fault still there is
     reported again after the new boot, I20); a success (or ``shadowed``) after only
     non-booting actions (``reset_gpu``: nothing reboots, so nothing is reported again)
     retires just the faults whose alerts it names (``msg.alert_ids``)."""
     at = _utc(msg.at)
-    update: dict[str, object] = {}
+    update: dict[str, object] = {"ended": _ended(s, msg.repair_id)}
     if msg.stage != Stage.auto_resolved:
         end = cooldown_until(at, s.rails)
         update["cooldown_until"] = max(end, s.cooldown_until or end)
@@ -893,6 +940,24 @@ def _foreign_finish(s: NodeState, msg: Finished) -> NodeState:
     return s.model_copy(update=update)
 
 
+def _ended(s: NodeState, rid: str) -> list[str]:
+    """``s.ended`` with ``rid`` last (bounded to :data:`MAX_GONE`)."""
+    return [*(r for r in s.ended if r != rid), rid][-MAX_GONE:]
+
+
+def _late_finish(s: NodeState, msg: Finished, defects: frozenset[str]) -> NodeState:
+    """The ``repair_finished`` of a repair of ours that :func:`_gone` already closed (the
+    probe, the ledger or the child's end came first): applied as :func:`_finish` applies
+    it to the open repair (faults retired on success, I20), the cooldown the later of the
+    two ends; the repair open now, if any, stays open."""
+    rep = s.gone[msg.repair_id]
+    gone = {k: v for k, v in s.gone.items() if k != msg.repair_id}
+    t = _finish(s.model_copy(update={"repair": rep, "gone": gone}), msg, defects)
+    ends = [c for c in (s.cooldown_until, t.cooldown_until) if c is not None]
+    return t.model_copy(update={"repair": s.repair,
+                                "cooldown_until": max(ends) if ends else None})
+
+
 #: Ledger stage recorded for a repair whose workflow ended without writing its own end,
 #: by Temporal's status (anything else: ``cancelled``).
 CLOSE_STAGE = {"timed_out": Stage.timed_out, "failed": Stage.failed}
@@ -901,8 +966,15 @@ CLOSE_STAGE = {"timed_out": Stage.timed_out, "failed": Stage.failed}
 def _gone(s: NodeState, rid: str, how: str, now: datetime) -> tuple[NodeState, list[Command]]:
     """The open repair ``rid`` ended without telling: cooldown (it may have acted),
     ledger closed (not after ``completed``: it wrote its own end), lease released,
-    people told (its cordon may remain)."""
+    people told (its cordon may remain). The repair is remembered (:data:`MAX_GONE`): a
+    ``repair_finished`` it sent that is stepped after this (the probe saw the workflow
+    closed first) still ends it as it says (:func:`_late_finish`)."""
+    gone = dict(s.gone)
+    if s.repair is not None and s.repair.repair_id == rid:
+        gone.pop(rid, None)
+        gone[rid] = s.repair
     s = s.model_copy(update={"repair": None, "cooldown_until": cooldown_until(now, s.rails),
+                             "gone": _bounded(gone, MAX_GONE),
                              "details": f"repair {rid} ended without finishing ({how})"})
     cmds: list[Command] = [SetDetails(text=s.details)]
     if how != "completed":
@@ -965,7 +1037,7 @@ def _attach(s: NodeState, alert: Alert, key: str, reason: str, outcome: AlertOut
 
 
 def _on_raise(s: NodeState, alert: Alert, now: datetime, defects: frozenset[str]
-              ) -> tuple[NodeState, list[Command | _Tracked]]:
+              ) -> tuple[NodeState, list[Command | Tracked]]:
     key = fault_key(alert)
     at = received(alert, now, defects)
     stale = _stale_raise(s, alert, key, at)
@@ -981,7 +1053,7 @@ def _on_raise(s: NodeState, alert: Alert, now: datetime, defects: frozenset[str]
     s = s.model_copy(update={"occurrences": _bounded(occ, MAX_OCCURRENCE_KEYS)})
     s, grace = _grace(s, alert, at)
     in_window = isinstance(alert.evidence.get(IN_MAINTENANCE), str)
-    report: list[Command | _Tracked] = []
+    report: list[Command | Tracked] = []
 
     def decide(a: Alert) -> NodeActionDecision:
         return decide_node_action(
@@ -1048,7 +1120,7 @@ def _on_raise(s: NodeState, alert: Alert, now: datetime, defects: frozenset[str]
         return s, [_reply(alert, AlertOutcome.ignored, f"{dec.rule}: {dec.reason}")]
     # answered once every alert decidable now was decided (:func:`_drain`): a clear
     # queued behind it may end the fault before a repair would start
-    return s, [*report, _Tracked(alert=alert, key=key,
+    return s, [*report, Tracked(alert=alert, key=key,
                                  text=f"{dec.action.value} recommended ({dec.rule})")]
 
 
@@ -1145,15 +1217,6 @@ def _release(s: NodeState, now: datetime) -> tuple[NodeState, list[Command]]:
             f"ended {end.isoformat()} (policy.maintenance.grace_s)")
     s = s.model_copy(update={"active": active, "details": text})
     return s, [SetDetails(text=text)]
-
-
-class _Tracked(BaseModel):
-    """Internal: an actionable raise tracked, its answer given after the evaluation."""
-
-    kind: Literal["tracked"] = "tracked"
-    alert: Alert
-    key: str
-    text: str
 
 
 def _waiting(s: NodeState, key: str, now: datetime) -> str:
@@ -1256,8 +1319,10 @@ def _on_probe(s: NodeState, ev: RepairProbed, now: datetime
 def _on_ledger(s: NodeState, ev: LedgerRead, now: datetime, defects: frozenset[str]
                ) -> tuple[NodeState, list[Command]]:
     early = s.finished_early
+    # a read of the node's open repair (not of the repair carried): a start may follow in
+    # this step without reading again (_evaluate)
     s = s.model_copy(update={"reconcile": Reconcile.done, "ledger_tries": 0,
-                             "finished_early": {}})
+                             "finished_early": {}, "checked": s.repair is None})
     cmds: list[Command] = []
     rid = ev.repair_id
     ours = s.repair.repair_id if s.repair is not None else None
@@ -1270,6 +1335,9 @@ def _on_ledger(s: NodeState, ev: LedgerRead, now: datetime, defects: frozenset[s
                 return _finish(s, early[ours], defects), []
             s, cmds = _gone(s, s.repair.repair_id, ev.status or "not_found", now)
         return s, cmds
+    if s.repair is None and ev.running and rid in s.ended:
+        # it told us it finished (applied already): its workflow is closing
+        return s, []
     if s.repair is None and ev.running:
         if rid in early:  # it told us it finished: the ledger's "running" is behind
             s = s.model_copy(update={"repair": OpenRepair(repair_id=rid)})
@@ -1281,8 +1349,19 @@ def _on_ledger(s: NodeState, ev: LedgerRead, now: datetime, defects: frozenset[s
             "repair": OpenRepair(repair_id=rid, probed_at=now,
                                  alert_ids=[a.alert_id for a in alerts]),
             "details": f"repair {rid} in flight (found in the ledger)"})
-        return s, [SetDetails(text=s.details),
-                   *(AttachAlert(repair_id=rid, alert=a) for a in alerts)]
+        # the raises that made a repair due while the node knew its ledger (read again
+        # before the start: a person's or a detector's repair started meanwhile) are
+        # answered `attached` once their signal landed
+        waiting = {t.alert.alert_id for t in s.checking}
+        cmds = [SetDetails(text=s.details),
+                *(AttachAlert(repair_id=rid, alert=a) for a in alerts
+                  if a.alert_id not in waiting)]
+        held, s = s.checking, s.model_copy(update={"checking": []})
+        for t in held:
+            s, sent = _attach(s, t.alert, t.key, f"repair {rid} in flight (found in the "
+                              "ledger)", AlertOutcome.attached, defects)
+            cmds += sent
+        return s, cmds
     if ev.running:
         return s, []
     if s.repair is not None and s.repair.repair_id == rid:
@@ -1330,7 +1409,7 @@ def _drain(s: NodeState, now: datetime, defects: frozenset[str]
     is fresh, the ledger has answered (or failed: I21, then decided as waiting) and no
     earlier alert waits for its repair to take it."""
     cmds: list[Command] = []
-    tracked: list[_Tracked] = []
+    tracked: list[Tracked] = []
     while s.intake:
         if _policy_stale(s, now):
             if not s.policy_out:
@@ -1348,13 +1427,18 @@ def _drain(s: NodeState, now: datetime, defects: frozenset[str]
             s, cl = _on_clear(s, head, now, defects)
             out = list(cl)
         for c in out:
-            if isinstance(c, _Tracked):
+            if isinstance(c, Tracked):
                 tracked.append(c)
             else:
                 cmds.append(c)
-    if tracked:
+    if tracked or (s.checking and s.reconcile not in (Reconcile.pending,
+                                                      Reconcile.reading)):
         s, started = _evaluate(s, now, defects)
         cmds += started
+        if s.reconcile == Reconcile.reading:
+            # the ledger is read again before the start: answered once it answered
+            return s.model_copy(update={"checking": [*s.checking, *tracked]}), cmds
+        tracked, s = [*s.checking, *tracked], s.model_copy(update={"checking": []})
         for t in tracked:
             if s.repair is not None and t.key in s.repair.acted_on:
                 cmds.append(_reply(t.alert, AlertOutcome.recommended, t.text,
@@ -1411,6 +1495,8 @@ def step(state: NodeState, event: Event, now: datetime,
         s, more = _evaluate(s, now, defects)
         s, timer = _timer(s, now)
         cmds = [*cmds, *drained, *more, *timer]
+    if s.checked:  # the ledger's answer is good for this step only
+        s = s.model_copy(update={"checked": False})
     return s, cmds
 
 
@@ -1491,11 +1577,19 @@ def _step(s: NodeState, ev: Event, now: datetime, defects: frozenset[str]
                        unjudged_alert_ids=ev.unjudged_alert_ids)
         if s.repair is not None and s.repair.repair_id == ev.repair_id:
             return _finish(s, msg, defects), []
-        if rc != Reconcile.done and len(s.finished_early) < MAX_FINISHED_EARLY:
-            early = dict(s.finished_early)
-            early[ev.repair_id] = msg
-            return s.model_copy(update={"finished_early": early}), []
-        return s, []
+        if ev.repair_id in s.gone:
+            return _late_finish(s, msg, defects), []
+        if ev.repair_id in s.ended:
+            return s, []  # applied already (a repeated message)
+        if rc != Reconcile.done:
+            if len(s.finished_early) < MAX_FINISHED_EARLY:
+                early = dict(s.finished_early)
+                early[ev.repair_id] = msg
+                return s.model_copy(update={"finished_early": early}), []
+            return s, []
+        # a repair of this node we did not start (a person's, a detector's): it acted on
+        # the machine all the same; applied as when it arrives before the ledger read
+        return _foreign_finish(s, msg), []
     if isinstance(ev, RepairEnded):
         if s.repair is not None and s.repair.repair_id == ev.repair_id:
             return _gone(s, ev.repair_id, ev.how, now)
@@ -1531,7 +1625,9 @@ def _table() -> None:
                         "catalogue decides; open repair → "
                         "signalled, `attached` once it landed; diagnostic → notify once "
                         "per window; actionable → tracked from its receipt time, repair "
-                        "started once persistence is over" + (
+                        "started once persistence is over, right after the ledger's open "
+                        "repair of the node is read again (one running — a person's, a "
+                        "detector's — is taken over and the alert attached to it)" + (
                             "" if known else " (none while the ledger is unavailable: "
                             "`new`, waiting for the ledger)")))
         TRANSITIONS[(rc, "alert_recorded")] = "the alert may be decided (queued order kept)"
@@ -1553,8 +1649,12 @@ def _table() -> None:
             "stays open; I20); rejected → the faults it stood for set aside until "
             "reported again (not proposed again every cooldown); refused "
             "because the machine is held for RMA (I18) → the faults it stood for set "
-            "aside until reported again; not ours → ignored" if known else
-            "ours → as when known; not ours → kept until the ledger answers")
+            "aside until reported again; ours closed before it came (the probe, the "
+            "ledger or the child's end first) → applied as ours; not ours (a person's, a "
+            "detector's) → cooldown, and on success the faults received before its end "
+            "retired (after only non-booting actions: the ones it names)" if known else
+            "ours (or ours closed before it came) → as when known; not ours → kept until "
+            "the ledger answers")
         TRANSITIONS[(rc, "repair_ended")] = ("ours → cooldown, ledger closed (not after "
                                              "`completed`), lease released, warning sent; "
                                              "else ignored")
@@ -1562,8 +1662,10 @@ def _table() -> None:
             "ours not running (or, for a failed attach, not answering) → ended without "
             "finishing (as repair_ended); held answers of failed attaches given")
         TRANSITIONS[(rc, "ledger_read")] = (
-            "→ done: running repair adopted (or finished, if it told us early); ours gone "
-            "→ closed out with a warning; stale open row → closed; queued alerts decided"
+            "→ done: running repair adopted (or finished, if it told us early; raises "
+            "waiting on the read before a start attached to it); ours gone → closed out "
+            "with a warning; stale open row → closed; queued alerts decided; none open "
+            "→ a due repair starts at once"
             if rc == Reconcile.reading else "ignored: no read is out")
         TRANSITIONS[(rc, "ledger_unavailable")] = (
             "→ retry_wait: timer 5 s doubling to 60 s; queued alerts answered `new` "
