@@ -113,6 +113,9 @@ class World:
     ledger_up: bool = True
     read_out: bool = False
     probe_out: bool = False
+    #: the repair the probe out asks about (ledger_open_repair is asked with its id: it
+    #: answers about that repair, not about another one running on the node)
+    probe_id: str = ""
     timer_s: float | None = None
     repair: tuple[str, tuple[str, ...]] | None = None  # running: (id, fault keys)
     repair_told: bool = True  # the machine knows (False: owned by another run)
@@ -288,8 +291,10 @@ def _world_events(w: World) -> list[tuple[str, World, nm.Event | None]]:
         w1 = replace(w, probe_out=False)
         if not w.ledger_up:
             out.append(("probe_fails", w1, nm.RepairProbed(repair_id="?", ok=False)))
-        elif w.repair == ("", ()) or w.repair is None:
-            out.append(("probe_finds_it_gone", replace(w1, repair=None),
+        elif w.repair == ("", ()) or w.repair is None or (
+                w.repair[0] != w.probe_id and w.probe_id):
+            gone = w1 if w.repair is not None and w.repair[0] else replace(w1, repair=None)
+            out.append(("probe_finds_it_gone", gone,
                         nm.RepairProbed(repair_id="?", running=False, status="terminated")))
         else:
             out.append(("probe_finds_it_running", w1,
@@ -378,7 +383,7 @@ def _apply(w: World, cmds: list[nm.Command], now_s: float) -> World:
         elif isinstance(c, (nm.ReadLedger)):
             w = replace(w, read_out=True)
         elif isinstance(c, nm.ProbeRepair):
-            w = replace(w, probe_out=True)
+            w = replace(w, probe_out=True, probe_id=c.repair_id)
         elif isinstance(c, nm.SetTimer):
             w = replace(w, timer_s=None if c.at is None else (c.at - T0).total_seconds())
     return w
