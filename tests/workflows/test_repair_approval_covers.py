@@ -1,4 +1,8 @@
-"""Hunt b: what an approval covers."""
+"""What an approval covers (a break-test of bb83125; each failed there): an early
+approve of the action shown does not authorise the heavier action the ladder or the
+repeat-offender rule makes of it; the recorded rule keeps the ladder step; an operator's
+own request is not turned into an unasked heavier action; a double approve does not
+cover the next rung."""
 
 from __future__ import annotations
 
