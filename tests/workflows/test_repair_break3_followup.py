@@ -6,28 +6,28 @@ signal sent with no payload wedged the repair; a refused payload was quoted in f
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 import pytest
+from temporalio.client import WorkflowFailureError
 
-from tests.workflows.conftest import FakeCluster, Harness, make_alert
+from tests.workflows.conftest import Harness, make_alert
 from tests.workflows.helpers import (
     attempt_outcomes,
+    guard_status,
     repair_status,
     start_repair,
     wait_stage,
 )
-from tests.workflows.test_repair_break3 import _ResetCannotRun
-from workflows.models import Action, ApproveSignal, Stage
+from tests.workflows.test_repair_break3 import reset_cannot_run  # noqa: F401 (fixture)
+from tests.workflows.test_repair_lease_retry import USER, lease_lost_during_backoff
+from workflows.models import Action, ApproveSignal, CancelSignal, Stage
 
 
-@pytest.fixture
-def reset_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(FakeCluster, "reset_gpu", _ResetCannotRun.reset_gpu)
-
-
+@pytest.mark.usefixtures("reset_cannot_run")
 @pytest.mark.parametrize("named", [None, Action.reboot], ids=["shown", "explicit"])
 async def test_approving_the_fallback_of_a_reset_that_cannot_run_runs_the_fallback(
-    reset_cannot_run: None, harness: Harness, named: Action | None,
+    harness: Harness, named: Action | None,
 ) -> None:
     """reset_gpu cannot run (NotRun, nothing touched) → the policy moves to reboot and asks
     (consent mode approve). A person approves what is shown (reboot): reboot runs, and
@@ -64,46 +64,9 @@ async def test_a_cancel_while_a_retry_waits_for_its_lease_ends_clean(harness: Ha
     lost and r2 holds the pool. r1's retry re-acquires the lease and waits in the guard's
     queue. A cancel then: r1 ends cancelled, nothing recorded as an attempt, gpu-01 not
     left cordoned, r1 neither holding nor queued in the guard."""
-    from datetime import timedelta
-    from typing import Any
-
-    from temporalio.exceptions import ApplicationError
-
-    from tests.workflows.helpers import eventually, guard_status
-    from workflows.models import CancelSignal, Requester, RequesterKind
-    from workflows.protocol import GUARD_SIGNAL_RELEASE, LeaseRelease, workflow_id_guard
-
-    user = Requester(kind=RequesterKind.user, name="ops")
     h = harness
-    h.gpu_nodes = 100
-    h.pools = {"gpu-01": "p1", "gpu-02": "p1"}
-    h.policy.rails.lease_ttl_s = 120
-    h.policy.wait_for_idle.do_not_interrupt = True
-    h.cluster.busy_polls["gpu-02"] = 10_000
-    tries = {"n": 0}
-    r2: dict[str, Any] = {"h": None}
-
-    async def bmc_down(node: str) -> None:
-        if node != "gpu-01":
-            return
-        tries["n"] += 1
-        if tries["n"] == 1:
-            guard = h.client.get_workflow_handle(workflow_id_guard(h.cluster.cluster))
-            await guard.signal(GUARD_SIGNAL_RELEASE,
-                               LeaseRelease(repair_id="r1", outcome="forgotten"))
-            r2["h"] = await start_repair(h, "gpu-02", Action.reboot, "r2",
-                                         requester=user, alerts=[])
-
-            async def r2_holds() -> bool:
-                g = await guard_status(h)
-                return "r2" in {x.repair_id for x in g.leases}
-
-            await eventually(r2_holds, "r2 holding pool p1")
-        if tries["n"] <= 5:
-            raise ApplicationError(f"BMC of {node}: connection refused (injected)")
-
-    h.cluster.while_out["power_cycle"] = bmc_down
-    r1 = await start_repair(h, "gpu-01", Action.power_cycle, "r1", requester=user, alerts=[])
+    seen = lease_lost_during_backoff(h)
+    r1 = await start_repair(h, "gpu-01", Action.power_cycle, "r1", requester=USER, alerts=[])
     for _ in range(300):
         st = await repair_status(h, "gpu-01", "r1")
         if "lease not held before retrying" in " | ".join(t.reason for t in st.history):
@@ -111,7 +74,6 @@ async def test_a_cancel_while_a_retry_waits_for_its_lease_ends_clean(harness: Ha
         await h.env.sleep(timedelta(seconds=5))
     assert "lease not held before retrying" in " | ".join(t.reason for t in st.history)
     await r1.signal("cancel", CancelSignal(by="oncall", reason="stop"))
-    from temporalio.client import WorkflowFailureError
     failure: WorkflowFailureError | None = None
     try:
         await r1.result()
@@ -128,7 +90,7 @@ async def test_a_cancel_while_a_retry_waits_for_its_lease_ends_clean(harness: Ha
     assert "r1" not in {x.repair_id for x in g.pending}
     # the interpreter made every call its machine commanded (issue 26 item 5)
     assert failure is None, repr(failure.cause if failure else None)
-    await r2["h"].signal("cancel", CancelSignal(by="t", reason="end"))
+    await seen["r2"].signal("cancel", CancelSignal(by="t", reason="end"))
 
 
 

@@ -16,6 +16,43 @@ from workflows.protocol import GUARD_SIGNAL_RELEASE, LeaseRelease, workflow_id_g
 USER = Requester(kind=RequesterKind.user, name="ops")
 
 
+def lease_lost_during_backoff(h: Harness) -> dict[str, Any]:
+    """The world of these tests: gpu-01 and gpu-02 in pool p1, leases renewed every
+    60 s. The first ``power_cycle`` try of r1 on gpu-01 makes the guard forget r1's
+    lease (a guard reset to an earlier point) and starts r2 on gpu-02, which takes the
+    pool and holds it (gpu-02 stays busy); r1's BMC refuses its first five tries
+    (about 10+20+40+80+120 s of back-off, nothing sent). Returns ``{"tries": n, "r2":
+    r2's handle}`` as they happen."""
+    h.gpu_nodes = 100
+    h.pools = {"gpu-01": "p1", "gpu-02": "p1"}
+    h.policy.rails.lease_ttl_s = 120  # renew every 60 s
+    h.policy.wait_for_idle.do_not_interrupt = True
+    h.cluster.busy_polls["gpu-02"] = 10_000  # r2 holds the pool's lease for long
+    seen: dict[str, Any] = {"tries": 0, "r2": None}
+
+    async def bmc_down_at_first(node: str) -> None:
+        if node != "gpu-01":
+            return
+        seen["tries"] += 1
+        if seen["tries"] == 1:
+            guard = h.client.get_workflow_handle(workflow_id_guard(h.cluster.cluster))
+            await guard.signal(GUARD_SIGNAL_RELEASE,
+                               LeaseRelease(repair_id="r1", outcome="forgotten"))
+            seen["r2"] = await start_repair(h, "gpu-02", Action.reboot, "r2",
+                                            requester=USER, alerts=[])
+
+            async def r2_holds() -> bool:
+                g = await guard_status(h)
+                return "r2" in {x.repair_id for x in g.leases}
+
+            await eventually(r2_holds, "r2 holding pool p1")
+        if seen["tries"] <= 5:
+            raise ApplicationError(f"BMC of {node}: connection refused (injected)")
+
+    h.cluster.while_out["power_cycle"] = bmc_down_at_first
+    return seen
+
+
 async def test_power_cycle_retry_after_the_lease_lapsed_does_not_send_force_off(
     harness: Harness,
 ) -> None:
@@ -26,39 +63,12 @@ async def test_power_cycle_retry_after_the_lease_lapsed_does_not_send_force_off(
     disrupted at once (docs/design.md §5: an expired lease is never silently reused;
     one repair per node pool)."""
     h = harness
-    h.gpu_nodes = 100
-    h.pools = {"gpu-01": "p1", "gpu-02": "p1"}
-    h.policy.rails.lease_ttl_s = 120  # renew every 60 s
-    h.policy.wait_for_idle.do_not_interrupt = True
-    h.cluster.busy_polls["gpu-02"] = 10_000  # r2 holds the pool's lease for long
-    tries = {"n": 0}
-    r2_started: dict[str, Any] = {"h": None}
-
-    async def bmc_down_at_first(node: str) -> None:
-        if node != "gpu-01":
-            return
-        tries["n"] += 1
-        if tries["n"] == 1:
-            guard = h.client.get_workflow_handle(workflow_id_guard(h.cluster.cluster))
-            await guard.signal(GUARD_SIGNAL_RELEASE,
-                               LeaseRelease(repair_id="r1", outcome="forgotten"))
-            r2_started["h"] = await start_repair(h, "gpu-02", Action.reboot, "r2",
-                                                 requester=USER, alerts=[])
-
-            async def r2_holds() -> bool:
-                g = await guard_status(h)
-                return "r2" in {x.repair_id for x in g.leases}
-
-            await eventually(r2_holds, "r2 holding pool p1")
-        if tries["n"] <= 5:  # ~10+20+40+80+120 s of refused connections
-            raise ApplicationError(f"BMC of {node}: connection refused (injected)")
-
-    h.cluster.while_out["power_cycle"] = bmc_down_at_first
+    seen = lease_lost_during_backoff(h)
     r1 = await start_repair(h, "gpu-01", Action.power_cycle, "r1", requester=USER, alerts=[])
 
     async def sent_or_waiting() -> bool:
         st = await repair_status(h, "gpu-01", "r1")
-        return bool(h.cluster.resets) or (tries["n"] >= 1 and "lease" in st.detail) or (
+        return bool(h.cluster.resets) or (seen["tries"] >= 1 and "lease" in st.detail) or (
             st.stage.value in ("succeeded", "failed", "cancelled"))
 
     for _ in range(300):
@@ -71,7 +81,7 @@ async def test_power_cycle_retry_after_the_lease_lapsed_does_not_send_force_off(
     st = await repair_status(h, "gpu-01", "r1")
     assert h.cluster.resets == [], (
         f"r1 sent {h.cluster.resets} while the guard's leases are {holders} (queued: {queued}) "
-        f"(r2 cordoned gpu-02: {h.cluster.cordons.get('gpu-02')}); r1 tries={tries['n']}, "
+        f"(r2 cordoned gpu-02: {h.cluster.cordons.get('gpu-02')}); r1 tries={seen['tries']}, "
         f"history={[ (t.stage.value, t.reason[:80]) for t in st.history]}")
     notes = " | ".join(t.reason for t in st.history)
     assert "lease not held before retrying power_cycle" in notes, notes
