@@ -263,7 +263,9 @@ async def boot_changed(
     """Why the host has already rebooted since the recorded identity, or ``None``.
 
     Compares the scheduler's current boot id / boot time with the values recorded before
-    acting. Unknown (no recorded identity, no reader, scheduler unreachable) → ``None``.
+    acting (:meth:`NodeHealth.rebooted_since`: a boot time must advance by more than
+    ``BOOT_TIME_JITTER_S``). Unknown (no recorded identity, no reader, scheduler
+    unreachable) → ``None``.
     """
     if health is None or (boot_id_before is None and boot_time_before is None):
         return None
@@ -273,11 +275,12 @@ async def boot_changed(
         log.info("event=boot_identity_unavailable cluster=%s node=%s error=%s", cluster, node,
                  type(e).__name__)
         return None
-    if boot_id_before and h.boot_id and h.boot_id != boot_id_before:
+    if not h.rebooted_since(boot_id_before, boot_time_before):
+        return None
+    if boot_id_before is not None and h.boot_id is not None:
         return f"boot id changed {boot_id_before} -> {h.boot_id}"
-    if boot_time_before and h.boot_time and h.boot_time > boot_time_before:
-        return f"boot time advanced {boot_time_before.isoformat()} -> {h.boot_time.isoformat()}"
-    return None
+    assert boot_time_before is not None and h.boot_time is not None
+    return f"boot time advanced {boot_time_before.isoformat()} -> {h.boot_time.isoformat()}"
 
 
 #: ``(cluster, node) -> machine | None``: the machine a migrate bound the node to (ledger).

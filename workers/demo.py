@@ -167,6 +167,8 @@ def demo_config(
                 "scheduler": "slurm",
                 "gpu_nodes": len(NODES),
                 "slurm_conf": str(slurm_conf),
+                # the loopback cluster simulates a reboot by restarting slurmd
+                "slurm_boot_identity": "slurmd_start",
                 "validation": {
                     "output_dir": str(slurm_conf.parent.parent / "validation"),
                     "command": [agent, "validate", "--json", "--backend", "simulated"],

@@ -238,14 +238,38 @@ class RejoinResult(BaseModel):
     kept_reason: str = ""
 
 
+#: Seconds a boot time must advance to count as a new boot when no exact boot id is
+#: known (Slurm's ``BootTime``): slurmctld recomputes it as "now − uptime" at every
+#: registration of slurmd (``node_mgr.c``, one-second resolution), so a slurmd restart
+#: on the same boot can move it by a second or two; a real reboot moves it by the old
+#: boot's whole uptime.
+BOOT_TIME_JITTER_S = 60.0
+
+
 class NodeHealth(BaseModel):
-    """Scheduler view of a node: readiness and boot identity."""
+    """Scheduler view of a node: readiness and boot identity.
+
+    ``boot_id``: an exact identity of the running boot where the scheduler has one
+    (Kubernetes ``status.nodeInfo.bootID``; Slurm only with
+    ``slurm_boot_identity: slurmd_start``); ``boot_time``: when the host booted (UTC),
+    compared with :data:`BOOT_TIME_JITTER_S` of slack."""
 
     ready: bool
     state: list[str] = Field(default_factory=list)
     boot_id: str | None = None
     boot_time: datetime | None = None
     reason: str = ""
+
+    def rebooted_since(self, boot_id: str | None, boot_time: datetime | None) -> bool | None:
+        """Whether this view shows a boot other than the one ``boot_id`` / ``boot_time``
+        (read earlier) identified: both boot ids known → they differ; else both boot
+        times known → this one is more than :data:`BOOT_TIME_JITTER_S` later; else
+        ``None`` (unknown)."""
+        if boot_id is not None and self.boot_id is not None:
+            return self.boot_id != boot_id
+        if boot_time is not None and self.boot_time is not None:
+            return (self.boot_time - boot_time).total_seconds() > BOOT_TIME_JITTER_S
+        return None
 
 
 class MachineActionInput(BaseModel):

@@ -1469,6 +1469,8 @@ class RepairWorkflow:
                     await self._await_approval(f"{why}; a person decides what runs instead")
                     continue
                 await self._note(f"{action.value} failed: {af}")
+                if action == Action.migrate and af.touched:
+                    await self._follow_binding(faulty)
                 if not af.touched:
                     self._acted.pop()
                     raise _Ended(S.failed, "system", f"{action.value} could not run and "
@@ -1490,13 +1492,7 @@ class RepairWorkflow:
                 await self._note(f"{action.value} not sent: {self._detail}; no attempt "
                                  "recorded")
             if new_machine is not None:
-                self._machine = new_machine
-                workflow.upsert_search_attributes([SA_MACHINE.value_set(new_machine)])
-                if faulty and faulty != new_machine:
-                    # the node left the machine for good: it is re-validated whatever
-                    # follows (a recurrence, a node that does not come back)
-                    await self._revalidate(faulty, "node migrated off this machine",
-                                           "spare")
+                await self._moved_to(faulty, new_machine)
             acted_at = workflow.now()
             await self._transition(S.joining, "system", "waiting for the node to come back healthy")
             healthy = await self._wait_healthy(action, before, acted_at)
@@ -1758,6 +1754,8 @@ class RepairWorkflow:
             if fin.touched:
                 self._hold = f"{action.value} was cancelled after it touched the machine " \
                     f"({fin.detail}); left cordoned for a human"
+                if action == Action.migrate:
+                    await self._follow_binding(self._machine)
             else:
                 self._acted.pop()  # nothing touched: the cleanup uncordons
             raise _Ended(stage, stop.by, f"{stop.reason or stage.value}: {fin.detail}")
@@ -1769,6 +1767,37 @@ class RepairWorkflow:
         self._last_ticket = res.ticket_id
         return None
 
+    async def _moved_to(self, faulty: str | None, new_machine: str) -> None:
+        """The node now runs on ``new_machine`` (a migrate bound it): the repair follows
+        it (search attribute, later rungs, hold reads) and ``faulty``, the machine it
+        left for good, goes to re-validation whatever follows (a recurrence, a node that
+        does not come back, a failed bring-up)."""
+        self._machine = new_machine
+        workflow.upsert_search_attributes([SA_MACHINE.value_set(new_machine)])
+        if faulty and faulty != new_machine:
+            await self._revalidate(faulty, "node migrated off this machine", "spare")
+
+    async def _follow_binding(self, faulty: str | None) -> None:
+        """After a migrate that touched the machine but did not finish (it failed or was
+        cancelled after binding the spare, e.g. the new machine's bring-up failed): read
+        the node's binding again (``load_node_policy``: the ledger's bindings) and, when
+        the node was bound to another machine, follow it (:meth:`_moved_to`). An
+        unreadable binding is logged and leaves the repair's machine as it was."""
+        assert self._req is not None
+        req = self._req
+
+        async def read() -> None:
+            snap = await self._short(ACT.load_node_policy,
+                                     NodeRef(cluster=req.cluster, node=req.node), NodePolicy)
+            bound = snap.machines.get(req.node)
+            if bound and bound != faulty:
+                await self._note(f"migrate bound node {req.node} to {bound} before it "
+                                 f"failed; {faulty or 'the old machine'} is left for "
+                                 "re-validation")
+                await self._moved_to(faulty, bound)
+
+        await self._safely("reading the node's binding after a migrate", read)
+
     async def _wait_healthy(
         self, action: Action, before: NodeHealth, acted_at: datetime | None = None
     ) -> bool:
@@ -1778,9 +1807,9 @@ class RepairWorkflow:
         start = workflow.now()
         while True:
             h = await self._read(ACT.node_health, ref, NodeHealth)
-            rebooted = (
-                action not in REBOOTING or before.boot_id is None or h.boot_id != before.boot_id
-            )
+            # unknown (no identity before or now) → judged on readiness alone
+            rebooted = (action not in REBOOTING
+                        or h.rebooted_since(before.boot_id, before.boot_time) is not False)
             if h.ready and rebooted:
                 return True
             waited = (workflow.now() - start).total_seconds()

@@ -183,7 +183,9 @@ class SlurmNode:
     def boot_id(self) -> str | None:
         """Boot identity: ``<BootTime>/<SlurmdStartTime>`` in UTC ISO form.
 
-        Slurm has no boot id; a reboot changes ``BootTime`` and restarts slurmd.
+        Slurm has no boot id; a reboot changes ``BootTime`` and restarts slurmd, but a
+        slurmd restart alone changes ``SlurmdStartTime`` too: :meth:`SlurmScheduler.
+        node_health` reports it only under ``slurm_boot_identity: slurmd_start``.
         """
         if self.boot_time is None and self.slurmd_start_time is None:
             return None
@@ -541,11 +543,17 @@ class SlurmScheduler:
         return RejoinResult(uncordoned=True)  # already schedulable (a retried rejoin)
 
     async def node_health(self, node: str) -> NodeHealth:
-        """Readiness, ``[base, flags...]``, boot identity (BootTime/SlurmdStartTime), reason."""
+        """Readiness, ``[base, flags...]``, boot identity, reason.
+
+        The boot is ``BootTime`` alone (compared with slack,
+        :meth:`NodeHealth.rebooted_since`), or with ``slurm_boot_identity:
+        slurmd_start`` the exact ``BootTime/SlurmdStartTime`` (a slurmd restart reads as a
+        reboot: the dev cluster's simulated reboots)."""
         n = await self.read_node(node)
+        exact = self.cluster.slurm_boot_identity == "slurmd_start"
         return NodeHealth(
-            ready=n.ready, state=n.state, boot_id=n.boot_id, boot_time=n.boot_time,
-            reason=n.reason,
+            ready=n.ready, state=n.state, boot_id=n.boot_id if exact else None,
+            boot_time=n.boot_time, reason=n.reason,
         )
 
     async def node_names(self) -> list[str]:

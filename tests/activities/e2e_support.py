@@ -73,6 +73,7 @@ def e2e_config(
             name=f"e2e-{kind}-{suffix}",
             scheduler="slurm" if kind == "slurm" else "kubernetes",
             slurm_conf=slurm_conf,
+            slurm_boot_identity="slurmd_start",  # reboots are simulated slurmd restarts
             nodes=[NodeConfig(name=n, machine=n, pool=f"pool-{n}",
                               bmc=BmcConfig(address=emu.url, system_id=emu.systems[n]))
                    for n in nodes],

@@ -83,6 +83,7 @@ def _job_line(tmp: Path, rid: str) -> str:
 def cluster(slurm_cluster: SlurmCluster, tmp_path: Path) -> ClusterConfig:
     slurm_cluster.reset_nodes()
     return ClusterConfig(name="rst", scheduler="slurm", slurm_conf=str(slurm_cluster.conf_path),
+                         slurm_boot_identity="slurmd_start",
                          nodes=[NodeConfig(name=n, machine=n) for n in slurm_cluster.nodes],
                          reset_gpu=_reset_config(tmp_path))
 

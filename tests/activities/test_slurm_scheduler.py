@@ -9,13 +9,14 @@ from typing import Any
 import pytest
 from temporalio.exceptions import ApplicationError
 
+from activities.power import boot_changed
 from activities.scheduler.slurm import (
     SlurmScheduler,
     parse_scontrol_show_node,
     parse_slurm_state,
 )
 from workers.devpeers import SlurmCluster
-from workflows.activity_api import ERR_DRAIN_DEADLINE, ERR_UNKNOWN_NODE
+from workflows.activity_api import ERR_DRAIN_DEADLINE, ERR_UNKNOWN_NODE, NodeHealth
 from workflows.config import ClusterConfig
 
 pytestmark = pytest.mark.slurm
@@ -167,6 +168,31 @@ def test_reboot_detection_from_slurmd_start_time(slurm_cluster: SlurmCluster) ->
             break
         assert time.monotonic() < deadline, "SlurmdStartTime never changed"
         time.sleep(0.3)
+
+
+async def test_slurmd_restart_is_a_reboot_only_under_slurmd_start_identity(
+    slurm_cluster: SlurmCluster, slurm_cluster_config: ClusterConfig,
+) -> None:
+    """A production Slurm node whose slurmd restarts between the repair's boot read and its
+    reboot/power cycle is not "already rebooted" (the action would be skipped and the
+    repair end succeeded without it): its boot is judged on ``BootTime`` alone. The dev
+    cluster (``slurmd_start``) counts the restart, which is how it simulates a reboot."""
+    prod = SlurmScheduler(slurm_cluster_config.model_copy(
+        update={"slurm_boot_identity": "boot_time"}))
+    dev = SlurmScheduler(slurm_cluster_config)
+    prod_before, dev_before = await prod.node_health("gpu-03"), await dev.node_health("gpu-03")
+    assert prod_before.boot_id is None and prod_before.boot_time is not None
+    assert dev_before.boot_id is not None
+    slurm_cluster.restart_slurmd("gpu-03")  # returns once slurmctld shows the new start
+    prod_after, dev_after = await prod.node_health("gpu-03"), await dev.node_health("gpu-03")
+    assert dev_after.rebooted_since(dev_before.boot_id, dev_before.boot_time) is True
+    assert prod_after.rebooted_since(prod_before.boot_id, prod_before.boot_time) is False
+
+    async def health(_cluster: str, _node: str) -> NodeHealth:
+        return await prod.node_health("gpu-03")
+
+    assert await boot_changed(health, "slurmtest", "gpu-03", prod_before.boot_id,
+                              prod_before.boot_time) is None
 
 
 @pytest.mark.parametrize(

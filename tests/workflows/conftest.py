@@ -116,6 +116,10 @@ class FakeCluster:
     capture_mode: str = "ok"
     #: The ``capture_evidence`` inputs received, in order.
     captures: list[EvidenceCaptureInput] = field(default_factory=list)
+    #: node -> the spare machine a migrate bound it to (the ledger's binding: the
+    #: policy reads report it as the node's machine). Made before the bring-up, so a
+    #: migrate that fails afterwards leaves it, as the Redfish provider does.
+    bound: dict[str, str] = field(default_factory=dict)
 
     async def _out(self, name: str, node: str) -> None:
         hook = self.while_out.get(name)
@@ -270,6 +274,8 @@ class FakeCluster:
     @activity.defn(name=ACT.migrate_node)
     async def migrate_node(self, inp: MachineActionInput) -> MigrateResult:
         self._log("migrate", inp.node)
+        await self._out("migrate", inp.node)
+        self.bound[inp.node] = f"spare-{inp.node}"
         self._maybe_fail("migrate")
         self._reboot(inp.node)
         return MigrateResult(new_machine=f"spare-{inp.node}", old_machine=inp.machine)
@@ -362,7 +368,7 @@ class Harness:
             scheduler="slurm",
             pools=self.pools,
             domains=self.domains,
-            machines={n: f"m-{n}" for n in self.cluster.nodes},
+            machines={n: self.cluster.bound.get(n, f"m-{n}") for n in self.cluster.nodes},
             bmc_task_queue=self.bmc_queue,
             pool_modes=self.pool_modes,
         )

@@ -8,7 +8,7 @@ import asyncio
 from temporalio.service import RPCError
 
 from tests.workflows.conftest import Harness, make_alert
-from tests.workflows.helpers import eventually, start_repair, wait_stage
+from tests.workflows.helpers import eventually, repair_status, start_repair, wait_stage
 from workflows.models import Action, Stage
 from workflows.protocol import workflow_id_validation
 
@@ -55,3 +55,36 @@ async def test_machine_left_by_a_migrate_whose_fault_recurred_is_revalidated(
         f"no re-validation of m-{node} (the machine the first migrate left); "
         f"spare validated: {await _exists(h, workflow_id_validation(f'spare-{node}', rid))}; "
         f"history: {[t.reason[:70] for t in st.history]}")
+
+
+async def test_a_migrate_that_failed_after_binding_follows_the_node_to_its_new_machine(
+    harness: Harness,
+) -> None:
+    """The migrate binds gpu-12 to a spare, then the spare's bring-up fails for good. The
+    node now runs on the spare (the ledger's binding): the repair must follow it — its
+    machine (search attribute, what a later rung or an RMA hold names) is the spare — and
+    m-gpu-12, which the node left for good, goes to re-validation rather than sitting
+    outside both the pool and the spare pool, unvalidated and unseen."""
+    h = harness
+    node, rid = "gpu-12", "mg2"
+    h.cluster.fail_actions["migrate"] = 1
+    now = await h.env.get_current_time()
+    handle = await start_repair(h, node, Action.migrate, rid,
+                                alerts=[make_alert(h.cluster.cluster, node, rid, observed_at=now)])
+
+    async def moved_on() -> bool:
+        st = await repair_status(h, node, rid)
+        return any(f"bound node {node} to spare-{node}" in t.reason for t in st.history)
+
+    await eventually(moved_on, "the repair follows the binding the failed migrate made")
+    left = workflow_id_validation(f"m-{node}", rid)
+    await eventually(lambda: _exists(h, left), f"re-validation of m-{node}")
+    st = await repair_status(h, node, rid)
+    assert st.machine_id == f"spare-{node}", st.machine_id
+    attrs = (await handle.describe()).typed_search_attributes
+    assert f"spare-{node}" in [p.value for p in attrs], attrs
+    # the ladder's next rung (automatic consent: a second migrate) moves it off the spare
+    st = await handle.result()
+    assert st.stage == Stage.succeeded, st.history[-1]
+    assert h.cluster.count("migrate", node) == 2
+
