@@ -274,8 +274,8 @@ class FakeCluster:
     @activity.defn(name=ACT.migrate_node)
     async def migrate_node(self, inp: MachineActionInput) -> MigrateResult:
         self._log("migrate", inp.node)
-        await self._out("migrate", inp.node)
         self.bound[inp.node] = f"spare-{inp.node}"
+        await self._out("migrate", inp.node)
         self._maybe_fail("migrate")
         self._reboot(inp.node)
         return MigrateResult(new_machine=f"spare-{inp.node}", old_machine=inp.machine)

@@ -4,6 +4,7 @@ on after it (a break-test of bb83125: only the success path started it)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from temporalio.service import RPCError
 
@@ -88,3 +89,29 @@ async def test_a_migrate_that_failed_after_binding_follows_the_node_to_its_new_m
     assert st.stage == Stage.succeeded, st.history[-1]
     assert h.cluster.count("migrate", node) == 2
 
+
+
+async def test_a_migrate_cancelled_after_binding_names_the_new_machine_and_revalidates_the_old(
+    harness: Harness,
+) -> None:
+    """A person cancels while the migrate is out, after it bound gpu-14 to a spare: the
+    repair ends cancelled, the node left cordoned for a human on the spare it now runs
+    on (the record names that machine), and m-gpu-14, left for good, goes to
+    re-validation."""
+    h = harness
+    node, rid = "gpu-14", "mg3"
+    handle: Any = None
+
+    async def cancel_while_out(_node: str) -> None:
+        await handle.signal("cancel", {"by": "alice", "reason": "wrong node"})
+        await asyncio.sleep(0.3)
+
+    h.cluster.while_out["migrate"] = cancel_while_out
+    now = await h.env.get_current_time()
+    handle = await start_repair(h, node, Action.migrate, rid,
+                                alerts=[make_alert(h.cluster.cluster, node, rid, observed_at=now)])
+    st = await asyncio.wait_for(handle.result(), 60)
+    assert st.stage == Stage.cancelled, st.history[-1]
+    assert st.machine_id == f"spare-{node}", st.machine_id
+    assert await _exists(h, workflow_id_validation(f"m-{node}", rid))
+    assert h.cluster.count("migrate", node) == 1
