@@ -309,7 +309,9 @@ class IngestConfig(_Section):
     forward_endpoint: str | None = None
     #: Bounded forwarding queue (requests); the oldest is dropped and counted when full.
     forward_queue: int = Field(10_000, gt=0)
-    #: Data points stamped further than this in the future are rejected, seconds.
+    #: Data points stamped further than this in the future are rejected, seconds; a
+    #: sender's clock may run this far behind too, so a score is rejected as stale only
+    #: when older than the score TTL plus this.
     max_future_s: float = Field(300.0, gt=0)
     #: Bounded alert hand-off queue to Temporal; when full, log pushes get 503.
     alert_queue: int = Field(10_000, gt=0)

@@ -1,0 +1,72 @@
+"""Ingest rails a break-test of 8a5413f found open, each a failing reproduction."""
+
+from __future__ import annotations
+
+from ingest.otlp import make_metrics_request
+from ingest.pipeline import Ingestor
+from workflows.config import AutorepairConfig
+
+NOW = 1_800_000_000.0
+
+
+async def test_a_node_whose_clock_runs_two_minutes_slow_has_its_scores_taken() -> None:
+    """Operator: gpu-03's NTP is broken and its clock runs 2 minutes slow. Every health
+    score it pushes is refused ("time_unix_nano … is older than the score TTL (50 s)",
+    autorepair_otlp_rejected_total{reason="timestamp"}): the node never enters the
+    cohort's median and quorum and is never flagged as a straggler however slow it is,
+    while it pushes every 10 s. The wire contract refuses only timestamps far in the
+    future; I17: staleness is judged on the control plane's receive time, never the
+    sender's clock, which may be up to ±5 min off."""
+    cfg = AutorepairConfig.model_validate({
+        "threshold": {"push_interval_s": 10},
+        "clusters": [{"name": "c", "gpu_nodes": 3,
+                      "nodes": [{"name": f"gpu-0{i}"} for i in (1, 2, 3)]}]})
+    ing = Ingestor(cfg, clock=lambda: NOW)
+    slow_clock = NOW - 120
+    resp, _ = await ing.handle_metrics(
+        make_metrics_request("c", "gpu-03", 0.2, time_ns=int(slow_clock * 1e9)), "test")
+    assert resp.partial_success.rejected_data_points == 0, (
+        resp.partial_success.error_message)
+    assert ing.nodes[("c", "gpu-03")].score == 0.2
+
+
+async def test_alerts_taken_while_temporal_is_down_for_a_few_minutes_are_delivered() -> None:
+    """Operator: the Temporal frontend is restarted for an upgrade (about 3 minutes
+    unreachable). An Xid 79 ingest accepted meanwhile never becomes a repair: after
+    ``ingest.handoff_max_attempts`` (12 tries, about 140 s of back-off) it is written to
+    ``dead_letters`` (``retries_exhausted``) and marked handed off, so nothing re-delivers
+    it until someone runs `autorepair dead-letters replay`. Rail: nothing already
+    accepted is lost — an unreachable Temporal is waited out (the hand-off module: "never
+    losing an accepted alert while Temporal is down"); only a workflow that refuses or
+    never answers an alert dead-letters it."""
+    import asyncio
+    from datetime import UTC, datetime
+
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from ingest.handoff import TemporalAlertSink
+    from workflows.models import Alert, AlertDelivery, AlertOutcome
+
+    class DownThenUp(TemporalAlertSink):
+        calls = 0
+
+        async def deliver(self, alert: Alert) -> AlertDelivery:
+            self.calls += 1
+            if self.calls <= 20:  # Temporal's frontend is down for 20 tries
+                raise RPCError("connection refused", RPCStatusCode.UNAVAILABLE, b"")
+            return AlertDelivery(alert_id=alert.alert_id, outcome=AlertOutcome.recommended)
+
+    sink = DownThenUp(None, max_backoff_s=0.01)  # type: ignore[arg-type]
+    sink._backoff = lambda attempts: 0.001  # type: ignore[method-assign]
+    await sink.start()
+    try:
+        await sink.submit(Alert(alert_id="x79", cluster="c", node="gpu-01", kind="xid",
+                                code=79, summary="Xid 79",
+                                observed_at=datetime(2026, 1, 1, tzinfo=UTC)))
+        for _ in range(500):
+            if sink.counts["delivered"] or sink.counts["dead_lettered"]:
+                break
+            await asyncio.sleep(0.01)
+        assert sink.counts["dead_lettered"] == 0 and sink.counts["delivered"] == 1, sink.counts
+    finally:
+        await sink.stop(drain_timeout_s=0.1)
