@@ -359,7 +359,8 @@ class IngestConfig(_Section):
     #: Delivery attempts of one alert (exponential backoff between them) before it is
     #: written to the ledger's dead-letter table and counted in
     #: ``autorepair_alerts_dead_lettered_total`` (docs/design.md §4.5); the node's later alerts
-    #: then go on.
+    #: then go on. Attempts that find Temporal unreachable do not count: an outage is
+    #: waited out.
     handoff_max_attempts: int = Field(12, ge=1)
     #: Longest wait for PostgreSQL to store one push's alerts (the ingest's outbox, the
     #: ledger's ``alerts`` table) before the push is answered 503 + ``Retry-After`` /
