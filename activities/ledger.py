@@ -861,10 +861,23 @@ class Ledger:
             [Stage.cordoning.value, Stage.shadowed.value],
             q.since,
         )
+        # the newest breaker row; at one instant (a reset and a trip decided in one guard
+        # step) the reset of the trip of that instant (its id: the trip's + "/reset")
+        # follows the trip, and a trip follows the reset of an earlier trip (a reset
+        # racing a new trip): the breaker is as the guard left it
         breaker = await self.pool.fetchrow(
-            """SELECT active, observed_at, evidence FROM alerts
+            """SELECT active, observed_at, evidence FROM alerts a
                WHERE cluster = $1 AND kind = $2 AND source = $3 AND node = '*'
-               ORDER BY observed_at DESC, active ASC LIMIT 1""",
+               ORDER BY observed_at DESC,
+                        CASE WHEN NOT active AND EXISTS (
+                                 SELECT 1 FROM alerts t
+                                 WHERE t.cluster = a.cluster AND t.kind = a.kind
+                                   AND t.source = a.source AND t.node = '*' AND t.active
+                                   AND t.observed_at = a.observed_at
+                                   AND a.alert_id = t.alert_id || '/reset') THEN 0
+                             WHEN active THEN 1 ELSE 2 END,
+                        alert_id DESC
+               LIMIT 1""",
             q.cluster,
             BREAKER_KIND,
             BREAKER_SOURCE,

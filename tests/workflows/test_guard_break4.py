@@ -1,0 +1,77 @@
+"""Guard rails a break-test of 8a5413f found open, each a failing reproduction."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from activities.ledger import Ledger
+from workflows.activity_api import GuardStateQuery
+from workflows.leases import LeaseRequest, ResetBreakerSignal
+from workflows.lifecycle import guard as gm
+
+POLICY = gm.PolicyView(gpu_nodes=30, budget=1, breaker_threshold=2, breaker_window_s=600.0,
+                       one_per_pool=False, detector_cap=3, lease_ttl_s=3600.0)
+
+
+def _req(n: int) -> LeaseRequest:
+    return LeaseRequest(repair_id=f"r{n}", workflow_id=f"w{n}", cluster="c", node=f"n{n}")
+
+
+async def test_a_trip_in_the_same_instant_as_a_reset_survives_a_guard_restart(
+        ledger_pool: Any) -> None:
+    """Operator: the breaker tripped; I reset it while the storm goes on, and in the same
+    workflow task (one batch, one clock reading) three more automatic requests trip it
+    again. The guard shows OPEN and notified — but after the next guard restart the
+    rebuilt guard reads the ledger's newest breaker row as the reset (same observed_at,
+    ``active ASC`` puts the clear first) and serves with the breaker closed: the storm's
+    repairs are granted. Rail: a rebuilt guard takes the breaker as the guard left it (a
+    trip after a reset stays a trip; breaker reset racing a trip)."""
+    ledger = Ledger(ledger_pool)
+    t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=20)
+    s = gm.new_state("c", POLICY)
+    for ev in (gm.Started(fresh=True), gm.PolicyRead(view=POLICY),
+               gm.LedgerRead(view=gm.LedgerView())):
+        s, _ = gm.step(s, ev, t0)
+    written: list[gm.WriteAlert] = []
+    for n in (1, 2, 3):
+        s, cmds = gm.step(s, gm.Request(req=_req(n)), t0)
+        written += [c for c in cmds if isinstance(c, gm.WriteAlert)]
+    assert s.breaker_open
+    now = t0 + timedelta(minutes=15)
+    s, cmds = gm.step(s, gm.Batch(events=[
+        gm.ResetBreaker(sig=ResetBreakerSignal(by="op", reason="storm over?")),
+        *(gm.Request(req=_req(n)) for n in (4, 5, 6))]), now)
+    written += [c for c in cmds if isinstance(c, gm.WriteAlert)]
+    if any(isinstance(c, gm.LoadPolicy) for c in cmds):  # the 5-minute policy refresh
+        s, cmds = gm.step(s, gm.PolicyRead(view=POLICY), now)
+        written += [c for c in cmds if isinstance(c, gm.WriteAlert)]
+    assert s.breaker_open and s.tripped_at == now, "the batch trips the breaker again"
+    for w in written:
+        await ledger.record_alert(w.alert)
+    st = await ledger.guard_state(GuardStateQuery(cluster="c",
+                                                  since=now - timedelta(minutes=10)))
+    assert st.breaker_open, "a rebuilt guard would serve with the breaker closed"
+
+
+async def test_a_reset_in_the_same_instant_as_its_trip_still_closes_the_breaker(
+        ledger_pool: Any) -> None:
+    """The tie-break above keeps the other order right: a trip and the reset of that trip
+    decided at one instant leave the breaker closed for a rebuilt guard."""
+    ledger = Ledger(ledger_pool)
+    t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
+    s = gm.new_state("c2", POLICY)
+    for ev in (gm.Started(fresh=True), gm.PolicyRead(view=POLICY),
+               gm.LedgerRead(view=gm.LedgerView())):
+        s, _ = gm.step(s, ev, t0)
+    reqs = [LeaseRequest(repair_id=f"q{n}", workflow_id=f"v{n}", cluster="c2", node=f"n{n}")
+            for n in (1, 2, 3)]
+    s, cmds = gm.step(s, gm.Batch(events=[
+        *(gm.Request(req=r) for r in reqs),
+        gm.ResetBreaker(sig=ResetBreakerSignal(by="op", reason="known cause"))]), t0)
+    assert not s.breaker_open and s.tripped_at == t0
+    for w in [c for c in cmds if isinstance(c, gm.WriteAlert)]:
+        await ledger.record_alert(w.alert)
+    st = await ledger.guard_state(GuardStateQuery(cluster="c2",
+                                                  since=t0 - timedelta(minutes=10)))
+    assert not st.breaker_open and st.reset_at == t0
