@@ -1420,6 +1420,14 @@ def _drain(s: NodeState, now: datetime, defects: frozenset[str]
         if (head.alert_id in s.unrecorded or s.attaching
                 or s.reconcile in (Reconcile.pending, Reconcile.reading)):
             break
+        if (head.machine_id is not None and s.machine_id is not None
+                and head.machine_id != s.machine_id and s.policy_at is not None
+                and s.policy_at < now):
+            # ingest filed it under another machine than the binding last read (the node
+            # was re-registered): the binding is read again before it is decided, so its
+            # repair is filed under the machine configured now
+            s = s.model_copy(update={"policy_at": None})
+            continue
         s = s.model_copy(update={"intake": s.intake[1:]})
         if head.active:
             s, out = _on_raise(s, head, now, defects)
@@ -1469,7 +1477,11 @@ def _on_policy(s: NodeState, ev: PolicyLoaded, now: datetime, defects: frozenset
         update["history_machine"] = ev.machine_id
     if (old is not None and ev.machine_id is not None and ev.machine_id != old
             and "inherit_machine_history" not in defects):
-        update |= {"active": {}, "occurrences": {}, "cleared": {}, "retired": {},
+        # the new machine's own faults stay: ingest filed them under it (the configured
+        # binding), and they may have been decided before this read saw the re-binding
+        # (the agent does not report a level fault again)
+        mine = {k: f for k, f in s.active.items() if f.alert.machine_id == ev.machine_id}
+        update |= {"active": mine, "occurrences": {}, "cleared": {}, "retired": {},
                    "diagnosed": {}, "booted_at": None}
         cmds.append(Notify(
             subject=f"{s.node} re-registered: machine {old} → {ev.machine_id}",
@@ -1614,7 +1626,9 @@ def _table() -> None:
         TRANSITIONS[(rc, "alert_delivered")] = (
             "seen id → `deduplicated` at once; else remembered, recorded in the ledger and "
             "queued" + ("; decided once the ledger answers or fails (I21)" if waiting else
-                        "; decided in order once recorded and the policy is fresh: stale "
+                        "; decided in order once recorded and the policy is fresh (read "
+                        "again first for an alert filed under another machine than the "
+                        "binding last read): stale "
                         "(at/before a clear, before a success that retired it, from the "
                         "boot it replaced) → ignored; inside a maintenance window → "
                         "observed only (its boot id noted), a level fault held to "
@@ -1633,7 +1647,8 @@ def _table() -> None:
         TRANSITIONS[(rc, "alert_recorded")] = "the alert may be decided (queued order kept)"
         TRANSITIONS[(rc, "policy_loaded")] = (
             "catalogue and rails apply; another machine bound to the node → the old "
-            "machine's faults and history dropped, people told")
+            "machine's faults and history dropped (faults ingest filed under the new "
+            "machine kept), people told")
         TRANSITIONS[(rc, "policy_failed")] = (
             "the last read policy (else the built-in defaults) decides until the next "
             "read; people told")
