@@ -112,8 +112,6 @@ def test_a_repair_for_a_replacement_machines_fault_is_filed_under_that_machine()
     assert start.machine_id == "m2", f"repair filed under {start.machine_id}"
 
 
-@pytest.mark.xfail(strict=True, reason="workflows/lifecycle/node.py _on_policy: active "
-                   "faults keep the decision taken under the catalogue of their receipt")
 def test_a_fault_the_operator_made_non_actionable_is_not_repaired_after_the_policy_read(
 ) -> None:
     """Operator: gpu_lost reports turn out false fleet-wide (a driver bug), so I set the
@@ -171,3 +169,22 @@ async def test_a_fresh_node_entity_keeps_the_cooldown_and_retirement_of_the_ende
     assert d2.outcome != AlertOutcome.recommended and h.cluster.power_cycles == 1, (
         f"the fresh entity answered {d2.outcome.value} ({d2.reason}, repair "
         f"{d2.repair_id}); power cycles {h.cluster.power_cycles}")
+
+
+def test_a_fault_whose_action_the_operator_changed_is_repaired_with_the_new_action() -> None:
+    """The same policy change the other way: the override maps gpu_lost to a reboot; the
+    repair that starts after the read runs the reboot, not the power cycle decided under
+    the old catalogue."""
+    from workflows.config import CatalogueOverride
+    from workflows.models import Action
+
+    rails = RailsConfig(persistence_by_kind={"gpu_lost": 600.0})
+    p1 = policy("m1", rails)
+    p2 = nm.PolicyLoaded(catalogue=CatalogueConfig(
+        kinds={"gpu_lost": CatalogueOverride(action=Action.reboot)}), rails=rails,
+        machine_id="m1")
+    s = known(p1)
+    s, _ = run(s, nm.AlertDelivered(alert=lost("lost-1", T0, "m1")), T0, p1)
+    s, cmds = run(s, nm.TimerFired(), T0 + timedelta(seconds=601), p2)
+    (start,) = starts(cmds)
+    assert start.action == Action.reboot

@@ -1462,7 +1462,8 @@ def _drain(s: NodeState, now: datetime, defects: frozenset[str]
 
 def _on_policy(s: NodeState, ev: PolicyLoaded, now: datetime, defects: frozenset[str]
                ) -> tuple[NodeState, list[Command]]:
-    """A policy read: its catalogue and rails apply from now on. A node whose configured
+    """A policy read: its catalogue and rails apply from now on (a changed catalogue
+    judges the active faults again, :func:`_rejudge`). A node whose configured
     machine changed (re-registered: another machine bound to it) starts the new
     machine's record afresh — faults, counts, clears and retirements of the old machine
     are not the new one's — and people are told (alerts and repairs are filed under the
@@ -1472,6 +1473,7 @@ def _on_policy(s: NodeState, ev: PolicyLoaded, now: datetime, defects: frozenset
                                  "grace_s": ev.grace_s, "domains": sorted(ev.domains),
                                  "machine_id": ev.machine_id, "node_pool": ev.node_pool}
     cmds: list[Command] = []
+    prev = s.catalogue
     old = s.history_machine
     if ev.machine_id is not None:
         update["history_machine"] = ev.machine_id
@@ -1488,7 +1490,44 @@ def _on_policy(s: NodeState, ev: PolicyLoaded, now: datetime, defects: frozenset
             body=f"The faults and history of machine {old} are not carried over to "
             f"{ev.machine_id}; its ledger history stays filed under {old}.",
             severity="info", event="cluster_alert"))
-    return s.model_copy(update=update), cmds
+    s = s.model_copy(update=update)
+    if prev is not None and ev.catalogue != prev:
+        s, more = _rejudge(s, ev.catalogue)
+        cmds += more
+    return s, cmds
+
+
+def _rejudge(s: NodeState, cat: CatalogueConfig) -> tuple[NodeState, list[Command]]:
+    """The active faults judged again under the catalogue ``cat`` just read (rule zero: a
+    repair starts on what the policy in force calls actionable): a fault it no longer
+    acts on is dropped, one it maps to another action takes that action. Counts are the
+    ones at the fault's receipt (a count no longer carried counts as met: it was when the
+    fault was taken)."""
+    active: dict[str, Fault] = {}
+    dropped: list[str] = []
+    for k, f in s.active.items():
+        a = f.alert
+        occ = s.occurrences.get(f"{a.kind}:{a.code}")
+        rep = s.occurrences.get("repeat:" + repeat_key(a))
+        dec = decide_node_action(
+            a, cat,
+            occurrences_in_window=1_000_000 if occ is None else count_in_window(
+                occ, f.received, count_window_s(a.kind, a.code, cat)),
+            repeats_same_gpu=1 if rep is None else count_in_window(
+                rep, f.received, cat.app_xid_repeat_window_s))
+        if not dec.actionable:
+            dropped.append(f"{k} ({dec.rule}: {dec.reason})")
+            continue
+        if dec.action != f.action:
+            f = f.model_copy(update={"action": dec.action, "rule": dec.rule,
+                                     "alert": a.model_copy(update={"action": dec.action})})
+        active[k] = f
+    if not dropped and active == s.active:
+        return s, []
+    text = ("policy changed: active faults judged again"
+            + (f"; no longer acted on: {', '.join(dropped)}" if dropped else ""))
+    s = s.model_copy(update={"active": active, "details": text})
+    return s, [SetDetails(text=text)]
 
 
 def step(state: NodeState, event: Event, now: datetime,
@@ -1646,7 +1685,9 @@ def _table() -> None:
                             "`new`, waiting for the ledger)")))
         TRANSITIONS[(rc, "alert_recorded")] = "the alert may be decided (queued order kept)"
         TRANSITIONS[(rc, "policy_loaded")] = (
-            "catalogue and rails apply; another machine bound to the node → the old "
+            "catalogue and rails apply (a changed catalogue judges the active faults "
+            "again: one it no longer acts on dropped, one it maps to another action "
+            "takes it); another machine bound to the node → the old "
             "machine's faults and history dropped (faults ingest filed under the new "
             "machine kept), people told")
         TRANSITIONS[(rc, "policy_failed")] = (
