@@ -938,6 +938,28 @@ class Ledger:
             )
         return dict(row) if row is not None else None
 
+    async def last_ended_repair(self, cluster: str, node: str) -> dict[str, Any] | None:
+        """``{"repair_id", "stage", "ended_at", "actions", "alert_ids"}`` of the node's
+        newest repair in a terminal stage (``ended_at``: its terminal transition, else the
+        row's last update; ``actions``: what its attempts ran, shadowed ones not), or
+        None."""
+        row = await self.pool.fetchrow(
+            """SELECT r.repair_id, r.stage, r.alert_ids,
+                      coalesce((SELECT max(t.at) FROM repair_transitions t
+                                WHERE t.repair_id = r.repair_id AND t.stage = r.stage),
+                               r.updated_at) AS ended_at,
+                      coalesce((SELECT array_agg(DISTINCT a.action) FROM repair_attempts a
+                                WHERE a.repair_id = r.repair_id
+                                  AND a.outcome <> 'shadowed'), '{}') AS actions
+               FROM repairs r
+               WHERE r.cluster = $1 AND r.node = $2 AND r.stage = ANY($3::text[])
+               ORDER BY r.updated_at DESC LIMIT 1""",
+            cluster,
+            node,
+            _TERMINAL,
+        )
+        return dict(row) if row is not None else None
+
     # -- validation -----------------------------------------------------------------------
     async def record_verdict(self, v: VerdictRecord) -> None:
         """Record the verdict of a run; a pass closes the machine's open tickets (unless

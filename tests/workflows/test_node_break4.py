@@ -7,8 +7,6 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import pytest
-
 from workflows.config import CatalogueConfig, RailsConfig
 from workflows.lifecycle import node as nm
 from workflows.models import Alert, AlertOutcome
@@ -136,8 +134,6 @@ def test_a_fault_the_operator_made_non_actionable_is_not_repaired_after_the_poli
     assert not starts(cmds), "repair started on a fault the catalogue no longer acts on"
 
 
-@pytest.mark.xfail(strict=True, reason="ledger_open_repair answers only the node's open "
-                   "repair: a fresh entity never learns of the one that just ended")
 async def test_a_fresh_node_entity_keeps_the_cooldown_and_retirement_of_the_ended_repair(
         harness: Any) -> None:
     """Operator: gpu-07's Xid 79 was fixed by a power cycle. Its node workflow is then

@@ -480,13 +480,16 @@ class RepairProbed(BaseModel):
 
 
 class LedgerRead(BaseModel):
-    """The ledger's answer about the node's open repair (``ledger_open_repair``)."""
+    """The ledger's answer about the node's open repair (``ledger_open_repair``);
+    ``last``: the node's newest ended repair as its end message (None: none, or not
+    asked), what a fresh entity learns its cooldown and retirements from (I21)."""
 
     kind: Literal["ledger_read"] = "ledger_read"
     repair_id: str | None = None
     stage: str = ""
     running: bool = False
     status: str = ""
+    last: Finished | None = None
 
 
 class LedgerUnavailable(BaseModel):
@@ -1326,6 +1329,14 @@ def _on_ledger(s: NodeState, ev: LedgerRead, now: datetime, defects: frozenset[s
     cmds: list[Command] = []
     rid = ev.repair_id
     ours = s.repair.repair_id if s.repair is not None else None
+    last = ev.last
+    if (last is not None and not s.ended and last.stage in TERMINAL_STAGES
+            and last.repair_id not in early and last.repair_id not in (rid, ours)):
+        # a fresh entity (it applied no repair's end yet): the node's newest ended repair,
+        # whose end a predecessor applied (or never told of), is applied as a repair
+        # this node did not start — its cooldown holds and a success retires what it
+        # fixed, so a late or re-delivered report of that episode starts nothing (I20)
+        s = _foreign_finish(s, last)
     for msg in early.values():
         if msg.repair_id not in (rid, ours):
             s = _foreign_finish(s, msg)
@@ -1718,7 +1729,9 @@ def _table() -> None:
             "ours not running (or, for a failed attach, not answering) → ended without "
             "finishing (as repair_ended); held answers of failed attaches given")
         TRANSITIONS[(rc, "ledger_read")] = (
-            "→ done: running repair adopted (or finished, if it told us early; raises "
+            "→ done: a fresh entity applies the node's newest ended repair as one it "
+            "did not start (cooldown; a success retires what it fixed); running repair "
+            "adopted (or finished, if it told us early; raises "
             "waiting on the read before a start attached to it); ours gone → closed out "
             "with a warning; stale open row → closed; queued alerts decided; none open "
             "→ a due repair starts at once"
