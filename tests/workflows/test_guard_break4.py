@@ -75,3 +75,45 @@ async def test_a_reset_in_the_same_instant_as_its_trip_still_closes_the_breaker(
     st = await ledger.guard_state(GuardStateQuery(cluster="c2",
                                                   since=t0 - timedelta(minutes=10)))
     assert not st.breaker_open and st.reset_at == t0
+
+
+async def test_a_repair_parked_in_maintenance_through_a_reset_acts_only_on_later_evidence(
+        harness: Any) -> None:
+    """Operator: a storm trips the breaker; I reset it. Repairs queued at the guard
+    (budget or breaker) auto-resolve on their storm-time Xid evidence — but gpu-09's
+    repair, which had its lease and then handed it back to wait out a maintenance window
+    before cordoning, asks again after the window and power-cycles gpu-09 on the same
+    pre-reset Xid: it re-asked with a fresh ``requested_at``, so the guard took it for a
+    request first made after the reset. Rail (I23): every repair that waited through a
+    reset without acting acts only on evidence observed after it; ``requested_at`` is
+    when the repair *first* asked (workflows/leases.py)."""
+    from activities.maintenance_store import MaintenanceStore
+    from tests.workflows.helpers import eventually, guard_status, start_repair
+    from tests.workflows.test_guard_lifecycle import _trip_with_one_holder_and_two_queued
+    from workflows.models import Action, Stage
+    from workflows.protocol import GUARD_SIGNAL_RESET_BREAKER, workflow_id_guard
+    from workflows.repair import MAINTENANCE_RECHECK_S
+
+    h = harness
+    c = h.cluster.cluster
+    store = MaintenanceStore(h.ledger.pool)
+    w = await store.start(cluster=c, scope="nodes", nodes=["gpu-09"], duration_s=7200,
+                          reason="rack 9 firmware", created_by="ops",
+                          now=await h.env.get_current_time())
+    parked = await start_repair(h, "gpu-09", Action.power_cycle, "mw9")
+    await h.env.sleep(120)  # granted, then paused before cordoning: lease handed back
+    assert (await guard_status(h)).leases == []
+    await _trip_with_one_holder_and_two_queued(h, "s")
+    guard = h.client.get_workflow_handle(workflow_id_guard(c))
+    await guard.signal(GUARD_SIGNAL_RESET_BREAKER, ResetBreakerSignal(by="alice"))
+
+    async def reset() -> bool:
+        return not (await guard_status(h)).breaker_open
+
+    await eventually(reset, "breaker reset")
+    await store.end(w.window_id, "ops", now=await h.env.get_current_time())
+    await h.env.sleep(MAINTENANCE_RECHECK_S + 60)
+    st = await parked.result()
+    assert h.cluster.count("power_cycle", "gpu-09") == 0 and st.stage == Stage.auto_resolved, (
+        f"the parked repair ended {st.stage.value} ({st.detail}); power cycles of gpu-09: "
+        f"{h.cluster.count('power_cycle', 'gpu-09')}")
