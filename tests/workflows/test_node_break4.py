@@ -98,12 +98,12 @@ def test_a_replacement_machines_fault_survives_the_policy_read_that_sees_the_reb
 
 def test_a_repair_for_a_replacement_machines_fault_is_filed_under_that_machine() -> None:
     """Operator: node n is re-registered to m2; m2 reports a GPU missing; a power cycle
-    starts 60 s later — filed under m1, the machine that left (its BMC is the one the
-    machine action addresses, its RMA hold, ladder and migrate gate are the ones
-    applied), because the node decided on a policy read from before the re-binding.
-    Rail: alerts and repairs are filed under the configured machine, whatever was cached;
-    an alert ingest filed under another machine than the node's last read is decided
-    after the binding is read again."""
+    starts 60 s later — started with m1, the machine that left, in its request and its
+    search attributes (the Temporal UI lists it under m1 until the repair's own policy
+    read corrects its machine), because the node decided on a policy read from before the
+    re-binding. Rail: alerts and repairs are filed under the configured machine,
+    whatever was cached; an alert ingest filed under another machine than the node's
+    last read is decided after the binding is read again."""
     s, p2, t = _rebound()
     s, cmds = run(s, nm.TimerFired(), t + timedelta(seconds=61), p2)
     (start,) = starts(cmds)
