@@ -117,3 +117,42 @@ async def test_a_repair_parked_in_maintenance_through_a_reset_acts_only_on_later
     assert h.cluster.count("power_cycle", "gpu-09") == 0 and st.stage == Stage.auto_resolved, (
         f"the parked repair ended {st.stage.value} ({st.detail}); power cycles of gpu-09: "
         f"{h.cluster.count('power_cycle', 'gpu-09')}")
+
+
+def test_a_trip_after_a_reset_pages_as_a_new_incident() -> None:
+    """Operator: the breaker trips (PagerDuty pages, incident dedup_key
+    ``breaker/{cluster}``); I find the cause and run `autorepair breaker reset` — the
+    reset sends no resolve, so the incident stays open unless I close it by hand. An
+    hour later the breaker trips again for another storm: the trigger carries the same
+    dedup_key, PagerDuty folds it into the open incident and nobody is paged. Rail: a
+    trip is an operator's decision point ("paused until an operator runs `autorepair
+    breaker reset`"): each trip is its own incident."""
+    s = gm.new_state("c3", POLICY)
+    t0 = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    for ev in (gm.Started(fresh=True), gm.PolicyRead(view=POLICY),
+               gm.LedgerRead(view=gm.LedgerView())):
+        s, _ = gm.step(s, ev, t0)
+
+    def trip(at: datetime, first: int) -> gm.Notify:
+        nonlocal s
+        notes: list[gm.Notify] = []
+        for n in range(first, first + 3):
+            req = LeaseRequest(repair_id=f"p{n}", workflow_id=f"u{n}", cluster="c3",
+                               node=f"n{n}")
+            s, cmds = gm.step(s, gm.Request(req=req), at)
+            if any(isinstance(c, gm.LoadPolicy) for c in cmds):
+                s, more = gm.step(s, gm.PolicyRead(view=POLICY), at)
+                cmds += more
+            notes += [c for c in cmds if isinstance(c, gm.Notify)]
+        (note,) = notes
+        return note
+
+    first = trip(t0, 1)
+    s, _ = gm.step(s, gm.ResetBreaker(sig=ResetBreakerSignal(by="op", reason="fixed")),
+                   t0 + timedelta(minutes=10))
+    later = t0 + timedelta(hours=1)
+    second = trip(later, 10)
+    assert s.breaker_open
+    assert second.dedup_key != first.dedup_key, (
+        f"both trips page under dedup_key {first.dedup_key!r}: the second folds into the "
+        "first incident")
