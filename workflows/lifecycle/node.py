@@ -96,6 +96,9 @@ REPAIR_PROBE_S = 900.0
 #: Re-read the policy (``load_policy``) at most this often, seconds (the first release's
 #: ``POLICY_REFRESH_S``).
 POLICY_REFRESH_S = 300.0
+#: An alert filed under another machine than the last read binding makes the node read
+#: the policy again first, when that read is at least this old, seconds.
+MACHINE_RECHECK_S = 30.0
 #: History length after which the node continues as new (Temporal's suggestion also
 #: triggers it); carried as ``NodeState.history_limit``.
 DEFAULT_HISTORY_LIMIT = 10_000
@@ -1433,10 +1436,12 @@ def _drain(s: NodeState, now: datetime, defects: frozenset[str]
             break
         if (head.machine_id is not None and s.machine_id is not None
                 and head.machine_id != s.machine_id and s.policy_at is not None
-                and s.policy_at < now):
+                and (now - s.policy_at).total_seconds() >= MACHINE_RECHECK_S):
             # ingest filed it under another machine than the binding last read (the node
             # was re-registered): the binding is read again before it is decided, so its
-            # repair is filed under the machine configured now
+            # repair is filed under the machine configured now (at most every
+            # MACHINE_RECHECK_S: a sender that stamps the configured machine, not the
+            # ledger's binding — a scheduler watcher — does not make every alert a read)
             s = s.model_copy(update={"policy_at": None})
             continue
         s = s.model_copy(update={"intake": s.intake[1:]})
