@@ -506,16 +506,19 @@ class Ledger:
         return [dict(r) for r in rows]
 
     async def clear_after(self, alert: Alert) -> datetime | None:
-        """The newest observation time of a clear of ``alert``'s fault (same cluster,
-        node, kind, code and GPU) recorded in ``alerts`` at or after ``alert`` was
-        observed; None when there is none."""
+        """The newest receipt time of a clear of ``alert``'s fault (same cluster, node,
+        kind, code and GPU) recorded in ``alerts`` and received at or after ``alert``
+        was; None when there is none. Receipt times (``received_at``; ``observed_at``
+        only for a row without one), never the sender's stamps (I17)."""
         at: datetime | None = await self._db.fetchval(
-            """SELECT max(observed_at) FROM alerts
+            """SELECT max(coalesce(received_at, observed_at)) FROM alerts
                 WHERE cluster = $1 AND node = $2 AND kind = $3
                   AND coalesce(code, -1) = coalesce($4::int, -1)
                   AND coalesce(gpu, '') = coalesce($5::text, '')
-                  AND level AND NOT active AND observed_at >= $6""",
-            alert.cluster, alert.node, alert.kind, alert.code, alert.gpu, alert.observed_at,
+                  AND level AND NOT active
+                  AND coalesce(received_at, observed_at) >= $6""",
+            alert.cluster, alert.node, alert.kind, alert.code, alert.gpu,
+            alert.received_at or alert.observed_at,
         )
         return at
 

@@ -70,3 +70,31 @@ async def test_alerts_taken_while_temporal_is_down_for_a_few_minutes_are_deliver
         assert sink.counts["dead_lettered"] == 0 and sink.counts["delivered"] == 1, sink.counts
     finally:
         await sink.stop(drain_timeout_s=0.1)
+
+
+async def test_a_dead_lettered_raise_is_not_superseded_by_a_clear_received_before_it(
+        ledger_pool: object) -> None:
+    """Operator: gpu-04's clock ran 5 minutes fast until NTP stepped it back. Its GPU
+    fault cleared (the clear received 12:00, stamped 12:05 by the fast clock), then came
+    back (received 12:02, stamped 12:02) while Temporal was unreachable, so the raise was
+    dead-lettered. `autorepair dead-letters replay --all` skips it as "superseded: its
+    fault was cleared at 12:05, after this raise" — ordered on the sender's stamps — and
+    the fault that is there now is never repaired. Rail (I17): edge order is the control
+    plane's receipt time, never the sender's clock."""
+    from datetime import UTC, datetime, timedelta
+
+    from activities.ledger import Ledger
+    from workflows.models import Alert
+
+    ledger = Ledger(ledger_pool)  # type: ignore[arg-type]
+    t = datetime(2026, 3, 1, 12, tzinfo=UTC)
+
+    def edge(aid: str, active: bool, received: datetime, stamped: datetime) -> Alert:
+        return Alert(alert_id=aid, cluster="c", node="gpu-04", kind="gpu_lost",
+                     summary="GPU missing", level=True, active=active,
+                     observed_at=stamped, received_at=received)
+
+    await ledger.record_alert(edge("clear", False, t, t + timedelta(minutes=5)))
+    raise_ = edge("raise", True, t + timedelta(minutes=2), t + timedelta(minutes=2))
+    await ledger.record_alert(raise_)
+    assert await ledger.clear_after(raise_) is None, "a clear received before it"
