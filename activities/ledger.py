@@ -493,13 +493,15 @@ class Ledger:
     async def pending_dead_letters(
         self, *, cluster: str | None = None, limit: int = 10_000
     ) -> list[dict[str, Any]]:
-        """Dead letters not replayed, oldest observation first (then oldest recorded),
+        """Dead letters not replayed, oldest receipt first (then oldest recorded),
         at most ``limit``: the order a replay must deliver them in (a fault's raise before
         its clear, even when the raise was dead-lettered again later)."""
         rows = await self._db.fetch(
             """SELECT * FROM dead_letters
                 WHERE replayed_at IS NULL AND ($1::text IS NULL OR cluster = $1)
-                ORDER BY (alert->>'observed_at')::timestamptz, recorded_at LIMIT $2""",
+                ORDER BY coalesce((alert->>'received_at')::timestamptz,
+                                  (alert->>'observed_at')::timestamptz), recorded_at
+                LIMIT $2""",
             cluster,
             limit,
         )

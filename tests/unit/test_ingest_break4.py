@@ -98,3 +98,33 @@ async def test_a_dead_lettered_raise_is_not_superseded_by_a_clear_received_befor
     raise_ = edge("raise", True, t + timedelta(minutes=2), t + timedelta(minutes=2))
     await ledger.record_alert(raise_)
     assert await ledger.clear_after(raise_) is None, "a clear received before it"
+
+
+async def test_the_whatif_replays_alerts_at_their_receipt_time(ledger_pool: object) -> None:
+    """Operator: `autorepair whatif` says "alerts are replayed at their receipt time
+    (received_at; observed_at for rows older than migration 0014)", but the ledger read
+    behind it selects and windows the alerts by the sender's observed_at and drops
+    received_at: a node whose clock runs 4 minutes slow has its faults replayed 4 minutes
+    early (before the other nodes' faults it followed, outside the window asked for), so
+    the replay's persistence, counts and breaker order are not what the node workflows
+    judged. Rail (I17): windows and order are the control plane's receipt time."""
+    from datetime import UTC, datetime, timedelta
+
+    from activities.ledger import Ledger
+    from activities.ledger_queries import whatif_alerts
+    from workflows.models import Alert
+
+    ledger = Ledger(ledger_pool)  # type: ignore[arg-type]
+    t0 = datetime(2026, 11, 2, 12, tzinfo=UTC)
+
+    def xid(aid: str, received: datetime, stamped: datetime) -> Alert:
+        return Alert(alert_id=aid, cluster="wc", node="n-" + aid, kind="xid", code=79,
+                     summary="Xid 79", observed_at=stamped, received_at=received)
+
+    # "slow" was received at 12:02 but its node's clock said 11:58 (before the window)
+    await ledger.record_alert(xid("first", t0 + timedelta(minutes=1), t0 + timedelta(minutes=1)))
+    await ledger.record_alert(xid("slow", t0 + timedelta(minutes=2), t0 - timedelta(minutes=2)))
+    got = [a async for p in whatif_alerts(ledger_pool, t0, t0 + timedelta(hours=1),  # type: ignore[arg-type]
+                                          cluster="wc") for a in p]
+    assert [a.alert_id for a in got] == ["first", "slow"]
+    assert got[1].received_at == t0 + timedelta(minutes=2)
