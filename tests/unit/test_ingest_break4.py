@@ -128,3 +128,21 @@ async def test_the_whatif_replays_alerts_at_their_receipt_time(ledger_pool: obje
                                           cluster="wc") for a in p]
     assert [a.alert_id for a in got] == ["first", "slow"]
     assert got[1].received_at == t0 + timedelta(minutes=2)
+
+
+def test_status_shows_an_xid_received_after_the_repair_as_active() -> None:
+    """Operator: `autorepair status` lists gpu-05's new Xid 79 as ``repaired``: its
+    node's clock runs 5 minutes slow, so the Xid received a minute after the last
+    successful repair ended carries a stamp from before it, and the episode table
+    compared the repair's end with that stamp. The fault that is there now looks fixed.
+    Rail (I17): the control plane's receipt time orders events, never the sender's."""
+    from workers.ops import alert_episodes
+
+    xid = {"alert_id": "x", "cluster": "c", "node": "gpu-05", "kind": "xid", "code": 79,
+           "gpu": None, "level": False, "active": True, "source": "agent",
+           "observed_at": "2026-03-01T11:56:00+00:00",
+           "received_at": "2026-03-01T12:01:00+00:00"}
+    repairs = [{"cluster": "c", "node": "gpu-05", "stage": "succeeded",
+                "updated_at": "2026-03-01T12:00:00+00:00"}]
+    (row,) = alert_episodes([xid], {("c", "gpu-05")}, repairs)
+    assert row["state"] == "active", row["state"]
