@@ -493,29 +493,34 @@ class Ledger:
     async def pending_dead_letters(
         self, *, cluster: str | None = None, limit: int = 10_000
     ) -> list[dict[str, Any]]:
-        """Dead letters not replayed, oldest observation first (then oldest recorded),
+        """Dead letters not replayed, oldest receipt first (then oldest recorded),
         at most ``limit``: the order a replay must deliver them in (a fault's raise before
         its clear, even when the raise was dead-lettered again later)."""
         rows = await self._db.fetch(
             """SELECT * FROM dead_letters
                 WHERE replayed_at IS NULL AND ($1::text IS NULL OR cluster = $1)
-                ORDER BY (alert->>'observed_at')::timestamptz, recorded_at LIMIT $2""",
+                ORDER BY coalesce((alert->>'received_at')::timestamptz,
+                                  (alert->>'observed_at')::timestamptz), recorded_at
+                LIMIT $2""",
             cluster,
             limit,
         )
         return [dict(r) for r in rows]
 
     async def clear_after(self, alert: Alert) -> datetime | None:
-        """The newest observation time of a clear of ``alert``'s fault (same cluster,
-        node, kind, code and GPU) recorded in ``alerts`` at or after ``alert`` was
-        observed; None when there is none."""
+        """The newest receipt time of a clear of ``alert``'s fault (same cluster, node,
+        kind, code and GPU) recorded in ``alerts`` and received at or after ``alert``
+        was; None when there is none. Receipt times (``received_at``; ``observed_at``
+        only for a row without one), never the sender's stamps (I17)."""
         at: datetime | None = await self._db.fetchval(
-            """SELECT max(observed_at) FROM alerts
+            """SELECT max(coalesce(received_at, observed_at)) FROM alerts
                 WHERE cluster = $1 AND node = $2 AND kind = $3
                   AND coalesce(code, -1) = coalesce($4::int, -1)
                   AND coalesce(gpu, '') = coalesce($5::text, '')
-                  AND level AND NOT active AND observed_at >= $6""",
-            alert.cluster, alert.node, alert.kind, alert.code, alert.gpu, alert.observed_at,
+                  AND level AND NOT active
+                  AND coalesce(received_at, observed_at) >= $6""",
+            alert.cluster, alert.node, alert.kind, alert.code, alert.gpu,
+            alert.received_at or alert.observed_at,
         )
         return at
 
@@ -861,10 +866,23 @@ class Ledger:
             [Stage.cordoning.value, Stage.shadowed.value],
             q.since,
         )
+        # the newest breaker row; at one instant (a reset and a trip decided in one guard
+        # step) the reset of the trip of that instant (its id: the trip's + "/reset")
+        # follows the trip, and a trip follows the reset of an earlier trip (a reset
+        # racing a new trip): the breaker is as the guard left it
         breaker = await self.pool.fetchrow(
-            """SELECT active, observed_at, evidence FROM alerts
+            """SELECT active, observed_at, evidence FROM alerts a
                WHERE cluster = $1 AND kind = $2 AND source = $3 AND node = '*'
-               ORDER BY observed_at DESC, active ASC LIMIT 1""",
+               ORDER BY observed_at DESC,
+                        CASE WHEN NOT active AND EXISTS (
+                                 SELECT 1 FROM alerts t
+                                 WHERE t.cluster = a.cluster AND t.kind = a.kind
+                                   AND t.source = a.source AND t.node = '*' AND t.active
+                                   AND t.observed_at = a.observed_at
+                                   AND a.alert_id = t.alert_id || '/reset') THEN 0
+                             WHEN active THEN 1 ELSE 2 END,
+                        alert_id DESC
+               LIMIT 1""",
             q.cluster,
             BREAKER_KIND,
             BREAKER_SOURCE,
@@ -923,6 +941,28 @@ class Ledger:
                 node,
                 _TERMINAL,
             )
+        return dict(row) if row is not None else None
+
+    async def last_ended_repair(self, cluster: str, node: str) -> dict[str, Any] | None:
+        """``{"repair_id", "stage", "ended_at", "actions", "alert_ids"}`` of the node's
+        newest repair in a terminal stage (``ended_at``: its terminal transition, else the
+        row's last update; ``actions``: what its attempts ran, shadowed ones not), or
+        None."""
+        row = await self.pool.fetchrow(
+            """SELECT r.repair_id, r.stage, r.alert_ids,
+                      coalesce((SELECT max(t.at) FROM repair_transitions t
+                                WHERE t.repair_id = r.repair_id AND t.stage = r.stage),
+                               r.updated_at) AS ended_at,
+                      coalesce((SELECT array_agg(DISTINCT a.action) FROM repair_attempts a
+                                WHERE a.repair_id = r.repair_id
+                                  AND a.outcome <> 'shadowed'), '{}') AS actions
+               FROM repairs r
+               WHERE r.cluster = $1 AND r.node = $2 AND r.stage = ANY($3::text[])
+               ORDER BY r.updated_at DESC LIMIT 1""",
+            cluster,
+            node,
+            _TERMINAL,
+        )
         return dict(row) if row is not None else None
 
     # -- validation -----------------------------------------------------------------------

@@ -62,7 +62,7 @@ from workflows.activity_api import (
 from workflows.config import NotifyEvent, ProvidersConfig
 from workflows.evidence import EvidenceRecord
 from workflows.maintenance import covering_last
-from workflows.models import TERMINAL_STAGES, Alert, Stage, Verdict
+from workflows.models import TERMINAL_STAGES, Action, Alert, Stage, Verdict
 from workflows.protocol import workflow_id_repair
 from workflows.providers import ProviderResolver
 
@@ -177,8 +177,18 @@ class LedgerActivities:
         its workflow still runs (Temporal's describe through the worker's client: a
         terminated workflow never writes its end to the ledger)."""
         row = await self.ledger.open_repair(probe.cluster, probe.node, probe.repair_id)
+        last: dict[str, Any] = {}
+        if probe.repair_id is None:
+            ended = await self.ledger.last_ended_repair(probe.cluster, probe.node)
+            if ended is not None:
+                last = {"last_repair_id": str(ended["repair_id"]),
+                        "last_stage": str(ended["stage"]),
+                        "last_ended_at": ended["ended_at"],
+                        "last_actions": [Action(a) for a in ended["actions"] or []
+                                         if a in {x.value for x in Action}],
+                        "last_alert_ids": list(ended["alert_ids"] or [])}
         if row is None and probe.repair_id is None:
-            return RepairLiveness()
+            return RepairLiveness(**last)
         repair_id = probe.repair_id or (str(row["repair_id"]) if row is not None else "")
         wid = (row or {}).get("workflow_id") or workflow_id_repair(
             probe.cluster, probe.node, str(repair_id)
@@ -197,6 +207,7 @@ class LedgerActivities:
             stage=str((row or {}).get("stage") or ""),
             running=running,
             status=status,
+            **last,
         )
 
     @activity.defn(name=ACT.ledger_machine_held)

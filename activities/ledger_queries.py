@@ -200,15 +200,18 @@ async def open_tickets_count(pool: asyncpg.Pool) -> int:
 #: Columns of an alert row the what-if replays (everything :class:`Alert` holds).
 _WHATIF_COLS = ("alert_id, cluster, node, machine_id, node_pool, kind, code, gpu, severity, "
                 "mnemonic, actionable, action, summary, description, evidence_text, evidence, "
-                "level, active, source, observed_at")
+                "level, active, source, observed_at, received_at, "
+                "coalesce(received_at, observed_at) AS _at")
 
 
 async def whatif_alerts(
     pool: asyncpg.Pool, since: datetime, until: datetime, *, cluster: str | None = None,
     batch: int = 5000,
 ) -> AsyncIterator[list[Alert]]:
-    """The node alerts observed in ``[since, until)`` (``cluster`` only, when given), in
-    observation order (``observed_at``, then ``alert_id``), ``batch`` rows a query (keyset
+    """The node alerts the control plane received in ``[since, until)`` (``cluster``
+    only, when given), in receipt order (``received_at``, ``observed_at`` for a row
+    without one — recorded before migration 0014 —, then ``alert_id``; never the
+    sender's clock, I17), ``batch`` rows a query (keyset
     pages: the answer is never held in one result). The guard's own cluster alerts (kinds
     ``circuit_breaker`` and ``failure_domain``) are left out: the replay's guard raises its
     own. Raises
@@ -220,17 +223,20 @@ async def whatif_alerts(
     while True:
         rows = await pool.fetch(
             f"""SELECT {_WHATIF_COLS} FROM alerts
-                WHERE observed_at >= $1 AND observed_at < $2
+                WHERE coalesce(received_at, observed_at) >= $1
+                  AND coalesce(received_at, observed_at) < $2
                   AND ($3::text IS NULL OR cluster = $3)
                   AND kind NOT IN ('circuit_breaker', 'failure_domain')
-                  AND ($4::timestamptz IS NULL OR (observed_at, alert_id) > ($4, $5))
-                ORDER BY observed_at, alert_id LIMIT $6""",
+                  AND ($4::timestamptz IS NULL
+                       OR (coalesce(received_at, observed_at), alert_id) > ($4, $5))
+                ORDER BY coalesce(received_at, observed_at), alert_id LIMIT $6""",
             since, until, cluster, after_t, after_id, batch,
         )
         if not rows:
             return
-        yield [Alert.model_validate(dict(r)) for r in rows]
-        after_t, after_id = rows[-1]["observed_at"], rows[-1]["alert_id"]
+        yield [Alert.model_validate({k: v for k, v in dict(r).items() if k != "_at"})
+               for r in rows]
+        after_t, after_id = rows[-1]["_at"], rows[-1]["alert_id"]
         if len(rows) < batch:
             return
 

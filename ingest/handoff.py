@@ -20,6 +20,9 @@ record never blocks the others:
 - an alert whose delivery fails is *parked* with its node's later alerts behind it and
   retried with exponential backoff with jitter, while the shard goes on delivering other
   nodes' alerts;
+- while Temporal itself is unreachable (``UNAVAILABLE``: a frontend restart or upgrade)
+  the alert is retried without end (back-off capped at ``max_backoff_s``): an outage is
+  waited out, never turned into dead letters;
 - after ``max_attempts`` failed attempts (``ingest.handoff_max_attempts``), or at once
   when the workflow refused the update (``rejected``) or the alert is still over the size
   limit (``too_large``), the alert goes to the dead-letter store (the ledger's
@@ -70,6 +73,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from temporalio.client import Client, WithStartWorkflowOperation, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.service import RPCError, RPCStatusCode
 
 from ingest.limits import alert_bytes, cap_alert
 from ingest.maintenance_marks import MaintenanceMarks
@@ -158,6 +162,9 @@ class AlertOutbox(Protocol):
 #: Reasons an alert is dead-lettered (label values of
 #: ``autorepair_alerts_dead_lettered_total``).
 DEAD_LETTER_REASONS = ("rejected", "too_large", "retries_exhausted")
+#: Prefix of a failed attempt's error when Temporal's frontend did not answer at all
+#: (``RPCError`` ``UNAVAILABLE``): retried without end, never dead-lettered for it.
+UNREACHABLE = "temporal unreachable"
 
 
 @dataclass
@@ -633,6 +640,12 @@ class TemporalAlertSink:
             return True, ""
         except asyncio.CancelledError:
             raise
+        except RPCError as e:
+            if e.status == RPCStatusCode.UNAVAILABLE:
+                # Temporal itself is unreachable (a frontend restart, an upgrade): waited
+                # out, never counted toward max_attempts (nothing accepted is lost)
+                return False, f"{UNREACHABLE}: {e}"
+            return False, f"{type(e).__name__}: {e}"
         except Exception as e:
             return False, f"{type(e).__name__}: {e}"
         self.last_results[alert.alert_id] = result
@@ -649,7 +662,7 @@ class TemporalAlertSink:
         parked = self._parked[shard]
         if not finished:
             attempts += 1
-            if attempts >= self.max_attempts:
+            if attempts >= self.max_attempts and not error.startswith(UNREACHABLE):
                 await self._dead_letter(alert, "retries_exhausted", error, attempts)
                 finished = True
             else:

@@ -14,8 +14,9 @@ Accepted attribute names: the project's (``host.name``, ``host.id``,
 Rejected and counted, never stored: points of a resource without a node or cluster id
 (or with one longer than :data:`MAX_ID_LEN`), NaN/Inf scores, scores outside ``[0, 1]``,
 unknown node states, score timestamps more than ``max_future_s`` in the future or older
-than the score TTL. A fault record is never refused for its timestamp (I17: the
-receipt time judges it): one more than ``max_future_s`` ahead is stamped with the
+than the score TTL plus ``max_future_s`` (a sender's clock may run that far behind
+too). A fault record is never refused for its timestamp (I17: the receipt time judges
+it): one more than ``max_future_s`` ahead is stamped with the
 receipt time, the sender's kept as evidence (``sender_time_unix_nano``,
 ``sender_clock_ahead_s``). Metrics with other names are valid OTLP and are ignored (not rejected).
 
@@ -101,8 +102,8 @@ REASONS = frozenset({
 """Reason codes of rejected points / records (bounded: the ``reason`` label of
 ``autorepair_otlp_rejected_total``). ``resource``: no or bad node / cluster id;
 ``value``: score or signal not a finite number in range; ``timestamp``: too far in the
-future or older than the TTL; ``state``: unknown node state; ``fault``: malformed fault
-record; ``attributes``: attribute count, size or nesting over the limits;
+future or older than the TTL plus that allowance; ``state``: unknown node state;
+``fault``: malformed fault record; ``attributes``: attribute count, size or nesting over the limits;
 ``too_many_resources`` / ``too_many_records``: per-request caps; ``identity``: reported
 for a node the credential may not report for; ``nccl``: a malformed NCCL timing point
 (``ingest.nccl_wire``); ``limit``: over a per-identity bound on sender-chosen values
@@ -379,8 +380,12 @@ def _time_check(t_ns: int, now: float, max_future_s: float, ttl_s: float) -> flo
     t = t_ns / 1e9
     if t > now + max_future_s:
         return f"time_unix_nano: {t_ns} is more than {max_future_s:g} s in the future"
-    if t < now - ttl_s:
-        return f"time_unix_nano: {t_ns} is older than the score TTL ({ttl_s:g} s)"
+    # I17: a sender's clock may run up to ``max_future_s`` behind as well as ahead; a
+    # point is stale only when older than the TTL beyond that allowance (what counts as
+    # current is judged on the receipt time: the score map observes a point at ``now``)
+    if t < now - ttl_s - max_future_s:
+        return (f"time_unix_nano: {t_ns} is older than the score TTL ({ttl_s:g} s) plus "
+                f"the sender clock allowance ingest.max_future_s ({max_future_s:g} s)")
     return t
 
 

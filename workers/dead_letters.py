@@ -5,16 +5,17 @@ size limit, still failing after ``ingest.handoff_max_attempts``) is kept in the 
 ``dead_letters`` table (``ingest.handoff``, docs/design.md §4.5). Once the cause is fixed (the
 node's workflow was reset, a worker bug deployed away), :func:`replay` re-delivers chosen
 dead letters through the same path as ingest (``TemporalAlertSink.deliver``: update-with-
-start of the node's ``NodeWorkflow``), oldest observation first, so a fault's raise still
-reaches its workflow before its clear. The row is kept and marked ``replayed_at`` /
+start of the node's ``NodeWorkflow``), oldest receipt first (the control plane's
+``received_at``, never the sender's clock, I17), so a fault's raise still reaches its
+workflow before its clear. The row is kept and marked ``replayed_at`` /
 ``replay_outcome`` (the workflow's answer); a re-delivery of an alert the workflow already
 has comes back ``deduplicated``.
 
 Replay never acts on stale evidence by accident. A clear is always re-delivered (it can
 only end a fault). A level raise (a state: GPU lost, link down, node NotReady) is skipped
-when the ledger holds a clear of its fault observed after it, and the node's workflow
+when the ledger holds a clear of its fault received after it, and the node's workflow
 ignores a raise older than its fault's last clear anyway (``workflows.node``). An event
-raise (an Xid line, a straggler) observed longer ago than ``max_age`` (default
+raise (an Xid line, a straggler) received longer ago than ``max_age`` (default
 :data:`DEFAULT_MAX_AGE`) is skipped with its age in the reason: re-delivered now it would
 be taken as a fault seen now (an operator who wants it anyway passes a longer
 ``--max-age``). A row kept as its identity only (the alert was over 256 KiB of JSON)
@@ -76,7 +77,10 @@ async def list_rows(config: AutorepairConfig, *, cluster: str | None, include_re
 
 
 def _observed(row: dict[str, Any]) -> datetime:
-    raw = (row.get("alert") or {}).get("observed_at")
+    """When the control plane received the dead letter's alert (``received_at``; the
+    sender's ``observed_at`` only for an alert without one, I17)."""
+    a = row.get("alert") or {}
+    raw = a.get("received_at") or a.get("observed_at")
     try:
         t = datetime.fromisoformat(str(raw).replace("Z", "+00:00"))
     except ValueError:
@@ -89,9 +93,10 @@ async def _replayable(row: dict[str, Any], config: AutorepairConfig, ledger: Led
     """``(alert to deliver, "")`` or ``(None, why it is skipped)``.
 
     A clear is always re-delivered (it can only end a fault). A level raise is skipped
-    when the ledger holds a clear of its fault observed after it (the fault ended; the
+    when the ledger holds a clear of its fault received after it (the fault ended; the
     node's workflow would also answer it ``ignored`` as stale). An event raise (Xid,
-    SXid, a straggler) is skipped when observed before ``not_before`` (``--max-age``)."""
+    SXid, a straggler) is skipped when received before ``not_before`` (``--max-age``).
+    Receipt times, never the sender's stamps (I17)."""
     if int(row.get("alert_bytes") or 0) > DEAD_LETTER_MAX_BYTES:
         return None, (f"kept as its identity only ({row['alert_bytes']} bytes): "
                       "cannot be re-delivered")
@@ -108,7 +113,7 @@ async def _replayable(row: dict[str, Any], config: AutorepairConfig, ledger: Led
             return None, (f"superseded: its fault was cleared at "
                           f"{cleared.isoformat(timespec='seconds')}, after this raise")
     elif alert.active and observed < not_before:
-        return None, (f"observed {observed.isoformat(timespec='seconds')}, before "
+        return None, (f"received {observed.isoformat(timespec='seconds')}, before "
                       f"{not_before.isoformat(timespec='seconds')} (--max-age): the event "
                       "may be long over; pass a longer --max-age to replay it anyway")
     ic = config.ingest
@@ -164,13 +169,13 @@ async def replay(config: AutorepairConfig, address: str, namespace: str, *,
                  batch: int = MAX_BATCH) -> list[dict[str, Any]]:
     """Re-deliver dead letters: those named by ``alert_ids`` (full ids, or prefixes of 8
     characters or more), else every one not yet replayed (of ``cluster`` when given), at
-    most ``batch`` per call. Returns one result per row, oldest observation first:
+    most ``batch`` per call. Returns one result per row, oldest receipt first:
     ``{"alert_id", "cluster", "node", "kind", "result", "outcome", "repair_id",
     "reason"}`` with ``result`` ``replayed`` | ``skipped`` | ``failed`` | ``not_found``,
     and, when more than ``batch`` rows were pending, a last ``more_pending`` entry.
 
     ``max_age``: a duration (``90m``, ``24h``, ``7d``) or an ISO time; event raises
-    observed earlier are skipped (``ValueError`` naming the value when it is neither).
+    received earlier are skipped (``ValueError`` naming the value when it is neither).
     ``timeout_s``: how long one delivery may take (a task queue no worker polls never
     answers). ``ledger``: an open ledger (tests); else one is opened from ``ledger.dsn``.
     Raises ``RuntimeError`` when there is no ledger,

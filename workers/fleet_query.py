@@ -413,7 +413,9 @@ class FleetQuery:
             n_rep = max(1, count_in_window(rep, at, cat.app_xid_repeat_window_s))
             dec = decide_node_action(a, cat, occurrences_in_window=n_occ, repeats_same_gpu=n_rep)
             secs = persistence_for(a, policy.rails)
-            first = (st.first_seen.get(fault_key(a)) if st else None) or a.observed_at
+            # the node's own first sighting, else this alert's receipt (I17: never the
+            # sender's stamp)
+            first = (st.first_seen.get(fault_key(a)) if st else None) or at
             due_at = first + timedelta(seconds=secs)
             ladder = gate = consent = None
             final = Action.none

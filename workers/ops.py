@@ -559,7 +559,7 @@ def alert_episodes(alerts: list[dict[str, Any]], present: set[tuple[str, str]],
     report a straggler): the newest record wins, ``sources`` lists them all. Event
     alerts (an Xid line) are one episode each. ``state``: ``active``, ``cleared`` (the
     newest record clears it), ``repaired`` (an event alert of a node whose repair
-    succeeded after it was observed: ``repairs`` as the API lists them), or ``node gone``
+    succeeded after it was received: ``repairs`` as the API lists them), or ``node gone``
     (active, but the node no longer reports: ``present`` holds the ``(cluster, node)``
     pairs that do)."""
     fixed: dict[tuple[str, str], str] = {}
@@ -579,7 +579,10 @@ def alert_episodes(alerts: list[dict[str, Any]], present: set[tuple[str, str]],
             if not a.get("active", True):
                 ep["state"] = "cleared"
             elif (not a.get("level") and repaired_at
-                  and _when(repaired_at) >= _when(a["observed_at"])):
+                  # received before the repair ended (I17: the receipt, never the
+                  # sender's stamp; observed_at only for an alert without one)
+                  and _when(repaired_at) >= _when(a.get("received_at")
+                                                  or a["observed_at"])):
                 ep["state"] = "repaired"
             elif (a["cluster"], a["node"]) not in present:
                 ep["state"] = "node gone"

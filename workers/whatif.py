@@ -121,7 +121,7 @@ def assumptions(d: Durations, current: AutorepairConfig | None = None,
 async def read_window(pool: asyncpg.Pool, since: datetime, until: datetime,
                       cluster: str | None) -> tuple[list[Alert], Durations,
                                                      dict[tuple[str, str, str], list[str]]]:
-    """The window's alerts (observation order), the measured durations, the outcomes."""
+    """The window's alerts (receipt order), the measured durations, the outcomes."""
     alerts: list[Alert] = []
     async for page in whatif_alerts(pool, since, until, cluster=cluster):
         alerts.extend(page)

@@ -688,4 +688,13 @@ class RepairLiveness(BaseModel):
     stage: str = ""
     running: bool = False
     status: str = ""
+    #: Asked without a repair id: the node's newest *ended* repair (None: none), so a
+    #: fresh node entity knows its cooldown and what it retired (I21, I20): its id,
+    #: terminal stage, end (the terminal transition's time), the actions its attempts
+    #: ran (shadowed ones not) and the alerts it named.
+    last_repair_id: str | None = None
+    last_stage: str = ""
+    last_ended_at: datetime | None = None
+    last_actions: list[Action] = Field(default_factory=list)
+    last_alert_ids: list[str] = Field(default_factory=list)
 

@@ -309,7 +309,9 @@ class IngestConfig(_Section):
     forward_endpoint: str | None = None
     #: Bounded forwarding queue (requests); the oldest is dropped and counted when full.
     forward_queue: int = Field(10_000, gt=0)
-    #: Data points stamped further than this in the future are rejected, seconds.
+    #: Data points stamped further than this in the future are rejected, seconds; a
+    #: sender's clock may run this far behind too, so a score is rejected as stale only
+    #: when older than the score TTL plus this.
     max_future_s: float = Field(300.0, gt=0)
     #: Bounded alert hand-off queue to Temporal; when full, log pushes get 503.
     alert_queue: int = Field(10_000, gt=0)
@@ -357,7 +359,8 @@ class IngestConfig(_Section):
     #: Delivery attempts of one alert (exponential backoff between them) before it is
     #: written to the ledger's dead-letter table and counted in
     #: ``autorepair_alerts_dead_lettered_total`` (docs/design.md §4.5); the node's later alerts
-    #: then go on.
+    #: then go on. Attempts that find Temporal unreachable do not count: an outage is
+    #: waited out.
     handoff_max_attempts: int = Field(12, ge=1)
     #: Longest wait for PostgreSQL to store one push's alerts (the ingest's outbox, the
     #: ledger's ``alerts`` table) before the push is answered 503 + ``Retry-After`` /

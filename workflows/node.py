@@ -542,8 +542,21 @@ def _liveness_events(
                                              status=live.status),
                 lambda _e: nm.RepairProbed(repair_id=rid, ok=False))
     return (lambda live: nm.LedgerRead(repair_id=live.repair_id, stage=live.stage,
-                                       running=live.running, status=live.status),
+                                       running=live.running, status=live.status,
+                                       last=_last_ended(live)),
             lambda e: nm.LedgerUnavailable(message=_cause(e)))
+
+
+def _last_ended(live: RepairLiveness) -> nm.Finished | None:
+    """The node's newest ended repair the ledger named, as the machine's end message."""
+    if not live.last_repair_id or live.last_ended_at is None:
+        return None
+    try:
+        stage = Stage(live.last_stage)
+    except ValueError:
+        return None
+    return nm.Finished(repair_id=live.last_repair_id, stage=stage, at=live.last_ended_at,
+                       alert_ids=live.last_alert_ids, actions=live.last_actions)
 
 
 def calls(cmd: nm.Command) -> tuple[Call, ...]:

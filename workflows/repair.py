@@ -1026,9 +1026,12 @@ class RepairWorkflow:
     async def _acquire_lease(self) -> None:
         """Ask the cluster guard for a lease and wait for the grant (docs/design.md §5 rails)."""
         assert self._req is not None
-        # a fresh ask: the guard judges by this time whether the wait crossed a breaker
-        # reset it no longer knows of (its restart lost the queue; I23)
-        self._lease_requested_at = workflow.now()
+        # when this repair first asked (kept across re-sends and across asking again
+        # after a hand-back: a maintenance pause, a person deciding): the guard judges by
+        # it whether the wait crossed a breaker reset — one its restart lost the queue
+        # of, or one the repair waited through holding no lease (I23)
+        if self._lease_requested_at is None:
+            self._lease_requested_at = workflow.now()
         lreq = self._lease_request()
         self._detail = "waiting for a lease from the cluster guard"
         workflow.set_current_details(self._detail)

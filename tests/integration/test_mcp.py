@@ -482,3 +482,25 @@ async def test_cli_http_exits_0_on_ctrl_c_and_finds_the_dev_stack(
             proc.kill()
     assert proc.returncode == 0, err.decode()
     assert b"Traceback" not in err
+
+
+async def test_explain_judges_persistence_from_the_receipt_time(
+    ledger_pool: asyncpg.Pool, ro_pool: asyncpg.Pool
+) -> None:
+    """Break-test of 8a5413f (I17): gpu-03's clock runs 10 minutes fast; its gpu_lost was
+    received 2 minutes ago. Without a live node status, `explain_recommendation` said the
+    60 s persistence ends 11 minutes from now (first seen = the sender's stamp), while
+    the node workflow, which counts from the receipt, found it due a minute ago. Rail:
+    persistence is judged on when the control plane received the fault."""
+    ledger = Ledger(ledger_pool)
+    now = datetime.now(UTC).replace(microsecond=0)
+    await ledger.record_alert(make_alert("c1", "gpu-03", "fast", kind="gpu_lost", code=None,
+                                         level=True,
+                                         observed_at=now + timedelta(minutes=10),
+                                         received_at=now - timedelta(minutes=2)))
+    fq = FleetQuery(config_for("c1"), ro_pool, None)
+    async with Client(build_server(fq)) as c:
+        ex = await call(c, "explain_recommendation", node="gpu-03", cluster="c1")
+    p = ex["faults"][0]["persistence"]
+    assert p["first_seen"] == (now - timedelta(minutes=2)).isoformat(), p
+    assert p["due"] is True, p

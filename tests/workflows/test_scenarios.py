@@ -51,6 +51,9 @@ async def test_scenario_5_node_returns_after_remove_and_validation(harness: Harn
     # I18: the removed machine stays out until an operator returns it — a repair of the
     # node meanwhile touches nothing and names the hold
     drains = h.cluster.count("drain", "gpu-03")
+    # the node entity starts fresh with this alert and learns of the removal from the
+    # ledger: its cooldown holds (30 min after any repair), so the alert comes after it
+    await h.env.sleep(timedelta(seconds=h.policy.rails.cooldown_s + 60))
     d = await h.deliver(make_alert(h.cluster.cluster, "gpu-03", "held"))
     assert d.outcome == AlertOutcome.recommended and d.repair_id
     held = await result_skipping(h, "gpu-03", d.repair_id)

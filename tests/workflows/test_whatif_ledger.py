@@ -27,8 +27,11 @@ async def test_whatif_over_a_ledger_of_real_runs(harness: Harness, pg_dsn: str,
     h.policy.rails.breaker_min = 3
     t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
     for i in (1, 2, 3):
+        # stamped on receipt as ingest stamps them, on the wall clock (the what-if
+        # windows and orders alerts by receipt time)
         a = make_alert(h.cluster.cluster, f"gpu-0{i}", i,
-                       observed_at=t0 + timedelta(seconds=10 * i))
+                       observed_at=t0 + timedelta(seconds=10 * i),
+                       received_at=t0 + timedelta(seconds=10 * i))
         d = await h.deliver(a)
         assert d.outcome == AlertOutcome.recommended and d.repair_id
         st = await result_skipping(h, f"gpu-0{i}", d.repair_id)

@@ -834,7 +834,10 @@ def _record(alert: Alert) -> Cmds:
         cmds.append(Notify(
             subject=alert.summary, body=alert.description, severity=alert.severity.value,
             event="breaker_tripped" if breaker else "cluster_alert",
-            dedup_key=f"breaker/{alert.cluster}" if breaker else alert.alert_id))
+            # each trip its own incident (its alert id names the cluster and the trip's
+            # time): a reset resolves nothing at the pager, so one key per cluster folded
+            # the next trip into the incident of the last and paged nobody
+            dedup_key=alert.alert_id))
     return cmds
 
 

@@ -96,6 +96,9 @@ REPAIR_PROBE_S = 900.0
 #: Re-read the policy (``load_policy``) at most this often, seconds (the first release's
 #: ``POLICY_REFRESH_S``).
 POLICY_REFRESH_S = 300.0
+#: An alert filed under another machine than the last read binding makes the node read
+#: the policy again first, when that read is at least this old, seconds.
+MACHINE_RECHECK_S = 30.0
 #: History length after which the node continues as new (Temporal's suggestion also
 #: triggers it); carried as ``NodeState.history_limit``.
 DEFAULT_HISTORY_LIMIT = 10_000
@@ -480,13 +483,16 @@ class RepairProbed(BaseModel):
 
 
 class LedgerRead(BaseModel):
-    """The ledger's answer about the node's open repair (``ledger_open_repair``)."""
+    """The ledger's answer about the node's open repair (``ledger_open_repair``);
+    ``last``: the node's newest ended repair as its end message (None: none, or not
+    asked), what a fresh entity learns its cooldown and retirements from (I21)."""
 
     kind: Literal["ledger_read"] = "ledger_read"
     repair_id: str | None = None
     stage: str = ""
     running: bool = False
     status: str = ""
+    last: Finished | None = None
 
 
 class LedgerUnavailable(BaseModel):
@@ -1326,6 +1332,14 @@ def _on_ledger(s: NodeState, ev: LedgerRead, now: datetime, defects: frozenset[s
     cmds: list[Command] = []
     rid = ev.repair_id
     ours = s.repair.repair_id if s.repair is not None else None
+    last = ev.last
+    if (last is not None and not s.ended and last.stage in TERMINAL_STAGES
+            and last.repair_id not in early and last.repair_id not in (rid, ours)):
+        # a fresh entity (it applied no repair's end yet): the node's newest ended repair,
+        # whose end a predecessor applied (or never told of), is applied as a repair
+        # this node did not start — its cooldown holds and a success retires what it
+        # fixed, so a late or re-delivered report of that episode starts nothing (I20)
+        s = _foreign_finish(s, last)
     for msg in early.values():
         if msg.repair_id not in (rid, ours):
             s = _foreign_finish(s, msg)
@@ -1420,6 +1434,16 @@ def _drain(s: NodeState, now: datetime, defects: frozenset[str]
         if (head.alert_id in s.unrecorded or s.attaching
                 or s.reconcile in (Reconcile.pending, Reconcile.reading)):
             break
+        if (head.machine_id is not None and s.machine_id is not None
+                and head.machine_id != s.machine_id and s.policy_at is not None
+                and (now - s.policy_at).total_seconds() >= MACHINE_RECHECK_S):
+            # ingest filed it under another machine than the binding last read (the node
+            # was re-registered): the binding is read again before it is decided, so its
+            # repair is filed under the machine configured now (at most every
+            # MACHINE_RECHECK_S: a sender that stamps the configured machine, not the
+            # ledger's binding — a scheduler watcher — does not make every alert a read)
+            s = s.model_copy(update={"policy_at": None})
+            continue
         s = s.model_copy(update={"intake": s.intake[1:]})
         if head.active:
             s, out = _on_raise(s, head, now, defects)
@@ -1454,7 +1478,8 @@ def _drain(s: NodeState, now: datetime, defects: frozenset[str]
 
 def _on_policy(s: NodeState, ev: PolicyLoaded, now: datetime, defects: frozenset[str]
                ) -> tuple[NodeState, list[Command]]:
-    """A policy read: its catalogue and rails apply from now on. A node whose configured
+    """A policy read: its catalogue and rails apply from now on (a changed catalogue
+    judges the active faults again, :func:`_rejudge`). A node whose configured
     machine changed (re-registered: another machine bound to it) starts the new
     machine's record afresh — faults, counts, clears and retirements of the old machine
     are not the new one's — and people are told (alerts and repairs are filed under the
@@ -1464,19 +1489,61 @@ def _on_policy(s: NodeState, ev: PolicyLoaded, now: datetime, defects: frozenset
                                  "grace_s": ev.grace_s, "domains": sorted(ev.domains),
                                  "machine_id": ev.machine_id, "node_pool": ev.node_pool}
     cmds: list[Command] = []
+    prev = s.catalogue
     old = s.history_machine
     if ev.machine_id is not None:
         update["history_machine"] = ev.machine_id
     if (old is not None and ev.machine_id is not None and ev.machine_id != old
             and "inherit_machine_history" not in defects):
-        update |= {"active": {}, "occurrences": {}, "cleared": {}, "retired": {},
+        # the new machine's own faults stay: ingest filed them under it (the configured
+        # binding), and they may have been decided before this read saw the re-binding
+        # (the agent does not report a level fault again)
+        mine = {k: f for k, f in s.active.items() if f.alert.machine_id == ev.machine_id}
+        update |= {"active": mine, "occurrences": {}, "cleared": {}, "retired": {},
                    "diagnosed": {}, "booted_at": None}
         cmds.append(Notify(
             subject=f"{s.node} re-registered: machine {old} → {ev.machine_id}",
             body=f"The faults and history of machine {old} are not carried over to "
             f"{ev.machine_id}; its ledger history stays filed under {old}.",
             severity="info", event="cluster_alert"))
-    return s.model_copy(update=update), cmds
+    s = s.model_copy(update=update)
+    if prev is not None and ev.catalogue != prev:
+        s, more = _rejudge(s, ev.catalogue)
+        cmds += more
+    return s, cmds
+
+
+def _rejudge(s: NodeState, cat: CatalogueConfig) -> tuple[NodeState, list[Command]]:
+    """The active faults judged again under the catalogue ``cat`` just read (rule zero: a
+    repair starts on what the policy in force calls actionable): a fault it no longer
+    acts on is dropped, one it maps to another action takes that action. Counts are the
+    ones at the fault's receipt (a count no longer carried counts as met: it was when the
+    fault was taken)."""
+    active: dict[str, Fault] = {}
+    dropped: list[str] = []
+    for k, f in s.active.items():
+        a = f.alert
+        occ = s.occurrences.get(f"{a.kind}:{a.code}")
+        rep = s.occurrences.get("repeat:" + repeat_key(a))
+        dec = decide_node_action(
+            a, cat,
+            occurrences_in_window=1_000_000 if occ is None else count_in_window(
+                occ, f.received, count_window_s(a.kind, a.code, cat)),
+            repeats_same_gpu=1 if rep is None else count_in_window(
+                rep, f.received, cat.app_xid_repeat_window_s))
+        if not dec.actionable:
+            dropped.append(f"{k} ({dec.rule}: {dec.reason})")
+            continue
+        if dec.action != f.action:
+            f = f.model_copy(update={"action": dec.action, "rule": dec.rule,
+                                     "alert": a.model_copy(update={"action": dec.action})})
+        active[k] = f
+    if not dropped and active == s.active:
+        return s, []
+    text = ("policy changed: active faults judged again"
+            + (f"; no longer acted on: {', '.join(dropped)}" if dropped else ""))
+    s = s.model_copy(update={"active": active, "details": text})
+    return s, [SetDetails(text=text)]
 
 
 def step(state: NodeState, event: Event, now: datetime,
@@ -1614,7 +1681,9 @@ def _table() -> None:
         TRANSITIONS[(rc, "alert_delivered")] = (
             "seen id → `deduplicated` at once; else remembered, recorded in the ledger and "
             "queued" + ("; decided once the ledger answers or fails (I21)" if waiting else
-                        "; decided in order once recorded and the policy is fresh: stale "
+                        "; decided in order once recorded and the policy is fresh (read "
+                        "again first for an alert filed under another machine than the "
+                        "binding last read): stale "
                         "(at/before a clear, before a success that retired it, from the "
                         "boot it replaced) → ignored; inside a maintenance window → "
                         "observed only (its boot id noted), a level fault held to "
@@ -1632,8 +1701,11 @@ def _table() -> None:
                             "`new`, waiting for the ledger)")))
         TRANSITIONS[(rc, "alert_recorded")] = "the alert may be decided (queued order kept)"
         TRANSITIONS[(rc, "policy_loaded")] = (
-            "catalogue and rails apply; another machine bound to the node → the old "
-            "machine's faults and history dropped, people told")
+            "catalogue and rails apply (a changed catalogue judges the active faults "
+            "again: one it no longer acts on dropped, one it maps to another action "
+            "takes it); another machine bound to the node → the old "
+            "machine's faults and history dropped (faults ingest filed under the new "
+            "machine kept), people told")
         TRANSITIONS[(rc, "policy_failed")] = (
             "the last read policy (else the built-in defaults) decides until the next "
             "read; people told")
@@ -1662,7 +1734,9 @@ def _table() -> None:
             "ours not running (or, for a failed attach, not answering) → ended without "
             "finishing (as repair_ended); held answers of failed attaches given")
         TRANSITIONS[(rc, "ledger_read")] = (
-            "→ done: running repair adopted (or finished, if it told us early; raises "
+            "→ done: a fresh entity applies the node's newest ended repair as one it "
+            "did not start (cooldown; a success retires what it fixed); running repair "
+            "adopted (or finished, if it told us early; raises "
             "waiting on the read before a start attached to it); ours gone → closed out "
             "with a warning; stale open row → closed; queued alerts decided; none open "
             "→ a due repair starts at once"
