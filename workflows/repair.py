@@ -1709,12 +1709,12 @@ class RepairWorkflow:
             raise
 
     async def _through_cancel(self, call: Awaitable[T]) -> T:
-        """Await a machine action's activity to its end even when the workflow is
-        cancelled from Temporal (UI or CLI) meanwhile: that cancel is taken as the cancel
-        signal's (:meth:`_cancelled_from_temporal`) and the machine decides it once the
-        call returns (a power cycle that sent ForceOff sends On; I19), instead of the
-        call being abandoned half-way. ``workflow.wait`` never cancels what it waits
-        for."""
+        """Await a call that must not be abandoned half-way (a machine action's activity,
+        a cordon or drain batch) to its end even when the workflow is cancelled from
+        Temporal (UI or CLI) meanwhile: that cancel is taken as the cancel signal's
+        (:meth:`_cancelled_from_temporal`) and decided once the call returns (a power
+        cycle that sent ForceOff sends On; I19; a cordon that lands is lifted by the
+        cleanup). ``workflow.wait`` never cancels what it waits for."""
         task = asyncio.ensure_future(call)
         while not task.done():
             try:
@@ -1724,7 +1724,8 @@ class RepairWorkflow:
         return task.result()
 
     def _cancelled_from_temporal(self) -> None:
-        """The workflow was cancelled from Temporal while a machine action ran: a cancel
+        """The workflow was cancelled from Temporal while a call that must not be
+        abandoned was out (:meth:`_through_cancel`): a cancel
         by ``temporal`` (unless a person's stop came first), and the workflow closes
         cancelled once the machine is safe and the cleanup ran."""
         self._temporal_cancelled = True
@@ -2101,14 +2102,17 @@ class RepairWorkflow:
         :data:`_BATCH_PAUSE_S` (doubling to :data:`_BATCH_PAUSE_MAX_S`), and a stop
         that came meanwhile ends the repair (:class:`_Ended`) before the next batch.
         A try in flight is never abandoned (its change could land after the cleanup):
-        a stop waits for the batch out, at most ``_BATCH_RETRY.maximum_attempts`` tries."""
+        a stop waits for the batch out, at most ``_BATCH_RETRY.maximum_attempts`` tries;
+        a cancel from the Temporal UI or CLI too (:meth:`_through_cancel`: taken as the
+        cancel signal's, decided once the batch returns), so the cleanup's uncordon never
+        runs before a cordon still on its way."""
         pause = _BATCH_PAUSE_S
         while True:
             self._check_cancel_before_act()
             try:
-                result: T = await workflow.execute_activity(
+                result: T = await self._through_cancel(workflow.execute_activity(
                     name, arg, result_type=result_type, start_to_close_timeout=limit,
-                    heartbeat_timeout=heartbeat, retry_policy=_BATCH_RETRY)
+                    heartbeat_timeout=heartbeat, retry_policy=_BATCH_RETRY))
                 return result
             except ActivityError as err:
                 if is_cancelled_exception(err) or not _transient(err):

@@ -23,7 +23,6 @@ from tests.workflows.test_repair_lease_retry import USER, lease_lost_during_back
 from workflows.models import Action, ApproveSignal, CancelSignal, Stage
 
 
-@pytest.mark.xfail(strict=True, reason="cause: _act_stoppable abandons the cordon try on a Temporal cancel (workflows/repair.py)")
 async def test_workflow_cancel_while_the_cordon_is_out_does_not_leave_the_node_cordoned(
     harness: Harness,
 ) -> None:
