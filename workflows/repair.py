@@ -1682,8 +1682,10 @@ class RepairWorkflow:
                         # re-acquired, the hold is read again (I18). Done before the
                         # machine hears the timer, so a stop meanwhile leaves no retry
                         # commanded. A retry after the command was sent finishes under
-                        # the lease it started with (ending half-way could leave a host off)
-                        await self._retry_under_lease(action)
+                        # the lease it started with (ending half-way could leave a host off).
+                        # A cancel from Temporal while it waits for the lease is the cancel
+                        # signal's: nothing touched, the cleanup uncordons (I22)
+                        await self._through_cancel(self._retry_under_lease(action))
                         stop = self._stop_event(m)
                     events += stop or [MaTimerFired()]
                 elif isinstance(cmd, MaRecord):

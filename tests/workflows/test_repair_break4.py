@@ -62,7 +62,6 @@ async def _true(v: bool) -> bool:
     return v
 
 
-@pytest.mark.xfail(strict=True, reason="cause: a Temporal cancel in _retry_under_lease escapes with the action still in _acted")
 async def test_workflow_cancel_while_a_retry_waits_for_its_lease_uncordons(
     harness: Harness,
 ) -> None:
