@@ -386,6 +386,10 @@ class RepairWorkflow:
         #: (with the machine it ran on): whatever ends the repair records it (I22), as
         #: the repair machine's ``unrecorded`` does
         self._unrecorded: tuple[Action, str | None] | None = None
+        #: the last action was verified: the node came back healthy and the fault did not
+        #: recur (what follows is the rejoin only): an ending from here records the
+        #: attempt succeeded and does not keep the node cordoned for the fault (I22)
+        self._verified = False
         #: alert ids the last recurrence check after an action saw (None: no check yet);
         #: those attached later go to the node as ``unjudged_alert_ids``
         self._judged: set[str] | None = None
@@ -1527,6 +1531,7 @@ class RepairWorkflow:
                     f"node not healthy within {self._policy.rails.rejoin_timeout_s:g} s "
                     "after the action; left cordoned for a human",
                 )
+            self._verified = True
             await self._rejoin()
             late = self._cancel or self._reject
             if late is not None:
@@ -1948,10 +1953,15 @@ class RepairWorkflow:
         if self._unrecorded is not None:
             # I22: the action touched the machine; a later step ended the repair first
             ran, on = self._unrecorded
-            outcome = "succeeded" if stage == S.succeeded else "failed"
+            # verified (healthy, no recurrence): a stop or a failed uncordon after it does
+            # not make the action fail
+            outcome = "succeeded" if stage == S.succeeded or self._verified else "failed"
             await self._safely("ledger attempt", lambda: self._attempt(ran, outcome, on))
         if self._cordoned_by_us:
-            held = decision.left_cordoned(self._hold, self._acted, stage)
+            # a verified recovery leaves no fault standing: the cleanup uncordons (and
+            # says so when that fails)
+            held = decision.left_cordoned(self._hold, [] if self._verified else self._acted,
+                                          stage)
             if held is None:
                 held = await self._cleanup_uncordon()
             if held is not None:

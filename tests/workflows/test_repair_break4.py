@@ -93,7 +93,6 @@ async def test_workflow_cancel_while_a_retry_waits_for_its_lease_uncordons(
     await seen["r2"].signal("cancel", CancelSignal(by="t", reason="end"))
 
 
-@pytest.mark.xfail(strict=True, reason="cause: _finish records an unrecorded attempt failed and keeps the node cordoned though the recovery was verified")
 async def test_workflow_cancel_while_the_verified_node_rejoins_records_the_success(
     harness: Harness,
 ) -> None:
@@ -129,7 +128,6 @@ async def test_workflow_cancel_while_the_verified_node_rejoins_records_the_succe
     assert node not in h.cluster.cordons, last
 
 
-@pytest.mark.xfail(strict=True, reason="cause: _finish records an unrecorded attempt failed and keeps the node cordoned though the recovery was verified")
 async def test_an_uncordon_refused_after_a_verified_recovery_does_not_say_the_fault_stands(
     harness: Harness,
 ) -> None:
