@@ -322,6 +322,11 @@ class Carried(BaseModel):
     approve: ApproveSignal | None = None
     reject: RejectSignal | None = None
     cancel: CancelSignal | None = None
+    #: where the decision in force was decided from and why the node said a reset cannot
+    #: run then: an approval after the hand-over is decided again from there, so the
+    #: ladder step stays in the rule (docs/design.md §5)
+    decided_from: Action | None = None
+    decided_blocked: str | None = None
 
 
 @workflow.defn(name=REPAIR_WORKFLOW)
@@ -1318,6 +1323,8 @@ class RepairWorkflow:
             approve=self._approve,
             reject=self._reject,
             cancel=self._cancel,
+            decided_from=self._decided_from,
+            decided_blocked=self._decided_blocked,
         )
         workflow.continue_as_new(
             self._req.model_copy(update={"carried": state.model_dump(mode="json")})
@@ -1348,6 +1355,7 @@ class RepairWorkflow:
         self._approve = self._approve or c.approve
         self._reject = self._reject or c.reject
         self._cancel = self._cancel or c.cancel
+        self._decided_from, self._decided_blocked = c.decided_from, c.decided_blocked
         self._detail = f"waiting for idle (continued as new {c.continued}x)"
 
     def _check_cancel_before_act(self) -> None:

@@ -152,7 +152,6 @@ async def test_an_uncordon_refused_after_a_verified_recovery_does_not_say_the_fa
     assert "uncordon" in last, last
 
 
-@pytest.mark.xfail(strict=True, reason="cause: _decided_from / _decided_blocked are not carried across continue-as-new")
 async def test_an_approval_after_continue_as_new_keeps_the_ladder_step_in_the_rule(
     harness: Harness,
 ) -> None:
