@@ -792,10 +792,14 @@ class RepairWorkflow:
     def _consent(self, action: Action) -> ConsentDecision:
         """The consent policy's decision on ``action``
         (:func:`workflows.policy.consent_decision`); a detector's ``auto_approved_rule``
-        on the request approves any action but ``remove``."""
+        on the request approves any action but ``remove``. An operator's own request
+        approves the action they asked for at its first rung only: once an action ran
+        (``_acted``), a later rung goes through the consent policy (as :meth:`_escalate`
+        decides it)."""
         assert self._req is not None
+        requested = self._req.action if not self._acted else Action.none
         consent = consent_decision(action, self._alerts, self._req.requester,
-                                   self._policy.consent, requested=self._req.action)
+                                   self._policy.consent, requested=requested)
         if self._req.auto_approved_rule and action != Action.remove:
             consent = ConsentDecision(True, self._req.auto_approved_rule)
         return consent

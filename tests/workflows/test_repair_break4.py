@@ -6,8 +6,6 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
-import pytest
-
 from tests.workflows.conftest import Harness, make_alert
 from tests.workflows.helpers import (
     attempt_outcomes,
@@ -248,7 +246,6 @@ async def test_a_second_approve_while_queued_does_not_cover_the_ladders_next_act
     await second.result()
 
 
-@pytest.mark.xfail(strict=True, reason="cause: _consent counts the operator's request for every rung (_await_approval)")
 async def test_an_approval_of_a_lighter_action_at_the_next_rung_is_not_run_as_the_request(
     harness: Harness,
 ) -> None:

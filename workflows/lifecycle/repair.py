@@ -540,8 +540,10 @@ def _apply_approval(s: RepairState, now: datetime, cmds: list[Command]) -> Out:
     # step that moved it); an action the person chose instead is decided from itself
     base = s.decided_from if asked == s.action and s.decided_from is not None else asked
     s = _decide(s, now, base, approver=pa.by)
+    # an operator's own request approves the first rung of the action asked for only: an
+    # approval at a later rung that the ladder turns into it is asked again
     automatic = consent_decision(s.action, s.alerts, s.requester, s.policy.consent,
-                                 requested=s.requested).automatic
+                                 requested=Action.none if s.acted else s.requested).automatic
     again = decision.approved_as_asked(asked, pa.by, _decision_of(s, now), automatic)
     if again is not None:  # the ladder or the gate made it another action: asked again
         s2, more = _ask(s.model_copy(update={"pending_approve": None}), now, again)
