@@ -292,3 +292,49 @@ async def test_an_approval_of_a_lighter_action_at_the_next_rung_is_not_run_as_th
         f"a second reprovision ran on oncall's approval of reboot: rule {st.decided_by_rule!r}")
     await handle.signal("cancel", CancelSignal(by="oncall", reason="test over"))
     await handle.result()
+
+
+async def test_a_power_cycle_cancelled_after_it_touched_the_machine_counts_for_the_node_cap(
+    harness: Harness,
+) -> None:
+    """The node cap is one disruptive action per window. r1's power cycle runs (ForceOff,
+    On) and a person cancels while it is out: the attempt is recorded ``cancelled``
+    (it touched the machine, I22) and the node left cordoned. An operator looks, finds
+    nothing, uncordons it. The fault fires again: r2 power-cycles the same node again at
+    once, nobody asked — the cap did not count r1's power cycle because its outcome is
+    ``cancelled``. Rail (docs/design.md §5): at most ``rails.max_actions_per_node``
+    actions run on a node per window before a person decides; a touched attempt counts
+    (I16, I22)."""
+    h = harness
+    node = "gpu-12"
+    h.policy.rails.max_actions_per_node = 1
+    r1: Any = None
+
+    async def cancel_while_out(n: str) -> None:
+        if h.cluster.power_cycles == 0:
+            await r1.signal("cancel", CancelSignal(by="oncall", reason="wrong node?"))
+
+    h.cluster.while_out["power_cycle"] = cancel_while_out
+    r1 = await start_repair(h, node, Action.power_cycle, "cap1")
+    done = await r1.result()
+    assert done.stage == Stage.cancelled, done.history[-1]
+    assert h.cluster.power_cycles == 1
+    assert await attempt_outcomes(h, "cap1") == [("power_cycle", "cancelled")]
+    # an operator checked the host and uncordoned it by hand
+    h.cluster.cordons.pop(node, None)
+    h.cluster.repair_cordoned.discard(node)
+    fresh = make_alert(h.cluster.cluster, node, "cap2", observed_at=await h.env.get_current_time())
+    r2 = await start_repair(h, node, Action.power_cycle, "cap2", alerts=[fresh])
+
+    async def decided() -> bool:
+        st = await repair_status(h, node, "cap2")
+        return st.stage == Stage.awaiting_approval or h.cluster.power_cycles > 1 or \
+            st.stage.value in ("succeeded", "failed", "cancelled")
+
+    await eventually(decided, "r2 decided")
+    st = await repair_status(h, node, "cap2")
+    assert h.cluster.power_cycles == 1, (
+        f"a second power cycle ran beyond the node cap: rule {st.decided_by_rule!r}")
+    assert "node cap" in (st.decided_by_rule or ""), st.decided_by_rule
+    await r2.signal("cancel", CancelSignal(by="t", reason="end"))
+    await r2.result()
