@@ -623,8 +623,9 @@ class RailsConfig(_Section):
     #: (15 min: a BMC cold reset or firmware update keeps it unreachable for minutes).
     #: A permanent error (credentials refused, 4xx) counts at once.
     action_retry_max_s: float = Field(900.0, gt=0)
-    #: Disruptive actions (every executed action, failed ones included; cancelled and
-    #: auto-resolved ones excluded) allowed on one node within ``max_actions_window_s``;
+    #: Disruptive actions (every executed action, failed ones and those cancelled after
+    #: they touched the machine included; auto-resolved ones excluded) allowed on one
+    #: node within ``max_actions_window_s``;
     #: the next one waits for a person (stage ``awaiting_approval``). Default 6: one full
     #: climb of the default ladder (3 rungs × 2 attempts, docs/design.md §5 ladder).
     max_actions_per_node: int = Field(6, ge=1)

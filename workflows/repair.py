@@ -322,6 +322,11 @@ class Carried(BaseModel):
     approve: ApproveSignal | None = None
     reject: RejectSignal | None = None
     cancel: CancelSignal | None = None
+    #: where the decision in force was decided from and why the node said a reset cannot
+    #: run then: an approval after the hand-over is decided again from there, so the
+    #: ladder step stays in the rule (docs/design.md §5)
+    decided_from: Action | None = None
+    decided_blocked: str | None = None
 
 
 @workflow.defn(name=REPAIR_WORKFLOW)
@@ -386,6 +391,10 @@ class RepairWorkflow:
         #: (with the machine it ran on): whatever ends the repair records it (I22), as
         #: the repair machine's ``unrecorded`` does
         self._unrecorded: tuple[Action, str | None] | None = None
+        #: the last action was verified: the node came back healthy and the fault did not
+        #: recur (what follows is the rejoin only): an ending from here records the
+        #: attempt succeeded and does not keep the node cordoned for the fault (I22)
+        self._verified = False
         #: alert ids the last recurrence check after an action saw (None: no check yet);
         #: those attached later go to the node as ``unjudged_alert_ids``
         self._judged: set[str] | None = None
@@ -783,10 +792,14 @@ class RepairWorkflow:
     def _consent(self, action: Action) -> ConsentDecision:
         """The consent policy's decision on ``action``
         (:func:`workflows.policy.consent_decision`); a detector's ``auto_approved_rule``
-        on the request approves any action but ``remove``."""
+        on the request approves any action but ``remove``. An operator's own request
+        approves the action they asked for at its first rung only: once an action ran
+        (``_acted``), a later rung goes through the consent policy (as :meth:`_escalate`
+        decides it)."""
         assert self._req is not None
+        requested = self._req.action if not self._acted else Action.none
         consent = consent_decision(action, self._alerts, self._req.requester,
-                                   self._policy.consent, requested=self._req.action)
+                                   self._policy.consent, requested=requested)
         if self._req.auto_approved_rule and action != Action.remove:
             consent = ConsentDecision(True, self._req.auto_approved_rule)
         return consent
@@ -1317,6 +1330,8 @@ class RepairWorkflow:
             approve=self._approve,
             reject=self._reject,
             cancel=self._cancel,
+            decided_from=self._decided_from,
+            decided_blocked=self._decided_blocked,
         )
         workflow.continue_as_new(
             self._req.model_copy(update={"carried": state.model_dump(mode="json")})
@@ -1347,6 +1362,7 @@ class RepairWorkflow:
         self._approve = self._approve or c.approve
         self._reject = self._reject or c.reject
         self._cancel = self._cancel or c.cancel
+        self._decided_from, self._decided_blocked = c.decided_from, c.decided_blocked
         self._detail = f"waiting for idle (continued as new {c.continued}x)"
 
     def _check_cancel_before_act(self) -> None:
@@ -1526,6 +1542,7 @@ class RepairWorkflow:
                     f"node not healthy within {self._policy.rails.rejoin_timeout_s:g} s "
                     "after the action; left cordoned for a human",
                 )
+            self._verified = True
             await self._rejoin()
             late = self._cancel or self._reject
             if late is not None:
@@ -1681,8 +1698,10 @@ class RepairWorkflow:
                         # re-acquired, the hold is read again (I18). Done before the
                         # machine hears the timer, so a stop meanwhile leaves no retry
                         # commanded. A retry after the command was sent finishes under
-                        # the lease it started with (ending half-way could leave a host off)
-                        await self._retry_under_lease(action)
+                        # the lease it started with (ending half-way could leave a host off).
+                        # A cancel from Temporal while it waits for the lease is the cancel
+                        # signal's: nothing touched, the cleanup uncordons (I22)
+                        await self._through_cancel(self._retry_under_lease(action))
                         stop = self._stop_event(m)
                     events += stop or [MaTimerFired()]
                 elif isinstance(cmd, MaRecord):
@@ -1708,12 +1727,12 @@ class RepairWorkflow:
             raise
 
     async def _through_cancel(self, call: Awaitable[T]) -> T:
-        """Await a machine action's activity to its end even when the workflow is
-        cancelled from Temporal (UI or CLI) meanwhile: that cancel is taken as the cancel
-        signal's (:meth:`_cancelled_from_temporal`) and the machine decides it once the
-        call returns (a power cycle that sent ForceOff sends On; I19), instead of the
-        call being abandoned half-way. ``workflow.wait`` never cancels what it waits
-        for."""
+        """Await a call that must not be abandoned half-way (a machine action's activity,
+        a cordon or drain batch) to its end even when the workflow is cancelled from
+        Temporal (UI or CLI) meanwhile: that cancel is taken as the cancel signal's
+        (:meth:`_cancelled_from_temporal`) and decided once the call returns (a power
+        cycle that sent ForceOff sends On; I19; a cordon that lands is lifted by the
+        cleanup). ``workflow.wait`` never cancels what it waits for."""
         task = asyncio.ensure_future(call)
         while not task.done():
             try:
@@ -1723,7 +1742,8 @@ class RepairWorkflow:
         return task.result()
 
     def _cancelled_from_temporal(self) -> None:
-        """The workflow was cancelled from Temporal while a machine action ran: a cancel
+        """The workflow was cancelled from Temporal while a call that must not be
+        abandoned was out (:meth:`_through_cancel`): a cancel
         by ``temporal`` (unless a person's stop came first), and the workflow closes
         cancelled once the machine is safe and the cleanup ran."""
         self._temporal_cancelled = True
@@ -1977,10 +1997,15 @@ class RepairWorkflow:
         if self._unrecorded is not None:
             # I22: the action touched the machine; a later step ended the repair first
             ran, on = self._unrecorded
-            outcome = "succeeded" if stage == S.succeeded else "failed"
+            # verified (healthy, no recurrence): a stop or a failed uncordon after it does
+            # not make the action fail
+            outcome = "succeeded" if stage == S.succeeded or self._verified else "failed"
             await self._safely("ledger attempt", lambda: self._attempt(ran, outcome, on))
         if self._cordoned_by_us:
-            held = decision.left_cordoned(self._hold, self._acted, stage)
+            # a verified recovery leaves no fault standing: the cleanup uncordons (and
+            # says so when that fails)
+            held = decision.left_cordoned(self._hold, [] if self._verified else self._acted,
+                                          stage)
             if held is None:
                 held = await self._cleanup_uncordon()
             if held is not None:
@@ -2133,14 +2158,17 @@ class RepairWorkflow:
         :data:`_BATCH_PAUSE_S` (doubling to :data:`_BATCH_PAUSE_MAX_S`), and a stop
         that came meanwhile ends the repair (:class:`_Ended`) before the next batch.
         A try in flight is never abandoned (its change could land after the cleanup):
-        a stop waits for the batch out, at most ``_BATCH_RETRY.maximum_attempts`` tries."""
+        a stop waits for the batch out, at most ``_BATCH_RETRY.maximum_attempts`` tries;
+        a cancel from the Temporal UI or CLI too (:meth:`_through_cancel`: taken as the
+        cancel signal's, decided once the batch returns), so the cleanup's uncordon never
+        runs before a cordon still on its way."""
         pause = _BATCH_PAUSE_S
         while True:
             self._check_cancel_before_act()
             try:
-                result: T = await workflow.execute_activity(
+                result: T = await self._through_cancel(workflow.execute_activity(
                     name, arg, result_type=result_type, start_to_close_timeout=limit,
-                    heartbeat_timeout=heartbeat, retry_policy=_BATCH_RETRY)
+                    heartbeat_timeout=heartbeat, retry_policy=_BATCH_RETRY))
                 return result
             except ActivityError as err:
                 if is_cancelled_exception(err) or not _transient(err):

@@ -540,8 +540,10 @@ def _apply_approval(s: RepairState, now: datetime, cmds: list[Command]) -> Out:
     # step that moved it); an action the person chose instead is decided from itself
     base = s.decided_from if asked == s.action and s.decided_from is not None else asked
     s = _decide(s, now, base, approver=pa.by)
+    # an operator's own request approves the first rung of the action asked for only: an
+    # approval at a later rung that the ladder turns into it is asked again
     automatic = consent_decision(s.action, s.alerts, s.requester, s.policy.consent,
-                                 requested=s.requested).automatic
+                                 requested=Action.none if s.acted else s.requested).automatic
     again = decision.approved_as_asked(asked, pa.by, _decision_of(s, now), automatic)
     if again is not None:  # the ladder or the gate made it another action: asked again
         s2, more = _ask(s.model_copy(update={"pending_approve": None}), now, again)
@@ -572,11 +574,16 @@ def _consent_or_ask(s: RepairState, now: datetime, why: str, cmds: list[Command]
 def _end(s: RepairState, stage: S, by: str, reason: str) -> Out:
     """Finish: uncordon unless a disruptive action ran without a verified recovery, a
     remove held the machine, or the hold says why the node stays cordoned."""
-    held = decision.left_cordoned(s.hold, s.acted, stage)
+    # rejoining: the node came back healthy and the fault did not recur; only the
+    # uncordon was left, so an ending now (the uncordon refused for good) records the
+    # action as succeeded and keeps no cordon for the fault (the cleanup's uncordon says
+    # why it failed)
+    verified = s.status == Status.rejoining
+    held = decision.left_cordoned(s.hold, [] if verified else s.acted, stage)
     cmds: list[Command] = []
     if s.unrecorded is not None:  # I22: an action that ran is recorded, whatever ended it
-        cmds.append(RecordAttempt(action=s.unrecorded,
-                                  outcome="succeeded" if stage == S.succeeded else "failed"))
+        cmds.append(RecordAttempt(action=s.unrecorded, outcome="succeeded"
+                                  if stage == S.succeeded or verified else "failed"))
     if s.lease != "none":
         cmds.append(SignalGuard(what="release"))
     s = s.model_copy(update={"status": Status.ended, "stage": stage, "lease": "none",

@@ -13,6 +13,10 @@ from workflows.policy.reset import reset_decision
 
 #: Attempt outcomes that never count for the ladder (docs/design.md §5).
 NOT_COUNTED: frozenset[str] = frozenset({"cancelled", "auto_resolved"})
+#: Attempt outcomes that are no action executed on the node, for the per-node cap. A
+#: ``cancelled`` attempt is recorded only when the action touched the machine (the
+#: machine action's I22: a power cycle cancelled after ForceOff), so it ran and counts.
+NOT_EXECUTED: frozenset[str] = frozenset({"auto_resolved"})
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,8 @@ def node_actions_in_window(
     attempts: Sequence[AttemptRecord], node: str, now: datetime, window_s: float
 ) -> int:
     """Disruptive actions executed on ``node`` (any machine, action, fault or outcome but
-    cancelled / self-resolved) within ``window_s`` seconds before ``now``: the count that
+    self-resolved; a cancelled attempt is recorded only when it touched the machine, so it
+    counts) within ``window_s`` seconds before ``now``: the count that
     ``rails.max_actions_per_node`` caps (docs/design.md §5 rails)."""
     since = now - timedelta(seconds=window_s)
     return sum(
@@ -97,7 +102,7 @@ def node_actions_in_window(
         for a in attempts
         if a.node == node
         and a.action != Action.none
-        and a.outcome not in NOT_COUNTED
+        and a.outcome not in NOT_EXECUTED
         and since <= a.at <= now
     )
 
