@@ -284,6 +284,14 @@ def _cancelled(s: MachineActionState, defects: frozenset[str]
                 "no further action", defects)
 
 
+def _maybe_off(s: MachineActionState) -> str:
+    """What a failure in an :data:`UNSAFE` phase must tell: the host may be left off."""
+    if s.phase not in UNSAFE.get(s.action, frozenset()):
+        return ""
+    return (f"; the host may be off after {s.phase} (On was never sent): a person must "
+            "check its power before the node is used")
+
+
 def _transient(s: MachineActionState, now: datetime, message: str, defects: frozenset[str]
                ) -> tuple[MachineActionState, list[Command]]:
     first = s.first_failure or now
@@ -295,7 +303,7 @@ def _transient(s: MachineActionState, now: datetime, message: str, defects: froz
                         f"after {s.phase} (powering on failed: {message}): a human must "
                         "power it on", defects)
         return _end(s, Status.failed, f"{s.action.value} failed after {s.tries} tries "
-                    f"({spent:g} s): {message}", defects)
+                    f"({spent:g} s): {message}{_maybe_off(s)}", defects)
     wait = min(s.backoff_s, s.retry_max_s - spent)
     s = s.model_copy(update={
         "status": Status.safe_backing_off if making_safe else Status.backing_off,
@@ -373,7 +381,7 @@ def step(state: MachineActionState, event: Event, now: datetime,
                         "must power it on", defects)
         if s.cancel is not None:
             return _cancelled(s, defects)
-        detail = f"{s.action.value} failed after {s.phase}: {event.message}"
+        detail = f"{s.action.value} failed after {s.phase}: {event.message}{_maybe_off(s)}"
         return _end(s, Status.failed, detail, defects)
     message = getattr(event, "message", "") or event.kind.replace("_", " ")
     if s.cancel is not None and st == Status.running:
