@@ -7,9 +7,10 @@
   a ``409 Conflict`` is retried with a fresh read;
 - idle = no running/pending pod on the node requests ``nvidia.com/gpu``;
 - drain = the Eviction API for every evictable pod (DaemonSet and mirror pods are left
-  alone, as ``kubectl drain`` does); ``429`` from a PodDisruptionBudget is retried with
-  backoff and reported in heartbeats; after the deadline the remaining pods are listed in a
-  non-retryable ``ERR_DRAIN_DEADLINE`` failure;
+  alone, as ``kubectl drain`` does); ``429`` from a PodDisruptionBudget and evictions the
+  API server refuses (5xx, e.g. a pod under two PDBs) are retried with backoff and
+  reported in heartbeats; after the deadline every pod still there (evicted but still
+  Terminating included) is listed in a non-retryable ``ERR_DRAIN_DEADLINE`` failure;
 - rejoin = remove only our taint and annotations; ``unschedulable`` goes back to false only
   when ``autorepair.io/cordoned-by`` says we set it (someone else's cordon stays);
 - powered-off node (Kubernetes *non-graceful node shutdown*, KEP-2268, GA in 1.28): GPU
@@ -126,6 +127,18 @@ def _out_of_service_by(ann: dict[str, str], repair_id: str) -> bool:
                     == repair_id)
     except (ValueError, AttributeError):
         return False
+
+
+def _refusal(e: ApiException) -> str:
+    """Why the API server refused an eviction: ``PodDisruptionBudget: ...`` for a 429,
+    else ``HTTP <status> <reason>: <the Status message>``."""
+    try:
+        message = str(json.loads(e.body or "{}").get("message") or "")
+    except (ValueError, AttributeError):
+        message = ""
+    if e.status == 429:
+        return "PodDisruptionBudget: " + (message or e.reason or "429")
+    return f"HTTP {e.status} {e.reason or ''}".rstrip() + (f": {message}" if message else "")
 
 
 def _node_ready(n: k8s.V1Node) -> bool:
@@ -350,6 +363,7 @@ class KubeScheduler:
         deadline = time.monotonic() + deadline_s
         backoff: dict[str, float] = {}
         next_try: dict[str, float] = {}
+        blocked: dict[str, str] = {}  # pod → why its last eviction was refused
         evicted: list[str] = []
         released = ""
         while True:
@@ -365,8 +379,10 @@ class KubeScheduler:
                 return DrainResult(
                     drained=True, detail=f"{released}; {done}" if released else done
                 )
-            blocked: dict[str, str] = {}
             now = time.monotonic()
+            present = {_pod_name(p) for p in pods}
+            for gone in set(blocked) - present:
+                del blocked[gone]
             for p in pods:
                 name = _pod_name(p)
                 if next_try.get(name, 0.0) > now or p.metadata.deletion_timestamp:
@@ -379,25 +395,30 @@ class KubeScheduler:
                         p.metadata.name, p.metadata.namespace, body
                     )
                     evicted.append(name)
+                    blocked.pop(name, None)
                 except ApiException as e:
                     if e.status == 404:
                         continue  # already gone
-                    if e.status == 429:
-                        b = min(backoff.get(name, EVICT_BACKOFF_S[0] / 2) * 2, EVICT_BACKOFF_S[1])
-                        backoff[name] = b
-                        next_try[name] = time.monotonic() + b
-                        blocked[name] = "PodDisruptionBudget: " + (e.reason or "429")
-                        continue
                     if e.status in (401, 403):
                         raise self._classify(e, node) from e
-                    raise
-            remaining = sorted(_pod_name(p) for p in pods if _pod_name(p) not in evicted)
-            heartbeat({"remaining": remaining, "blocked": blocked})
+                    # 429 (a PodDisruptionBudget), or an eviction the API server refuses
+                    # (500 "more than one PodDisruptionBudget", 5xx): retried with backoff
+                    # until the deadline, then reported with the remaining pods
+                    b = min(backoff.get(name, EVICT_BACKOFF_S[0] / 2) * 2, EVICT_BACKOFF_S[1])
+                    backoff[name] = b
+                    next_try[name] = time.monotonic() + b
+                    blocked[name] = _refusal(e)
+            # every pod still there counts, evicted or not: one that accepted its eviction
+            # but stays Terminating (finalizer, long grace period) blocks the drain too
+            remaining = sorted(present)
+            terminating = sorted(_pod_name(p) for p in pods if p.metadata.deletion_timestamp)
+            heartbeat({"remaining": remaining, "blocked": dict(blocked)})
             if time.monotonic() >= deadline and remaining:
                 raise permanent(
                     ERR_DRAIN_DEADLINE,
                     f"cluster {self.cluster.name} node {node}: pods still there after the "
                     f"{deadline_s:.0f}s drain deadline: {', '.join(remaining)}"
+                    + (f" (terminating: {', '.join(terminating)})" if terminating else "")
                     + (f" (blocked: {blocked})" if blocked else ""),
                     DrainResult(drained=False, remaining=remaining).model_dump(),
                 )

@@ -1,0 +1,82 @@
+"""Break-test round 5: KubeScheduler against kmock (``kube_api``) — the drain deadline,
+evictions the API server refuses, and a node deleted and re-created mid-repair."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp.web
+import pytest
+from temporalio.exceptions import ApplicationError
+
+from activities.scheduler.kube import KubeScheduler
+from tests.fixtures.kube import PODS, KubeApi, KubeEmulator, _status
+from workflows.activity_api import ERR_DRAIN_DEADLINE
+from workflows.config import ClusterConfig, NodeConfig
+
+
+@pytest.fixture()
+def sched(kube_api: KubeApi) -> KubeScheduler:
+    cluster = ClusterConfig(
+        name="k8s", scheduler="kubernetes", nodes=[NodeConfig(name="gpu-node-1")]
+    )
+    return KubeScheduler(cluster, api_client=kube_api.api_client)
+
+
+async def test_drain_deadline_holds_for_evicted_pods_stuck_terminating(
+    kube_api: KubeApi, sched: KubeScheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A training pod accepts its eviction but never goes (a finalizer, a long
+    terminationGracePeriodSeconds, a kubelet that stopped answering while the BMC still
+    says On): it stays Terminating. The drain then looped past its deadline for as long as
+    the activity's start-to-close limit allowed (deadline + 300 s) and timed out instead
+    of reporting it: the pod was counted as 'evicted', so the deadline check found nothing
+    remaining. The rail (kube.py docstring, docs/design.md §5): after ``deadline_s`` the
+    pods still on the node are listed in a non-retryable ERR_DRAIN_DEADLINE."""
+
+    async def evict_but_stay(self: KubeEmulator, request: Any) -> aiohttp.web.StreamResponse:
+        key = (PODS, request.namespace, request.name)
+        self.objects[key].patch({"metadata": {"deletionTimestamp": "2026-12-07T10:00:00Z"}})
+        self.evictions.append((str(request.namespace), str(request.name), 201))
+        return aiohttp.web.json_response({"kind": "Status", "status": "Success",
+                                          "code": 201}, status=201)
+
+    monkeypatch.setattr(KubeEmulator, "_evict", evict_but_stay)
+    kube_api.add_node("n1")
+    kube_api.add_pod("ml", "train-0", "n1", gpus=8)
+    await sched.cordon("n1", "r-k1", "Xid 79")
+    with pytest.raises(ApplicationError) as ei:
+        await asyncio.wait_for(sched.drain("n1", "r-k1", deadline_s=1.5), timeout=15)
+    assert ei.value.type == ERR_DRAIN_DEADLINE and ei.value.non_retryable
+    assert "ml/train-0" in str(ei.value)
+
+
+async def test_drain_deadline_holds_when_the_api_server_refuses_an_eviction(
+    kube_api: KubeApi, sched: KubeScheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pod covered by two PodDisruptionBudgets: the API server answers every eviction
+    with 500 "This pod has more than one PodDisruptionBudget, which the eviction
+    subresource does not support." The drain raised the 500 at once; Temporal retried
+    the activity in batches forever, each try with a fresh deadline, so the repair sat in
+    ``draining`` without ever reporting which pod blocks it. Expected: the refused pod is
+    reported as blocked (heartbeat) and retried within the drain, and after ``deadline_s``
+    the drain fails with ERR_DRAIN_DEADLINE naming the pod and the API server's answer."""
+
+    async def refuse(self: KubeEmulator, request: Any) -> aiohttp.web.StreamResponse:
+        self.evictions.append((str(request.namespace), str(request.name), 500))
+        return _status(500, "InternalError", "This pod has more than one "
+                       "PodDisruptionBudget, which the eviction subresource does not support.")
+
+    monkeypatch.setattr(KubeEmulator, "_evict", refuse)
+    kube_api.add_node("n1")
+    kube_api.add_pod("ml", "train-0", "n1", gpus=8)
+    await sched.cordon("n1", "r-k2", "Xid 79")
+    beats: list[Any] = []
+    with pytest.raises(ApplicationError) as ei:
+        await asyncio.wait_for(
+            sched.drain("n1", "r-k2", deadline_s=1.5, heartbeat=beats.append), timeout=15)
+    assert ei.value.type == ERR_DRAIN_DEADLINE and ei.value.non_retryable
+    assert "ml/train-0" in str(ei.value) and "PodDisruptionBudget" in str(ei.value)
+    assert any("ml/train-0" in b.get("blocked", {}) for b in beats if isinstance(b, dict))
+
