@@ -6,7 +6,8 @@
   merge patch carrying the ``resourceVersion`` read just before (optimistic concurrency):
   a ``409 Conflict`` is retried with a fresh read;
 - idle = no running/pending pod on the node requests ``nvidia.com/gpu``;
-- drain = the Eviction API for every evictable pod (DaemonSet and mirror pods are left
+- drain = cordon again when the node lost this repair's cordon (deleted and re-registered),
+  then the Eviction API for every evictable pod (DaemonSet and mirror pods are left
   alone, as ``kubectl drain`` does); ``429`` from a PodDisruptionBudget and evictions the
   API server refuses (5xx, e.g. a pod under two PDBs) are retried with backoff and
   reported in heartbeats; after the deadline every pod still there (evicted but still
@@ -358,7 +359,17 @@ class KubeScheduler:
         Heartbeats ``{"remaining": [...], "blocked": {pod: message}}``. Raises
         non-retryable ``ERR_DRAIN_DEADLINE`` naming the remaining pods after the deadline.
         """
-        await self._read(node)
+        cur = await self._read(node)
+        ann = cur.metadata.annotations or {}
+        holder = ann.get(ANN_REPAIR_ID)
+        if holder is None or (holder == repair_id and not (
+                cur.spec.unschedulable
+                and any(t.key == TAINT_KEY for t in cur.spec.taints or []))):
+            # the node lost this repair's cordon (deleted and re-registered, or edited):
+            # cordon again before evicting, as `kubectl drain` does, or the evicted work
+            # (and new work) lands right back on it
+            await self.cordon(node, repair_id, ann.get(ANN_REASON) or
+                              "drain: re-cordoned (the node had lost this repair's cordon)")
         api = await self._api()
         deadline = time.monotonic() + deadline_s
         backoff: dict[str, float] = {}

@@ -10,8 +10,8 @@ import aiohttp.web
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.scheduler.kube import KubeScheduler
-from tests.fixtures.kube import PODS, KubeApi, KubeEmulator, _status
+from activities.scheduler.kube import TAINT_KEY, KubeScheduler
+from tests.fixtures.kube import NODES, PODS, KubeApi, KubeEmulator, _status
 from workflows.activity_api import ERR_DRAIN_DEADLINE
 from workflows.config import ClusterConfig, NodeConfig
 
@@ -79,4 +79,30 @@ async def test_drain_deadline_holds_when_the_api_server_refuses_an_eviction(
     assert ei.value.type == ERR_DRAIN_DEADLINE and ei.value.non_retryable
     assert "ml/train-0" in str(ei.value) and "PodDisruptionBudget" in str(ei.value)
     assert any("ml/train-0" in b.get("blocked", {}) for b in beats if isinstance(b, dict))
+
+
+async def test_drain_recordons_a_node_recreated_mid_repair(
+    kube_api: KubeApi, sched: KubeScheduler
+) -> None:
+    """The Node object is deleted and re-registered by its kubelet while the repair waits
+    (a cloud node-lifecycle controller, ``kubectl delete node`` by a colleague): the new
+    object carries neither ``unschedulable`` nor our taint. The drain evicted the pods
+    from a schedulable node, so the scheduler placed GPU jobs right back on it, and the
+    reboot that followed killed them. ``kubectl drain`` cordons before evicting, and the
+    Slurm drain re-drains an undrained node first; the Kubernetes drain must likewise
+    leave the node cordoned with this repair's taint before it evicts."""
+    kube_api.add_node("n1", boot_id="b-1")
+    await sched.cordon("n1", "r-k3", "Xid 79")
+    kube_api.server.objects[NODES, None, "n1"].delete()
+    kube_api.add_node("n1", boot_id="b-1")  # re-registered: no cordon, no taint
+    kube_api.add_pod("ml", "train-0", "n1", gpus=8)
+    res = await sched.drain("n1", "r-k3", deadline_s=10)
+    assert res.drained
+    node = kube_api.node("n1")
+    assert node["spec"].get("unschedulable") is True
+    assert any(t["key"] == TAINT_KEY and t.get("value") == "r-k3"
+               for t in node["spec"].get("taints") or [])
+    # and the rejoin afterwards undoes exactly that cordon
+    rj = await sched.rejoin("n1", "r-k3")
+    assert rj.uncordoned and not kube_api.node("n1")["spec"].get("unschedulable")
 
