@@ -80,6 +80,9 @@ CONFLICT_ATTEMPTS = 8
 EVICT_BACKOFF_S = (0.5, 10.0)
 #: Poll interval while waiting for evicted pods to go, seconds.
 DRAIN_POLL_S = 0.5
+#: How often a drain asks the BMC whether a NotReady node's host is powered off, seconds
+#: (once at the start, then at this pace: never on every poll of a fragile BMC).
+RELEASE_RECHECK_S = 60.0
 
 
 def _taint_dict(t: k8s.V1Taint) -> dict[str, Any]:
@@ -377,10 +380,13 @@ class KubeScheduler:
         blocked: dict[str, str] = {}  # pod → why its last eviction was refused
         evicted: list[str] = []
         released = ""
+        next_release_check = 0.0
         while True:
             pods = [p for p in await self._pods_on(node) if _evictable(p)]
-            if pods and not released:
-                # pods on a powered-off host never go: non-graceful node shutdown
+            if pods and not released and time.monotonic() >= next_release_check:
+                # pods on a powered-off host never go: non-graceful node shutdown. The BMC
+                # is asked once, then every RELEASE_RECHECK_S, never on every poll.
+                next_release_check = time.monotonic() + RELEASE_RECHECK_S
                 released = await self.release_powered_off(node, repair_id)
                 if released:
                     heartbeat({"released": released})

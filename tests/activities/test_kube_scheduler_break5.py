@@ -106,3 +106,30 @@ async def test_drain_recordons_a_node_recreated_mid_repair(
     rj = await sched.rejoin("n1", "r-k3")
     assert rj.uncordoned and not kube_api.node("n1")["spec"].get("unschedulable")
 
+
+async def test_drain_of_a_notready_node_does_not_poll_its_bmc_twice_a_second(
+    kube_api: KubeApi
+) -> None:
+    """A NotReady node (kubelet wedged by the GPU fault) whose BMC reports power On: its
+    pods cannot be force-released, and one of them waits on a PodDisruptionBudget. The
+    drain asked the BMC for the host's power state on every 0.5 s poll, for as long as the
+    drain deadline (hours by default): thousands of Redfish sessions against a
+    controller the design otherwise rate-limits (``temporal.bmc_rate_per_s``), on the
+    machine that is already sick. Expected: the BMC is asked once when the drain starts
+    and then at a bounded, slow rate, not on every poll."""
+    probes: list[str] = []
+
+    async def probe(cluster: str, node: str) -> dict[str, str | None]:
+        probes.append(node)
+        return {"power_state": "On", "state": "Enabled", "health": "Critical"}
+
+    cluster = ClusterConfig(name="k8s", scheduler="kubernetes",
+                            nodes=[NodeConfig(name="n1")])
+    sched = KubeScheduler(cluster, api_client=kube_api.api_client, bmc_probe=probe)
+    kube_api.add_node("n1", ready=False)
+    kube_api.add_pod("ml", "train-0", "n1", gpus=8, labels={"app": "train"})
+    kube_api.add_pdb("ml", "train-pdb", {"app": "train"}, disruptions_allowed=0)
+    with pytest.raises(ApplicationError) as ei:
+        await sched.drain("n1", "r-k4", deadline_s=3)
+    assert ei.value.type == ERR_DRAIN_DEADLINE
+    assert 1 <= len(probes) <= 2, f"BMC asked {len(probes)} times in a 3 s drain"
