@@ -9,8 +9,10 @@
   in a non-retryable ``ERR_DRAIN_DEADLINE`` failure;
 - rejoin = ``state=resume`` only while the reason still carries our repair id (a node
   someone else drained is never resumed);
-- node health from ``sinfo --json`` (Slurm ≥ 22.05; ``scontrol`` has no ``--json`` there),
-  falling back to parsing ``scontrol show node`` text on older Slurm.
+- node health from ``sinfo --json`` where it prints the node document (Slurm 20.11-22.05;
+  ``scontrol`` has no ``--json`` there), else from ``scontrol show node`` text (older
+  Slurm, and Slurm ≥ 23.02, whose ``sinfo --json`` prints partition/state groups
+  without boot times).
 
 Node states are normalised to a base state plus flags, covering the combinations in the
 field corpus: ``IDLE+DRAIN``, ``DOWN+DRAIN``, ``MIXED+DRAIN`` (= DRAINING), ``DRAINED``,
@@ -201,8 +203,21 @@ def _epoch(v: object) -> datetime | None:
     return None
 
 
+def sinfo_json_has_nodes(text: str) -> bool:
+    """Whether ``sinfo --json`` output is the node document of Slurm 20.11-22.05 (a
+    top-level ``nodes`` array). Slurm 23.02 and later (data_parser v0.0.39+) print a
+    ``sinfo`` array of partition/state groups instead, without boot times: those are read
+    through ``scontrol show node``."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get("nodes"), list)
+
+
 def parse_sinfo_json(text: str) -> dict[str, SlurmNode]:
-    """Nodes of ``sinfo --json`` output by name. Raises ``ValueError`` on malformed JSON."""
+    """Nodes of ``sinfo --json`` output by name (the node document of Slurm 20.11-22.05,
+    :func:`sinfo_json_has_nodes`). Raises ``ValueError`` on malformed JSON."""
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
@@ -413,13 +428,16 @@ class SlurmScheduler:
         """The node's current Slurm view. Raises non-retryable ``ERR_UNKNOWN_NODE``."""
         if self._json is not False:
             rc, out, err = await self._run("sinfo", "--json", check=False)
-            if rc == 0:
+            if rc == 0 and sinfo_json_has_nodes(out):
                 self._json = True
                 nodes = parse_sinfo_json(out)
                 if node not in nodes:
                     raise self._unknown(node)
                 return nodes[node]
-            if "unrecognized option" in err or "invalid option" in err or "json" in err.lower():
+            if rc == 0:
+                self._json = False  # Slurm >= 23.02: no node document; scontrol below
+            elif ("unrecognized option" in err or "invalid option" in err
+                  or "json" in err.lower()):
                 self._json = False
             else:
                 raise SlurmCommandError(f"sinfo --json rc={rc}: {err.strip()}")
