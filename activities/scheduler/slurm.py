@@ -8,7 +8,7 @@
   eviction), wait until ``DRAINED``; after the deadline the remaining job ids are listed
   in a non-retryable ``ERR_DRAIN_DEADLINE`` failure;
 - rejoin = ``state=resume`` only while the reason still carries our repair id (a node
-  someone else drained is never resumed);
+  someone else drained or set DOWN is never resumed: the cordon leaves it as it is);
 - node health from ``sinfo --json`` where it prints the node document (Slurm 20.11-22.05;
   ``scontrol`` has no ``--json`` there), else from ``scontrol show node`` text (older
   Slurm, and Slurm ≥ 23.02, whose ``sinfo --json`` prints partition/state groups
@@ -475,7 +475,9 @@ class SlurmScheduler:
     async def cordon(self, node: str, repair_id: str, reason: str) -> CordonResult:
         """Drain ``node`` with reason ``autorepair:<repair_id> <summary>``; no-op when ours.
 
-        A node already drained with another reason is left as it is (``by_other=True``).
+        A node already drained with another reason, or DOWN (set by an admin or by
+        slurmctld), is left as it is with its reason (``by_other=True``): the rejoin then
+        never resumes it.
         """
         n = await self.read_node(node)
         if n.drain:
@@ -489,6 +491,14 @@ class SlurmScheduler:
             return CordonResult(
                 cordoned_by_us=False, by_other=True, held_by_repair=other,
                 detail=f"already drained by {n.reason_user or 'someone else'}: {n.reason}",
+            )
+        if n.base == "DOWN":
+            # someone (an admin, or slurmctld itself) took the node DOWN: draining it
+            # would overwrite their reason and make our rejoin resume it, so it stays
+            return CordonResult(
+                cordoned_by_us=False, by_other=True,
+                detail=f"node is DOWN, set by {n.reason_user or 'someone else'}: "
+                f"{n.reason or 'no reason'} (left as it is)",
             )
         summary = " ".join(reason.split())[:MAX_SUMMARY]
         text = f"{REASON_PREFIX}{repair_id} {summary}".strip()

@@ -7,7 +7,10 @@ import json
 import stat
 from pathlib import Path
 
+import pytest
+
 from activities.scheduler.slurm import SlurmScheduler
+from workers.devpeers import SlurmCluster
 from workflows.config import ClusterConfig, NodeConfig
 
 #: ``sinfo --json`` as Slurm 23.02+ (data_parser v0.0.39 and later, e.g. 24.11) prints it:
@@ -57,3 +60,30 @@ async def test_read_node_on_slurm_24_sinfo_json(tmp_path: Path) -> None:
     assert n.reason == "bad DIMM, ticket 4711"
     assert n.boot_time is not None
 
+
+
+@pytest.mark.slurm
+async def test_a_node_set_down_by_an_admin_keeps_its_reason_and_stays_down(
+    slurm_cluster: SlurmCluster, slurm_cluster_config: ClusterConfig
+) -> None:
+    """An admin took gpu-02 out with ``scontrol update state=down reason="PSU fault, RMA
+    88"``; then a fault alert on it led to a repair. The cordon saw no DRAIN flag, wrote
+    ``state=drain reason=autorepair:<id> ...`` over the admin's reason (now lost from
+    ``sinfo -R``), and the rejoin found its own reason and resumed the node: the node the
+    admin sent to RMA was back in the partition taking jobs. The rail (docs/design.md §6,
+    scenarios.md 4): a node someone else took out is never put back by the system, and
+    their reason is kept."""
+    slurm_cluster.reset_nodes()
+    sched = SlurmScheduler(slurm_cluster_config)
+    try:
+        slurm_cluster.run("scontrol", "update", "nodename=gpu-02", "state=down",
+                          "reason=PSU fault, RMA 88")
+        res = await sched.cordon("gpu-02", "r-900", "Xid 79")
+        assert not res.cordoned_by_us and res.by_other
+        assert (await sched.node_health("gpu-02")).reason == "PSU fault, RMA 88"
+        rj = await sched.rejoin("gpu-02", "r-900")
+        assert not rj.uncordoned and "PSU fault, RMA 88" in rj.kept_reason
+        h = await sched.node_health("gpu-02")
+        assert h.state[0] == "DOWN" and h.reason == "PSU fault, RMA 88"
+    finally:
+        slurm_cluster.reset_nodes()
