@@ -363,7 +363,8 @@ class PowerActivities:
         Phases: ``not_started`` → ``off_sent`` → ``off_seen`` → ``on_sent`` → ``booted``,
         resumed from ``inp.resume_phase`` (the workflow carries the phase the earlier try
         reached) or the last heartbeat of an earlier try, whichever is further: a retry
-        after ``On`` only waits for the host, never sends ForceOff again. Guarded too by
+        after ``On`` only waits for the host, never sends ForceOff again, and one resumed at
+        ``off_seen`` that finds the host On already does not send ``On`` again. Guarded too by
         the boot identity (docs/design.md §5) and by a host found ``Off`` (resumes at On). A
         failure carries the phase reached (:func:`workflows.activity_api.phased_failure`)."""
         phase = resume_from(inp, PHASES[Action.power_cycle])
@@ -389,8 +390,13 @@ class PowerActivities:
                 phase = "off_seen"
                 heartbeat({"phase": phase})
             if phase == "off_seen":
-                await m.reset(sushy.RESET_ON)
-                steps.append("On")
+                # a retry after an On whose answer was lost finds the host On already:
+                # a second On is refused by some BMCs (iDRAC: 409) and is never needed
+                if steps or (await m.power_state()).lower() != "on":
+                    await m.reset(sushy.RESET_ON)
+                    steps.append("On")
+                else:
+                    steps.append("resumed at off_seen: host already On, On not resent")
                 phase = "on_sent"
                 heartbeat({"phase": phase})
             else:

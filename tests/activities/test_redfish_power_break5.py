@@ -1,0 +1,46 @@
+"""Break-test round 5: power activities against the sushy-tools Redfish emulator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import requests
+from sushy import exceptions as sushy_exc
+from temporalio.testing import ActivityEnvironment
+
+from activities.power import PowerActivities, RedfishMachine
+from tests.activities.test_redfish_power import _config, _inp
+from workers.devpeers import RedfishEmulator
+
+
+async def test_power_cycle_resumed_after_on_does_not_send_on_to_a_running_host(
+    redfish_emulator: RedfishEmulator, bmc_secrets_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A power cycle's ``On`` reached the BMC but its HTTP answer was lost (the BMC
+    blinked), so the try failed in phase ``off_seen`` and the retry resumed there. It sent
+    ``On`` again to a host that was already On and booting. A Dell iDRAC answers that with
+    409 Conflict ("server is already powered ON"), which the activity classed as a BMC
+    outage and retried, failing the same way on every retry while the host was fine.
+    The rail (scenario 15, docs/design.md §6 "check the current state, act only if
+    needed"): a resumed phase looks at the power state before it acts again; a host
+    already On is only waited for."""
+    original = RedfishMachine.reset
+
+    async def idrac_like(self: RedfishMachine, reset_type: str) -> None:
+        if str(getattr(reset_type, "value", reset_type)) == "On" and (
+                await self.power_state()).lower() == "on":
+            answer = requests.Response()
+            answer.status_code = 409
+            answer._content = (b'{"error": {"message": "The server is already powered ON."}}')
+            raise sushy_exc.HTTPError(method="POST", url=self.address, response=answer)
+        await original(self, reset_type)
+
+    monkeypatch.setattr(RedfishMachine, "reset", idrac_like)
+    acts = PowerActivities(_config(redfish_emulator, bmc_secrets_file))
+    m = acts.machine(_inp("gpu-03"))
+    assert (await m.power_state()).lower() == "on"
+    inp = _inp("gpu-03").model_copy(update={"resume_phase": "off_seen"})
+    res = await ActivityEnvironment().run(acts.power_cycle_machine, inp)
+    assert res.done and res.phase == "booted", res
+    assert "ForceOff" not in res.detail
