@@ -4,7 +4,10 @@ Providers (``ClusterConfig.provisioner``):
 
 - ``redfish`` — ``reprovision`` through Redfish virtual media: insert the clean image
   (``ClusterConfig.provision_image``) in the virtual CD, one-time boot override to CD,
-  restart (or power on), wait for power ``On``, eject. The phase reached
+  restart (or power on), wait for power ``On``; the image stays inserted for the
+  installer the host is about to boot (power On is the start of POST: ejecting then
+  left the one-time CD boot nothing to read) and is replaced by the next reprovision;
+  the override is one-time, so later boots go to the disk. The phase reached
   (``workflows.lifecycle.machine_action.PHASES``: ``provision_started`` once the restart
   is sent) is heartbeated and carried by every failure
   (:func:`workflows.activity_api.phased_failure`); a retry resumes from
@@ -172,9 +175,10 @@ class ProvisioningActivities:
         self, c: ClusterConfig, inp: MachineActionInput, restarted: bool,
         on_restart: Callable[[], None],
     ) -> ActionResult:
-        """Insert the clean image, boot once from it, restart, wait On, eject. With
-        ``restarted`` (an earlier try of this attempt sent the restart) only the wait
-        and the eject run: the restart is sent once per attempt (I16). ``on_restart``
+        """Insert the clean image, boot once from it, restart, wait On; the image stays
+        inserted for the installer (module docstring). With ``restarted`` (an earlier try
+        of this attempt sent the restart) only the wait runs: the restart is sent once per
+        attempt (I16). ``on_restart``
         runs right after the restart is sent (the caller records its phase)."""
         if not c.provision_image:
             raise permanent(
@@ -207,14 +211,6 @@ class ProvisioningActivities:
                 target=sushy.BOOT_SOURCE_TARGET_CD, enabled=sushy.BOOT_SOURCE_ENABLED_ONCE
             )
 
-        def eject(s: Any) -> str:
-            out = "nothing to eject"
-            for vm in s.virtual_media.get_members():
-                if vm.inserted and vm.image == image:
-                    vm.eject_media()
-                    out = f"ejected from {vm.identity}"
-            return out
-
         if not restarted:
             steps.append(await m.call(insert))
             await m.call(boot_once)
@@ -229,7 +225,7 @@ class ProvisioningActivities:
         else:
             steps.append("restart already sent by an earlier try of this attempt")
         await m.wait_power("On", "restart_sent")
-        steps.append(await m.call(eject))
+        steps.append("image left inserted for the installer")
         return ActionResult(done=True, detail="; ".join(steps))
 
     # ---- webhook ---------------------------------------------------------------------

@@ -10,6 +10,7 @@ from sushy import exceptions as sushy_exc
 from temporalio.testing import ActivityEnvironment
 
 from activities.power import PowerActivities, RedfishMachine
+from activities.provisioning import ProvisioningActivities
 from tests.activities.test_redfish_power import _config, _inp
 from workers.devpeers import RedfishEmulator
 
@@ -44,3 +45,40 @@ async def test_power_cycle_resumed_after_on_does_not_send_on_to_a_running_host(
     res = await ActivityEnvironment().run(acts.power_cycle_machine, inp)
     assert res.done and res.phase == "booted", res
     assert "ForceOff" not in res.detail
+
+
+async def test_reprovision_leaves_the_installer_inserted_when_the_host_powers_on(
+    redfish_emulator: RedfishEmulator, bmc_secrets_file: Path
+) -> None:
+    """A quick reprovision through virtual media inserted the clean image, set a one-time
+    boot from CD, restarted the host, waited for power ``On`` and then ejected the image.
+    Power ``On`` is the start of POST (on most BMCs a ForceRestart never even shows Off),
+    minutes before the firmware reads the CD and the installer copies the image: the host
+    found no media, fell through to its disk and booted the old system, and the
+    reprovision reported done with nothing reimaged. The media must stay inserted while
+    the host boots from it (the override is ``Once``: later boots go to the disk); a
+    later reprovision replaces it."""
+    cfg = _config(redfish_emulator, bmc_secrets_file)
+    prov = ProvisioningActivities(cfg)
+    m = RedfishMachine(cfg, "rf", "gpu-04", "gpu-04")
+    res = await ActivityEnvironment().run(prov.reprovision_machine, _inp("gpu-04"))
+    assert res.done and res.phase == "booted", res
+
+    def media(s):  # type: ignore[no-untyped-def]
+        return (getattr(s.boot.target, "value", s.boot.target),
+                [(vm.inserted, vm.image) for vm in s.virtual_media.get_members()])
+
+    # (sushy-tools' template always reports BootSourceOverrideEnabled "Continuous")
+    target, inserted = await m.call(media)
+    assert target == "Cd"
+    assert (True, redfish_emulator.image_url) in inserted, inserted
+    # a second reprovision finds its image in place and reuses it
+    again = await ActivityEnvironment().run(prov.reprovision_machine, _inp("gpu-04"))
+    assert again.done and "image already inserted" in again.detail
+
+    def eject(s):  # type: ignore[no-untyped-def]
+        for vm in s.virtual_media.get_members():
+            if vm.inserted:
+                vm.eject_media()
+
+    await m.call(eject)  # the emulator is shared by the session's tests
