@@ -54,6 +54,10 @@ MAX_SUMMARY = 200
 COMMAND_TIMEOUT_S = 30.0
 #: Poll interval while draining, seconds.
 DRAIN_POLL_S = 1.0
+#: Reasons slurmctld writes on a DOWN node it lost contact with (src/slurmctld/node_mgr.c):
+#: the cordon drains such a node like any other; a DOWN node with any other reason was
+#: taken out by someone and is left as it is.
+SLURM_UNRESPONSIVE_REASONS = frozenset({"Not responding"})
 
 #: ``scontrol``/``sinfo`` state suffix characters and the flag each stands for
 #: (Slurm man page sinfo(1), "NODE STATE CODES").
@@ -475,9 +479,9 @@ class SlurmScheduler:
     async def cordon(self, node: str, repair_id: str, reason: str) -> CordonResult:
         """Drain ``node`` with reason ``autorepair:<repair_id> <summary>``; no-op when ours.
 
-        A node already drained with another reason, or DOWN (set by an admin or by
-        slurmctld), is left as it is with its reason (``by_other=True``): the rejoin then
-        never resumes it.
+        A node already drained with another reason, or DOWN with a reason other than
+        Slurm's "Not responding" (:data:`SLURM_UNRESPONSIVE_REASONS`), is left as it is
+        with its reason (``by_other=True``): the rejoin then never resumes it.
         """
         n = await self.read_node(node)
         if n.drain:
@@ -492,9 +496,12 @@ class SlurmScheduler:
                 cordoned_by_us=False, by_other=True, held_by_repair=other,
                 detail=f"already drained by {n.reason_user or 'someone else'}: {n.reason}",
             )
-        if n.base == "DOWN":
-            # someone (an admin, or slurmctld itself) took the node DOWN: draining it
-            # would overwrite their reason and make our rejoin resume it, so it stays
+        if n.base == "DOWN" and n.reason and n.reason not in SLURM_UNRESPONSIVE_REASONS:
+            # someone (an admin, a health check, slurmctld for a job it could not kill)
+            # took the node DOWN with a reason: draining it would overwrite the reason
+            # and make our rejoin resume it, so it stays. A node Slurm merely lost
+            # contact with ("Not responding") is drained as usual: that is what a repair
+            # fixes, and the drain holds it until the repair has verified it
             return CordonResult(
                 cordoned_by_us=False, by_other=True,
                 detail=f"node is DOWN, set by {n.reason_user or 'someone else'}: "
