@@ -511,7 +511,8 @@ class KubeScheduler:
         return dict(sorted(out.items()))
 
     async def node_health(self, node: str) -> NodeHealth:
-        """Ready condition, ``[Ready|NotReady, SchedulingDisabled?]``, bootID."""
+        """Ready condition, ``[Ready|NotReady, SchedulingDisabled?]``, bootID (None while
+        the kubelet has reported none)."""
         n = await self._read(node)
         ready = False
         reason = ""
@@ -523,6 +524,9 @@ class KubeScheduler:
         if n.spec.unschedulable:
             state.append("SchedulingDisabled")
         info = n.status.node_info if n.status else None
+        # "" until the kubelet posts status (a Node object created again): no identity,
+        # never a boot other than the one read before
         return NodeHealth(
-            ready=ready, state=state, boot_id=info.boot_id if info else None, reason=reason
+            ready=ready, state=state, boot_id=(info.boot_id or None) if info else None,
+            reason=reason,
         )

@@ -10,9 +10,10 @@ import aiohttp.web
 import pytest
 from temporalio.exceptions import ApplicationError
 
+from activities.power import boot_changed
 from activities.scheduler.kube import TAINT_KEY, KubeScheduler
 from tests.fixtures.kube import NODES, PODS, KubeApi, KubeEmulator, _status
-from workflows.activity_api import ERR_DRAIN_DEADLINE
+from workflows.activity_api import ERR_DRAIN_DEADLINE, NodeHealth
 from workflows.config import ClusterConfig, NodeConfig
 
 
@@ -133,3 +134,26 @@ async def test_drain_of_a_notready_node_does_not_poll_its_bmc_twice_a_second(
         await sched.drain("n1", "r-k4", deadline_s=3)
     assert ei.value.type == ERR_DRAIN_DEADLINE
     assert 1 <= len(probes) <= 2, f"BMC asked {len(probes)} times in a 3 s drain"
+
+
+async def test_a_node_object_without_a_reported_boot_id_is_not_a_reboot(
+    kube_api: KubeApi, sched: KubeScheduler
+) -> None:
+    """The Node object was deleted and created again (by a cloud controller or from a
+    manifest) and its kubelet has not posted status yet: ``status.nodeInfo.bootID`` is
+    the empty string. node_health reported boot id ``""``, which differs from the boot id
+    read before the power cycle, so the boot-identity guard said "host already came back:
+    boot id changed boot-1 -> " and the power cycle was skipped on a host that never
+    lost power. An empty boot id is no boot identity: unknown, never a reboot."""
+    kube_api.add_node("n1", boot_id="boot-1")
+    before = await sched.node_health("n1")
+    kube_api.server.objects[NODES, None, "n1"].delete()
+    kube_api.add_node("n1", boot_id="")  # re-created, no status from its kubelet yet
+    now = await sched.node_health("n1")
+    assert now.boot_id is None
+    assert now.rebooted_since(before.boot_id, before.boot_time) is not True
+
+    async def health(_cluster: str, node: str) -> NodeHealth:
+        return await sched.node_health(node)
+
+    assert await boot_changed(health, "k8s", "n1", before.boot_id, None) is None
