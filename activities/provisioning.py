@@ -20,8 +20,8 @@ Providers (``ClusterConfig.provisioner``):
   ``Idempotency-Key: <action>/<repair_id>``; the answer ``{"id", "status"}`` is polled at
   ``GET {provision_webhook}/{id}`` until ``status`` is ``succeeded`` (result fields
   ``new_machine``, ``ticket_id`` read when present) or ``failed`` (non-retryable
-  ``ERR_ACTION_FAILED`` with the endpoint's ``detail``). 4xx → non-retryable, 5xx/network
-  → retried.
+  ``ERR_ACTION_FAILED`` with the endpoint's ``detail``). 4xx → non-retryable; 5xx, 408,
+  429, 409 (the key's first request still being processed) and network errors → retried.
 
 ``migrate`` and ``remove`` need a spare pool and a hardware-ticket system; with the
 ``webhook`` provider the operator's endpoint owns both. With ``redfish`` the ledger
@@ -257,13 +257,15 @@ class ProvisioningActivities:
                     ERR_AUTH,
                     f"provisioning webhook {shown} refused access (HTTP {r.status_code})",
                 )
-            if 400 <= r.status_code < 500 and r.status_code not in (408, 429):
+            # 409: a request with this Idempotency-Key is still being processed (the
+            # Idempotency-Key header draft, §2.6): retried like 408/429, never a refusal
+            if 400 <= r.status_code < 500 and r.status_code not in (408, 409, 429):
                 raise permanent(
                     ERR_ACTION_FAILED,
                     f"provisioning webhook {shown} rejected {action} of {inp.machine}: "
                     f"HTTP {r.status_code} {scrub_url(r.text[:300], url)}",
                 )
-            if r.status_code >= 400:  # 5xx/408/429 → retried by Temporal
+            if r.status_code >= 400:  # 5xx/408/409/429 → retried by Temporal
                 raise RuntimeError(f"provisioning webhook {shown}: HTTP {r.status_code}")
             try:
                 body = r.json()
