@@ -248,6 +248,15 @@ def _node_config(config: AutorepairConfig, cluster: str, node: str, machine: str
         if n.machine == machine or n.name == machine:
             return n
     for n in c.nodes:
+        if n.name == node and n.machine and n.machine != machine:
+            # the node runs on another machine now (a migrate's spare): its own entry is
+            # the OLD machine's BMC, which must never be acted on in its place
+            raise permanent(
+                ERR_UNSUPPORTED,
+                f"clusters[{cluster}].nodes: no entry (no BMC) for machine {machine!r}, "
+                f"which node {node!r} now runs on (its entry is machine {n.machine!r}); "
+                "nothing was touched",
+            )
         if n.name == node:
             return n
     raise permanent(

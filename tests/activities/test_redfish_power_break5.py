@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import requests
 from sushy import exceptions as sushy_exc
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.power import PowerActivities, RedfishMachine
@@ -82,3 +83,27 @@ async def test_reprovision_leaves_the_installer_inserted_when_the_host_powers_on
                 vm.eject_media()
 
     await m.call(eject)  # the emulator is shared by the session's tests
+
+
+async def test_a_node_migrated_to_a_machine_without_a_bmc_never_cycles_its_old_machine(
+    redfish_emulator: RedfishEmulator, bmc_secrets_file: Path
+) -> None:
+    """gpu-01 was migrated to the spare ``spare-9`` (a spare-pool entry with no BMC in the
+    configuration; the migrate said "no BMC configured ... left as it is"), and its old
+    machine went to re-validation. A later power cycle of gpu-01 followed the binding to
+    spare-9, found no configuration entry for it, fell back to the node's own entry and
+    sent ForceOff to the BMC of the OLD machine: the machine under validation lost power
+    and the host that runs gpu-01 was never touched. An action on a machine without a
+    configured BMC must fail naming that machine (non-retryable), touching nothing."""
+    cfg = _config(redfish_emulator, bmc_secrets_file)
+
+    async def bound(cluster: str, node: str) -> str | None:
+        return "spare-9" if node == "gpu-01" else None
+
+    acts = PowerActivities(cfg, bindings=bound)
+    old = RedfishMachine(cfg, "rf", "gpu-01", "gpu-01")
+    assert (await old.power_state()).lower() == "on"
+    with pytest.raises(ApplicationError) as ei:
+        await ActivityEnvironment().run(acts.power_cycle_machine, _inp("gpu-01"))
+    assert ei.value.non_retryable and "spare-9" in str(ei.value)
+    assert (await old.power_state()).lower() == "on"
