@@ -423,17 +423,21 @@ class PowerActivities:
         return [self.reboot_machine, self.power_cycle_machine]
 
 
-def redfish_probe(config: AutorepairConfig) -> BmcProbe:
+def redfish_probe(config: AutorepairConfig, bindings: BindingReader | None = None
+                  ) -> BmcProbe:
     """The BMC's view of a node's host, ``(cluster, node) -> {"power_state", "state",
     "health"}`` (Redfish ``ComputerSystem``: ``PowerState``, ``Status.State``,
-    ``Status.Health``), through :class:`RedfishMachine` on the node's configured machine.
-    The probe raises what the Redfish client raises (``ApplicationError`` for no BMC
-    configured, credentials refused, unknown system; connection errors as they are)."""
+    ``Status.Health``), through :class:`RedfishMachine` on the machine the node runs on:
+    its binding (``bindings``, the machine a migrate moved it to) else its configured
+    machine — never the BMC of a machine it was moved off. The probe raises what the
+    Redfish client raises (``ApplicationError`` for no BMC configured, credentials
+    refused, unknown system; connection errors as they are)."""
 
     async def probe(cluster: str, node: str) -> dict[str, str | None]:
         ncfg = next((n for n in config.cluster(cluster).nodes if n.name == node), None)
         machine = (ncfg.machine if ncfg and ncfg.machine else node)
-        m = RedfishMachine(config, cluster, node, machine)
+        bound = await bindings(cluster, node) if bindings is not None else None
+        m = RedfishMachine(config, cluster, node, bound or machine)
 
         def read(s: Any) -> dict[str, str | None]:
             st = getattr(s, "status", None)
