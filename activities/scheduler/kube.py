@@ -5,7 +5,8 @@
   repair set ``unschedulable``, ``autorepair.io/cordoned-by: autorepair``. Written as a JSON
   merge patch carrying the ``resourceVersion`` read just before (optimistic concurrency):
   a ``409 Conflict`` is retried with a fresh read;
-- idle = no running/pending pod on the node requests ``nvidia.com/gpu``;
+- idle = no running/pending pod on the node requests ``nvidia.com/gpu``, a MIG slice
+  (``nvidia.com/mig-*``) or a shared GPU (``nvidia.com/gpu.*``);
 - drain = cordon again when the node lost this repair's cordon (deleted and re-registered),
   then the Eviction API for every evictable pod (DaemonSet and mirror pods are left
   alone, as ``kubectl drain`` does); ``429`` from a PodDisruptionBudget and evictions the
@@ -66,6 +67,8 @@ ANN_REASON = "autorepair.io/reason"
 CORDONED_BY_US = "autorepair"
 #: Extended resource name of NVIDIA GPUs (NVIDIA device plugin).
 GPU_RESOURCE = "nvidia.com/gpu"
+#: Prefix of the MIG slices the device plugin advertises under its ``mixed`` strategy.
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 #: Mirror (static) pod annotation (kubelet).
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 #: Non-graceful node shutdown taint (Kubernetes docs, "Non-graceful node shutdown").
@@ -98,15 +101,23 @@ def _pod_name(p: k8s.V1Pod) -> str:
     return f"{p.metadata.namespace}/{p.metadata.name}"
 
 
+def is_gpu_resource(name: str) -> bool:
+    """Whether extended resource ``name`` is (a share of) an NVIDIA GPU: ``nvidia.com/gpu``,
+    a MIG slice of the device plugin's ``mixed`` strategy (``nvidia.com/mig-1g.10gb``) or
+    a renamed time-sliced / MPS GPU (``nvidia.com/gpu.shared``)."""
+    return (name == GPU_RESOURCE or name.startswith(GPU_RESOURCE + ".")
+            or name.startswith(MIG_RESOURCE_PREFIX))
+
+
 def _requests_gpu(p: k8s.V1Pod) -> bool:
     for c in [*(p.spec.containers or []), *(p.spec.init_containers or [])]:
         r = c.resources
         if r is None:
             continue
         for d in (r.requests or {}, r.limits or {}):
-            v = d.get(GPU_RESOURCE)
-            if v not in (None, "0", 0):
-                return True
+            for k, v in d.items():
+                if is_gpu_resource(k) and v not in (None, "0", 0):
+                    return True
     return False
 
 
@@ -340,7 +351,7 @@ class KubeScheduler:
                 f" and force-deleted {', '.join(names) or 'no pods'}")
 
     async def check_idle(self, node: str, repair_id: str = "") -> IdleStatus:
-        """Idle = no running/pending pod on ``node`` requests ``nvidia.com/gpu``.
+        """Idle = no running/pending pod on ``node`` requests a GPU (:func:`is_gpu_resource`).
 
         GPU pods on a NotReady node whose BMC reports power Off are released by
         :meth:`release_powered_off` first (``detail`` says so)."""

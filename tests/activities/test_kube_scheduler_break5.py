@@ -157,3 +157,24 @@ async def test_a_node_object_without_a_reported_boot_id_is_not_a_reboot(
         return await sched.node_health(node)
 
     assert await boot_changed(health, "k8s", "n1", before.boot_id, None) is None
+
+
+async def test_pods_on_mig_slices_or_shared_gpus_are_gpu_work(
+    kube_api: KubeApi, sched: KubeScheduler
+) -> None:
+    """An inference fleet runs its A100/H100 nodes in MIG mode (the NVIDIA device plugin's
+    ``mixed`` strategy advertises ``nvidia.com/mig-1g.10gb`` …) or with time-slicing
+    renamed to ``nvidia.com/gpu.shared``. Their pods request no ``nvidia.com/gpu``, so the
+    idle check called the node idle while seven inference replicas ran on its GPUs: the
+    wait for idle ended at once and the drain evicted them. Work on a MIG slice or a
+    shared GPU is GPU work (DESIGN §5 wait-for-idle)."""
+    kube_api.add_node("n1")
+    for name, resource in (("infer-mig", "nvidia.com/mig-1g.10gb"),
+                           ("infer-shared", "nvidia.com/gpu.shared")):
+        kube_api.add_pod("ml", name, "n1")
+        kube_api.server.objects[PODS, "ml", name].patch({"spec": {"containers": [
+            {"name": "main", "image": "triton",
+             "resources": {"requests": {"cpu": "1", resource: "1"},
+                           "limits": {resource: "1"}}}]}})
+    st = await sched.check_idle("n1")
+    assert not st.idle and st.running == ["ml/infer-mig", "ml/infer-shared"], st
