@@ -248,6 +248,15 @@ def _node_config(config: AutorepairConfig, cluster: str, node: str, machine: str
         if n.machine == machine or n.name == machine:
             return n
     for n in c.nodes:
+        if n.name == node and n.machine and n.machine != machine:
+            # the node runs on another machine now (a migrate's spare): its own entry is
+            # the OLD machine's BMC, which must never be acted on in its place
+            raise permanent(
+                ERR_UNSUPPORTED,
+                f"clusters[{cluster}].nodes: no entry (no BMC) for machine {machine!r}, "
+                f"which node {node!r} now runs on (its entry is machine {n.machine!r}); "
+                "nothing was touched",
+            )
         if n.name == node:
             return n
     raise permanent(
@@ -363,7 +372,8 @@ class PowerActivities:
         Phases: ``not_started`` → ``off_sent`` → ``off_seen`` → ``on_sent`` → ``booted``,
         resumed from ``inp.resume_phase`` (the workflow carries the phase the earlier try
         reached) or the last heartbeat of an earlier try, whichever is further: a retry
-        after ``On`` only waits for the host, never sends ForceOff again. Guarded too by
+        after ``On`` only waits for the host, never sends ForceOff again, and one resumed at
+        ``off_seen`` that finds the host On already does not send ``On`` again. Guarded too by
         the boot identity (docs/design.md §5) and by a host found ``Off`` (resumes at On). A
         failure carries the phase reached (:func:`workflows.activity_api.phased_failure`)."""
         phase = resume_from(inp, PHASES[Action.power_cycle])
@@ -389,8 +399,13 @@ class PowerActivities:
                 phase = "off_seen"
                 heartbeat({"phase": phase})
             if phase == "off_seen":
-                await m.reset(sushy.RESET_ON)
-                steps.append("On")
+                # a retry after an On whose answer was lost finds the host On already:
+                # a second On is refused by some BMCs (iDRAC: 409) and is never needed
+                if steps or (await m.power_state()).lower() != "on":
+                    await m.reset(sushy.RESET_ON)
+                    steps.append("On")
+                else:
+                    steps.append("resumed at off_seen: host already On, On not resent")
                 phase = "on_sent"
                 heartbeat({"phase": phase})
             else:
@@ -408,17 +423,21 @@ class PowerActivities:
         return [self.reboot_machine, self.power_cycle_machine]
 
 
-def redfish_probe(config: AutorepairConfig) -> BmcProbe:
+def redfish_probe(config: AutorepairConfig, bindings: BindingReader | None = None
+                  ) -> BmcProbe:
     """The BMC's view of a node's host, ``(cluster, node) -> {"power_state", "state",
     "health"}`` (Redfish ``ComputerSystem``: ``PowerState``, ``Status.State``,
-    ``Status.Health``), through :class:`RedfishMachine` on the node's configured machine.
-    The probe raises what the Redfish client raises (``ApplicationError`` for no BMC
-    configured, credentials refused, unknown system; connection errors as they are)."""
+    ``Status.Health``), through :class:`RedfishMachine` on the machine the node runs on:
+    its binding (``bindings``, the machine a migrate moved it to) else its configured
+    machine — never the BMC of a machine it was moved off. The probe raises what the
+    Redfish client raises (``ApplicationError`` for no BMC configured, credentials
+    refused, unknown system; connection errors as they are)."""
 
     async def probe(cluster: str, node: str) -> dict[str, str | None]:
         ncfg = next((n for n in config.cluster(cluster).nodes if n.name == node), None)
         machine = (ncfg.machine if ncfg and ncfg.machine else node)
-        m = RedfishMachine(config, cluster, node, machine)
+        bound = await bindings(cluster, node) if bindings is not None else None
+        m = RedfishMachine(config, cluster, node, bound or machine)
 
         def read(s: Any) -> dict[str, str | None]:
             st = getattr(s, "status", None)

@@ -4,7 +4,10 @@ Providers (``ClusterConfig.provisioner``):
 
 - ``redfish`` — ``reprovision`` through Redfish virtual media: insert the clean image
   (``ClusterConfig.provision_image``) in the virtual CD, one-time boot override to CD,
-  restart (or power on), wait for power ``On``, eject. The phase reached
+  restart (or power on), wait for power ``On``; the image stays inserted for the
+  installer the host is about to boot (power On is the start of POST: ejecting then
+  left the one-time CD boot nothing to read) and is replaced by the next reprovision;
+  the override is one-time, so later boots go to the disk. The phase reached
   (``workflows.lifecycle.machine_action.PHASES``: ``provision_started`` once the restart
   is sent) is heartbeated and carried by every failure
   (:func:`workflows.activity_api.phased_failure`); a retry resumes from
@@ -17,8 +20,8 @@ Providers (``ClusterConfig.provisioner``):
   ``Idempotency-Key: <action>/<repair_id>``; the answer ``{"id", "status"}`` is polled at
   ``GET {provision_webhook}/{id}`` until ``status`` is ``succeeded`` (result fields
   ``new_machine``, ``ticket_id`` read when present) or ``failed`` (non-retryable
-  ``ERR_ACTION_FAILED`` with the endpoint's ``detail``). 4xx → non-retryable, 5xx/network
-  → retried.
+  ``ERR_ACTION_FAILED`` with the endpoint's ``detail``). 4xx → non-retryable; 5xx, 408,
+  429, 409 (the key's first request still being processed) and network errors → retried.
 
 ``migrate`` and ``remove`` need a spare pool and a hardware-ticket system; with the
 ``webhook`` provider the operator's endpoint owns both. With ``redfish`` the ledger
@@ -172,9 +175,10 @@ class ProvisioningActivities:
         self, c: ClusterConfig, inp: MachineActionInput, restarted: bool,
         on_restart: Callable[[], None],
     ) -> ActionResult:
-        """Insert the clean image, boot once from it, restart, wait On, eject. With
-        ``restarted`` (an earlier try of this attempt sent the restart) only the wait
-        and the eject run: the restart is sent once per attempt (I16). ``on_restart``
+        """Insert the clean image, boot once from it, restart, wait On; the image stays
+        inserted for the installer (module docstring). With ``restarted`` (an earlier try
+        of this attempt sent the restart) only the wait runs: the restart is sent once per
+        attempt (I16). ``on_restart``
         runs right after the restart is sent (the caller records its phase)."""
         if not c.provision_image:
             raise permanent(
@@ -207,14 +211,6 @@ class ProvisioningActivities:
                 target=sushy.BOOT_SOURCE_TARGET_CD, enabled=sushy.BOOT_SOURCE_ENABLED_ONCE
             )
 
-        def eject(s: Any) -> str:
-            out = "nothing to eject"
-            for vm in s.virtual_media.get_members():
-                if vm.inserted and vm.image == image:
-                    vm.eject_media()
-                    out = f"ejected from {vm.identity}"
-            return out
-
         if not restarted:
             steps.append(await m.call(insert))
             await m.call(boot_once)
@@ -229,7 +225,7 @@ class ProvisioningActivities:
         else:
             steps.append("restart already sent by an earlier try of this attempt")
         await m.wait_power("On", "restart_sent")
-        steps.append(await m.call(eject))
+        steps.append("image left inserted for the installer")
         return ActionResult(done=True, detail="; ".join(steps))
 
     # ---- webhook ---------------------------------------------------------------------
@@ -261,13 +257,15 @@ class ProvisioningActivities:
                     ERR_AUTH,
                     f"provisioning webhook {shown} refused access (HTTP {r.status_code})",
                 )
-            if 400 <= r.status_code < 500 and r.status_code not in (408, 429):
+            # 409: a request with this Idempotency-Key is still being processed (the
+            # Idempotency-Key header draft, §2.6): retried like 408/429, never a refusal
+            if 400 <= r.status_code < 500 and r.status_code not in (408, 409, 429):
                 raise permanent(
                     ERR_ACTION_FAILED,
                     f"provisioning webhook {shown} rejected {action} of {inp.machine}: "
                     f"HTTP {r.status_code} {scrub_url(r.text[:300], url)}",
                 )
-            if r.status_code >= 400:  # 5xx/408/429 → retried by Temporal
+            if r.status_code >= 400:  # 5xx/408/409/429 → retried by Temporal
                 raise RuntimeError(f"provisioning webhook {shown}: HTTP {r.status_code}")
             try:
                 body = r.json()

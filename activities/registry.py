@@ -100,6 +100,8 @@ def build_activities(
     """
     sched = scheduler or SchedulerActivities(config)
     prov = ProvisioningActivities(config, health=sched.health, pool=pool)
+    if sched.bindings is None:  # the BMC probe of a powered-off node follows migrations
+        sched.bindings = prov.bound_machine
     power = PowerActivities(config, health=sched.health, bindings=prov.bound_machine)
     notifier = Notifier(config.notifications)
     ledger_acts = LedgerActivities(pool, providers=config.providers, notifier=notifier)

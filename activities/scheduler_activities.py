@@ -14,7 +14,7 @@ from typing import Any
 
 from temporalio import activity
 
-from activities.power import redfish_probe
+from activities.power import BindingReader, redfish_probe
 from activities.scheduler import Scheduler, scheduler_for
 from workflows.activity_api import (
     ACT,
@@ -42,10 +42,14 @@ class SchedulerActivities:
     """Scheduler-side activities; ``schedulers`` pre-seeds clients (tests, kube api_client)."""
 
     def __init__(
-        self, config: AutorepairConfig, schedulers: dict[str, Scheduler] | None = None
+        self, config: AutorepairConfig, schedulers: dict[str, Scheduler] | None = None,
+        bindings: BindingReader | None = None,
     ) -> None:
         self.config = config
         self._schedulers: dict[str, Scheduler] = dict(schedulers or {})
+        #: node → machine a migrate bound it to (the BMC probe follows it); set by
+        #: :func:`activities.registry.build_activities` before the first scheduler is built
+        self.bindings = bindings
 
     def scheduler(self, cluster: str) -> Scheduler:
         """The scheduler of ``cluster`` (built on first use)."""
@@ -60,7 +64,7 @@ class SchedulerActivities:
             kwargs: dict[str, Any] = {}
             if c.scheduler == "kubernetes":
                 # the BMC's word lets a powered-off node's pods go (non-graceful shutdown)
-                kwargs["bmc_probe"] = redfish_probe(self.config)
+                kwargs["bmc_probe"] = redfish_probe(self.config, self.bindings)
             self._schedulers[cluster] = scheduler_for(c, **kwargs)
         return self._schedulers[cluster]
 

@@ -45,16 +45,17 @@ class SelUnavailable(RuntimeError):
 
 def bmc_of(config: AutorepairConfig, cluster: str, node: str, machine: str
            ) -> BmcConfig | None:
-    """The BMC of ``machine`` (else of ``node``) of ``cluster`` from the configuration, as
-    :mod:`activities.power` finds it (``None``: none set). Raises ``KeyError`` naming the
+    """The BMC of ``machine`` (else of ``node``, unless its entry names another machine)
+    of ``cluster`` from the configuration, as :mod:`activities.power` finds it (``None``:
+    none set). Raises ``KeyError`` naming the
     cluster when it is unknown."""
     nodes = config.cluster(cluster).nodes
     for n in nodes:
         if n.machine == machine or n.name == machine:
             return n.bmc
     for n in nodes:
-        if n.name == node:
-            return n.bmc
+        if n.name == node and not (n.machine and n.machine != machine):
+            return n.bmc  # never the BMC of the machine a migrate moved the node off
     return None
 
 

@@ -5,11 +5,14 @@
   repair set ``unschedulable``, ``autorepair.io/cordoned-by: autorepair``. Written as a JSON
   merge patch carrying the ``resourceVersion`` read just before (optimistic concurrency):
   a ``409 Conflict`` is retried with a fresh read;
-- idle = no running/pending pod on the node requests ``nvidia.com/gpu``;
-- drain = the Eviction API for every evictable pod (DaemonSet and mirror pods are left
-  alone, as ``kubectl drain`` does); ``429`` from a PodDisruptionBudget is retried with
-  backoff and reported in heartbeats; after the deadline the remaining pods are listed in a
-  non-retryable ``ERR_DRAIN_DEADLINE`` failure;
+- idle = no running/pending pod on the node requests ``nvidia.com/gpu``, a MIG slice
+  (``nvidia.com/mig-*``) or a shared GPU (``nvidia.com/gpu.*``);
+- drain = cordon again when the node lost this repair's cordon (deleted and re-registered),
+  then the Eviction API for every evictable pod (DaemonSet and mirror pods are left
+  alone, as ``kubectl drain`` does); ``429`` from a PodDisruptionBudget and evictions the
+  API server refuses (5xx, e.g. a pod under two PDBs) are retried with backoff and
+  reported in heartbeats; after the deadline every pod still there (evicted but still
+  Terminating included) is listed in a non-retryable ``ERR_DRAIN_DEADLINE`` failure;
 - rejoin = remove only our taint and annotations; ``unschedulable`` goes back to false only
   when ``autorepair.io/cordoned-by`` says we set it (someone else's cordon stays);
 - powered-off node (Kubernetes *non-graceful node shutdown*, KEP-2268, GA in 1.28): GPU
@@ -64,6 +67,8 @@ ANN_REASON = "autorepair.io/reason"
 CORDONED_BY_US = "autorepair"
 #: Extended resource name of NVIDIA GPUs (NVIDIA device plugin).
 GPU_RESOURCE = "nvidia.com/gpu"
+#: Prefix of the MIG slices the device plugin advertises under its ``mixed`` strategy.
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 #: Mirror (static) pod annotation (kubelet).
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 #: Non-graceful node shutdown taint (Kubernetes docs, "Non-graceful node shutdown").
@@ -78,6 +83,9 @@ CONFLICT_ATTEMPTS = 8
 EVICT_BACKOFF_S = (0.5, 10.0)
 #: Poll interval while waiting for evicted pods to go, seconds.
 DRAIN_POLL_S = 0.5
+#: How often a drain asks the BMC whether a NotReady node's host is powered off, seconds
+#: (once at the start, then at this pace: never on every poll of a fragile BMC).
+RELEASE_RECHECK_S = 60.0
 
 
 def _taint_dict(t: k8s.V1Taint) -> dict[str, Any]:
@@ -93,15 +101,23 @@ def _pod_name(p: k8s.V1Pod) -> str:
     return f"{p.metadata.namespace}/{p.metadata.name}"
 
 
+def is_gpu_resource(name: str) -> bool:
+    """Whether extended resource ``name`` is (a share of) an NVIDIA GPU: ``nvidia.com/gpu``,
+    a MIG slice of the device plugin's ``mixed`` strategy (``nvidia.com/mig-1g.10gb``) or
+    a renamed time-sliced / MPS GPU (``nvidia.com/gpu.shared``)."""
+    return (name == GPU_RESOURCE or name.startswith(GPU_RESOURCE + ".")
+            or name.startswith(MIG_RESOURCE_PREFIX))
+
+
 def _requests_gpu(p: k8s.V1Pod) -> bool:
     for c in [*(p.spec.containers or []), *(p.spec.init_containers or [])]:
         r = c.resources
         if r is None:
             continue
         for d in (r.requests or {}, r.limits or {}):
-            v = d.get(GPU_RESOURCE)
-            if v not in (None, "0", 0):
-                return True
+            for k, v in d.items():
+                if is_gpu_resource(k) and v not in (None, "0", 0):
+                    return True
     return False
 
 
@@ -126,6 +142,18 @@ def _out_of_service_by(ann: dict[str, str], repair_id: str) -> bool:
                     == repair_id)
     except (ValueError, AttributeError):
         return False
+
+
+def _refusal(e: ApiException) -> str:
+    """Why the API server refused an eviction: ``PodDisruptionBudget: ...`` for a 429,
+    else ``HTTP <status> <reason>: <the Status message>``."""
+    try:
+        message = str(json.loads(e.body or "{}").get("message") or "")
+    except (ValueError, AttributeError):
+        message = ""
+    if e.status == 429:
+        return "PodDisruptionBudget: " + (message or e.reason or "429")
+    return f"HTTP {e.status} {e.reason or ''}".rstrip() + (f": {message}" if message else "")
 
 
 def _node_ready(n: k8s.V1Node) -> bool:
@@ -323,7 +351,7 @@ class KubeScheduler:
                 f" and force-deleted {', '.join(names) or 'no pods'}")
 
     async def check_idle(self, node: str, repair_id: str = "") -> IdleStatus:
-        """Idle = no running/pending pod on ``node`` requests ``nvidia.com/gpu``.
+        """Idle = no running/pending pod on ``node`` requests a GPU (:func:`is_gpu_resource`).
 
         GPU pods on a NotReady node whose BMC reports power Off are released by
         :meth:`release_powered_off` first (``detail`` says so)."""
@@ -345,17 +373,31 @@ class KubeScheduler:
         Heartbeats ``{"remaining": [...], "blocked": {pod: message}}``. Raises
         non-retryable ``ERR_DRAIN_DEADLINE`` naming the remaining pods after the deadline.
         """
-        await self._read(node)
+        cur = await self._read(node)
+        ann = cur.metadata.annotations or {}
+        holder = ann.get(ANN_REPAIR_ID)
+        if holder is None or (holder == repair_id and not (
+                cur.spec.unschedulable
+                and any(t.key == TAINT_KEY for t in cur.spec.taints or []))):
+            # the node lost this repair's cordon (deleted and re-registered, or edited):
+            # cordon again before evicting, as `kubectl drain` does, or the evicted work
+            # (and new work) lands right back on it
+            await self.cordon(node, repair_id, ann.get(ANN_REASON) or
+                              "drain: re-cordoned (the node had lost this repair's cordon)")
         api = await self._api()
         deadline = time.monotonic() + deadline_s
         backoff: dict[str, float] = {}
         next_try: dict[str, float] = {}
+        blocked: dict[str, str] = {}  # pod → why its last eviction was refused
         evicted: list[str] = []
         released = ""
+        next_release_check = 0.0
         while True:
             pods = [p for p in await self._pods_on(node) if _evictable(p)]
-            if pods and not released:
-                # pods on a powered-off host never go: non-graceful node shutdown
+            if pods and not released and time.monotonic() >= next_release_check:
+                # pods on a powered-off host never go: non-graceful node shutdown. The BMC
+                # is asked once, then every RELEASE_RECHECK_S, never on every poll.
+                next_release_check = time.monotonic() + RELEASE_RECHECK_S
                 released = await self.release_powered_off(node, repair_id)
                 if released:
                     heartbeat({"released": released})
@@ -365,8 +407,10 @@ class KubeScheduler:
                 return DrainResult(
                     drained=True, detail=f"{released}; {done}" if released else done
                 )
-            blocked: dict[str, str] = {}
             now = time.monotonic()
+            present = {_pod_name(p) for p in pods}
+            for gone in set(blocked) - present:
+                del blocked[gone]
             for p in pods:
                 name = _pod_name(p)
                 if next_try.get(name, 0.0) > now or p.metadata.deletion_timestamp:
@@ -379,25 +423,30 @@ class KubeScheduler:
                         p.metadata.name, p.metadata.namespace, body
                     )
                     evicted.append(name)
+                    blocked.pop(name, None)
                 except ApiException as e:
                     if e.status == 404:
                         continue  # already gone
-                    if e.status == 429:
-                        b = min(backoff.get(name, EVICT_BACKOFF_S[0] / 2) * 2, EVICT_BACKOFF_S[1])
-                        backoff[name] = b
-                        next_try[name] = time.monotonic() + b
-                        blocked[name] = "PodDisruptionBudget: " + (e.reason or "429")
-                        continue
                     if e.status in (401, 403):
                         raise self._classify(e, node) from e
-                    raise
-            remaining = sorted(_pod_name(p) for p in pods if _pod_name(p) not in evicted)
-            heartbeat({"remaining": remaining, "blocked": blocked})
+                    # 429 (a PodDisruptionBudget), or an eviction the API server refuses
+                    # (500 "more than one PodDisruptionBudget", 5xx): retried with backoff
+                    # until the deadline, then reported with the remaining pods
+                    b = min(backoff.get(name, EVICT_BACKOFF_S[0] / 2) * 2, EVICT_BACKOFF_S[1])
+                    backoff[name] = b
+                    next_try[name] = time.monotonic() + b
+                    blocked[name] = _refusal(e)
+            # every pod still there counts, evicted or not: one that accepted its eviction
+            # but stays Terminating (finalizer, long grace period) blocks the drain too
+            remaining = sorted(present)
+            terminating = sorted(_pod_name(p) for p in pods if p.metadata.deletion_timestamp)
+            heartbeat({"remaining": remaining, "blocked": dict(blocked)})
             if time.monotonic() >= deadline and remaining:
                 raise permanent(
                     ERR_DRAIN_DEADLINE,
                     f"cluster {self.cluster.name} node {node}: pods still there after the "
                     f"{deadline_s:.0f}s drain deadline: {', '.join(remaining)}"
+                    + (f" (terminating: {', '.join(terminating)})" if terminating else "")
                     + (f" (blocked: {blocked})" if blocked else ""),
                     DrainResult(drained=False, remaining=remaining).model_dump(),
                 )
@@ -473,7 +522,8 @@ class KubeScheduler:
         return dict(sorted(out.items()))
 
     async def node_health(self, node: str) -> NodeHealth:
-        """Ready condition, ``[Ready|NotReady, SchedulingDisabled?]``, bootID."""
+        """Ready condition, ``[Ready|NotReady, SchedulingDisabled?]``, bootID (None while
+        the kubelet has reported none)."""
         n = await self._read(node)
         ready = False
         reason = ""
@@ -485,6 +535,9 @@ class KubeScheduler:
         if n.spec.unschedulable:
             state.append("SchedulingDisabled")
         info = n.status.node_info if n.status else None
+        # "" until the kubelet posts status (a Node object created again): no identity,
+        # never a boot other than the one read before
         return NodeHealth(
-            ready=ready, state=state, boot_id=info.boot_id if info else None, reason=reason
+            ready=ready, state=state, boot_id=(info.boot_id or None) if info else None,
+            reason=reason,
         )

@@ -8,9 +8,11 @@
   eviction), wait until ``DRAINED``; after the deadline the remaining job ids are listed
   in a non-retryable ``ERR_DRAIN_DEADLINE`` failure;
 - rejoin = ``state=resume`` only while the reason still carries our repair id (a node
-  someone else drained is never resumed);
-- node health from ``sinfo --json`` (Slurm ≥ 22.05; ``scontrol`` has no ``--json`` there),
-  falling back to parsing ``scontrol show node`` text on older Slurm.
+  someone else drained or set DOWN is never resumed: the cordon leaves it as it is);
+- node health from ``sinfo --json`` where it prints the node document (Slurm 20.11-22.05;
+  ``scontrol`` has no ``--json`` there), else from ``scontrol show node`` text (older
+  Slurm, and Slurm ≥ 23.02, whose ``sinfo --json`` prints partition/state groups
+  without boot times).
 
 Node states are normalised to a base state plus flags, covering the combinations in the
 field corpus: ``IDLE+DRAIN``, ``DOWN+DRAIN``, ``MIXED+DRAIN`` (= DRAINING), ``DRAINED``,
@@ -52,6 +54,10 @@ MAX_SUMMARY = 200
 COMMAND_TIMEOUT_S = 30.0
 #: Poll interval while draining, seconds.
 DRAIN_POLL_S = 1.0
+#: Reasons slurmctld writes on a DOWN node it lost contact with (src/slurmctld/node_mgr.c):
+#: the cordon drains such a node like any other; a DOWN node with any other reason was
+#: taken out by someone and is left as it is.
+SLURM_UNRESPONSIVE_REASONS = frozenset({"Not responding"})
 
 #: ``scontrol``/``sinfo`` state suffix characters and the flag each stands for
 #: (Slurm man page sinfo(1), "NODE STATE CODES").
@@ -201,8 +207,21 @@ def _epoch(v: object) -> datetime | None:
     return None
 
 
+def sinfo_json_has_nodes(text: str) -> bool:
+    """Whether ``sinfo --json`` output is the node document of Slurm 20.11-22.05 (a
+    top-level ``nodes`` array). Slurm 23.02 and later (data_parser v0.0.39+) print a
+    ``sinfo`` array of partition/state groups instead, without boot times: those are read
+    through ``scontrol show node``."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get("nodes"), list)
+
+
 def parse_sinfo_json(text: str) -> dict[str, SlurmNode]:
-    """Nodes of ``sinfo --json`` output by name. Raises ``ValueError`` on malformed JSON."""
+    """Nodes of ``sinfo --json`` output by name (the node document of Slurm 20.11-22.05,
+    :func:`sinfo_json_has_nodes`). Raises ``ValueError`` on malformed JSON."""
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
@@ -413,13 +432,16 @@ class SlurmScheduler:
         """The node's current Slurm view. Raises non-retryable ``ERR_UNKNOWN_NODE``."""
         if self._json is not False:
             rc, out, err = await self._run("sinfo", "--json", check=False)
-            if rc == 0:
+            if rc == 0 and sinfo_json_has_nodes(out):
                 self._json = True
                 nodes = parse_sinfo_json(out)
                 if node not in nodes:
                     raise self._unknown(node)
                 return nodes[node]
-            if "unrecognized option" in err or "invalid option" in err or "json" in err.lower():
+            if rc == 0:
+                self._json = False  # Slurm >= 23.02: no node document; scontrol below
+            elif ("unrecognized option" in err or "invalid option" in err
+                  or "json" in err.lower()):
                 self._json = False
             else:
                 raise SlurmCommandError(f"sinfo --json rc={rc}: {err.strip()}")
@@ -457,7 +479,9 @@ class SlurmScheduler:
     async def cordon(self, node: str, repair_id: str, reason: str) -> CordonResult:
         """Drain ``node`` with reason ``autorepair:<repair_id> <summary>``; no-op when ours.
 
-        A node already drained with another reason is left as it is (``by_other=True``).
+        A node already drained with another reason, or DOWN with a reason other than
+        Slurm's "Not responding" (:data:`SLURM_UNRESPONSIVE_REASONS`), is left as it is
+        with its reason (``by_other=True``): the rejoin then never resumes it.
         """
         n = await self.read_node(node)
         if n.drain:
@@ -471,6 +495,17 @@ class SlurmScheduler:
             return CordonResult(
                 cordoned_by_us=False, by_other=True, held_by_repair=other,
                 detail=f"already drained by {n.reason_user or 'someone else'}: {n.reason}",
+            )
+        if n.base == "DOWN" and n.reason and n.reason not in SLURM_UNRESPONSIVE_REASONS:
+            # someone (an admin, a health check, slurmctld for a job it could not kill)
+            # took the node DOWN with a reason: draining it would overwrite the reason
+            # and make our rejoin resume it, so it stays. A node Slurm merely lost
+            # contact with ("Not responding") is drained as usual: that is what a repair
+            # fixes, and the drain holds it until the repair has verified it
+            return CordonResult(
+                cordoned_by_us=False, by_other=True,
+                detail=f"node is DOWN, set by {n.reason_user or 'someone else'}: "
+                f"{n.reason or 'no reason'} (left as it is)",
             )
         summary = " ".join(reason.split())[:MAX_SUMMARY]
         text = f"{REASON_PREFIX}{repair_id} {summary}".strip()

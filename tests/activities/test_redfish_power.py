@@ -149,15 +149,22 @@ async def test_virtual_media_reprovision(
     res = await ActivityEnvironment().run(prov.reprovision_machine, _inp("gpu-04"))
     assert res.done, res
     assert f"inserted {redfish_emulator.image_url}" in res.detail
-    assert "boot override Cd once" in res.detail and "ejected" in res.detail
+    assert "boot override Cd once" in res.detail and "image left inserted" in res.detail
 
     def boot(s):  # type: ignore[no-untyped-def]
         return (getattr(s.boot.target, "value", s.boot.target),
                 [vm.inserted for vm in s.virtual_media.get_members()])
 
     target, inserted = await m.call(boot)
-    assert target == "Cd" and not any(inserted)
+    assert target == "Cd" and any(inserted)  # the installer still needs it
     assert (await m.power_state()).lower() == "on"
+
+    def eject(s):  # type: ignore[no-untyped-def]
+        for vm in s.virtual_media.get_members():
+            if vm.inserted:
+                vm.eject_media()
+
+    await m.call(eject)  # the emulator is shared by the session's tests
 
 
 async def test_reprovision_resumed_after_its_restart_sends_no_second_restart(
@@ -165,14 +172,14 @@ async def test_reprovision_resumed_after_its_restart_sends_no_second_restart(
 ) -> None:
     """I16 at the BMC: a retry of a reprovision whose earlier try sent the restart (the
     repair carries ``resume_phase``, no heartbeat needed) only waits for the host and
-    ejects the image: nothing inserted, no second restart mid-reimage. A bad phase is
-    refused by name."""
+    leaves the image for the installer: nothing inserted, no second restart mid-reimage.
+    A bad phase is refused by name."""
     prov = ProvisioningActivities(_config(redfish_emulator, bmc_secrets_file))
     inp = _inp("gpu-04").model_copy(update={"resume_phase": "provision_started"})
     res = await ActivityEnvironment().run(prov.reprovision_machine, inp)
     assert res.done and res.phase == "booted", res
     assert "restart already sent by an earlier try of this attempt" in res.detail
-    assert "ForceRestart" not in res.detail and "inserted" not in res.detail
+    assert "ForceRestart" not in res.detail and "inserted http" not in res.detail
     bad = _inp("gpu-04").model_copy(update={"resume_phase": "restart_sent"})
     with pytest.raises(ApplicationError) as ei:
         await ActivityEnvironment().run(prov.reprovision_machine, bad)

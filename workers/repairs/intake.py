@@ -104,6 +104,17 @@ _QUERY_TIMEOUT = timedelta(seconds=2)
 _CAP_LOCK_NS = 0x6172_6361  # advisory lock namespace for the per-cluster detector cap
 
 
+async def _requested_mode(ledger: Ledger, row: dict[str, Any]) -> str | None:
+    """The mode the request behind repair ``row`` asked for (its ``repair_request`` alert's
+    evidence), or None when the repair has no such alert (not from a request)."""
+    for alert in await ledger.get_alerts([a for a in row.get("alert_ids") or []
+                                          if str(a).startswith("rq-")]):
+        if alert.kind == REQUEST_ALERT_KIND:
+            mode = (alert.evidence or {}).get("mode")
+            return str(mode) if mode is not None else None
+    return None
+
+
 class IntakeError(Exception):
     """A request the intake cannot take; ``status`` is the HTTP status, ``field`` the
     body field at fault (or ``None``)."""
@@ -348,7 +359,7 @@ class RepairIntake:
         detector's, ``clusters[].detectors.allowed.NAME.cap``).
 
         Raises :class:`IntakeError` (422 unknown cluster/node/evidence alert, 409 request
-        id already used for another node).
+        id already used for another node or another mode).
         """
         detector = req.detector or (
             requester.name if requester.kind == RequesterKind.detector
@@ -395,6 +406,16 @@ class RepairIntake:
                     f"repair {repair_id} on {existing['cluster']}/{existing['node']}",
                     "request_id",
                 )
+            if existing is not None:
+                asked = await _requested_mode(locked, existing)
+                if asked is not None and asked != req.mode.value:
+                    raise IntakeError(
+                        409,
+                        f"mode {req.mode.value!r}: request_id {req.request_id!r} of detector "
+                        f"{detector!r} already names repair {repair_id}, requested as "
+                        f"mode {asked!r} (a new request needs a new request_id)",
+                        "mode",
+                    )
             if existing is None:
                 if not refusal and requester.kind == RequesterKind.detector:
                     cap = self.config.policy.rails.detector_cap

@@ -193,10 +193,12 @@ class MaintenanceCreate(BaseModel):
 
     cluster: str = Field(min_length=1, max_length=253, pattern=NAME_PATTERN)
     pool: str | None = Field(None, min_length=1, max_length=253, pattern=NAME_PATTERN)
-    nodes: list[str] | None = Field(None, min_length=1, max_length=10_000)
+    nodes: list[Annotated[str, Field(min_length=1, max_length=MAX_NAME_LEN,
+                                     pattern=NAME_PATTERN)]] | None = Field(
+        None, min_length=1, max_length=10_000)
     all: bool = False
     duration: str = Field(alias="for", min_length=1, max_length=32)
-    reason: str = Field(min_length=1, max_length=1000)
+    reason: _Text = Field(min_length=1, max_length=1000)
 
     @model_validator(mode="after")
     def _one_scope(self) -> MaintenanceCreate:
