@@ -1488,6 +1488,12 @@ def _on_policy(s: NodeState, ev: PolicyLoaded, now: datetime, defects: frozenset
                                  "policy_at": now, "policy_out": False,
                                  "grace_s": ev.grace_s, "domains": sorted(ev.domains),
                                  "machine_id": ev.machine_id, "node_pool": ev.node_pool}
+    if s.cooldown_until is not None and ev.rails.cooldown_s != s.rails.cooldown_s:
+        # the running cooldown is timed by the rails read now, from the same end: one
+        # set before the first read (a fresh entity applying the ledger's last repair)
+        # was timed by the defaults, 1800 s, whatever the configuration says
+        ended = s.cooldown_until - timedelta(seconds=s.rails.cooldown_s)
+        update["cooldown_until"] = cooldown_until(ended, ev.rails)
     cmds: list[Command] = []
     prev = s.catalogue
     old = s.history_machine
@@ -1703,7 +1709,8 @@ def _table() -> None:
         TRANSITIONS[(rc, "policy_loaded")] = (
             "catalogue and rails apply (a changed catalogue judges the active faults "
             "again: one it no longer acts on dropped, one it maps to another action "
-            "takes it); another machine bound to the node → the old "
+            "takes it; a changed cooldown times the running one from the same "
+            "end); another machine bound to the node → the old "
             "machine's faults and history dropped (faults ingest filed under the new "
             "machine kept), people told")
         TRANSITIONS[(rc, "policy_failed")] = (
