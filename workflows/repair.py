@@ -1624,6 +1624,9 @@ class RepairWorkflow:
         else:
             self._approve_decision(AUTO_APPROVED)
             self._rule = f"{consent.rule}; {self._rule}"
+            # the ledger row names the rung that runs now and the rule that decided it
+            # (``repairs show`` must agree with the Temporal UI's RepairAction)
+            await self._upsert()
 
     def _recurrence(self, action: Action, acted_at: datetime,
                     before: NodeHealth) -> Alert | None:

@@ -49,7 +49,6 @@ async def test_a_level_fault_that_clears_after_a_failed_action_is_not_auto_resol
     assert node in h.cluster.cordons, f"node uncordoned after a failed power cycle: {_notes(st)}"
 
 
-@pytest.mark.xfail(strict=True, reason="workflows/repair.py _escalate: an automatic escalation sets the action and rule but never upserts the ledger row")
 async def test_the_ledger_row_names_the_rung_that_runs(harness: Harness) -> None:
     """Two power cycles failed; the ladder moved the repair to ``reprovision``, which the
     consent policy allows, and it runs. ``autorepair repairs show`` (the ledger row) still
