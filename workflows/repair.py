@@ -556,6 +556,10 @@ class RepairWorkflow:
                 assert isinstance(err, ActivityError)
                 stage, by = S.failed, "system"
                 reason = f"{err.activity_type} failed at stage {self._stage.value}: {_cause(err)}"
+        # evidence that cleared once an action ran without a verified recovery resolves
+        # nothing: the repair ends failed and the node stays cordoned
+        stage, reason = decision.resolved_ending(
+            stage, reason, [] if self._verified else self._acted)
         await self._finish(stage, by, reason)
         if cancelled or self._temporal_cancelled:
             raise asyncio.CancelledError(reason)
@@ -1418,7 +1422,10 @@ class RepairWorkflow:
             # ends the repair auto_resolved, nothing touched
             await self._capture_evidence(self._action)
             if not self._evidence_ok():
-                await self._rejoin()
+                if not self._acted:
+                    await self._rejoin()  # nothing ran: the node goes back as it was
+                # once a rung ran, the ending is failed and the node stays cordoned
+                # (decision.resolved_ending, in run())
                 raise _Ended(
                     S.auto_resolved, "system", "every alert behind the repair cleared before acting"
                 )

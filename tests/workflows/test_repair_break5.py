@@ -21,7 +21,6 @@ def _notes(st: Any) -> str:
     return " | ".join(t.reason for t in st.history)
 
 
-@pytest.mark.xfail(strict=True, reason="workflows/repair.py _act_with_ladder: the evidence check before each rung rejoins and ends auto_resolved even after an earlier rung touched the machine")
 async def test_a_level_fault_that_clears_after_a_failed_action_is_not_auto_resolved(
     harness: Harness,
 ) -> None:
@@ -115,7 +114,6 @@ async def test_an_approved_repair_paused_by_maintenance_is_not_listed_as_awaitin
         state, row["stage"])
 
 
-@pytest.mark.xfail(strict=True, reason="workflows/repair.py _await_approval: a level clear ends auto_resolved whatever ran before")
 async def test_a_level_fault_that_clears_while_the_next_rung_awaits_approval_is_not_auto_resolved(
     harness: Harness,
 ) -> None:

@@ -11,6 +11,7 @@
   attempt) asks again.
 - :func:`recurrence`: the alert that makes an action's fix not hold (I17: judged on the
   control plane's receive time).
+- :func:`resolved_ending`: ``auto_resolved`` only before any action ran.
 - :func:`left_cordoned`: why an ending keeps the node cordoned (docs/design.md §5 rule
   zero), or None when the cleanup uncordons.
 
@@ -176,6 +177,21 @@ def recurrence(alerts: Sequence[Alert], acted_at: datetime, boot_before: str | N
             continue  # a late report from a boot before the action
         return a
     return None
+
+
+def resolved_ending(stage: S, reason: str, acted: Sequence[Action]) -> tuple[S, str]:
+    """The ending of a repair whose evidence cleared (``auto_resolved``): so only while
+    no action ran (docs/design.md §5: auto-resolve when the alert clears *before*
+    action). Once ``acted`` (actions that ran without a verified recovery) is not empty,
+    a fault that went quiet — a level alert cleared while the host was off after a
+    failed power cycle, say — is not resolved by itself: the repair ends ``failed``
+    (the node stays cordoned for a person, :func:`left_cordoned`). Any other ending is
+    returned as it is."""
+    if stage != S.auto_resolved or not acted:
+        return stage, reason
+    ran = ", ".join(a.value for a in acted)
+    return S.failed, (f"{reason}, but {ran} ran without a verified recovery: the fault "
+                      "is not known to be resolved")
 
 
 def left_cordoned(hold: str | None, acted: Sequence[Action], stage: S) -> str | None:

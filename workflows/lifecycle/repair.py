@@ -579,6 +579,8 @@ def _end(s: RepairState, stage: S, by: str, reason: str) -> Out:
     # action as succeeded and keeps no cordon for the fault (the cleanup's uncordon says
     # why it failed)
     verified = s.status == Status.rejoining
+    # evidence that cleared after an action ran (not verified) resolves nothing
+    stage, reason = decision.resolved_ending(stage, reason, [] if verified else s.acted)
     held = decision.left_cordoned(s.hold, [] if verified else s.acted, stage)
     cmds: list[Command] = []
     if s.unrecorded is not None:  # I22: an action that ran is recorded, whatever ended it
