@@ -206,7 +206,6 @@ async def test_a_machine_returned_from_rma_is_not_recommended_for_rma_again_at_o
     assert st.stage == Stage.succeeded and h.cluster.power_cycles == 1, _notes(st)
 
 
-@pytest.mark.xfail(strict=True, reason="workflows/lifecycle/decision.py recurrence: an observed-only (in-maintenance) alert counts as the fault recurring")
 async def test_a_fault_reported_inside_a_maintenance_window_is_no_recurrence(
     harness: Harness,
 ) -> None:

@@ -148,7 +148,9 @@ def recurrence(alerts: Sequence[Alert], acted_at: datetime, boot_before: str | N
     (the scheduler's boot identity read before acting: Kubernetes's ``bootID`` is the
     agent's; Slurm's is not comparable and then simply matches nothing). A
     non-rebooting action (``rebooting`` False: a GPU reset) leaves the boot as it was,
-    so a report of the same boot after it is a recurrence (I20).
+    so a report of the same boot after it is a recurrence (I20). Only an actionable
+    alert recurs: one the delivery path or the node marked observed only (inside a
+    maintenance window: ``evidence.in_maintenance``) never counts.
     I17: judged on :func:`received`, never on a sender's clock."""
 
     def boot(a: Alert) -> object:
@@ -168,6 +170,10 @@ def recurrence(alerts: Sequence[Alert], acted_at: datetime, boot_before: str | N
               if received(a) < acted_at and not after_start_new_boot(a)}
     for a in alerts:
         if not a.active or (a.kind, a.code) not in faults:
+            continue
+        if not a.actionable:
+            # observed only (inside a planned maintenance window, a node outside the
+            # inventory): recorded, never a repair's reason, so never its fault back
             continue
         if after_start_new_boot(a):
             return a
