@@ -170,7 +170,6 @@ async def test_a_shadow_repair_nobody_approved_does_not_page_as_a_real_one(
     assert n.severity != "critical", n
 
 
-@pytest.mark.xfail(strict=True, reason="workflows/policy/ladder.py repeat_offender: counts repairs from before the machine's RMA removal")
 async def test_a_machine_returned_from_rma_is_not_recommended_for_rma_again_at_once(
     harness: Harness,
 ) -> None:
