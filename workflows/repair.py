@@ -1530,6 +1530,13 @@ class RepairWorkflow:
                 # success needs the fault not to come back after the action
                 if touched:
                     await self._attempt(action, "failed", machine=faulty)
+                else:
+                    # skipped (the host had rebooted by itself) and the fault came back:
+                    # no attempt is recorded (I22), but the ladder and the node cap of
+                    # this repair count the rung, as the repair machine does: a host that
+                    # crash-loops would otherwise be given the same skipped action
+                    # without end
+                    self._attempts.append(self._attempt_record(action, "failed", faulty))
                 await self._note(
                     f"fault recurred after {action.value}: {recurred.summary} "
                     f"(alert {recurred.alert_id})"
@@ -1910,12 +1917,12 @@ class RepairWorkflow:
             await self._note(f"re-validation of {machine} already running")
 
     # ---- records -------------------------------------------------------------------
-    async def _attempt(self, action: Action, outcome: str, machine: str | None = None) -> None:
-        """Record an executed action for the ladder and the per-node cap, against
-        ``machine`` (the machine that had the fault; default the current one)."""
+    def _attempt_record(self, action: Action, outcome: str,
+                        machine: str | None = None) -> AttemptRecord:
+        """The attempt of ``action`` as the ladder and the node cap count it."""
         assert self._req is not None
         first = self._alerts[0] if self._alerts else None
-        rec = AttemptRecord(
+        return AttemptRecord(
             repair_id=self._req.repair_id,
             cluster=self._req.cluster,
             node=self._req.node,
@@ -1925,8 +1932,13 @@ class RepairWorkflow:
             code=first.code if first else None,
             outcome=outcome,
             at=workflow.now(),
-            write_key=self._write_key(),
         )
+
+    async def _attempt(self, action: Action, outcome: str, machine: str | None = None) -> None:
+        """Record an executed action for the ladder and the per-node cap, against
+        ``machine`` (the machine that had the fault; default the current one)."""
+        rec = self._attempt_record(action, outcome, machine).model_copy(
+            update={"write_key": self._write_key()})
         self._attempts.append(rec)
         if self._unrecorded is not None and self._unrecorded[0] == action:
             self._unrecorded = None

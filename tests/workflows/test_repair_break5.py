@@ -234,7 +234,6 @@ async def test_a_fault_reported_inside_a_maintenance_window_is_no_recurrence(
     assert st.stage == Stage.succeeded and h.cluster.power_cycles == 1, _notes(st)
 
 
-@pytest.mark.xfail(strict=True, reason="workflows/repair.py _act_with_ladder: a recurrence after a skipped (untouched) action retries the same action without bound")
 async def test_a_crash_looping_host_does_not_loop_the_repair(harness: Harness) -> None:
     """The host crash-loops on its GPU fault: it panics and reboots by itself, and each
     boot reports Xid 79 again. The power cycle finds the host already came back (boot id
