@@ -2066,6 +2066,11 @@ class RepairWorkflow:
             subject = f"repair {req.repair_id} {stage.value}"
             if held is not None:
                 subject += f": node {req.node} left cordoned"
+            severity = "critical"
+            if self._shadow:
+                # shadow mode touched nothing and never will: said as such, no page
+                subject = f"shadow: {subject} (nothing was done: shadow mode)"
+                severity = "warning"
             await self._safely(
                 "notification",
                 lambda: self._act0(
@@ -2076,7 +2081,7 @@ class RepairWorkflow:
                         repair_id=req.repair_id,
                         subject=subject,
                         body="\n".join([reason, *self._captures]),
-                        severity="critical",
+                        severity=severity,
                     ),
                 ),
             )

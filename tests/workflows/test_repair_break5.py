@@ -148,7 +148,6 @@ async def test_a_level_fault_that_clears_while_the_next_rung_awaits_approval_is_
     assert node in h.cluster.cordons
 
 
-@pytest.mark.xfail(strict=True, reason="workflows/repair.py _finish: the failure notification ignores shadow mode")
 async def test_a_shadow_repair_nobody_approved_does_not_page_as_a_real_one(
     harness: Harness,
 ) -> None:
