@@ -1,10 +1,23 @@
-"""Repair rails a break-test of c1940e4 found open (each test failed there)."""
+"""Repair rails a break-test of c1940e4 found open (each test failed there):
+
+- a level fault that cleared after an action touched the machine (a power cycle that
+  failed half-way) ended the repair ``auto_resolved``, and before the next rung the
+  workflow uncordoned the node (two tests: before the next rung, and while it awaits
+  approval);
+- an automatic escalation did not write the ledger row (``repairs show`` named the
+  previous rung);
+- an approved repair waiting for its lease or a maintenance window stayed
+  ``awaiting_approval`` in the Temporal UI and the ledger;
+- a shadow-mode repair that timed out paged on-call as a critical real failure;
+- the repeat-offender rule counted repairs from before the machine's RMA removal;
+- an observed-only fault (inside a maintenance window) counted as the fault recurring;
+- a crash-looping host (the action skipped: it had rebooted by itself) looped the
+  repair without end.
+"""
 
 from __future__ import annotations
 
 from typing import Any
-
-import pytest
 
 from tests.workflows.conftest import Harness, make_alert
 from tests.workflows.helpers import attempt_outcomes, repair_status, start_repair

@@ -199,9 +199,9 @@ def repeat_offender(
     (:data:`DISRUPTIVE_ACTIONS`, any outcome but cancelled / self-resolved: an attempt is
     recorded only when it touched the machine) on this machine within ``cfg.window_s``
     seconds before ``now``, across every fault kind, and after the machine's last
-    succeeded ``remove`` (a machine returned from RMA starts clean). Counted per machine, not per node: a
-    migrated node's new machine starts clean. None when it is not (or no machine is
-    known)."""
+    succeeded ``remove`` (a machine returned from RMA starts clean). Counted per
+    machine, not per node: a migrated node's new machine starts clean. None when it is
+    not (or no machine is known)."""
     if not machine_id:
         return None
     since = now - timedelta(seconds=cfg.window_s)
