@@ -1204,6 +1204,10 @@ class RepairWorkflow:
         if res.held_by_repair:
             await self._yield_to(res.held_by_repair)
         if res.by_other:
+            # recorded: the repair goes on beside a cordon it does not own (and never
+            # lifts it), which the ending's record must be read against
+            await self._note(f"node already cordoned by someone else ({res.detail}); "
+                             "the repair goes on beside that cordon and never lifts it")
             self._detail = f"node already cordoned by someone else: {res.detail}"
 
     async def _yield_to(self, holder: str) -> None:
@@ -1563,7 +1567,11 @@ class RepairWorkflow:
                     "after the action; left cordoned for a human",
                 )
             self._verified = True
-            await self._rejoin()
+            kept = await self._rejoin()
+            if kept is not None:
+                # healthy, but someone else's cordon keeps it out of service: the record
+                # says so rather than "back in service"
+                self._done = f"node healthy; left cordoned: {kept}"
             late = self._cancel or self._reject
             if late is not None:
                 # the action ran and the node is back and verified: nothing is left to
@@ -1574,7 +1582,7 @@ class RepairWorkflow:
                     f"left to stop ({late.reason or 'no reason given'})")
             if touched:
                 await self._attempt(action, "succeeded", machine=faulty)
-            await self._transition(S.running, "system", "node back in service")
+            await self._transition(S.running, "system", self._done)
             return
 
     async def _capture_evidence(self, action: Action) -> None:
@@ -1877,7 +1885,9 @@ class RepairWorkflow:
                 self._check_cancel_before_act()
                 return False
 
-    async def _rejoin(self) -> None:
+    async def _rejoin(self) -> str | None:
+        """Lift this repair's cordon; returns why the node stays cordoned (someone
+        else's cordon, kept as it is), or None when it is schedulable."""
         assert self._req is not None
         res = await self._act(
             ACT.rejoin_node,
@@ -1888,7 +1898,10 @@ class RepairWorkflow:
         )
         self._cordoned_by_us = False
         if not res.uncordoned:
-            await self._note(f"node left cordoned: {res.kept_reason or 'not cordoned by us'}")
+            kept = res.kept_reason or "not cordoned by us"
+            await self._note(f"node left cordoned: {kept}")
+            return kept
+        return None
 
     async def _revalidate(self, machine: str | None, reason: str, return_to: str = "pool") -> None:
         """Start ``ValidationWorkflow`` on the machine the node left (abandoned child).

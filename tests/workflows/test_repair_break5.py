@@ -275,3 +275,24 @@ async def test_a_crash_looping_host_does_not_loop_the_repair(harness: Harness) -
     st = await handle.result()
     assert h.cluster.count("power_cycle", node) <= 3, (
         f"{h.cluster.count('power_cycle', node)} power cycle calls: {_notes(st)[-600:]}")
+
+
+async def test_a_repair_on_a_node_a_person_cordoned_does_not_say_back_in_service(
+    harness: Harness,
+) -> None:
+    """Alice cordoned the node by hand before the repair; the repair goes on beside her
+    cordon, power-cycles the machine and never lifts her cordon (right). Its record says
+    nothing of her cordon when it starts and ends ``node back in service`` — the node is
+    not in service, it is cordoned by Alice, and ``repairs show`` tells the operator the
+    opposite. Rail (docs/design.md §5: a node cordoned by someone else is never
+    uncordoned by a repair; §4.4 the record shows the real state): the record names the
+    cordon the repair found and an ending that leaves the node out of service says so."""
+    h = harness
+    node, rid = "gpu-13", "oc-alice"
+    h.cluster.cordons[node] = "alice"
+    st = await (await start_repair(h, node, Action.power_cycle, rid)).result()
+    assert st.stage == Stage.succeeded and h.cluster.cordons.get(node) == "alice"
+    notes = _notes(st)
+    assert "already cordoned by someone else" in notes, notes
+    assert "back in service" not in st.history[-1].reason, st.history[-1].reason
+    assert "left cordoned" in st.history[-1].reason, st.history[-1].reason
