@@ -12,7 +12,8 @@
 - the repeat-offender rule counted repairs from before the machine's RMA removal;
 - an observed-only fault (inside a maintenance window) counted as the fault recurring;
 - a crash-looping host (the action skipped: it had rebooted by itself) looped the
-  repair without end.
+  repair without end;
+- a repair beside a person's cordon ended "node back in service" (it stayed cordoned).
 """
 
 from __future__ import annotations
