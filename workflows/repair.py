@@ -556,6 +556,10 @@ class RepairWorkflow:
                 assert isinstance(err, ActivityError)
                 stage, by = S.failed, "system"
                 reason = f"{err.activity_type} failed at stage {self._stage.value}: {_cause(err)}"
+        # evidence that cleared once an action ran without a verified recovery resolves
+        # nothing: the repair ends failed and the node stays cordoned
+        stage, reason = decision.resolved_ending(
+            stage, reason, [] if self._verified else self._acted)
         await self._finish(stage, by, reason)
         if cancelled or self._temporal_cancelled:
             raise asyncio.CancelledError(reason)
@@ -973,6 +977,12 @@ class RepairWorkflow:
         self._approved_by = sig.by
         self._approve_decision(sig.by)
         self._rule = f"approved by {sig.by}; {self._rule}"
+        if not self._acted and not self._cordoned_by_us:
+            # approved before the cordon: nobody is waited for any more (the lease or a
+            # maintenance window may still be), so the repair shows ``recommended`` as an
+            # automatic one does until it cordons, never ``awaiting_approval``
+            await self._transition(S.recommended, sig.by,
+                                   f"approved {self._action.value} by {sig.by}")
         await self._upsert()
 
     def _check_ended(self) -> None:
@@ -1194,6 +1204,10 @@ class RepairWorkflow:
         if res.held_by_repair:
             await self._yield_to(res.held_by_repair)
         if res.by_other:
+            # recorded: the repair goes on beside a cordon it does not own (and never
+            # lifts it), which the ending's record must be read against
+            await self._note(f"node already cordoned by someone else ({res.detail}); "
+                             "the repair goes on beside that cordon and never lifts it")
             self._detail = f"node already cordoned by someone else: {res.detail}"
 
     async def _yield_to(self, holder: str) -> None:
@@ -1418,7 +1432,10 @@ class RepairWorkflow:
             # ends the repair auto_resolved, nothing touched
             await self._capture_evidence(self._action)
             if not self._evidence_ok():
-                await self._rejoin()
+                if not self._acted:
+                    await self._rejoin()  # nothing ran: the node goes back as it was
+                # once a rung ran, the ending is failed and the node stays cordoned
+                # (decision.resolved_ending, in run())
                 raise _Ended(
                     S.auto_resolved, "system", "every alert behind the repair cleared before acting"
                 )
@@ -1523,6 +1540,13 @@ class RepairWorkflow:
                 # success needs the fault not to come back after the action
                 if touched:
                     await self._attempt(action, "failed", machine=faulty)
+                else:
+                    # skipped (the host had rebooted by itself) and the fault came back:
+                    # no attempt is recorded (I22), but the ladder and the node cap of
+                    # this repair count the rung, as the repair machine does: a host that
+                    # crash-loops would otherwise be given the same skipped action
+                    # without end
+                    self._attempts.append(self._attempt_record(action, "failed", faulty))
                 await self._note(
                     f"fault recurred after {action.value}: {recurred.summary} "
                     f"(alert {recurred.alert_id})"
@@ -1543,7 +1567,11 @@ class RepairWorkflow:
                     "after the action; left cordoned for a human",
                 )
             self._verified = True
-            await self._rejoin()
+            kept = await self._rejoin()
+            if kept is not None:
+                # healthy, but someone else's cordon keeps it out of service: the record
+                # says so rather than "back in service"
+                self._done = f"node healthy; left cordoned: {kept}"
             late = self._cancel or self._reject
             if late is not None:
                 # the action ran and the node is back and verified: nothing is left to
@@ -1554,7 +1582,7 @@ class RepairWorkflow:
                     f"left to stop ({late.reason or 'no reason given'})")
             if touched:
                 await self._attempt(action, "succeeded", machine=faulty)
-            await self._transition(S.running, "system", "node back in service")
+            await self._transition(S.running, "system", self._done)
             return
 
     async def _capture_evidence(self, action: Action) -> None:
@@ -1624,6 +1652,9 @@ class RepairWorkflow:
         else:
             self._approve_decision(AUTO_APPROVED)
             self._rule = f"{consent.rule}; {self._rule}"
+            # the ledger row names the rung that runs now and the rule that decided it
+            # (``repairs show`` must agree with the Temporal UI's RepairAction)
+            await self._upsert()
 
     def _recurrence(self, action: Action, acted_at: datetime,
                     before: NodeHealth) -> Alert | None:
@@ -1854,7 +1885,9 @@ class RepairWorkflow:
                 self._check_cancel_before_act()
                 return False
 
-    async def _rejoin(self) -> None:
+    async def _rejoin(self) -> str | None:
+        """Lift this repair's cordon; returns why the node stays cordoned (someone
+        else's cordon, kept as it is), or None when it is schedulable."""
         assert self._req is not None
         res = await self._act(
             ACT.rejoin_node,
@@ -1865,7 +1898,10 @@ class RepairWorkflow:
         )
         self._cordoned_by_us = False
         if not res.uncordoned:
-            await self._note(f"node left cordoned: {res.kept_reason or 'not cordoned by us'}")
+            kept = res.kept_reason or "not cordoned by us"
+            await self._note(f"node left cordoned: {kept}")
+            return kept
+        return None
 
     async def _revalidate(self, machine: str | None, reason: str, return_to: str = "pool") -> None:
         """Start ``ValidationWorkflow`` on the machine the node left (abandoned child).
@@ -1900,12 +1936,12 @@ class RepairWorkflow:
             await self._note(f"re-validation of {machine} already running")
 
     # ---- records -------------------------------------------------------------------
-    async def _attempt(self, action: Action, outcome: str, machine: str | None = None) -> None:
-        """Record an executed action for the ladder and the per-node cap, against
-        ``machine`` (the machine that had the fault; default the current one)."""
+    def _attempt_record(self, action: Action, outcome: str,
+                        machine: str | None = None) -> AttemptRecord:
+        """The attempt of ``action`` as the ladder and the node cap count it."""
         assert self._req is not None
         first = self._alerts[0] if self._alerts else None
-        rec = AttemptRecord(
+        return AttemptRecord(
             repair_id=self._req.repair_id,
             cluster=self._req.cluster,
             node=self._req.node,
@@ -1915,8 +1951,13 @@ class RepairWorkflow:
             code=first.code if first else None,
             outcome=outcome,
             at=workflow.now(),
-            write_key=self._write_key(),
         )
+
+    async def _attempt(self, action: Action, outcome: str, machine: str | None = None) -> None:
+        """Record an executed action for the ladder and the per-node cap, against
+        ``machine`` (the machine that had the fault; default the current one)."""
+        rec = self._attempt_record(action, outcome, machine).model_copy(
+            update={"write_key": self._write_key()})
         self._attempts.append(rec)
         if self._unrecorded is not None and self._unrecorded[0] == action:
             self._unrecorded = None
@@ -2044,6 +2085,11 @@ class RepairWorkflow:
             subject = f"repair {req.repair_id} {stage.value}"
             if held is not None:
                 subject += f": node {req.node} left cordoned"
+            severity = "critical"
+            if self._shadow:
+                # shadow mode touched nothing and never will: said as such, no page
+                subject = f"shadow: {subject} (nothing was done: shadow mode)"
+                severity = "warning"
             await self._safely(
                 "notification",
                 lambda: self._act0(
@@ -2054,7 +2100,7 @@ class RepairWorkflow:
                         repair_id=req.repair_id,
                         subject=subject,
                         body="\n".join([reason, *self._captures]),
-                        severity="critical",
+                        severity=severity,
                     ),
                 ),
             )

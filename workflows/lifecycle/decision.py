@@ -11,6 +11,7 @@
   attempt) asks again.
 - :func:`recurrence`: the alert that makes an action's fix not hold (I17: judged on the
   control plane's receive time).
+- :func:`resolved_ending`: ``auto_resolved`` only before any action ran.
 - :func:`left_cordoned`: why an ending keeps the node cordoned (docs/design.md §5 rule
   zero), or None when the cleanup uncordons.
 
@@ -147,7 +148,9 @@ def recurrence(alerts: Sequence[Alert], acted_at: datetime, boot_before: str | N
     (the scheduler's boot identity read before acting: Kubernetes's ``bootID`` is the
     agent's; Slurm's is not comparable and then simply matches nothing). A
     non-rebooting action (``rebooting`` False: a GPU reset) leaves the boot as it was,
-    so a report of the same boot after it is a recurrence (I20).
+    so a report of the same boot after it is a recurrence (I20). Only an actionable
+    alert recurs: one the delivery path or the node marked observed only (inside a
+    maintenance window: ``evidence.in_maintenance``) never counts.
     I17: judged on :func:`received`, never on a sender's clock."""
 
     def boot(a: Alert) -> object:
@@ -168,6 +171,10 @@ def recurrence(alerts: Sequence[Alert], acted_at: datetime, boot_before: str | N
     for a in alerts:
         if not a.active or (a.kind, a.code) not in faults:
             continue
+        if not a.actionable:
+            # observed only (inside a planned maintenance window, a node outside the
+            # inventory): recorded, never a repair's reason, so never its fault back
+            continue
         if after_start_new_boot(a):
             return a
         if received(a) < acted_at:
@@ -176,6 +183,21 @@ def recurrence(alerts: Sequence[Alert], acted_at: datetime, boot_before: str | N
             continue  # a late report from a boot before the action
         return a
     return None
+
+
+def resolved_ending(stage: S, reason: str, acted: Sequence[Action]) -> tuple[S, str]:
+    """The ending of a repair whose evidence cleared (``auto_resolved``): so only while
+    no action ran (docs/design.md §5: auto-resolve when the alert clears *before*
+    action). Once ``acted`` (actions that ran without a verified recovery) is not empty,
+    a fault that went quiet — a level alert cleared while the host was off after a
+    failed power cycle, say — is not resolved by itself: the repair ends ``failed``
+    (the node stays cordoned for a person, :func:`left_cordoned`). Any other ending is
+    returned as it is."""
+    if stage != S.auto_resolved or not acted:
+        return stage, reason
+    ran = ", ".join(a.value for a in acted)
+    return S.failed, (f"{reason}, but {ran} ran without a verified recovery: the fault "
+                      "is not known to be resolved")
 
 
 def left_cordoned(hold: str | None, acted: Sequence[Action], stage: S) -> str | None:

@@ -552,6 +552,11 @@ def _apply_approval(s: RepairState, now: datetime, cmds: list[Command]) -> Out:
     s = s.model_copy(update={"approval": approval, "pending_approve": None,
                              "rule": f"approved by {pa.by}; {s.rule}",
                              "approval_deadline": None})
+    if not s.acted and not s.cordoned_by_us:
+        # approved before the cordon: nobody is waited for any more; ``recommended``
+        # (as an automatic repair shows) until it cordons, never ``awaiting_approval``
+        s, tr = _to(s, S.recommended, f"approved {s.action.value} by {pa.by}", by=pa.by)
+        cmds = [*cmds, tr]
     return _go_on(s, now, cmds)
 
 
@@ -579,6 +584,8 @@ def _end(s: RepairState, stage: S, by: str, reason: str) -> Out:
     # action as succeeded and keeps no cordon for the fault (the cleanup's uncordon says
     # why it failed)
     verified = s.status == Status.rejoining
+    # evidence that cleared after an action ran (not verified) resolves nothing
+    stage, reason = decision.resolved_ending(stage, reason, [] if verified else s.acted)
     held = decision.left_cordoned(s.hold, [] if verified else s.acted, stage)
     cmds: list[Command] = []
     if s.unrecorded is not None:  # I22: an action that ran is recorded, whatever ended it

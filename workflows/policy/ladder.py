@@ -198,12 +198,19 @@ def repeat_offender(
     ``cfg.threshold`` distinct repairs executed a disruptive action
     (:data:`DISRUPTIVE_ACTIONS`, any outcome but cancelled / self-resolved: an attempt is
     recorded only when it touched the machine) on this machine within ``cfg.window_s``
-    seconds before ``now``, across every fault kind. Counted per machine, not per node: a
-    migrated node's new machine starts clean. None when it is not (or no machine is
-    known)."""
+    seconds before ``now``, across every fault kind, and after the machine's last
+    succeeded ``remove`` (a machine returned from RMA starts clean). Counted per
+    machine, not per node: a migrated node's new machine starts clean. None when it is
+    not (or no machine is known)."""
     if not machine_id:
         return None
     since = now - timedelta(seconds=cfg.window_s)
+    # a removal for RMA answered the repairs before it: a machine returned since (its
+    # hardware repaired) is counted from its removal on, not condemned again by them
+    removed = [a.at for a in attempts
+               if a.machine_id == machine_id and a.action == Action.remove
+               and a.outcome == "succeeded" and a.at <= now]
+    after = max(removed) if removed else None
     first: dict[str, datetime] = {}
     for a in attempts:
         if (
@@ -211,6 +218,7 @@ def repeat_offender(
             and a.action in DISRUPTIVE_ACTIONS
             and a.outcome not in NOT_COUNTED
             and since <= a.at <= now
+            and (after is None or a.at > after)
         ):
             first[a.repair_id] = min(first.get(a.repair_id, a.at), a.at)
     if len(first) < cfg.threshold:
