@@ -146,6 +146,7 @@ async def test_virtual_media_reprovision(
     cfg = _config(redfish_emulator, bmc_secrets_file)
     prov = ProvisioningActivities(cfg)
     m = RedfishMachine(cfg, "rf", "gpu-04", "gpu-04")
+    await eject_media(m)  # another test's reprovision may have left its image in
     res = await ActivityEnvironment().run(prov.reprovision_machine, _inp("gpu-04"))
     assert res.done, res
     assert f"inserted {redfish_emulator.image_url}" in res.detail
@@ -158,13 +159,19 @@ async def test_virtual_media_reprovision(
     target, inserted = await m.call(boot)
     assert target == "Cd" and any(inserted)  # the installer still needs it
     assert (await m.power_state()).lower() == "on"
+    await eject_media(m)  # the emulator is shared by the session's tests
+
+
+async def eject_media(m: RedfishMachine) -> None:
+    """Eject every inserted virtual medium of ``m`` (a reprovision leaves its installer
+    image in for the host to boot from; the emulator is shared by the session's tests)."""
 
     def eject(s):  # type: ignore[no-untyped-def]
         for vm in s.virtual_media.get_members():
             if vm.inserted:
                 vm.eject_media()
 
-    await m.call(eject)  # the emulator is shared by the session's tests
+    await m.call(eject)
 
 
 async def test_reprovision_resumed_after_its_restart_sends_no_second_restart(

@@ -12,7 +12,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.power import PowerActivities, RedfishMachine
 from activities.provisioning import ProvisioningActivities
-from tests.activities.test_redfish_power import _config, _inp
+from tests.activities.test_redfish_power import _config, _inp, eject_media
 from workers.devpeers import RedfishEmulator
 
 
@@ -62,6 +62,7 @@ async def test_reprovision_leaves_the_installer_inserted_when_the_host_powers_on
     cfg = _config(redfish_emulator, bmc_secrets_file)
     prov = ProvisioningActivities(cfg)
     m = RedfishMachine(cfg, "rf", "gpu-04", "gpu-04")
+    await eject_media(m)  # another test's reprovision may have left its image in
     res = await ActivityEnvironment().run(prov.reprovision_machine, _inp("gpu-04"))
     assert res.done and res.phase == "booted", res
 
@@ -76,13 +77,7 @@ async def test_reprovision_leaves_the_installer_inserted_when_the_host_powers_on
     # a second reprovision finds its image in place and reuses it
     again = await ActivityEnvironment().run(prov.reprovision_machine, _inp("gpu-04"))
     assert again.done and "image already inserted" in again.detail
-
-    def eject(s):  # type: ignore[no-untyped-def]
-        for vm in s.virtual_media.get_members():
-            if vm.inserted:
-                vm.eject_media()
-
-    await m.call(eject)  # the emulator is shared by the session's tests
+    await eject_media(m)  # the emulator is shared by the session's tests
 
 
 async def test_a_node_migrated_to_a_machine_without_a_bmc_never_cycles_its_old_machine(
