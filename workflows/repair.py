@@ -977,12 +977,6 @@ class RepairWorkflow:
         self._approved_by = sig.by
         self._approve_decision(sig.by)
         self._rule = f"approved by {sig.by}; {self._rule}"
-        if not self._acted and not self._cordoned_by_us:
-            # approved before the cordon: nobody is waited for any more (the lease or a
-            # maintenance window may still be), so the repair shows ``recommended`` as an
-            # automatic one does until it cordons, never ``awaiting_approval``
-            await self._transition(S.recommended, sig.by,
-                                   f"approved {self._action.value} by {sig.by}")
         await self._upsert()
 
     def _check_ended(self) -> None:

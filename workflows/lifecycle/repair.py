@@ -552,11 +552,6 @@ def _apply_approval(s: RepairState, now: datetime, cmds: list[Command]) -> Out:
     s = s.model_copy(update={"approval": approval, "pending_approve": None,
                              "rule": f"approved by {pa.by}; {s.rule}",
                              "approval_deadline": None})
-    if not s.acted and not s.cordoned_by_us:
-        # approved before the cordon: nobody is waited for any more; ``recommended``
-        # (as an automatic repair shows) until it cordons, never ``awaiting_approval``
-        s, tr = _to(s, S.recommended, f"approved {s.action.value} by {pa.by}", by=pa.by)
-        cmds = [*cmds, tr]
     return _go_on(s, now, cmds)
 
 
