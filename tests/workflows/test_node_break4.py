@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from tests.unit.test_node_machine import run
 from workflows.config import CatalogueConfig, RailsConfig
 from workflows.lifecycle import node as nm
 from workflows.models import Alert, AlertOutcome
@@ -17,28 +18,6 @@ CAT = CatalogueConfig()
 
 def policy(machine: str, rails: RailsConfig | None = None) -> nm.PolicyLoaded:
     return nm.PolicyLoaded(catalogue=CAT, rails=rails or RailsConfig(), machine_id=machine)
-
-
-def run(s: nm.NodeState, ev: nm.Event, now: datetime, pol: nm.PolicyLoaded
-        ) -> tuple[nm.NodeState, list[nm.Command]]:
-    todo: list[nm.Event] = [ev]
-    out: list[nm.Command] = []
-    while todo:
-        known = s.reconcile == nm.Reconcile.done
-        s, cmds = nm.step(s, todo.pop(0), now)
-        out += cmds
-        for c in cmds:
-            if isinstance(c, nm.ReadLedger) and known:
-                todo.append(nm.LedgerRead())
-            elif isinstance(c, nm.RecordAlert):
-                todo.append(nm.AlertRecorded(alert_id=c.alert.alert_id))
-            elif isinstance(c, nm.LoadPolicy):
-                todo.append(pol)
-            elif isinstance(c, nm.AttachAlert):
-                todo.append(nm.AttachDone(alert_id=c.alert.alert_id, ok=True))
-            elif isinstance(c, nm.StartRepair):
-                todo.append(nm.RepairStarted(repair_id=c.repair_id))
-    return s, out
 
 
 def known(pol: nm.PolicyLoaded) -> nm.NodeState:
