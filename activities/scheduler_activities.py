@@ -10,6 +10,7 @@ Unknown cluster → non-retryable ``ERR_UNKNOWN_NODE``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from temporalio import activity
@@ -84,9 +85,17 @@ class SchedulerActivities:
 
     @activity.defn(name=ACT.drain_node)
     async def drain_node(self, inp: DrainInput) -> DrainResult:
-        """Move remaining work off the node before ``inp.deadline_s`` (heartbeats)."""
+        """Move remaining work off the node before the drain's absolute deadline
+        (``inp.deadline_at``; heartbeats): the scheduler gets the time left, seconds, so a
+        retry never restarts the deadline; once it passed, the scheduler looks once and
+        lists what still runs. "Now" is the later of this try's scheduled time (the
+        Temporal server's clock, the clock the deadline was set on) and this worker's
+        clock: a worker clock behind the server's never lengthens the drain."""
+        now = datetime.now(UTC)
+        if activity.in_activity():
+            now = max(now, activity.info().current_attempt_scheduled_time)
         return await self.scheduler(inp.cluster).drain(
-            inp.node, inp.repair_id, inp.deadline_s, heartbeat=_heartbeat
+            inp.node, inp.repair_id, inp.remaining_s(now), heartbeat=_heartbeat
         )
 
     @activity.defn(name=ACT.rejoin_node)

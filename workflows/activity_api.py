@@ -213,10 +213,25 @@ class IdleStatus(BaseModel):
 
 
 class DrainInput(BaseModel):
+    """``deadline_at``: the drain's absolute deadline (the control plane's clock, set once
+    when the repair began draining: :func:`workflows.lifecycle.decision.drain_deadline`);
+    the activity gives the scheduler only the time left until it (:meth:`remaining_s`),
+    so a retry never restarts the deadline. ``deadline_s``: the time left when the
+    workflow scheduled the call, seconds (what a caller without ``deadline_at`` bounds
+    the drain with)."""
+
     cluster: str
     node: str
     repair_id: str
     deadline_s: float = 1800.0
+    deadline_at: datetime | None = None
+
+    def remaining_s(self, now: datetime) -> float:
+        """Seconds left until the deadline at ``now`` (0 once it passed; ``deadline_s``
+        without ``deadline_at``)."""
+        if self.deadline_at is None:
+            return self.deadline_s
+        return max(0.0, (self.deadline_at - now).total_seconds())
 
 
 class DrainResult(BaseModel):

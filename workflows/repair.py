@@ -327,6 +327,8 @@ class Carried(BaseModel):
     #: ladder step stays in the rule (docs/design.md §5)
     decided_from: Action | None = None
     decided_blocked: str | None = None
+    #: the drain's absolute deadline once draining started (never restarted)
+    drain_deadline: datetime | None = None
 
 
 @workflow.defn(name=REPAIR_WORKFLOW)
@@ -405,6 +407,9 @@ class RepairWorkflow:
         self._last_touched = True
         #: one line per evidence capture before an action (issue 31 item 3)
         self._captures: list[str] = []
+        #: the drain's absolute deadline, set once when draining starts (carried): a retry
+        #: of the drain never restarts it
+        self._drain_deadline: datetime | None = None
         #: what the machine action's ``step`` commanded, checked against what runs
         #: (issue 26 item 5); the rest of the repair is not a machine yet
         self.lifecycle_trace = Trace(("activity", n) for n in MACHINE_ACTIVITY.values())
@@ -1340,6 +1345,7 @@ class RepairWorkflow:
             cancel=self._cancel,
             decided_from=self._decided_from,
             decided_blocked=self._decided_blocked,
+            drain_deadline=self._drain_deadline,
         )
         workflow.continue_as_new(
             self._req.model_copy(update={"carried": state.model_dump(mode="json")})
@@ -1371,6 +1377,7 @@ class RepairWorkflow:
         self._reject = self._reject or c.reject
         self._cancel = self._cancel or c.cancel
         self._decided_from, self._decided_blocked = c.decided_from, c.decided_blocked
+        self._drain_deadline = c.drain_deadline
         self._detail = f"waiting for idle (continued as new {c.continued}x)"
 
     def _check_cancel_before_act(self) -> None:
@@ -1384,7 +1391,12 @@ class RepairWorkflow:
     async def _drain(self) -> None:
         assert self._req is not None
         await self._transition(S.draining, "system", "")
-        deadline = self._policy.rails.drain_deadline_s
+        now = workflow.now()
+        if self._drain_deadline is None:
+            # absolute, set once: every try and batch of tries counts against it
+            self._drain_deadline = decision.drain_deadline(
+                now, self._policy.rails.drain_deadline_s)
+        left = max(0.0, (self._drain_deadline - now).total_seconds())
         try:
             res = await self._act_stoppable(
                 ACT.drain_node,
@@ -1392,10 +1404,11 @@ class RepairWorkflow:
                     cluster=self._req.cluster,
                     node=self._req.node,
                     repair_id=self._req.repair_id,
-                    deadline_s=deadline,
+                    deadline_s=left,
+                    deadline_at=self._drain_deadline,
                 ),
                 DrainResult,
-                limit=timedelta(seconds=deadline + 300),
+                limit=timedelta(seconds=left + 300),
                 heartbeat=timedelta(seconds=self._policy.rails.heartbeat_timeout_s),
             )
         except ActivityError as err:

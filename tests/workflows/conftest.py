@@ -120,6 +120,10 @@ class FakeCluster:
     #: policy reads report it as the node's machine). Made before the bring-up, so a
     #: migrate that fails afterwards leaves it, as the Redfish provider does.
     bound: dict[str, str] = field(default_factory=dict)
+    #: When set, ``drain_node`` answers with it (after the call is logged and any injected
+    #: failure raised): e.g. the real ``SchedulerActivities.drain_node`` over a fake
+    #: scheduler, so a test sees the deadline the real activity hands the scheduler.
+    drain_with: Callable[[DrainInput], Awaitable[DrainResult]] | None = None
 
     async def _out(self, name: str, node: str) -> None:
         hook = self.while_out.get(name)
@@ -173,6 +177,8 @@ class FakeCluster:
     @activity.defn(name=ACT.drain_node)
     async def drain_node(self, inp: DrainInput) -> DrainResult:
         self._log("drain", inp.node)
+        if self.drain_with is not None:
+            return await self.drain_with(inp)
         return DrainResult(drained=True)
 
     @activity.defn(name=ACT.rejoin_node)

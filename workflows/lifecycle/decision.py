@@ -14,6 +14,8 @@
 - :func:`resolved_ending`: ``auto_resolved`` only before any action ran.
 - :func:`left_cordoned`: why an ending keeps the node cordoned (docs/design.md §5 rule
   zero), or None when the cleanup uncordons.
+- :func:`drain_deadline`: the drain's absolute deadline, computed once when draining
+  starts (every retry of the drain counts against it).
 
 Pure: no I/O, no Temporal imports.
 """
@@ -21,7 +23,7 @@ Pure: no I/O, no Temporal imports.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from pydantic import BaseModel
 
@@ -211,3 +213,11 @@ def left_cordoned(hold: str | None, acted: Sequence[Action], stage: S) -> str | 
         return (f"{', '.join(a.value for a in acted)} ran and the node was not verified "
                 "healthy; the fault stands, left cordoned for a human")
     return None
+
+
+def drain_deadline(started: datetime, deadline_s: float) -> datetime:
+    """The drain's absolute deadline: ``deadline_s`` seconds
+    (``policy.rails.drain_deadline_s``) after ``started``, the control plane's time when
+    the repair began draining. Computed once and carried (the repair's state, across
+    activity retries, batches of tries and continue-as-new): a retry never restarts it."""
+    return started + timedelta(seconds=deadline_s)
