@@ -612,7 +612,9 @@ class RailsConfig(_Section):
     rejoin_timeout_s: float = Field(1800.0, gt=0)
     #: How often the node's health is re-read while waiting for it to rejoin, seconds.
     rejoin_poll_s: float = Field(30.0, gt=0)
-    #: Drain deadline (pods / jobs still there after it are listed in the failure).
+    #: Drain deadline, seconds from when the repair began draining (retries never restart
+    #: it); pods / jobs still there after it are listed in the failure and the node stays
+    #: cordoned for a person.
     drain_deadline_s: float = Field(1800.0, gt=0)
     #: Heartbeat timeout of drain and machine actions: a dead worker's attempt is
     #: retried after it, so a repair resumes where it was when a worker dies.

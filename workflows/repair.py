@@ -27,7 +27,9 @@ told (``repair_finished``). The node stays cordoned — with the reason in the l
 critical notification — only when: the action was ``remove`` (pulled for RMA; its
 re-validation never returns it), the node did not come back healthy after the action, or
 a disruptive action ran and the repair ended without a verified recovery (the fault
-stands and the machine's state is unknown). A cleanup step that keeps failing is retried,
+stands and the machine's state is unknown), or the drain's deadline passed with work still
+running (the repair ends ``failed`` naming it: the fault stands, so the node is not put
+back in service because its work would not leave). A cleanup step that keeps failing is retried,
 then noted; it never keeps the ledger row from its terminal stage.
 
 Evidence is re-checked before every disruptive step (before cordon, before drain, before
@@ -1414,11 +1416,16 @@ class RepairWorkflow:
         except ActivityError as err:
             if is_cancelled_exception(err):
                 raise
-            raise _Ended(S.failed, "system", f"drain failed: {_cause(err)}") from err
+            remaining = _drain_deadline_passed(err)
+            if remaining is None:
+                raise _Ended(S.failed, "system", f"drain failed: {_cause(err)}") from err
+            res = DrainResult(drained=False, remaining=remaining)
         if not res.drained:
-            raise _Ended(
-                S.failed, "system", f"drain incomplete, still running: {', '.join(res.remaining)}"
-            )
+            # the work would not leave by the deadline: the fault stands, so the node stays
+            # cordoned for a person (the pure machine decides the same, decision.py)
+            reason, self._hold = decision.drain_deadline_ending(
+                res.remaining, self._policy.rails.drain_deadline_s)
+            raise _Ended(S.failed, "system", reason)
         # cancel is still honoured after draining: nothing irreversible happened yet
         if self._cancel is not None or self._reject is not None:
             await self._rejoin()
@@ -2308,6 +2315,19 @@ def _untouched(err: ActivityError) -> bool:
     machine, no BMC)."""
     cause = err.cause
     return isinstance(cause, ApplicationError) and cause.type == ERR_UNSUPPORTED
+
+
+def _drain_deadline_passed(err: ActivityError) -> list[str] | None:
+    """What still runs when the drain failed with ``ERR_DRAIN_DEADLINE`` (the scheduler's
+    ``DrainResult`` in the failure's details; empty when it listed none); None for any
+    other failure."""
+    cause = err.cause
+    if not isinstance(cause, ApplicationError) or cause.type != ERR_DRAIN_DEADLINE:
+        return None
+    for d in reversed(list(cause.details)):
+        if isinstance(d, dict) and isinstance(d.get("remaining"), list):
+            return [str(r) for r in d["remaining"]]
+    return []
 
 
 def _cause(err: BaseException) -> str:

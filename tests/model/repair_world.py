@@ -164,6 +164,9 @@ def _events(s: rm.RepairState, w: World) -> list[rm.Event]:
             evs += [rm.CallOk(healthy=True), rm.CallOk(healthy=False)]
         elif st == rm.Status.probing_holder:
             evs += [rm.CallOk(running=True), rm.CallOk(running=False)]
+        elif st == rm.Status.draining:
+            # drained, or the drain's deadline passed with a job still running
+            evs += [rm.CallOk(), rm.CallOk(drained=False, remaining=["job-7"])]
         elif st != rm.Status.cordoning:
             evs.append(rm.CallOk())
         else:

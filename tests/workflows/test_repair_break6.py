@@ -2,14 +2,19 @@
 
 - the drain deadline restarted on every activity retry: each try (and each batch of
   tries after a pause) handed the scheduler the full ``policy.rails.drain_deadline_s``
-  again, so a drain ran well past its deadline.
+  again, so a drain ran well past its deadline;
+- a drain past its deadline ended ``failed`` and the cleanup uncordoned the node with its
+  fault standing (the "nothing touched → uncordon" rule): a node with a hard fault went
+  back into service because its jobs would not leave (the workflow, and the pure repair
+  machine that models the same ending).
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from temporalio import activity
 
 from activities.scheduler.base import Heartbeat, no_heartbeat
@@ -18,7 +23,8 @@ from tests.workflows.conftest import Harness
 from tests.workflows.helpers import start_repair
 from workflows.activity_api import ERR_DRAIN_DEADLINE, DrainResult, permanent
 from workflows.config import AutorepairConfig
-from workflows.models import Action, Stage
+from workflows.lifecycle import repair as rm
+from workflows.models import Action, Requester, RequesterKind, Stage
 
 
 class _JobsThatNeverLeave:
@@ -76,3 +82,50 @@ async def test_the_drain_deadline_does_not_restart_on_a_retry(harness: Harness) 
         f"the try scheduled {(scheduled - _draining_at(st)).total_seconds():g} s after "
         f"draining started was handed {deadline_s:g} s more: the deadline restarted")
     assert st.stage == Stage.failed
+
+
+@pytest.mark.parametrize("returns", [False, True], ids=["raised", "answered"])
+async def test_a_drain_past_its_deadline_leaves_the_node_cordoned(
+    harness: Harness, returns: bool,
+) -> None:
+    """The drain's deadline passes with ``job-7`` still running on a node with a standing
+    hard fault (Xid 79). The repair ended ``failed`` and the cleanup uncordoned the node
+    ("nothing touched"): the scheduler put new jobs on a GPU that had fallen off the bus.
+    Rail: the node stays cordoned for a person; the repair ends ``failed`` naming what
+    still runs and saying the node is left cordoned, with a critical notification."""
+    h = harness
+    node, rid = "gpu-04", f"dd-held-{int(returns)}"
+    h.policy.rails.drain_deadline_s = 60
+    _drain_through(h, _JobsThatNeverLeave(returns=returns))
+    handle = await start_repair(h, node, Action.power_cycle, rid)
+    st = await handle.result()
+    last = st.history[-1].reason
+    assert st.stage == Stage.failed, last
+    assert h.cluster.cordons.get(node) == rid, f"node uncordoned after the drain deadline: {last}"
+    assert "job-7" in last and "left cordoned" in last, last
+    assert h.cluster.count("power_cycle", node) == 0
+    assert any(n.severity == "critical" and "left cordoned" in n.subject
+               for n in h.cluster.notifications), h.cluster.notifications
+
+
+@pytest.mark.parametrize("remaining", [["job-7"], []], ids=["listed", "none-listed"])
+def test_the_repair_machine_leaves_the_node_cordoned_after_the_drain_deadline(
+    remaining: list[str],
+) -> None:
+    """The pure repair machine (workflows/lifecycle/repair.py) decides the drain deadline's
+    ending as the workflow does: it ended ``failed`` with the cordon lifted ("drain
+    incomplete"); now ``failed`` naming what still runs, the node left cordoned for a
+    person, the lease released."""
+    s = rm.RepairState(
+        repair_id="r1", cluster="c1", node="gpu-04", requested=Action.power_cycle,
+        requester=Requester(kind=RequesterKind.system, name="node"),
+        action=Action.power_cycle, status=rm.Status.draining, stage=Stage.draining,
+        cordoned_by_us=True, lease="granted")
+    s2, cmds = rm.step(s, rm.CallOk(drained=False, remaining=remaining),
+                       datetime(2026, 1, 1, tzinfo=UTC))
+    fin = next(c for c in cmds if isinstance(c, rm.Finish))
+    assert fin.stage == Stage.failed and not fin.uncordon, fin
+    assert fin.held is not None and "left cordoned for a human" in fin.held, fin
+    assert ("job-7" in fin.reason) == bool(remaining) and "still running" in fin.reason
+    assert any(isinstance(c, rm.SignalGuard) and c.what == "release" for c in cmds)
+    assert s2.status == rm.Status.ended

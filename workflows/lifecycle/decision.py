@@ -15,7 +15,8 @@
 - :func:`left_cordoned`: why an ending keeps the node cordoned (docs/design.md §5 rule
   zero), or None when the cleanup uncordons.
 - :func:`drain_deadline`: the drain's absolute deadline, computed once when draining
-  starts (every retry of the drain counts against it).
+  starts (every retry of the drain counts against it); :func:`drain_deadline_ending`:
+  how a drain past it ends (``failed``, the node left cordoned for a person).
 
 Pure: no I/O, no Temporal imports.
 """
@@ -221,3 +222,18 @@ def drain_deadline(started: datetime, deadline_s: float) -> datetime:
     the repair began draining. Computed once and carried (the repair's state, across
     activity retries, batches of tries and continue-as-new): a retry never restarts it."""
     return started + timedelta(seconds=deadline_s)
+
+
+def drain_deadline_ending(remaining: Sequence[str], deadline_s: float) -> tuple[str, str]:
+    """How a repair whose drain did not finish by its deadline (``deadline_s``,
+    ``policy.rails.drain_deadline_s``) ends: ``(reason, hold)``. It ends ``failed`` with
+    ``reason`` naming what still runs (``remaining``: pods or job ids, as the scheduler
+    listed them), and ``hold`` keeps the node cordoned (:func:`left_cordoned`): nothing was
+    touched, but the fault that started the repair stands, so the node is not put back in
+    service because its work would not leave; a person decides (finish the drain by hand
+    and ask again, or uncordon)."""
+    running = ", ".join(remaining) or "unknown (the scheduler listed nothing)"
+    reason = f"drain deadline of {deadline_s:g} s passed, still running: {running}"
+    hold = ("the drain did not finish by its deadline and the fault stands; left cordoned "
+            "for a human")
+    return reason, hold

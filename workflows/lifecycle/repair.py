@@ -27,6 +27,10 @@ Decisions (docs/design.md §5 rails; issue 26 item 3):
   drained or acted on: the repair ends ``cancelled`` by ``system`` naming the hold. A
   cordon left by an ended repair is never adopted silently: a person is asked.
 - **I22**: an attempt is recorded exactly when the action touched the machine.
+- **A drain past its deadline leaves the node cordoned.** Nothing was touched, but the
+  fault stands: the repair ends ``failed`` naming what still runs, and the node stays
+  cordoned for a person (:func:`decision.drain_deadline_ending`), never put back in
+  service because its work would not leave.
 - **Maintenance (issue 29).** Before the cordon, a system or detector repair reads the
   maintenance windows; one covering the node is waited out holding no lease (read again
   at its end, at most every :data:`MAINTENANCE_RECHECK_S`); afterwards the evidence is
@@ -313,7 +317,8 @@ class LeaseLapsed(BaseModel):
 class CallOk(BaseModel):
     """The repair's own call (the one :data:`CALL_OF` names for the status) returned.
     ``cordoned_by_us`` / ``held_by_repair``: cordon; ``running``: the holder probe;
-    ``idle``: idle check; ``drained``: drain; ``healthy``: node health (ready, new boot)."""
+    ``idle``: idle check; ``drained``: drain (False: its deadline passed with
+    ``remaining`` still running); ``healthy``: node health (ready, new boot)."""
 
     kind: Literal["call_ok"] = "call_ok"
     cordoned_by_us: bool = True
@@ -321,6 +326,7 @@ class CallOk(BaseModel):
     running: bool = False
     idle: bool = True
     drained: bool = True
+    remaining: list[str] = Field(default_factory=list)
     healthy: bool = True
 
 
@@ -754,7 +760,11 @@ def _on_call_ok(s: RepairState, ev: CallOk, now: datetime, defects: frozenset[st
         return s, [StartTimer(seconds=poll)]
     if st == Status.draining:
         if not ev.drained:
-            return _end(s, S.failed, "system", "drain incomplete")
+            # the drain's deadline passed: the fault stands, the node stays cordoned for a
+            # person (decision.drain_deadline_ending, as the workflow decides)
+            reason, hold = decision.drain_deadline_ending(ev.remaining,
+                                                          s.policy.rails.drain_deadline_s)
+            return _end(s.model_copy(update={"hold": hold}), S.failed, "system", reason)
         return _start_action(s, now, defects)
     if st == Status.joining:
         if ev.healthy:
@@ -1120,7 +1130,10 @@ _CALL_ANSWER = {
     Status.checking_idle: ("call_ok", "idle or bound spent → reading_hold, then draining "
                            "(evidence re-checked); "
                            "busy → idle_backoff (poll timer, doubling)"),
-    Status.draining: ("call_ok", "→ acting (pending stop or stale evidence ends first)"),
+    Status.draining: ("call_ok", "drained → acting (pending stop or stale evidence ends "
+                      "first); the drain's deadline passed with work still running → "
+                      "ended `failed` naming what still runs, left cordoned for a human "
+                      "(the fault stands)"),
     Status.joining: ("call_ok", "healthy → rejoining; not yet → join_backoff; bound spent "
                      "→ ended `timed_out`, left cordoned"),
     Status.rejoining: ("call_ok", "→ ended `succeeded` (attempt recorded)"),
