@@ -4,7 +4,9 @@ Activities (registered on the BMC task queue, ``temporal.bmc_task_queue``, whose
 limits starts per second to ``temporal.bmc_rate_per_s``):
 
 - ``reboot_machine``: ``GracefulRestart`` when the BMC offers it, else ``ForceRestart``
-  (``On`` when the host is off), then wait for power ``On``;
+  (``On`` when the host is off); after ``GracefulRestart`` the restart must show (power
+  ``Off`` or a new boot identity) within ``RESTART_SEEN_S``, else ``ForceRestart`` once
+  (a hung OS never acts on the graceful request); then wait for power ``On``;
 - ``power_cycle_machine``: ``ForceOff`` → wait ``Off`` → ``On`` → wait ``On``. Guarded by the
   boot identity recorded before acting (``boot_id_before`` / ``boot_time_before``: agent
   boot id, Kubernetes ``status.nodeInfo.bootID`` or Slurm ``BootTime/SlurmdStartTime``): when
@@ -71,6 +73,15 @@ log = logging.getLogger(__name__)
 POWER_WAIT_S = 600.0
 #: Poll interval while waiting for a power state, seconds.
 POWER_POLL_S = 1.0
+#: Longest wait, after ``GracefulRestart``, for the host to show that it restarts, seconds:
+#: its power read ``Off`` / ``PoweringOff``, or the scheduler reporting a boot identity
+#: other than the one recorded before acting (:meth:`NodeHealth.rebooted_since`). An OS
+#: that acts on the request stops its services within systemd's ``DefaultTimeoutStopSec``
+#: (90 s per unit, systemd-system.conf(5)), and a GPU server's firmware POST and boot take
+#: about 5–10 min, after which the kubelet / slurmd reports the new boot: 15 min covers
+#: both (and equals ``policy.rails.action_retry_max_s``'s default). A hung OS shows
+#: neither: ``ForceRestart`` follows, once (phase ``force_restart_sent``).
+RESTART_SEEN_S = 900.0
 #: Redfish HTTP timeout per request, seconds.
 BMC_TIMEOUT_S = 30
 
@@ -332,9 +343,18 @@ class PowerActivities:
         """Restart the host in place; skipped when it already rebooted since ``*_before``.
 
         Phases (``workflows.lifecycle.machine_action.PHASES``): ``not_started`` →
-        ``restart_sent`` → ``booted``, resumed from ``inp.resume_phase`` (or the last
-        heartbeat of an earlier try): the restart is sent once per attempt. A failure
-        carries the phase reached (:func:`workflows.activity_api.phased_failure`)."""
+        ``restart_sent`` → (``force_restart_sent``) → ``restart_seen`` → ``booted``,
+        resumed from ``inp.resume_phase`` (or the last heartbeat of an earlier try): each
+        command is sent at most once per attempt. After ``GracefulRestart`` the host must
+        show that it restarts within :data:`RESTART_SEEN_S` seconds (power ``Off``, or a
+        new boot identity in the scheduler): a hung OS accepts the request through its
+        BMC and never restarts, so ``ForceRestart`` follows then, once, as its own phase
+        (a reboot action's purpose is the reboot; the ladder's next rung is for a reboot
+        that did not fix the fault). Without a boot identity to compare (no recorded
+        one, no scheduler reader) only the power can show the restart, which a warm
+        restart may never do: the activity then waits for power ``On`` as before and
+        says the restart was not observed. A failure carries the phase reached
+        (:func:`workflows.activity_api.phased_failure`)."""
         phase = resume_from(inp, PHASES[Action.reboot])
         try:
             why = await boot_changed(self.health, inp.cluster, inp.node, inp.boot_id_before,
@@ -344,26 +364,81 @@ class PowerActivities:
                                     phase="booted")
             inp = await self.current(inp)
             m = self.machine(inp)
-            detail = "restart already requested by a previous attempt"
+            steps: list[str] = []
             if phase == "not_started":
                 if (await m.power_state()).lower() == "off":
                     await m.reset(sushy.RESET_ON)
-                    detail = "host was off: powered on"
+                    steps.append("host was off: powered on")
+                    phase = "restart_seen"  # nothing to observe: On is the restart
                 else:
                     allowed = await m.allowed_resets()
-                    kind = (sushy.RESET_GRACEFUL_RESTART
-                            if sushy.RESET_GRACEFUL_RESTART in allowed
+                    graceful = sushy.RESET_GRACEFUL_RESTART in allowed
+                    kind = (sushy.RESET_GRACEFUL_RESTART if graceful
                             else sushy.RESET_FORCE_RESTART)
                     await m.reset(kind)
-                    detail = f"{kind.value} sent"
-                phase = "restart_sent"
+                    steps.append(f"{kind.value} sent")
+                    phase = "restart_sent" if graceful else "force_restart_sent"
                 heartbeat({"phase": phase})
-            log.info("event=reboot_sent cluster=%s node=%s machine=%s repair=%s key=%s",
-                     inp.cluster, inp.node, inp.machine, inp.repair_id, inp.idempotency_key)
-            await m.wait_power("On", "restart_sent")
+                log.info("event=reboot_sent cluster=%s node=%s machine=%s repair=%s key=%s "
+                         "steps=%s", inp.cluster, inp.node, inp.machine, inp.repair_id,
+                         inp.idempotency_key, "/".join(steps))
+            else:
+                steps.append(f"resumed at {phase}: restart already requested by an earlier "
+                             "try of this attempt")
+            if phase == "restart_sent":
+                observable = self.health is not None and (
+                    inp.boot_id_before is not None or inp.boot_time_before is not None)
+                seen = await self._restart_seen(m, inp, observable)
+                if seen is not None and seen.startswith("boot"):
+                    steps.append(f"restart seen ({seen})")
+                    return ActionResult(done=True, detail="; ".join(steps), phase="booted")
+                if seen is not None:
+                    steps.append(f"restart seen ({seen})")
+                    phase = "restart_seen"
+                    heartbeat({"phase": phase})
+                elif not observable:
+                    steps.append("restart not observed (no boot identity to compare): "
+                                 "waiting for power On")
+                    phase = "restart_seen"
+                else:
+                    # the OS did not act on the request (hung): force it, once
+                    await m.reset(sushy.RESET_FORCE_RESTART)
+                    steps.append(f"no restart seen within {RESTART_SEEN_S:g} s (power "
+                                 "stayed On, boot identity unchanged): ForceRestart sent")
+                    phase = "force_restart_sent"
+                    heartbeat({"phase": phase})
+                    log.info("event=reboot_forced cluster=%s node=%s machine=%s repair=%s "
+                             "key=%s", inp.cluster, inp.node, inp.machine, inp.repair_id,
+                             inp.idempotency_key)
+            await m.wait_power("On", phase)
         except Exception as e:
             raise phased_failure(e, phase) from None
-        return ActionResult(done=True, detail=detail, phase="booted")
+        return ActionResult(done=True, detail="; ".join(steps), phase="booted")
+
+    async def _restart_seen(self, m: RedfishMachine, inp: MachineActionInput,
+                            observable: bool) -> str | None:
+        """Poll every :data:`POWER_POLL_S` seconds, for at most :data:`RESTART_SEEN_S`
+        seconds, until the host shows that it restarts: its power read ``Off`` /
+        ``PoweringOff`` (``"power Off"``) or a new boot identity (``"boot id changed …"``
+        / ``"boot time advanced …"``). Not ``observable`` (no boot identity to compare):
+        the power is read once. Heartbeats phase ``restart_sent``; None when nothing
+        showed."""
+        deadline = time.monotonic() + RESTART_SEEN_S
+        while True:
+            st = await m.power_state()
+            heartbeat({"phase": "restart_sent", "power": st})
+            if st.lower() in ("off", "poweringoff"):
+                return f"power {st}"
+            if not observable:
+                # a warm restart may keep the power On: nothing else shows it
+                return None
+            why = await boot_changed(self.health, inp.cluster, inp.node, inp.boot_id_before,
+                                     inp.boot_time_before)
+            if why:
+                return why
+            if time.monotonic() >= deadline:
+                return None
+            await asyncio.sleep(POWER_POLL_S)
 
     @activity.defn(name=ACT.power_cycle_machine)
     async def power_cycle_machine(self, inp: MachineActionInput) -> ActionResult:

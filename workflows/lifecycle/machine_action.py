@@ -39,7 +39,10 @@ BACKOFF_S = (10.0, 120.0)
 #: Phases each action passes through, in order (the activity reports the last reached).
 PHASES: dict[Action, tuple[str, ...]] = {
     Action.power_cycle: ("not_started", "off_sent", "off_seen", "on_sent", "booted"),
-    Action.reboot: ("not_started", "restart_sent", "booted"),
+    # a GracefulRestart the OS never acted on is followed by ForceRestart, once (its own
+    # phase); restart_seen: the restart showed (power Off), only power On is waited for
+    Action.reboot: ("not_started", "restart_sent", "force_restart_sent", "restart_seen",
+                    "booted"),
     Action.reset_gpu: ("not_started", "reset_sent", "done"),
     Action.reprovision: ("not_started", "provision_started", "booted"),
     Action.migrate: ("not_started", "started", "restart_sent", "done"),
