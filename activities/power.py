@@ -73,6 +73,13 @@ log = logging.getLogger(__name__)
 POWER_WAIT_S = 600.0
 #: Poll interval while waiting for a power state, seconds.
 POWER_POLL_S = 1.0
+#: Longest wait, on a retry after a ``ForceOff`` whose answer was lost (phase
+#: ``off_requested``), for the host to read other than ``On`` before ``ForceOff`` is sent
+#: again, seconds. A BMC applies an accepted ``ForceOff`` within seconds (the dev stack's
+#: sushy-tools fake driver: 1–11 s; BMCs cut power at once, the state read may lag by a
+#: poll of their own); 120 s is ten times the emulator's worst. A host On for that long
+#: never got the first one, and the one sent then is the first to reach it (I16).
+FORCE_OFF_LANDED_S = 120.0
 #: Longest wait, after ``GracefulRestart``, for the host to show that it restarts, seconds:
 #: its power read ``Off`` / ``PoweringOff``, or the scheduler reporting a boot identity
 #: other than the one recorded before acting (:meth:`NodeHealth.rebooted_since`). An OS
@@ -233,6 +240,20 @@ class RedfishMachine:
     async def allowed_resets(self) -> set[str]:
         """Reset types the BMC lists as allowed."""
         return set(await self.call(lambda s: s.get_allowed_reset_system_values()))
+
+    async def leaves_on(self, limit_s: float, phase: str) -> bool:
+        """Whether the power reads other than ``On`` (``Off``, ``PoweringOff``) within
+        ``limit_s`` seconds (polled every :data:`POWER_POLL_S`; heartbeats ``{"phase",
+        "power"}``)."""
+        deadline = time.monotonic() + limit_s
+        while True:
+            st = await self.power_state()
+            heartbeat({"phase": phase, "power": st})
+            if st.lower() != "on":
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(POWER_POLL_S)
 
     async def wait_power(self, want: str, phase: str, limit_s: float = POWER_WAIT_S) -> None:
         """Poll until power is ``want``; heartbeats ``{"phase", "power"}``.
@@ -444,13 +465,20 @@ class PowerActivities:
     async def power_cycle_machine(self, inp: MachineActionInput) -> ActionResult:
         """ForceOff → wait Off → On → wait On, at most once per attempt (I16).
 
-        Phases: ``not_started`` → ``off_sent`` → ``off_seen`` → ``on_sent`` → ``booted``,
-        resumed from ``inp.resume_phase`` (the workflow carries the phase the earlier try
-        reached) or the last heartbeat of an earlier try, whichever is further: a retry
-        after ``On`` only waits for the host, never sends ForceOff again, and one resumed at
-        ``off_seen`` that finds the host On already does not send ``On`` again. Guarded too by
-        the boot identity (docs/design.md §5) and by a host found ``Off`` (resumes at On). A
-        failure carries the phase reached (:func:`workflows.activity_api.phased_failure`)."""
+        Phases: ``not_started`` → ``off_requested`` → ``off_sent`` → ``off_seen`` →
+        ``on_sent`` → ``booted``, resumed from ``inp.resume_phase`` (the workflow carries
+        the phase the earlier try reached) or the last heartbeat of an earlier try,
+        whichever is further: a retry after ``On`` only waits for the host, never sends
+        ForceOff again, and one resumed at ``off_seen`` that finds the host On already
+        does not send ``On`` again. ``off_requested`` is reported before ForceOff goes
+        out (its answer may be lost, the request landed or not): a retry from there waits
+        up to :data:`FORCE_OFF_LANDED_S` for the power to leave ``On`` and sends ForceOff
+        only when it never did — the first never reached the host, so the one sent then is
+        the only one that does (I16). A ForceOff the BMC refused (auth, unsupported: it
+        answered) reports ``not_started``. ``inp.make_safe`` (after a cancel) never sends
+        ForceOff: a host that stayed On is safe. Guarded too by the boot identity
+        (docs/design.md §5) and by a host found ``Off`` (resumes at On). A failure carries
+        the phase reached (:func:`workflows.activity_api.phased_failure`)."""
         phase = resume_from(inp, PHASES[Action.power_cycle])
         steps: list[str] = []
         try:
@@ -462,11 +490,38 @@ class PowerActivities:
             inp = await self.current(inp)
             m = self.machine(inp)
             if phase == "not_started":
+                if inp.make_safe:
+                    # nothing was sent in this attempt: the host's power is as it was
+                    return ActionResult(done=True, phase="booted",
+                                        detail="making safe: no ForceOff was sent, nothing "
+                                        "to do")
                 if (await m.power_state()).lower() == "off":
                     steps.append("found Off (cycle interrupted after off): resuming")
                 else:
-                    await m.reset(sushy.RESET_FORCE_OFF)
+                    # ForceOff possibly sent from here on: its answer may be lost
+                    phase = "off_requested"
+                    heartbeat({"phase": phase})
+                    try:
+                        await m.reset(sushy.RESET_FORCE_OFF)
+                    except ApplicationError:
+                        phase = "not_started"  # the BMC answered a refusal: nothing sent
+                        raise
                     steps.append("ForceOff")
+                phase = "off_sent"
+                heartbeat({"phase": phase})
+            elif phase == "off_requested":
+                if await m.leaves_on(FORCE_OFF_LANDED_S, phase):
+                    steps.append("resumed at off_requested: the earlier ForceOff landed "
+                                 "(power no longer On), not sent again")
+                elif inp.make_safe:
+                    return ActionResult(done=True, phase="booted", detail=(
+                        f"making safe: power stayed On for {FORCE_OFF_LANDED_S:g} s, the "
+                        "earlier ForceOff did not land; nothing sent"))
+                else:
+                    await m.reset(sushy.RESET_FORCE_OFF)
+                    steps.append(f"resumed at off_requested: power stayed On for "
+                                 f"{FORCE_OFF_LANDED_S:g} s, the earlier ForceOff did not "
+                                 "land: ForceOff")
                 phase = "off_sent"
                 heartbeat({"phase": phase})
             if phase == "off_sent":

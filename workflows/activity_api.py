@@ -314,6 +314,10 @@ class MachineActionInput(BaseModel):
     #: Idempotency key of the attempt (``repair id / action / attempt``), for logs and BMC
     #: audit trails.
     idempotency_key: str = ""
+    #: this run only brings the machine to a safe power state after a cancel (the
+    #: machine action's ``make_safe``): a power cycle finishes its On, and never sends
+    #: ForceOff
+    make_safe: bool = False
 
 
 #: Key of the phase reached in a phased machine activity's heartbeat details and in the

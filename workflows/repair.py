@@ -1710,7 +1710,8 @@ class RepairWorkflow:
                         await self._note(f"{action.value} cancelled after {m.phase}: "
                                          "bringing the machine to a safe power state")
                     run_input = minput.model_copy(update={
-                        "resume_phase": cmd.resume_phase, "idempotency_key": cmd.key})
+                        "resume_phase": cmd.resume_phase, "idempotency_key": cmd.key,
+                        "make_safe": cmd.purpose == "make_safe"})
                     try:
                         res = await self._through_cancel(workflow.start_activity(
                             name,

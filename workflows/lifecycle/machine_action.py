@@ -38,7 +38,10 @@ BACKOFF_S = (10.0, 120.0)
 
 #: Phases each action passes through, in order (the activity reports the last reached).
 PHASES: dict[Action, tuple[str, ...]] = {
-    Action.power_cycle: ("not_started", "off_sent", "off_seen", "on_sent", "booted"),
+    # off_requested: ForceOff possibly sent (set before the request goes out: its answer
+    # may be lost); a retry waits for Off before it sends ForceOff again
+    Action.power_cycle: ("not_started", "off_requested", "off_sent", "off_seen", "on_sent",
+                         "booted"),
     # a GracefulRestart the OS never acted on is followed by ForceRestart, once (its own
     # phase); restart_seen: the restart showed (power Off), only power On is waited for
     Action.reboot: ("not_started", "restart_sent", "force_restart_sent", "restart_seen",
@@ -50,7 +53,7 @@ PHASES: dict[Action, tuple[str, ...]] = {
 }
 #: Phase in which each action's disruptive command has been sent (at most once, I16).
 DISRUPTIVE: dict[Action, str] = {
-    Action.power_cycle: "off_sent",
+    Action.power_cycle: "off_requested",
     Action.reboot: "restart_sent",
     Action.reset_gpu: "reset_sent",
     Action.reprovision: "provision_started",
@@ -58,9 +61,9 @@ DISRUPTIVE: dict[Action, str] = {
     Action.remove: "started",
 }
 #: Phases after which the machine is not in a safe power state: a power cycle that sent
-#: ForceOff may have left the host off until On is sent (I19).
+#: (or may have sent) ForceOff may have left the host off until On is sent (I19).
 UNSAFE: dict[Action, frozenset[str]] = {
-    Action.power_cycle: frozenset({"off_sent", "off_seen"}),
+    Action.power_cycle: frozenset({"off_requested", "off_sent", "off_seen"}),
 }
 #: Test-only defects :func:`step` can re-introduce (``tests/model`` shows each is found).
 DEFECTS: dict[str, str] = {
