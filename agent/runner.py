@@ -179,7 +179,9 @@ class Agent:
                                      max_lines=50_000)
         self.nccl = nccl
         self.nccl_buffer = NcclBuffer(cfg.nccl_max_points)
-        self.ib = IbWatcher(cfg.infiniband_root) if cfg.infiniband_root else None
+        # announce_first: each port's current state goes out once after start (I20)
+        self.ib = (IbWatcher(cfg.infiniband_root, announce_first=True) if cfg.infiniband_root
+                   else None)
         self.boot_id = boot_id
         self.host_id = host_id or cfg.host_id
         self.scorer = HealthScorer(cfg.score)
