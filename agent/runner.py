@@ -276,7 +276,13 @@ class Agent:
         except (OSError, ValueError) as exc:
             log.warning("event=state_load_failed path=%s error=%r", path, str(exc))
             return False
-        age = time.time() - float(data.get("saved_at", 0))
+        saved_at = data.get("saved_at") if isinstance(data, dict) else None
+        if not isinstance(saved_at, int | float) or isinstance(saved_at, bool):
+            # another agent version's file or a damaged one: start calibrating afresh
+            log.warning("event=state_invalid path=%s error=%r", path,
+                        "not an object with a numeric saved_at")
+            return False
+        age = time.time() - float(saved_at)
         if data.get("node") != self.cfg.node or age > BASELINE_MAX_AGE_S:
             log.info("event=state_ignored path=%s age_s=%.0f", path, age)
             return False
