@@ -413,13 +413,6 @@ class Agent:
             memory: bool | None = (
                 True if any(values[k] for k in read_now)
                 else None if ever - read_now else False)
-            text = (f"NVML {g.pci}: volatile ECC uncorrectable={ecc} "
-                    f"remapped rows pending={pending} failure={failure}")
-            self._set_level((g.pci, "nvsmi"), memory, Fault(
-                "nvsmi", text, pci=g.pci, details={
-                    "dram_uncorrectable": ecc, "remap_pending": pending,
-                    "remap_failure": failure, "source": "nvml",
-                }))
             seen = self._links.setdefault(g.pci, set())
             seen.update(g.nvlink_active)
             unknown = set(g.nvlink_unknown)
@@ -427,9 +420,21 @@ class Agent:
             # A link whose state query failed is unknown, never "down": with any unknown
             # link and none known down the NVLink state is left as it was.
             links: bool | None = True if down else (None if unknown & seen else False)
-            self._set_level((g.pci, "nvlink"), links, Fault(
-                "nvsmi", f"NVML {g.pci}: NVLink links down {down}", pci=g.pci,
-                details={"nvlink_down": down, "source": "nvml"}))
+            # One level signal per GPU: ingest knows a fault as kind:code:device, so the
+            # memory and the NVLink state of one GPU are one ``nvsmi`` fault. It is raised
+            # while either is bad and cleared only when both are known good; two signals
+            # on one identity let the NVLink clear end a pending-remap or ECC raise.
+            state: bool | None = (
+                True if memory or links else None if memory is None or links is None
+                else False)
+            text = (f"NVML {g.pci}: volatile ECC uncorrectable={ecc} "
+                    f"remapped rows pending={pending} failure={failure}"
+                    + (f"; NVLink links down {down}" if down else ""))
+            self._set_level((g.pci, "nvsmi"), state, Fault(
+                "nvsmi", text, pci=g.pci, details={
+                    "dram_uncorrectable": ecc, "remap_pending": pending,
+                    "remap_failure": failure, "nvlink_down": down, "source": "nvml",
+                }))
         expected = self.cfg.expected_gpus
         if expected is not None:
             missing = sorted(self._known_pcis - {g.pci for g in gpus})
