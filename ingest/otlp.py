@@ -499,6 +499,9 @@ def decode_metrics(
                     _decode_scores(out, res, m, now, max_future_s, ttl_s, limits, take)
                     continue
                 if which not in ("gauge", "sum"):
+                    # the four signals are gauges (docs/wire-contract.md): another type is
+                    # malformed, rejected and counted like a score's, never lost silently
+                    out.reject("value", f"{name}: must be a gauge, got {which}", take)
                     continue
                 for dp in points if take >= n else list(points)[:take]:
                     v = _point_value(dp)
