@@ -230,6 +230,10 @@ def simulate(
         push_token = resolve_push_token(token, token_file, data_dir)
     except OSError as exc:
         raise _fail(f"--token-file {token_file}: {exc}") from None
+    if control_port is not None and not 0 <= control_port <= 65535:
+        raise _fail(f"--control-port: must be 0..65535 (0: any free port), got {control_port}")
+    if duration is not None and not duration >= 0:
+        raise _fail(f"--duration: must be a number of seconds >= 0, got {duration:g}")
     try:
         schedule = [ScheduledFault.parse(f) for f in fault or []]
         lines = load_kernel_lines(kernel_lines) if kernel_lines else None
