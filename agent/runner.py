@@ -292,7 +292,7 @@ class Agent:
             log.warning("event=state_invalid path=%s error=%r", path, str(exc))
             return False
         thr, thr_age = data.get("threshold"), data.get("threshold_age_s")
-        if isinstance(thr, float) and 0 < thr < 1 and isinstance(thr_age, int | float):
+        if isinstance(thr, float) and 0 <= thr <= 1 and isinstance(thr_age, int | float):
             self.tracker.threshold = thr
             self.tracker.received_at = self.clock() - thr_age - age
         log.info("event=state_restored state=%s baseline_samples=%d",
