@@ -201,6 +201,8 @@ class Agent:
         #: state goes out once after start, a clear included).
         self._announced: set[tuple[str, str]] = set()
         self._links: dict[str, set[int]] = {}
+        #: Last known state of each part of a GPU's ``nvsmi`` level (``memory``, ``nvlink``).
+        self._nvsmi_parts: dict[str, dict[str, bool]] = {}
         self._readable: dict[str, set[str]] = {}
         self._raised_pci: dict[tuple[str, str], str | None] = {}
         self._degraded: set[str] = set()
@@ -421,12 +423,17 @@ class Agent:
             # link and none known down the NVLink state is left as it was.
             links: bool | None = True if down else (None if unknown & seen else False)
             # One level signal per GPU: ingest knows a fault as kind:code:device, so the
-            # memory and the NVLink state of one GPU are one ``nvsmi`` fault. It is raised
-            # while either is bad and cleared only when both are known good; two signals
-            # on one identity let the NVLink clear end a pending-remap or ECC raise.
+            # memory and the NVLink state of one GPU are one ``nvsmi`` fault (two signals
+            # on one identity let the NVLink clear end a pending-remap or ECC raise). Each
+            # part unknown now keeps its last known state; the fault is raised while a
+            # part is bad, cleared when both are good, unknown while a part never was known.
+            parts = self._nvsmi_parts.setdefault(g.pci, {})
+            for part, value in (("memory", memory), ("nvlink", links)):
+                if value is not None:
+                    parts[part] = value
+            known = [parts.get("memory"), parts.get("nvlink")]
             state: bool | None = (
-                True if memory or links else None if memory is None or links is None
-                else False)
+                True if any(k is True for k in known) else None if None in known else False)
             text = (f"NVML {g.pci}: volatile ECC uncorrectable={ecc} "
                     f"remapped rows pending={pending} failure={failure}"
                     + (f"; NVLink links down {down}" if down else ""))

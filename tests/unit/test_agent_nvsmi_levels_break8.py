@@ -109,3 +109,21 @@ async def test_an_nvlink_flap_does_not_clear_an_open_ecc_fault(tmp_path: Any) ->
     assert any(a.evidence.get("dram_uncorrectable") == 2 for a in open_.values()), (
         [(a.active, a.gpu, a.evidence_text) for a in sink.alerts if a.kind == "nvsmi"])
     await agent.close()
+
+
+async def test_an_unknown_nvlink_keeps_its_last_known_state(tmp_path: Any) -> None:
+    """The NVLink query of GPU 0 fails from some sample on: its links were last known
+    up, so the ECC fault raised meanwhile still clears when the memory is good again."""
+    agent, backend, sink = _setup(tmp_path)
+    agent.sample_once()
+    await agent.pusher.flush()
+    backend.faults.failing_queries = {"nvlink"}
+    backend.faults.ecc_uncorrectable = 2
+    agent.sample_once()
+    await agent.pusher.flush()
+    assert len(_open_faults(sink.alerts, "nvsmi")) == 1
+    backend.faults.ecc_uncorrectable = 0
+    agent.sample_once()
+    await agent.pusher.flush()
+    assert _open_faults(sink.alerts, "nvsmi") == {}
+    await agent.close()
