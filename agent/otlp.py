@@ -247,6 +247,12 @@ class HttpTransport:
             await self._client.aclose()
 
 
+GRPC_TOO_LARGE = "message larger than max"
+"""Words of gRPC's RESOURCE_EXHAUSTED for a message over the receiver's
+``max_receive_message_length`` ("Received message larger than max (N vs. M)", grpc core),
+as opposed to a server too busy (retryable)."""
+
+
 class GrpcTransport:
     """OTLP/gRPC (``grpcio`` imported lazily, only when this transport is configured).
 
@@ -301,6 +307,12 @@ class GrpcTransport:
                 True, False, threshold=md.get(GRPC_THRESHOLD_KEY), quorum=md.get(GRPC_QUORUM_KEY)
             )
         except grpc.aio.AioRpcError as exc:
+            if (exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    and GRPC_TOO_LARGE in (exc.details() or "")):
+                # over the server's message limit: resending it as is can never succeed;
+                # the HTTP status of the same refusal lets the pusher split the batch
+                return PushResult(False, False, status=Pusher.TOO_LARGE,
+                                  error=f"gRPC {exc.code().name}: {exc.details()}")
             retryable = exc.code() in (
                 grpc.StatusCode.UNAVAILABLE,
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
