@@ -53,6 +53,11 @@ log = logging.getLogger("autorepair.agent")
 BASELINE_MAX_AGE_S = 7 * 24 * 3600.0
 #: How often the baseline is written to disk while running.
 SAVE_EVERY_S = 60.0
+#: Most NCCL points in one export request: a point is ~170 bytes on the wire (measured:
+#: 100,000 points, the default ``nccl_max_points``, serialize to 16.3 MiB), so a request
+#: is ~1.7 MiB, well under ingest's default ``ingest.max_body_bytes`` (4 MiB), beyond which
+#: a body is refused whole.
+NCCL_POINTS_PER_REQUEST = 10_000
 
 
 @dataclass(frozen=True)
@@ -487,15 +492,13 @@ class Agent:
 
     def build_metrics(self) -> list[Any]:
         """Metrics for one push from the samples since the last push (means of known
-        values; state of the latest known sample) and the NCCL timings read since. Clears
-        the window."""
+        values; state of the latest known sample). Clears the window. The NCCL timings
+        travel in requests of their own (:meth:`nccl_requests`)."""
         window = [r for r in self._window if r.state != UNKNOWN]
         self._window = []
         now_ns = time.time_ns()
         metrics = [gauge("autorepair.agent.detection_mode", MODE_CODES[self.mode], now_ns,
                          {"autorepair.agent.detection_mode": self.mode})]
-        if len(self.nccl_buffer):
-            metrics.append(nccl_metric(self.nccl_buffer.take(), now_ns))
         if self.threshold is not None:
             metrics.append(gauge("autorepair.agent.threshold", self.threshold, now_ns,
                                  {"autorepair.agent.detection_mode": self.mode}))
@@ -511,6 +514,17 @@ class Agent:
             if vals:
                 metrics.append(gauge(f"autorepair.node.{name}", sum(vals) / len(vals), now_ns))
         return metrics
+
+    def nccl_requests(self) -> list[Any]:
+        """The NCCL timings read since the last push, as export requests of at most
+        :data:`NCCL_POINTS_PER_REQUEST` points each (takes them from the buffer)."""
+        if not len(self.nccl_buffer):
+            return []
+        records = self.nccl_buffer.take()
+        now_ns = time.time_ns()
+        n = NCCL_POINTS_PER_REQUEST
+        return [metrics_request(self.resource_attrs, [nccl_metric(records[i:i + n], now_ns)])
+                for i in range(0, len(records), n)]
 
     async def push_once(self) -> None:
         """Decide the tier, classify, queue metrics and flush. Never raises."""
@@ -534,7 +548,11 @@ class Agent:
                  "autorepair.straggler.threshold": self.threshold,
                  "autorepair.agent.detection_mode": self.mode},
                 time.time_ns()))
+        # the score first, in a request of its own: a body over ingest.max_body_bytes is
+        # refused whole, and a push's NCCL points alone can be several MiB
         self.pusher.enqueue_metrics(metrics_request(self.resource_attrs, self.build_metrics()))
+        for req in self.nccl_requests():
+            self.pusher.enqueue_metrics(req)
         await self.pusher.flush(now)
 
     async def run(self, stop: asyncio.Event) -> None:
