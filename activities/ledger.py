@@ -678,9 +678,11 @@ class Ledger:
         action: str | None = None,
         requester: str | None = None,
         limit: int = 200,
+        stages: Sequence[str] | None = None,
     ) -> list[dict[str, Any]]:
-        """Repairs newest first, filtered by any of the given fields; ``downtime``: the
-        repair's ``repair_downtime`` row as a dict (JSON types) once it finished."""
+        """Repairs newest first, filtered by any of the given fields (``stages``: the stage
+        is one of them; the ``limit`` newest rows that match); ``downtime``: the repair's
+        ``repair_downtime`` row as a dict (JSON types) once it finished."""
         rows = await self._db.fetch(
             """SELECT repairs.*, (SELECT to_jsonb(d) FROM repair_downtime d
                                   WHERE d.repair_id = repairs.repair_id) AS downtime
@@ -688,6 +690,7 @@ class Ledger:
                WHERE ($1::text IS NULL OR cluster = $1) AND ($2::text IS NULL OR node = $2)
                  AND ($3::text IS NULL OR stage = $3) AND ($4::text IS NULL OR action = $4)
                  AND ($5::text IS NULL OR requester_name = $5 OR requester_kind = $5)
+                 AND ($7::text[] IS NULL OR stage = ANY($7::text[]))
                ORDER BY created_at DESC LIMIT $6""",
             cluster,
             node,
@@ -695,6 +698,7 @@ class Ledger:
             action,
             requester,
             limit,
+            None if stages is None else list(stages),
         )
         return [dict(r) for r in rows]
 

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import signal
+import ssl
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -80,6 +81,21 @@ def resolve_push_token(token: str | None, token_file: Path | None,
         return (data_dir / COLLECTOR_TOKEN_FILE).read_text(encoding="utf-8").strip() or None
     except (OSError, UnicodeDecodeError):
         return None
+
+
+def _check_tls_files(cfg: AgentConfig) -> None:
+    """Raise :class:`ConfigError` naming the option and path of a TLS file of ``cfg.push``
+    that cannot be read (the transports read them when built, and say nothing of which)."""
+    p = cfg.push
+    for option, key, path in (("--ca-file", "ca_file", p.ca_file),
+                              ("--client-cert", "client_cert", p.client_cert),
+                              ("--client-key", "client_key", p.client_key)):
+        if path:
+            try:
+                Path(path).open("rb").close()
+            except OSError as exc:
+                raise ConfigError(f"{option} (push.{key}) {path}: {exc.strerror or exc}"
+                                  ) from None
 
 
 def _fail(msg: str) -> typer.Exit:
@@ -162,8 +178,13 @@ def run(
             boot = boot_id(cfg.proc_root)
         except HostReadError:
             boot = ""
-        agent = Agent(cfg, gpu, kernel=kernel, boot_id=boot,
-                      host_id=cfg.host_id or machine_id())
+        _check_tls_files(cfg)
+        try:
+            agent = Agent(cfg, gpu, kernel=kernel, boot_id=boot,
+                          host_id=cfg.host_id or machine_id())
+        except ssl.SSLError as exc:  # a readable file that is not a usable PEM
+            raise ConfigError(f"--ca-file / --client-cert / --client-key (push.ca_file, "
+                              f"push.client_cert, push.client_key): {exc}") from None
         agent.open()
     except (BackendUnavailable, ConfigError, ValueError) as exc:
         raise _fail(str(exc)) from None
@@ -230,6 +251,10 @@ def simulate(
         push_token = resolve_push_token(token, token_file, data_dir)
     except OSError as exc:
         raise _fail(f"--token-file {token_file}: {exc}") from None
+    if control_port is not None and not 0 <= control_port <= 65535:
+        raise _fail(f"--control-port: must be 0..65535 (0: any free port), got {control_port}")
+    if duration is not None and not duration >= 0:
+        raise _fail(f"--duration: must be a number of seconds >= 0, got {duration:g}")
     try:
         schedule = [ScheduledFault.parse(f) for f in fault or []]
         lines = load_kernel_lines(kernel_lines) if kernel_lines else None

@@ -164,6 +164,14 @@ class AgentConfig:
         _check_nonempty("node", self.node)
         _check_name("cluster", self.cluster)
         _check_name("node", self.node)
+        # resource attributes under the same name rule at ingest (a bad one refuses the
+        # whole resource: every push); empty means unset, as ingest reads it
+        for name in ("node_pool", "k8s_node_name"):
+            value = getattr(self, name)
+            if value is not None and value != "":
+                if not isinstance(value, str):
+                    raise ConfigError(f"{name}: must be a string, got {value!r}")
+                _check_name(name, value)
         if self.backend not in ("nvml", "simulated"):
             raise ConfigError(f"backend: must be 'nvml' or 'simulated', got {self.backend!r}")
         _check_positive("push_interval_s", self.push_interval_s)

@@ -142,9 +142,15 @@ class IbWatcher:
     Yields ``(kind, port, flaps)`` with kind ``ib_link_down`` when a port leaves ACTIVE
     or its ``link_downed`` counter rises (a flap, even if it is ACTIVE again), and
     ``ib_link_up`` when a port that was reported down is ACTIVE again.
+
+    ``announce_first``: a port's first snapshot that is ACTIVE also yields ``ib_link_up``
+    (its clear), so a started agent sends the current state of every port once (I20: a
+    restarted agent clears an ``ib_link_down`` its predecessor raised if the link came
+    back while no agent ran); a first snapshot not ACTIVE yields ``ib_link_down`` either way.
     """
 
     root: str = "/sys/class/infiniband"
+    announce_first: bool = False
 
     def __post_init__(self) -> None:
         self._last: dict[tuple[str, int], IbPort] = {}
@@ -167,5 +173,7 @@ class IbWatcher:
                 events.append(("ib_link_down", port, flaps))
             elif active and key in self._down and not flaps:
                 self._down.discard(key)
+                events.append(("ib_link_up", port, 0))
+            elif active and prev is None and self.announce_first:
                 events.append(("ib_link_up", port, 0))
         return events

@@ -16,6 +16,7 @@ keeps running.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -50,6 +51,15 @@ def default_reader() -> LineReader:
 
     reader: LineReader = KernelLogReader()
     return reader
+
+
+def _kmsg_seq(record: str) -> int | None:
+    """The sequence number of a ``/dev/kmsg`` record (``"6,1234,5678901,-;…"`` → 1234)."""
+    fields = record.partition(";")[0].split(",")
+    try:
+        return int(fields[1])
+    except (IndexError, ValueError):
+        return None
 
 
 def kmsg_to_line(record: str) -> str | None:
@@ -102,6 +112,11 @@ class KernelLogFollower:
         self._backlog: list[bytes] = []
         self._next_open = 0.0
         self._first_open = True
+        #: Where to go on after a read error closed the source: the file offset reached
+        #: (same file) / the last ``/dev/kmsg`` sequence number read. Reopening must not
+        #: replay what was already read (every old Xid would be reported again).
+        self._resume: int | None = None
+        self._last_seq: int | None = None
 
     def _open(self) -> bool:
         now = time.monotonic()
@@ -117,11 +132,19 @@ class KernelLogFollower:
             self.error = msg
             self._next_open = now + self.retry_s
             return False
+        st = os.fstat(fd)
         if self._first_open and not self.from_start:
             os.lseek(fd, 0, os.SEEK_END)  # current position: don't replay old history
+        elif self._resume is not None and self.is_kmsg and self._last_seq is None:
+            # reopened after a read error before any record was read: history stays unread
+            os.lseek(fd, 0, os.SEEK_END)
+        elif (self._resume is not None and not self.is_kmsg and st.st_ino == self._ino
+              and st.st_size >= self._resume):
+            os.lseek(fd, self._resume, os.SEEK_SET)  # the same file: go on where we were
+        self._resume = None
         self._first_open = False
         self._fd = fd
-        self._ino = os.fstat(fd).st_ino
+        self._ino = st.st_ino
         if self.error is not None:
             log.info("event=kernel_log_available source=%s", self.source)
         self.error = None
@@ -161,12 +184,19 @@ class KernelLogFollower:
                     self.records_lost += 1
                     continue
                 self.error = f"{self.source}: {exc.strerror}"
+                self._resume = 0  # reopened from the start, records up to _last_seq skipped
                 self.close()
                 break
             if not chunk:
                 drained = True
                 break
-            line = kmsg_to_line(chunk.decode("utf-8", "replace"))
+            record = chunk.decode("utf-8", "replace")
+            seq = _kmsg_seq(record)
+            if seq is not None:
+                if self._last_seq is not None and seq <= self._last_seq:
+                    continue  # read before the source was reopened
+                self._last_seq = seq
+            line = kmsg_to_line(record)
             if line is not None:
                 self._feed(line, events)
         if drained:  # nothing more to read now: close what the reader still holds
@@ -186,6 +216,9 @@ class KernelLogFollower:
                 chunk = os.read(self._fd, 65536)
             except OSError as exc:
                 self.error = f"{self.source}: {exc.strerror}"
+                with contextlib.suppress(OSError):
+                    # the offset of what was read (``_buf`` holds a partial line of it)
+                    self._resume = os.lseek(self._fd, 0, os.SEEK_CUR)
                 self.close()
                 return
             if not chunk:

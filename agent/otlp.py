@@ -247,6 +247,12 @@ class HttpTransport:
             await self._client.aclose()
 
 
+GRPC_TOO_LARGE = "message larger than max"
+"""Words of gRPC's RESOURCE_EXHAUSTED for a message over the receiver's
+``max_receive_message_length`` ("Received message larger than max (N vs. M)", grpc core),
+as opposed to a server too busy (retryable)."""
+
+
 class GrpcTransport:
     """OTLP/gRPC (``grpcio`` imported lazily, only when this transport is configured).
 
@@ -301,6 +307,12 @@ class GrpcTransport:
                 True, False, threshold=md.get(GRPC_THRESHOLD_KEY), quorum=md.get(GRPC_QUORUM_KEY)
             )
         except grpc.aio.AioRpcError as exc:
+            if (exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    and GRPC_TOO_LARGE in (exc.details() or "")):
+                # over the server's message limit: resending it as is can never succeed;
+                # the HTTP status of the same refusal lets the pusher split the batch
+                return PushResult(False, False, status=Pusher.TOO_LARGE,
+                                  error=f"gRPC {exc.code().name}: {exc.details()}")
             retryable = exc.code() in (
                 grpc.StatusCode.UNAVAILABLE,
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -359,10 +371,15 @@ class Pusher:
     ``max_metric_batches`` export requests and ``max_log_records`` records at most are
     kept; the oldest are dropped and counted in :attr:`stats`. A failed retryable send
     keeps the data and waits a jittered backoff; a permanent failure (4xx other than 429)
-    drops that request and counts it. Every response is passed to ``on_response``.
+    drops that request and counts it, except a log batch refused as too large (HTTP 413:
+    bodies beyond ``ingest.max_body_bytes``), which is sent again in halves until each
+    request fits, so only a record too large alone is dropped. Every response is passed
+    to ``on_response``.
     """
 
     LOG_BATCH = 512
+    TOO_LARGE = 413
+    """HTTP status of a body over the receiver's size limit (RFC 9110 §15.5.14)."""
 
     def __init__(
         self,
@@ -421,15 +438,19 @@ class Pusher:
         if now < self._not_before:
             return False
         async with self._lock:
+            size = self.LOG_BATCH
             while self._logs:
                 key = self._logs[0][0]
                 batch: list[LogRecord] = []
                 for k, rec in self._logs:
-                    if k != key or len(batch) >= self.LOG_BATCH:
+                    if k != key or len(batch) >= size:
                         break
                     batch.append(rec)
                 result = await self.transport.export_logs(logs_request(dict(key), batch))
                 self._handle(result)
+                if result.status == self.TOO_LARGE and len(batch) > 1:
+                    size = max(1, len(batch) // 2)  # the same records, in smaller requests
+                    continue
                 if result.ok or not result.retryable:
                     for _ in batch:
                         self._logs.popleft()

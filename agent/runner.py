@@ -53,6 +53,11 @@ log = logging.getLogger("autorepair.agent")
 BASELINE_MAX_AGE_S = 7 * 24 * 3600.0
 #: How often the baseline is written to disk while running.
 SAVE_EVERY_S = 60.0
+#: Most NCCL points in one export request: a point is ~170 bytes on the wire (measured:
+#: 100,000 points, the default ``nccl_max_points``, serialize to 16.3 MiB), so a request
+#: is ~1.7 MiB, well under ingest's default ``ingest.max_body_bytes`` (4 MiB), beyond which
+#: a body is refused whole.
+NCCL_POINTS_PER_REQUEST = 10_000
 
 
 @dataclass(frozen=True)
@@ -179,7 +184,9 @@ class Agent:
                                      max_lines=50_000)
         self.nccl = nccl
         self.nccl_buffer = NcclBuffer(cfg.nccl_max_points)
-        self.ib = IbWatcher(cfg.infiniband_root) if cfg.infiniband_root else None
+        # announce_first: each port's current state goes out once after start (I20)
+        self.ib = (IbWatcher(cfg.infiniband_root, announce_first=True) if cfg.infiniband_root
+                   else None)
         self.boot_id = boot_id
         self.host_id = host_id or cfg.host_id
         self.scorer = HealthScorer(cfg.score)
@@ -199,6 +206,8 @@ class Agent:
         #: state goes out once after start, a clear included).
         self._announced: set[tuple[str, str]] = set()
         self._links: dict[str, set[int]] = {}
+        #: Last known state of each part of a GPU's ``nvsmi`` level (``memory``, ``nvlink``).
+        self._nvsmi_parts: dict[str, dict[str, bool]] = {}
         self._readable: dict[str, set[str]] = {}
         self._raised_pci: dict[tuple[str, str], str | None] = {}
         self._degraded: set[str] = set()
@@ -274,7 +283,13 @@ class Agent:
         except (OSError, ValueError) as exc:
             log.warning("event=state_load_failed path=%s error=%r", path, str(exc))
             return False
-        age = time.time() - float(data.get("saved_at", 0))
+        saved_at = data.get("saved_at") if isinstance(data, dict) else None
+        if not isinstance(saved_at, int | float) or isinstance(saved_at, bool):
+            # another agent version's file or a damaged one: start calibrating afresh
+            log.warning("event=state_invalid path=%s error=%r", path,
+                        "not an object with a numeric saved_at")
+            return False
+        age = time.time() - float(saved_at)
         if data.get("node") != self.cfg.node or age > BASELINE_MAX_AGE_S:
             log.info("event=state_ignored path=%s age_s=%.0f", path, age)
             return False
@@ -284,7 +299,7 @@ class Agent:
             log.warning("event=state_invalid path=%s error=%r", path, str(exc))
             return False
         thr, thr_age = data.get("threshold"), data.get("threshold_age_s")
-        if isinstance(thr, float) and 0 < thr < 1 and isinstance(thr_age, int | float):
+        if isinstance(thr, float) and 0 <= thr <= 1 and isinstance(thr_age, int | float):
             self.tracker.threshold = thr
             self.tracker.received_at = self.clock() - thr_age - age
         log.info("event=state_restored state=%s baseline_samples=%d",
@@ -405,13 +420,6 @@ class Agent:
             memory: bool | None = (
                 True if any(values[k] for k in read_now)
                 else None if ever - read_now else False)
-            text = (f"NVML {g.pci}: volatile ECC uncorrectable={ecc} "
-                    f"remapped rows pending={pending} failure={failure}")
-            self._set_level((g.pci, "nvsmi"), memory, Fault(
-                "nvsmi", text, pci=g.pci, details={
-                    "dram_uncorrectable": ecc, "remap_pending": pending,
-                    "remap_failure": failure, "source": "nvml",
-                }))
             seen = self._links.setdefault(g.pci, set())
             seen.update(g.nvlink_active)
             unknown = set(g.nvlink_unknown)
@@ -419,9 +427,26 @@ class Agent:
             # A link whose state query failed is unknown, never "down": with any unknown
             # link and none known down the NVLink state is left as it was.
             links: bool | None = True if down else (None if unknown & seen else False)
-            self._set_level((g.pci, "nvlink"), links, Fault(
-                "nvsmi", f"NVML {g.pci}: NVLink links down {down}", pci=g.pci,
-                details={"nvlink_down": down, "source": "nvml"}))
+            # One level signal per GPU: ingest knows a fault as kind:code:device, so the
+            # memory and the NVLink state of one GPU are one ``nvsmi`` fault (two signals
+            # on one identity let the NVLink clear end a pending-remap or ECC raise). Each
+            # part unknown now keeps its last known state; the fault is raised while a
+            # part is bad, cleared when both are good, unknown while a part never was known.
+            parts = self._nvsmi_parts.setdefault(g.pci, {})
+            for part, value in (("memory", memory), ("nvlink", links)):
+                if value is not None:
+                    parts[part] = value
+            known = [parts.get("memory"), parts.get("nvlink")]
+            state: bool | None = (
+                True if any(k is True for k in known) else None if None in known else False)
+            text = (f"NVML {g.pci}: volatile ECC uncorrectable={ecc} "
+                    f"remapped rows pending={pending} failure={failure}"
+                    + (f"; NVLink links down {down}" if down else ""))
+            self._set_level((g.pci, "nvsmi"), state, Fault(
+                "nvsmi", text, pci=g.pci, details={
+                    "dram_uncorrectable": ecc, "remap_pending": pending,
+                    "remap_failure": failure, "nvlink_down": down, "source": "nvml",
+                }))
         expected = self.cfg.expected_gpus
         if expected is not None:
             missing = sorted(self._known_pcis - {g.pci for g in gpus})
@@ -467,15 +492,13 @@ class Agent:
 
     def build_metrics(self) -> list[Any]:
         """Metrics for one push from the samples since the last push (means of known
-        values; state of the latest known sample) and the NCCL timings read since. Clears
-        the window."""
+        values; state of the latest known sample). Clears the window. The NCCL timings
+        travel in requests of their own (:meth:`nccl_requests`)."""
         window = [r for r in self._window if r.state != UNKNOWN]
         self._window = []
         now_ns = time.time_ns()
         metrics = [gauge("autorepair.agent.detection_mode", MODE_CODES[self.mode], now_ns,
                          {"autorepair.agent.detection_mode": self.mode})]
-        if len(self.nccl_buffer):
-            metrics.append(nccl_metric(self.nccl_buffer.take(), now_ns))
         if self.threshold is not None:
             metrics.append(gauge("autorepair.agent.threshold", self.threshold, now_ns,
                                  {"autorepair.agent.detection_mode": self.mode}))
@@ -491,6 +514,17 @@ class Agent:
             if vals:
                 metrics.append(gauge(f"autorepair.node.{name}", sum(vals) / len(vals), now_ns))
         return metrics
+
+    def nccl_requests(self) -> list[Any]:
+        """The NCCL timings read since the last push, as export requests of at most
+        :data:`NCCL_POINTS_PER_REQUEST` points each (takes them from the buffer)."""
+        if not len(self.nccl_buffer):
+            return []
+        records = self.nccl_buffer.take()
+        now_ns = time.time_ns()
+        n = NCCL_POINTS_PER_REQUEST
+        return [metrics_request(self.resource_attrs, [nccl_metric(records[i:i + n], now_ns)])
+                for i in range(0, len(records), n)]
 
     async def push_once(self) -> None:
         """Decide the tier, classify, queue metrics and flush. Never raises."""
@@ -514,7 +548,11 @@ class Agent:
                  "autorepair.straggler.threshold": self.threshold,
                  "autorepair.agent.detection_mode": self.mode},
                 time.time_ns()))
+        # the score first, in a request of its own: a body over ingest.max_body_bytes is
+        # refused whole, and a push's NCCL points alone can be several MiB
         self.pusher.enqueue_metrics(metrics_request(self.resource_attrs, self.build_metrics()))
+        for req in self.nccl_requests():
+            self.pusher.enqueue_metrics(req)
         await self.pusher.flush(now)
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -199,14 +199,20 @@ class HealthScorer:
 
         Raises ``ValueError`` naming the field when the state is malformed.
         """
+        if not isinstance(data, dict):
+            raise ValueError(f"state: expected an object, got {type(data).__name__}")
         if data.get("version") != 1:
             raise ValueError(f"state.version: expected 1, got {data.get('version')!r}")
-        for key, ema in (("baseline", self.baseline), ("score_ema", self.score_ema)):
-            m, n = _pair(data.get(key), f"state.{key}")
+        slow = data.get("slow") or {}
+        if not isinstance(slow, dict):
+            raise ValueError(f"state.slow: expected an object, got {slow!r}")
+        # every field is checked before any is applied: a bad field leaves the scorer as it was
+        pairs = [(ema, _pair(data.get(key), f"state.{key}"))
+                 for key, ema in (("baseline", self.baseline), ("score_ema", self.score_ema))]
+        pairs += [(self.slow[name], _pair(pair, f"state.slow.{name}"))
+                  for name, pair in slow.items() if name in self.slow]
+        for ema, (m, n) in pairs:
             ema.m, ema.n = m, n
-        for name, pair in (data.get("slow") or {}).items():
-            if name in self.slow:
-                self.slow[name].m, self.slow[name].n = _pair(pair, f"state.slow.{name}")
         self.state = (
             ACTIVE if self.baseline.n >= self.cfg.calibration_samples else CALIBRATING
         )

@@ -45,6 +45,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import random
 import re
 import shutil
@@ -316,6 +317,11 @@ class FleetSimulator:
             raise SimulatorError(f"--nccl-ops-per-s: must be in (0, 10000], got {nccl_ops_per_s!r}")
         if slow_ranks and nccl_ranks is None:
             raise SimulatorError("--slow-rank: needs --nccl-comm RANKS")
+        if not (math.isfinite(push_interval_s) and push_interval_s > 0):
+            raise SimulatorError(
+                f"--push-interval: must be a finite number of seconds > 0, got {push_interval_s!r}")
+        if gpus_per_node < 1:
+            raise SimulatorError(f"--gpus-per-node: must be >= 1, got {gpus_per_node!r}")
         self.endpoint = endpoint
         self.token = token
         self.max_auth_refusals = max_auth_refusals

@@ -62,7 +62,8 @@ class ThresholdTracker:
             value = math.nan
         if not quorum and (value == 0.0 or math.isnan(value)):
             return "no_quorum"
-        if not math.isfinite(value) or not (0.0 < value < 1.0):
+        # ingest clamps to [0, 1] (docs/wire-contract.md): 0 with quorum is "no straggler"
+        if not math.isfinite(value) or not (0.0 <= value <= 1.0):
             self.invalid_count += 1
             self.last_invalid = threshold_raw
             return "invalid"

@@ -15,8 +15,13 @@ one observation read from a log (an Xid or SXid line): it never clears.
 - clear kinds (:data:`~workflows.catalogue.vocabulary.CLEARS`): ``ib_link_up`` is the
   clear of ``ib_link_down``, so it is re-keyed to the kind it clears.
 - InfiniBand device: an ``ib_link_*`` record names its HCA port in the evidence
-  (``device``, ``port``), not in ``autorepair.gpu.pci``; the port becomes the alert's
-  device (``mlx5_0/1``) so one port's clear ends that port's fault and no other.
+  (``device``, ``port``); the port becomes the alert's device (``mlx5_0/1``) so one port's
+  clear ends that port's fault and no other. The agent reads a port from two sources: sysfs
+  (``device``/``port`` only) and the kernel log, whose mlx5 lines also name the HCA's PCI
+  function in ``autorepair.gpu.pci``; a record naming ``device`` and ``port`` is keyed by
+  the port either way (the PCI function goes to the evidence as ``pci``), so the sysfs
+  clear ends the kernel line's raise. A record with a PCI function and no port (a netdev
+  line, ``ens1f1np1: Link down``) keeps the PCI function as its device.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ class FaultShape:
     gpu: str | None
     active: bool
     level: bool
+    #: the PCI function the record named when its port became its device (evidence ``pci``)
+    pci: str | None = None
 
 
 def fault_shape(kind: str, gpu: str | None, active: bool, evidence: dict[str, Any]) -> FaultShape:
@@ -47,8 +54,12 @@ def fault_shape(kind: str, gpu: str | None, active: bool, evidence: dict[str, An
         kind, active, level = CLEARS[kind], False, True
     if not active:
         level = True
-    if kind in _IB_KINDS and not gpu and evidence.get("device"):
+    pci = None
+    if kind in _IB_KINDS and evidence.get("device"):
         port = evidence.get("port")
-        gpu = f"{evidence['device']}" + (f"/{port}" if port not in (None, "") else "")
-        gpu = gpu[:64]
-    return FaultShape(kind, gpu, active, level)
+        has_port = port not in (None, "")
+        if not gpu or has_port:
+            key = (f"{evidence['device']}" + (f"/{port}" if has_port else ""))[:64]
+            pci = gpu if gpu and gpu != key else None
+            gpu = key
+    return FaultShape(kind, gpu, active, level, pci)

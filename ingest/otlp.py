@@ -499,6 +499,9 @@ def decode_metrics(
                     _decode_scores(out, res, m, now, max_future_s, ttl_s, limits, take)
                     continue
                 if which not in ("gauge", "sum"):
+                    # the four signals are gauges (docs/wire-contract.md): another type is
+                    # malformed, rejected and counted like a score's, never lost silently
+                    out.reject("value", f"{name}: must be a gauge, got {which}", take)
                     continue
                 for dp in points if take >= n else list(points)[:take]:
                     v = _point_value(dp)
@@ -638,9 +641,14 @@ def _decode_fault(
         try:
             if isinstance(code_raw, str) and len(code_raw) > 20:
                 raise ValueError(code_raw)
+            # int() would read True as 1 and 79.5 as 79: another code, silently
+            if isinstance(code_raw, bool) or (
+                    isinstance(code_raw, float) and not code_raw.is_integer()):
+                raise ValueError(code_raw)
             code = int(code_raw)
         except (TypeError, ValueError, OverflowError):
-            return "fault", f"{ATTR_FAULT_CODE}: {str(code_raw)[:64]!r} is not an integer"
+            shown = code_raw if isinstance(code_raw, bool | float) else str(code_raw)[:64]
+            return "fault", f"{ATTR_FAULT_CODE}: {shown!r} is not an integer"
         if not 0 <= code <= MAX_FAULT_CODE:
             return "fault", (f"{ATTR_FAULT_CODE}: {code} is outside 0..{MAX_FAULT_CODE}")
     active_raw = attrs.get(ATTR_FAULT_ACTIVE, True)

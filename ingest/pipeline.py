@@ -719,7 +719,9 @@ class Ingestor:
         try:
             alert = self.build_alert(
                 f.resource, kind=shape.kind, code=f.code, gpu=shape.gpu,
-                evidence_text=f.evidence_text, evidence={**f.evidence, REPORTED_BY: reporter},
+                evidence_text=f.evidence_text,
+                evidence={**f.evidence, **({"pci": shape.pci} if shape.pci else {}),
+                          REPORTED_BY: reporter},
                 observed_at=f.time_s, active=shape.active, level=shape.level, source="agent",
             )
         except (ValueError, TypeError) as e:

@@ -48,7 +48,8 @@ def clip(text: str | None, cap: int = TEXT_CAP) -> str:
 def parse_since(value: str, now: datetime | None = None) -> datetime:
     """A window start from ``value``: a duration back from ``now`` (``90s``, ``30m``,
     ``24h``, ``7d``, ``2w``; at most 366 days) or an ISO 8601 time (UTC when it has no
-    offset). Raises ``ValueError`` saying what is accepted."""
+    offset) before ``now``. Raises ``ValueError`` saying what is accepted, or naming a time
+    that is not before ``now`` (a window that starts in the future holds nothing)."""
     now = now or datetime.now(UTC)
     text = value.strip()
     m = _DURATION.match(text)
@@ -63,7 +64,10 @@ def parse_since(value: str, now: datetime | None = None) -> datetime:
         raise ValueError(
             f"expected a duration like 30m, 24h, 7d or an ISO 8601 time, got {value!r}"
         ) from None
-    return t if t.tzinfo else t.replace(tzinfo=UTC)
+    t = t if t.tzinfo else t.replace(tzinfo=UTC)
+    if t >= now:
+        raise ValueError(f"{value!r} is not before now ({now.isoformat()})")
+    return t
 
 
 def input_errors(err: ValidationError, model: type[BaseModel]) -> str:

@@ -155,7 +155,7 @@ def test_tiers_fleet_cached_local_none() -> None:
     assert t.current(401, None) == (NONE, None)
 
 
-@pytest.mark.parametrize("raw", ["1.5", "0", "-0.1", "1", "nan", "abc", "inf"])
+@pytest.mark.parametrize("raw", ["1.5", "-0.1", "1.000001", "nan", "abc", "inf"])
 def test_invalid_thresholds_keep_cached(raw: str) -> None:
     t = ThresholdTracker(TierConfig(), push_interval_s=10)
     t.observe("0.8", "true", now=0)

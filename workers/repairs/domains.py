@@ -11,10 +11,11 @@ POST   /api/v1/domains/{cluster}/{domain}/release operator 200 :class:`DomainsVi
 ====== ========================================= ======== ===================================
 
 The role is checked first (401 / 403); ``cluster`` and ``domain`` follow the one name
-rule of :mod:`workflows.names` (422 naming the field). A cluster whose guard has not
-started holds nothing (``guard_running`` false). Each release is logged as
-``event=domain_released`` (the audit line; the guard records it in the ledger as the
-clear of the hold's ``failure_domain`` alert).
+rule of :mod:`workflows.names` (422 naming the field); a cluster the config does not
+list (when it lists any) is a 422 naming it and the configured clusters. A configured
+cluster whose guard has not started holds nothing (``guard_running`` false). Each
+release is logged as ``event=domain_released`` (the audit line; the guard records it in
+the ledger as the clear of the hold's ``failure_domain`` alert).
 """
 
 # No ``from __future__ import annotations``: FastAPI resolves the route annotations at
@@ -104,6 +105,15 @@ async def release_domain(client: Client, cluster: str, domain: str, by: str,
     return st
 
 
+def known_cluster(cfg: AutorepairConfig, cluster: str) -> None:
+    """Raise 422 naming ``cluster`` and the configured clusters when the config lists
+    clusters and not this one (a typo would read as "nothing held")."""
+    names = [c.name for c in cfg.clusters]
+    if names and cluster not in names:
+        raise HTTPException(422, [{"loc": ["cluster"], "type": "value_error",
+                                   "msg": f"unknown cluster {cluster!r} (configured: {names})"}])
+
+
 def add_domain_routes(router: APIRouter, need: Callable[..., Callable[..., Principal]],
                       intake: Any) -> None:
     """Add the ``/domains`` routes (module docstring) to the repair API's ``router``;
@@ -117,6 +127,7 @@ def add_domain_routes(router: APIRouter, need: Callable[..., Callable[..., Princ
                              pattern=NAME_PATTERN),
     ) -> DomainsView:
         """Failure-domain holds of ``cluster`` (issue 29 item 2)."""
+        known_cluster(ix.config, cluster)
         return domains_view(ix.config, cluster, await guard_status(ix.client, cluster))
 
     @router.post("/domains/{cluster}/{domain}/release", response_model=DomainsView)
@@ -126,6 +137,7 @@ def add_domain_routes(router: APIRouter, need: Callable[..., Callable[..., Princ
         body: ReleaseBody | None = None,
     ) -> DomainsView:
         """Release the hold of ``domain``: its waiting repairs go as the rails allow."""
+        known_cluster(ix.config, cluster)
         reason = body.reason if body else ""
         st = await release_domain(ix.client, cluster, domain, who.user, reason)
         if st is None or all(h.domain != domain for h in st.domain_holds):

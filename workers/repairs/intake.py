@@ -100,6 +100,9 @@ DETECTOR_RULE = "detector_request"
 """``RepairRequest.auto_approved_rule`` of detector requests: they skip the approval queue."""
 REQUEST_ALERT_KIND = "repair_request"
 """Alert kind of the evidence record an external request carries."""
+STATE_TERMINAL = "terminal"
+"""``state`` filter of :meth:`RepairIntake.list` for every finished repair (any terminal
+stage; the counterpart of ``open``; the CLI's ``repairs list --state terminal``)."""
 _QUERY_TIMEOUT = timedelta(seconds=2)
 _CAP_LOCK_NS = 0x6172_6361  # advisory lock namespace for the per-cluster detector cap
 
@@ -549,27 +552,32 @@ class RepairIntake:
         self, *, cluster: str | None = None, node: str | None = None, state: str | None = None,
         action: str | None = None, requester: str | None = None, limit: int = 200,
     ) -> list[RepairView]:
-        """Repairs newest first. ``state``: a stage name, ``open`` (not terminal),
+        """Repairs newest first (at most ``limit`` that match). ``state``: a stage name,
+        ``open`` (not terminal), ``terminal`` (finished: any terminal stage),
         ``awaiting_approval``, ``in_progress`` or a terminal state.
 
         Raises :class:`IntakeError` 422 naming ``state`` or ``action`` when unknown."""
         stages = {s.value for s in Stage}
-        if state is not None and state not in stages | {"open", STATE_IN_PROGRESS}:
-            raise IntakeError(422, f"state {state!r} is not a stage, 'open' or 'in_progress'",
-                              "state")
+        terminal = {s.value for s in TERMINAL_STAGES}
+        groups: dict[str, set[str]] = {
+            "open": stages - terminal,
+            STATE_TERMINAL: terminal,
+            STATE_IN_PROGRESS: {s for s in stages if repair_state(s) == STATE_IN_PROGRESS},
+        }
+        if state is not None and state not in stages and state not in groups:
+            raise IntakeError(422, f"state {state!r} is not a stage, 'open', 'in_progress' "
+                                   f"or '{STATE_TERMINAL}'", "state")
         if action is not None and action not in {a.value for a in Action}:
             raise IntakeError(422, f"action {action!r} is not an action", "action")
         exact = state if state in stages else None
+        # the group is filtered in the query, so the limit counts matching repairs only
+        # (filtered after it, 200 newer finished repairs hid every open one)
+        group = sorted(groups[state]) if state in groups else None
         rows = await self.ledger.list_repairs(
             cluster=cluster, node=node, stage=exact, action=action, requester=requester,
-            limit=limit,
+            limit=limit, stages=group,
         )
-        out = [_view(r) for r in rows]
-        if state == "open":
-            out = [v for v in out if v.stage not in {s.value for s in TERMINAL_STAGES}]
-        elif state == STATE_IN_PROGRESS:
-            out = [v for v in out if v.state == STATE_IN_PROGRESS]
-        return out
+        return [_view(r) for r in rows]
 
     # -- decisions -------------------------------------------------------------------
     def _handle(self, row: dict[str, Any]) -> WorkflowHandle[Any, Any]:

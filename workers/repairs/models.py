@@ -215,8 +215,9 @@ def parse_since(text: str, now: datetime) -> datetime:
     """Start of a report window: a duration back from ``now`` (``90m``, ``24h``, ``7d``,
     ``2w``; at most 366 days) or an ISO 8601 time (UTC when it names no zone); aware UTC.
 
-    Raises ``ValueError`` naming the value when it is neither, or when the start falls
-    outside the years 1-9999 in UTC."""
+    Raises ``ValueError`` naming the value when it is neither, when the start falls
+    outside the years 1-9999 in UTC, or when it is not before ``now`` (the window's end: a
+    window running backwards would report nothing as "no repairs")."""
     raw = text.strip()
     unit = raw[-1:].lower()
     if unit in _UNITS and raw[:-1].isdecimal() and raw[:-1].isascii():
@@ -238,4 +239,7 @@ def parse_since(text: str, now: datetime) -> datetime:
     except ValueError as e:
         raise ValueError(f"since: {e}") from None
     assert utc is not None
+    if utc >= now:
+        raise ValueError(f"since: {text!r} is not before the end of the window "
+                         f"({now.isoformat()})")
     return utc
