@@ -558,12 +558,15 @@ class Ledger:
             """INSERT INTO repairs (repair_id, cluster, node, machine_id, action, stage,
                  requester_kind, requester_name, reason, approved_by, decided_by_rule,
                  detector, request_id, alert_ids, workflow_id, created_at, updated_at,
-                 lease_held)
-               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$16,$18)
+                 lease_held, approval_pending)
+               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$16,$18,$19)
                ON CONFLICT (repair_id) DO UPDATE SET
                  action = EXCLUDED.action,
                  lease_held = CASE WHEN EXCLUDED.updated_at >= repairs.updated_at
                                    THEN EXCLUDED.lease_held ELSE repairs.lease_held END,
+                 approval_pending = CASE WHEN EXCLUDED.updated_at >= repairs.updated_at
+                                         THEN EXCLUDED.approval_pending
+                                         ELSE repairs.approval_pending END,
                  stage = CASE WHEN repairs.stage = ANY($17::text[])
                                    AND NOT EXCLUDED.stage = ANY($17::text[])
                                    AND EXCLUDED.updated_at <= repairs.updated_at
@@ -592,6 +595,7 @@ class Ledger:
             rec.updated_at,
             _TERMINAL,
             rec.lease_held,
+            rec.approval_pending,
         )
 
     async def record_transition(self, t: TransitionRecord) -> None:

@@ -9,8 +9,10 @@ The repair records also drive what follows from them, so no workflow needs a hoo
   cost (:func:`activities.ledger_reports.record_downtime`; the last call wins, so the
   row carries the repair's final action);
 - notifications (:class:`~activities.notifications.Notifier`): ``approval_needed`` when
-  the repair row is written at ``awaiting_approval`` (after the ladder's decision, so the
-  action is the one awaiting approval), ``repair_started`` at ``cordoning``,
+  the repair row is written at ``awaiting_approval`` while a person is asked (after the
+  ladder's decision, so the action is the one awaiting approval; not for an approved
+  repair waiting there for its lease or a maintenance window:
+  :func:`~activities.notifications.event.row_event`), ``repair_started`` at ``cordoning``,
   ``repair_finished`` at a terminal ``succeeded`` / ``auto_resolved`` / ``cancelled`` /
   ``rejected`` / ``shadowed`` row (a shadowed one's subject starts ``shadow:`` and names
   the action not taken; ``failed`` / ``timed_out`` are notified by the workflow itself), and
@@ -35,7 +37,7 @@ from activities.ledger import Ledger
 from activities.ledger_reports import record_downtime
 from activities.maintenance_store import MaintenanceStore
 from activities.notifications import NotificationEvent, Notifier
-from activities.notifications.event import repair_event
+from activities.notifications.event import repair_event, row_event
 from workflows.activity_api import (
     ACT,
     ERR_UNKNOWN_NODE,
@@ -68,10 +70,6 @@ from workflows.providers import ProviderResolver
 
 log = logging.getLogger("autorepair.ledger")
 
-#: Terminal stages notified by the workflow itself (``RepairWorkflow`` sends the failure).
-_WORKFLOW_NOTIFIED = frozenset({Stage.failed, Stage.timed_out})
-
-
 class LedgerActivities:
     """Bound methods are the ledger activities; register ``.all()`` on a worker.
 
@@ -95,10 +93,9 @@ class LedgerActivities:
         await self.ledger.upsert_repair(rec)
         if rec.stage in TERMINAL_STAGES:
             await record_downtime(self.ledger, rec.repair_id, self.resolver)
-            if rec.stage not in _WORKFLOW_NOTIFIED:
-                await self._notice(rec.repair_id, rec.stage, NotifyEvent.repair_finished)
-        elif rec.stage == Stage.awaiting_approval:
-            await self._notice(rec.repair_id, rec.stage, NotifyEvent.approval_needed)
+        event = row_event(rec.stage, rec.approval_pending)
+        if event is not None:
+            await self._notice(rec.repair_id, rec.stage, event)
 
     @activity.defn(name=ACT.ledger_record_transition)
     async def record_transition(self, t: TransitionRecord) -> None:

@@ -344,6 +344,10 @@ class RepairWorkflow:
         self._history: list[StageTransition] = []
         self._alerts: list[Alert] = list(req.alerts)
         self._approved_by: str | None = None
+        #: a person is asked for an approval now (``RepairState`` ``awaiting_approval``);
+        #: False at that stage once approved, while the lease or a maintenance window is
+        #: waited for (the stage is kept: docs/design.md §4.4 order)
+        self._asking = False
         #: the approval in force and what it covers (:func:`decision.covers`)
         self._approval: Approval | None = None
         #: the last decision of :meth:`_decide` (ladder, gate, cap)
@@ -505,6 +509,7 @@ class RepairWorkflow:
             detail=self._detail,
             mode="shadow" if self._shadow else "enforce",
             evidence_captures=list(self._captures),
+            state=repair_state(self._stage, self._asking),
         )
 
     # ---- run -------------------------------------------------------------------
@@ -690,7 +695,7 @@ class RepairWorkflow:
                     f"{cover.window_id} until {cover.ends_at.isoformat()} ({cover.reason}); "
                     "the evidence is checked again when it ends")
                 await self._hand_back(S.recommended)
-            self._detail = waiting_details(
+            self._detail = self._approved_prefix() + waiting_details(
                 f"maintenance window {cover.window_id} on {self._req.node} to end "
                 f"({cover.reason}; `autorepair maintenance end {cover.window_id}` ends it "
                 "early)", cover.ends_at, self._stage.value)
@@ -792,6 +797,20 @@ class RepairWorkflow:
              else "the decision changed while the lease was queued; ") + why)
         self._check_ended()
         return False
+
+    def _approved_label(self) -> str:
+        """`` (approved by X)`` at ``awaiting_approval`` once approved (the stage is kept
+        until the cordon: docs/design.md §4.4 order), else empty."""
+        if self._stage == S.awaiting_approval and not self._asking and self._approved_by:
+            return f" (approved by {self._approved_by})"
+        return ""
+
+    def _approved_prefix(self) -> str:
+        """``approved by X, `` before what an approved repair at ``awaiting_approval``
+        waits for (its lease, a maintenance window), else empty."""
+        if self._approved_label():
+            return f"approved by {self._approved_by}, not waiting for a person: "
+        return ""
 
     def _consent(self, action: Action) -> ConsentDecision:
         """The consent policy's decision on ``action``
@@ -914,6 +933,7 @@ class RepairWorkflow:
         # I18: the machine may be held for RMA while a person decides (another repair
         # removed it): the hold is read again before the next rung acts
         self._hold_read_for = -1
+        self._asking = True
         await self._transition(S.awaiting_approval, "system", f"approval needed: {why}")
         await self._upsert()
         assert self._req is not None
@@ -977,6 +997,14 @@ class RepairWorkflow:
         self._approved_by = sig.by
         self._approve_decision(sig.by)
         self._rule = f"approved by {sig.by}; {self._rule}"
+        # approved: nobody is asked any more, the stage stays (docs/design.md §4.4 order)
+        # until the cordon; RepairState, details and the ledger row say so (no second
+        # approval_needed notification: RepairRecord.approval_pending)
+        self._asking = False
+        workflow.upsert_search_attributes([SA_STATE.value_set(repair_state(self._stage,
+                                                                          False))])
+        self._detail = f"{self._stage.value}{self._approved_label()}: going on to the lease"
+        workflow.set_current_details(self._detail)
         await self._upsert()
 
     def _check_ended(self) -> None:
@@ -1050,7 +1078,7 @@ class RepairWorkflow:
         if self._lease_requested_at is None:
             self._lease_requested_at = workflow.now()
         lreq = self._lease_request()
-        self._detail = "waiting for a lease from the cluster guard"
+        self._detail = f"{self._approved_prefix()}waiting for a lease from the cluster guard"
         workflow.set_current_details(self._detail)
         await self._send_lease_request(lreq)
         self._lease_requested = True
@@ -1116,7 +1144,7 @@ class RepairWorkflow:
                 await self._upsert()
                 return
             last_reason = reply.reason or "queued"
-            self._detail = f"lease queued: {last_reason}"
+            self._detail = f"{self._approved_prefix()}lease queued: {last_reason}"
             workflow.set_current_details(self._detail)
             self._lease = None
 
@@ -1965,11 +1993,12 @@ class RepairWorkflow:
         workflow.upsert_search_attributes(
             [
                 SA_STAGE.value_set(stage.value),
-                SA_STATE.value_set(repair_state(stage)),
+                SA_STATE.value_set(repair_state(stage, self._asking)),
                 SA_ACTION.value_set(self._action.value),
             ]
         )
-        self._detail = f"{stage.value}: {reason}" if reason else stage.value
+        label = f"{stage.value}{self._approved_label()}"
+        self._detail = f"{label}: {reason}" if reason else label
         if self._shadow:
             self._detail = f"[shadow] {self._detail}"
         workflow.set_current_details(
@@ -2018,6 +2047,7 @@ class RepairWorkflow:
                 workflow_id=workflow.info().workflow_id,
                 updated_at=workflow.now(),
                 lease_held=self._holding(),
+                approval_pending=self._asking,
             ),
         )
 

@@ -88,6 +88,7 @@ from workflows.protocol import (
     REPAIR_SIGNAL_CANCEL,
     REPAIR_SIGNAL_REJECT,
     REPAIR_WORKFLOW,
+    STATE_AWAITING_APPROVAL,
     STATE_IN_PROGRESS,
     repair_state,
     workflow_id_repair,
@@ -163,7 +164,7 @@ def _view(row: dict[str, Any], live: RepairStatus | None = None) -> RepairView:
         machine_id=row.get("machine_id"),
         action=row["action"],
         stage=row["stage"],
-        state=repair_state(row["stage"]),
+        state=repair_state(row["stage"], row.get("approval_pending")),
         requester_kind=row["requester_kind"],
         requester_name=row["requester_name"],
         detector=row.get("detector"),
@@ -567,8 +568,10 @@ class RepairIntake:
         out = [_view(r) for r in rows]
         if state == "open":
             out = [v for v in out if v.stage not in {s.value for s in TERMINAL_STAGES}]
-        elif state == STATE_IN_PROGRESS:
-            out = [v for v in out if v.state == STATE_IN_PROGRESS]
+        elif state in (STATE_IN_PROGRESS, STATE_AWAITING_APPROVAL):
+            # an approved repair keeps the stage awaiting_approval until its cordon (the
+            # documented order) but is not waiting for a person: its state says which
+            out = [v for v in out if v.state == state]
         return out
 
     # -- decisions -------------------------------------------------------------------
