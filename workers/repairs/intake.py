@@ -593,6 +593,17 @@ class RepairIntake:
                 409, f"repair {repair_id!r} is at stage {row['stage']}: it is not waiting "
                 "for an approval (it acts on the one it had; when it asks again it is "
                 "awaiting_approval); cancel or reject stop it")
+        if signal == REPAIR_SIGNAL_APPROVE and approved_waiting(row):
+            # approved before its cordon, it keeps the stage (the documented order) while
+            # it waits for its lease or a maintenance window: an approval now changes
+            # nothing (it would sit unread until the repair next asks, a new decision)
+            last = row.get("transitions") or []
+            why = f" (last: {last[-1]['reason'][:300]})" if last else ""
+            raise IntakeError(
+                409, f"repair {repair_id!r} is at stage {row['stage']} but already approved "
+                f"by {row.get('approved_by') or 'someone'} and not waiting for a person: it "
+                f"waits for its lease or a maintenance window{why}; this approval changes "
+                "nothing (when the decision changes it asks again); cancel or reject stop it")
         try:
             await self._handle(row).signal(signal, payload)
         except RPCError as e:
@@ -626,6 +637,14 @@ APPROVED_STAGES = frozenset({Stage.cordoning.value, Stage.waiting_for_idle.value
                              Stage.draining.value, Stage.repairing.value,
                              Stage.migrating.value, Stage.joining.value,
                              Stage.running.value})
+
+
+def approved_waiting(row: dict[str, Any]) -> bool:
+    """Whether the ledger row is of a repair approved before its cordon that waits at
+    ``awaiting_approval`` for its lease or a maintenance window, nobody asked
+    (``approval_pending`` false, migration 0017): an approve changes nothing there. A row
+    from a writer before the column (None) is judged by its stage: not refused."""
+    return row["stage"] == Stage.awaiting_approval.value and row.get("approval_pending") is False
 
 
 class LazyIntake:
