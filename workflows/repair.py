@@ -348,6 +348,8 @@ class RepairWorkflow:
         #: False at that stage once approved, while the lease or a maintenance window is
         #: waited for (the stage is kept: docs/design.md §4.4 order)
         self._asking = False
+        #: the last approve signal named its action (not filled in with the one shown)
+        self._approve_named = False
         #: the approval in force and what it covers (:func:`decision.covers`)
         self._approval: Approval | None = None
         #: the last decision of :meth:`_decide` (ladder, gate, cap)
@@ -426,7 +428,8 @@ class RepairWorkflow:
         sig = self._signal_input(ApproveSignal, raw, REPAIR_SIGNAL_APPROVE)
         if sig is None:
             return  # an approval that cannot be read approves nothing (said in the history)
-        if sig.action in (None, Action.none):
+        self._approve_named = sig.action not in (None, Action.none)
+        if not self._approve_named:
             sig = sig.model_copy(update={"action": self._action})
         self._approve = sig
 
@@ -790,8 +793,20 @@ class RepairWorkflow:
             )
         self._rule = f"{self._rule}; was: {rule_before}"
         await self._hand_back(S.awaiting_approval)
-        self._approve = None  # an approval of the earlier decision does not cover this one
-        self._approval = None
+        self._approval = None  # an approval of the earlier decision does not cover this one
+        # an approve sent since the approval in force (while the lease was queued, or
+        # during the hand-back) is never dropped silently: one naming the action now
+        # decided is applied as the repair asks; any other is answered with a note
+        pending, self._approve = self._approve, None
+        if pending is not None:
+            if decision.names_decided(pending.action, self._approve_named, self._action):
+                self._approve = pending
+            else:
+                await self._note(
+                    f"approve by {pending.by} of "
+                    f"{(pending.action or before).value} not applied: it was sent for the "
+                    f"decision before ({before.value}); the decision changed to "
+                    f"{self._action.value}, so the repair asks again")
         await self._await_approval(
             ("another repair acted on the node meanwhile; " if acted_meanwhile
              else "the decision changed while the lease was queued; ") + why)

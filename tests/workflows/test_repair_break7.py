@@ -4,6 +4,8 @@ there):
 - an approved repair queued for its lease or paused by a maintenance window showed
   ``awaiting_approval`` (RepairState, ledger state, status) and the maintenance pause's row
   write sent the approval-needed notification again;
+- an approve sent while an approved repair's lease was queued (or during the hand-back
+  after the decision changed) was dropped silently;
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import asyncpg
 
 from activities.ledger_activities import LedgerActivities
 from activities.notifications import NotificationEvent, Notifier
-from tests.workflows.conftest import Harness
+from tests.workflows.conftest import Harness, make_alert
 from tests.workflows.helpers import eventually, repair_status, start_repair, wait_stage
 from workflows.activity_api import RepairRecord, TransitionRecord
 from workflows.models import Action, ApproveSignal, Requester, RequesterKind, Stage
@@ -108,3 +110,97 @@ async def test_a_note_of_an_approved_repair_does_not_ask_for_approval_again(
     await acts.upsert_repair(_row(rid, Stage.awaiting_approval, _at(3), approved_by="oncall",
                                   approval_pending=False))
     assert [e.event.value for e in rec.got] == ["approval_needed"], rec.got
+
+
+async def test_an_approve_naming_the_new_action_while_the_lease_is_queued_is_applied(
+    harness: Harness,
+) -> None:
+    """Consent ``approve``: the second repair of a node is approved (reboot) while the first
+    holds the node; the first reboots meanwhile, so at grant time the ladder moves the
+    second to reprovision and hands its lease back to ask again. Bob had already approved
+    reprovision (named) while it was queued: that approval was dropped and the person
+    asked again. It is applied: reprovision runs, approved by bob. An approve that named
+    nothing (of the reboot shown) is answered with a note saying why it was not applied."""
+    from tests.workflows.helpers import guard_status
+    from tests.workflows.test_repair_approval_covers import record
+
+    h = harness
+    h.policy.consent.mode = "approve"
+    h.policy.wait_for_idle.poll_s = 60
+    h.policy.wait_for_idle.poll_max_s = 60
+    node = "gpu-11"
+    h.cluster.busy_polls[node] = 5
+    await record(h, node, Action.reboot, 1)
+    now = await h.env.get_current_time()
+    alert = make_alert(h.cluster.cluster, node, "b7-1", observed_at=now)
+    first = await start_repair(h, node, Action.reboot, "b7-1", alerts=[alert])
+    await wait_stage(h, node, "b7-1", Stage.awaiting_approval)
+    await first.signal("approve", ApproveSignal(by="oncall"))
+    await wait_stage(h, node, "b7-1", Stage.waiting_for_idle)
+    alert2 = make_alert(h.cluster.cluster, node, "b7-2", observed_at=now)
+    second = await start_repair(h, node, Action.reboot, "b7-2", alerts=[alert2])
+    await wait_stage(h, node, "b7-2", Stage.awaiting_approval)
+    await second.signal("approve", ApproveSignal(by="oncall"))
+
+    async def queued() -> bool:
+        return "b7-2" in {p.repair_id for p in (await guard_status(h)).pending}
+
+    await eventually(queued, "the approved second repair queued behind the first")
+    await second.signal("approve", ApproveSignal(by="bob", action=Action.reprovision))
+    assert (await first.result()).stage == Stage.succeeded
+    done = await second.result()
+    notes = " | ".join(t.reason for t in done.history)
+    assert done.stage == Stage.succeeded, notes
+    assert h.cluster.count("reprovision", node) == 1, notes
+    assert done.approved_by == "bob", notes
+
+
+async def test_an_approve_of_the_earlier_decision_while_the_lease_is_queued_is_answered(
+    harness: Harness,
+) -> None:
+    """As above, but the approve sent while queued names nothing (it approves the reboot
+    shown then). The ladder moved to reprovision: the approval does not cover it, the
+    repair asks again, and a note says the approve was not applied and why."""
+    from tests.workflows.helpers import guard_status
+    from tests.workflows.test_repair_approval_covers import record
+    from workflows.models import RejectSignal
+
+    h = harness
+    h.policy.consent.mode = "approve"
+    h.policy.wait_for_idle.poll_s = 60
+    h.policy.wait_for_idle.poll_max_s = 60
+    node = "gpu-12"
+    h.cluster.busy_polls[node] = 5
+    await record(h, node, Action.reboot, 1)
+    now = await h.env.get_current_time()
+    first = await start_repair(h, node, Action.reboot, "b7-3",
+                               alerts=[make_alert(h.cluster.cluster, node, "b7-3",
+                                                  observed_at=now)])
+    await wait_stage(h, node, "b7-3", Stage.awaiting_approval)
+    await first.signal("approve", ApproveSignal(by="oncall"))
+    await wait_stage(h, node, "b7-3", Stage.waiting_for_idle)
+    second = await start_repair(h, node, Action.reboot, "b7-4",
+                                alerts=[make_alert(h.cluster.cluster, node, "b7-4",
+                                                   observed_at=now)])
+    await wait_stage(h, node, "b7-4", Stage.awaiting_approval)
+    await second.signal("approve", ApproveSignal(by="oncall"))
+
+    async def queued() -> bool:
+        return "b7-4" in {p.repair_id for p in (await guard_status(h)).pending}
+
+    await eventually(queued, "the approved second repair queued behind the first")
+    await second.signal("approve", ApproveSignal(by="bob"))
+    assert (await first.result()).stage == Stage.succeeded
+
+    async def asked_again() -> bool:
+        st = await repair_status(h, node, "b7-4")
+        return (st.stage == Stage.awaiting_approval and st.state == STATE_AWAITING_APPROVAL
+                and st.action == Action.reprovision)
+
+    await eventually(asked_again, "the second repair asking again for reprovision")
+    st = await repair_status(h, node, "b7-4")
+    notes = " | ".join(t.reason for t in st.history)
+    assert "approve by bob of reboot not applied" in notes, notes
+    await second.signal("reject", RejectSignal(by="bob", reason="test over"))
+    assert (await second.result()).stage == Stage.rejected
+    assert h.cluster.count("reprovision", node) == 0

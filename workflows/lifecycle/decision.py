@@ -110,6 +110,15 @@ def covers(approval: Approval | None, decision: Decision, automatic: bool) -> bo
             and approval.rung == decision.rung and approval.fingerprint == decision.fingerprint)
 
 
+def names_decided(named: Action | None, explicit: bool, decided: Action) -> bool:
+    """Whether an approve that came while the decision was made again (the lease queued,
+    or its hand-back) approves the decision now made: only one that named ``decided``
+    itself (``explicit``: the person typed the action). One that named nothing was of the
+    action shown when it came, the earlier decision, which covers no other: the repair
+    asks again and says why it was not applied (an approval never vanishes)."""
+    return explicit and named == decided
+
+
 def approved_as_asked(asked: Action, by: str, decided: Decision,
                       automatic: bool) -> str | None:
     """An approval ``by`` gave to ``asked`` (the action shown, or the one their approval
