@@ -1104,7 +1104,9 @@ class RepairWorkflow:
             raise _Ended(
                 S.auto_resolved,
                 "system",
-                "evidence predates the circuit breaker reset and is no longer current",
+                f"evidence predates {reply.reset_at.isoformat()} (a circuit breaker reset, "
+                "or the release of a failure-domain hold that kept the repair waiting) and "
+                "is no longer current",
             )
 
     async def _send_lease_request(self, lreq: LeaseRequest) -> None:

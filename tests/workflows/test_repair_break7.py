@@ -6,6 +6,8 @@ there):
   write sent the approval-needed notification again;
 - an approve sent while an approved repair's lease was queued (or during the hand-back
   after the decision changed) was dropped silently;
+- a repair a failure-domain hold kept waiting acted after the release on evidence from
+  before it (a breaker reset's queued repairs already did not);
 """
 
 from __future__ import annotations
@@ -20,7 +22,13 @@ from activities.notifications import NotificationEvent, Notifier
 from tests.workflows.conftest import Harness, make_alert
 from tests.workflows.helpers import eventually, repair_status, start_repair, wait_stage
 from workflows.activity_api import RepairRecord, TransitionRecord
-from workflows.models import Action, ApproveSignal, Requester, RequesterKind, Stage
+from workflows.models import (
+    Action,
+    ApproveSignal,
+    Requester,
+    RequesterKind,
+    Stage,
+)
 from workflows.protocol import SA_STATE, STATE_AWAITING_APPROVAL, STATE_IN_PROGRESS
 
 
@@ -204,3 +212,68 @@ async def test_an_approve_of_the_earlier_decision_while_the_lease_is_queued_is_a
     await second.signal("reject", RejectSignal(by="bob", reason="test over"))
     assert (await second.result()).stage == Stage.rejected
     assert h.cluster.count("reprovision", node) == 0
+
+
+async def test_a_repair_held_by_a_failure_domain_acts_only_on_evidence_after_the_release(
+    harness: Harness,
+) -> None:
+    """Three automatic repairs of rack-a open its hold; the third and a fourth wait for it.
+    An operator releases the hold much later. The third's fault was an Xid event received
+    before the hold: it ends ``auto_resolved`` without a cordon (as after a breaker reset).
+    The fourth's fault is a level one still standing: it goes on and cordons."""
+    from tests.workflows.helpers import guard_status, repair_status
+    from workflows.protocol import (
+        GUARD_SIGNAL_RELEASE_DOMAIN,
+        ReleaseDomainSignal,
+        workflow_id_guard,
+    )
+
+    h = harness
+    rack = [f"gpu-1{i}" for i in range(4)]
+    h.gpu_nodes = 100  # budget 5, breaker threshold 10: neither binds here
+    h.domains = {n: ["rack-a"] for n in rack}
+    h.policy.wait_for_idle.do_not_interrupt = True
+    h.policy.wait_for_idle.poll_s = 60
+    h.policy.wait_for_idle.poll_max_s = 60
+    for n in rack:
+        h.cluster.busy_polls[n] = 10_000  # a granted repair holds its lease, waiting
+    for i, n in enumerate(rack[:3], 1):
+        await start_repair(h, n, Action.reboot, f"dh{i}")
+
+        async def asked(k: int = i) -> bool:
+            g = await guard_status(h)
+            return len(g.leases) + len(g.pending) == k
+
+        await eventually(asked, f"dh{i} answered by the guard")
+    level = make_alert(h.cluster.cluster, rack[3], "dh4", kind="gpu_health", code=None,
+                       level=True, summary="GPU health check failing")
+    fourth = await start_repair(h, rack[3], Action.reboot, "dh4", alerts=[level])
+
+    async def held() -> bool:
+        g = await guard_status(h)
+        return (["rack-a"] == [d.domain for d in g.domain_holds]
+                and {"dh3", "dh4"} <= {p.repair_id for p in g.pending})
+
+    await eventually(held, "the rack held, dh3 and dh4 waiting")
+    await h.env.sleep(timedelta(hours=2).total_seconds())
+    await h.client.get_workflow_handle(workflow_id_guard(h.cluster.cluster)).signal(
+        GUARD_SIGNAL_RELEASE_DOMAIN, ReleaseDomainSignal(domain="rack-a", by="alice",
+                                                         reason="PSU fixed"))
+
+    async def third_moved() -> bool:
+        st = await repair_status(h, rack[2], "dh3")
+        return st.stage != Stage.recommended
+
+    await eventually(third_moved, "dh3 answered after the release")
+    done = await repair_status(h, rack[2], "dh3")
+    notes = " | ".join(t.reason for t in done.history)
+    assert done.stage == Stage.auto_resolved, notes
+    assert "release" in notes, notes
+    assert h.cluster.count("cordon", rack[2]) == 0
+
+    async def cordoned() -> bool:
+        return (await repair_status(h, rack[3], "dh4")).stage == Stage.waiting_for_idle
+
+    await eventually(cordoned, "dh4 (its level fault standing) cordons after the release")
+    assert h.cluster.count("cordon", rack[3]) == 1
+    del fourth
