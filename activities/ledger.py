@@ -558,8 +558,9 @@ class Ledger:
             """INSERT INTO repairs (repair_id, cluster, node, machine_id, action, stage,
                  requester_kind, requester_name, reason, approved_by, decided_by_rule,
                  detector, request_id, alert_ids, workflow_id, created_at, updated_at,
-                 lease_held, approval_pending)
-               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$16,$18,$19)
+                 lease_held, approval_pending, mode)
+               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$16,$18,$19,
+                       $20)
                ON CONFLICT (repair_id) DO UPDATE SET
                  action = EXCLUDED.action,
                  lease_held = CASE WHEN EXCLUDED.updated_at >= repairs.updated_at
@@ -572,6 +573,7 @@ class Ledger:
                                    AND EXCLUDED.updated_at <= repairs.updated_at
                               THEN repairs.stage ELSE EXCLUDED.stage END,
                  machine_id = COALESCE(EXCLUDED.machine_id, repairs.machine_id),
+                 mode = COALESCE(EXCLUDED.mode, repairs.mode),
                  approved_by = COALESCE(EXCLUDED.approved_by, repairs.approved_by),
                  decided_by_rule = COALESCE(EXCLUDED.decided_by_rule, repairs.decided_by_rule),
                  alert_ids = (SELECT ARRAY(SELECT DISTINCT unnest(
@@ -596,6 +598,7 @@ class Ledger:
             _TERMINAL,
             rec.lease_held,
             rec.approval_pending,
+            rec.mode,
         )
 
     async def record_transition(self, t: TransitionRecord) -> None:

@@ -15,7 +15,9 @@ The repair records also drive what follows from them, so no workflow needs a hoo
   :func:`~activities.notifications.event.row_event`), ``repair_started`` at ``cordoning``,
   ``repair_finished`` at a terminal ``succeeded`` / ``auto_resolved`` / ``cancelled`` /
   ``rejected`` / ``shadowed`` row (a shadowed one's subject starts ``shadow:`` and names
-  the action not taken; ``failed`` / ``timed_out`` are notified by the workflow itself), and
+  the action not taken; any other of a shadow-mode repair starts ``shadow:`` too:
+  :func:`~activities.notifications.event.row_subject`; ``failed`` / ``timed_out`` are
+  notified by the workflow itself), and
   ``validation_failed`` with a failed verdict. Each transition is notified once across
   retries and workers (:meth:`Ledger.claim_notice`); a notification problem is logged,
   never raised.
@@ -37,7 +39,7 @@ from activities.ledger import Ledger
 from activities.ledger_reports import record_downtime
 from activities.maintenance_store import MaintenanceStore
 from activities.notifications import NotificationEvent, Notifier
-from activities.notifications.event import repair_event, row_event
+from activities.notifications.event import repair_event, row_event, row_subject
 from workflows.activity_api import (
     ACT,
     ERR_UNKNOWN_NODE,
@@ -117,8 +119,8 @@ class LedgerActivities:
             if row is None:
                 return
             alerts = await self.ledger.get_alerts(list(row.get("alert_ids") or []))
-            subject = (f"shadow: repair {repair_id} would {row['action']} {row['node']} "
-                       "(nothing was done)" if stage == Stage.shadowed else None)
+            subject = row_subject(repair_id, stage, str(row["action"]), str(row["node"]),
+                                  row.get("mode"))
             self.notifier.publish(repair_event(event, row, stage.value, claimed["reason"],
                                                alerts, subject=subject))
         except Exception as exc:

@@ -365,6 +365,10 @@ class RepairRecord(BaseModel):
     #: ``approval_needed`` notification goes out for a row written with False (migration
     #: 0017). None: not said (a writer from before it), judged by the stage.
     approval_pending: bool | None = None
+    #: ``enforce`` or ``shadow`` (policy.mode of its cluster or pool, read as it started;
+    #: migration 0018): the ledger side's notification of a shadow-mode repair's ending
+    #: says ``shadow:``. None: not said (a writer from before it), kept as recorded.
+    mode: str | None = None
 
 
 class TransitionRecord(BaseModel):

@@ -2065,6 +2065,7 @@ class RepairWorkflow:
                 updated_at=workflow.now(),
                 lease_held=self._holding(),
                 approval_pending=self._asking,
+                mode="shadow" if self._shadow else "enforce",
             ),
         )
 

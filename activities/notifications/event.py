@@ -45,6 +45,20 @@ def row_event(stage: Stage, approval_pending: bool | None) -> NotifyEvent | None
     return None
 
 
+def row_subject(repair_id: str, stage: Stage, action: str, node: str,
+                mode: str | None) -> str | None:
+    """The subject of a repair row's notification when it is not the default
+    ``repair {id} {stage}`` (None): a shadowed ending names the action not taken; any
+    other notification of a shadow-mode repair (``mode`` ``shadow``, migration 0018:
+    rejected, cancelled, auto-resolved, approval needed) starts ``shadow:`` and says
+    nothing was done, as the workflow's own shadow failure subjects do."""
+    if stage == Stage.shadowed:
+        return f"shadow: repair {repair_id} would {action} {node} (nothing was done)"
+    if mode == "shadow":
+        return f"shadow: repair {repair_id} {stage.value} (nothing was done: shadow mode)"
+    return None
+
+
 class EvidenceItem(BaseModel):
     """One alert behind a notification."""
 

@@ -8,6 +8,8 @@ there):
   after the decision changed) was dropped silently;
 - a repair a failure-domain hold kept waiting acted after the release on evidence from
   before it (a breaker reset's queued repairs already did not);
+- a rejected or cancelled shadow-mode repair's notification (written by the ledger side)
+  carried no ``shadow:`` marker: the repair row had no mode.
 """
 
 from __future__ import annotations
@@ -277,3 +279,26 @@ async def test_a_repair_held_by_a_failure_domain_acts_only_on_evidence_after_the
     await eventually(cordoned, "dh4 (its level fault standing) cordons after the release")
     assert h.cluster.count("cordon", rack[3]) == 1
     del fourth
+
+
+async def test_a_rejected_or_cancelled_shadow_repair_is_notified_as_shadow(
+    ledger_pool: asyncpg.Pool,
+) -> None:
+    """A shadow-mode repair (it would never act) is rejected, another cancelled: their
+    repair_finished notifications, sent by the ledger side from the repair row, start
+    ``shadow:`` as a shadowed or timed-out shadow repair's do. An enforcing repair's
+    keep the plain subject."""
+    rec = _Recorded()
+    acts = LedgerActivities(ledger_pool, notifier=cast(Notifier, rec))
+    for rid, stage, mode in (("b7-sr", Stage.rejected, "shadow"),
+                             ("b7-sc", Stage.cancelled, "shadow"),
+                             ("b7-er", Stage.rejected, "enforce")):
+        await acts.upsert_repair(_row(rid, Stage.recommended, _at(0), mode=mode))
+        await acts.record_transition(TransitionRecord(repair_id=rid, stage=stage, at=_at(1),
+                                                      by="alice", reason="not now"))
+        # the final row write names no mode (as a writer from before it): the mode stays
+        await acts.upsert_repair(_row(rid, stage, _at(1)))
+    subjects = {e.repair_id: e.subject for e in rec.got}
+    assert subjects["b7-sr"].startswith("shadow: repair b7-sr rejected"), subjects
+    assert subjects["b7-sc"].startswith("shadow: repair b7-sc cancelled"), subjects
+    assert not subjects["b7-er"].startswith("shadow"), subjects
