@@ -802,11 +802,8 @@ class RepairWorkflow:
             if decision.names_decided(pending.action, self._approve_named, self._action):
                 self._approve = pending
             else:
-                await self._note(
-                    f"approve by {pending.by} of "
-                    f"{(pending.action or before).value} not applied: it was sent for the "
-                    f"decision before ({before.value}); the decision changed to "
-                    f"{self._action.value}, so the repair asks again")
+                await self._note(decision.not_applied_note(
+                    pending.by, pending.action or before, before, self._action))
         await self._await_approval(
             ("another repair acted on the node meanwhile; " if acted_meanwhile
              else "the decision changed while the lease was queued; ") + why)

@@ -119,6 +119,14 @@ def names_decided(named: Action | None, explicit: bool, decided: Action) -> bool
     return explicit and named == decided
 
 
+def not_applied_note(by: str, named: Action, before: Action, decided: Action) -> str:
+    """The note that answers an approve :func:`names_decided` did not apply: who sent it,
+    what it approved, and that the repair asks again for the decision now made."""
+    return (f"approve by {by} of {named.value} not applied: it was sent for the decision "
+            f"before ({before.value}); the decision changed to {decided.value}, so the "
+            "repair asks again")
+
+
 def approved_as_asked(asked: Action, by: str, decided: Decision,
                       automatic: bool) -> str | None:
     """An approval ``by`` gave to ``asked`` (the action shown, or the one their approval
