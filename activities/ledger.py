@@ -558,17 +558,22 @@ class Ledger:
             """INSERT INTO repairs (repair_id, cluster, node, machine_id, action, stage,
                  requester_kind, requester_name, reason, approved_by, decided_by_rule,
                  detector, request_id, alert_ids, workflow_id, created_at, updated_at,
-                 lease_held)
-               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$16,$18)
+                 lease_held, approval_pending, mode)
+               VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$16,$18,$19,
+                       $20)
                ON CONFLICT (repair_id) DO UPDATE SET
                  action = EXCLUDED.action,
                  lease_held = CASE WHEN EXCLUDED.updated_at >= repairs.updated_at
                                    THEN EXCLUDED.lease_held ELSE repairs.lease_held END,
+                 approval_pending = CASE WHEN EXCLUDED.updated_at >= repairs.updated_at
+                                         THEN EXCLUDED.approval_pending
+                                         ELSE repairs.approval_pending END,
                  stage = CASE WHEN repairs.stage = ANY($17::text[])
                                    AND NOT EXCLUDED.stage = ANY($17::text[])
                                    AND EXCLUDED.updated_at <= repairs.updated_at
                               THEN repairs.stage ELSE EXCLUDED.stage END,
                  machine_id = COALESCE(EXCLUDED.machine_id, repairs.machine_id),
+                 mode = COALESCE(EXCLUDED.mode, repairs.mode),
                  approved_by = COALESCE(EXCLUDED.approved_by, repairs.approved_by),
                  decided_by_rule = COALESCE(EXCLUDED.decided_by_rule, repairs.decided_by_rule),
                  alert_ids = (SELECT ARRAY(SELECT DISTINCT unnest(
@@ -592,6 +597,8 @@ class Ledger:
             rec.updated_at,
             _TERMINAL,
             rec.lease_held,
+            rec.approval_pending,
+            rec.mode,
         )
 
     async def record_transition(self, t: TransitionRecord) -> None:
@@ -679,10 +686,14 @@ class Ledger:
         requester: str | None = None,
         limit: int = 200,
         stages: Sequence[str] | None = None,
+        asked: bool | None = None,
     ) -> list[dict[str, Any]]:
         """Repairs newest first, filtered by any of the given fields (``stages``: the stage
         is one of them; the ``limit`` newest rows that match); ``downtime``: the repair's
-        ``repair_downtime`` row as a dict (JSON types) once it finished."""
+        ``repair_downtime`` row as a dict (JSON types) once it finished. ``asked``: rows at
+        ``awaiting_approval`` only where a person is asked now (True: ``approval_pending``
+        not false, NULL rows judged by their stage) or only approved ones waiting for their
+        lease or a window (False); other stages pass."""
         rows = await self._db.fetch(
             """SELECT repairs.*, (SELECT to_jsonb(d) FROM repair_downtime d
                                   WHERE d.repair_id = repairs.repair_id) AS downtime
@@ -691,6 +702,8 @@ class Ledger:
                  AND ($3::text IS NULL OR stage = $3) AND ($4::text IS NULL OR action = $4)
                  AND ($5::text IS NULL OR requester_name = $5 OR requester_kind = $5)
                  AND ($7::text[] IS NULL OR stage = ANY($7::text[]))
+                 AND ($8::boolean IS NULL OR stage <> 'awaiting_approval'
+                      OR (approval_pending IS NOT DISTINCT FROM false) <> $8::boolean)
                ORDER BY created_at DESC LIMIT $6""",
             cluster,
             node,
@@ -699,6 +712,7 @@ class Ledger:
             requester,
             limit,
             None if stages is None else list(stages),
+            asked,
         )
         return [dict(r) for r in rows]
 

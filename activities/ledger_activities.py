@@ -9,11 +9,15 @@ The repair records also drive what follows from them, so no workflow needs a hoo
   cost (:func:`activities.ledger_reports.record_downtime`; the last call wins, so the
   row carries the repair's final action);
 - notifications (:class:`~activities.notifications.Notifier`): ``approval_needed`` when
-  the repair row is written at ``awaiting_approval`` (after the ladder's decision, so the
-  action is the one awaiting approval), ``repair_started`` at ``cordoning``,
+  the repair row is written at ``awaiting_approval`` while a person is asked (after the
+  ladder's decision, so the action is the one awaiting approval; not for an approved
+  repair waiting there for its lease or a maintenance window:
+  :func:`~activities.notifications.event.row_event`), ``repair_started`` at ``cordoning``,
   ``repair_finished`` at a terminal ``succeeded`` / ``auto_resolved`` / ``cancelled`` /
   ``rejected`` / ``shadowed`` row (a shadowed one's subject starts ``shadow:`` and names
-  the action not taken; ``failed`` / ``timed_out`` are notified by the workflow itself), and
+  the action not taken; any other of a shadow-mode repair starts ``shadow:`` too:
+  :func:`~activities.notifications.event.row_subject`; ``failed`` / ``timed_out`` are
+  notified by the workflow itself), and
   ``validation_failed`` with a failed verdict. Each transition is notified once across
   retries and workers (:meth:`Ledger.claim_notice`); a notification problem is logged,
   never raised.
@@ -35,7 +39,7 @@ from activities.ledger import Ledger
 from activities.ledger_reports import record_downtime
 from activities.maintenance_store import MaintenanceStore
 from activities.notifications import NotificationEvent, Notifier
-from activities.notifications.event import repair_event
+from activities.notifications.event import repair_event, row_event, row_subject
 from workflows.activity_api import (
     ACT,
     ERR_UNKNOWN_NODE,
@@ -68,10 +72,6 @@ from workflows.providers import ProviderResolver
 
 log = logging.getLogger("autorepair.ledger")
 
-#: Terminal stages notified by the workflow itself (``RepairWorkflow`` sends the failure).
-_WORKFLOW_NOTIFIED = frozenset({Stage.failed, Stage.timed_out})
-
-
 class LedgerActivities:
     """Bound methods are the ledger activities; register ``.all()`` on a worker.
 
@@ -95,10 +95,9 @@ class LedgerActivities:
         await self.ledger.upsert_repair(rec)
         if rec.stage in TERMINAL_STAGES:
             await record_downtime(self.ledger, rec.repair_id, self.resolver)
-            if rec.stage not in _WORKFLOW_NOTIFIED:
-                await self._notice(rec.repair_id, rec.stage, NotifyEvent.repair_finished)
-        elif rec.stage == Stage.awaiting_approval:
-            await self._notice(rec.repair_id, rec.stage, NotifyEvent.approval_needed)
+        event = row_event(rec.stage, rec.approval_pending)
+        if event is not None:
+            await self._notice(rec.repair_id, rec.stage, event)
 
     @activity.defn(name=ACT.ledger_record_transition)
     async def record_transition(self, t: TransitionRecord) -> None:
@@ -120,8 +119,8 @@ class LedgerActivities:
             if row is None:
                 return
             alerts = await self.ledger.get_alerts(list(row.get("alert_ids") or []))
-            subject = (f"shadow: repair {repair_id} would {row['action']} {row['node']} "
-                       "(nothing was done)" if stage == Stage.shadowed else None)
+            subject = row_subject(repair_id, stage, str(row["action"]), str(row["node"]),
+                                  row.get("mode"))
             self.notifier.publish(repair_event(event, row, stage.value, claimed["reason"],
                                                alerts, subject=subject))
         except Exception as exc:

@@ -378,6 +378,16 @@ class RepairRecord(BaseModel):
     #: when it hands the lease back): a guard rebuilt from the ledger counts it as a
     #: holder whatever its stage (before its cordon too; I21)
     lease_held: bool = False
+    #: A person is asked for an approval now (True), or not (False: at
+    #: ``awaiting_approval`` that is a repair approved and waiting for its lease or a
+    #: maintenance window, the stage kept for the documented order). No
+    #: ``approval_needed`` notification goes out for a row written with False (migration
+    #: 0017). None: not said (a writer from before it), judged by the stage.
+    approval_pending: bool | None = None
+    #: ``enforce`` or ``shadow`` (policy.mode of its cluster or pool, read as it started;
+    #: migration 0018): the ledger side's notification of a shadow-mode repair's ending
+    #: says ``shadow:``. None: not said (a writer from before it), kept as recorded.
+    mode: str | None = None
 
 
 class TransitionRecord(BaseModel):

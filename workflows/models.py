@@ -281,6 +281,10 @@ class RepairStatus(BaseModel):
     #: One line per evidence capture before a disruptive action (issue 31 item 3):
     #: ``before ACTION (attempt N): evidence: …`` (:meth:`EvidenceCapture.summary`).
     evidence_captures: list[str] = Field(default_factory=list)
+    #: ``RepairState`` now (:func:`workflows.protocol.repair_state`): ``in_progress`` for a
+    #: repair approved at ``awaiting_approval`` that waits for its lease or a maintenance
+    #: window (the stage is kept: docs/design.md §4.4 order); None from workers before it.
+    state: str | None = None
 
 
 class ValidationRequest(BaseModel):

@@ -191,18 +191,24 @@ STATE_IN_PROGRESS = "in_progress"
 STATE_AWAITING_APPROVAL = "awaiting_approval"
 
 
-def repair_state(stage: Stage | str) -> str:
+def repair_state(stage: Stage | str, approval_pending: bool | None = None) -> str:
     """``RepairState`` search-attribute value of a repair stage (docs/design.md §4.4 stage names).
 
     The terminal stage name once ended (``succeeded``, ``failed``, ...),
     :data:`STATE_AWAITING_APPROVAL` while waiting for a person, :data:`STATE_IN_PROGRESS`
     otherwise. ``stage`` is a :class:`~workflows.models.Stage` or its value; an unknown
-    string counts as in progress.
+    string counts as in progress. ``approval_pending``: whether a person is asked now
+    (:attr:`~workflows.activity_api.RepairRecord.approval_pending`); ``False`` at
+    ``awaiting_approval`` — approved, the repair keeps the stage (the documented order)
+    while it waits for its lease or a maintenance window — is :data:`STATE_IN_PROGRESS`.
+    ``None`` (unknown: rows written before it was recorded) judges by the stage alone.
     """
     value = stage.value if isinstance(stage, Stage) else stage
     if value in {s.value for s in TERMINAL_STAGES}:
         return value
-    return STATE_AWAITING_APPROVAL if value == Stage.awaiting_approval.value else STATE_IN_PROGRESS
+    if value == Stage.awaiting_approval.value and approval_pending is not False:
+        return STATE_AWAITING_APPROVAL
+    return STATE_IN_PROGRESS
 
 
 def repair_identity_attributes(

@@ -348,6 +348,12 @@ class RepairWorkflow:
         self._history: list[StageTransition] = []
         self._alerts: list[Alert] = list(req.alerts)
         self._approved_by: str | None = None
+        #: a person is asked for an approval now (``RepairState`` ``awaiting_approval``);
+        #: False at that stage once approved, while the lease or a maintenance window is
+        #: waited for (the stage is kept: docs/design.md §4.4 order)
+        self._asking = False
+        #: the last approve signal named its action (not filled in with the one shown)
+        self._approve_named = False
         #: the approval in force and what it covers (:func:`decision.covers`)
         self._approval: Approval | None = None
         #: the last decision of :meth:`_decide` (ladder, gate, cap)
@@ -429,7 +435,8 @@ class RepairWorkflow:
         sig = self._signal_input(ApproveSignal, raw, REPAIR_SIGNAL_APPROVE)
         if sig is None:
             return  # an approval that cannot be read approves nothing (said in the history)
-        if sig.action in (None, Action.none):
+        self._approve_named = sig.action not in (None, Action.none)
+        if not self._approve_named:
             sig = sig.model_copy(update={"action": self._action})
         self._approve = sig
 
@@ -512,6 +519,7 @@ class RepairWorkflow:
             detail=self._detail,
             mode="shadow" if self._shadow else "enforce",
             evidence_captures=list(self._captures),
+            state=repair_state(self._stage, self._asking),
         )
 
     # ---- run -------------------------------------------------------------------
@@ -697,7 +705,7 @@ class RepairWorkflow:
                     f"{cover.window_id} until {cover.ends_at.isoformat()} ({cover.reason}); "
                     "the evidence is checked again when it ends")
                 await self._hand_back(S.recommended)
-            self._detail = waiting_details(
+            self._detail = self._approved_prefix() + waiting_details(
                 f"maintenance window {cover.window_id} on {self._req.node} to end "
                 f"({cover.reason}; `autorepair maintenance end {cover.window_id}` ends it "
                 "early)", cover.ends_at, self._stage.value)
@@ -792,13 +800,36 @@ class RepairWorkflow:
             )
         self._rule = f"{self._rule}; was: {rule_before}"
         await self._hand_back(S.awaiting_approval)
-        self._approve = None  # an approval of the earlier decision does not cover this one
-        self._approval = None
+        self._approval = None  # an approval of the earlier decision does not cover this one
+        # an approve sent since the approval in force (while the lease was queued, or
+        # during the hand-back) is never dropped silently: one naming the action now
+        # decided is applied as the repair asks; any other is answered with a note
+        pending, self._approve = self._approve, None
+        if pending is not None:
+            if decision.names_decided(pending.action, self._approve_named, self._action):
+                self._approve = pending
+            else:
+                await self._note(decision.not_applied_note(
+                    pending.by, pending.action or before, before, self._action))
         await self._await_approval(
             ("another repair acted on the node meanwhile; " if acted_meanwhile
              else "the decision changed while the lease was queued; ") + why)
         self._check_ended()
         return False
+
+    def _approved_label(self) -> str:
+        """`` (approved by X)`` at ``awaiting_approval`` once approved (the stage is kept
+        until the cordon: docs/design.md §4.4 order), else empty."""
+        if self._stage == S.awaiting_approval and not self._asking and self._approved_by:
+            return f" (approved by {self._approved_by})"
+        return ""
+
+    def _approved_prefix(self) -> str:
+        """``approved by X, `` before what an approved repair at ``awaiting_approval``
+        waits for (its lease, a maintenance window), else empty."""
+        if self._approved_label():
+            return f"approved by {self._approved_by}, not waiting for a person: "
+        return ""
 
     def _consent(self, action: Action) -> ConsentDecision:
         """The consent policy's decision on ``action``
@@ -921,6 +952,7 @@ class RepairWorkflow:
         # I18: the machine may be held for RMA while a person decides (another repair
         # removed it): the hold is read again before the next rung acts
         self._hold_read_for = -1
+        self._asking = True
         await self._transition(S.awaiting_approval, "system", f"approval needed: {why}")
         await self._upsert()
         assert self._req is not None
@@ -984,6 +1016,14 @@ class RepairWorkflow:
         self._approved_by = sig.by
         self._approve_decision(sig.by)
         self._rule = f"approved by {sig.by}; {self._rule}"
+        # approved: nobody is asked any more, the stage stays (docs/design.md §4.4 order)
+        # until the cordon; RepairState, details and the ledger row say so (no second
+        # approval_needed notification: RepairRecord.approval_pending)
+        self._asking = False
+        workflow.upsert_search_attributes([SA_STATE.value_set(repair_state(self._stage,
+                                                                          False))])
+        self._detail = f"{self._stage.value}{self._approved_label()}: going on to the lease"
+        workflow.set_current_details(self._detail)
         await self._upsert()
 
     def _check_ended(self) -> None:
@@ -1057,7 +1097,7 @@ class RepairWorkflow:
         if self._lease_requested_at is None:
             self._lease_requested_at = workflow.now()
         lreq = self._lease_request()
-        self._detail = "waiting for a lease from the cluster guard"
+        self._detail = f"{self._approved_prefix()}waiting for a lease from the cluster guard"
         workflow.set_current_details(self._detail)
         await self._send_lease_request(lreq)
         self._lease_requested = True
@@ -1068,7 +1108,9 @@ class RepairWorkflow:
             raise _Ended(
                 S.auto_resolved,
                 "system",
-                "evidence predates the circuit breaker reset and is no longer current",
+                f"evidence predates {reply.reset_at.isoformat()} (a circuit breaker reset, "
+                "or the release of a failure-domain hold that kept the repair waiting) and "
+                "is no longer current",
             )
 
     async def _send_lease_request(self, lreq: LeaseRequest) -> None:
@@ -1123,7 +1165,7 @@ class RepairWorkflow:
                 await self._upsert()
                 return
             last_reason = reply.reason or "queued"
-            self._detail = f"lease queued: {last_reason}"
+            self._detail = f"{self._approved_prefix()}lease queued: {last_reason}"
             workflow.set_current_details(self._detail)
             self._lease = None
 
@@ -1986,11 +2028,12 @@ class RepairWorkflow:
         workflow.upsert_search_attributes(
             [
                 SA_STAGE.value_set(stage.value),
-                SA_STATE.value_set(repair_state(stage)),
+                SA_STATE.value_set(repair_state(stage, self._asking)),
                 SA_ACTION.value_set(self._action.value),
             ]
         )
-        self._detail = f"{stage.value}: {reason}" if reason else stage.value
+        label = f"{stage.value}{self._approved_label()}"
+        self._detail = f"{label}: {reason}" if reason else label
         if self._shadow:
             self._detail = f"[shadow] {self._detail}"
         workflow.set_current_details(
@@ -2039,6 +2082,8 @@ class RepairWorkflow:
                 workflow_id=workflow.info().workflow_id,
                 updated_at=workflow.now(),
                 lease_held=self._holding(),
+                approval_pending=self._asking,
+                mode="shadow" if self._shadow else "enforce",
             ),
         )
 

@@ -17,13 +17,46 @@ from pydantic import BaseModel, Field
 
 from workflows.activity_api import Notification
 from workflows.config import NotifyEvent
-from workflows.models import Alert
+from workflows.models import TERMINAL_STAGES, Alert, Stage
 from workflows.protocol import workflow_id_repair
 
 EVIDENCE_MAX = 5
 """Alerts quoted as evidence in one notification (the first ones of the repair)."""
 EVIDENCE_TEXT_MAX = 2000
 """Characters of one alert's raw evidence text kept in a notification."""
+
+
+#: Terminal stages whose notification the workflow sends itself (``RepairWorkflow`` sends
+#: the failure), so the ledger's row write does not.
+WORKFLOW_NOTIFIED = frozenset({Stage.failed, Stage.timed_out})
+
+
+def row_event(stage: Stage, approval_pending: bool | None) -> NotifyEvent | None:
+    """The event a repair row written at ``stage`` notifies (``ledger_upsert_repair``), or
+    None. ``repair_finished`` at a terminal stage the workflow does not notify itself
+    (:data:`WORKFLOW_NOTIFIED`); ``approval_needed`` at ``awaiting_approval`` only while a
+    person is asked (``approval_pending`` not False: a repair approved and waiting for
+    its lease or a maintenance window keeps the stage, and a note it records there must
+    not ask the approvers again; None, a writer from before the field, still notifies)."""
+    if stage in TERMINAL_STAGES:
+        return None if stage in WORKFLOW_NOTIFIED else NotifyEvent.repair_finished
+    if stage == Stage.awaiting_approval and approval_pending is not False:
+        return NotifyEvent.approval_needed
+    return None
+
+
+def row_subject(repair_id: str, stage: Stage, action: str, node: str,
+                mode: str | None) -> str | None:
+    """The subject of a repair row's notification when it is not the default
+    ``repair {id} {stage}`` (None): a shadowed ending names the action not taken; any
+    other notification of a shadow-mode repair (``mode`` ``shadow``, migration 0018:
+    rejected, cancelled, auto-resolved, approval needed) starts ``shadow:`` and says
+    nothing was done, as the workflow's own shadow failure subjects do."""
+    if stage == Stage.shadowed:
+        return f"shadow: repair {repair_id} would {action} {node} (nothing was done)"
+    if mode == "shadow":
+        return f"shadow: repair {repair_id} {stage.value} (nothing was done: shadow mode)"
+    return None
 
 
 class EvidenceItem(BaseModel):

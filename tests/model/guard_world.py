@@ -45,7 +45,8 @@ granted a lease (a new start) while its domain is held — a person's may be; an
 granted once 2 nodes of the domain reported a fault inside the window (the hold judges
 faults, not only lease requests), counting the reports a release or a fresh guard has not
 dropped (a fresh guard counts afresh: the counts below the threshold are not in the
-ledger).
+ledger); a repair whose request the hold kept queued when it was released is granted
+only with ``reset_at`` (it acts on evidence after the release).
 
 With ``lossy`` (issue 30 item 1: the replies go out as ``guard_send_leases``, which
 reports a reply the server did not take after its tries as ``failed``) the server can
@@ -110,6 +111,9 @@ class World:
     granted_at: tuple[float | None, ...] = (None, None, None)  # automatic grant times
     #: per node: waited through a reset of the open breaker (evidence predates it)
     stale: tuple[bool, ...] = (False, False, False)
+    #: per node: its automatic request was queued by a failure-domain hold when an
+    #: operator released it (its evidence predates the release)
+    released: tuple[bool, ...] = (False, False, False)
     #: per node: counted (sent an automatic request) before the last reset
     pre_reset: tuple[bool, ...] = (False, False, False)
     bad: tuple[str, ...] = ()
@@ -329,12 +333,16 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
         open_at = _open_at_grant(m, e, now, defects)
         held_at = _held_at_grant(m, e, now, defects)
         deferred = {d.req.repair_id for d in m.deferred if isinstance(d, gm.Request)}
+        domain_queued = {q.req.repair_id for q in m.queue if gm.domain_hold(m, q.req)}
         m, cmds = gm.step(m, e, now, defects)
         if any(isinstance(c, gm.WriteAlert) and c.alert.kind == gm.DOMAIN_KIND
                and not c.alert.active for c in cmds):
             # the machine lifted the hold in this step (a deferred release included): the
-            # reports it dropped count no more, before the grants the step made
-            w = replace(w, fault_live=(False,) * 3)
+            # reports it dropped count no more, before the grants the step made; the
+            # repairs it kept queued waited through the release
+            w = replace(w, fault_live=(False,) * 3, released=tuple(
+                r or (st == "waiting" and _rid(i) in domain_queued and _rid(i) not in holding)
+                for i, (r, st) in enumerate(zip(w.released, w.repairs, strict=True))))
         if m.reset_at != reset_at:  # the machine reset the open breaker in this step
             pre = tuple(p or any(c.repair_id == _rid(i) for c in counted)
                         for i, p in enumerate(w.pre_reset))
@@ -389,6 +397,10 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
                                 and seen >= POLICY_DOMAINS.domain_threshold):
                             bad.append(f"domain: automatic {NODES[i]} granted after "
                                        f"{seen} nodes of its domain reported faults")
+                        if (w.released[i] and c.reply.reset_at is None
+                                and not w.told_reset[i]):
+                            bad.append(f"domain: {NODES[i]} waited through a hold's release "
+                                       "and acts on evidence from before it")
                         if w.stale[i] and c.reply.reset_at is None and not w.told_reset[i]:
                             bad.append(f"I23: {NODES[i]} waited through a reset and acts on "
                                        "pre-reset evidence")
@@ -498,6 +510,7 @@ def _mirror(w: World) -> World:
     def sw(t: tuple) -> tuple:  # type: ignore[type-arg]
         return (t[1], t[0], t[2])
     return replace(w, repairs=sw(w.repairs), granted_at=sw(w.granted_at), stale=sw(w.stale),
+                   released=sw(w.released),
                    pre_reset=sw(w.pre_reset), fault_at=sw(w.fault_at),
                    fault_live=sw(w.fault_live), asked_at=sw(w.asked_at),
                    told_reset=sw(w.told_reset), asked_reports=sw(w.asked_reports),

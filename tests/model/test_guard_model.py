@@ -126,6 +126,7 @@ def test_no_automatic_lease_in_a_held_domain_to_the_ci_bound() -> None:
     [
         ("domain_hold_ignores_queue", "granted while its domain is held"),
         ("domain_counts_requests_only", "nodes of its domain reported faults"),
+        ("domain_release_keeps_evidence", "acts on evidence from before it"),
     ],
 )
 def test_domain_checker_finds_each_planted_hold_defect(defect: str, invariant: str) -> None:

@@ -7,6 +7,7 @@ import pytest
 
 from tests.model.repair_world import check
 from workflows.lifecycle.repair import DEFECTS, EVENT_KINDS, TRANSITIONS, Status
+from workflows.models import Action
 
 #: The CI bound: every repair event sequence of up to 16 events (about 6 s here), deep
 #: enough for a first rung to fail and the person to be asked for the next.
@@ -81,3 +82,53 @@ def test_a_shadow_repair_decides_then_ends_shadowed_without_a_disruptive_command
     fin = every[-1]
     assert isinstance(fin, rm.Finish) and "would cordon n1" in fin.reason
     assert "then reboot m1" in fin.reason and not fin.uncordon
+
+
+def _queued_then_moved(approve_named: Action | None) -> tuple[object, list[object]]:
+    """Approved reboot, the lease queued; a second approve comes (``approve_named``) and
+    another repair's two reboots make the ladder move to reprovision at grant time."""
+    from datetime import timedelta
+
+    from tests.model.repair_world import POLICY, T0, _new
+    from workflows.lifecycle import repair as rm
+    from workflows.models import AttemptRecord
+
+    s, _ = _new(False)
+    moved = [AttemptRecord(repair_id=f"other-{i}", cluster="c1", node="n1", machine_id="m1",
+                           action=Action.reboot, alert_kind="xid", code=79,
+                           outcome="succeeded", at=T0 - timedelta(hours=i + 1))
+             for i in range(2)]
+    events: list[rm.Event] = [
+        rm.Start(), rm.PolicyRead(policy=POLICY, machine="m1"), rm.HoldRead(held=False),
+        rm.HistoryRead(attempts=[]), rm.Approve(by="alice"),
+        rm.Approve(by="bob", action=approve_named), rm.LeaseReply(granted=True),
+        rm.HistoryRead(attempts=moved)]
+    every: list[rm.Command] = []
+    for ev in events:
+        s, cmds = rm.step(s, ev, T0)
+        every += cmds
+    return s, list(every)
+
+
+def test_an_approve_naming_the_new_action_while_queued_is_applied_by_the_machine() -> None:
+    """The pure machine agrees with RepairWorkflow (test_repair_break7.py): bob's approve
+    of reprovision, sent while the approved reboot's lease was queued, is applied when the
+    ladder moves there; it is not dropped and the person is not left asked."""
+    from workflows.lifecycle import repair as rm
+
+    s, _ = _queued_then_moved(Action.reprovision)
+    assert isinstance(s, rm.RepairState)
+    assert s.action == Action.reprovision and s.status != rm.Status.awaiting_approval
+    assert s.approval is not None and s.approval.by == "bob"
+
+
+def test_an_approve_of_the_earlier_decision_while_queued_is_answered_by_the_machine() -> None:
+    """An approve naming nothing (of the reboot shown) while queued is not applied to the
+    reprovision the ladder moved to: a note says so and the person is asked again."""
+    from workflows.lifecycle import repair as rm
+
+    s, every = _queued_then_moved(None)
+    assert isinstance(s, rm.RepairState)
+    assert s.status == rm.Status.awaiting_approval and s.pending_approve is None
+    notes = [c.reason for c in every if isinstance(c, rm.RecordTransition)]
+    assert any("approve by bob of reboot not applied" in n for n in notes), notes

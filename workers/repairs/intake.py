@@ -88,6 +88,7 @@ from workflows.protocol import (
     REPAIR_SIGNAL_CANCEL,
     REPAIR_SIGNAL_REJECT,
     REPAIR_WORKFLOW,
+    STATE_AWAITING_APPROVAL,
     STATE_IN_PROGRESS,
     repair_state,
     workflow_id_repair,
@@ -166,7 +167,7 @@ def _view(row: dict[str, Any], live: RepairStatus | None = None) -> RepairView:
         machine_id=row.get("machine_id"),
         action=row["action"],
         stage=row["stage"],
-        state=repair_state(row["stage"]),
+        state=repair_state(row["stage"], row.get("approval_pending")),
         requester_kind=row["requester_kind"],
         requester_name=row["requester_name"],
         detector=row.get("detector"),
@@ -562,7 +563,10 @@ class RepairIntake:
         groups: dict[str, set[str]] = {
             "open": stages - terminal,
             STATE_TERMINAL: terminal,
-            STATE_IN_PROGRESS: {s for s in stages if repair_state(s) == STATE_IN_PROGRESS},
+            # an approved repair keeps the stage awaiting_approval until its cordon (the
+            # documented order) but is not waiting for a person: in progress (``asked``)
+            STATE_IN_PROGRESS: {s for s in stages if repair_state(s) == STATE_IN_PROGRESS}
+            | {Stage.awaiting_approval.value},
         }
         if state is not None and state not in stages and state not in groups:
             raise IntakeError(422, f"state {state!r} is not a stage, 'open', 'in_progress' "
@@ -576,6 +580,7 @@ class RepairIntake:
         rows = await self.ledger.list_repairs(
             cluster=cluster, node=node, stage=exact, action=action, requester=requester,
             limit=limit, stages=group,
+            asked={STATE_IN_PROGRESS: False, STATE_AWAITING_APPROVAL: True}.get(state or ""),
         )
         return [_view(r) for r in rows]
 
@@ -598,6 +603,17 @@ class RepairIntake:
                 409, f"repair {repair_id!r} is at stage {row['stage']}: it is not waiting "
                 "for an approval (it acts on the one it had; when it asks again it is "
                 "awaiting_approval); cancel or reject stop it")
+        if signal == REPAIR_SIGNAL_APPROVE and approved_waiting(row):
+            # approved before its cordon, it keeps the stage (the documented order) while
+            # it waits for its lease or a maintenance window: an approval now changes
+            # nothing (it would sit unread until the repair next asks, a new decision)
+            last = row.get("transitions") or []
+            why = f" (last: {last[-1]['reason'][:300]})" if last else ""
+            raise IntakeError(
+                409, f"repair {repair_id!r} is at stage {row['stage']} but already approved "
+                f"by {row.get('approved_by') or 'someone'} and not waiting for a person: it "
+                f"waits for its lease or a maintenance window{why}; this approval changes "
+                "nothing (when the decision changes it asks again); cancel or reject stop it")
         try:
             await self._handle(row).signal(signal, payload)
         except RPCError as e:
@@ -631,6 +647,14 @@ APPROVED_STAGES = frozenset({Stage.cordoning.value, Stage.waiting_for_idle.value
                              Stage.draining.value, Stage.repairing.value,
                              Stage.migrating.value, Stage.joining.value,
                              Stage.running.value})
+
+
+def approved_waiting(row: dict[str, Any]) -> bool:
+    """Whether the ledger row is of a repair approved before its cordon that waits at
+    ``awaiting_approval`` for its lease or a maintenance window, nobody asked
+    (``approval_pending`` false, migration 0017): an approve changes nothing there. A row
+    from a writer before the column (None) is judged by its stage: not refused."""
+    return row["stage"] == Stage.awaiting_approval.value and row.get("approval_pending") is False
 
 
 class LazyIntake:

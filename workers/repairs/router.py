@@ -27,7 +27,9 @@ POST   /api/v1/domains/{c}/{d}/release   operator  200 hold released / 409 not h
 Errors: 401 without or with an unknown token (or when no tokens file is configured),
 403 for a role that may not do it (both checked before the ledger is touched), 503 when
 the ledger is unavailable (:data:`LEDGER_UNAVAILABLE`: no internal address), 404 unknown
-repair, 409 decision on a finished repair or a request id reused for another node or mode, 422
+repair, 409 decision on a finished repair, an approve that changes nothing (a repair past its
+approval, or approved and waiting for its lease or a maintenance window) or a request id
+reused for another node or mode, 422
 malformed body naming the field (FastAPI's ``{"detail": [{"loc": ["body", FIELD],
 "msg": ...}]}`` shape; ``["body"]`` alone for a body that is not JSON text).
 """

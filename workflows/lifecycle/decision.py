@@ -113,6 +113,23 @@ def covers(approval: Approval | None, decision: Decision, automatic: bool) -> bo
             and approval.rung == decision.rung and approval.fingerprint == decision.fingerprint)
 
 
+def names_decided(named: Action | None, explicit: bool, decided: Action) -> bool:
+    """Whether an approve that came while the decision was made again (the lease queued,
+    or its hand-back) approves the decision now made: only one that named ``decided``
+    itself (``explicit``: the person typed the action). One that named nothing was of the
+    action shown when it came, the earlier decision, which covers no other: the repair
+    asks again and says why it was not applied (an approval never vanishes)."""
+    return explicit and named == decided
+
+
+def not_applied_note(by: str, named: Action, before: Action, decided: Action) -> str:
+    """The note that answers an approve :func:`names_decided` did not apply: who sent it,
+    what it approved, and that the repair asks again for the decision now made."""
+    return (f"approve by {by} of {named.value} not applied: it was sent for the decision "
+            f"before ({before.value}); the decision changed to {decided.value}, so the "
+            "repair asks again")
+
+
 def approved_as_asked(asked: Action, by: str, decided: Decision,
                       automatic: bool) -> str | None:
     """An approval ``by`` gave to ``asked`` (the action shown, or the one their approval

@@ -34,7 +34,10 @@ Rules (docs/design.md §5 rails), checked by ``tests/model/guard_world.py``:
   ``failure_domain`` cluster alert names it, its nodes and fault kinds, and no automatic
   new request of a node of the domain is granted until an operator releases it
   (:class:`ReleaseDomain`); a person's request (approved by a person, or requested by a
-  user) and a renewal are not held. Holds are carried and rebuilt from the ledger.
+  user) and a renewal are not held. Holds are carried and rebuilt from the ledger. A
+  release marks the requests the hold kept queued as a reset does (their grant carries
+  ``reset_at`` = the release): each repair acts only if its fault still stands or was
+  received after the release.
 
 The policy numbers come in :class:`PolicyView` (computed by the interpreter from
 ``load_policy`` with :func:`workflows.policy.concurrency_budget` and
@@ -132,6 +135,10 @@ DEFECTS: dict[str, str] = {
                                    "judged on lease requests only, so the first "
                                    "threshold - 1 repairs of a rack cordon before it is "
                                    "held (issue 29 item 2)",
+    "domain_release_keeps_evidence": "a release of a failure-domain hold does not mark the "
+                                     "requests it kept queued: their repairs are granted "
+                                     "without reset_at and act on evidence from before the "
+                                     "release",
 }
 
 
@@ -661,16 +668,27 @@ def _held_by_domain(s: GuardState, q: Queued, defects: frozenset[str]) -> Domain
     return domain_hold(s, q.req)
 
 
-def _on_release_domain(s: GuardState, sig: ReleaseDomainSignal, now: datetime
-                       ) -> tuple[GuardState, Cmds]:
+def _on_release_domain(s: GuardState, sig: ReleaseDomainSignal, now: datetime,
+                       defects: frozenset[str] = frozenset()) -> tuple[GuardState, Cmds]:
     """Lift the hold of ``sig.domain`` (its counts start afresh); the clear is recorded
-    as the hold alert's inactive row. A domain not held: a warning, nothing else."""
+    as the hold alert's inactive row. A domain not held: a warning, nothing else. The
+    requests the hold kept queued are marked ``evidence_after`` the release (``now``):
+    their grants carry it as ``reset_at``, so each repair acts only if its fault still
+    stands or was received after the release (the rule of a breaker reset, I23)."""
     hold = next((h for h in s.holds if h.domain == sig.domain), None)
     if hold is None:
         return s, [Warn(text=f"release_domain by {sig.by}: domain {sig.domain} is not held")]
     rel = DomainRelease(domain=sig.domain, by=sig.by, reason=sig.reason, at=now,
                         opened_at=hold.opened_at)
+    # the repairs the hold kept waiting act only on evidence observed after the release,
+    # as those queued through a breaker reset do (I23): their grant carries ``reset_at``
+    queue = s.queue if "domain_release_keeps_evidence" in defects else [
+        q.model_copy(update={"evidence_after": max(now, q.evidence_after or now)})
+        if sig.domain in (s.policy.domains.get(q.req.node) or [])
+        and domain_hold(s, q.req) is not None else q
+        for q in s.queue]
     s = s.model_copy(update={
+        "queue": queue,
         "holds": [h for h in s.holds if h.domain != sig.domain],
         "domain_faults": [f for f in s.domain_faults if f.domain != sig.domain],
         "domain_releases": [*s.domain_releases, rel][-MAX_RELEASES:]})
@@ -1015,7 +1033,7 @@ def _serve(s: GuardState, ev: Request | Release | ResetBreaker | ReleaseDomain |
     if isinstance(ev, Release):
         return _drop(s, ev.rel.repair_id), []
     if isinstance(ev, ReleaseDomain):
-        return _on_release_domain(s, ev.sig, now)
+        return _on_release_domain(s, ev.sig, now, defects)
     return _on_reset(s, ev.sig, now, defects)
 
 

@@ -193,6 +193,8 @@ class RepairState(BaseModel):
     needs_human: str = ""  # why a person must decide ("" when the policy allows)
     approval: Approval | None = None
     pending_approve: Approval | None = None  # sent, not yet applied (by + action only)
+    #: the pending approve named its action (not filled in with the one shown)
+    pending_named: bool = False
     stop: Stop | None = None
     lease: Literal["none", "requested", "granted"] = "none"
     #: the lease granted is no longer held (a refused renewal, its TTL passed): it is
@@ -515,13 +517,19 @@ def covers(s: RepairState, now: datetime, defects: frozenset[str] = frozenset())
     return decision.covers(s.approval, _decision_of(s, now), automatic)
 
 
-def _ask(s: RepairState, now: datetime, why: str) -> Out:
-    """Wait for a person; the lease is handed back while they decide."""
+def _ask(s: RepairState, now: datetime, why: str, keep_pending: bool = False,
+         note: str = "") -> Out:
+    """Wait for a person; the lease is handed back while they decide. ``keep_pending``: an
+    approve sent while the decision was made again names the action now decided (it is
+    applied at once); ``note``: why one that does not was not applied (recorded after the
+    hand-back, before the question)."""
     cmds: list[Command] = []
     if s.lease != "none":
         cmds.append(SignalGuard(what="release"))
+    if note:
+        cmds.append(RecordTransition(stage=s.stage, by="system", reason=note))
     t = s.policy.consent.approval_timeout_s
-    if s.acted or s.recheck:
+    if (s.acted or s.recheck) and not keep_pending:
         # an approval sent before an earlier question does not cover this one
         s = s.model_copy(update={"pending_approve": None})
     # I18: the machine may be held for RMA while a person decides: read again before
@@ -938,7 +946,8 @@ def step(state: RepairState, event: Event, now: datetime,
         # without an action it approves the one the repair shows as it arrives
         shown = event.action if event.action not in (None, Action.none) else s.action
         s = s.model_copy(update={"pending_approve": Approval(
-            by=event.by, action=shown, rung=-1, fingerprint="")})
+            by=event.by, action=shown, rung=-1, fingerprint=""),
+            "pending_named": event.action not in (None, Action.none)})
         if st == Status.awaiting_approval:
             return _apply_approval(s, now, [])
         return s, []  # kept until the repair asks
@@ -1080,8 +1089,15 @@ def step(state: RepairState, event: Event, now: datetime,
             s = s.model_copy(update={"rule": f"{s.rule}; was: {rule_before}"})
             why = s.needs_human or (f"ladder moved to {s.action.value}" if s.action != before
                                     else f"another attempt of {before.value} counted")
+            # an approve sent since the approval in force is never dropped silently: one
+            # naming the action now decided is applied, any other answered with a note
+            pa, keep, note = s.pending_approve, False, ""
+            if pa is not None and not s.acted:
+                keep = decision.names_decided(pa.action, s.pending_named, s.action)
+                if not keep:
+                    note = decision.not_applied_note(pa.by, pa.action, before, s.action)
             return _ask(s, now, ("another repair acted on the node meanwhile; "
-                                 if moved else "") + why)
+                                 if moved else "") + why, keep_pending=keep, note=note)
         s = s.model_copy(update={"hold_then": "cordon"})
         if s.requester.kind == RequesterKind.user:
             return _run(s, Status.reading_hold)  # an operator's request does not wait
