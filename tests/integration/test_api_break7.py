@@ -95,3 +95,32 @@ async def test_an_approve_of_an_approved_repair_waiting_for_its_lease_is_409(
     r = await api.post("/api/v1/repairs/b7-a/approve", headers=OP, json={})
     assert r.status_code == 200, r.text
     assert [name for name, _ in client.sent] == ["approve"]
+
+
+async def test_the_state_filters_tell_an_approved_waiting_repair_from_one_asking(
+    api_b7: tuple[httpx.AsyncClient, Ledger, _Client],
+) -> None:
+    """``state=awaiting_approval`` lists the repairs a person is asked about now;
+    ``state=in_progress`` lists an approved repair that keeps the stage
+    ``awaiting_approval`` while it waits (the documented order), and not one asking. The
+    filter runs in the query, so ``limit`` counts matching repairs only: newer repairs of
+    the other kind never hide the one asked for."""
+    api, ledger, _ = api_b7
+    await _repair(ledger, "b7-asking", True, None, "approval needed: consent policy")
+    for n in range(3):
+        await _repair(ledger, f"b7-approved-{n}", False, "oncall",
+                      "approved; waiting for the lease")
+    await _repair(ledger, "b7-legacy", None, None, "approval needed")  # type: ignore[arg-type]
+
+    async def ids(state: str, limit: int = 200) -> set[str]:
+        r = await api.get("/api/v1/repairs", headers=OP,
+                          params={"state": state, "limit": limit})
+        assert r.status_code == 200, r.text
+        return {v["repair_id"] for v in r.json()["repairs"]}
+
+    assert await ids("awaiting_approval") == {"b7-asking", "b7-legacy"}
+    assert await ids("in_progress") == {f"b7-approved-{n}" for n in range(3)}
+    assert await ids("awaiting_approval", limit=1) <= {"b7-asking", "b7-legacy"}
+    assert len(await ids("awaiting_approval", limit=1)) == 1
+    assert await ids("open") == {"b7-asking", "b7-legacy"} | {
+        f"b7-approved-{n}" for n in range(3)}
