@@ -113,17 +113,23 @@ async def find_repairs(
     action: str | None = None,
     requester: str | None = None,
     limit: int = 50,
+    asked: bool | None = None,
 ) -> list[dict[str, Any]]:
     """Repair rows newest first (``created_at``), filtered by every argument that is not
-    None; ``stages``: any of these stage names; ``requester``: its name or its kind. At
-    most ``limit`` rows."""
+    None; ``stages``: any of these stage names; ``requester``: its name or its kind;
+    ``asked``: rows at ``awaiting_approval`` only where a person is asked now (True;
+    ``approval_pending`` not false) or only approved ones waiting for their lease or a
+    window (False), other stages pass (as :meth:`activities.ledger.Ledger.list_repairs`).
+    At most ``limit`` rows."""
     rows = await pool.fetch(
         """SELECT * FROM repairs
            WHERE ($1::text IS NULL OR cluster = $1) AND ($2::text IS NULL OR node = $2)
              AND ($3::text[] IS NULL OR stage = ANY($3)) AND ($4::text IS NULL OR action = $4)
              AND ($5::text IS NULL OR requester_name = $5 OR requester_kind = $5)
+             AND ($7::boolean IS NULL OR stage <> 'awaiting_approval'
+                  OR (approval_pending IS NOT DISTINCT FROM false) <> $7::boolean)
            ORDER BY created_at DESC, repair_id LIMIT $6""",
-        cluster, node, stages, action, requester, limit,
+        cluster, node, stages, action, requester, limit, asked,
     )
     return [dict(r) for r in rows]
 

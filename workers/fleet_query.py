@@ -124,7 +124,7 @@ def _repair_out(row: dict[str, Any]) -> RepairOut:
     return RepairOut(
         repair_id=row["repair_id"], cluster=row["cluster"], node=row["node"],
         machine_id=row.get("machine_id"), action=row["action"], stage=row["stage"],
-        state=repair_state(row["stage"]),
+        state=repair_state(row["stage"], row.get("approval_pending")),
         requester=f"{row['requester_kind']}:{row['requester_name']}",
         detector=row.get("detector"), reason=clip(row.get("reason")),
         approved_by=row.get("approved_by"), decided_by_rule=row.get("decided_by_rule"),
@@ -274,13 +274,17 @@ class FleetQuery:
         if inp.state == "open":
             stages = _OPEN_STAGES
         elif inp.state == STATE_IN_PROGRESS:
-            stages = [s for s in _OPEN_STAGES if s != Stage.awaiting_approval.value]
+            # an approved repair keeps the stage awaiting_approval while it waits for its
+            # lease or a window (the documented order): in progress (``asked=False``)
+            stages = list(_OPEN_STAGES)
         elif inp.state is not None:
             stages = [inp.state]
         rows = await q.find_repairs(
             self.pool, cluster=inp.cluster, node=inp.node, stages=stages,
             action=inp.action.value if inp.action else None, requester=inp.requester,
-            limit=inp.limit)
+            limit=inp.limit,
+            asked={STATE_IN_PROGRESS: False, STATE_AWAITING_APPROVAL: True}.get(
+                inp.state or ""))
         return RepairList(repairs=[_repair_out(r) for r in rows], count=len(rows),
                           truncated=len(rows) == inp.limit)
 

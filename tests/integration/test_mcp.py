@@ -504,3 +504,28 @@ async def test_explain_judges_persistence_from_the_receipt_time(
     p = ex["faults"][0]["persistence"]
     assert p["first_seen"] == (now - timedelta(minutes=2)).isoformat(), p
     assert p["due"] is True, p
+
+
+async def test_list_repairs_tells_an_approved_waiting_repair_from_one_asking(
+    ledger_pool: asyncpg.Pool, ro_pool: asyncpg.Pool
+) -> None:
+    """A repair approved before its cordon keeps the stage ``awaiting_approval`` while it
+    waits for its lease or a window (the documented order) but nobody is asked: the MCP
+    ``list_repairs`` lists it under ``in_progress`` with state ``in_progress``, and
+    ``awaiting_approval`` lists only the repair a person is asked about (as the API)."""
+    ledger = Ledger(ledger_pool)
+    now = datetime.now(UTC)
+    for rid, node, pending, by in (("r-ask", "gpu-01", True, None),
+                                   ("r-ok", "gpu-02", False, "oncall")):
+        await ledger.upsert_repair(RepairRecord(
+            repair_id=rid, cluster="c1", node=node, action=Action.reboot,
+            stage=Stage.awaiting_approval, requester=Requester(kind=RequesterKind.system),
+            approved_by=by, approval_pending=pending, updated_at=now))
+    fq = FleetQuery(config_for("c1"), ro_pool, None)
+    async with Client(build_server(fq)) as c:
+        asking = await call(c, "list_repairs", cluster="c1", state="awaiting_approval")
+        assert [(r["repair_id"], r["state"]) for r in asking["repairs"]] == [
+            ("r-ask", "awaiting_approval")]
+        going = await call(c, "list_repairs", cluster="c1", state="in_progress")
+        assert [(r["repair_id"], r["state"]) for r in going["repairs"]] == [
+            ("r-ok", "in_progress")]
