@@ -941,6 +941,15 @@ class RepairWorkflow:
         self._action = action
         workflow.upsert_search_attributes([SA_ACTION.value_set(action.value)])
 
+    async def _drop_approval(self) -> None:
+        """Clear an approve sent before the question asked now: it covers no later one (one
+        action at one rung). One that was pending is answered with a note
+        (:func:`decision.stale_approval_note`): an approval never vanishes silently."""
+        pending, self._approve = self._approve, None
+        if pending is not None:
+            await self._note(decision.stale_approval_note(
+                pending.by, pending.action or self._action, self._action))
+
     async def _await_approval(self, why: str) -> None:
         """Wait for approve / reject / cancel (or the evidence clearing).
 
@@ -1288,7 +1297,7 @@ class RepairWorkflow:
             "approve to go on (the cordon is kept as it is), or reject / cancel"
         )
         await self._hand_back(S.awaiting_approval)
-        self._approve = None  # an approval given before did not cover the stale cordon
+        await self._drop_approval()  # an approval given before did not cover the stale cordon
         await self._await_approval(why)
         self._check_ended()
         await self._acquire_lease()
@@ -1539,7 +1548,7 @@ class RepairWorkflow:
                     requested=req.action,
                 )
                 if not consent.automatic or self._needs_human:
-                    self._approve = None  # an approval of the last action does not cover it
+                    await self._drop_approval()  # an approval of the last action does not cover it
                     await self._await_approval(
                         f"{action.value} cannot run; moves to {self._action.value}"
                     )
@@ -1557,7 +1566,7 @@ class RepairWorkflow:
                     self._acted.pop()
                     why = f"{action.value} cannot run, nothing touched: {af}"
                     await self._note(why)
-                    self._approve = None  # an approval of this action does not cover another
+                    await self._drop_approval()  # an approval of this action does not cover another
                     await self._await_approval(f"{why}; a person decides what runs instead")
                     continue
                 await self._note(f"{action.value} failed: {af}")
@@ -1689,7 +1698,7 @@ class RepairWorkflow:
         # the recorded rule names each step that changed the decision
         self._rule = f"{self._rule}; after {why} (was: {rule_before})"
         if self._needs_human or self._action == Action.remove:
-            self._approve = None  # an approval of the last action does not cover the next
+            await self._drop_approval()  # an approval of the last action does not cover the next
             await self._await_approval(f"{why}; {self._human_reason}")
             return
         # an operator's own request approved the first rung of what they asked for; a
@@ -1701,7 +1710,7 @@ class RepairWorkflow:
         if not consent.automatic:
             # an approval covers one action at one rung: the next attempt, of the same
             # action or another, is asked for again
-            self._approve = None
+            await self._drop_approval()
             step = (f"ladder escalates to {self._action.value}" if self._action != action
                     else f"another attempt of {action.value} (next rung)")
             await self._await_approval(f"{why}; {step}")

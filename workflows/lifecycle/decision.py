@@ -130,6 +130,16 @@ def not_applied_note(by: str, named: Action, before: Action, decided: Action) ->
             "repair asks again")
 
 
+def stale_approval_note(by: str, named: Action, decided: Action) -> str:
+    """The note that answers an approve sent before the question the repair asks now (while
+    a rung ran, or before a stale cordon was found) and cleared because it covers no later
+    question (an approval covers one action at one rung): who sent it, what it approved,
+    and what the repair asks for now. An approval never vanishes without a word."""
+    return (f"approve by {by} of {named.value} not applied: it came before this question "
+            "(an approval covers one action at one rung); the repair asks again for "
+            f"{decided.value}")
+
+
 def approved_as_asked(asked: Action, by: str, decided: Decision,
                       automatic: bool) -> str | None:
     """An approval ``by`` gave to ``asked`` (the action shown, or the one their approval

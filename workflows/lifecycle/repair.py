@@ -530,7 +530,13 @@ def _ask(s: RepairState, now: datetime, why: str, keep_pending: bool = False,
         cmds.append(RecordTransition(stage=s.stage, by="system", reason=note))
     t = s.policy.consent.approval_timeout_s
     if (s.acted or s.recheck) and not keep_pending:
-        # an approval sent before an earlier question does not cover this one
+        # an approval sent before an earlier question does not cover this one: cleared,
+        # and answered with a note (an approval never vanishes silently)
+        pa = s.pending_approve
+        if pa is not None and not note:
+            cmds.append(RecordTransition(stage=s.stage, by="system",
+                                         reason=decision.stale_approval_note(
+                                             pa.by, pa.action, s.action)))
         s = s.model_copy(update={"pending_approve": None})
     # I18: the machine may be held for RMA while a person decides: read again before
     # the next rung (after a rung that could not run, ``acted`` is as it was)
