@@ -393,7 +393,9 @@ def maintenance_start(
         typer.echo("error: give exactly one of --pool, --nodes, --all"
                    + (f" (got {', '.join(given)})" if given else ""), err=True)
         raise typer.Exit(2)
-    node_list = [n.strip() for n in nodes.split(",") if n.strip()] if nodes else None
+    # each node once, in the order given (a repeat would be stored and listed twice)
+    node_list = list(dict.fromkeys(n.strip() for n in nodes.split(",") if n.strip())
+                     ) if nodes else None
     maintenance_cli.start(*_api(api, token, data_dir), as_json, {
         "cluster": cluster, "pool": pool, "nodes": node_list, "all": all_nodes,
         "for": duration, "reason": reason})
