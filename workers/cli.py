@@ -83,9 +83,23 @@ AsJson = Annotated[bool, typer.Option("--json", help="print JSON")]
 RepairId = Annotated[str, typer.Argument(
     help="repair id (`autorepair repairs list` shows them)", show_default=False)]
 ClusterReq = Annotated[str, typer.Option("--cluster", help="cluster name")]
+
+
+def _temporal_address(value: str | None) -> str | None:
+    """``--temporal-address`` callback: ``host:port`` with a port 1-65535, else exit 2
+    naming the value (the SDK's "invalid target URL" exited 1 naming neither)."""
+    from workers.temporal_client import check_address
+
+    problem = None if value is None else check_address(value)
+    if problem is not None:
+        raise typer.BadParameter(f"{value!r}: {problem}")
+    return value
+
+
 TemporalOpt = Annotated[str | None, typer.Option(
-    "--temporal-address",
-    help="Temporal frontend (default: the stack of --data-dir, else temporal.address)")]
+    "--temporal-address", callback=_temporal_address,
+    help="Temporal frontend host:port (default: the stack of --data-dir, else "
+         "temporal.address)")]
 
 
 def setup_logging(level: str = "INFO") -> None:
