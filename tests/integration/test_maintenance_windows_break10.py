@@ -19,7 +19,7 @@ from workers.cli import app as cli_app
 def test_cli_sends_each_node_once_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
     sent: list[dict[str, Any]] = []
     monkeypatch.setattr(maintenance_cli, "start",
-                        lambda api, auth, as_json, body: sent.append(body))
+                        lambda url, auth, as_json, body: sent.append(body))
     r = CliRunner().invoke(cli_app, [
         "maintenance", "start", "--cluster", "c1", "--for", "1h", "--reason", "x",
         "--nodes", "gpu-02, gpu-01,gpu-02,,gpu-01", "--api", "http://127.0.0.1:9",
