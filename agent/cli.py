@@ -57,6 +57,29 @@ def _logging(level: str) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+"""Values of ``--log-level`` (any case): the standard :mod:`logging` level names."""
+
+
+def _log_level(value: str) -> str:
+    """``--log-level`` callback: a :data:`LOG_LEVELS` name (any case), else exit 2 naming
+    the value (an unknown name was taken and logged at INFO)."""
+    if value.lower() not in LOG_LEVELS:
+        raise typer.BadParameter(f"{value!r} is not a log level (one of "
+                                 f"{', '.join(LOG_LEVELS)})")
+    return value.lower()
+
+
+LogLevel = Annotated[str, typer.Option(help="|".join(LOG_LEVELS), callback=_log_level)]
+
+
+def _at_least_1(value: int | None) -> int | None:
+    """Callback of a count option that must be >= 1 when given (exit 2 naming the value)."""
+    if value is not None and value < 1:
+        raise typer.BadParameter(f"{value} is not >= 1")
+    return value
+
+
 EXIT_REFUSED = 3
 """Exit code of ``simulate`` when the receiver refused its credential push after push."""
 AGENT_TOKEN_ENV = "AUTOREPAIR_AGENT_TOKEN"
@@ -132,7 +155,8 @@ def run(
     client_key: Annotated[str | None, typer.Option(help="Key of --client-cert")] = None,
     push_interval: Annotated[float | None, typer.Option(help="Seconds between pushes")] = None,
     sample_interval: Annotated[float | None, typer.Option(help="Seconds between samples")] = None,
-    expected_gpus: Annotated[int | None, typer.Option(help="GPUs this node must show")] = None,
+    expected_gpus: Annotated[int | None, typer.Option(
+        help="GPUs this node must show (at least 1)", callback=_at_least_1)] = None,
     state_dir: Annotated[str | None, typer.Option(help="Where the baseline is kept")] = None,
     kernel_log: Annotated[str | None, typer.Option(
         help="/dev/kmsg (default), a log file to follow, or 'none'")] = None,
@@ -146,7 +170,7 @@ def run(
         help="JSON-lines file of NCCL collective timings written by an NCCL profiler "
              "plugin or wrapper (docs/wire-contract.md)")] = None,
     duration: Annotated[float | None, typer.Option(help="Stop after this many seconds")] = None,
-    log_level: Annotated[str, typer.Option(help="debug|info|warning")] = "info",
+    log_level: LogLevel = "info",
 ) -> None:
     """Run the node agent until SIGINT/SIGTERM."""
     _logging(log_level)
@@ -237,7 +261,7 @@ def simulate(
         envvar="AUTOREPAIR_DATA_DIR",
         help="Data directory of a dev stack (`autorepair up --data-dir`): its "
              "collector.token is used when no other token is given")] = Path(".autorepair"),
-    log_level: Annotated[str, typer.Option(help="debug|info|warning")] = "info",
+    log_level: LogLevel = "info",
 ) -> None:
     """Run N simulated agents in one process, pushing real OTLP, with injected faults.
 

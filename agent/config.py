@@ -180,8 +180,8 @@ class AgentConfig:
             raise ConfigError(f"nccl_max_points: must be >= 1, got {self.nccl_max_points!r}")
         if self.nccl_trace is not None and not self.nccl_trace.strip():
             raise ConfigError("nccl_trace: must be a file path or unset, got ''")
-        if self.expected_gpus is not None and self.expected_gpus < 0:
-            raise ConfigError(f"expected_gpus: must be >= 0, got {self.expected_gpus!r}")
+        if self.expected_gpus is not None and self.expected_gpus < 1:
+            raise ConfigError(f"expected_gpus: must be >= 1 when set, got {self.expected_gpus!r}")
         if self.workload_type not in (None, "training", "inference"):
             raise ConfigError(
                 "workload_type: must be 'training' or 'inference', "

@@ -83,9 +83,23 @@ AsJson = Annotated[bool, typer.Option("--json", help="print JSON")]
 RepairId = Annotated[str, typer.Argument(
     help="repair id (`autorepair repairs list` shows them)", show_default=False)]
 ClusterReq = Annotated[str, typer.Option("--cluster", help="cluster name")]
+
+
+def _temporal_address(value: str | None) -> str | None:
+    """``--temporal-address`` callback: ``host:port`` with a port 1-65535, else exit 2
+    naming the value (the SDK's "invalid target URL" exited 1 naming neither)."""
+    from workers.temporal_client import check_address
+
+    problem = None if value is None else check_address(value)
+    if problem is not None:
+        raise typer.BadParameter(f"{value!r}: {problem}")
+    return value
+
+
 TemporalOpt = Annotated[str | None, typer.Option(
-    "--temporal-address",
-    help="Temporal frontend (default: the stack of --data-dir, else temporal.address)")]
+    "--temporal-address", callback=_temporal_address,
+    help="Temporal frontend host:port (default: the stack of --data-dir, else "
+         "temporal.address)")]
 
 
 def setup_logging(level: str = "INFO") -> None:
@@ -393,7 +407,9 @@ def maintenance_start(
         typer.echo("error: give exactly one of --pool, --nodes, --all"
                    + (f" (got {', '.join(given)})" if given else ""), err=True)
         raise typer.Exit(2)
-    node_list = [n.strip() for n in nodes.split(",") if n.strip()] if nodes else None
+    # each node once, in the order given (a repeat would be stored and listed twice)
+    node_list = list(dict.fromkeys(n.strip() for n in nodes.split(",") if n.strip())
+                     ) if nodes else None
     maintenance_cli.start(*_api(api, token, data_dir), as_json, {
         "cluster": cluster, "pool": pool, "nodes": node_list, "all": all_nodes,
         "for": duration, "reason": reason})

@@ -30,13 +30,32 @@ from temporalio.runtime import Runtime, TelemetryConfig
 from ingest.temporal_conn import connect_options
 from workflows.config import TemporalConfig
 
-__all__ = ["TemporalUnreachable", "release_runtimes", "temporal_client"]
+__all__ = ["TemporalSettingError", "TemporalUnreachable", "check_address", "release_runtimes",
+           "temporal_client"]
 
 _runtimes: weakref.WeakSet[Runtime] = weakref.WeakSet()
 
 
 class TemporalUnreachable(RuntimeError):
     """Temporal cannot be reached at the given address; the message names it."""
+
+
+class TemporalSettingError(RuntimeError, ValueError):
+    """A Temporal setting cannot be used (a TLS / API key file that cannot be read, an
+    address that is not ``host:port``); the message names the setting and the value. A
+    ``RuntimeError`` so the CLI exits 2 with the message (``ops_temporal.run_async``), a
+    ``ValueError`` for the callers that caught the unreadable-file error as one."""
+
+
+def check_address(address: str) -> str | None:
+    """What is wrong with a Temporal frontend ``address`` (``host:port``, the port 1-65535;
+    ``[v6]:port`` for IPv6), or None."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port:
+        return "not host:port"
+    if not (port.isascii() and port.isdecimal()) or not 1 <= int(port) <= 65535:
+        return f"port {port!r} is not a number 1-65535"
+    return None
 
 
 @asynccontextmanager
@@ -49,16 +68,29 @@ async def temporal_client(address: str, namespace: str = "default", *,
     ``config``: ``temporal`` of the configuration, for its TLS and API key
     (:func:`ingest.temporal_conn.connect_options`; ``None`` = plain gRPC, no key).
     ``lazy``: connect on first use instead of now. Raises :class:`TemporalUnreachable`
-    naming the address when the connection fails, ``ValueError`` naming the field of a
-    TLS / API key file that cannot be read. Callers must not keep the client past
+    naming the address when the connection fails, :class:`TemporalSettingError` naming the
+    field of a TLS / API key file that cannot be read or an address that is not
+    ``host:port``. Callers must not keep the client past
     the ``async with`` block (a kept reference keeps the runtime's threads alive)."""
-    options = connect_options(config)
+    try:
+        options = connect_options(config)  # names the field of a file it cannot read
+    except ValueError as exc:
+        raise TemporalSettingError(str(exc)) from None
+    problem = check_address(address)
+    if problem is not None:
+        raise TemporalSettingError(
+            f"Temporal address {address!r} (--temporal-address or temporal.address): "
+            f"{problem}")
     runtime = Runtime(telemetry=TelemetryConfig())
     _runtimes.add(runtime)
     try:
         client = await Client.connect(address, namespace=namespace, runtime=runtime,
                                       data_converter=pydantic_data_converter, lazy=lazy,
                                       **options)
+    except ValueError as exc:  # e.g. "invalid target URL: invalid port number"
+        raise TemporalSettingError(
+            f"Temporal address {address!r} (--temporal-address or temporal.address): "
+            f"{exc}") from None
     except RuntimeError as exc:
         raise TemporalUnreachable(
             f"cannot reach Temporal at {address} (namespace {namespace}): {exc}") from None

@@ -200,6 +200,12 @@ class MaintenanceCreate(BaseModel):
     duration: str = Field(alias="for", min_length=1, max_length=32)
     reason: _Text = Field(min_length=1, max_length=1000)
 
+    @field_validator("nodes")
+    @classmethod
+    def _each_node_once(cls, v: list[str] | None) -> list[str] | None:
+        """Each node once, in the order given (a repeat was stored and listed twice)."""
+        return list(dict.fromkeys(v)) if v is not None else None
+
     @model_validator(mode="after")
     def _one_scope(self) -> MaintenanceCreate:
         given = [k for k, v in (("pool", self.pool), ("nodes", self.nodes), ("all", self.all))

@@ -53,7 +53,7 @@ from activities.ledger_reports import fleet_report
 from activities.maintenance_store import MaintenanceStore, WindowError, window_view
 from activities.reliability import fleet_gpus
 from workers.repairs.auth import ApiTokens, Principal
-from workers.repairs.domains import add_domain_routes
+from workers.repairs.domains import add_domain_routes, known_cluster
 from workers.repairs.intake import IntakeError, LazyIntake, RepairIntake
 from workers.repairs.machines import add_machine_routes
 from workers.repairs.models import (
@@ -245,6 +245,8 @@ def build_repairs_router(
     ) -> dict[str, Any]:
         """Repairs that ended in the window: by outcome, MTTR, GPU-hours lost, cost, top
         fault kinds and machines (shape: ``activities.ledger_reports.fleet_report``)."""
+        if cluster is not None:
+            known_cluster(ix.config, cluster)  # a typo would report "no repairs"
         end = until or datetime.now(UTC)
         try:
             start = parse_since(since, end)
@@ -331,7 +333,10 @@ def build_repairs_router(
         active: bool = Query(False),
         limit: int = Query(200, ge=1, le=1000),
     ) -> dict[str, Any]:
-        """Windows newest first (``active``: only those in force now)."""
+        """Windows newest first (``active``: only those in force now); a cluster the
+        config does not list is a 422 naming it (a typo would list no window)."""
+        if cluster is not None:
+            known_cluster(ix.config, cluster)
         now = datetime.now(UTC)
         store = MaintenanceStore(ix.ledger.pool)
         ws = await store.list(cluster, active_at=now if active else None, limit=limit)

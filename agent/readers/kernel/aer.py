@@ -104,8 +104,9 @@ class AerRecord(Record):
                 details.setdefault("aer_severity", head.group("sev"))
                 src = head.group("src")
                 if src:
-                    details["source"] = src
-        src = details.get("source")
+                    # not "source": Fault.from_reader's key for where the agent read it
+                    details["aer_source"] = src
+        src = details.get("aer_source")
         if pci is None and isinstance(src, str) and not src.startswith("id="):
             pci = src  # "error received: 0000:01:00.0" names the device that erred
         if pci is None and devices:
