@@ -87,7 +87,9 @@ FORCE_OFF_LANDED_S = 120.0
 #: (90 s per unit, systemd-system.conf(5)), and a GPU server's firmware POST and boot take
 #: about 5–10 min, after which the kubelet / slurmd reports the new boot: 15 min covers
 #: both (and equals ``policy.rails.action_retry_max_s``'s default). A hung OS shows
-#: neither: ``ForceRestart`` follows, once (phase ``force_restart_sent``).
+#: neither: the call ends in phase ``restart_unseen`` and its retry sends ``ForceRestart``,
+#: once (phase ``force_restart_sent``). With the ``On`` wait after it (``POWER_WAIT_S``)
+#: a try stays well inside the workflow's 30 min start-to-close timeout.
 RESTART_SEEN_S = 900.0
 #: Redfish HTTP timeout per request, seconds.
 BMC_TIMEOUT_S = 30
@@ -100,6 +102,11 @@ HealthReader = Callable[[str, str], Awaitable[NodeHealth]]
 
 class BmcUnavailable(RuntimeError):
     """The BMC could not be reached or answered 5xx (retryable)."""
+
+
+class RestartNotSeen(RuntimeError):
+    """A reboot's ``GracefulRestart`` showed no restart within :data:`RESTART_SEEN_S`
+    (retryable, phase ``restart_unseen``): the retry sends ``ForceRestart``."""
 
 
 def heartbeat(details: dict[str, Any]) -> None:
@@ -364,14 +371,18 @@ class PowerActivities:
         """Restart the host in place; skipped when it already rebooted since ``*_before``.
 
         Phases (``workflows.lifecycle.machine_action.PHASES``): ``not_started`` →
-        ``restart_sent`` → (``force_restart_sent``) → ``restart_seen`` → ``booted``,
-        resumed from ``inp.resume_phase`` (or the last heartbeat of an earlier try): each
-        command is sent at most once per attempt. After ``GracefulRestart`` the host must
-        show that it restarts within :data:`RESTART_SEEN_S` seconds (power ``Off``, or a
-        new boot identity in the scheduler): a hung OS accepts the request through its
-        BMC and never restarts, so ``ForceRestart`` follows then, once, as its own phase
-        (a reboot action's purpose is the reboot; the ladder's next rung is for a reboot
-        that did not fix the fault). Without a boot identity to compare (no recorded
+        ``restart_sent`` → (``restart_unseen`` → ``force_restart_sent``) →
+        ``restart_seen`` → ``booted``, resumed from ``inp.resume_phase`` (or the last
+        heartbeat of an earlier try): each command is sent at most once per attempt. After
+        ``GracefulRestart`` the host must show that it restarts within
+        :data:`RESTART_SEEN_S` seconds (power ``Off``, or a new boot identity in the
+        scheduler): a hung OS accepts the request through its BMC and never restarts, so
+        the call then fails (retryable, :class:`RestartNotSeen`) in phase
+        ``restart_unseen``, and the retry resumed there sends ``ForceRestart``, once, as
+        its own phase (a reboot action's purpose is the reboot; the ladder's next rung is
+        for a reboot that did not fix the fault). The ``ForceRestart`` is never sent by
+        the call that waited: the workflow learns of a cancel only when a call returns
+        and runs no retry after one (I19). Without a boot identity to compare (no recorded
         one, no scheduler reader) only the power can show the restart, which a warm
         restart may never do: the activity then waits for power ``On`` as before and
         says the restart was not observed. A failure carries the phase reached
@@ -422,15 +433,31 @@ class PowerActivities:
                                  "waiting for power On")
                     phase = "restart_seen"
                 else:
-                    # the OS did not act on the request (hung): force it, once
-                    await m.reset(sushy.RESET_FORCE_RESTART)
-                    steps.append(f"no restart seen within {RESTART_SEEN_S:g} s (power "
-                                 "stayed On, boot identity unchanged): ForceRestart sent")
-                    phase = "force_restart_sent"
+                    # the OS did not act on the request (hung). The ForceRestart is the
+                    # retry's (resumed at restart_unseen), never this call's: the workflow
+                    # hears of a cancel only when a call returns, and runs no retry once
+                    # a stop came (I19)
+                    phase = "restart_unseen"
                     heartbeat({"phase": phase})
+                    raise RestartNotSeen(
+                        f"no restart of {inp.node} seen within {RESTART_SEEN_S:g} s of "
+                        "GracefulRestart (power stayed On, boot identity unchanged): "
+                        "ForceRestart follows on the retry")
+            if phase == "restart_unseen":
+                st = await m.power_state()
+                if st.lower() in ("off", "poweringoff"):
+                    steps.append(f"restart seen late (power {st}): ForceRestart not sent")
+                    phase = "restart_seen"
+                else:
+                    await m.reset(sushy.RESET_FORCE_RESTART)
+                    steps.append(f"no restart seen within {RESTART_SEEN_S:g} s of "
+                                 "GracefulRestart (power stayed On, boot identity "
+                                 "unchanged): ForceRestart sent")
                     log.info("event=reboot_forced cluster=%s node=%s machine=%s repair=%s "
                              "key=%s", inp.cluster, inp.node, inp.machine, inp.repair_id,
                              inp.idempotency_key)
+                    phase = "force_restart_sent"
+                heartbeat({"phase": phase})
             await m.wait_power("On", phase)
         except Exception as e:
             raise phased_failure(e, phase) from None

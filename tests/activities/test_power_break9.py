@@ -1,0 +1,52 @@
+"""Break-test round 9: power activities against the sushy-tools Redfish emulator (each
+test failed before its fix).
+
+- a reboot's ``ForceRestart`` fallback was sent by the same activity call that sent the
+  ``GracefulRestart``, up to ``RESTART_SEEN_S`` (15 min) later: the workflow hears of a
+  cancel only when the call returns, so a person's cancel during that wait was followed
+  by a ``ForceRestart`` (I19: a cancel takes no further action). The call now ends in
+  phase ``restart_unseen`` (a transient failure) and the ``ForceRestart`` is the retry's,
+  which the workflow runs only when no stop came.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities import power
+from activities.power import PowerActivities
+from tests.activities.test_power_break6 import _Host
+from tests.activities.test_redfish_power import _config, _inp
+from workers.devpeers import RedfishEmulator
+
+
+async def test_the_force_restart_is_not_sent_by_the_call_a_cancel_cannot_reach(
+    redfish_emulator: RedfishEmulator, bmc_secrets_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The OS hangs: ``GracefulRestart`` is accepted and never acted on. The call that
+    sent it waited ``RESTART_SEEN_S`` and then sent ``ForceRestart`` itself, so a cancel
+    the workflow received meanwhile could not stop it. Rail: that call ends once the
+    window passed, in phase ``restart_unseen`` (retryable), having sent only the
+    ``GracefulRestart``; the retry from ``restart_unseen`` (the workflow's, when no stop
+    came) sends ``ForceRestart`` once."""
+    monkeypatch.setattr(power, "RESTART_SEEN_S", 2.0, raising=False)
+    host = _Host(hung=True)
+    host.install(monkeypatch)
+    acts = PowerActivities(_config(redfish_emulator, bmc_secrets_file), health=host.health)
+    inp = _inp("gpu-01", boot_id_before="boot-A")
+    with pytest.raises(ApplicationError) as ei:
+        await ActivityEnvironment().run(acts.reboot_machine, inp)
+    assert host.sent == ["GracefulRestart"], host.sent
+    assert not ei.value.non_retryable, ei.value
+    assert ei.value.details[0]["phase"] == "restart_unseen", ei.value.details
+    assert "2 s" in str(ei.value), ei.value
+
+    res = await ActivityEnvironment().run(
+        acts.reboot_machine, inp.model_copy(update={"resume_phase": "restart_unseen"}))
+    assert host.sent == ["GracefulRestart", "ForceRestart"], (host.sent, res)
+    assert res.done and res.phase == "booted" and "ForceRestart" in res.detail, res
+    assert (await acts.machine(inp).power_state()).lower() == "on"
