@@ -373,7 +373,9 @@ class PowerActivities:
         Phases (``workflows.lifecycle.machine_action.PHASES``): ``not_started`` →
         ``restart_sent`` → (``restart_unseen`` → ``force_restart_sent``) →
         ``restart_seen`` → ``booted``, resumed from ``inp.resume_phase`` (or the last
-        heartbeat of an earlier try): each command is sent at most once per attempt. After
+        heartbeat of an earlier try): each command is sent at most once per attempt; a
+        restart request whose answer was lost counts as sent (``restart_sent``: the retry
+        waits for it to show; a refusal the BMC answered reports ``not_started``). After
         ``GracefulRestart`` the host must show that it restarts within
         :data:`RESTART_SEEN_S` seconds (power ``Off``, or a new boot identity in the
         scheduler): a hung OS accepts the request through its BMC and never restarts, so
@@ -407,7 +409,15 @@ class PowerActivities:
                     graceful = sushy.RESET_GRACEFUL_RESTART in allowed
                     kind = (sushy.RESET_GRACEFUL_RESTART if graceful
                             else sushy.RESET_FORCE_RESTART)
-                    await m.reset(kind)
+                    # the restart possibly sent from here on (its answer may be lost): a
+                    # retry resumes waiting for it to show, never sends it again blind
+                    phase = "restart_sent"
+                    heartbeat({"phase": phase})
+                    try:
+                        await m.reset(kind)
+                    except ApplicationError:
+                        phase = "not_started"  # the BMC answered a refusal: nothing sent
+                        raise
                     steps.append(f"{kind.value} sent")
                     phase = "restart_sent" if graceful else "force_restart_sent"
                 heartbeat({"phase": phase})

@@ -6,11 +6,14 @@ test failed before its fix).
   cancel only when the call returns, so a person's cancel during that wait was followed
   by a ``ForceRestart`` (I19: a cancel takes no further action). The call now ends in
   phase ``restart_unseen`` (a transient failure) and the ``ForceRestart`` is the retry's,
-  which the workflow runs only when no stop came.
+  which the workflow runs only when no stop came;
+- a ``GracefulRestart`` whose HTTP answer was lost was sent again by the retry (the try
+  failed in phase ``not_started``), as ``ForceOff`` was before ``off_requested``.
 """
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -18,7 +21,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities import power
-from activities.power import PowerActivities
+from activities.power import PowerActivities, RedfishMachine
 from tests.activities.test_power_break6 import _Host
 from tests.activities.test_redfish_power import _config, _inp
 from workers.devpeers import RedfishEmulator
@@ -50,3 +53,61 @@ async def test_the_force_restart_is_not_sent_by_the_call_a_cancel_cannot_reach(
     assert host.sent == ["GracefulRestart", "ForceRestart"], (host.sent, res)
     assert res.done and res.phase == "booted" and "ForceRestart" in res.detail, res
     assert (await acts.machine(inp).power_state()).lower() == "on"
+
+
+class _LostRestart:
+    """A BMC whose answer to the first ``GracefulRestart`` is lost (the connection drops
+    after the request went out); the request landed, and the host restarts ``after_s``
+    later (its boot id changes then). ``host.sent`` lists every reset request made."""
+
+    def __init__(self, host: _Host, after_s: float = 2.0) -> None:
+        self.host, self.after_s = host, after_s
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        original = RedfishMachine.reset
+        bmc = self
+
+        async def reset(self: RedfishMachine, reset_type: str) -> None:
+            kind = str(getattr(reset_type, "value", reset_type))
+            bmc.host.sent.append(kind)
+            if kind == "GracefulRestart" and bmc.host.sent.count(kind) == 1:
+                async def later() -> None:
+                    await asyncio.sleep(bmc.after_s)
+                    await original(self, reset_type)
+                    bmc.host.boot = "boot-B"
+
+                bmc.tasks.append(asyncio.create_task(later()))
+                raise power.BmcUnavailable(f"{self._where()} unavailable: ConnectionError")
+            await original(self, reset_type)
+            if "Restart" in kind:
+                bmc.host.boot = "boot-B"
+
+        monkeypatch.setattr(RedfishMachine, "reset", reset)
+
+
+async def test_a_graceful_restart_whose_answer_was_lost_is_not_sent_again(
+    redfish_emulator: RedfishEmulator, bmc_secrets_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reboot's ``GracefulRestart`` reached the BMC but its HTTP answer was lost: the
+    try failed in phase ``not_started``, so the retry (the host still On, its boot id
+    unchanged: the BMC had not applied it yet) sent the restart again — two restarts in
+    one attempt (I16); a retry after the host came back found it "already rebooted" and
+    the attempt went unrecorded (I22). Rail: the restart counts as possibly sent from the
+    moment it goes out (phase ``restart_sent``); the retry waits for it to show."""
+    monkeypatch.setattr(power, "RESTART_SEEN_S", 30.0, raising=False)
+    host = _Host(hung=False)
+    bmc = _LostRestart(host)
+    bmc.install(monkeypatch)
+    acts = PowerActivities(_config(redfish_emulator, bmc_secrets_file), health=host.health)
+    inp = _inp("gpu-01", boot_id_before="boot-A")
+    with pytest.raises(ApplicationError) as ei:
+        await ActivityEnvironment().run(acts.reboot_machine, inp)
+    phase = ei.value.details[0]["phase"]
+    assert not ei.value.non_retryable
+    assert phase == "restart_sent", phase
+    res = await ActivityEnvironment().run(
+        acts.reboot_machine, inp.model_copy(update={"resume_phase": phase}))
+    await asyncio.gather(*bmc.tasks)
+    assert host.sent == ["GracefulRestart"], (host.sent, res)
+    assert res.done and res.phase == "booted" and "restart seen" in res.detail, res
