@@ -181,6 +181,7 @@ class FakeCluster:
     @activity.defn(name=ACT.drain_node)
     async def drain_node(self, inp: DrainInput) -> DrainResult:
         self._log("drain", inp.node)
+        await self._out("drain", inp.node)
         if self.drain_with is not None:
             return await self.drain_with(inp)
         return DrainResult(drained=True)
