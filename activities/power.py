@@ -315,20 +315,33 @@ async def boot_changed(
     ``BOOT_TIME_JITTER_S``). Unknown (no recorded identity, no reader, scheduler
     unreachable) → ``None``.
     """
+    return (await boot_read(health, cluster, node, boot_id_before, boot_time_before))[1]
+
+
+async def boot_read(
+    health: HealthReader | None, cluster: str, node: str,
+    boot_id_before: str | None, boot_time_before: datetime | None,
+) -> tuple[bool, str | None]:
+    """``(judged, why)``: ``judged`` when the scheduler gave a boot identity comparable with
+    the recorded one (:meth:`NodeHealth.rebooted_since` not ``None``); ``why`` as
+    :func:`boot_changed`. Not judged (no reader, no recorded identity, scheduler
+    unreachable, no comparable identity in its answer) → ``(False, None)``."""
     if health is None or (boot_id_before is None and boot_time_before is None):
-        return None
+        return False, None
     try:
         h = await health(cluster, node)
     except Exception as e:  # the scheduler view is advisory here
         log.info("event=boot_identity_unavailable cluster=%s node=%s error=%s", cluster, node,
                  type(e).__name__)
-        return None
-    if not h.rebooted_since(boot_id_before, boot_time_before):
-        return None
+        return False, None
+    rebooted = h.rebooted_since(boot_id_before, boot_time_before)
+    if not rebooted:
+        return rebooted is not None, None
     if boot_id_before is not None and h.boot_id is not None:
-        return f"boot id changed {boot_id_before} -> {h.boot_id}"
+        return True, f"boot id changed {boot_id_before} -> {h.boot_id}"
     assert boot_time_before is not None and h.boot_time is not None
-    return f"boot time advanced {boot_time_before.isoformat()} -> {h.boot_time.isoformat()}"
+    return True, (f"boot time advanced {boot_time_before.isoformat()} -> "
+                  f"{h.boot_time.isoformat()}")
 
 
 #: ``(cluster, node) -> machine | None``: the machine a migrate bound the node to (ledger).
@@ -385,10 +398,10 @@ class PowerActivities:
         for a reboot that did not fix the fault). The ``ForceRestart`` is never sent by
         the call that waited: the workflow learns of a cancel only when a call returns
         and runs no retry after one (I19). Without a boot identity to compare (no recorded
-        one, no scheduler reader) only the power can show the restart, which a warm
-        restart may never do: the activity then waits for power ``On`` as before and
-        says the restart was not observed. A failure carries the phase reached
-        (:func:`workflows.activity_api.phased_failure`)."""
+        one, no scheduler reader, or none the scheduler could give during the wait) only
+        the power can show the restart, which a warm restart may never do: the activity
+        then waits for power ``On`` as before and says the restart was not observed. A
+        failure carries the phase reached (:func:`workflows.activity_api.phased_failure`)."""
         phase = resume_from(inp, PHASES[Action.reboot])
         try:
             why = await boot_changed(self.health, inp.cluster, inp.node, inp.boot_id_before,
@@ -430,7 +443,13 @@ class PowerActivities:
             if phase == "restart_sent":
                 observable = self.health is not None and (
                     inp.boot_id_before is not None or inp.boot_time_before is not None)
-                seen = await self._restart_seen(m, inp, observable)
+                seen, judged = await self._restart_seen(m, inp, observable)
+                if seen is None and observable and not judged:
+                    # the scheduler never gave a comparable boot identity: as without one
+                    # (a warm restart may keep the power On), never a blind ForceRestart
+                    observable = False
+                    steps.append("boot identity could not be read within "
+                                 f"{RESTART_SEEN_S:g} s")
                 if seen is not None and seen.startswith("boot"):
                     steps.append(f"restart seen ({seen})")
                     return ActionResult(done=True, detail="; ".join(steps), phase="booted")
@@ -474,28 +493,32 @@ class PowerActivities:
         return ActionResult(done=True, detail="; ".join(steps), phase="booted")
 
     async def _restart_seen(self, m: RedfishMachine, inp: MachineActionInput,
-                            observable: bool) -> str | None:
+                            observable: bool) -> tuple[str | None, bool]:
         """Poll every :data:`POWER_POLL_S` seconds, for at most :data:`RESTART_SEEN_S`
         seconds, until the host shows that it restarts: its power read ``Off`` /
         ``PoweringOff`` (``"power Off"``) or a new boot identity (``"boot id changed …"``
         / ``"boot time advanced …"``). Not ``observable`` (no boot identity to compare):
-        the power is read once. Heartbeats phase ``restart_sent``; None when nothing
-        showed."""
+        the power is read once. Heartbeats phase ``restart_sent``. Returns ``(seen,
+        judged)``: ``seen`` None when nothing showed; ``judged`` whether the scheduler
+        gave a comparable boot identity at least once (:func:`boot_read`): never judged,
+        an unchanged identity proves nothing."""
         deadline = time.monotonic() + RESTART_SEEN_S
+        judged = False
         while True:
             st = await m.power_state()
             heartbeat({"phase": "restart_sent", "power": st})
             if st.lower() in ("off", "poweringoff"):
-                return f"power {st}"
+                return f"power {st}", judged
             if not observable:
                 # a warm restart may keep the power On: nothing else shows it
-                return None
-            why = await boot_changed(self.health, inp.cluster, inp.node, inp.boot_id_before,
-                                     inp.boot_time_before)
+                return None, judged
+            read, why = await boot_read(self.health, inp.cluster, inp.node,
+                                        inp.boot_id_before, inp.boot_time_before)
+            judged = judged or read
             if why:
-                return why
+                return why, judged
             if time.monotonic() >= deadline:
-                return None
+                return None, judged
             await asyncio.sleep(POWER_POLL_S)
 
     @activity.defn(name=ACT.power_cycle_machine)

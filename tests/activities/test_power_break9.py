@@ -8,7 +8,9 @@ test failed before its fix).
   phase ``restart_unseen`` (a transient failure) and the ``ForceRestart`` is the retry's,
   which the workflow runs only when no stop came;
 - a ``GracefulRestart`` whose HTTP answer was lost was sent again by the retry (the try
-  failed in phase ``not_started``), as ``ForceOff`` was before ``off_requested``.
+  failed in phase ``not_started``), as ``ForceOff`` was before ``off_requested``;
+- a boot identity the scheduler could not give during the whole wait counted as
+  "unchanged", so a host that restarted warm (power never Off) got a ``ForceRestart``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from activities.power import PowerActivities, RedfishMachine
 from tests.activities.test_power_break6 import _Host
 from tests.activities.test_redfish_power import _config, _inp
 from workers.devpeers import RedfishEmulator
+from workflows.activity_api import NodeHealth
 
 
 async def test_the_force_restart_is_not_sent_by_the_call_a_cancel_cannot_reach(
@@ -111,3 +114,27 @@ async def test_a_graceful_restart_whose_answer_was_lost_is_not_sent_again(
     await asyncio.gather(*bmc.tasks)
     assert host.sent == ["GracefulRestart"], (host.sent, res)
     assert res.done and res.phase == "booted" and "restart seen" in res.detail, res
+
+
+async def test_a_boot_identity_that_cannot_be_read_forces_no_restart(
+    redfish_emulator: RedfishEmulator, bmc_secrets_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scheduler cannot be read during the whole wait (its API down), and the host
+    restarts warm (the power never reads Off). With no boot identity to compare the
+    restart cannot be judged, yet an unreadable one counted as "unchanged": a
+    ``ForceRestart`` followed, a second restart of a host that had acted on the first
+    (I16). Rail: an identity that could not be read is one that is not there — the power
+    alone decides, as without a recorded identity (wait for On, say not observed)."""
+    monkeypatch.setattr(power, "RESTART_SEEN_S", 2.0, raising=False)
+    host = _Host(hung=True)  # power stays On: a warm restart shows nothing else
+    host.install(monkeypatch)
+
+    async def unreachable(cluster: str, node: str) -> NodeHealth:
+        raise ConnectionError("scheduler API unreachable")
+
+    acts = PowerActivities(_config(redfish_emulator, bmc_secrets_file), health=unreachable)
+    res = await ActivityEnvironment().run(acts.reboot_machine,
+                                          _inp("gpu-01", boot_id_before="boot-A"))
+    assert host.sent == ["GracefulRestart"], (host.sent, res)
+    assert res.done and res.phase == "booted", res
+    assert "not observed" in res.detail and "could not be read" in res.detail, res.detail
