@@ -478,14 +478,21 @@ class PowerActivities:
                     steps.append(f"restart seen late (power {st}): ForceRestart not sent")
                     phase = "restart_seen"
                 else:
-                    await m.reset(sushy.RESET_FORCE_RESTART)
+                    # possibly sent from here on (its answer may be lost, and a forced
+                    # restart need not show Off): a retry only waits for power On
+                    phase = "force_restart_sent"
+                    heartbeat({"phase": phase})
+                    try:
+                        await m.reset(sushy.RESET_FORCE_RESTART)
+                    except ApplicationError:
+                        phase = "restart_unseen"  # the BMC answered a refusal: not sent
+                        raise
                     steps.append(f"no restart seen within {RESTART_SEEN_S:g} s of "
                                  "GracefulRestart (power stayed On, boot identity "
                                  "unchanged): ForceRestart sent")
                     log.info("event=reboot_forced cluster=%s node=%s machine=%s repair=%s "
                              "key=%s", inp.cluster, inp.node, inp.machine, inp.repair_id,
                              inp.idempotency_key)
-                    phase = "force_restart_sent"
                 heartbeat({"phase": phase})
             await m.wait_power("On", phase)
         except Exception as e:

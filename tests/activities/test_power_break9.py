@@ -9,6 +9,7 @@ test failed before its fix).
   which the workflow runs only when no stop came;
 - a ``GracefulRestart`` whose HTTP answer was lost was sent again by the retry (the try
   failed in phase ``not_started``), as ``ForceOff`` was before ``off_requested``;
+- a ``ForceRestart`` whose HTTP answer was lost was sent again by the next retry;
 - a boot identity the scheduler could not give during the whole wait counted as
   "unchanged", so a host that restarted warm (power never Off) got a ``ForceRestart``.
 """
@@ -28,6 +29,19 @@ from tests.activities.test_power_break6 import _Host
 from tests.activities.test_redfish_power import _config, _inp
 from workers.devpeers import RedfishEmulator
 from workflows.activity_api import NodeHealth
+
+
+async def _settled(acts: PowerActivities, node: str, quiet_s: float = 12.0) -> None:
+    """Wait until ``node``'s power has read On for ``quiet_s`` in a row (the emulator
+    applies a reset up to ~11 s late): the next test finds the host at rest."""
+    m = acts.machine(_inp(node))
+    loop = asyncio.get_running_loop()
+    deadline, since = loop.time() + 90, loop.time()
+    while loop.time() - since < quiet_s:
+        assert loop.time() < deadline, "the emulated host never settled On"
+        if (await m.power_state()).lower() != "on":
+            since = loop.time()
+        await asyncio.sleep(0.5)
 
 
 async def test_the_force_restart_is_not_sent_by_the_call_a_cancel_cannot_reach(
@@ -55,7 +69,7 @@ async def test_the_force_restart_is_not_sent_by_the_call_a_cancel_cannot_reach(
         acts.reboot_machine, inp.model_copy(update={"resume_phase": "restart_unseen"}))
     assert host.sent == ["GracefulRestart", "ForceRestart"], (host.sent, res)
     assert res.done and res.phase == "booted" and "ForceRestart" in res.detail, res
-    assert (await acts.machine(inp).power_state()).lower() == "on"
+    await _settled(acts, "gpu-01")
 
 
 class _LostRestart:
@@ -112,6 +126,7 @@ async def test_a_graceful_restart_whose_answer_was_lost_is_not_sent_again(
     res = await ActivityEnvironment().run(
         acts.reboot_machine, inp.model_copy(update={"resume_phase": phase}))
     await asyncio.gather(*bmc.tasks)
+    await _settled(acts, "gpu-01")
     assert host.sent == ["GracefulRestart"], (host.sent, res)
     assert res.done and res.phase == "booted" and "restart seen" in res.detail, res
 
@@ -138,3 +153,43 @@ async def test_a_boot_identity_that_cannot_be_read_forces_no_restart(
     assert host.sent == ["GracefulRestart"], (host.sent, res)
     assert res.done and res.phase == "booted", res
     assert "not observed" in res.detail and "could not be read" in res.detail, res.detail
+
+
+async def test_a_force_restart_whose_answer_was_lost_is_not_sent_again(
+    redfish_emulator: RedfishEmulator, bmc_secrets_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The retry from ``restart_unseen`` sends ``ForceRestart``; its HTTP answer is lost
+    (the request landed, the BMC applies it 2 s later). The try failed in phase
+    ``restart_unseen``, so the next retry, reading power On (a forced restart need not
+    show Off), sent ``ForceRestart`` again (I16). Rail: it counts as sent from the moment
+    it goes out (``force_restart_sent``); the next retry only waits for power On."""
+    host = _Host(hung=True)
+    original = RedfishMachine.reset
+    tasks: list[asyncio.Task[None]] = []
+
+    async def reset(self: RedfishMachine, reset_type: str) -> None:
+        kind = str(getattr(reset_type, "value", reset_type))
+        host.sent.append(kind)
+        if kind == "ForceRestart" and host.sent.count(kind) == 1:
+            async def later() -> None:
+                await asyncio.sleep(2.0)
+                await original(self, reset_type)
+
+            tasks.append(asyncio.create_task(later()))
+            raise power.BmcUnavailable(f"{self._where()} unavailable: ConnectionError")
+        await original(self, reset_type)
+
+    monkeypatch.setattr(RedfishMachine, "reset", reset)
+    acts = PowerActivities(_config(redfish_emulator, bmc_secrets_file), health=host.health)
+    inp = _inp("gpu-01", boot_id_before="boot-A", resume_phase="restart_unseen")
+    with pytest.raises(ApplicationError) as ei:
+        await ActivityEnvironment().run(acts.reboot_machine, inp)
+    phase = ei.value.details[0]["phase"]
+    assert not ei.value.non_retryable
+    res = await ActivityEnvironment().run(
+        acts.reboot_machine, inp.model_copy(update={"resume_phase": phase}))
+    await asyncio.gather(*tasks)
+    await _settled(acts, "gpu-01")
+    assert host.sent == ["ForceRestart"], (host.sent, res)
+    assert phase == "force_restart_sent", phase
+    assert res.done and res.phase == "booted", res
