@@ -414,9 +414,17 @@ class PowerActivities:
             steps: list[str] = []
             if phase == "not_started":
                 if (await m.power_state()).lower() == "off":
-                    await m.reset(sushy.RESET_ON)
+                    # nothing to observe: On is the restart. Possibly sent from here on
+                    # (its answer may be lost): a retry only waits for power On, never
+                    # restarts the host it powered on
+                    phase = "restart_seen"
+                    heartbeat({"phase": phase})
+                    try:
+                        await m.reset(sushy.RESET_ON)
+                    except ApplicationError:
+                        phase = "not_started"  # the BMC answered a refusal: nothing sent
+                        raise
                     steps.append("host was off: powered on")
-                    phase = "restart_seen"  # nothing to observe: On is the restart
                 else:
                     allowed = await m.allowed_resets()
                     graceful = sushy.RESET_GRACEFUL_RESTART in allowed

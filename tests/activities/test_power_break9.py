@@ -10,6 +10,8 @@ test failed before its fix).
 - a ``GracefulRestart`` whose HTTP answer was lost was sent again by the retry (the try
   failed in phase ``not_started``), as ``ForceOff`` was before ``off_requested``;
 - a ``ForceRestart`` whose HTTP answer was lost was sent again by the next retry;
+- an ``On`` (the reboot of a host found Off) whose HTTP answer was lost was followed by
+  a ``GracefulRestart`` from the retry, to the host it had just powered on;
 - a boot identity the scheduler could not give during the whole wait counted as
   "unchanged", so a host that restarted warm (power never Off) got a ``ForceRestart``.
 """
@@ -20,6 +22,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+import sushy
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
@@ -192,4 +195,47 @@ async def test_a_force_restart_whose_answer_was_lost_is_not_sent_again(
     await _settled(acts, "gpu-01")
     assert host.sent == ["ForceRestart"], (host.sent, res)
     assert phase == "force_restart_sent", phase
+    assert res.done and res.phase == "booted", res
+
+
+async def test_an_on_whose_answer_was_lost_is_not_followed_by_a_restart(
+    redfish_emulator: RedfishEmulator, bmc_secrets_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reboot finds the host Off and sends ``On``; its HTTP answer is lost (the BMC
+    applies it 2 s later). The try failed in phase ``not_started``, so the retry (after
+    the workflow's 10 s back-off, the host On and booting) sent ``GracefulRestart``: a
+    second restart command in one attempt, to a host still booting (I16). Rail: the
+    ``On`` counts as sent from the moment it goes out (``restart_seen``: the retry only
+    waits for power On)."""
+    host = _Host(hung=False)
+    acts = PowerActivities(_config(redfish_emulator, bmc_secrets_file), health=host.health)
+    inp = _inp("gpu-01", boot_id_before="boot-A")
+    m = acts.machine(inp)
+    await m.reset(sushy.RESET_FORCE_OFF)
+    await m.wait_power("Off", "test", limit_s=60)
+    original = RedfishMachine.reset
+    tasks: list[asyncio.Task[None]] = []
+
+    async def reset(self: RedfishMachine, reset_type: str) -> None:
+        kind = str(getattr(reset_type, "value", reset_type))
+        host.sent.append(kind)
+        if kind == "On" and host.sent.count(kind) == 1:
+            async def later() -> None:
+                await asyncio.sleep(2.0)
+                await original(self, reset_type)
+
+            tasks.append(asyncio.create_task(later()))
+            raise power.BmcUnavailable(f"{self._where()} unavailable: ConnectionError")
+        await original(self, reset_type)
+
+    monkeypatch.setattr(RedfishMachine, "reset", reset)
+    with pytest.raises(ApplicationError) as ei:
+        await ActivityEnvironment().run(acts.reboot_machine, inp)
+    phase = ei.value.details[0]["phase"]
+    await asyncio.gather(*tasks)
+    await m.wait_power("On", "test", limit_s=60)  # the back-off: the On landed meanwhile
+    res = await ActivityEnvironment().run(
+        acts.reboot_machine, inp.model_copy(update={"resume_phase": phase}))
+    await _settled(acts, "gpu-01")
+    assert host.sent == ["On"], (host.sent, res)
     assert res.done and res.phase == "booted", res
