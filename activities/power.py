@@ -87,7 +87,9 @@ FORCE_OFF_LANDED_S = 120.0
 #: (90 s per unit, systemd-system.conf(5)), and a GPU server's firmware POST and boot take
 #: about 5–10 min, after which the kubelet / slurmd reports the new boot: 15 min covers
 #: both (and equals ``policy.rails.action_retry_max_s``'s default). A hung OS shows
-#: neither: ``ForceRestart`` follows, once (phase ``force_restart_sent``).
+#: neither: the call ends in phase ``restart_unseen`` and its retry sends ``ForceRestart``,
+#: once (phase ``force_restart_sent``). With the ``On`` wait after it (``POWER_WAIT_S``)
+#: a try stays well inside the workflow's 30 min start-to-close timeout.
 RESTART_SEEN_S = 900.0
 #: Redfish HTTP timeout per request, seconds.
 BMC_TIMEOUT_S = 30
@@ -100,6 +102,11 @@ HealthReader = Callable[[str, str], Awaitable[NodeHealth]]
 
 class BmcUnavailable(RuntimeError):
     """The BMC could not be reached or answered 5xx (retryable)."""
+
+
+class RestartNotSeen(RuntimeError):
+    """A reboot's ``GracefulRestart`` showed no restart within :data:`RESTART_SEEN_S`
+    (retryable, phase ``restart_unseen``): the retry sends ``ForceRestart``."""
 
 
 def heartbeat(details: dict[str, Any]) -> None:
@@ -308,20 +315,33 @@ async def boot_changed(
     ``BOOT_TIME_JITTER_S``). Unknown (no recorded identity, no reader, scheduler
     unreachable) → ``None``.
     """
+    return (await boot_read(health, cluster, node, boot_id_before, boot_time_before))[1]
+
+
+async def boot_read(
+    health: HealthReader | None, cluster: str, node: str,
+    boot_id_before: str | None, boot_time_before: datetime | None,
+) -> tuple[bool, str | None]:
+    """``(judged, why)``: ``judged`` when the scheduler gave a boot identity comparable with
+    the recorded one (:meth:`NodeHealth.rebooted_since` not ``None``); ``why`` as
+    :func:`boot_changed`. Not judged (no reader, no recorded identity, scheduler
+    unreachable, no comparable identity in its answer) → ``(False, None)``."""
     if health is None or (boot_id_before is None and boot_time_before is None):
-        return None
+        return False, None
     try:
         h = await health(cluster, node)
     except Exception as e:  # the scheduler view is advisory here
         log.info("event=boot_identity_unavailable cluster=%s node=%s error=%s", cluster, node,
                  type(e).__name__)
-        return None
-    if not h.rebooted_since(boot_id_before, boot_time_before):
-        return None
+        return False, None
+    rebooted = h.rebooted_since(boot_id_before, boot_time_before)
+    if not rebooted:
+        return rebooted is not None, None
     if boot_id_before is not None and h.boot_id is not None:
-        return f"boot id changed {boot_id_before} -> {h.boot_id}"
+        return True, f"boot id changed {boot_id_before} -> {h.boot_id}"
     assert boot_time_before is not None and h.boot_time is not None
-    return f"boot time advanced {boot_time_before.isoformat()} -> {h.boot_time.isoformat()}"
+    return True, (f"boot time advanced {boot_time_before.isoformat()} -> "
+                  f"{h.boot_time.isoformat()}")
 
 
 #: ``(cluster, node) -> machine | None``: the machine a migrate bound the node to (ledger).
@@ -364,18 +384,24 @@ class PowerActivities:
         """Restart the host in place; skipped when it already rebooted since ``*_before``.
 
         Phases (``workflows.lifecycle.machine_action.PHASES``): ``not_started`` →
-        ``restart_sent`` → (``force_restart_sent``) → ``restart_seen`` → ``booted``,
-        resumed from ``inp.resume_phase`` (or the last heartbeat of an earlier try): each
-        command is sent at most once per attempt. After ``GracefulRestart`` the host must
-        show that it restarts within :data:`RESTART_SEEN_S` seconds (power ``Off``, or a
-        new boot identity in the scheduler): a hung OS accepts the request through its
-        BMC and never restarts, so ``ForceRestart`` follows then, once, as its own phase
-        (a reboot action's purpose is the reboot; the ladder's next rung is for a reboot
-        that did not fix the fault). Without a boot identity to compare (no recorded
-        one, no scheduler reader) only the power can show the restart, which a warm
-        restart may never do: the activity then waits for power ``On`` as before and
-        says the restart was not observed. A failure carries the phase reached
-        (:func:`workflows.activity_api.phased_failure`)."""
+        ``restart_sent`` → (``restart_unseen`` → ``force_restart_sent``) →
+        ``restart_seen`` → ``booted``, resumed from ``inp.resume_phase`` (or the last
+        heartbeat of an earlier try): each command is sent at most once per attempt; a
+        restart request whose answer was lost counts as sent (``restart_sent``: the retry
+        waits for it to show; a refusal the BMC answered reports ``not_started``). After
+        ``GracefulRestart`` the host must show that it restarts within
+        :data:`RESTART_SEEN_S` seconds (power ``Off``, or a new boot identity in the
+        scheduler): a hung OS accepts the request through its BMC and never restarts, so
+        the call then fails (retryable, :class:`RestartNotSeen`) in phase
+        ``restart_unseen``, and the retry resumed there sends ``ForceRestart``, once, as
+        its own phase (a reboot action's purpose is the reboot; the ladder's next rung is
+        for a reboot that did not fix the fault). The ``ForceRestart`` is never sent by
+        the call that waited: the workflow learns of a cancel only when a call returns
+        and runs no retry after one (I19). Without a boot identity to compare (no recorded
+        one, no scheduler reader, or none the scheduler could give during the wait) only
+        the power can show the restart, which a warm restart may never do: the activity
+        then waits for power ``On`` as before and says the restart was not observed. A
+        failure carries the phase reached (:func:`workflows.activity_api.phased_failure`)."""
         phase = resume_from(inp, PHASES[Action.reboot])
         try:
             why = await boot_changed(self.health, inp.cluster, inp.node, inp.boot_id_before,
@@ -388,15 +414,31 @@ class PowerActivities:
             steps: list[str] = []
             if phase == "not_started":
                 if (await m.power_state()).lower() == "off":
-                    await m.reset(sushy.RESET_ON)
+                    # nothing to observe: On is the restart. Possibly sent from here on
+                    # (its answer may be lost): a retry only waits for power On, never
+                    # restarts the host it powered on
+                    phase = "restart_seen"
+                    heartbeat({"phase": phase})
+                    try:
+                        await m.reset(sushy.RESET_ON)
+                    except ApplicationError:
+                        phase = "not_started"  # the BMC answered a refusal: nothing sent
+                        raise
                     steps.append("host was off: powered on")
-                    phase = "restart_seen"  # nothing to observe: On is the restart
                 else:
                     allowed = await m.allowed_resets()
                     graceful = sushy.RESET_GRACEFUL_RESTART in allowed
                     kind = (sushy.RESET_GRACEFUL_RESTART if graceful
                             else sushy.RESET_FORCE_RESTART)
-                    await m.reset(kind)
+                    # the restart possibly sent from here on (its answer may be lost): a
+                    # retry resumes waiting for it to show, never sends it again blind
+                    phase = "restart_sent"
+                    heartbeat({"phase": phase})
+                    try:
+                        await m.reset(kind)
+                    except ApplicationError:
+                        phase = "not_started"  # the BMC answered a refusal: nothing sent
+                        raise
                     steps.append(f"{kind.value} sent")
                     phase = "restart_sent" if graceful else "force_restart_sent"
                 heartbeat({"phase": phase})
@@ -409,7 +451,13 @@ class PowerActivities:
             if phase == "restart_sent":
                 observable = self.health is not None and (
                     inp.boot_id_before is not None or inp.boot_time_before is not None)
-                seen = await self._restart_seen(m, inp, observable)
+                seen, judged = await self._restart_seen(m, inp, observable)
+                if seen is None and observable and not judged:
+                    # the scheduler never gave a comparable boot identity: as without one
+                    # (a warm restart may keep the power On), never a blind ForceRestart
+                    observable = False
+                    steps.append("boot identity could not be read within "
+                                 f"{RESTART_SEEN_S:g} s")
                 if seen is not None and seen.startswith("boot"):
                     steps.append(f"restart seen ({seen})")
                     return ActionResult(done=True, detail="; ".join(steps), phase="booted")
@@ -422,43 +470,70 @@ class PowerActivities:
                                  "waiting for power On")
                     phase = "restart_seen"
                 else:
-                    # the OS did not act on the request (hung): force it, once
-                    await m.reset(sushy.RESET_FORCE_RESTART)
-                    steps.append(f"no restart seen within {RESTART_SEEN_S:g} s (power "
-                                 "stayed On, boot identity unchanged): ForceRestart sent")
+                    # the OS did not act on the request (hung). The ForceRestart is the
+                    # retry's (resumed at restart_unseen), never this call's: the workflow
+                    # hears of a cancel only when a call returns, and runs no retry once
+                    # a stop came (I19)
+                    phase = "restart_unseen"
+                    heartbeat({"phase": phase})
+                    raise RestartNotSeen(
+                        f"no restart of {inp.node} seen within {RESTART_SEEN_S:g} s of "
+                        "GracefulRestart (power stayed On, boot identity unchanged): "
+                        "ForceRestart follows on the retry")
+            if phase == "restart_unseen":
+                st = await m.power_state()
+                if st.lower() in ("off", "poweringoff"):
+                    steps.append(f"restart seen late (power {st}): ForceRestart not sent")
+                    phase = "restart_seen"
+                else:
+                    # possibly sent from here on (its answer may be lost, and a forced
+                    # restart need not show Off): a retry only waits for power On
                     phase = "force_restart_sent"
                     heartbeat({"phase": phase})
+                    try:
+                        await m.reset(sushy.RESET_FORCE_RESTART)
+                    except ApplicationError:
+                        phase = "restart_unseen"  # the BMC answered a refusal: not sent
+                        raise
+                    steps.append(f"no restart seen within {RESTART_SEEN_S:g} s of "
+                                 "GracefulRestart (power stayed On, boot identity "
+                                 "unchanged): ForceRestart sent")
                     log.info("event=reboot_forced cluster=%s node=%s machine=%s repair=%s "
                              "key=%s", inp.cluster, inp.node, inp.machine, inp.repair_id,
                              inp.idempotency_key)
+                heartbeat({"phase": phase})
             await m.wait_power("On", phase)
         except Exception as e:
             raise phased_failure(e, phase) from None
         return ActionResult(done=True, detail="; ".join(steps), phase="booted")
 
     async def _restart_seen(self, m: RedfishMachine, inp: MachineActionInput,
-                            observable: bool) -> str | None:
+                            observable: bool) -> tuple[str | None, bool]:
         """Poll every :data:`POWER_POLL_S` seconds, for at most :data:`RESTART_SEEN_S`
         seconds, until the host shows that it restarts: its power read ``Off`` /
         ``PoweringOff`` (``"power Off"``) or a new boot identity (``"boot id changed …"``
         / ``"boot time advanced …"``). Not ``observable`` (no boot identity to compare):
-        the power is read once. Heartbeats phase ``restart_sent``; None when nothing
-        showed."""
+        the power is read once. Heartbeats phase ``restart_sent``. Returns ``(seen,
+        judged)``: ``seen`` None when nothing showed; ``judged`` whether the scheduler
+        gave a comparable boot identity at least once (:func:`boot_read`): never judged,
+        an unchanged identity proves nothing."""
         deadline = time.monotonic() + RESTART_SEEN_S
+        judged = False
         while True:
             st = await m.power_state()
             heartbeat({"phase": "restart_sent", "power": st})
             if st.lower() in ("off", "poweringoff"):
-                return f"power {st}"
+                return f"power {st}", judged
             if not observable:
                 # a warm restart may keep the power On: nothing else shows it
-                return None
-            why = await boot_changed(self.health, inp.cluster, inp.node, inp.boot_id_before,
-                                     inp.boot_time_before)
+                return None, judged
+            read, why = await boot_read(self.health, inp.cluster, inp.node,
+                                        inp.boot_id_before, inp.boot_time_before)
+            judged = judged or read
             if why:
-                return why
+                return why, judged
             if time.monotonic() >= deadline:
-                return None
+                return None, judged
             await asyncio.sleep(POWER_POLL_S)
 
     @activity.defn(name=ACT.power_cycle_machine)

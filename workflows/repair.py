@@ -1471,16 +1471,18 @@ class RepairWorkflow:
             if remaining is None:
                 raise _Ended(S.failed, "system", f"drain failed: {_cause(err)}") from err
             res = DrainResult(drained=False, remaining=remaining)
+        # a cancel or reject that came while the drain ran is final (I19), whether or not
+        # the drain finished: nothing was touched, the cleanup uncordons (the pure machine
+        # decides a stop before the drain's answer the same way)
+        if self._cancel is not None or self._reject is not None:
+            await self._rejoin()
+            self._check_cancel_before_act()
         if not res.drained:
             # the work would not leave by the deadline: the fault stands, so the node stays
             # cordoned for a person (the pure machine decides the same, decision.py)
             reason, self._hold = decision.drain_deadline_ending(
                 res.remaining, self._policy.rails.drain_deadline_s)
             raise _Ended(S.failed, "system", reason)
-        # cancel is still honoured after draining: nothing irreversible happened yet
-        if self._cancel is not None or self._reject is not None:
-            await self._rejoin()
-            self._check_cancel_before_act()
 
     async def _act_with_ladder(self) -> None:
         """Run the action; on a definitive failure, or when the fault recurs after it,

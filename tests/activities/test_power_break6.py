@@ -69,7 +69,13 @@ async def test_a_graceful_restart_a_hung_os_ignores_falls_back_to_force_restart(
     host.install(monkeypatch)
     acts = PowerActivities(_config(redfish_emulator, bmc_secrets_file), health=host.health)
     inp = _inp("gpu-01", boot_id_before="boot-A")
-    res = await ActivityEnvironment().run(acts.reboot_machine, inp)
+    # the call that sent it ends in phase restart_unseen; its retry forces the restart
+    # (test_power_break9.py: never the call that waited, a cancel is decided between)
+    with pytest.raises(ApplicationError) as ei:
+        await ActivityEnvironment().run(acts.reboot_machine, inp)
+    assert ei.value.details[0]["phase"] == "restart_unseen"
+    res = await ActivityEnvironment().run(
+        acts.reboot_machine, inp.model_copy(update={"resume_phase": "restart_unseen"}))
     assert host.sent == ["GracefulRestart", "ForceRestart"], (host.sent, res)
     assert res.done and res.phase == "booted", res
     assert "ForceRestart" in res.detail and "3 s" in res.detail, res.detail

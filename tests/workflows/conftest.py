@@ -124,6 +124,10 @@ class FakeCluster:
     #: failure raised): e.g. the real ``SchedulerActivities.drain_node`` over a fake
     #: scheduler, so a test sees the deadline the real activity hands the scheduler.
     drain_with: Callable[[DrainInput], Awaitable[DrainResult]] | None = None
+    #: Nodes whose OS hangs: the BMC accepts ``GracefulRestart`` and the OS never acts on
+    #: it. As activities/power.py: the call that sent it fails transiently in phase
+    #: ``restart_unseen``; the retry from there sends ``FORCE_RESTART``.
+    hung_os: set[str] = field(default_factory=set)
 
     async def _out(self, name: str, node: str) -> None:
         hook = self.while_out.get(name)
@@ -177,6 +181,7 @@ class FakeCluster:
     @activity.defn(name=ACT.drain_node)
     async def drain_node(self, inp: DrainInput) -> DrainResult:
         self._log("drain", inp.node)
+        await self._out("drain", inp.node)
         if self.drain_with is not None:
             return await self.drain_with(inp)
         return DrainResult(drained=True)
@@ -226,9 +231,16 @@ class FakeCluster:
     async def reboot_machine(self, inp: MachineActionInput) -> ActionResult:
         """Phased like activities/power.py: the restart is sent once per attempt."""
         self._log("reboot", inp.node)
+        await self._out("reboot", inp.node)
         self._maybe_fail("reboot")
         if inp.resume_phase == "not_started":
             self.resets.append((inp.node, "RESTART"))
+            if inp.node in self.hung_os:
+                raise ApplicationError(
+                    f"no restart of {inp.node} seen (injected hung OS)",
+                    {PHASE_DETAIL: "restart_unseen"}, type="RestartNotSeen")
+        if inp.resume_phase == "restart_unseen":
+            self.resets.append((inp.node, "FORCE_RESTART"))
         self._reboot(inp.node)
         return ActionResult(done=True, phase="booted")
 

@@ -42,10 +42,12 @@ PHASES: dict[Action, tuple[str, ...]] = {
     # may be lost); a retry waits for Off before it sends ForceOff again
     Action.power_cycle: ("not_started", "off_requested", "off_sent", "off_seen", "on_sent",
                          "booted"),
-    # a GracefulRestart the OS never acted on is followed by ForceRestart, once (its own
-    # phase); restart_seen: the restart showed (power Off), only power On is waited for
-    Action.reboot: ("not_started", "restart_sent", "force_restart_sent", "restart_seen",
-                    "booted"),
+    # a GracefulRestart the OS never acted on (restart_unseen: the try that sent it ends
+    # there, so a cancel meanwhile is decided before anything more is sent) is followed by
+    # ForceRestart, once, by the retry (its own phase); restart_seen: the restart showed
+    # (power Off), only power On is waited for
+    Action.reboot: ("not_started", "restart_sent", "restart_unseen", "force_restart_sent",
+                    "restart_seen", "booted"),
     Action.reset_gpu: ("not_started", "reset_sent", "done"),
     Action.reprovision: ("not_started", "provision_started", "booted"),
     Action.migrate: ("not_started", "started", "restart_sent", "done"),
