@@ -589,7 +589,8 @@ class PowerActivities:
                     steps.append("resumed at off_requested: the earlier ForceOff landed "
                                  "(power no longer On), not sent again")
                 elif inp.make_safe:
-                    return ActionResult(done=True, phase="booted", detail=(
+                    return ActionResult(done=True, phase="booted", nothing_landed=True,
+                                        detail=(
                         f"making safe: power stayed On for {FORCE_OFF_LANDED_S:g} s, the "
                         "earlier ForceOff did not land; nothing sent"))
                 else:

@@ -348,6 +348,11 @@ class ActionResult(BaseModel):
     not_run: str = ""
     #: The phase reached (the last one on success; "" from activities without phases).
     phase: str = ""
+    #: A run that only made the machine safe after a cancel (``make_safe``) proved that no
+    #: disruptive command of this attempt landed: the ForceOff reported as possibly sent
+    #: (``off_requested``) left the power On for the whole ``FORCE_OFF_LANDED_S`` wait
+    #: (:mod:`activities.power`). The attempt touched nothing (I22).
+    nothing_landed: bool = False
 
 
 class MigrateResult(BaseModel):

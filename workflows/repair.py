@@ -2404,7 +2404,7 @@ def _ok_event(action: Action, res: Any) -> MachineEvent:
         if res.not_run:
             return MaOk(phase=MA_PHASES[action][0], not_run=res.not_run, detail=res.detail)
         return MaOk(phase=final, detail=res.detail or res.skipped_reason,
-                    skipped=bool(res.skipped_reason))
+                    skipped=bool(res.skipped_reason), nothing_landed=res.nothing_landed)
     return MaOk(phase=final)
 
 

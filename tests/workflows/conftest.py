@@ -108,6 +108,9 @@ class FakeCluster:
     bmc_read_failures_after_on: dict[str, int] = field(default_factory=dict)
     #: node -> BMC status reads still to fail once ForceOff was sent (waiting for Off).
     bmc_read_failures_after_off: dict[str, int] = field(default_factory=dict)
+    #: nodes whose power cycle's first ForceOff has its answer lost and never lands (the
+    #: try fails at ``off_requested``; a make-safe run then reports ``nothing_landed``)
+    force_off_lost: set[str] = field(default_factory=set)
     #: call name ("check_idle", "power_cycle", ...) -> coroutine function awaited with the
     #: node at the start of that call: a test sends a signal while the call is out.
     while_out: dict[str, Callable[[str], Awaitable[None]]] = field(default_factory=dict)
@@ -260,7 +263,20 @@ class FakeCluster:
             return ActionResult(done=True, skipped_reason="host already came back",
                                 phase="booted")
         phase = inp.resume_phase
-        if phase == "off_requested":  # the fake BMC's ForceOff always lands
+        lost = inp.node in self.force_off_lost
+        if phase == "not_started" and lost:
+            # the ForceOff's answer is lost and the request never reached the host
+            raise ApplicationError(f"BMC of {inp.node} unavailable: ConnectionError "
+                                   "(injected: ForceOff answer lost)",
+                                   {PHASE_DETAIL: "off_requested"}, type="BmcUnavailable")
+        if phase == "off_requested" and lost and inp.make_safe:
+            return ActionResult(done=True, phase="booted", nothing_landed=True,
+                                detail="making safe: power stayed On, the earlier ForceOff "
+                                       "did not land; nothing sent")
+        if phase == "off_requested" and lost:  # it never landed: the retry's is the one
+            self.force_off_lost.discard(inp.node)
+            phase = "not_started"
+        elif phase == "off_requested":  # the fake BMC's ForceOff landed
             phase = "off_sent"
         if phase == "not_started":
             self.resets.append((inp.node, "FORCE_OFF"))

@@ -67,6 +67,10 @@ DISRUPTIVE: dict[Action, str] = {
 UNSAFE: dict[Action, frozenset[str]] = {
     Action.power_cycle: frozenset({"off_requested", "off_sent", "off_seen"}),
 }
+#: The phase in which an action's disruptive command is only possibly sent (reported
+#: before the request goes out; its answer may be lost): a ``make_safe`` run may prove it
+#: never landed (:attr:`ActivityOk.nothing_landed`).
+_POSSIBLY_SENT: dict[Action, str] = {Action.power_cycle: "off_requested"}
 #: Test-only defects :func:`step` can re-introduce (``tests/model`` shows each is found).
 DEFECTS: dict[str, str] = {
     "retry_from_scratch": "a retry starts the action again from not_started (double ForceOff)",
@@ -136,6 +140,11 @@ class ActivityOk(BaseModel):
     #: no attempt) unless a try of this attempt reported the disruptive phase, or ended
     #: without reporting its phase itself (``phase_uncertain``: the reboot may be ours)
     skipped: bool = False
+    #: a ``make_safe`` run proved that the disruptive command only possibly sent (the
+    #: attempt's phase is the first of :data:`UNSAFE`, e.g. ``off_requested``) never
+    #: landed: the host's power stayed as it was. Untouched after all (I22: no attempt;
+    #: the repair's cleanup uncordons) unless a try ended without reporting its phase.
+    nothing_landed: bool = False
 
 
 class ActivityFailed(BaseModel):
@@ -365,6 +374,14 @@ def step(state: MachineActionState, event: Event, now: datetime,
                         "already rebooted by itself, nothing sent", defects)
         s = s.model_copy(update={"phase": PHASES[s.action][-1]})
         return _end(s, Status.succeeded, event.detail, defects)
+    if isinstance(event, ActivityOk) and event.nothing_landed and st == Status.making_safe \
+            and not s.phase_uncertain and s.phase == _POSSIBLY_SENT.get(s.action):
+        # the command possibly sent never landed (the power stayed as it was): nothing
+        # was touched, so nothing is recorded and the node is not held for it (I22, I1)
+        s = s.model_copy(update={"touched": False})
+        return _end(s, Status.cancelled, f"cancelled by {s.cancel}; the {s.action.value}'s "
+                    f"command possibly sent at {s.phase} never landed ({event.detail}): "
+                    "nothing touched", defects)
     s = _advance(s, event.phase)
     if isinstance(event, WorkerRestart) or (isinstance(event, ActivityFailed)
                                             and event.outcome == "timed_out"):
@@ -429,7 +446,10 @@ def _table() -> None:
             elif st not in (Status.running, Status.making_safe):
                 what = "ignored: no call is out"
             elif kind == "ok":
-                what = ("→ cancelled (safe now; attempt recorded)" if st == Status.making_safe
+                what = ("→ cancelled (safe now; attempt recorded); nothing_landed (the "
+                        "command possibly sent at off_requested never landed, every try "
+                        "reported its phase) → cancelled untouched, no attempt"
+                        if st == Status.making_safe
                         else "→ succeeded; or cancelled if a cancel came meanwhile; "
                              "not_run when nothing was touched; skipped (the host "
                              "rebooted by itself, nothing sent) → succeeded / cancelled "
