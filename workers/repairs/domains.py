@@ -22,7 +22,7 @@ the ledger as the clear of the hold's ``failure_domain`` alert).
 # definition time.
 import logging
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query
 from pydantic import BaseModel, Field
@@ -105,12 +105,14 @@ async def release_domain(client: Client, cluster: str, domain: str, by: str,
     return st
 
 
-def known_cluster(cfg: AutorepairConfig, cluster: str) -> None:
+def known_cluster(cfg: AutorepairConfig, cluster: str,
+                  where: Literal["query", "path"] = "query") -> None:
     """Raise 422 naming ``cluster`` and the configured clusters when the config lists
-    clusters and not this one (a typo would read as "nothing held")."""
+    clusters and not this one (a typo would read as "nothing held"); ``where``: the
+    parameter's location, first in the error's ``loc`` as FastAPI's own errors have it."""
     names = [c.name for c in cfg.clusters]
     if names and cluster not in names:
-        raise HTTPException(422, [{"loc": ["cluster"], "type": "value_error",
+        raise HTTPException(422, [{"loc": [where, "cluster"], "type": "value_error",
                                    "msg": f"unknown cluster {cluster!r} (configured: {names})"}])
 
 
@@ -137,7 +139,7 @@ def add_domain_routes(router: APIRouter, need: Callable[..., Callable[..., Princ
         body: ReleaseBody | None = None,
     ) -> DomainsView:
         """Release the hold of ``domain``: its waiting repairs go as the rails allow."""
-        known_cluster(ix.config, cluster)
+        known_cluster(ix.config, cluster, "path")
         reason = body.reason if body else ""
         st = await release_domain(ix.client, cluster, domain, who.user, reason)
         if st is None or all(h.domain != domain for h in st.domain_holds):
