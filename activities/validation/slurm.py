@@ -262,7 +262,15 @@ class SlurmValidation(SlurmScheduler, ValidationBackend):
         return CollectResult(finished=True, result=result)
 
     async def release(self, c: CollectInput) -> None:
-        """Cancel the job if it still runs and delete the reservation (both idempotent)."""
+        """Cancel the job if it still runs and delete the reservation (both idempotent).
+
+        A placement that resumed the node's drain for the run and then never submitted
+        its job (``sbatch`` failing on every try, the worker dying in between: the
+        marker names no job) has the drain put back first, with its reason, before the
+        reservation that kept other jobs off goes: a machine the repair drained and
+        nobody validated never returns to service through a failed placement (the
+        verdict is ``aborted``, which restores the prior state)."""
+        await self._restore_unsubmitted(c)
         if c.job_id:
             state = await self.job_state(c.job_id)
             if state is not None and state.split("+")[0] in SLURM_ACTIVE:
@@ -278,6 +286,21 @@ class SlurmValidation(SlurmScheduler, ValidationBackend):
                                            check=False)
             if rc != 0 and await self._reservation_exists(res):
                 raise RuntimeError(f"scontrol delete reservation {res}: {(err or out).strip()}")
+
+    async def _restore_unsubmitted(self, c: CollectInput) -> None:
+        """Put back a drain that placement resumed for a job it never submitted (see
+        :meth:`release`); nothing when the marker names a job, or the node is drained."""
+        marker, _ = self._paths(c.run_id)
+        try:
+            state = json.loads(marker.read_text())
+        except (FileNotFoundError, ValueError):
+            return
+        prior = state.get("prior_state") or {}
+        if state.get("job_id") or not prior.get("drain"):
+            return
+        node = await self.read_node(c.node)
+        if not node.drain:
+            await self._drain(c.node, str(prior.get("reason") or f"{REASON_PREFIX}restored"))
 
     async def _drain(self, node: str, reason: str) -> None:
         await self._update(node, "state=drain", f"reason={reason}")

@@ -1,0 +1,70 @@
+"""A check job that cannot be submitted never puts a machine back in service.
+
+Placement resumes the repair's drain so the check job can run (the run's ``Flags=MAINT``
+reservation keeps every other job off the node). When ``sbatch`` then fails on every try
+(a typo in ``validation.partition``, slurmctld refusing jobs), placement gives up after
+its retries and the run ends ``aborted`` — and the release deleted the reservation. The
+node was left resumed: a machine a repair had drained, never validated, took jobs again.
+An aborted run restores the state the node had before it (module docstring of
+``activities.validation.slurm``), so the node must end drained with the reason it had.
+
+Real Slurm on loopback, real Temporal (time-skipping: the retries' back-off is skipped),
+real PostgreSQL ledger.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio import workflow
+from temporalio.worker import Worker
+
+with workflow.unsafe.imports_passed_through():
+    from tests.validation.test_validation_slurm import CLUSTER, _config
+    from workers.devpeers import SlurmCluster
+    from workflows.models import ValidationRequest, ValidationResult, Verdict
+    from workflows.protocol import workflow_id_validation
+    from workflows.validation import ValidationWorkflow
+
+pytestmark = pytest.mark.slurm
+
+
+async def test_submit_failing_on_every_try_leaves_the_repairs_drain(
+        temporal_env: Any, ledger_pool: Any, slurm_cluster: SlurmCluster,
+        tmp_path: Path) -> None:
+    from activities.ledger_activities import LedgerActivities
+    from activities.validation_activities import ValidationActivities
+
+    config = _config(slurm_cluster, tmp_path)
+    config.clusters[0].validation.partition = "no-such-partition"
+    node = "gpu-04"
+    # drained by a repair that has ended (not in the ledger's in-flight set): placement
+    # may take that drain over for the check run
+    reason = "autorepair:repair-ended-1 reprovision"
+    slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=drain",
+                      f"reason={reason}")
+    tq = f"validation-{uuid.uuid4().hex[:8]}"
+    acts = (ValidationActivities(config, ledger_pool).all()
+            + LedgerActivities(ledger_pool).all())
+    try:
+        async with Worker(temporal_env.client, task_queue=tq,
+                          workflows=[ValidationWorkflow], activities=acts):
+            result = await temporal_env.client.execute_workflow(
+                ValidationWorkflow.run, ValidationRequest(cluster=CLUSTER, machine=node),
+                id=workflow_id_validation(node, f"submit-fails-{uuid.uuid4().hex[:6]}"),
+                task_queue=tq, result_type=ValidationResult,
+            )
+        line = slurm_cluster.run("scontrol", "-o", "show", "node", node)
+    finally:
+        slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=resume",
+                          check=False)
+    assert result.verdict == Verdict.aborted
+    assert "no-such-partition" in result.reason or "partition" in result.reason.lower(), \
+        result.reason
+    assert "DRAIN" in line, line  # still out of service: it was never validated
+    assert f"Reason={reason}" in line, line
+    assert "autorepair-validate" not in slurm_cluster.run(
+        "scontrol", "show", "reservation", check=False)
