@@ -66,6 +66,11 @@ ANN_RUN = "autorepair.io/validation-run"
 LABEL_RUN = "autorepair.io/validation"
 #: Annotation on the node naming the hardware ticket of a failed run.
 ANN_TICKET = "autorepair.io/validation-ticket"
+#: Annotation on the node, written before placement first cordons it (or takes its cordon
+#: over): ``{"run": <run id>, "prior": <snapshot>}``. A retried placement that finds the
+#: node held by its own run takes the prior state from here, never from what it did
+#: itself; the release removes it.
+ANN_NODE_PRIOR = "autorepair.io/validation-prior"
 
 
 class KubeValidation(KubeScheduler, ValidationBackend):
@@ -158,7 +163,7 @@ class KubeValidation(KubeScheduler, ValidationBackend):
             if e.type == ERR_UNKNOWN_NODE:
                 return PlacementResult(placed=False, reason=str(e), **timing)
             raise
-        prior = self.snapshot(n)
+        prior = self.own_prior(n, p.run_id) or self.snapshot(n)
         others = await self.other_repairs(p.node, p.run_id)
         if others:
             return PlacementResult(
@@ -180,6 +185,11 @@ class KubeValidation(KubeScheduler, ValidationBackend):
                 reason=f"machine reallocated: GPU pods {', '.join(sorted(gpu_pods))} on {p.node}",
                 **timing,
             )
+        if (n.metadata.annotations or {}).get(ANN_REPAIR_ID) != p.run_id:
+            # recorded before the node is touched: a retry after a failed Job create
+            # restores this, not the run's own cordon
+            await self._annotate(p.node, {ANN_NODE_PRIOR: json.dumps(
+                {"run": p.run_id, "prior": prior})})
         if not n.spec.unschedulable:
             await self.cordon(p.node, p.run_id, "validation run")
         else:
@@ -264,8 +274,27 @@ class KubeValidation(KubeScheduler, ValidationBackend):
                 f"{out.text[-2000:]!r}"))
         return CollectResult(finished=True, result=result)
 
+    @staticmethod
+    def own_prior(n: k8s.V1Node, run_id: str) -> dict[str, Any] | None:
+        """The prior state recorded by an earlier try of ``run_id``'s placement
+        (:data:`ANN_NODE_PRIOR`) when the node is held by that run; else None."""
+        if (n.metadata.annotations or {}).get(ANN_REPAIR_ID) != run_id \
+                or _recorded_run(n) != run_id:
+            return None
+        prior = _prior_record(n).get("prior")
+        return prior if isinstance(prior, dict) else None
+
     async def release(self, c: CollectInput) -> None:
-        """Delete the Job and its pods (idempotent)."""
+        """Delete the Job and its pods, and the run's prior-state record on the node
+        (:data:`ANN_NODE_PRIOR`; all idempotent)."""
+        try:
+            n = await self._read(c.node)
+        except ApplicationError as e:
+            if e.type != ERR_UNKNOWN_NODE:
+                raise
+        else:
+            if _recorded_run(n) == c.run_id:
+                await self._annotate(c.node, {ANN_NODE_PRIOR: None})
         if not c.job_id:
             return
         batch = await self._batch()
@@ -366,3 +395,18 @@ class KubeValidation(KubeScheduler, ValidationBackend):
         after = await self._read(node)
         unschedulable = bool(after.spec.unschedulable)
         return (["SchedulingDisabled"] if unschedulable else ["Schedulable"]), not unschedulable
+
+
+def _prior_record(n: k8s.V1Node) -> dict[str, Any]:
+    """The node's :data:`ANN_NODE_PRIOR` record; ``{}`` when absent or unreadable."""
+    try:
+        rec = json.loads((n.metadata.annotations or {}).get(ANN_NODE_PRIOR) or "{}")
+    except ValueError:
+        return {}
+    return rec if isinstance(rec, dict) else {}
+
+
+def _recorded_run(n: k8s.V1Node) -> str | None:
+    """The run whose prior state the node's :data:`ANN_NODE_PRIOR` record holds."""
+    run = _prior_record(n).get("run")
+    return run if isinstance(run, str) else None

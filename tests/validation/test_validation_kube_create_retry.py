@@ -1,0 +1,79 @@
+"""A Job create that fails once never makes the check run's own cordon the node's
+"prior state".
+
+Placement cordons a schedulable node for the check run, then creates the Job. When the
+create fails (an API server 500, a timeout) the activity is retried; the retry read the
+node again and recorded what it saw — cordoned by this very run — as the state to
+restore. An ``aborted`` verdict (the run timed out, the machine was taken) then
+"restored" that cordon: a node that was in service before validation was left cordoned
+by a run that had ended. The prior state must be the one from before the run touched
+the node, whichever try of the placement succeeds.
+
+kmock API server + the real ``kubernetes_asyncio`` client, real Temporal
+(time-skipping), real PostgreSQL ledger. No kubelet: the Job never runs, so the run ends
+``aborted`` on its (short) timeout.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp.web
+import pytest
+from temporalio import workflow
+from temporalio.worker import Worker
+
+with workflow.unsafe.imports_passed_through():
+    import kmock
+
+    from tests.validation.test_validation_kube import CLUSTER, JOBS, _config, _live_jobs
+    from workflows.models import ValidationRequest, ValidationResult, Verdict
+    from workflows.protocol import workflow_id_validation
+    from workflows.validation import ValidationWorkflow
+
+
+async def test_job_create_failing_once_keeps_the_prior_state(
+        temporal_env: Any, ledger_pool: Any, kube_api: Any, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from activities.ledger_activities import LedgerActivities
+    from activities.validation_activities import ValidationActivities
+
+    server = kube_api.server
+    server.resources[JOBS] = kmock.ResourceInfo(kind="Job", namespaced=True)
+    cfg, _faults = _config(tmp_path)
+    cfg.clusters[0].validation.timeout_s = 2.0
+    cfg.clusters[0].validation.poll_s = 1.0
+    kube_api.add_node("gpu-01")  # schedulable, in service
+
+    real = type(server)._handle
+    failed: list[str] = []
+
+    async def first_create_fails(self: Any,
+                                 request: kmock.Request) -> aiohttp.web.StreamResponse:
+        if (request.resource == JOBS and request.action == kmock.action.CREATE
+                and not failed):
+            failed.append(request.name or "job")
+            return aiohttp.web.json_response(
+                {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                 "message": "etcdserver: request timed out", "reason": "InternalError",
+                 "code": 500}, status=500)
+        return await real(self, request)
+
+    monkeypatch.setattr(type(server), "_handle", first_create_fails)
+    tq = f"kval-{uuid.uuid4().hex[:8]}"
+    acts = (ValidationActivities(cfg, ledger_pool, kube_api_client=kube_api.api_client).all()
+            + LedgerActivities(ledger_pool).all())
+    async with Worker(temporal_env.client, task_queue=tq, workflows=[ValidationWorkflow],
+                      activities=acts):
+        result: ValidationResult = await temporal_env.client.execute_workflow(
+            ValidationWorkflow.run, ValidationRequest(cluster=CLUSTER, machine="gpu-01"),
+            id=workflow_id_validation("gpu-01", f"k-create-{uuid.uuid4().hex[:6]}"),
+            task_queue=tq, result_type=ValidationResult)
+    assert failed, "the first Job create was not refused: the test did not run its case"
+    assert result.verdict == Verdict.aborted and "timed out" in result.reason, result.reason
+    node = kube_api.node("gpu-01")
+    assert not node["spec"].get("unschedulable"), node  # back in service as it was
+    assert not any(t["key"] == "autorepair.io/repair" for t in node["spec"].get("taints") or [])
+    assert _live_jobs(kube_api) == []
