@@ -58,6 +58,7 @@ from workflows.activity_api import (
     ValidationPlacement,
 )
 from workflows.config import ClusterConfig, ValidationConfig
+from workflows.models import Verdict
 
 #: Annotation on the Job holding the node's state before placement (JSON).
 ANN_PRIOR = "autorepair.io/prior-state"
@@ -286,13 +287,23 @@ class KubeValidation(KubeScheduler, ValidationBackend):
 
     async def release(self, c: CollectInput) -> None:
         """Delete the Job and its pods, and the run's prior-state record on the node
-        (:data:`ANN_NODE_PRIOR`; all idempotent)."""
+        (:data:`ANN_NODE_PRIOR`; all idempotent). A run whose Job was never created (every
+        create refused: ``job_id`` empty) that still holds the node has the node's prior
+        state restored here, as an ``aborted`` verdict would."""
         try:
             n = await self._read(c.node)
         except ApplicationError as e:
             if e.type != ERR_UNKNOWN_NODE:
                 raise
         else:
+            prior = self.own_prior(n, c.run_id)
+            if not c.job_id and prior is not None:
+                # placement cordoned (or took over) the node for the run and never
+                # created its Job: the state before the run goes back now, since no
+                # verdict will be applied (the run ends aborted without placement)
+                await self._restore_prior(ReturnMachineInput(
+                    cluster=c.cluster, machine=c.machine, node=c.node, run_id=c.run_id,
+                    verdict=Verdict.aborted, prior_state=prior), n)
             if _recorded_run(n) == c.run_id:
                 await self._annotate(c.node, {ANN_NODE_PRIOR: None})
         if not c.job_id:

@@ -77,3 +77,47 @@ async def test_job_create_failing_once_keeps_the_prior_state(
     assert not node["spec"].get("unschedulable"), node  # back in service as it was
     assert not any(t["key"] == "autorepair.io/repair" for t in node["spec"].get("taints") or [])
     assert _live_jobs(kube_api) == []
+
+
+async def test_job_create_failing_on_every_try_restores_the_node(
+        temporal_env: Any, ledger_pool: Any, kube_api: Any, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every Job create refused: placement gives up after its retries (the back-off is
+    skipped by the test server), the run ends ``aborted`` — and the node, cordoned for the
+    run by the first try, is put back in service as it was."""
+    from activities.ledger_activities import LedgerActivities
+    from activities.validation_activities import ValidationActivities
+
+    server = kube_api.server
+    server.resources[JOBS] = kmock.ResourceInfo(kind="Job", namespaced=True)
+    cfg, _faults = _config(tmp_path)
+    kube_api.add_node("gpu-01")
+    real = type(server)._handle
+    refused: list[int] = []
+
+    async def create_refused(self: Any, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        if request.resource == JOBS and request.action == kmock.action.CREATE:
+            refused.append(1)
+            return aiohttp.web.json_response(
+                {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                 "message": "admission webhook denied the request", "reason": "InternalError",
+                 "code": 500}, status=500)
+        return await real(self, request)
+
+    monkeypatch.setattr(type(server), "_handle", create_refused)
+    tq = f"kval-{uuid.uuid4().hex[:8]}"
+    acts = (ValidationActivities(cfg, ledger_pool, kube_api_client=kube_api.api_client).all()
+            + LedgerActivities(ledger_pool).all())
+    async with Worker(temporal_env.client, task_queue=tq, workflows=[ValidationWorkflow],
+                      activities=acts):
+        result: ValidationResult = await temporal_env.client.execute_workflow(
+            ValidationWorkflow.run, ValidationRequest(cluster=CLUSTER, machine="gpu-01"),
+            id=workflow_id_validation("gpu-01", f"k-refused-{uuid.uuid4().hex[:6]}"),
+            task_queue=tq, result_type=ValidationResult)
+    assert len(refused) > 1, refused  # retried, then given up
+    assert result.verdict == Verdict.aborted and "placement failed" in result.reason, \
+        result.reason
+    node = kube_api.node("gpu-01")
+    assert not node["spec"].get("unschedulable"), node
+    assert not any(t["key"] == "autorepair.io/repair" for t in node["spec"].get("taints") or [])
+    assert "autorepair.io/validation-prior" not in (node["metadata"].get("annotations") or {})
