@@ -8,13 +8,15 @@ Providers (``ClusterConfig.provisioner``):
   installer the host is about to boot (power On is the start of POST: ejecting then
   left the one-time CD boot nothing to read) and is replaced by the next reprovision;
   the override is one-time, so later boots go to the disk. The phase reached
-  (``workflows.lifecycle.machine_action.PHASES``: ``provision_started`` once the restart
-  is sent) is heartbeated and carried by every failure
+  (``workflows.lifecycle.machine_action.PHASES``: ``provision_started`` from the moment
+  the restart request goes out — possibly sent, since its answer may be lost; only a
+  refusal the BMC answered puts it back) is heartbeated and carried by every failure
   (:func:`workflows.activity_api.phased_failure`); a retry resumes from
   ``MachineActionInput.resume_phase`` (which the repair carries) or the last heartbeat,
   so one attempt never restarts twice (I16), and a failure after the restart counts as
   an attempt (I22). ``migrate`` reports ``started`` (bound) and ``restart_sent`` (the new
-  machine restarted) the same way.
+  machine's restart requested) the same way. A restart that never landed is not sent a
+  second time blind: the repair's rejoin check wants a new boot identity after either.
 - ``webhook`` — for platforms with their own control plane: ``POST {provision_webhook}``
   with ``{"action", "cluster", "node", "machine", "repair_id", "image"}`` and the header
   ``Idempotency-Key: <action>/<repair_id>``; the answer ``{"id", "status"}`` is polled at
@@ -59,6 +61,7 @@ import asyncpg
 import httpx
 import sushy
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities.ledger import Ledger, connect
 from activities.power import (
@@ -93,6 +96,20 @@ log = logging.getLogger(__name__)
 WEBHOOK_WAIT_S = 3600.0
 #: Webhook HTTP timeout per request, seconds.
 WEBHOOK_HTTP_TIMEOUT_S = 30.0
+
+
+async def _send_restart(m: RedfishMachine, kind: Any,
+                        on_restart: Callable[[bool], None]) -> None:
+    """Send ``kind`` (``On`` / ``ForceRestart``) once: ``on_restart(True)`` first (the
+        restart is possibly sent from here on: an answer lost after the BMC applied it
+        must not be followed by a second restart, I16), ``on_restart(False)`` when the BMC
+    answered a refusal (``ApplicationError``: nothing sent), then re-raised."""
+    on_restart(True)
+    try:
+        await m.reset(kind)
+    except ApplicationError:
+        on_restart(False)
+        raise
 
 
 def machine_config(c: ClusterConfig, machine: str) -> NodeConfig | None:
@@ -173,13 +190,16 @@ class ProvisioningActivities:
     # ---- redfish virtual media ------------------------------------------------------
     async def _redfish_reprovision(
         self, c: ClusterConfig, inp: MachineActionInput, restarted: bool,
-        on_restart: Callable[[], None],
+        on_restart: Callable[[bool], None],
     ) -> ActionResult:
         """Insert the clean image, boot once from it, restart, wait On; the image stays
         inserted for the installer (module docstring). With ``restarted`` (an earlier try
         of this attempt sent the restart) only the wait runs: the restart is sent once per
-        attempt (I16). ``on_restart``
-        runs right after the restart is sent (the caller records its phase)."""
+        attempt (I16). ``on_restart(True)`` runs right *before* the restart goes out (the
+        caller records its phase: the restart is possibly sent from then on, since its
+        answer may be lost), ``on_restart(False)`` when the BMC answered a refusal (nothing
+        sent). A restart that never landed is not sent blind a second time: the repair's
+        rejoin check wants a new boot identity after a reprovision."""
         if not c.provision_image:
             raise permanent(
                 ERR_UNSUPPORTED,
@@ -215,13 +235,10 @@ class ProvisioningActivities:
             steps.append(await m.call(insert))
             await m.call(boot_once)
             steps.append("boot override Cd once")
-            if (await m.power_state()).lower() == "off":
-                await m.reset(sushy.RESET_ON)
-                steps.append("On")
-            else:
-                await m.reset(sushy.RESET_FORCE_RESTART)
-                steps.append("ForceRestart")
-            on_restart()
+            kind = (sushy.RESET_ON if (await m.power_state()).lower() == "off"
+                    else sushy.RESET_FORCE_RESTART)
+            await _send_restart(m, kind, on_restart)
+            steps.append("On" if kind == sushy.RESET_ON else "ForceRestart")
         else:
             steps.append("restart already sent by an earlier try of this attempt")
         await m.wait_power("On", "restart_sent")
@@ -313,7 +330,7 @@ class ProvisioningActivities:
         """Reimage the machine with the clean image (redfish virtual media or webhook).
 
         Phases (``workflows.lifecycle.machine_action.PHASES``): ``not_started`` →
-        ``provision_started`` (the restart sent, or the webhook's operation accepted) →
+        ``provision_started`` (the restart requested, or the webhook's operation accepted) →
         ``booted``, resumed from ``inp.resume_phase`` (or the last heartbeat of an
         earlier try): the restart is sent once per attempt, whatever fails after it
         (a BMC that stops answering while the host boots the installer; I16). A failure
@@ -321,9 +338,14 @@ class ProvisioningActivities:
         the repair counts a touched machine as an attempt (I22)."""
         reached = [resume_from(inp, PHASES[Action.reprovision])]
 
-        def started() -> None:
-            reached.append("provision_started")
-            heartbeat({"phase": "provision_started"})
+        def started(sent: bool = True) -> None:
+            # before the restart goes out (possibly sent from here on); False: the BMC
+            # answered a refusal, the phase goes back
+            if sent:
+                reached.append("provision_started")
+            elif len(reached) > 1:
+                reached.pop()
+            heartbeat({"phase": reached[-1]})
 
         try:
             c = self._cluster(inp.cluster)
@@ -338,10 +360,11 @@ class ProvisioningActivities:
         return res.model_copy(update={"phase": "booted"})
 
     async def _bring_up(self, c: ClusterConfig, inp: MachineActionInput, restarted: bool,
-                        on_restart: Callable[[], None]) -> str:
+                        on_restart: Callable[[bool], None]) -> str:
         """Boot ``inp.machine`` (the new machine of a migrate) as the node; with
         ``restarted`` (an earlier try of this attempt sent the restart) only wait for it
-        (I16). ``on_restart`` runs right after the restart is sent."""
+        (I16). ``on_restart`` as in :meth:`_redfish_reprovision` (before the request;
+        ``False`` after a refusal)."""
         ncfg = machine_config(c, inp.machine)
         if ncfg is None or ncfg.bmc is None:
             return (f"no BMC configured for machine {inp.machine} "
@@ -354,12 +377,11 @@ class ProvisioningActivities:
             await m.wait_power("On", "restart_sent")
             return f"{inp.machine}: restart already sent by an earlier try of this attempt"
         if (await m.power_state()).lower() == "off":
-            await m.reset(sushy.RESET_ON)
+            await _send_restart(m, sushy.RESET_ON, on_restart)
             what = "powered on"
         else:
-            await m.reset(sushy.RESET_FORCE_RESTART)
+            await _send_restart(m, sushy.RESET_FORCE_RESTART, on_restart)
             what = "ForceRestart sent"
-        on_restart()
         await m.wait_power("On", "restart_sent")
         return f"{inp.machine}: {what}"
 
@@ -374,9 +396,14 @@ class ProvisioningActivities:
         """
         reached = [resume_from(inp, PHASES[Action.migrate])]
 
-        def restarted() -> None:
-            reached.append("restart_sent")
-            heartbeat({"phase": "restart_sent"})
+        def restarted(sent: bool = True) -> None:
+            # before the new machine's restart goes out (possibly sent from here on);
+            # False: the BMC answered a refusal, the phase goes back to ``started``
+            if sent:
+                reached.append("restart_sent")
+            elif len(reached) > 1:
+                reached.pop()
+            heartbeat({"phase": reached[-1]})
 
         try:
             return await self._migrate(inp, reached, restarted)
@@ -384,7 +411,7 @@ class ProvisioningActivities:
             raise phased_failure(e, reached[-1]) from None
 
     async def _migrate(self, inp: MachineActionInput, reached: list[str],
-                       restarted: Callable[[], None]) -> MigrateResult:
+                       restarted: Callable[[bool], None]) -> MigrateResult:
         """:meth:`migrate_node`'s steps; ``reached[-1]`` is the phase reached so far (the
         binding made: ``started``; the new machine's restart sent: ``restart_sent``)."""
         c = self._cluster(inp.cluster)

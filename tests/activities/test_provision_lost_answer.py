@@ -1,0 +1,111 @@
+"""A reprovision's restart whose HTTP answer was lost is never sent again (I16).
+
+The virtual-media reprovision inserts the clean image, sets a one-time boot from it and
+sends ``ForceRestart`` (or ``On`` to a host found off). When the BMC applied the restart
+but its answer was lost (the connection dropped after the request went out), the try
+failed in phase ``not_started``: the phase was recorded only after the answer came. The
+retry then inserted, overrode and restarted again — a second restart in one attempt,
+into the installer the first one had just booted, and a failure after that counted no
+attempt (I22). The restart is "possibly sent" from the moment it goes out: the phase is
+recorded before the request; only a refusal the BMC answered puts it back. A restart
+that never landed is caught by the repair's rejoin check (a reprovision must come back
+with a new boot identity), never by a blind second restart.
+
+sushy-tools Redfish emulator; the lost answer is played by wrapping ``RedfishMachine.reset``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities import power
+from activities.power import RedfishMachine
+from activities.provisioning import ProvisioningActivities
+from tests.activities.test_redfish_power import _config, _inp, eject_media
+from workers.devpeers import RedfishEmulator
+from workflows.activity_api import ERR_UNSUPPORTED, permanent
+
+
+def _kind(reset_type: object) -> str:
+    return str(getattr(reset_type, "value", reset_type))
+
+
+class _Bmc:
+    """Every reset request the activity makes (``sent``); the first one's answer is lost
+    after the BMC applied it (``lost``), or the BMC answers the first with a refusal
+    (``refuse``)."""
+
+    def __init__(self, lost: bool = False, refuse: bool = False) -> None:
+        self.lost, self.refuse = lost, refuse
+        self.sent: list[str] = []
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        original = RedfishMachine.reset
+        bmc = self
+
+        async def reset(self: RedfishMachine, reset_type: str) -> None:
+            bmc.sent.append(_kind(reset_type))
+            if len(bmc.sent) == 1 and bmc.refuse:
+                raise permanent(ERR_UNSUPPORTED,
+                                f"{self._where()} refused the request: BadRequestError")
+            await original(self, reset_type)
+            if len(bmc.sent) == 1 and bmc.lost:
+                raise power.BmcUnavailable(f"{self._where()} unavailable: ConnectionError")
+
+        monkeypatch.setattr(RedfishMachine, "reset", reset)
+
+
+async def _try_then_retry(prov: ProvisioningActivities, node: str) -> tuple[str, object]:
+    inp = _inp(node)
+    with pytest.raises(ApplicationError) as ei:
+        await ActivityEnvironment().run(prov.reprovision_machine, inp)
+    phase = ei.value.details[0]["phase"]
+    if ei.value.non_retryable:
+        return phase, None
+    res = await ActivityEnvironment().run(
+        prov.reprovision_machine, inp.model_copy(update={"resume_phase": phase}))
+    return phase, res
+
+
+async def test_a_reprovision_restart_whose_answer_was_lost_is_not_sent_again(
+    redfish_emulator: RedfishEmulator, bmc_secrets_file: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cfg = _config(redfish_emulator, bmc_secrets_file)
+    prov = ProvisioningActivities(cfg)
+    m = RedfishMachine(cfg, "rf", "gpu-04", "gpu-04")
+    await eject_media(m)
+    bmc = _Bmc(lost=True)
+    bmc.install(monkeypatch)
+    try:
+        phase, res = await _try_then_retry(prov, "gpu-04")
+    finally:
+        monkeypatch.undo()
+        await eject_media(m)
+    assert phase == "provision_started", phase  # touched: counts as an attempt (I22)
+    assert len(bmc.sent) == 1, bmc.sent  # one restart in the attempt (I16)
+    assert res is not None and res.done and res.phase == "booted", res  # type: ignore[attr-defined]
+    assert "restart already sent" in res.detail, res.detail  # type: ignore[attr-defined]
+
+
+async def test_a_reprovision_restart_the_bmc_refused_reports_nothing_touched(
+    redfish_emulator: RedfishEmulator, bmc_secrets_file: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cfg = _config(redfish_emulator, bmc_secrets_file)
+    prov = ProvisioningActivities(cfg)
+    m = RedfishMachine(cfg, "rf", "gpu-04", "gpu-04")
+    await eject_media(m)
+    bmc = _Bmc(refuse=True)
+    bmc.install(monkeypatch)
+    try:
+        phase, res = await _try_then_retry(prov, "gpu-04")
+    finally:
+        monkeypatch.undo()
+        await eject_media(m)
+    assert phase == "not_started", phase  # the BMC answered: nothing was sent
+    assert res is None and len(bmc.sent) == 1, (bmc.sent, res)
