@@ -16,7 +16,9 @@ sushy-tools Redfish emulator; the lost answer is played by wrapping ``RedfishMac
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.exceptions import ApplicationError
@@ -27,7 +29,7 @@ from activities.power import RedfishMachine
 from activities.provisioning import ProvisioningActivities
 from tests.activities.test_redfish_power import _config, _inp, eject_media
 from workers.devpeers import RedfishEmulator
-from workflows.activity_api import ERR_UNSUPPORTED, permanent
+from workflows.activity_api import ERR_UNSUPPORTED, MachineActionInput, permanent
 
 
 def _kind(reset_type: object) -> str:
@@ -109,3 +111,29 @@ async def test_a_reprovision_restart_the_bmc_refused_reports_nothing_touched(
         await eject_media(m)
     assert phase == "not_started", phase  # the BMC answered: nothing was sent
     assert res is None and len(bmc.sent) == 1, (bmc.sent, res)
+
+
+async def test_a_migrate_restart_whose_answer_was_lost_is_not_sent_again(
+    redfish_emulator: RedfishEmulator, bmc_secrets_file: Path, ledger_pool: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same for a migrate's bring-up of the spare (no provision image: power On /
+    ForceRestart of the new machine): the retry finds its binding (``started``) and,
+    with the restart possibly sent, only waits for the spare to be On."""
+    from tests.activities.test_provisioning_ledger import _config as ledger_config
+
+    cluster = "lost-" + uuid.uuid4().hex[:8]
+    cfg = ledger_config(redfish_emulator, bmc_secrets_file, cluster, spares=["gpu-04"])
+    prov = ProvisioningActivities(cfg, pool=ledger_pool)
+    bmc = _Bmc(lost=True)
+    bmc.install(monkeypatch)
+    inp = MachineActionInput(cluster=cluster, node="gpu-03", machine="gpu-03",
+                             repair_id=f"r-{uuid.uuid4().hex[:6]}")
+    with pytest.raises(ApplicationError) as ei:
+        await ActivityEnvironment().run(prov.migrate_node, inp)
+    phase = ei.value.details[0]["phase"]
+    assert phase == "restart_sent" and not ei.value.non_retryable, phase
+    res = await ActivityEnvironment().run(
+        prov.migrate_node, inp.model_copy(update={"resume_phase": phase}))
+    assert len(bmc.sent) == 1, bmc.sent  # one restart of the spare in the attempt (I16)
+    assert res.new_machine == "gpu-04" and "restart already sent" in res.detail, res
