@@ -6,7 +6,9 @@ Input :class:`workflows.models.ValidationRequest` (JSON a person can type, e.g.
 Steps: place the check run on the machine (``place_validation``) → wait for it, bounded
 by the cluster's ``validation.timeout_s`` (``collect_validation`` long-polls, heartbeating)
 → release the placement → on ``failed`` open a hardware ticket with every check's result
-and log (ledger + optional webhook) → return the machine per the verdict
+and log (ledger + optional webhook; a post the webhook refuses, or that fails after its
+retries, is said in the result's reason and never keeps the verdict from being applied)
+→ return the machine per the verdict
 (``return_machine``) → record the verdict (``ledger_record_verdict``; a pass closes the
 machine's open tickets, so a repaired machine returns without database edits).
 
@@ -145,12 +147,23 @@ class ValidationWorkflow:
                 TicketResult,
             )
             result = result.model_copy(update={"ticket_id": ticket.ticket_id})
-            await self._short(
-                ACT.post_ticket,
-                TicketPost(ticket_id=ticket.ticket_id, cluster=req.cluster, machine=req.machine,
-                           run_id=run_id, summary=summary, result=result),
-                bool,
-            )
+            try:
+                await self._short(
+                    ACT.post_ticket,
+                    TicketPost(ticket_id=ticket.ticket_id, cluster=req.cluster,
+                               machine=req.machine, run_id=run_id, summary=summary,
+                               result=result),
+                    bool,
+                )
+            except ActivityError as e:
+                # the ticket is open in the ledger; a webhook that refuses it (a wrong URL
+                # or credential) or stays down must never keep the verdict from being
+                # applied: the machine failed its checks and stays out
+                cause = (e.cause.message if e.cause is not None
+                         and hasattr(e.cause, "message") else str(e))
+                result = result.model_copy(update={"reason": (
+                    f"{result.reason}; ticket {ticket.ticket_id} open in the ledger, not "
+                    f"posted to the ticket webhook: {cause}")})
         self._stage = "returning"
         # A held machine (removed for RMA) that passes only gets back the state it had
         # before the run: return_machine's "aborted" branch restores exactly that.

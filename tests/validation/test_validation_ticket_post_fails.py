@@ -1,0 +1,96 @@
+"""A machine that failed re-validation stays out even when its ticket cannot be posted.
+
+The run ends ``failed``: the ticket is opened in the ledger, then posted to the cluster's
+``validation.ticket_webhook``. A webhook that refuses the post (a 4xx: a wrong URL or
+credential, a common misconfiguration) failed the post for good — and the workflow with
+it, before the verdict was applied: the node, resumed for the check job and its
+reservation already released, was left schedulable. A machine that had just failed its
+checks took jobs again. The verdict (keep it out, naming the ticket) must be applied and
+recorded whatever the webhook answers; the failed post is said in the result.
+
+Real Slurm on loopback, real Temporal (time-skipping), real PostgreSQL ledger, a local
+HTTP endpoint answering 404.
+"""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio import workflow
+from temporalio.worker import Worker
+
+with workflow.unsafe.imports_passed_through():
+    from tests.validation.test_validation_slurm import CLUSTER, _config
+    from workers.devpeers import SlurmCluster
+    from workflows.models import ValidationRequest, ValidationResult, Verdict
+    from workflows.protocol import workflow_id_validation
+    from workflows.validation import ValidationWorkflow
+
+pytestmark = pytest.mark.slurm
+
+
+class _NotFound(http.server.BaseHTTPRequestHandler):
+    posts: list[str] = []
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        _NotFound.posts.append(self.path)
+        self.send_response(404)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        return
+
+
+@pytest.fixture
+def refusing_webhook() -> Iterator[str]:
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotFound)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    _NotFound.posts.clear()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}/no-such-path"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+async def test_failed_machine_stays_out_when_the_ticket_post_is_refused(
+        temporal_env: Any, ledger_pool: Any, slurm_cluster: SlurmCluster, tmp_path: Path,
+        refusing_webhook: str) -> None:
+    from activities.ledger import Ledger
+    from activities.ledger_activities import LedgerActivities
+    from activities.validation_activities import ValidationActivities
+
+    config = _config(slurm_cluster, tmp_path)
+    config.clusters[0].validation.ticket_webhook = refusing_webhook
+    node = "gpu-02"
+    (tmp_path / "faults" / f"{node}.json").write_text('{"remap_failure": true}')
+    tq = f"validation-{uuid.uuid4().hex[:8]}"
+    acts = (ValidationActivities(config, ledger_pool).all()
+            + LedgerActivities(ledger_pool).all())
+    try:
+        async with Worker(temporal_env.client, task_queue=tq,
+                          workflows=[ValidationWorkflow], activities=acts):
+            result = await temporal_env.client.execute_workflow(
+                ValidationWorkflow.run, ValidationRequest(cluster=CLUSTER, machine=node),
+                id=workflow_id_validation(node, f"hook-404-{uuid.uuid4().hex[:6]}"),
+                task_queue=tq, result_type=ValidationResult,
+            )
+        line = slurm_cluster.run("scontrol", "-o", "show", "node", node)
+    finally:
+        slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=resume",
+                          check=False)
+    assert _NotFound.posts, "the webhook was never asked"
+    assert result.verdict == Verdict.failed and result.ticket_id, result
+    assert "DRAIN" in line and result.ticket_id in line, line  # kept out, naming the ticket
+    assert "404" in result.reason, result.reason  # the failed post is said
+    tickets = await Ledger(ledger_pool).open_tickets(node)
+    assert [t["ticket_id"] for t in tickets] == [result.ticket_id]
+    v = await Ledger(ledger_pool).latest_verdict(node)
+    assert v is not None and v["verdict"] == "failed"
