@@ -6,9 +6,7 @@ Input :class:`workflows.models.ValidationRequest` (JSON a person can type, e.g.
 Steps: place the check run on the machine (``place_validation``) → wait for it, bounded
 by the cluster's ``validation.timeout_s`` (``collect_validation`` long-polls, heartbeating)
 → release the placement → on ``failed`` open a hardware ticket with every check's result
-and log (ledger + optional webhook; a post the webhook refuses, or that fails after its
-retries, is said in the result's reason and never keeps the verdict from being applied)
-→ return the machine per the verdict
+and log (ledger + optional webhook) → return the machine per the verdict
 (``return_machine``) → record the verdict (``ledger_record_verdict``; a pass closes the
 machine's open tickets, so a repaired machine returns without database edits).
 
@@ -20,6 +18,11 @@ machine's open tickets, so a repaired machine returns without database edits).
 * aborted — no placement, machine reallocated, timeout, or the checks could not run: the
   prior state is restored and nothing is condemned. Only an explicit failure opens a
   ticket.
+
+The verdict is always applied: a release, a ticket or a ticket post that fails after its
+retries (a webhook answering 4xx, the ledger down past ``_SHORT_TOTAL``) is said in the
+result's reason and the run goes on to ``return_machine`` (a failed machine stays out,
+without a ticket to name if none could be opened).
 
 Deterministic: no I/O, ``workflow.now()`` only; imports only ``workflows.*``.
 """
@@ -67,6 +70,18 @@ _HEARTBEAT = timedelta(seconds=60)
 _COLLECT_SLACK_S = 120.0
 #: Longest ticket summary, characters.
 _SUMMARY_CHARS = 500
+
+
+def _cause(e: ActivityError) -> str:
+    """The failure's own message (the activity's error), else the error itself."""
+    if e.cause is not None and hasattr(e.cause, "message"):
+        return str(e.cause.message)
+    return str(e)
+
+
+def _noted(result: ValidationResult, note: str) -> ValidationResult:
+    """``result`` with ``note`` appended to its reason (``"; "``-separated)."""
+    return result.model_copy(update={"reason": f"{result.reason}; {note}"})
 
 
 def return_target(req: ValidationRequest) -> str:
@@ -121,8 +136,7 @@ class ValidationWorkflow:
                 PlacementResult,
             )
         except ActivityError as e:
-            cause = e.cause.message if e.cause is not None and hasattr(e.cause, "message") else e
-            placement = PlacementResult(placed=False, reason=f"placement failed: {cause}")
+            placement = PlacementResult(placed=False, reason=f"placement failed: {_cause(e)}")
         self._job_id = placement.job_id
         result: ValidationResult | None = None
         if not placement.placed or placement.job_id is None:
@@ -132,38 +146,47 @@ class ValidationWorkflow:
             self._stage = "running"
             result = await self._wait(req, node, run_id, placement)
         self._stage = "releasing"
-        await self._short(
-            ACT.release_validation,
-            CollectInput(cluster=req.cluster, machine=req.machine, node=node, run_id=run_id,
-                         job_id=placement.job_id or ""),
-        )
+        try:
+            await self._short(
+                ACT.release_validation,
+                CollectInput(cluster=req.cluster, machine=req.machine, node=node,
+                             run_id=run_id, job_id=placement.job_id or ""),
+            )
+        except ActivityError as e:
+            # the verdict is applied all the same (a failed machine must stay out); what
+            # is left of the placement ends with its own bound (the reservation's
+            # Duration, the Job's activeDeadlineSeconds)
+            result = _noted(result, f"placement not released: {_cause(e)}")
         if result.verdict == Verdict.failed:
             self._stage = "ticketing"
             summary = f"{req.machine}: validation failed — {result.reason}"[:_SUMMARY_CHARS]
-            ticket: TicketResult = await self._short(
-                ACT.ledger_open_ticket,
-                TicketInput(cluster=req.cluster, machine=req.machine, run_id=run_id,
-                            summary=summary, result=result),
-                TicketResult,
-            )
-            result = result.model_copy(update={"ticket_id": ticket.ticket_id})
+            ticket: TicketResult | None = None
             try:
-                await self._short(
-                    ACT.post_ticket,
-                    TicketPost(ticket_id=ticket.ticket_id, cluster=req.cluster,
-                               machine=req.machine, run_id=run_id, summary=summary,
-                               result=result),
-                    bool,
+                ticket = await self._short(
+                    ACT.ledger_open_ticket,
+                    TicketInput(cluster=req.cluster, machine=req.machine, run_id=run_id,
+                                summary=summary, result=result),
+                    TicketResult,
                 )
             except ActivityError as e:
-                # the ticket is open in the ledger; a webhook that refuses it (a wrong URL
-                # or credential) or stays down must never keep the verdict from being
-                # applied: the machine failed its checks and stays out
-                cause = (e.cause.message if e.cause is not None
-                         and hasattr(e.cause, "message") else str(e))
-                result = result.model_copy(update={"reason": (
-                    f"{result.reason}; ticket {ticket.ticket_id} open in the ledger, not "
-                    f"posted to the ticket webhook: {cause}")})
+                # kept out all the same, without a ticket to name
+                result = _noted(result, f"no hardware ticket opened: {_cause(e)}")
+            if ticket is not None:
+                result = result.model_copy(update={"ticket_id": ticket.ticket_id})
+                try:
+                    await self._short(
+                        ACT.post_ticket,
+                        TicketPost(ticket_id=ticket.ticket_id, cluster=req.cluster,
+                                   machine=req.machine, run_id=run_id, summary=summary,
+                                   result=result),
+                        bool,
+                    )
+                except ActivityError as e:
+                    # the ticket is open in the ledger; a webhook that refuses it (a wrong
+                    # URL or credential) or stays down never keeps the verdict from being
+                    # applied: the machine failed its checks and stays out
+                    result = _noted(result, f"ticket {ticket.ticket_id} open in the ledger, "
+                                    f"not posted to the ticket webhook: {_cause(e)}")
         self._stage = "returning"
         # A held machine (removed for RMA) that passes only gets back the state it had
         # before the run: return_machine's "aborted" branch restores exactly that.

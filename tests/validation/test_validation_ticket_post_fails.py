@@ -94,3 +94,58 @@ async def test_failed_machine_stays_out_when_the_ticket_post_is_refused(
     assert [t["ticket_id"] for t in tickets] == [result.ticket_id]
     v = await Ledger(ledger_pool).latest_verdict(node)
     assert v is not None and v["verdict"] == "failed"
+
+
+@pytest.mark.parametrize("failing", ["release_validation", "ledger_open_ticket"])
+async def test_failed_machine_stays_out_when_a_step_before_the_verdict_fails(
+        temporal_env: Any, ledger_pool: Any, slurm_cluster: SlurmCluster, tmp_path: Path,
+        failing: str) -> None:
+    """The release of the placement, or the ledger's ticket, failing for good (the
+    activity is replaced by one that fails non-retryably, as after its retries): the run
+    still applies the verdict — the failed machine is drained — and says what failed."""
+    from temporalio import activity
+    from temporalio.exceptions import ApplicationError
+
+    from activities.ledger_activities import LedgerActivities
+    from activities.validation_activities import ValidationActivities
+
+    config = _config(slurm_cluster, tmp_path)
+    node = "gpu-02"
+    (tmp_path / "faults" / f"{node}.json").write_text('{"remap_failure": true}')
+
+    @activity.defn(name=failing)
+    async def broken(_arg: Any) -> None:
+        raise ApplicationError(f"{failing}: injected outage", non_retryable=True)
+
+    def name(fn: Any) -> str:
+        return str(fn.__temporal_activity_definition.name)
+
+    acts = [a for a in (ValidationActivities(config, ledger_pool).all()
+                        + LedgerActivities(ledger_pool).all()) if name(a) != failing]
+    tq = f"validation-{uuid.uuid4().hex[:8]}"
+    try:
+        async with Worker(temporal_env.client, task_queue=tq,
+                          workflows=[ValidationWorkflow], activities=[*acts, broken]):
+            result = await temporal_env.client.execute_workflow(
+                ValidationWorkflow.run, ValidationRequest(cluster=CLUSTER, machine=node),
+                id=workflow_id_validation(node, f"{failing}-{uuid.uuid4().hex[:6]}"),
+                task_queue=tq, result_type=ValidationResult,
+            )
+        line = slurm_cluster.run("scontrol", "-o", "show", "node", node)
+        if failing == "release_validation":  # what the broken release left behind
+            for res in slurm_cluster.run("scontrol", "-o", "show", "reservation",
+                                         check=False).splitlines():
+                if "autorepair-validate" in res:
+                    rname = res.split("ReservationName=")[1].split()[0]
+                    slurm_cluster.run("scontrol", "delete", f"ReservationName={rname}",
+                                      check=False)
+    finally:
+        slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=resume",
+                          check=False)
+    assert result.verdict == Verdict.failed, result
+    assert "injected outage" in result.reason, result.reason
+    assert "DRAIN" in line and "validation failed" in line, line
+    if failing == "ledger_open_ticket":
+        assert result.ticket_id is None and "no hardware ticket opened" in result.reason
+    else:
+        assert result.ticket_id and "placement not released" in result.reason
