@@ -34,6 +34,7 @@ from dataclasses import asdict
 from typing import Any
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities.reset.backends import KubeResetJob, SlurmResetJob, reset_backend_for
 from activities.reset.job import (
@@ -48,6 +49,7 @@ from activities.reset.job import (
 from workflows.activity_api import (
     ACT,
     ERR_ACTION_FAILED,
+    ERR_CONFIGURATION,
     ERR_UNKNOWN_NODE,
     ActionResult,
     CollectInput,
@@ -107,9 +109,17 @@ class ResetActivities:
                    gpus: list[str]) -> ActionResult:
         run_id = run_id_for(inp.repair_id)
         bound = backend.v.timeout_s
-        placed = await backend.place(ValidationPlacement(
-            cluster=inp.cluster, machine=inp.machine, node=inp.node, run_id=run_id,
-            timeout_s=bound))
+        try:
+            placed = await backend.place(ValidationPlacement(
+                cluster=inp.cluster, machine=inp.machine, node=inp.node, run_id=run_id,
+                timeout_s=bound))
+        except ApplicationError as e:
+            if e.type != ERR_CONFIGURATION:
+                raise
+            # the job cannot be submitted with this configuration (e.g. a partition the
+            # cluster does not have); placement put the drain back: nothing touched
+            return ActionResult(done=False,
+                                not_run=f"reset job not placed on {inp.node}: {e.message}")
         if not placed.placed or not placed.job_id:
             return ActionResult(done=False,
                                 not_run=f"reset job not placed on {inp.node}: {placed.reason}")

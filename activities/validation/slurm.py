@@ -44,12 +44,14 @@ from activities.validation.base import (
     run_slug,
 )
 from workflows.activity_api import (
+    ERR_CONFIGURATION,
     ERR_UNKNOWN_NODE,
     CollectInput,
     CollectResult,
     PlacementResult,
     ReturnMachineInput,
     ValidationPlacement,
+    permanent,
 )
 from workflows.config import ClusterConfig, ValidationConfig
 
@@ -165,10 +167,11 @@ class SlurmValidation(SlurmScheduler, ValidationBackend):
             )
         settle = time.monotonic() + COMPLETING_WAIT_S
         while (not node.ready and "NOT_RESPONDING" in node.flags
-               and set(node.flags) <= {"NOT_RESPONDING", "DRAIN"}
+               and set(node.flags) <= {"NOT_RESPONDING", "DRAIN", "MAINTENANCE", "RESERVED"}
                and time.monotonic() < settle):
             # slurmctld flags a just-resumed node NOT_RESPONDING until slurmd answers its
             # next ping (about a second on loopback); only a lasting one is a real fault.
+            # MAINTENANCE / RESERVED: this run's own reservation, kept by an earlier try.
             await asyncio.sleep(0.5)
             node = await self.read_node(p.node)
         if not node.ready:
@@ -222,7 +225,16 @@ class SlurmValidation(SlurmScheduler, ValidationBackend):
         args.append("--wrap=" + shlex.join(v.command))
         rc, out, err = await self._sbatch(args)
         if rc != 0:
-            raise RuntimeError(f"sbatch for {p.run_id} on {p.node} rc={rc}: {err.strip()}")
+            # the drain lifted for the job goes back before the failure is raised: no
+            # release or verdict follows a placement that never got its job, and the
+            # reservation that keeps other jobs off ends with its Duration
+            await self._put_drain_back(p.node, prior)
+            text = f"sbatch for {p.run_id} on {p.node} rc={rc}: {err.strip()}"
+            if "invalid partition" in err.lower():
+                # a setting no retry fixes: said at once, naming it
+                raise permanent(ERR_CONFIGURATION, f"{text} (partition {v.partition!r} is "
+                                "not a partition of the cluster)")
+            raise RuntimeError(text)
         job_id = out.strip().split(";", 1)[0]
         _write_marker(marker, {"prior_state": prior, "job_id": job_id})
         return PlacementResult(placed=True, job_id=job_id, prior_state=prior, **timing)
@@ -295,12 +307,16 @@ class SlurmValidation(SlurmScheduler, ValidationBackend):
             state = json.loads(marker.read_text())
         except (FileNotFoundError, ValueError):
             return
-        prior = state.get("prior_state") or {}
-        if state.get("job_id") or not prior.get("drain"):
+        if not state.get("job_id"):
+            await self._put_drain_back(c.node, state.get("prior_state") or {})
+
+    async def _put_drain_back(self, node: str, prior: dict[str, Any]) -> None:
+        """Drain ``node`` with ``prior``'s reason when ``prior`` was drained and the node
+        is not (placement lifted it for a job that never ran); nothing otherwise."""
+        if not prior.get("drain"):
             return
-        node = await self.read_node(c.node)
-        if not node.drain:
-            await self._drain(c.node, str(prior.get("reason") or f"{REASON_PREFIX}restored"))
+        if not (await self.read_node(node)).drain:
+            await self._drain(node, str(prior.get("reason") or f"{REASON_PREFIX}restored"))
 
     async def _drain(self, node: str, reason: str) -> None:
         await self._update(node, "state=drain", f"reason={reason}")

@@ -68,3 +68,30 @@ async def test_submit_failing_on_every_try_leaves_the_repairs_drain(
     assert f"Reason={reason}" in line, line
     assert "autorepair-validate" not in slurm_cluster.run(
         "scontrol", "show", "reservation", check=False)
+
+
+async def test_release_puts_back_a_drain_lifted_for_a_job_never_submitted(
+        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """The worker died between lifting the drain and submitting the job (the marker
+    names no job, the node is resumed): the release puts the drain back with its reason
+    before the reservation goes."""
+    from activities.validation.slurm import SlurmValidation, _write_marker
+    from workflows.activity_api import CollectInput
+
+    config = _config(slurm_cluster, tmp_path)
+    node, run_id = "gpu-04", f"validate/gpu-04/crash-{uuid.uuid4().hex[:6]}"
+    reason = "autorepair:repair-ended-2 reprovision"
+    backend = SlurmValidation(config.clusters[0])
+    marker, _ = backend._paths(run_id)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    _write_marker(marker, {"prior_state": {"scheduler": "slurm", "drain": True,
+                                           "reason": reason}, "job_id": None})
+    try:
+        await backend.release(CollectInput(cluster=CLUSTER, machine=node, node=node,
+                                           run_id=run_id, job_id=""))
+        line = slurm_cluster.run("scontrol", "-o", "show", "node", node)
+    finally:
+        slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=resume",
+                          check=False)
+        await backend.close()
+    assert "DRAIN" in line and f"Reason={reason}" in line, line
