@@ -15,7 +15,8 @@ Per physical line:
    RmInitAdapter, mlx5 health) wait :data:`~agent.readers.kernel.common.MULTI_LINE_GAP`
    lines for their next part, so another program's line between two parts breaks nothing.
 3. **Fold** (:mod:`agent.readers.kernel.fold`): the Xid 79 and fallen-off-bus records of
-   one GPU, and the two halves of one OOM kill, come out as one event.
+   one GPU, and the two halves of one OOM kill, come out as one event; an Xid 79 and its
+   fallen-off-bus record split across two reads (flushes) too.
 
 Lines may carry any timestamp prefix (``[secs.usecs]``, ``dmesg -T``, syslog
 ``Mon DD HH:MM:SS host kernel:``, journald ``kernel:``, ``dmesg -x`` ``kern  :err   :``, ISO,
@@ -26,6 +27,7 @@ line. Nothing here raises on any input.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from itertools import pairwise
 
@@ -240,15 +242,18 @@ class KernelLogReader:
     still open or held at end of input. A record is complete when the next line shows it
     does not continue (a one-line record waits one line, for a wrapped continuation); a
     GPU-lost or Xid 79 event waits up to :data:`~agent.readers.kernel.fold.WINDOW_LINES`
-    lines for its counterpart. Each record is emitted exactly once, in input order.
-    Never raises on any ``str`` input.
+    lines for its counterpart; a fallen-off-bus record of a GPU whose Xid 79 the last
+    flush emitted is that fault, not a new one (:mod:`agent.readers.kernel.fold`:
+    ``clock``, monotonic seconds, bounds it by ``XID79_FOLLOW_S``). Each record is emitted
+    at most once, in input order. Never raises on any ``str`` input.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._open: list[Record] = []
         self._last: Record | None = None
         self._prev: str | None = None  # the line above, when it started no record
-        self._folder = Folder()
+        self._clock = clock
+        self._folder = Folder(clock)
 
     def feed(self, line: str) -> list[FaultEvent]:
         """Read one line (with or without its line ending); returns completed events."""
@@ -268,12 +273,12 @@ class KernelLogReader:
                     and (line[:1] in " \t" or "]  " in line or ":  " in line or "\t" in line)
                 ):
                     self._prev = line  # may head a record wrapped onto the next line
-                    if self._folder.held:
+                    if self._folder.held or self._folder.emitted:
                         self._folder.tick(out)
                     return out  # nothing open, no record here
             for piece in split_records(line):
                 self._piece(piece, out, needle if piece is line else None)
-            if self._folder.held:
+            if self._folder.held or self._folder.emitted:
                 self._folder.tick(out)
         except Exception:  # a reader never takes the agent down
             self._open, self._last, self._prev = [], None, None
@@ -288,7 +293,7 @@ class KernelLogReader:
             self._drain(out)
             self._folder.release(out)
         except Exception:
-            self._folder = Folder()
+            self._folder = Folder(self._clock)
         self._open, self._last, self._prev = [], None, None
         return out
 
