@@ -7,7 +7,9 @@ through a reader with ``feed(line) -> list[event]`` / ``flush() -> list[event]``
 production reader is ``agent.readers.KernelLogReader``. The reader holds a record until the
 next line shows it is complete (a one-line record may be wrapped onto the next line), so a
 poll that reads to the end of what is available flushes it: events come out in the poll
-that read them, and a record is only cut when a poll lands between its lines.
+that read them. A poll that lands between a record's lines emits it with the lines read so
+far; its later lines, in the next poll, join it and raise no second fault (as an Xid 79's
+fallen-off-the-bus record does: ``agent.readers.kernel.reader``).
 
 A source that cannot be opened (missing, permission denied) is reported through
 :attr:`KernelLogFollower.error` and a log line, and retried every ``retry_s``; the agent

@@ -11,9 +11,12 @@ Per physical line:
    starting no record of its own) joins the record of the line above; anything else is
    looked up in :data:`TABLE`. A record closes after ``max_gap`` unrelated lines (blank
    lines count as unrelated; 0 for one-line records: the first line it does not take
-   closes it), or on :meth:`flush`. Multi-line records (fallen off the bus, AER, SXid, XFS,
-   RmInitAdapter, mlx5 health) wait :data:`~agent.readers.kernel.common.MULTI_LINE_GAP`
-   lines for their next part, so another program's line between two parts breaks nothing.
+   closes it), or on :meth:`flush` (the end of a read: a multi-line record it closes
+   while it waited for its next part still takes that part from the next read, within its
+   gap and :data:`~agent.readers.kernel.common.CUT_RECORD_S`, raising nothing new).
+   Multi-line records (fallen off the bus, AER, SXid, XFS, RmInitAdapter, mlx5 health)
+   wait :data:`~agent.readers.kernel.common.MULTI_LINE_GAP` lines for their next part, so
+   another program's line between two parts breaks nothing.
 3. **Fold** (:mod:`agent.readers.kernel.fold`): the Xid 79 and fallen-off-bus records of
    one GPU, and the two halves of one OOM kill, come out as one event; an Xid 79 and its
    fallen-off-bus record split across two reads (flushes) too.
@@ -49,6 +52,7 @@ from agent.readers.kernel import (
     xid,
 )
 from agent.readers.kernel.common import (
+    CUT_RECORD_S,
     Matcher,
     Record,
     Single,
@@ -254,6 +258,10 @@ class KernelLogReader:
         self._prev: str | None = None  # the line above, when it started no record
         self._clock = clock
         self._folder = Folder(clock)
+        #: multi-line records a flush closed while they waited for their next part, with
+        #: when: a later read's part joins one (no new record) within its gap and
+        #: CUT_RECORD_S
+        self._cut: list[tuple[Record, float]] = []
 
     def feed(self, line: str) -> list[FaultEvent]:
         """Read one line (with or without its line ending); returns completed events."""
@@ -265,7 +273,7 @@ class KernelLogReader:
                 line = line[:MAX_LINE_CHARS]
             line = line.rstrip("\r\n")
             needle: bool | None = None  # has_needle(line), once computed
-            if not self._open and self._last is None:
+            if not self._open and self._last is None and not self._cut:
                 needle = has_needle(line)
                 if not needle and not (
                     # maybe_continuation(), inlined: this is the path of most lines
@@ -281,21 +289,48 @@ class KernelLogReader:
             if self._folder.held or self._folder.emitted:
                 self._folder.tick(out)
         except Exception:  # a reader never takes the agent down
-            self._open, self._last, self._prev = [], None, None
+            self._open, self._last, self._prev, self._cut = [], None, None, []
         return out
 
     def flush(self) -> list[FaultEvent]:
         """Close and return every open record and held event."""
         out: list[FaultEvent] = []
         try:
+            now = self._clock()
+            waiting = [(rec, now) for rec in self._open if rec.max_gap > 0
+                       and not rec.closed and len(rec.lines) < rec.max_lines]
             for rec in self._open:
                 rec.closed = True
             self._drain(out)
             self._folder.release(out)
+            self._cut = [c for c in self._cut if now - c[1] <= CUT_RECORD_S] + waiting
         except Exception:
             self._folder = Folder(self._clock)
+            self._cut = []
         self._open, self._last, self._prev = [], None, None
         return out
+
+    def _cut_takes(self, piece: str | None) -> bool:
+        """Whether a record a flush cut takes ``piece`` as its own next part (None: a blank
+        line); every other one counts an unrelated line and is let go past its gap or
+        :data:`~agent.readers.kernel.common.CUT_RECORD_S`."""
+        now = self._clock()
+        taken = False
+        keep: list[tuple[Record, float]] = []
+        for rec, at in self._cut:
+            if now - at > CUT_RECORD_S:
+                continue
+            if (not taken and piece is not None and len(rec.lines) < rec.max_lines
+                    and rec.accepts(piece)):
+                rec.add(piece)
+                taken = True
+            else:
+                rec.gap += 1
+                if rec.gap > rec.max_gap:
+                    continue
+            keep.append((rec, at))
+        self._cut = keep
+        return taken
 
     def _piece(self, piece: str, out: list[FaultEvent], needle: bool | None = None) -> None:
         """Assemble one record piece; ``needle`` is ``has_needle(piece)`` when the caller
@@ -303,6 +338,8 @@ class KernelLogReader:
         if not piece.strip():
             # a blank line ends wrapped continuations; a record waiting for its own next
             # part counts it as one unrelated line (max_gap)
+            if self._cut:
+                self._cut_takes(None)
             for rec in self._open:
                 rec.gap += 1
                 if rec.gap > rec.max_gap:
@@ -317,6 +354,16 @@ class KernelLogReader:
                 taken = rec
                 break
         new: list[Record] = []
+        if self._cut and self._cut_takes(None if taken is not None else piece) \
+                and taken is None:
+            # the next part of a record the last read's flush emitted: already reported
+            for rec in self._open:
+                rec.gap += 1
+                if rec.gap > rec.max_gap:
+                    rec.closed = True
+            self._last = self._prev = None
+            self._drain(out)
+            return
         if taken is None:
             cont = maybe_continuation(piece) and is_continuation_shape(piece)
             last = self._last
