@@ -7,10 +7,12 @@ shorter than the offset, or the bytes before the offset changed, :data:`TAIL_BYT
 through a reader with ``feed(line) -> list[event]`` / ``flush() -> list[event]``; the
 production reader is ``agent.readers.KernelLogReader``. The reader holds a record until the
 next line shows it is complete (a one-line record may be wrapped onto the next line), so a
-poll that reads to the end of what is available flushes it: events come out in the poll
-that read them. A poll that lands between a record's lines emits it with the lines read so
-far; its later lines, in the next poll, join it and raise no second fault (as an Xid 79's
-fallen-off-the-bus record does: ``agent.readers.kernel.reader``).
+poll that reads to the end of what is available ends the read (the reader's
+``end_read()``, else ``flush()``): events come out in the poll that read them, except a GPU
+lost without its Xid 79 yet, which comes one poll later (its Xid may follow). A poll that
+lands between a record's lines emits it with the lines read so far; its later lines, in
+the next poll, join it and raise no second fault (as an Xid 79's fallen-off-the-bus record
+does: ``agent.readers.kernel.reader``).
 
 A source that cannot be opened (missing, permission denied) is reported through
 :attr:`KernelLogFollower.error` and a log line, and retried every ``retry_s``; the agent
@@ -185,6 +187,12 @@ class KernelLogFollower:
             self._poll_file(events)
         return events
 
+    def _end_read(self) -> list[Any]:
+        """A poll read all there was: the reader's ``end_read()`` when it has one (it may
+        keep a record whose counterpart the next read brings), else its ``flush()``."""
+        end = getattr(self.reader, "end_read", None)
+        return list(end() if callable(end) else self.reader.flush())
+
     def _feed(self, line: str, events: list[Any]) -> None:
         self.lines_read += 1
         events.extend(self.reader.feed(line))
@@ -219,7 +227,7 @@ class KernelLogFollower:
             if line is not None:
                 self._feed(line, events)
         if drained:  # nothing more to read now: close what the reader still holds
-            events.extend(self.reader.flush())
+            events.extend(self._end_read())
 
     def _poll_file(self, events: list[Any]) -> None:
         assert self._fd is not None
@@ -255,7 +263,7 @@ class KernelLogFollower:
             self._reopen_rotated(events)
             return
         if budget > 0:  # read to the end: close what the reader still holds
-            events.extend(self.reader.flush())
+            events.extend(self._end_read())
 
     def _reopen_rotated(self, events: list[Any]) -> None:
         """The old file is done (its unterminated last line read as a line): read the
@@ -268,7 +276,7 @@ class KernelLogFollower:
         if self._open_rotated():
             self._poll_file(events)
         else:  # the new file cannot be opened yet: what was read is complete
-            events.extend(self.reader.flush())
+            events.extend(self._end_read())
 
     def _rewritten(self) -> bool:
         """The same file, no shorter than our offset, whose bytes before the offset are no

@@ -64,7 +64,10 @@ def test_every_split_point_gives_the_faults_of_one_read(tmp_path: Path, name: st
     assert whole
     for cut in range(1, len(lines)):
         split = _follow(tmp_path / f"cut{cut}", ["".join(lines[:cut]), "".join(lines[cut:])])
-        assert _ids(split) == whole, (name, cut, lines[cut][:80])
+        # the same faults; their order may differ where a gpu_lost waited into the
+        # next read for its Xid 79 (kernel.fold.Folder.release_read)
+        assert sorted(_ids(split), key=str) == sorted(whole, key=str), \
+            (name, cut, lines[cut][:80])
 
 
 def test_the_sxid_split_from_the_corpus_is_one_fault_in_every_three_reads(

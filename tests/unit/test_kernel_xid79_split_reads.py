@@ -134,3 +134,46 @@ def test_the_reader_folds_a_later_reads_record_within_the_window_only() -> None:
     for ln in other:
         r.feed(ln)
     assert _ids(r.flush()) == [("gpu_lost", None, "0000:03:00.0")]
+
+
+# --- The other order: the fallen-off-bus record first, its Xid 79 in the next read -------
+
+
+def _reverse_cases() -> list[tuple[str, list[str]]]:
+    out = []
+    for i, x in enumerate(XID79):
+        for name, rec in (("block", _block(x)), ("one_line", _one_line(x))):
+            for k in (0, 2):
+                out.append((f"x{i}-{name}-noise{k}-xid", [*rec, *NOISE[:k], x]))
+    return out
+
+
+@pytest.mark.parametrize(("name", "lines"), _reverse_cases(),
+                         ids=[c[0] for c in _reverse_cases()])
+def test_a_record_before_its_xid79_gives_the_faults_of_one_read_at_every_split(
+    tmp_path: Path, name: str, lines: list[str]
+) -> None:
+    (tmp_path / "whole").mkdir()
+    whole = _follow(tmp_path / "whole", [lines])
+    assert _ids(whole) == [("xid", 79, _device(lines[-1]))], name
+    assert whole[0].details["related_evidence"]
+    for cut in range(1, len(lines)):
+        d = tmp_path / f"cut{cut}"
+        d.mkdir()
+        split = _follow(d, [lines[:cut], lines[cut:]])
+        assert _ids(split) == _ids(whole), (name, cut)
+        assert split[0].details["related_evidence"], (name, cut)
+
+
+def test_a_fall_without_its_xid79_is_reported_by_the_next_read(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    f = KernelLogFollower(str(log), from_start=True)
+    with log.open("a") as fh:
+        fh.write("".join(ln + "\n" for ln in _one_line(XID79[1])))
+    assert f.poll() == []  # its Xid 79 may come in the next read
+    assert _ids(f.poll()) == [("gpu_lost", None, "0000:02:00.0")]
+    # read_text and flush() (the end of the input) hold nothing
+    r = KernelLogReader()
+    r.feed(_one_line(XID79[1])[0])
+    assert _ids(r.flush()) == [("gpu_lost", None, "0000:02:00.0")]

@@ -25,7 +25,11 @@ had left to wait: a ``gpu_lost`` record of the same GPU in a later read, within 
 lines and :data:`XID79_FOLLOW_S` seconds, is the fall the Xid 79 already raised and is
 not emitted (one fault, the Xid 79's identity ``xid:79:<gpu>``, as one read gives; its
 text could not join the emitted Xid's ``related_evidence``). The Xid itself is never
-held past a read.
+held past a read. The other order: a ``gpu_lost`` record still waiting for its Xid 79 at
+the end of a read (:meth:`Folder.release_read`, the follower's end of a read; not
+:meth:`Folder.release`, the end of the input) is held into the next read, once, so an Xid
+79 printed just after the read folds it as in one read; alone, it is emitted at the end
+of that next read (one poll later).
 
 The GPU is matched by ``bus:device`` (:func:`~agent.readers.kernel.common.device_key`), so
 ``0000:3b:00``, ``0000:3b:00.0`` and ``3b:00.0`` are one GPU; a record without an address
@@ -173,6 +177,7 @@ def merge(held: FaultEvent, new: FaultEvent) -> FaultEvent | None:
 class _Held:
     event: FaultEvent
     left: int
+    carried: bool = False  # already held over the end of a read (release_read)
 
 
 @dataclass
@@ -182,7 +187,9 @@ class _Emitted:
 
 
 class Folder:
-    """Holds foldable events for their window; emits everything in input order.
+    """Holds foldable events for their window; emits everything in input order (but a
+    ``gpu_lost`` :meth:`release_read` holds into the next read comes after the events of
+    the read that brought it).
     ``clock``: monotonic seconds (the time bound of :data:`XID79_FOLLOW_S`)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -243,13 +250,30 @@ class Folder:
                 del self.emitted[key]
 
     def release(self, out: list[FaultEvent]) -> None:
-        """Everything held, in order (end of input: the end of a read). An Xid 79 released
-        while it still waited is remembered for the rest of its window."""
+        """Everything held, in order (end of input). An Xid 79 released while it still
+        waited is remembered for the rest of its window."""
+        self._release(out, False)
+
+    def release_read(self, out: list[FaultEvent]) -> None:
+        """The end of one read of a followed log: as :meth:`release`, except that a
+        ``gpu_lost`` of a named GPU still waiting for its Xid 79 stays held into the next
+        read, once (the next end of a read releases it): the driver may print the Xid 79
+        just after the read. No Xid is held past a read."""
+        self._release(out, True)
+
+    def _release(self, out: list[FaultEvent], read_end: bool) -> None:
         now: float | None = None
+        keep: list[_Held] = []
         for entry in self.held:
-            out.append(entry.event)
-            key = device_key(entry.event.pci) if _is_xid79(entry.event) else None
+            ev = entry.event
+            if (read_end and ev.kind == "gpu_lost" and entry.left > 0 and not entry.carried
+                    and device_key(ev.pci)):
+                entry.carried = True
+                keep.append(entry)
+                continue
+            out.append(ev)
+            key = device_key(ev.pci) if _is_xid79(ev) else None
             if key and entry.left > 0:
                 now = self.clock() if now is None else now
                 self.emitted[key] = _Emitted(now, entry.left)
-        self.held = []
+        self.held = keep

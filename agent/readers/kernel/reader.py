@@ -11,15 +11,16 @@ Per physical line:
    starting no record of its own) joins the record of the line above; anything else is
    looked up in :data:`TABLE`. A record closes after ``max_gap`` unrelated lines (blank
    lines count as unrelated; 0 for one-line records: the first line it does not take
-   closes it), or on :meth:`flush` (the end of a read: a multi-line record it closes
-   while it waited for its next part still takes that part from the next read, within its
-   gap and :data:`~agent.readers.kernel.common.CUT_RECORD_S`, raising nothing new).
+   closes it), or on :meth:`flush` / :meth:`end_read` (the end of the input / of one read
+   of a followed log: a multi-line record closed while it waited for its next part still
+   takes that part from the next read, within its gap and
+   :data:`~agent.readers.kernel.common.CUT_RECORD_S`, raising nothing new).
    Multi-line records (fallen off the bus, AER, SXid, XFS, RmInitAdapter, mlx5 health)
    wait :data:`~agent.readers.kernel.common.MULTI_LINE_GAP` lines for their next part, so
    another program's line between two parts breaks nothing.
 3. **Fold** (:mod:`agent.readers.kernel.fold`): the Xid 79 and fallen-off-bus records of
    one GPU, and the two halves of one OOM kill, come out as one event; an Xid 79 and its
-   fallen-off-bus record split across two reads (flushes) too.
+   fallen-off-bus record split across two reads too, in either order.
 
 Lines may carry any timestamp prefix (``[secs.usecs]``, ``dmesg -T``, syslog
 ``Mon DD HH:MM:SS host kernel:``, journald ``kernel:``, ``dmesg -x`` ``kern  :err   :``, ISO,
@@ -249,7 +250,8 @@ class KernelLogReader:
     lines for its counterpart; a fallen-off-bus record of a GPU whose Xid 79 the last
     flush emitted is that fault, not a new one (:mod:`agent.readers.kernel.fold`:
     ``clock``, monotonic seconds, bounds it by ``XID79_FOLLOW_S``). Each record is emitted
-    at most once, in input order. Never raises on any ``str`` input.
+    at most once, in input order (a ``gpu_lost`` that :meth:`end_read` holds into the next
+    read comes after that read's other events). Never raises on any ``str`` input.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -293,7 +295,16 @@ class KernelLogReader:
         return out
 
     def flush(self) -> list[FaultEvent]:
-        """Close and return every open record and held event."""
+        """Close and return every open record and held event (the end of the input)."""
+        return self._close(final=True)
+
+    def end_read(self) -> list[FaultEvent]:
+        """The end of one read of a followed log (the follower's poll read all there was):
+        as :meth:`flush`, except that a ``gpu_lost`` still waiting for its Xid 79 is held
+        into the next read, once (:meth:`~agent.readers.kernel.fold.Folder.release_read`)."""
+        return self._close(final=False)
+
+    def _close(self, final: bool) -> list[FaultEvent]:
         out: list[FaultEvent] = []
         try:
             now = self._clock()
@@ -302,7 +313,10 @@ class KernelLogReader:
             for rec in self._open:
                 rec.closed = True
             self._drain(out)
-            self._folder.release(out)
+            if final:
+                self._folder.release(out)
+            else:
+                self._folder.release_read(out)
             self._cut = [c for c in self._cut if now - c[1] <= CUT_RECORD_S] + waiting
         except Exception:
             self._folder = Folder(self._clock)
