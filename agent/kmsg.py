@@ -2,12 +2,17 @@
 
 Sources: ``/dev/kmsg`` (one record per ``read``; ``EPIPE`` when the ring buffer overwrote
 records we had not read yet — counted and skipped), or any text file (e.g.
-``/var/log/kern.log``) followed across rotation (inode change or truncation). Lines go
+``/var/log/kern.log``) followed across rotation (inode change, or truncation: the file
+shorter than the offset, or the bytes before the offset changed, :data:`TAIL_BYTES`). Lines go
 through a reader with ``feed(line) -> list[event]`` / ``flush() -> list[event]``; the
 production reader is ``agent.readers.KernelLogReader``. The reader holds a record until the
 next line shows it is complete (a one-line record may be wrapped onto the next line), so a
-poll that reads to the end of what is available flushes it: events come out in the poll
-that read them, and a record is only cut when a poll lands between its lines.
+poll that reads to the end of what is available ends the read (the reader's
+``end_read()``, else ``flush()``): events come out in the poll that read them, except a GPU
+lost without its Xid 79 yet, which comes one poll later (its Xid may follow). A poll that
+lands between a record's lines emits it with the lines read so far; its later lines, in
+the next poll, join it and raise no second fault (as an Xid 79's fallen-off-the-bus record
+does: ``agent.readers.kernel.reader``).
 
 A source that cannot be opened (missing, permission denied) is reported through
 :attr:`KernelLogFollower.error` and a log line, and retried every ``retry_s``; the agent
@@ -25,6 +30,13 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 log = logging.getLogger("autorepair.agent.kmsg")
+
+
+TAIL_BYTES = 64
+"""Bytes before the file offset the follower keeps to tell a file truncated in place and
+written again past the offset between two polls (logrotate ``copytruncate``) from one
+that only grew: 64 bytes hold a timestamp prefix and the start of a kernel line, so two
+different lines rarely share them."""
 
 
 class LineReader(Protocol):
@@ -117,6 +129,9 @@ class KernelLogFollower:
         #: replay what was already read (every old Xid would be reported again).
         self._resume: int | None = None
         self._last_seq: int | None = None
+        #: The last bytes before the file offset, as read: a file truncated in place and
+        #: written again past the offset before the next poll no longer holds them there.
+        self._tail = b""
 
     def _open(self) -> bool:
         now = time.monotonic()
@@ -145,6 +160,12 @@ class KernelLogFollower:
         self._first_open = False
         self._fd = fd
         self._ino = st.st_ino
+        self._tail = b""
+        if not self.is_kmsg:
+            with contextlib.suppress(OSError):
+                pos = os.lseek(fd, 0, os.SEEK_CUR)
+                n = min(TAIL_BYTES, pos)
+                self._tail = os.pread(fd, n, pos - n) if n else b""
         if self.error is not None:
             log.info("event=kernel_log_available source=%s", self.source)
         self.error = None
@@ -165,6 +186,12 @@ class KernelLogFollower:
         else:
             self._poll_file(events)
         return events
+
+    def _end_read(self) -> list[Any]:
+        """A poll read all there was: the reader's ``end_read()`` when it has one (it may
+        keep a record whose counterpart the next read brings), else its ``flush()``."""
+        end = getattr(self.reader, "end_read", None)
+        return list(end() if callable(end) else self.reader.flush())
 
     def _feed(self, line: str, events: list[Any]) -> None:
         self.lines_read += 1
@@ -200,10 +227,15 @@ class KernelLogFollower:
             if line is not None:
                 self._feed(line, events)
         if drained:  # nothing more to read now: close what the reader still holds
-            events.extend(self.reader.flush())
+            events.extend(self._end_read())
 
     def _poll_file(self, events: list[Any]) -> None:
         assert self._fd is not None
+        if not self._backlog and self._rewritten():
+            # truncated in place and written again past our offset: the new text is read
+            # from its start (what was read of the old text stays read)
+            self._reopen_rotated(events)
+            return
         budget = self.max_lines
         while budget > 0:
             if self._backlog:
@@ -223,20 +255,42 @@ class KernelLogFollower:
                 return
             if not chunk:
                 break
+            self._tail = (self._tail + chunk)[-TAIL_BYTES:]
             self._buf += chunk
             *lines, self._buf = self._buf.split(b"\n")
             self._backlog.extend(lines)
         if budget > 0 and self._rotated():
-            if self._buf:
-                self._feed(self._buf.decode("utf-8", "replace"), events)
-                self._buf = b""
-            self.close()
-            self.rotations += 1
-            if self._open_rotated():
-                self._poll_file(events)
-                return
+            self._reopen_rotated(events)
+            return
         if budget > 0:  # read to the end: close what the reader still holds
-            events.extend(self.reader.flush())
+            events.extend(self._end_read())
+
+    def _reopen_rotated(self, events: list[Any]) -> None:
+        """The old file is done (its unterminated last line read as a line): read the
+        new one from its start."""
+        if self._buf:
+            self._feed(self._buf.decode("utf-8", "replace"), events)
+            self._buf = b""
+        self.close()
+        self.rotations += 1
+        if self._open_rotated():
+            self._poll_file(events)
+        else:  # the new file cannot be opened yet: what was read is complete
+            events.extend(self._end_read())
+
+    def _rewritten(self) -> bool:
+        """The same file, no shorter than our offset, whose bytes before the offset are no
+        longer those we read there: truncated and written again between two polls."""
+        assert self._fd is not None
+        if not self._tail:
+            return False
+        try:
+            pos = os.lseek(self._fd, 0, os.SEEK_CUR)
+            if pos < len(self._tail) or os.stat(self.source).st_ino != self._ino:
+                return False  # shorter or replaced: _rotated() tells, after the read
+            return os.pread(self._fd, len(self._tail), pos - len(self._tail)) != self._tail
+        except OSError:
+            return False
 
     def _rotated(self) -> bool:
         assert self._fd is not None

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from workflows.names import NAME_PATTERN
 
@@ -46,9 +46,10 @@ Source = Literal["operator", "slurm", "kubernetes"]
 
 class MaintenanceWindow(BaseModel):
     """One window. ``scope`` ``all`` (every node of ``cluster``), ``pool`` (``pool``) or
-    ``nodes`` (``nodes``); times are the control plane's (UTC); ``ended_at``: ended early
-    by ``ended_by``. ``window_id``: ``mw-`` + 12 hex digits for operator windows,
-    ``slurm:RESERVATION`` / ``k8s:NODE`` for scheduler ones."""
+    ``nodes`` (``nodes``, each once, in the order first given); times are the control
+    plane's (UTC); ``ended_at``: ended early by ``ended_by``. ``window_id``: ``mw-`` + 12
+    hex digits for operator windows, ``slurm:RESERVATION`` / ``k8s:NODE`` for scheduler
+    ones."""
 
     window_id: str = Field(min_length=1, max_length=300)
     cluster: str = Field(min_length=1, max_length=253, pattern=NAME_PATTERN)
@@ -62,6 +63,15 @@ class MaintenanceWindow(BaseModel):
     ends_at: datetime
     ended_at: datetime | None = None
     ended_by: str | None = None
+
+    @field_validator("nodes")
+    @classmethod
+    def _each_node_once(cls, v: list[str]) -> list[str]:
+        """Each node once, first occurrence first, whatever the source: a Slurm
+        reservation's hostlist may repeat a node (``gpu-[01-02],gpu-01``) and a row stored
+        before this rule may hold a repeat; an operator's ``--nodes`` is cut the same way
+        (``MaintenanceCreate``)."""
+        return list(dict.fromkeys(v))
 
     @model_validator(mode="after")
     def _shape(self) -> MaintenanceWindow:

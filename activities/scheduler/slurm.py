@@ -262,7 +262,8 @@ def _local_time(v: str | None) -> datetime | None:
 @dataclass(frozen=True)
 class SlurmReservation:
     """One reservation of ``scontrol show reservation``: ``nodes`` expanded from the
-    hostlist, ``flags`` upper case, times in UTC (None when Slurm prints none)."""
+    hostlist, each once in the order listed, ``flags`` upper case, times in UTC (None when
+    Slurm prints none)."""
 
     name: str
     nodes: tuple[str, ...]
@@ -294,7 +295,10 @@ def parse_scontrol_show_reservation(text: str) -> list[SlurmReservation]:
         if not name:
             continue
         hosts = kv.get("Nodes", "")
-        nodes = tuple(expand_hostlist(hosts)) if hosts and hosts != "(null)" else ()
+        # a node the hostlist names twice (``gpu-[01-02],gpu-01``) is reserved once: kept
+        # at its first place, as a window stores it (MaintenanceWindow.nodes)
+        nodes = tuple(dict.fromkeys(expand_hostlist(hosts))) \
+            if hosts and hosts != "(null)" else ()
         flags = frozenset(f.strip().upper() for f in kv.get("Flags", "").split(",")
                           if f.strip() and f.strip() != "(null)")
         out.append(SlurmReservation(name=name, nodes=nodes, flags=flags,

@@ -85,7 +85,9 @@ class FaultEvent:
         ``nvlink5_severity``, ``link_down_reason`` (Xid 149 link events). Reported by the
         Kubernetes device plugin: ``reporter`` = ``"k8s-device-plugin"``, ``device`` (GPU
         UUID/name), ``all_devices``. Xid 79 folded with its fallen-off-the-bus record(s):
-        ``related_evidence`` (list of their raw texts; the ``gpu_lost`` event is not emitted).
+        ``related_evidence`` (list of their raw texts; the ``gpu_lost`` event is not emitted;
+        nor is one that comes in a later read than the Xid 79, whose text then goes nowhere:
+        :mod:`agent.readers.kernel.fold`).
       - ``sxid``: ``severity`` (``fatal``/``nonfatal``) ONLY when the headline prints
         Fatal/Non-fatal, absent otherwise; ``severity_level`` (the ``Severity N`` number as
         printed, no decision); ``link``; ``nvswitch``; ``message``.

@@ -142,6 +142,15 @@ part: a paste or a busy journal puts another program's line, a blank line or ano
 kernel record between two lines of one record."""
 
 
+CUT_RECORD_S = 60.0
+"""Most seconds (the agent's monotonic clock) a multi-line record that a flush (the end of
+a read) closed while it waited for its next part still takes that part from a later read
+(within its :attr:`Record.max_gap` lines), so the part raises no second fault. The driver
+prints a record's parts back to back (corpus ``r2-h07``: an SXid's parts 34 ms apart);
+split, the next part comes in the agent's next read, one ``sample_interval_s`` later
+(default 2 s); the bound leaves room for a slow configured interval."""
+
+
 class Record:
     """A kernel record being collected; emitted once (``finish``) when closed.
 

@@ -17,6 +17,20 @@
   same pid. The ``Killed process`` event remains, with the summary's ``details`` merged in
   and its text in ``related_evidence``.
 
+Across reads: the agent's follower flushes the reader at the end of every read that
+reached the end of the log, so a driver that prints the Xid 79 just before the read and
+the fallen-off-bus record just after splits them into two reads. The Xid 79 events a
+flush emits are remembered per GPU (with the agent's monotonic time) for the lines they
+had left to wait: a ``gpu_lost`` record of the same GPU in a later read, within those
+lines and :data:`XID79_FOLLOW_S` seconds, is the fall the Xid 79 already raised and is
+not emitted (one fault, the Xid 79's identity ``xid:79:<gpu>``, as one read gives; its
+text could not join the emitted Xid's ``related_evidence``). The Xid itself is never
+held past a read. The other order: a ``gpu_lost`` record still waiting for its Xid 79 at
+the end of a read (:meth:`Folder.release_read`, the follower's end of a read; not
+:meth:`Folder.release`, the end of the input) is held into the next read, once, so an Xid
+79 printed just after the read folds it as in one read; alone, it is emitted at the end
+of that next read (one poll later).
+
 The GPU is matched by ``bus:device`` (:func:`~agent.readers.kernel.common.device_key`), so
 ``0000:3b:00``, ``0000:3b:00.0`` and ``3b:00.0`` are one GPU; a record without an address
 never folds. Events that can fold are held for :data:`WINDOW_LINES` lines (fewer for OOM),
@@ -25,7 +39,10 @@ then released in input order.
 
 from __future__ import annotations
 
+import logging
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from agent.readers.events import FaultEvent
@@ -36,6 +53,18 @@ WINDOW_LINES = 8
 """Lines a GPU-lost or Xid 79 event waits for its counterpart (the driver prints them
 back to back; a few lines of other output may come between)."""
 
+XID79_FOLLOW_S = 60.0
+"""Most seconds (the agent's monotonic clock) between the read that emitted an Xid 79 and a
+later read whose fallen-off-bus record of the same GPU it still folds. The two records come
+from one lost-GPU event of the driver, printed back to back; split, the record comes in
+the agent's next read, one ``sample_interval_s`` later (``agent.config``, default 2 s).
+The bound is generous because nothing shorter than a host power cycle (the NVIDIA Xid
+Catalog's action for Xid 79: RESTART_BM; the agent restarts with the host) brings the
+GPU back to fall again, so within it a record of that GPU is the same fall; NVIDIA's
+NVSentinel syslog monitor (``gpufallen`` handler, ``xidWindow``) likewise takes a
+fallen-off-bus message of a GPU with an Xid in the 5 minutes before as that Xid's. The
+line window (:data:`WINDOW_LINES`) still applies, so a split gives what one read gives."""
+
 OOM_WINDOW_LINES = 4
 """Lines an ``oom_kill`` event waits for the other half of the same kill."""
 
@@ -44,6 +73,8 @@ FOLD_SECONDS = 10
 """Most seconds between the Kubernetes device plugin's ``XidCriticalError`` line and the
 kernel's Xid line of one fault when both lines print a wall-clock time (the plugin reacts
 to the driver's NVML event within a second or two)."""
+
+log = logging.getLogger("autorepair.agent.readers")
 
 _FOLDABLE = frozenset({"gpu_lost", "xid", "oom_kill"})
 _CLOCK = re.compile(r"(?<![\d:])(\d\d):(\d\d):(\d\d)(?![\d:])")
@@ -146,16 +177,46 @@ def merge(held: FaultEvent, new: FaultEvent) -> FaultEvent | None:
 class _Held:
     event: FaultEvent
     left: int
+    carried: bool = False  # already held over the end of a read (release_read)
+
+
+@dataclass
+class _Emitted:
+    at: float  # clock() when a flush emitted it
+    left: int  # lines it still waits for a counterpart
 
 
 class Folder:
-    """Holds foldable events for their window; emits everything in input order."""
+    """Holds foldable events for their window; emits everything in input order (but a
+    ``gpu_lost`` :meth:`release_read` holds into the next read comes after the events of
+    the read that brought it).
+    ``clock``: monotonic seconds (the time bound of :data:`XID79_FOLLOW_S`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.held: list[_Held] = []
+        self.clock = clock
+        #: device key → the Xid 79 a flush emitted while it still waited (module docstring)
+        self.emitted: dict[str, _Emitted] = {}
+        #: ``gpu_lost`` records not emitted: the fall of an Xid 79 an earlier read emitted
+        self.folded_late = 0
+
+    def _emitted_fall(self, ev: FaultEvent) -> bool:
+        """``ev`` is a ``gpu_lost`` record of a GPU whose Xid 79 an earlier read emitted,
+        within its lines and :data:`XID79_FOLLOW_S`."""
+        key = device_key(ev.pci)
+        if not key or key not in self.emitted:
+            return False
+        if self.clock() - self.emitted[key].at > XID79_FOLLOW_S:
+            del self.emitted[key]
+            return False
+        self.folded_late += 1
+        log.info("event=gpu_lost_folded_into_emitted_xid79 pci=%s", ev.pci)
+        return True
 
     def add(self, ev: FaultEvent, out: list[FaultEvent]) -> None:
         """Take one finished event; ``out`` gets what can be emitted now."""
+        if ev.kind == "gpu_lost" and self.emitted and self._emitted_fall(ev):
+            return
         if not self.held:
             if window(ev) == 0:
                 out.append(ev)
@@ -182,8 +243,37 @@ class Folder:
             entry.left -= 1
         while self.held and self.held[0].left <= 0:
             out.append(self.held.pop(0).event)
+        for key in list(self.emitted):
+            seen = self.emitted[key]
+            seen.left -= 1
+            if seen.left <= 0:
+                del self.emitted[key]
 
     def release(self, out: list[FaultEvent]) -> None:
-        """Everything held, in order (end of input)."""
-        out.extend(entry.event for entry in self.held)
-        self.held = []
+        """Everything held, in order (end of input). An Xid 79 released while it still
+        waited is remembered for the rest of its window."""
+        self._release(out, False)
+
+    def release_read(self, out: list[FaultEvent]) -> None:
+        """The end of one read of a followed log: as :meth:`release`, except that a
+        ``gpu_lost`` of a named GPU still waiting for its Xid 79 stays held into the next
+        read, once (the next end of a read releases it): the driver may print the Xid 79
+        just after the read. No Xid is held past a read."""
+        self._release(out, True)
+
+    def _release(self, out: list[FaultEvent], read_end: bool) -> None:
+        now: float | None = None
+        keep: list[_Held] = []
+        for entry in self.held:
+            ev = entry.event
+            if (read_end and ev.kind == "gpu_lost" and entry.left > 0 and not entry.carried
+                    and device_key(ev.pci)):
+                entry.carried = True
+                keep.append(entry)
+                continue
+            out.append(ev)
+            key = device_key(ev.pci) if _is_xid79(ev) else None
+            if key and entry.left > 0:
+                now = self.clock() if now is None else now
+                self.emitted[key] = _Emitted(now, entry.left)
+        self.held = keep

@@ -11,11 +11,16 @@ Per physical line:
    starting no record of its own) joins the record of the line above; anything else is
    looked up in :data:`TABLE`. A record closes after ``max_gap`` unrelated lines (blank
    lines count as unrelated; 0 for one-line records: the first line it does not take
-   closes it), or on :meth:`flush`. Multi-line records (fallen off the bus, AER, SXid, XFS,
-   RmInitAdapter, mlx5 health) wait :data:`~agent.readers.kernel.common.MULTI_LINE_GAP`
-   lines for their next part, so another program's line between two parts breaks nothing.
+   closes it), or on :meth:`flush` / :meth:`end_read` (the end of the input / of one read
+   of a followed log: a multi-line record closed while it waited for its next part still
+   takes that part from the next read, within its gap and
+   :data:`~agent.readers.kernel.common.CUT_RECORD_S`, raising nothing new).
+   Multi-line records (fallen off the bus, AER, SXid, XFS, RmInitAdapter, mlx5 health)
+   wait :data:`~agent.readers.kernel.common.MULTI_LINE_GAP` lines for their next part, so
+   another program's line between two parts breaks nothing.
 3. **Fold** (:mod:`agent.readers.kernel.fold`): the Xid 79 and fallen-off-bus records of
-   one GPU, and the two halves of one OOM kill, come out as one event.
+   one GPU, and the two halves of one OOM kill, come out as one event; an Xid 79 and its
+   fallen-off-bus record split across two reads too, in either order.
 
 Lines may carry any timestamp prefix (``[secs.usecs]``, ``dmesg -T``, syslog
 ``Mon DD HH:MM:SS host kernel:``, journald ``kernel:``, ``dmesg -x`` ``kern  :err   :``, ISO,
@@ -26,6 +31,7 @@ line. Nothing here raises on any input.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from itertools import pairwise
 
@@ -47,6 +53,7 @@ from agent.readers.kernel import (
     xid,
 )
 from agent.readers.kernel.common import (
+    CUT_RECORD_S,
     Matcher,
     Record,
     Single,
@@ -240,15 +247,23 @@ class KernelLogReader:
     still open or held at end of input. A record is complete when the next line shows it
     does not continue (a one-line record waits one line, for a wrapped continuation); a
     GPU-lost or Xid 79 event waits up to :data:`~agent.readers.kernel.fold.WINDOW_LINES`
-    lines for its counterpart. Each record is emitted exactly once, in input order.
-    Never raises on any ``str`` input.
+    lines for its counterpart; a fallen-off-bus record of a GPU whose Xid 79 the last
+    flush emitted is that fault, not a new one (:mod:`agent.readers.kernel.fold`:
+    ``clock``, monotonic seconds, bounds it by ``XID79_FOLLOW_S``). Each record is emitted
+    at most once, in input order (a ``gpu_lost`` that :meth:`end_read` holds into the next
+    read comes after that read's other events). Never raises on any ``str`` input.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._open: list[Record] = []
         self._last: Record | None = None
         self._prev: str | None = None  # the line above, when it started no record
-        self._folder = Folder()
+        self._clock = clock
+        self._folder = Folder(clock)
+        #: multi-line records a flush closed while they waited for their next part, with
+        #: when: a later read's part joins one (no new record) within its gap and
+        #: CUT_RECORD_S
+        self._cut: list[tuple[Record, float]] = []
 
     def feed(self, line: str) -> list[FaultEvent]:
         """Read one line (with or without its line ending); returns completed events."""
@@ -260,7 +275,7 @@ class KernelLogReader:
                 line = line[:MAX_LINE_CHARS]
             line = line.rstrip("\r\n")
             needle: bool | None = None  # has_needle(line), once computed
-            if not self._open and self._last is None:
+            if not self._open and self._last is None and not self._cut:
                 needle = has_needle(line)
                 if not needle and not (
                     # maybe_continuation(), inlined: this is the path of most lines
@@ -268,29 +283,68 @@ class KernelLogReader:
                     and (line[:1] in " \t" or "]  " in line or ":  " in line or "\t" in line)
                 ):
                     self._prev = line  # may head a record wrapped onto the next line
-                    if self._folder.held:
+                    if self._folder.held or self._folder.emitted:
                         self._folder.tick(out)
                     return out  # nothing open, no record here
             for piece in split_records(line):
                 self._piece(piece, out, needle if piece is line else None)
-            if self._folder.held:
+            if self._folder.held or self._folder.emitted:
                 self._folder.tick(out)
         except Exception:  # a reader never takes the agent down
-            self._open, self._last, self._prev = [], None, None
+            self._open, self._last, self._prev, self._cut = [], None, None, []
         return out
 
     def flush(self) -> list[FaultEvent]:
-        """Close and return every open record and held event."""
+        """Close and return every open record and held event (the end of the input)."""
+        return self._close(final=True)
+
+    def end_read(self) -> list[FaultEvent]:
+        """The end of one read of a followed log (the follower's poll read all there was):
+        as :meth:`flush`, except that a ``gpu_lost`` still waiting for its Xid 79 is held
+        into the next read, once (:meth:`~agent.readers.kernel.fold.Folder.release_read`)."""
+        return self._close(final=False)
+
+    def _close(self, final: bool) -> list[FaultEvent]:
         out: list[FaultEvent] = []
         try:
+            now = self._clock()
+            waiting = [(rec, now) for rec in self._open if rec.max_gap > 0
+                       and not rec.closed and len(rec.lines) < rec.max_lines]
             for rec in self._open:
                 rec.closed = True
             self._drain(out)
-            self._folder.release(out)
+            if final:
+                self._folder.release(out)
+            else:
+                self._folder.release_read(out)
+            self._cut = [c for c in self._cut if now - c[1] <= CUT_RECORD_S] + waiting
         except Exception:
-            self._folder = Folder()
+            self._folder = Folder(self._clock)
+            self._cut = []
         self._open, self._last, self._prev = [], None, None
         return out
+
+    def _cut_takes(self, piece: str | None) -> bool:
+        """Whether a record a flush cut takes ``piece`` as its own next part (None: a blank
+        line); every other one counts an unrelated line and is let go past its gap or
+        :data:`~agent.readers.kernel.common.CUT_RECORD_S`."""
+        now = self._clock()
+        taken = False
+        keep: list[tuple[Record, float]] = []
+        for rec, at in self._cut:
+            if now - at > CUT_RECORD_S:
+                continue
+            if (not taken and piece is not None and len(rec.lines) < rec.max_lines
+                    and rec.accepts(piece)):
+                rec.add(piece)
+                taken = True
+            else:
+                rec.gap += 1
+                if rec.gap > rec.max_gap:
+                    continue
+            keep.append((rec, at))
+        self._cut = keep
+        return taken
 
     def _piece(self, piece: str, out: list[FaultEvent], needle: bool | None = None) -> None:
         """Assemble one record piece; ``needle`` is ``has_needle(piece)`` when the caller
@@ -298,6 +352,8 @@ class KernelLogReader:
         if not piece.strip():
             # a blank line ends wrapped continuations; a record waiting for its own next
             # part counts it as one unrelated line (max_gap)
+            if self._cut:
+                self._cut_takes(None)
             for rec in self._open:
                 rec.gap += 1
                 if rec.gap > rec.max_gap:
@@ -312,6 +368,16 @@ class KernelLogReader:
                 taken = rec
                 break
         new: list[Record] = []
+        if self._cut and self._cut_takes(None if taken is not None else piece) \
+                and taken is None:
+            # the next part of a record the last read's flush emitted: already reported
+            for rec in self._open:
+                rec.gap += 1
+                if rec.gap > rec.max_gap:
+                    rec.closed = True
+            self._last = self._prev = None
+            self._drain(out)
+            return
         if taken is None:
             cont = maybe_continuation(piece) and is_continuation_shape(piece)
             last = self._last
