@@ -22,7 +22,9 @@ machine's open tickets, so a repaired machine returns without database edits).
 The verdict is always applied: a release, a ticket or a ticket post that fails after its
 retries (a webhook answering 4xx, the ledger down past ``_SHORT_TOTAL``) is said in the
 result's reason and the run goes on to ``return_machine`` (a failed machine stays out,
-without a ticket to name if none could be opened).
+without a ticket to name if none could be opened). When ``return_machine`` itself fails,
+the verdict is recorded all the same and the run fails
+(:data:`ERR_VERDICT_UNAPPLIED`, the result as its detail), so the Temporal UI lists it.
 
 Deterministic: no I/O, ``workflow.now()`` only; imports only ``workflows.*``.
 """
@@ -34,7 +36,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from workflows.activity_api import (
@@ -57,6 +59,9 @@ with workflow.unsafe.imports_passed_through():
     from workflows.models import ValidationRequest, ValidationResult, Verdict
     from workflows.protocol import VALIDATION_QUERY_STATUS, VALIDATION_WORKFLOW
 
+#: Failure type of a run whose verdict was recorded but could not be applied to the machine
+#: (``return_machine`` failed after its retries); its detail is the result.
+ERR_VERDICT_UNAPPLIED = "VerdictNotApplied"
 #: Non-retryable failure types of the validation activities.
 _PERMANENT = [ERR_UNKNOWN_NODE, ERR_PLACEMENT, ERR_CONFIGURATION, ERR_ACTION_FAILED]
 _RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30), non_retryable_error_types=_PERMANENT)
@@ -193,16 +198,24 @@ class ValidationWorkflow:
         applied = result.verdict
         if target == "hold" and result.verdict == Verdict.passed:
             applied = Verdict.aborted
+        unapplied: str | None = None
         if placement.prior_state or applied != Verdict.aborted:
-            back: ReturnMachineResult = await self._short(
-                ACT.return_machine,
-                ReturnMachineInput(cluster=req.cluster, machine=req.machine, node=node,
-                                   run_id=run_id, verdict=applied,
-                                   prior_state=placement.prior_state, return_to=target,
-                                   ticket_id=result.ticket_id),
-                ReturnMachineResult,
-            )
-            self._detail = back.detail
+            try:
+                back: ReturnMachineResult = await self._short(
+                    ACT.return_machine,
+                    ReturnMachineInput(cluster=req.cluster, machine=req.machine, node=node,
+                                       run_id=run_id, verdict=applied,
+                                       prior_state=placement.prior_state, return_to=target,
+                                       ticket_id=result.ticket_id),
+                    ReturnMachineResult,
+                )
+                self._detail = back.detail
+            except ActivityError as e:
+                # the verdict is still recorded (a failed machine's ticket stays open, a
+                # person sees it), then the run fails naming what was not done
+                unapplied = f"verdict not applied to the machine: {_cause(e)}"
+                result = _noted(result, unapplied)
+                self._detail = unapplied
         self._stage = "recording"
         await self._short(
             ACT.ledger_record_verdict,
@@ -211,6 +224,11 @@ class ValidationWorkflow:
                           close_tickets=target != "hold"),
         )
         self._result = result
+        if unapplied is not None:
+            self._stage = "failed"
+            raise ApplicationError(
+                f"validation of {req.machine}: verdict {result.verdict.value} recorded, "
+                f"{unapplied}", result, type=ERR_VERDICT_UNAPPLIED, non_retryable=True)
         self._stage = "done"
         return result
 

@@ -149,3 +149,51 @@ async def test_failed_machine_stays_out_when_a_step_before_the_verdict_fails(
         assert result.ticket_id is None and "no hardware ticket opened" in result.reason
     else:
         assert result.ticket_id and "placement not released" in result.reason
+
+
+async def test_a_verdict_that_cannot_be_applied_is_recorded_and_fails_the_run(
+        temporal_env: Any, ledger_pool: Any, slurm_cluster: SlurmCluster,
+        tmp_path: Path) -> None:
+    """``return_machine`` failing for good (the scheduler refusing, after its retries): the
+    verdict is still recorded in the ledger (a failed machine's ticket open, saying the
+    verdict was not applied) and the run fails, so the Temporal UI lists it."""
+    from temporalio import activity
+    from temporalio.client import WorkflowFailureError
+    from temporalio.exceptions import ApplicationError
+
+    from activities.ledger import Ledger
+    from activities.ledger_activities import LedgerActivities
+    from activities.validation_activities import ValidationActivities
+    from workflows.validation import ERR_VERDICT_UNAPPLIED
+
+    config = _config(slurm_cluster, tmp_path)
+    node = "gpu-02"
+    (tmp_path / "faults" / f"{node}.json").write_text('{"remap_failure": true}')
+
+    @activity.defn(name="return_machine")
+    async def broken(_arg: Any) -> None:
+        raise ApplicationError("scontrol update: slurmctld refused", non_retryable=True)
+
+    acts = [a for a in (ValidationActivities(config, ledger_pool).all()
+                        + LedgerActivities(ledger_pool).all())
+            if a.__temporal_activity_definition.name != "return_machine"]
+    tq = f"validation-{uuid.uuid4().hex[:8]}"
+    try:
+        async with Worker(temporal_env.client, task_queue=tq,
+                          workflows=[ValidationWorkflow], activities=[*acts, broken]):
+            with pytest.raises(WorkflowFailureError) as ei:
+                await temporal_env.client.execute_workflow(
+                    ValidationWorkflow.run, ValidationRequest(cluster=CLUSTER, machine=node),
+                    id=workflow_id_validation(node, f"unapplied-{uuid.uuid4().hex[:6]}"),
+                    task_queue=tq, result_type=ValidationResult,
+                )
+    finally:
+        slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=resume",
+                          check=False)
+    cause = ei.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == ERR_VERDICT_UNAPPLIED, cause
+    assert "verdict failed recorded" in cause.message and "slurmctld refused" in cause.message
+    v = await Ledger(ledger_pool).latest_verdict(node)
+    assert v is not None and v["verdict"] == "failed"
+    tickets = await Ledger(ledger_pool).open_tickets(node)
+    assert len(tickets) == 1
