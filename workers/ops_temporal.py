@@ -100,7 +100,7 @@ async def start_validations(address: str, namespace: str, task_queue: str,
     configuration's ``temporal`` section (TLS, API key; ``None`` = plain). Raises
     :class:`TemporalUnreachable`; Ctrl-C while waiting raises ``KeyboardInterrupt`` (the
     workflows go on)."""
-    from temporalio.client import WorkflowQueryFailedError
+    from temporalio.client import WorkflowFailureError, WorkflowQueryFailedError
     from temporalio.service import RPCError
 
     from workflows.models import ValidationRequest
@@ -147,12 +147,31 @@ async def start_validations(address: str, namespace: str, task_queue: str,
                         result.cancel()
                         with contextlib.suppress(asyncio.CancelledError):
                             await result
-                res = result.result()
-                entry["verdict"], entry["reason"] = res.verdict.value, res.reason
+                try:
+                    res = result.result()
+                except WorkflowFailureError as e:
+                    entry["verdict"], entry["reason"] = failed_run_outcome(e)
+                else:
+                    entry["verdict"], entry["reason"] = res.verdict.value, res.reason
                 progress.update(bar, advance=1, description=describe())
 
             await asyncio.gather(*(one(e) for e in started))
         return started
+
+
+def failed_run_outcome(err: Exception) -> tuple[str, str]:
+    """``(verdict, reason)`` of a ``ValidationWorkflow`` that failed (its
+    ``WorkflowFailureError``): the recorded verdict and reason when the failure carries the
+    result (``VerdictNotApplied``, :data:`workflows.validation.ERR_VERDICT_UNAPPLIED`:
+    recorded, not applied to the machine), else ``aborted`` with the failure's message —
+    never a traceback for the person waiting."""
+    cause = getattr(err, "cause", None)
+    details = getattr(cause, "details", None) or ()
+    first = details[0] if details else None
+    message = str(getattr(cause, "message", "") or cause or err)
+    if isinstance(first, dict) and first.get("verdict") in ("passed", "failed", "aborted"):
+        return str(first["verdict"]), f"{first.get('reason') or ''} ({message})".strip()
+    return "aborted", f"validation workflow failed: {message}"
 
 
 def validation_exit_code(results: Sequence[dict[str, Any]]) -> int:
