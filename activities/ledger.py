@@ -49,7 +49,7 @@ from workflows.activity_api import (
     VerdictRecord,
 )
 from workflows.evidence import EvidenceRecord
-from workflows.leases import DomainHold
+from workflows.leases import DomainHold, DomainRelease
 from workflows.models import (
     AUTO_APPROVED,
     TERMINAL_STAGES,
@@ -928,6 +928,27 @@ class Ledger:
                 nodes=[str(n) for n in ev.get("nodes") or []],
                 kinds=[str(k) for k in ev.get("kinds") or []],
                 alert_id=r["alert_id"], reason=r["description"] or ""))
+        # per domain the guard's newest release (a hold's clear, at the guard's clock):
+        # a rebuilt guard marks a request first asked for before it (the release marked
+        # the requests its hold kept queued; a restart lost that queue)
+        release_rows = await self.pool.fetch(
+            """SELECT DISTINCT ON (evidence->>'domain') observed_at, description, evidence
+               FROM alerts
+               WHERE cluster = $1 AND kind = $2 AND source = $3 AND node = '*'
+                 AND NOT active AND evidence ? 'domain'
+               ORDER BY evidence->>'domain', observed_at DESC""",
+            q.cluster,
+            DOMAIN_KIND,
+            BREAKER_SOURCE,
+        )
+        releases = []
+        for r in release_rows:
+            ev = r["evidence"] or {}
+            opened = ev.get("opened_at")
+            releases.append(DomainRelease(
+                domain=str(ev["domain"]), by=str(ev.get("by") or ""),
+                reason=str(ev.get("reason") or r["description"] or ""), at=r["observed_at"],
+                opened_at=datetime.fromisoformat(opened) if isinstance(opened, str) else None))
         return GuardLedgerState(
             holders=holders,
             automatic=[AutomaticStart(repair_id=r["repair_id"], at=r["at"]) for r in auto],
@@ -936,6 +957,7 @@ class Ledger:
             tripped_reason=str(evidence.get("reason", "")) if is_open else "",
             domain_holds=holds,
             reset_at=breaker["observed_at"] if breaker is not None and not is_open else None,
+            domain_releases=sorted(releases, key=lambda r: r.at),
         )
 
     async def open_repair(

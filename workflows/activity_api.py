@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 from temporalio.exceptions import ApplicationError
 
 from workflows.config import PolicyConfig, PolicyMode
-from workflows.leases import DomainHold, LeaseReply
+from workflows.leases import DomainHold, DomainRelease, LeaseReply
 from workflows.models import Action, Alert, Requester, Stage, ValidationResult, Verdict
 from workflows.models import AttemptRecord as AttemptRecord  # defined there: pure (issue 26)
 from workflows.protocol import BMC_TASK_QUEUE
@@ -652,6 +652,12 @@ class GuardLedgerState(BaseModel):
     #: alert of the guard is that reset's clear), None otherwise: a rebuilt guard marks a
     #: request first asked for before it (I23).
     reset_at: datetime | None = None
+    #: Per domain, its last release: the guard's newest clear (``active`` false) of the
+    #: domain's ``failure_domain`` hold, at the guard's clock when it released (the
+    #: alert's ``observed_at``, which the guard sets; a sender cannot write the kind). A
+    #: rebuilt guard marks an automatic request of the domain first asked for at or
+    #: before it, as the release marked the requests the hold kept queued.
+    domain_releases: list[DomainRelease] = Field(default_factory=list)
 
 
 class RepairProbe(BaseModel):

@@ -332,3 +332,63 @@ async def test_critical_history_is_judged_on_receive_time(ledger_pool: asyncpg.P
     assert hist.critical_alerts[0].received_at == T0
     got = await ledger.get_alert("fast")
     assert got is not None and got.received_at == T0 - timedelta(days=11)
+
+
+async def test_guard_state_reads_each_domains_last_release(ledger_pool: asyncpg.Pool) -> None:
+    """``ledger_guard_state`` answers each failure domain's last release (the guard's
+    clear of its hold, at the guard's clock) beside the holds in force: a rebuilt guard
+    marks a request first asked for before it. A hold raised again after a release keeps
+    the release; a clear of another source is not the guard's."""
+    from workflows.activity_api import GuardStateQuery
+    from workflows.leases import LeaseRequest, ReleaseDomainSignal
+    from workflows.lifecycle import guard as gm
+
+    ledger = Ledger(ledger_pool)
+    policy = gm.PolicyView(gpu_nodes=100, budget=10, breaker_threshold=50,
+                           breaker_window_s=600.0, one_per_pool=False, detector_cap=3,
+                           lease_ttl_s=3600.0, domain_threshold=2, domain_window_s=600.0,
+                           domains={"n1": ["rack-a"], "n2": ["rack-a"], "n3": ["rack-b"],
+                                    "n4": ["rack-b"]})
+    s = gm.new_state("c1", policy)
+    for ev in (gm.Started(fresh=True), gm.PolicyRead(view=policy),
+               gm.LedgerRead(view=gm.LedgerView())):
+        s, _ = gm.step(s, ev, T0)
+    writes: list[Alert] = []
+
+    def step(ev: gm.Event, at: datetime) -> None:
+        nonlocal s
+        s, cmds = gm.step(s, ev, at)
+        writes.extend(c.alert for c in cmds if isinstance(c, gm.WriteAlert))
+
+    def hold(nodes: list[str], at: datetime, n: int) -> None:
+        for node in nodes:
+            step(gm.Request(req=LeaseRequest(
+                repair_id=f"r-{node}-{n}", workflow_id=f"w-{node}", cluster="c1", node=node,
+                fault_kinds=["xid"])), at)
+            step(gm.Release(rel=gm.LeaseRelease(repair_id=f"r-{node}-{n}")), at)
+
+    def release(domain: str, at: datetime) -> None:
+        step(gm.ReleaseDomain(sig=ReleaseDomainSignal(domain=domain, by="alice",
+                                                      reason="fixed")), at)
+
+    hold(["n1", "n2"], T0, 1)
+    release("rack-a", T0 + timedelta(minutes=1))
+    hold(["n3", "n4"], T0 + timedelta(minutes=2), 1)
+    release("rack-b", T0 + timedelta(minutes=3))
+    hold(["n1", "n2"], T0 + timedelta(minutes=4), 2)  # rack-a held again
+    assert [(a.active, a.evidence["domain"]) for a in writes] == [
+        (True, "rack-a"), (False, "rack-a"), (True, "rack-b"), (False, "rack-b"),
+        (True, "rack-a")]
+    for a in writes:
+        assert await ledger.record_alert(a)
+    # a failure_domain clear the guard did not write (an ingest-side row) is not a release
+    stray = writes[1].model_copy(update={"alert_id": "stray", "source": "ingest",
+                                         "observed_at": T0 + timedelta(minutes=9)})
+    assert await ledger.record_alert(stray)
+
+    st = await ledger.guard_state(GuardStateQuery(cluster="c1", since=T0))
+    assert [(h.domain, h.opened_at) for h in st.domain_holds] == [
+        ("rack-a", T0 + timedelta(minutes=4))]
+    assert [(r.domain, r.at, r.by, r.reason, r.opened_at) for r in st.domain_releases] == [
+        ("rack-a", T0 + timedelta(minutes=1), "alice", "fixed", T0),
+        ("rack-b", T0 + timedelta(minutes=3), "alice", "fixed", T0 + timedelta(minutes=2))]
