@@ -558,9 +558,9 @@ class Ledger:
             """INSERT INTO repairs (repair_id, cluster, node, machine_id, action, stage,
                  requester_kind, requester_name, reason, approved_by, decided_by_rule,
                  detector, request_id, alert_ids, workflow_id, created_at, updated_at,
-                 lease_held, approval_pending, mode)
+                 lease_held, approval_pending, mode, node_pool)
                VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$16,$18,$19,
-                       $20)
+                       $20,$21)
                ON CONFLICT (repair_id) DO UPDATE SET
                  action = EXCLUDED.action,
                  lease_held = CASE WHEN EXCLUDED.updated_at >= repairs.updated_at
@@ -574,6 +574,7 @@ class Ledger:
                               THEN repairs.stage ELSE EXCLUDED.stage END,
                  machine_id = COALESCE(EXCLUDED.machine_id, repairs.machine_id),
                  mode = COALESCE(EXCLUDED.mode, repairs.mode),
+                 node_pool = COALESCE(EXCLUDED.node_pool, repairs.node_pool),
                  approved_by = COALESCE(EXCLUDED.approved_by, repairs.approved_by),
                  decided_by_rule = COALESCE(EXCLUDED.decided_by_rule, repairs.decided_by_rule),
                  alert_ids = (SELECT ARRAY(SELECT DISTINCT unnest(
@@ -599,6 +600,7 @@ class Ledger:
             rec.lease_held,
             rec.approval_pending,
             rec.mode,
+            rec.node_pool,
         )
 
     async def record_transition(self, t: TransitionRecord) -> None:
@@ -852,7 +854,7 @@ class Ledger:
         # person must look at, a maintenance window) does not
         rows = await self.pool.fetch(
             """SELECT repair_id, node, workflow_id, approved_by, requester_kind, stage,
-                      created_at
+                      created_at, node_pool
                FROM repairs r WHERE cluster = $1 AND (stage = ANY($2::text[])
                  OR (lease_held AND NOT stage = ANY($3::text[])))
                ORDER BY created_at""",
@@ -869,6 +871,7 @@ class Ledger:
                 requester_kind=r["requester_kind"],
                 stage=Stage(r["stage"]),
                 requested_at=r["created_at"],
+                node_pool=r["node_pool"],
             )
             for r in rows
         ]

@@ -393,6 +393,11 @@ class RepairRecord(BaseModel):
     #: migration 0018): the ledger side's notification of a shadow-mode repair's ending
     #: says ``shadow:``. None: not said (a writer from before it), kept as recorded.
     mode: str | None = None
+    #: The node pool the repair asks the cluster guard with (its lease request's
+    #: ``node_pool``; migration 0019): a guard rebuilt from the ledger re-registers a
+    #: holder in it when the configuration places its node in no pool. None: none (or a
+    #: writer from before it), kept as recorded.
+    node_pool: str | None = None
 
 
 class TransitionRecord(BaseModel):
@@ -619,6 +624,9 @@ class HeldRepair(BaseModel):
     #: its first lease request follows, so a rebuilt guard counts an automatic holder
     #: that has not recorded its cordon yet from then (None: a ledger that predates it)
     requested_at: datetime | None = None
+    #: the pool the repair asked with (``repairs.node_pool``, migration 0019; None: none
+    #: recorded): the rebuilt lease's pool when the configuration has none for the node
+    node_pool: str | None = None
 
 
 class AutomaticStart(BaseModel):

@@ -392,3 +392,24 @@ async def test_guard_state_reads_each_domains_last_release(ledger_pool: asyncpg.
     assert [(r.domain, r.at, r.by, r.reason, r.opened_at) for r in st.domain_releases] == [
         ("rack-a", T0 + timedelta(minutes=1), "alice", "fixed", T0),
         ("rack-b", T0 + timedelta(minutes=3), "alice", "fixed", T0 + timedelta(minutes=2))]
+
+
+async def test_guard_state_lists_each_holders_pool(ledger_pool: asyncpg.Pool) -> None:
+    """The pool a repair asked the guard with (``RepairRecord.node_pool``, migration 0019)
+    is what ``ledger_guard_state`` lists for the holder; a later write without one keeps
+    it; a row without one lists none."""
+    from workflows.activity_api import GuardStateQuery
+
+    ledger = Ledger(ledger_pool)
+    rec = RepairRecord(repair_id="rp", cluster="c1", node="gpu-01", action=Action.reboot,
+                       stage=Stage.cordoning, requester=Requester(), updated_at=T0,
+                       node_pool="pool-a", lease_held=True)
+    await ledger.upsert_repair(rec)
+    await ledger.upsert_repair(rec.model_copy(update={
+        "node_pool": None, "updated_at": T0 + timedelta(seconds=1)}))
+    await ledger.upsert_repair(RepairRecord(
+        repair_id="rq", cluster="c1", node="gpu-02", action=Action.reboot,
+        stage=Stage.cordoning, requester=Requester(), updated_at=T0))
+    st = await ledger.guard_state(GuardStateQuery(cluster="c1", since=T0))
+    assert [(h.repair_id, h.node_pool) for h in st.holders] == [("rp", "pool-a"),
+                                                                ("rq", None)]

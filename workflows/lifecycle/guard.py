@@ -226,6 +226,9 @@ class HeldRepair(BaseModel):
     requester_kind: RequesterKind = RequesterKind.system
     #: when the repair was recorded (its first request follows; None: not known)
     requested_at: datetime | None = None
+    #: the pool the repair asked with (None: none recorded); the configuration's pool
+    #: of the node comes first, as for a request (:func:`_pool`)
+    node_pool: str | None = None
 
 
 class LedgerView(BaseModel):
@@ -1027,7 +1030,8 @@ def _rebuild(s: GuardState, v: LedgerView, now: datetime, defects: frozenset[str
         if any(x.repair_id == hr.repair_id for x in leases):
             continue
         lease = Lease(repair_id=hr.repair_id, workflow_id=hr.workflow_id, node=hr.node,
-                      node_pool=s.policy.pools.get(hr.node), automatic=hr.automatic,
+                      node_pool=s.policy.pools.get(hr.node) or hr.node_pool,
+                      automatic=hr.automatic,
                       requester_kind=hr.requester_kind, granted_at=now,
                       expires_at=now + _ttl(s), source="ledger")
         leases.append(lease)
