@@ -846,7 +846,8 @@ class Ledger:
         (``repairs.lease_held``: granted and not handed back — before its cordon, or
         waiting for a person after it acted), automatic repairs that cordoned (or
         ended ``shadowed``: shadow mode's stand-in for the cordon) since ``q.since`` (their
-        lease was granted) and the guard's newest circuit-breaker alert.
+        lease was granted), the guard's newest circuit-breaker alert and its last reset
+        (newest clear), and per failure domain the hold in force and the last release.
         ``gpu_nodes_reported`` stays 0: nodes named by alerts are no denominator
         (issue 27 item 9)."""
         # the holder records its lease (I21): one granted before its cordon, or waiting
@@ -909,6 +910,17 @@ class Ledger:
             BREAKER_SOURCE,
         )
         is_open = bool(breaker is not None and breaker["active"])
+        # the last reset, whatever came after it: a trip since (the breaker open again)
+        # does not undo what the reset marked (I23: a request first asked for before it,
+        # a person's budget-queued one too, acts only on evidence after it)
+        last_reset = await self.pool.fetchval(
+            """SELECT max(observed_at) FROM alerts
+               WHERE cluster = $1 AND kind = $2 AND source = $3 AND node = '*'
+                 AND NOT active""",
+            q.cluster,
+            BREAKER_KIND,
+            BREAKER_SOURCE,
+        )
         evidence = (breaker["evidence"] or {}) if breaker is not None else {}
         # per domain the guard's newest hold row: a raise is a hold in force, a
         # release's clear is none (issue 29 item 2)
@@ -959,7 +971,7 @@ class Ledger:
             tripped_at=breaker["observed_at"] if is_open and breaker is not None else None,
             tripped_reason=str(evidence.get("reason", "")) if is_open else "",
             domain_holds=holds,
-            reset_at=breaker["observed_at"] if breaker is not None and not is_open else None,
+            reset_at=last_reset,
             domain_releases=sorted(releases, key=lambda r: r.at),
         )
 

@@ -656,9 +656,10 @@ class GuardLedgerState(BaseModel):
     #: Failure-domain holds in force (issue 29 item 2): per domain, the guard's newest
     #: ``failure_domain`` alert is a raise, not a release's clear.
     domain_holds: list[DomainHold] = Field(default_factory=list)
-    #: When an operator last reset the open breaker (the newest ``circuit_breaker``
-    #: alert of the guard is that reset's clear), None otherwise: a rebuilt guard marks a
-    #: request first asked for before it (I23).
+    #: When an operator last reset the open breaker (the guard's newest ``circuit_breaker``
+    #: clear, also when the breaker tripped again since), None when never: a rebuilt
+    #: guard marks a request first asked for before it (I23) and keeps the automatic
+    #: starts before it out of the window.
     reset_at: datetime | None = None
     #: Per domain, its last release: the guard's newest clear (``active`` false) of the
     #: domain's ``failure_domain`` hold, at the guard's clock when it released (the

@@ -413,3 +413,47 @@ async def test_guard_state_lists_each_holders_pool(ledger_pool: asyncpg.Pool) ->
     st = await ledger.guard_state(GuardStateQuery(cluster="c1", since=T0))
     assert [(h.repair_id, h.node_pool) for h in st.holders] == [("rp", "pool-a"),
                                                                 ("rq", None)]
+
+
+async def test_guard_state_keeps_the_last_reset_when_the_breaker_tripped_again(
+        ledger_pool: asyncpg.Pool) -> None:
+    """``reset_at`` is the guard's last breaker reset also while the breaker is open again
+    (a trip after it): a guard rebuilt then still marks a request first asked for before
+    the reset (I23). Before, it was answered only while the reset's clear was the newest
+    breaker row."""
+    from workflows.activity_api import GuardStateQuery
+    from workflows.leases import LeaseRequest, ResetBreakerSignal
+    from workflows.lifecycle import guard as gm
+
+    ledger = Ledger(ledger_pool)
+    policy = gm.PolicyView(gpu_nodes=100, budget=10, breaker_threshold=1,
+                           breaker_window_s=600.0, one_per_pool=False, detector_cap=3,
+                           lease_ttl_s=3600.0)
+    s = gm.new_state("c1", policy)
+    for ev in (gm.Started(fresh=True), gm.PolicyRead(view=policy),
+               gm.LedgerRead(view=gm.LedgerView())):
+        s, _ = gm.step(s, ev, T0)
+    writes: list[Alert] = []
+
+    def step(ev: gm.Event, at: datetime) -> None:
+        nonlocal s
+        s, cmds = gm.step(s, ev, at)
+        writes.extend(c.alert for c in cmds if isinstance(c, gm.WriteAlert))
+
+    def ask(rid: str, at: datetime) -> None:
+        step(gm.Request(req=LeaseRequest(repair_id=rid, workflow_id=f"w-{rid}", cluster="c1",
+                                         node=f"n-{rid}")), at)
+
+    ask("r1", T0)
+    ask("r2", T0)  # trips
+    reset = T0 + timedelta(minutes=1)
+    step(gm.ResetBreaker(sig=ResetBreakerSignal(by="alice")), reset)
+    ask("r3", T0 + timedelta(minutes=2))
+    ask("r4", T0 + timedelta(minutes=2))  # trips again
+    assert [(a.kind, a.active) for a in writes] == [
+        ("circuit_breaker", True), ("circuit_breaker", False), ("circuit_breaker", True)]
+    for a in writes:
+        assert await ledger.record_alert(a)
+    st = await ledger.guard_state(GuardStateQuery(cluster="c1", since=T0))
+    assert st.breaker_open and st.tripped_at == T0 + timedelta(minutes=2)
+    assert st.reset_at == reset

@@ -57,8 +57,8 @@ it takes none, every reply to a live requester comes back as ``EffectFailed`` in
 next batch and the requester hears nothing (it re-sends its request). The invariants
 above must hold all the same.
 
-A guard restarted after a reset knows the reset from the ledger's newest breaker alert
-(its clear), and a request names when its repair first asked (``requested_at``, kept
+A guard restarted after a reset knows the reset from the ledger's newest breaker clear
+(also when the breaker tripped again since), and a request names when its repair first asked (``requested_at``, kept
 across re-sends): a request first asked for at or before the last reset waited through
 it, even when the restart lost the queue that held it, and I23 is checked across guard
 restarts; a rebuilt guard keeps the automatic starts the ledger lists at or before that
@@ -110,7 +110,7 @@ class World:
     out: str | None = None  # "policy" / "ledger": a read of the guard's is out
     ledger_up: bool = True
     ledger_breaker: bool = False  # the newest breaker alert the guard wrote is a trip
-    ledger_reset_s: float | None = None  # when the newest breaker alert is a reset's clear
+    ledger_reset_s: float | None = None  # the guard's newest breaker clear (its last reset)
     granted_at: tuple[float | None, ...] = (None, None, None)  # automatic grant times
     #: per node: waited through a reset of the open breaker (evidence predates it)
     stale: tuple[bool, ...] = (False, False, False)
@@ -367,7 +367,7 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
                 w = replace(w, out="ledger")
             elif isinstance(c, gm.WriteAlert) and c.alert.kind == gm.BREAKER_KIND:
                 w = replace(w, ledger_breaker=c.alert.active,
-                            ledger_reset_s=None if c.alert.active else w.now_s,
+                            ledger_reset_s=w.ledger_reset_s if c.alert.active else w.now_s,
                             last_reset_s=w.last_reset_s if c.alert.active else w.now_s)
             elif isinstance(c, gm.WriteAlert) and c.alert.kind == gm.DOMAIN_KIND:
                 w = replace(w, ledger_holds=_ledger_holds(w, c),

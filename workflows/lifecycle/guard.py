@@ -242,7 +242,8 @@ class LedgerView(BaseModel):
     tripped_reason: str = ""
     #: Failure-domain holds the ledger has open (their alert raised, not cleared).
     holds: list[DomainHold] = Field(default_factory=list)
-    #: The last reset of the open breaker, when the newest breaker alert is its clear.
+    #: The last reset of the open breaker (the guard's newest breaker clear), also when
+    #: the breaker tripped again since.
     reset_at: datetime | None = None
     #: The last release of each failure domain the ledger records (the newest clear of
     #: the domain's hold, its time the guard's clock when it released).
