@@ -923,13 +923,25 @@ class Ledger:
         )
         evidence = (breaker["evidence"] or {}) if breaker is not None else {}
         # per domain the guard's newest hold row: a raise is a hold in force, a
-        # release's clear is none (issue 29 item 2)
+        # release's clear is none (issue 29 item 2). At one instant (a release and the
+        # faults that hold the domain again decided in one guard step) the release of the
+        # hold raised at that instant (its id: the raise's + "/release") follows its
+        # raise, and a raise follows the release of an earlier hold: the domain is as the
+        # guard left it
         domain_rows = await self.pool.fetch(
             """SELECT * FROM (SELECT DISTINCT ON (evidence->>'domain') alert_id, active,
-                      observed_at, description, evidence FROM alerts
+                      observed_at, description, evidence FROM alerts a
                WHERE cluster = $1 AND kind = $2 AND source = $3 AND node = '*'
                  AND evidence ? 'domain'
-               ORDER BY evidence->>'domain', observed_at DESC, active ASC) d
+               ORDER BY evidence->>'domain', observed_at DESC,
+                        CASE WHEN NOT active AND EXISTS (
+                                 SELECT 1 FROM alerts t
+                                 WHERE t.cluster = a.cluster AND t.kind = a.kind
+                                   AND t.source = a.source AND t.node = '*' AND t.active
+                                   AND t.observed_at = a.observed_at
+                                   AND a.alert_id = t.alert_id || '/release') THEN 0
+                             WHEN active THEN 1 ELSE 2 END,
+                        alert_id DESC) d
                WHERE active ORDER BY observed_at""",
             q.cluster,
             DOMAIN_KIND,

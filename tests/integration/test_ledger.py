@@ -457,3 +457,56 @@ async def test_guard_state_keeps_the_last_reset_when_the_breaker_tripped_again(
     st = await ledger.guard_state(GuardStateQuery(cluster="c1", since=T0))
     assert st.breaker_open and st.tripped_at == T0 + timedelta(minutes=2)
     assert st.reset_at == reset
+
+
+async def test_guard_state_keeps_a_hold_raised_again_at_the_instant_of_a_release(
+        ledger_pool: asyncpg.Pool) -> None:
+    """A release and the faults that hold the domain again decided in one guard step (one
+    batch: one instant) write the release's clear and the new raise at the same
+    ``observed_at``; the hold is in force and a guard rebuilt from the ledger must keep
+    it. The newest row per domain was chosen by ``active`` at one instant, the clear
+    first: the rebuilt guard held nothing and granted the domain's automatic repairs. At
+    one instant a release now follows only the raise of its own hold (its id: the raise's
+    + ``/release``), as a breaker reset follows its trip."""
+    from workflows.activity_api import GuardStateQuery
+    from workflows.leases import FaultReport, ReleaseDomainSignal
+    from workflows.lifecycle import guard as gm
+
+    ledger = Ledger(ledger_pool)
+    policy = gm.PolicyView(gpu_nodes=100, budget=10, breaker_threshold=50,
+                           breaker_window_s=600.0, one_per_pool=False, detector_cap=3,
+                           lease_ttl_s=3600.0, domain_threshold=2, domain_window_s=600.0,
+                           domains={"n1": ["rack-a"], "n2": ["rack-a"]})
+    s = gm.new_state("c1", policy)
+    for ev in (gm.Started(fresh=True), gm.PolicyRead(view=policy),
+               gm.LedgerRead(view=gm.LedgerView())):
+        s, _ = gm.step(s, ev, T0)
+
+    def fault(node: str, n: int) -> gm.FaultSeen:
+        return gm.FaultSeen(report=FaultReport(cluster="c1", node=node, alert_id=f"x{n}",
+                                               kind="xid", domains=["rack-a"]))
+
+    writes: list[Alert] = []
+    s, cmds = gm.step(s, gm.Batch(events=[fault("n1", 1), fault("n2", 2)]), T0)
+    writes += [c.alert for c in cmds if isinstance(c, gm.WriteAlert)]
+    at = T0 + timedelta(minutes=1)
+    s, cmds = gm.step(s, gm.Batch(events=[
+        gm.ReleaseDomain(sig=ReleaseDomainSignal(domain="rack-a", by="alice")),
+        fault("n1", 3), fault("n2", 4)]), at)  # the rack flaps on: held again
+    writes += [c.alert for c in cmds if isinstance(c, gm.WriteAlert)]
+    assert [h.domain for h in s.holds] == ["rack-a"]
+    assert [(a.active, a.observed_at) for a in writes] == [(True, T0), (False, at),
+                                                           (True, at)]
+    for a in writes:
+        assert await ledger.record_alert(a)
+    st = await ledger.guard_state(GuardStateQuery(cluster="c1", since=T0))
+    assert [(h.domain, h.opened_at, h.alert_id) for h in st.domain_holds] == [
+        ("rack-a", at, writes[2].alert_id)]
+    assert [(r.domain, r.at) for r in st.domain_releases] == [("rack-a", at)]
+    # a hold opened and released at one instant is released
+    s, cmds = gm.step(s, gm.Batch(events=[
+        gm.ReleaseDomain(sig=ReleaseDomainSignal(domain="rack-a", by="alice"))]), at)
+    (clear,) = [c.alert for c in cmds if isinstance(c, gm.WriteAlert)]
+    assert await ledger.record_alert(clear)
+    st = await ledger.guard_state(GuardStateQuery(cluster="c1", since=T0))
+    assert st.domain_holds == []
