@@ -49,7 +49,7 @@ from workflows.activity_api import (
     VerdictRecord,
 )
 from workflows.evidence import EvidenceRecord
-from workflows.leases import DomainHold
+from workflows.leases import DomainHold, DomainRelease
 from workflows.models import (
     AUTO_APPROVED,
     TERMINAL_STAGES,
@@ -558,9 +558,9 @@ class Ledger:
             """INSERT INTO repairs (repair_id, cluster, node, machine_id, action, stage,
                  requester_kind, requester_name, reason, approved_by, decided_by_rule,
                  detector, request_id, alert_ids, workflow_id, created_at, updated_at,
-                 lease_held, approval_pending, mode)
+                 lease_held, approval_pending, mode, node_pool)
                VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$16,$18,$19,
-                       $20)
+                       $20,$21)
                ON CONFLICT (repair_id) DO UPDATE SET
                  action = EXCLUDED.action,
                  lease_held = CASE WHEN EXCLUDED.updated_at >= repairs.updated_at
@@ -574,6 +574,7 @@ class Ledger:
                               THEN repairs.stage ELSE EXCLUDED.stage END,
                  machine_id = COALESCE(EXCLUDED.machine_id, repairs.machine_id),
                  mode = COALESCE(EXCLUDED.mode, repairs.mode),
+                 node_pool = COALESCE(EXCLUDED.node_pool, repairs.node_pool),
                  approved_by = COALESCE(EXCLUDED.approved_by, repairs.approved_by),
                  decided_by_rule = COALESCE(EXCLUDED.decided_by_rule, repairs.decided_by_rule),
                  alert_ids = (SELECT ARRAY(SELECT DISTINCT unnest(
@@ -599,6 +600,7 @@ class Ledger:
             rec.lease_held,
             rec.approval_pending,
             rec.mode,
+            rec.node_pool,
         )
 
     async def record_transition(self, t: TransitionRecord) -> None:
@@ -844,7 +846,8 @@ class Ledger:
         (``repairs.lease_held``: granted and not handed back — before its cordon, or
         waiting for a person after it acted), automatic repairs that cordoned (or
         ended ``shadowed``: shadow mode's stand-in for the cordon) since ``q.since`` (their
-        lease was granted) and the guard's newest circuit-breaker alert.
+        lease was granted), the guard's newest circuit-breaker alert and its last reset
+        (newest clear), and per failure domain the hold in force and the last release.
         ``gpu_nodes_reported`` stays 0: nodes named by alerts are no denominator
         (issue 27 item 9)."""
         # the holder records its lease (I21): one granted before its cordon, or waiting
@@ -852,7 +855,7 @@ class Ledger:
         # person must look at, a maintenance window) does not
         rows = await self.pool.fetch(
             """SELECT repair_id, node, workflow_id, approved_by, requester_kind, stage,
-                      created_at
+                      created_at, node_pool
                FROM repairs r WHERE cluster = $1 AND (stage = ANY($2::text[])
                  OR (lease_held AND NOT stage = ANY($3::text[])))
                ORDER BY created_at""",
@@ -869,6 +872,7 @@ class Ledger:
                 requester_kind=r["requester_kind"],
                 stage=Stage(r["stage"]),
                 requested_at=r["created_at"],
+                node_pool=r["node_pool"],
             )
             for r in rows
         ]
@@ -906,15 +910,38 @@ class Ledger:
             BREAKER_SOURCE,
         )
         is_open = bool(breaker is not None and breaker["active"])
+        # the last reset, whatever came after it: a trip since (the breaker open again)
+        # does not undo what the reset marked (I23: a request first asked for before it,
+        # a person's budget-queued one too, acts only on evidence after it)
+        last_reset = await self.pool.fetchval(
+            """SELECT max(observed_at) FROM alerts
+               WHERE cluster = $1 AND kind = $2 AND source = $3 AND node = '*'
+                 AND NOT active""",
+            q.cluster,
+            BREAKER_KIND,
+            BREAKER_SOURCE,
+        )
         evidence = (breaker["evidence"] or {}) if breaker is not None else {}
         # per domain the guard's newest hold row: a raise is a hold in force, a
-        # release's clear is none (issue 29 item 2)
+        # release's clear is none (issue 29 item 2). At one instant (a release and the
+        # faults that hold the domain again decided in one guard step) the release of the
+        # hold raised at that instant (its id: the raise's + "/release") follows its
+        # raise, and a raise follows the release of an earlier hold: the domain is as the
+        # guard left it
         domain_rows = await self.pool.fetch(
             """SELECT * FROM (SELECT DISTINCT ON (evidence->>'domain') alert_id, active,
-                      observed_at, description, evidence FROM alerts
+                      observed_at, description, evidence FROM alerts a
                WHERE cluster = $1 AND kind = $2 AND source = $3 AND node = '*'
                  AND evidence ? 'domain'
-               ORDER BY evidence->>'domain', observed_at DESC, active ASC) d
+               ORDER BY evidence->>'domain', observed_at DESC,
+                        CASE WHEN NOT active AND EXISTS (
+                                 SELECT 1 FROM alerts t
+                                 WHERE t.cluster = a.cluster AND t.kind = a.kind
+                                   AND t.source = a.source AND t.node = '*' AND t.active
+                                   AND t.observed_at = a.observed_at
+                                   AND a.alert_id = t.alert_id || '/release') THEN 0
+                             WHEN active THEN 1 ELSE 2 END,
+                        alert_id DESC) d
                WHERE active ORDER BY observed_at""",
             q.cluster,
             DOMAIN_KIND,
@@ -928,6 +955,27 @@ class Ledger:
                 nodes=[str(n) for n in ev.get("nodes") or []],
                 kinds=[str(k) for k in ev.get("kinds") or []],
                 alert_id=r["alert_id"], reason=r["description"] or ""))
+        # per domain the guard's newest release (a hold's clear, at the guard's clock):
+        # a rebuilt guard marks a request first asked for before it (the release marked
+        # the requests its hold kept queued; a restart lost that queue)
+        release_rows = await self.pool.fetch(
+            """SELECT DISTINCT ON (evidence->>'domain') observed_at, description, evidence
+               FROM alerts
+               WHERE cluster = $1 AND kind = $2 AND source = $3 AND node = '*'
+                 AND NOT active AND evidence ? 'domain'
+               ORDER BY evidence->>'domain', observed_at DESC""",
+            q.cluster,
+            DOMAIN_KIND,
+            BREAKER_SOURCE,
+        )
+        releases = []
+        for r in release_rows:
+            ev = r["evidence"] or {}
+            opened = ev.get("opened_at")
+            releases.append(DomainRelease(
+                domain=str(ev["domain"]), by=str(ev.get("by") or ""),
+                reason=str(ev.get("reason") or r["description"] or ""), at=r["observed_at"],
+                opened_at=datetime.fromisoformat(opened) if isinstance(opened, str) else None))
         return GuardLedgerState(
             holders=holders,
             automatic=[AutomaticStart(repair_id=r["repair_id"], at=r["at"]) for r in auto],
@@ -935,7 +983,8 @@ class Ledger:
             tripped_at=breaker["observed_at"] if is_open and breaker is not None else None,
             tripped_reason=str(evidence.get("reason", "")) if is_open else "",
             domain_holds=holds,
-            reset_at=breaker["observed_at"] if breaker is not None and not is_open else None,
+            reset_at=last_reset,
+            domain_releases=sorted(releases, key=lambda r: r.at),
         )
 
     async def open_repair(

@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 from temporalio.exceptions import ApplicationError
 
 from workflows.config import PolicyConfig, PolicyMode
-from workflows.leases import DomainHold, LeaseReply
+from workflows.leases import DomainHold, DomainRelease, LeaseReply
 from workflows.models import Action, Alert, Requester, Stage, ValidationResult, Verdict
 from workflows.models import AttemptRecord as AttemptRecord  # defined there: pure (issue 26)
 from workflows.protocol import BMC_TASK_QUEUE
@@ -393,6 +393,11 @@ class RepairRecord(BaseModel):
     #: migration 0018): the ledger side's notification of a shadow-mode repair's ending
     #: says ``shadow:``. None: not said (a writer from before it), kept as recorded.
     mode: str | None = None
+    #: The node pool the repair asks the cluster guard with (its lease request's
+    #: ``node_pool``; migration 0019): a guard rebuilt from the ledger re-registers a
+    #: holder in it when the configuration places its node in no pool. None: none (or a
+    #: writer from before it), kept as recorded.
+    node_pool: str | None = None
 
 
 class TransitionRecord(BaseModel):
@@ -619,6 +624,9 @@ class HeldRepair(BaseModel):
     #: its first lease request follows, so a rebuilt guard counts an automatic holder
     #: that has not recorded its cordon yet from then (None: a ledger that predates it)
     requested_at: datetime | None = None
+    #: the pool the repair asked with (``repairs.node_pool``, migration 0019; None: none
+    #: recorded): the rebuilt lease's pool when the configuration has none for the node
+    node_pool: str | None = None
 
 
 class AutomaticStart(BaseModel):
@@ -648,10 +656,17 @@ class GuardLedgerState(BaseModel):
     #: Failure-domain holds in force (issue 29 item 2): per domain, the guard's newest
     #: ``failure_domain`` alert is a raise, not a release's clear.
     domain_holds: list[DomainHold] = Field(default_factory=list)
-    #: When an operator last reset the open breaker (the newest ``circuit_breaker``
-    #: alert of the guard is that reset's clear), None otherwise: a rebuilt guard marks a
-    #: request first asked for before it (I23).
+    #: When an operator last reset the open breaker (the guard's newest ``circuit_breaker``
+    #: clear, also when the breaker tripped again since), None when never: a rebuilt
+    #: guard marks a request first asked for before it (I23) and keeps the automatic
+    #: starts before it out of the window.
     reset_at: datetime | None = None
+    #: Per domain, its last release: the guard's newest clear (``active`` false) of the
+    #: domain's ``failure_domain`` hold, at the guard's clock when it released (the
+    #: alert's ``observed_at``, which the guard sets; a sender cannot write the kind). A
+    #: rebuilt guard marks an automatic request of the domain first asked for at or
+    #: before it, as the release marked the requests the hold kept queued.
+    domain_releases: list[DomainRelease] = Field(default_factory=list)
 
 
 class RepairProbe(BaseModel):

@@ -182,6 +182,7 @@ def ledger_view(cluster: str, st: GuardLedgerState) -> gm.LedgerView:
             workflow_id=h.workflow_id or workflow_id_repair(cluster, h.node, h.repair_id),
             automatic=h.automatic,
             requested_at=h.requested_at,
+            node_pool=h.node_pool,
             requester_kind=RequesterKind(h.requester_kind)
             if h.requester_kind in RequesterKind.__members__
             else RequesterKind.system,
@@ -196,6 +197,7 @@ def ledger_view(cluster: str, st: GuardLedgerState) -> gm.LedgerView:
         tripped_reason=st.tripped_reason,
         holds=list(st.domain_holds),
         reset_at=st.reset_at,
+        releases=list(st.domain_releases),
     )
 
 

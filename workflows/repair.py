@@ -2095,6 +2095,7 @@ class RepairWorkflow:
                 lease_held=self._holding(),
                 approval_pending=self._asking,
                 mode="shadow" if self._shadow else "enforce",
+                node_pool=self._pool,
             ),
         )
 

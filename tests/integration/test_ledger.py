@@ -332,3 +332,181 @@ async def test_critical_history_is_judged_on_receive_time(ledger_pool: asyncpg.P
     assert hist.critical_alerts[0].received_at == T0
     got = await ledger.get_alert("fast")
     assert got is not None and got.received_at == T0 - timedelta(days=11)
+
+
+async def test_guard_state_reads_each_domains_last_release(ledger_pool: asyncpg.Pool) -> None:
+    """``ledger_guard_state`` answers each failure domain's last release (the guard's
+    clear of its hold, at the guard's clock) beside the holds in force: a rebuilt guard
+    marks a request first asked for before it. A hold raised again after a release keeps
+    the release; a clear of another source is not the guard's."""
+    from workflows.activity_api import GuardStateQuery
+    from workflows.leases import LeaseRequest, ReleaseDomainSignal
+    from workflows.lifecycle import guard as gm
+
+    ledger = Ledger(ledger_pool)
+    policy = gm.PolicyView(gpu_nodes=100, budget=10, breaker_threshold=50,
+                           breaker_window_s=600.0, one_per_pool=False, detector_cap=3,
+                           lease_ttl_s=3600.0, domain_threshold=2, domain_window_s=600.0,
+                           domains={"n1": ["rack-a"], "n2": ["rack-a"], "n3": ["rack-b"],
+                                    "n4": ["rack-b"]})
+    s = gm.new_state("c1", policy)
+    for ev in (gm.Started(fresh=True), gm.PolicyRead(view=policy),
+               gm.LedgerRead(view=gm.LedgerView())):
+        s, _ = gm.step(s, ev, T0)
+    writes: list[Alert] = []
+
+    def step(ev: gm.Event, at: datetime) -> None:
+        nonlocal s
+        s, cmds = gm.step(s, ev, at)
+        writes.extend(c.alert for c in cmds if isinstance(c, gm.WriteAlert))
+
+    def hold(nodes: list[str], at: datetime, n: int) -> None:
+        for node in nodes:
+            step(gm.Request(req=LeaseRequest(
+                repair_id=f"r-{node}-{n}", workflow_id=f"w-{node}", cluster="c1", node=node,
+                fault_kinds=["xid"])), at)
+            step(gm.Release(rel=gm.LeaseRelease(repair_id=f"r-{node}-{n}")), at)
+
+    def release(domain: str, at: datetime) -> None:
+        step(gm.ReleaseDomain(sig=ReleaseDomainSignal(domain=domain, by="alice",
+                                                      reason="fixed")), at)
+
+    hold(["n1", "n2"], T0, 1)
+    release("rack-a", T0 + timedelta(minutes=1))
+    hold(["n3", "n4"], T0 + timedelta(minutes=2), 1)
+    release("rack-b", T0 + timedelta(minutes=3))
+    hold(["n1", "n2"], T0 + timedelta(minutes=4), 2)  # rack-a held again
+    assert [(a.active, a.evidence["domain"]) for a in writes] == [
+        (True, "rack-a"), (False, "rack-a"), (True, "rack-b"), (False, "rack-b"),
+        (True, "rack-a")]
+    for a in writes:
+        assert await ledger.record_alert(a)
+    # a failure_domain clear the guard did not write (an ingest-side row) is not a release
+    stray = writes[1].model_copy(update={"alert_id": "stray", "source": "ingest",
+                                         "observed_at": T0 + timedelta(minutes=9)})
+    assert await ledger.record_alert(stray)
+
+    st = await ledger.guard_state(GuardStateQuery(cluster="c1", since=T0))
+    assert [(h.domain, h.opened_at) for h in st.domain_holds] == [
+        ("rack-a", T0 + timedelta(minutes=4))]
+    assert [(r.domain, r.at, r.by, r.reason, r.opened_at) for r in st.domain_releases] == [
+        ("rack-a", T0 + timedelta(minutes=1), "alice", "fixed", T0),
+        ("rack-b", T0 + timedelta(minutes=3), "alice", "fixed", T0 + timedelta(minutes=2))]
+
+
+async def test_guard_state_lists_each_holders_pool(ledger_pool: asyncpg.Pool) -> None:
+    """The pool a repair asked the guard with (``RepairRecord.node_pool``, migration 0019)
+    is what ``ledger_guard_state`` lists for the holder; a later write without one keeps
+    it; a row without one lists none."""
+    from workflows.activity_api import GuardStateQuery
+
+    ledger = Ledger(ledger_pool)
+    rec = RepairRecord(repair_id="rp", cluster="c1", node="gpu-01", action=Action.reboot,
+                       stage=Stage.cordoning, requester=Requester(), updated_at=T0,
+                       node_pool="pool-a", lease_held=True)
+    await ledger.upsert_repair(rec)
+    await ledger.upsert_repair(rec.model_copy(update={
+        "node_pool": None, "updated_at": T0 + timedelta(seconds=1)}))
+    await ledger.upsert_repair(RepairRecord(
+        repair_id="rq", cluster="c1", node="gpu-02", action=Action.reboot,
+        stage=Stage.cordoning, requester=Requester(), updated_at=T0))
+    st = await ledger.guard_state(GuardStateQuery(cluster="c1", since=T0))
+    assert [(h.repair_id, h.node_pool) for h in st.holders] == [("rp", "pool-a"),
+                                                                ("rq", None)]
+
+
+async def test_guard_state_keeps_the_last_reset_when_the_breaker_tripped_again(
+        ledger_pool: asyncpg.Pool) -> None:
+    """``reset_at`` is the guard's last breaker reset also while the breaker is open again
+    (a trip after it): a guard rebuilt then still marks a request first asked for before
+    the reset (I23). Before, it was answered only while the reset's clear was the newest
+    breaker row."""
+    from workflows.activity_api import GuardStateQuery
+    from workflows.leases import LeaseRequest, ResetBreakerSignal
+    from workflows.lifecycle import guard as gm
+
+    ledger = Ledger(ledger_pool)
+    policy = gm.PolicyView(gpu_nodes=100, budget=10, breaker_threshold=1,
+                           breaker_window_s=600.0, one_per_pool=False, detector_cap=3,
+                           lease_ttl_s=3600.0)
+    s = gm.new_state("c1", policy)
+    for ev in (gm.Started(fresh=True), gm.PolicyRead(view=policy),
+               gm.LedgerRead(view=gm.LedgerView())):
+        s, _ = gm.step(s, ev, T0)
+    writes: list[Alert] = []
+
+    def step(ev: gm.Event, at: datetime) -> None:
+        nonlocal s
+        s, cmds = gm.step(s, ev, at)
+        writes.extend(c.alert for c in cmds if isinstance(c, gm.WriteAlert))
+
+    def ask(rid: str, at: datetime) -> None:
+        step(gm.Request(req=LeaseRequest(repair_id=rid, workflow_id=f"w-{rid}", cluster="c1",
+                                         node=f"n-{rid}")), at)
+
+    ask("r1", T0)
+    ask("r2", T0)  # trips
+    reset = T0 + timedelta(minutes=1)
+    step(gm.ResetBreaker(sig=ResetBreakerSignal(by="alice")), reset)
+    ask("r3", T0 + timedelta(minutes=2))
+    ask("r4", T0 + timedelta(minutes=2))  # trips again
+    assert [(a.kind, a.active) for a in writes] == [
+        ("circuit_breaker", True), ("circuit_breaker", False), ("circuit_breaker", True)]
+    for a in writes:
+        assert await ledger.record_alert(a)
+    st = await ledger.guard_state(GuardStateQuery(cluster="c1", since=T0))
+    assert st.breaker_open and st.tripped_at == T0 + timedelta(minutes=2)
+    assert st.reset_at == reset
+
+
+async def test_guard_state_keeps_a_hold_raised_again_at_the_instant_of_a_release(
+        ledger_pool: asyncpg.Pool) -> None:
+    """A release and the faults that hold the domain again decided in one guard step (one
+    batch: one instant) write the release's clear and the new raise at the same
+    ``observed_at``; the hold is in force and a guard rebuilt from the ledger must keep
+    it. The newest row per domain was chosen by ``active`` at one instant, the clear
+    first: the rebuilt guard held nothing and granted the domain's automatic repairs. At
+    one instant a release now follows only the raise of its own hold (its id: the raise's
+    + ``/release``), as a breaker reset follows its trip."""
+    from workflows.activity_api import GuardStateQuery
+    from workflows.leases import FaultReport, ReleaseDomainSignal
+    from workflows.lifecycle import guard as gm
+
+    ledger = Ledger(ledger_pool)
+    policy = gm.PolicyView(gpu_nodes=100, budget=10, breaker_threshold=50,
+                           breaker_window_s=600.0, one_per_pool=False, detector_cap=3,
+                           lease_ttl_s=3600.0, domain_threshold=2, domain_window_s=600.0,
+                           domains={"n1": ["rack-a"], "n2": ["rack-a"]})
+    s = gm.new_state("c1", policy)
+    for ev in (gm.Started(fresh=True), gm.PolicyRead(view=policy),
+               gm.LedgerRead(view=gm.LedgerView())):
+        s, _ = gm.step(s, ev, T0)
+
+    def fault(node: str, n: int) -> gm.FaultSeen:
+        return gm.FaultSeen(report=FaultReport(cluster="c1", node=node, alert_id=f"x{n}",
+                                               kind="xid", domains=["rack-a"]))
+
+    writes: list[Alert] = []
+    s, cmds = gm.step(s, gm.Batch(events=[fault("n1", 1), fault("n2", 2)]), T0)
+    writes += [c.alert for c in cmds if isinstance(c, gm.WriteAlert)]
+    at = T0 + timedelta(minutes=1)
+    s, cmds = gm.step(s, gm.Batch(events=[
+        gm.ReleaseDomain(sig=ReleaseDomainSignal(domain="rack-a", by="alice")),
+        fault("n1", 3), fault("n2", 4)]), at)  # the rack flaps on: held again
+    writes += [c.alert for c in cmds if isinstance(c, gm.WriteAlert)]
+    assert [h.domain for h in s.holds] == ["rack-a"]
+    assert [(a.active, a.observed_at) for a in writes] == [(True, T0), (False, at),
+                                                           (True, at)]
+    for a in writes:
+        assert await ledger.record_alert(a)
+    st = await ledger.guard_state(GuardStateQuery(cluster="c1", since=T0))
+    assert [(h.domain, h.opened_at, h.alert_id) for h in st.domain_holds] == [
+        ("rack-a", at, writes[2].alert_id)]
+    assert [(r.domain, r.at) for r in st.domain_releases] == [("rack-a", at)]
+    # a hold opened and released at one instant is released
+    s, cmds = gm.step(s, gm.Batch(events=[
+        gm.ReleaseDomain(sig=ReleaseDomainSignal(domain="rack-a", by="alice"))]), at)
+    (clear,) = [c.alert for c in cmds if isinstance(c, gm.WriteAlert)]
+    assert await ledger.record_alert(clear)
+    st = await ledger.guard_state(GuardStateQuery(cluster="c1", since=T0))
+    assert st.domain_holds == []

@@ -45,8 +45,10 @@ granted a lease (a new start) while its domain is held — a person's may be; an
 granted once 2 nodes of the domain reported a fault inside the window (the hold judges
 faults, not only lease requests), counting the reports a release or a fresh guard has not
 dropped (a fresh guard counts afresh: the counts below the threshold are not in the
-ledger); a repair whose request the hold kept queued when it was released is granted
-only with ``reset_at`` (it acts on evidence after the release).
+ledger); an automatic repair waiting for its first lease when the hold was released (the
+hold kept it queued, or would have had a guard restart not lost the queue: the ledger
+keeps the release, the guard's clear of the hold, for a rebuild) is granted only with
+``reset_at`` (it acts on evidence after the release).
 
 With ``lossy`` (issue 30 item 1: the replies go out as ``guard_send_leases``, which
 reports a reply the server did not take after its tries as ``failed``) the server can
@@ -55,8 +57,8 @@ it takes none, every reply to a live requester comes back as ``EffectFailed`` in
 next batch and the requester hears nothing (it re-sends its request). The invariants
 above must hold all the same.
 
-A guard restarted after a reset knows the reset from the ledger's newest breaker alert
-(its clear), and a request names when its repair first asked (``requested_at``, kept
+A guard restarted after a reset knows the reset from the ledger's newest breaker clear
+(also when the breaker tripped again since), and a request names when its repair first asked (``requested_at``, kept
 across re-sends): a request first asked for at or before the last reset waited through
 it, even when the restart lost the queue that held it, and I23 is checked across guard
 restarts; a rebuilt guard keeps the automatic starts the ledger lists at or before that
@@ -73,6 +75,7 @@ from datetime import UTC, datetime, timedelta
 
 from workflows.leases import (
     DomainHold,
+    DomainRelease,
     FaultReport,
     LeaseRelease,
     LeaseRequest,
@@ -107,7 +110,7 @@ class World:
     out: str | None = None  # "policy" / "ledger": a read of the guard's is out
     ledger_up: bool = True
     ledger_breaker: bool = False  # the newest breaker alert the guard wrote is a trip
-    ledger_reset_s: float | None = None  # when the newest breaker alert is a reset's clear
+    ledger_reset_s: float | None = None  # the guard's newest breaker clear (its last reset)
     granted_at: tuple[float | None, ...] = (None, None, None)  # automatic grant times
     #: per node: waited through a reset of the open breaker (evidence predates it)
     stale: tuple[bool, ...] = (False, False, False)
@@ -121,6 +124,9 @@ class World:
     domains: bool = False
     #: the holds the ledger has open (the guard's newest failure_domain rows), as JSON
     ledger_holds: tuple[str, ...] = ()
+    #: when the ledger's newest release of domain ``r`` is (the hold's clear the guard
+    #: wrote, at its clock; None: never released)
+    ledger_release_s: float | None = None
     #: per node: when it reported its fault (``fault_seen``; None: not yet), and whether
     #: that report still counts (a release of the hold, or a fresh guard, drops it)
     fault_at: tuple[float | None, ...] = (None, None, None)
@@ -207,7 +213,10 @@ def _ledger(w: World, m: gm.GuardState) -> gm.LedgerView:
                          tripped_reason="tripped" if w.ledger_breaker else "",
                          reset_at=None if w.ledger_reset_s is None
                          else T0 + timedelta(seconds=w.ledger_reset_s),
-                         holds=[DomainHold.model_validate_json(h) for h in w.ledger_holds])
+                         holds=[DomainHold.model_validate_json(h) for h in w.ledger_holds],
+                         releases=[] if w.ledger_release_s is None else [DomainRelease(
+                             domain="r", by="oncall",
+                             at=T0 + timedelta(seconds=w.ledger_release_s))])
 
 
 def _events(m: gm.GuardState, w: World) -> list[tuple[str, gm.Event | None]]:
@@ -333,15 +342,17 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
         open_at = _open_at_grant(m, e, now, defects)
         held_at = _held_at_grant(m, e, now, defects)
         deferred = {d.req.repair_id for d in m.deferred if isinstance(d, gm.Request)}
-        domain_queued = {q.req.repair_id for q in m.queue if gm.domain_hold(m, q.req)}
         m, cmds = gm.step(m, e, now, defects)
         if any(isinstance(c, gm.WriteAlert) and c.alert.kind == gm.DOMAIN_KIND
                and not c.alert.active for c in cmds):
             # the machine lifted the hold in this step (a deferred release included): the
             # reports it dropped count no more, before the grants the step made; the
-            # repairs it kept queued waited through the release
+            # automatic repairs waiting for a first lease waited through the release (the
+            # hold kept them queued, or would have had a guard restart not lost the queue
+            # that held them: their evidence predates the release all the same)
             w = replace(w, fault_live=(False,) * 3, released=tuple(
-                r or (st == "waiting" and _rid(i) in domain_queued and _rid(i) not in holding)
+                r or (st == "waiting" and _automatic(w, i) and w.granted_at[i] is None
+                      and _rid(i) not in holding)
                 for i, (r, st) in enumerate(zip(w.released, w.repairs, strict=True))))
         if m.reset_at != reset_at:  # the machine reset the open breaker in this step
             pre = tuple(p or any(c.repair_id == _rid(i) for c in counted)
@@ -356,10 +367,12 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
                 w = replace(w, out="ledger")
             elif isinstance(c, gm.WriteAlert) and c.alert.kind == gm.BREAKER_KIND:
                 w = replace(w, ledger_breaker=c.alert.active,
-                            ledger_reset_s=None if c.alert.active else w.now_s,
+                            ledger_reset_s=w.ledger_reset_s if c.alert.active else w.now_s,
                             last_reset_s=w.last_reset_s if c.alert.active else w.now_s)
             elif isinstance(c, gm.WriteAlert) and c.alert.kind == gm.DOMAIN_KIND:
-                w = replace(w, ledger_holds=_ledger_holds(w, c))
+                w = replace(w, ledger_holds=_ledger_holds(w, c),
+                            ledger_release_s=w.ledger_release_s if c.alert.active
+                            else w.now_s)
             elif isinstance(c, gm.ContinueAsNew):
                 m = gm.GuardState.model_validate_json(m.model_dump_json())
                 todo.append(gm.Started(fresh=False))

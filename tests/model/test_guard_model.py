@@ -138,6 +138,32 @@ def test_domain_checker_finds_each_planted_hold_defect(defect: str, invariant: s
     assert len(trace) <= DOMAIN_DEPTH
 
 
+#: A release before a guard restart (the rebuilt guard knows it from the ledger's clear
+#: only): the storm queues a2 (held by the domain) and b1 (a person's, budget); the
+#: release marks a2, which still waits for the budget; the guard restarts (its queue
+#: lost) and a2's re-sent request, granted once a1 releases, must carry ``reset_at``.
+RELEASE_THEN_RESTART = ["batch: requests", "release domain r", "guard restart", "policy ok",
+                        "ledger answers", "batch: releases, requests, reset"]
+#: Found by ``check(6, domains=True)`` with ``release_marks_queue_only``: the faults hold
+#: the domain, continue-as-new reads the policy, the release and a1's request are
+#: deferred meanwhile (in that order) and a1, asked when the release came in, is granted
+#: with nothing of the release.
+RELEASE_WHILE_READING = ["fault a1", "fault a2", "continue-as-new", "release domain r",
+                         "request a1", "policy ok"]
+
+
+@pytest.mark.parametrize("trace", [RELEASE_THEN_RESTART, RELEASE_WHILE_READING])
+def test_a_request_first_asked_before_a_release_acts_on_evidence_after_it(
+        trace: list[str]) -> None:
+    """The guard keeps each domain's last release (``released_at``, rebuilt from the
+    ledger's clear of the hold): an automatic request of the domain first asked for at or
+    before it waited through it, even when no queue of the guard held it."""
+    assert "release_marks_queue_only" in DEFECTS
+    assert replay(trace, domains=True) == []
+    bad = replay(trace, domains=True, defects=frozenset({"release_marks_queue_only"}))
+    assert any("waited through a hold's release" in b for b in bad), bad
+
+
 def test_a_persons_repair_is_neither_counted_nor_held_by_the_breaker_after_a_rebuild(
 ) -> None:
     """Found at domain depth 6 (a fault of the world, not of the machine): the world's

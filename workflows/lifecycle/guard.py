@@ -37,7 +37,10 @@ Rules (docs/design.md §5 rails), checked by ``tests/model/guard_world.py``:
   user) and a renewal are not held. Holds are carried and rebuilt from the ledger. A
   release marks the requests the hold kept queued as a reset does (their grant carries
   ``reset_at`` = the release): each repair acts only if its fault still stands or was
-  received after the release.
+  received after the release. The guard keeps each domain's last release
+  (``released_at``; a rebuilt guard reads it from the ledger's clear of the hold, written
+  at the guard's clock), so an automatic request of the domain first asked for at or
+  before it is treated so even when a guard restart lost the queue that held it.
 
 The policy numbers come in :class:`PolicyView` (computed by the interpreter from
 ``load_policy`` with :func:`workflows.policy.concurrency_budget` and
@@ -139,6 +142,10 @@ DEFECTS: dict[str, str] = {
                                      "requests it kept queued: their repairs are granted "
                                      "without reset_at and act on evidence from before the "
                                      "release",
+    "release_marks_queue_only": "a release of a failure-domain hold marks only the "
+                                "requests the guard's queue holds: one a guard restart "
+                                "lost and re-sent after the release acts on evidence "
+                                "from before it",
 }
 
 
@@ -219,6 +226,9 @@ class HeldRepair(BaseModel):
     requester_kind: RequesterKind = RequesterKind.system
     #: when the repair was recorded (its first request follows; None: not known)
     requested_at: datetime | None = None
+    #: the pool the repair asked with (None: none recorded); the configuration's pool
+    #: of the node comes first, as for a request (:func:`_pool`)
+    node_pool: str | None = None
 
 
 class LedgerView(BaseModel):
@@ -232,8 +242,12 @@ class LedgerView(BaseModel):
     tripped_reason: str = ""
     #: Failure-domain holds the ledger has open (their alert raised, not cleared).
     holds: list[DomainHold] = Field(default_factory=list)
-    #: The last reset of the open breaker, when the newest breaker alert is its clear.
+    #: The last reset of the open breaker (the guard's newest breaker clear), also when
+    #: the breaker tripped again since.
     reset_at: datetime | None = None
+    #: The last release of each failure domain the ledger records (the newest clear of
+    #: the domain's hold, its time the guard's clock when it released).
+    releases: list[DomainRelease] = Field(default_factory=list)
 
 
 class GuardState(BaseModel):
@@ -278,6 +292,11 @@ class GuardState(BaseModel):
     domain_faults: list[DomainFault] = Field(default_factory=list)
     holds: list[DomainHold] = Field(default_factory=list)
     domain_releases: list[DomainRelease] = Field(default_factory=list)
+    #: domain → its last release (the guard's clock; rebuilt from the ledger's clear of
+    #: the hold): an automatic request of a node of the domain first asked for at or
+    #: before it waited through the release, even when this guard's queue never held it
+    #: (a restart lost the queue), as ``open_reset_at`` does for a breaker reset
+    released_at: dict[str, datetime] = Field(default_factory=dict)
 
 
 # ---- events ------------------------------------------------------------------------
@@ -668,6 +687,32 @@ def _held_by_domain(s: GuardState, q: Queued, defects: frozenset[str]) -> Domain
     return domain_hold(s, q.req)
 
 
+def _released(have: dict[str, datetime], more: dict[str, datetime]
+              ) -> dict[str, datetime]:
+    """``have`` with the releases ``more`` adds (the later of two per domain), bounded:
+    the newest :data:`MAX_QUEUED` domains (each one entry)."""
+    out = dict(have)
+    for d, at in more.items():
+        if d not in out or at > out[d]:
+            out[d] = at
+    if len(out) > MAX_QUEUED:
+        out = dict(sorted(out.items(), key=lambda kv: kv[1])[-MAX_QUEUED:])
+    return out
+
+
+def release_before(s: GuardState, req: LeaseRequest) -> datetime | None:
+    """The last release of a failure domain of ``req``'s node that ``req`` waited
+    through, or None: an automatic new request (the kind a hold keeps waiting,
+    :func:`domain_hold`) first asked for at or before it (``requested_at``). Its repair
+    acts only on evidence observed after the release, as one the hold kept queued when
+    it was released does, even when this guard's queue never held it (a restart lost it)."""
+    if req.requested_at is None or req.renew or is_person(req) or not s.released_at:
+        return None
+    mine = s.policy.domains.get(req.node) or []
+    return max((at for d in mine if (at := s.released_at.get(d)) is not None
+                and req.requested_at <= at), default=None)
+
+
 def _on_release_domain(s: GuardState, sig: ReleaseDomainSignal, now: datetime,
                        defects: frozenset[str] = frozenset()) -> tuple[GuardState, Cmds]:
     """Lift the hold of ``sig.domain`` (its counts start afresh); the clear is recorded
@@ -691,7 +736,8 @@ def _on_release_domain(s: GuardState, sig: ReleaseDomainSignal, now: datetime,
         "queue": queue,
         "holds": [h for h in s.holds if h.domain != sig.domain],
         "domain_faults": [f for f in s.domain_faults if f.domain != sig.domain],
-        "domain_releases": [*s.domain_releases, rel][-MAX_RELEASES:]})
+        "domain_releases": [*s.domain_releases, rel][-MAX_RELEASES:],
+        "released_at": _released(s.released_at, {sig.domain: now})})
     return s, [
         SetDetails(text=f"failure domain {sig.domain} released by {sig.by} at "
                         f"{now.isoformat()}: {sig.reason}"),
@@ -900,6 +946,11 @@ def _on_request(s: GuardState, req: LeaseRequest, now: datetime, defects: frozen
     if (q.evidence_after is None and not req.renew and before_reset
             and "reset_marks_queue_only" not in defects):
         q = q.model_copy(update={"evidence_after": s.open_reset_at})
+    # first asked at or before a release of its domain's hold: it waited through the
+    # release (queued by the hold, by this guard or by the one a restart replaced)
+    released = None if "release_marks_queue_only" in defects else release_before(s, req)
+    if released is not None and (q.evidence_after is None or q.evidence_after < released):
+        q = q.model_copy(update={"evidence_after": released})
     if counts and s.breaker_open:
         q = q.model_copy(update={"why": Why.breaker,
                                  "reason": f"circuit breaker open: {s.tripped_reason}"})
@@ -980,7 +1031,8 @@ def _rebuild(s: GuardState, v: LedgerView, now: datetime, defects: frozenset[str
         if any(x.repair_id == hr.repair_id for x in leases):
             continue
         lease = Lease(repair_id=hr.repair_id, workflow_id=hr.workflow_id, node=hr.node,
-                      node_pool=s.policy.pools.get(hr.node), automatic=hr.automatic,
+                      node_pool=s.policy.pools.get(hr.node) or hr.node_pool,
+                      automatic=hr.automatic,
                       requester_kind=hr.requester_kind, granted_at=now,
                       expires_at=now + _ttl(s), source="ledger")
         leases.append(lease)
@@ -1015,6 +1067,14 @@ def _rebuild(s: GuardState, v: LedgerView, now: datetime, defects: frozenset[str
                                        + ", ".join(h.domain for h in rebuilt)))
     if v.reset_at is not None and (s.open_reset_at is None or v.reset_at > s.open_reset_at):
         upd["open_reset_at"] = v.reset_at
+    if v.releases:
+        # the last release of each domain: a request first asked for at or before it
+        # waited through it (:func:`release_before`); the operators' list shows them
+        upd["released_at"] = _released(s.released_at, {r.domain: r.at for r in v.releases})
+        known = {(r.domain, r.at) for r in s.domain_releases}
+        upd["domain_releases"] = sorted(
+            [*s.domain_releases, *(r for r in v.releases if (r.domain, r.at) not in known)],
+            key=lambda r: r.at)[-MAX_RELEASES:]
     if v.breaker_open and not s.breaker_open:
         reason = v.tripped_reason or "breaker open in the ledger"
         upd |= {"breaker_open": True, "tripped_at": v.tripped_at, "tripped_reason": reason}
@@ -1262,7 +1322,9 @@ def _table() -> None:
                 what = {
                     Status.rebuilding: "ok → serving: holders (every stage that holds a node) "
                                        "re-registered and told, automatic starts counted, "
-                                       "breaker taken; unavailable → retry timer "
+                                       "breaker, last reset, domain holds and each "
+                                       "domain's last release taken; unavailable → retry "
+                                       "timer "
                                        f"({LEDGER_RETRY_S:g} s), nothing granted (I21)",
                 }.get(st, "ignored: no ledger read is out")
             elif kind == "timer":
@@ -1284,8 +1346,10 @@ def _table() -> None:
                         "the threshold, queued while open; counted once for each failure "
                         "domain of its node, the domain held at the threshold (one "
                         "failure_domain alert), queued while held (a person's request is "
-                        "not); else granted if node, pool, budget and detector cap allow, "
-                        "queued with why; a stale policy is re-read first")
+                        "not); an automatic one first asked for at or before the last "
+                        "release of its domain's hold acts only on evidence after it; else "
+                        "granted if node, pool, budget and detector cap allow, queued with "
+                        "why; a stale policy is re-read first")
             elif kind == "release":
                 what = "lease / queue entry dropped; the queue granted in order"
             elif kind == "fault_seen":
@@ -1294,8 +1358,11 @@ def _table() -> None:
                         "(one failure_domain alert), before any of its repairs asks")
             elif kind == "release_domain":
                 what = ("the domain's hold lifted and its counts dropped (not held: a "
-                        "warning); its waiting repairs granted as the rails allow; the "
-                        "clear recorded")
+                        "warning); the release kept (its time), so the repairs the hold "
+                        "kept waiting, and later requests of the domain first asked for "
+                        "before it, act only on evidence after it; the waiting repairs "
+                        "granted as the rails allow; the clear recorded (a rebuilt guard "
+                        "reads it back)")
             else:
                 what = ("open: closed, a fresh window (what was counted before it is not "
                         "counted again), every queued request, whatever queued it, and "
