@@ -248,18 +248,18 @@ class RedfishMachine:
         """Reset types the BMC lists as allowed."""
         return set(await self.call(lambda s: s.get_allowed_reset_system_values()))
 
-    async def leaves_on(self, limit_s: float, phase: str) -> bool:
-        """Whether the power reads other than ``On`` (``Off``, ``PoweringOff``) within
-        ``limit_s`` seconds (polled every :data:`POWER_POLL_S`; heartbeats ``{"phase",
-        "power"}``)."""
+    async def leaves_on(self, limit_s: float, phase: str) -> str | None:
+        """The first power state other than ``On`` (``Off``, ``PoweringOff``) read within
+        ``limit_s`` seconds, or ``None`` when it read ``On`` throughout (polled every
+        :data:`POWER_POLL_S` seconds; heartbeats ``{"phase", "power"}``)."""
         deadline = time.monotonic() + limit_s
         while True:
             st = await self.power_state()
             heartbeat({"phase": phase, "power": st})
             if st.lower() != "on":
-                return True
+                return st
             if time.monotonic() >= deadline:
-                return False
+                return None
             await asyncio.sleep(POWER_POLL_S)
 
     async def wait_power(self, want: str, phase: str, limit_s: float = POWER_WAIT_S) -> None:
@@ -549,13 +549,18 @@ class PowerActivities:
         out (its answer may be lost, the request landed or not): a retry from there waits
         up to :data:`FORCE_OFF_LANDED_S` for the power to leave ``On`` and sends ForceOff
         only when it never did — the first never reached the host, so the one sent then is
-        the only one that does (I16). A ForceOff the BMC refused (auth, unsupported: it
-        answered) reports ``not_started``. ``inp.make_safe`` (after a cancel) never sends
+        the only one that does (I16). Power read ``Off`` by the run and ``On`` again after
+        it (the ForceOff landed and the host came back by itself: the BMC's power-restore
+        policy, a person at the button) is the cycle: neither ForceOff nor On is sent
+        again, the run goes on as after ``On`` (phase ``on_sent``) and says what it read.
+        A ForceOff the BMC refused (auth, unsupported: it answered) reports
+        ``not_started``. ``inp.make_safe`` (after a cancel) never sends
         ForceOff: a host that stayed On is safe. Guarded too by the boot identity
         (docs/design.md §5) and by a host found ``Off`` (resumes at On). A failure carries
         the phase reached (:func:`workflows.activity_api.phased_failure`)."""
         phase = resume_from(inp, PHASES[Action.power_cycle])
         steps: list[str] = []
+        off_read = False  # this run read the power Off after the ForceOff (or found it Off)
         try:
             why = await boot_changed(self.health, inp.cluster, inp.node, inp.boot_id_before,
                                      inp.boot_time_before)
@@ -585,9 +590,10 @@ class PowerActivities:
                 phase = "off_sent"
                 heartbeat({"phase": phase})
             elif phase == "off_requested":
-                if await m.leaves_on(FORCE_OFF_LANDED_S, phase):
+                left = await m.leaves_on(FORCE_OFF_LANDED_S, phase)
+                if left:
                     steps.append("resumed at off_requested: the earlier ForceOff landed "
-                                 "(power no longer On), not sent again")
+                                 f"(power read {left}), not sent again")
                 elif inp.make_safe:
                     return ActionResult(done=True, phase="booted", nothing_landed=True,
                                         detail=(
@@ -600,16 +606,30 @@ class PowerActivities:
                                  "land: ForceOff")
                 phase = "off_sent"
                 heartbeat({"phase": phase})
+                if left is not None and left.lower() == "off":
+                    # the Off was read already: waiting for it again would miss a host
+                    # that came back On by itself meanwhile (power-restore policy, the
+                    # button) and wait out POWER_WAIT_S for an Off that never comes
+                    phase = "off_seen"
+                    heartbeat({"phase": phase})
+                    off_read = True
             if phase == "off_sent":
                 await m.wait_power("Off", "off_sent")
                 phase = "off_seen"
                 heartbeat({"phase": phase})
+                off_read = True
             if phase == "off_seen":
-                # a retry after an On whose answer was lost finds the host On already:
-                # a second On is refused by some BMCs (iDRAC: 409) and is never needed
-                if steps or (await m.power_state()).lower() != "on":
+                # a retry after an On whose answer was lost finds the host On already: a
+                # second On is refused by some BMCs (iDRAC: 409) and is never needed; nor
+                # is one to a host read Off by this run that came back On by itself (the
+                # ForceOff landed: the cycle happened)
+                if (await m.power_state()).lower() != "on":
                     await m.reset(sushy.RESET_ON)
                     steps.append("On")
+                elif off_read:
+                    steps.append("power read Off, then On again by itself (power-restore "
+                                 "policy or a person): the cycle happened, ForceOff and On "
+                                 "not sent again")
                 else:
                     steps.append("resumed at off_seen: host already On, On not resent")
                 phase = "on_sent"
