@@ -158,6 +158,35 @@ def window_left(sent_at: datetime, window_s: float) -> float:
     return max(0.0, window_s - max(0.0, elapsed))
 
 
+class Refused(Exception):
+    """A reset request the BMC answered with a refusal (:func:`possibly_sent`): nothing
+    was sent. ``err`` is the refusal (an ``ApplicationError``: auth, unsupported, unknown
+    system), ``phase`` the phase the activity reports for it (the one before the send)."""
+
+    def __init__(self, err: ApplicationError, phase: str) -> None:
+        super().__init__(err.message)
+        self.err = err
+        self.phase = phase
+
+
+async def possibly_sent(m: RedfishMachine, reset_type: str, sent: str, refused: str,
+                        sent_at: datetime | None = None) -> None:
+    """The "possibly sent" step of a disruptive reset (ForceOff, its resend, the restart,
+    ForceRestart, the On of a reboot of a host found Off). The caller has set its phase to
+    ``sent``; it is heartbeated (with ``sent_at``, :func:`beat`) before the request goes
+    out, because the answer may be lost with the request landed: from here on a retry
+    counts the command as sent and never sends it blind (I16). Then ``reset_type`` is
+    sent. A refusal the BMC answered (an ``ApplicationError``) sent nothing: raises
+    :class:`Refused` with phase ``refused``, which the activity reports in its failure
+    (:func:`workflows.activity_api.phased_failure`); any other failure (connection,
+    5xx: the answer lost) leaves the phase at ``sent``."""
+    heartbeat(beat(sent, sent_at))
+    try:
+        await m.reset(reset_type)
+    except ApplicationError as e:
+        raise Refused(e, refused) from None
+
+
 def last_phase() -> str | None:
     """The ``phase`` of the last heartbeat of a previous attempt of this activity."""
     if not activity.in_activity():
@@ -454,12 +483,7 @@ class PowerActivities:
                     # (its answer may be lost): a retry only waits for power On, never
                     # restarts the host it powered on
                     phase = "restart_seen"
-                    heartbeat({"phase": phase})
-                    try:
-                        await m.reset(sushy.RESET_ON)
-                    except ApplicationError:
-                        phase = "not_started"  # the BMC answered a refusal: nothing sent
-                        raise
+                    await possibly_sent(m, sushy.RESET_ON, phase, refused="not_started")
                     steps.append("host was off: powered on")
                 else:
                     allowed = await m.allowed_resets()
@@ -471,12 +495,8 @@ class PowerActivities:
                     # and only for what is left of the window opened now
                     phase = "restart_sent"
                     sent_at = datetime.now(UTC)
-                    heartbeat(beat(phase, sent_at))
-                    try:
-                        await m.reset(kind)
-                    except ApplicationError:
-                        phase = "not_started"  # the BMC answered a refusal: nothing sent
-                        raise
+                    await possibly_sent(m, kind, phase, refused="not_started",
+                                        sent_at=sent_at)
                     steps.append(f"{kind.value} sent")
                     phase = "restart_sent" if graceful else "force_restart_sent"
                 heartbeat(beat(phase, sent_at))
@@ -539,12 +559,8 @@ class PowerActivities:
                     # possibly sent from here on (its answer may be lost, and a forced
                     # restart need not show Off): a retry only waits for power On
                     phase = "force_restart_sent"
-                    heartbeat({"phase": phase})
-                    try:
-                        await m.reset(sushy.RESET_FORCE_RESTART)
-                    except ApplicationError:
-                        phase = "restart_unseen"  # the BMC answered a refusal: not sent
-                        raise
+                    await possibly_sent(m, sushy.RESET_FORCE_RESTART, phase,
+                                        refused="restart_unseen")
                     steps.append(f"no restart seen within {RESTART_SEEN_S:g} s of "
                                  "GracefulRestart (power stayed On, boot identity "
                                  "unchanged): ForceRestart sent")
@@ -553,6 +569,8 @@ class PowerActivities:
                              inp.idempotency_key)
                 heartbeat({"phase": phase})
             await m.wait_power("On", phase)
+        except Refused as r:
+            raise phased_failure(r.err, r.phase, sent_at) from None
         except Exception as e:
             raise phased_failure(e, phase, sent_at) from None
         return ActionResult(done=True, detail="; ".join(steps), phase="booted")
@@ -634,12 +652,7 @@ class PowerActivities:
                 else:
                     # ForceOff possibly sent from here on: its answer may be lost
                     phase = "off_requested"
-                    heartbeat({"phase": phase})
-                    try:
-                        await m.reset(sushy.RESET_FORCE_OFF)
-                    except ApplicationError:
-                        phase = "not_started"  # the BMC answered a refusal: nothing sent
-                        raise
+                    await possibly_sent(m, sushy.RESET_FORCE_OFF, phase, refused="not_started")
                     steps.append("ForceOff")
                 phase = "off_sent"
                 heartbeat({"phase": phase})
@@ -654,7 +667,9 @@ class PowerActivities:
                         f"making safe: power stayed On for {FORCE_OFF_LANDED_S:g} s, the "
                         "earlier ForceOff did not land; nothing sent"))
                 else:
-                    await m.reset(sushy.RESET_FORCE_OFF)
+                    # the earlier one never reached the host: this one is possibly sent
+                    # as it was (a refusal keeps off_requested, as before the resend)
+                    await possibly_sent(m, sushy.RESET_FORCE_OFF, phase, refused=phase)
                     steps.append(f"resumed at off_requested: power stayed On for "
                                  f"{FORCE_OFF_LANDED_S:g} s, the earlier ForceOff did not "
                                  "land: ForceOff")
@@ -694,6 +709,8 @@ class PowerActivities:
                      inp.cluster, inp.node, inp.machine, inp.repair_id, inp.idempotency_key,
                      "/".join(steps))
             await m.wait_power("On", "on_sent")
+        except Refused as r:
+            raise phased_failure(r.err, r.phase) from None
         except Exception as e:
             raise phased_failure(e, phase) from None
         return ActionResult(done=True, detail="; ".join(steps), phase="booted")
