@@ -6,7 +6,8 @@ limits starts per second to ``temporal.bmc_rate_per_s``):
 - ``reboot_machine``: ``GracefulRestart`` when the BMC offers it, else ``ForceRestart``
   (``On`` when the host is off); after ``GracefulRestart`` the restart must show (power
   ``Off`` or a new boot identity) within ``RESTART_SEEN_S``, else ``ForceRestart`` once
-  (a hung OS never acts on the graceful request); then wait for power ``On``;
+  (a hung OS never acts on the graceful request; the window counts from the send, also
+  for a retry: ``MachineActionInput.sent_at``); then wait for power ``On``;
 - ``power_cycle_machine``: ``ForceOff`` → wait ``Off`` → ``On`` → wait ``On``. Guarded by the
   boot identity recorded before acting (``boot_id_before`` / ``boot_time_before``: agent
   boot id, Kubernetes ``status.nodeInfo.bootID`` or Slurm ``BootTime/SlurmdStartTime``): when
@@ -40,7 +41,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import sushy
@@ -55,9 +56,11 @@ from workflows.activity_api import (
     ERR_AUTH,
     ERR_UNKNOWN_NODE,
     ERR_UNSUPPORTED,
+    SENT_AT_DETAIL,
     ActionResult,
     MachineActionInput,
     NodeHealth,
+    detail_time,
     permanent,
     phased_failure,
 )
@@ -89,7 +92,8 @@ FORCE_OFF_LANDED_S = 120.0
 #: both (and equals ``policy.rails.action_retry_max_s``'s default). A hung OS shows
 #: neither: the call ends in phase ``restart_unseen`` and its retry sends ``ForceRestart``,
 #: once (phase ``force_restart_sent``). With the ``On`` wait after it (``POWER_WAIT_S``)
-#: a try stays well inside the workflow's 30 min start-to-close timeout.
+#: a try stays well inside the workflow's 30 min start-to-close timeout. The window counts
+#: from the send (``sent_at``, carried into every retry), never afresh per try.
 RESTART_SEEN_S = 900.0
 #: Redfish HTTP timeout per request, seconds.
 BMC_TIMEOUT_S = 30
@@ -127,6 +131,60 @@ def resume_from(inp: MachineActionInput, phases: tuple[str, ...]) -> str:
     if beat in phases and phases.index(beat) > phases.index(inp.resume_phase):
         return beat
     return inp.resume_phase
+
+
+def last_sent_at() -> datetime | None:
+    """The ``sent_at`` (UTC) of the last heartbeat of a previous attempt of this activity
+    that has one (:data:`workflows.activity_api.SENT_AT_DETAIL`)."""
+    if not activity.in_activity():
+        return None
+    return detail_time(activity.info().heartbeat_details)
+
+
+def beat(phase: str, sent_at: datetime | None, **extra: str) -> dict[str, Any]:
+    """Heartbeat details ``{"phase", "sent_at"?, **extra}``: ``sent_at`` (ISO 8601 UTC)
+    when the attempt's restart request has gone out."""
+    d: dict[str, Any] = {"phase": phase}
+    if sent_at is not None:
+        d[SENT_AT_DETAIL] = sent_at.isoformat()
+    return {**d, **extra}
+
+
+def window_left(sent_at: datetime, window_s: float) -> float:
+    """Seconds left of a ``window_s``-second window opened at ``sent_at`` (UTC), read on
+    this worker's UTC clock: ``window_s`` at most (a ``sent_at`` ahead of this clock, a
+    skew between workers, counts as now), 0 at least."""
+    elapsed = (datetime.now(UTC) - sent_at).total_seconds()
+    return max(0.0, window_s - max(0.0, elapsed))
+
+
+class Refused(Exception):
+    """A reset request the BMC answered with a refusal (:func:`possibly_sent`): nothing
+    was sent. ``err`` is the refusal (an ``ApplicationError``: auth, unsupported, unknown
+    system), ``phase`` the phase the activity reports for it (the one before the send)."""
+
+    def __init__(self, err: ApplicationError, phase: str) -> None:
+        super().__init__(err.message)
+        self.err = err
+        self.phase = phase
+
+
+async def possibly_sent(m: RedfishMachine, reset_type: str, sent: str, refused: str,
+                        sent_at: datetime | None = None) -> None:
+    """The "possibly sent" step of a disruptive reset (ForceOff, its resend, the restart,
+    ForceRestart, the On of a reboot of a host found Off). The caller has set its phase to
+    ``sent``; it is heartbeated (with ``sent_at``, :func:`beat`) before the request goes
+    out, because the answer may be lost with the request landed: from here on a retry
+    counts the command as sent and never sends it blind (I16). Then ``reset_type`` is
+    sent. A refusal the BMC answered (an ``ApplicationError``) sent nothing: raises
+    :class:`Refused` with phase ``refused``, which the activity reports in its failure
+    (:func:`workflows.activity_api.phased_failure`); any other failure (connection,
+    5xx: the answer lost) leaves the phase at ``sent``."""
+    heartbeat(beat(sent, sent_at))
+    try:
+        await m.reset(reset_type)
+    except ApplicationError as e:
+        raise Refused(e, refused) from None
 
 
 def last_phase() -> str | None:
@@ -248,18 +306,18 @@ class RedfishMachine:
         """Reset types the BMC lists as allowed."""
         return set(await self.call(lambda s: s.get_allowed_reset_system_values()))
 
-    async def leaves_on(self, limit_s: float, phase: str) -> bool:
-        """Whether the power reads other than ``On`` (``Off``, ``PoweringOff``) within
-        ``limit_s`` seconds (polled every :data:`POWER_POLL_S`; heartbeats ``{"phase",
-        "power"}``)."""
+    async def leaves_on(self, limit_s: float, phase: str) -> str | None:
+        """The first power state other than ``On`` (``Off``, ``PoweringOff``) read within
+        ``limit_s`` seconds, or ``None`` when it read ``On`` throughout (polled every
+        :data:`POWER_POLL_S` seconds; heartbeats ``{"phase", "power"}``)."""
         deadline = time.monotonic() + limit_s
         while True:
             st = await self.power_state()
             heartbeat({"phase": phase, "power": st})
             if st.lower() != "on":
-                return True
+                return st
             if time.monotonic() >= deadline:
-                return False
+                return None
             await asyncio.sleep(POWER_POLL_S)
 
     async def wait_power(self, want: str, phase: str, limit_s: float = POWER_WAIT_S) -> None:
@@ -390,9 +448,13 @@ class PowerActivities:
         restart request whose answer was lost counts as sent (``restart_sent``: the retry
         waits for it to show; a refusal the BMC answered reports ``not_started``). After
         ``GracefulRestart`` the host must show that it restarts within
-        :data:`RESTART_SEEN_S` seconds (power ``Off``, or a new boot identity in the
-        scheduler): a hung OS accepts the request through its BMC and never restarts, so
-        the call then fails (retryable, :class:`RestartNotSeen`) in phase
+        :data:`RESTART_SEEN_S` seconds of the send (power ``Off``, or a new boot identity
+        in the scheduler). The window is absolute: the try that sends the restart records
+        when (``sent_at``, UTC, in its heartbeats and failure details), the workflow
+        carries it (``inp.sent_at``, else the last heartbeat of an earlier try) and a
+        retry resumed at ``restart_sent`` waits only what is left of it. A hung OS
+        accepts the request through its BMC and never restarts, so the call then fails
+        (retryable, :class:`RestartNotSeen`) in phase
         ``restart_unseen``, and the retry resumed there sends ``ForceRestart``, once, as
         its own phase (a reboot action's purpose is the reboot; the ladder's next rung is
         for a reboot that did not fix the fault). The ``ForceRestart`` is never sent by
@@ -403,6 +465,9 @@ class PowerActivities:
         then waits for power ``On`` as before and says the restart was not observed. A
         failure carries the phase reached (:func:`workflows.activity_api.phased_failure`)."""
         phase = resume_from(inp, PHASES[Action.reboot])
+        # when the restart request went out (UTC): carried by the workflow, else the
+        # last heartbeat of an earlier try; a retry's RESTART_SEEN_S window counts from it
+        sent_at = inp.sent_at or last_sent_at()
         try:
             why = await boot_changed(self.health, inp.cluster, inp.node, inp.boot_id_before,
                                      inp.boot_time_before)
@@ -418,12 +483,7 @@ class PowerActivities:
                     # (its answer may be lost): a retry only waits for power On, never
                     # restarts the host it powered on
                     phase = "restart_seen"
-                    heartbeat({"phase": phase})
-                    try:
-                        await m.reset(sushy.RESET_ON)
-                    except ApplicationError:
-                        phase = "not_started"  # the BMC answered a refusal: nothing sent
-                        raise
+                    await possibly_sent(m, sushy.RESET_ON, phase, refused="not_started")
                     steps.append("host was off: powered on")
                 else:
                     allowed = await m.allowed_resets()
@@ -431,27 +491,37 @@ class PowerActivities:
                     kind = (sushy.RESET_GRACEFUL_RESTART if graceful
                             else sushy.RESET_FORCE_RESTART)
                     # the restart possibly sent from here on (its answer may be lost): a
-                    # retry resumes waiting for it to show, never sends it again blind
+                    # retry resumes waiting for it to show, never sends it again blind,
+                    # and only for what is left of the window opened now
                     phase = "restart_sent"
-                    heartbeat({"phase": phase})
-                    try:
-                        await m.reset(kind)
-                    except ApplicationError:
-                        phase = "not_started"  # the BMC answered a refusal: nothing sent
-                        raise
+                    sent_at = datetime.now(UTC)
+                    await possibly_sent(m, kind, phase, refused="not_started",
+                                        sent_at=sent_at)
                     steps.append(f"{kind.value} sent")
                     phase = "restart_sent" if graceful else "force_restart_sent"
-                heartbeat({"phase": phase})
+                heartbeat(beat(phase, sent_at))
                 log.info("event=reboot_sent cluster=%s node=%s machine=%s repair=%s key=%s "
                          "steps=%s", inp.cluster, inp.node, inp.machine, inp.repair_id,
                          inp.idempotency_key, "/".join(steps))
             else:
                 steps.append(f"resumed at {phase}: restart already requested by an earlier "
                              "try of this attempt")
+                if phase == "restart_sent" and sent_at is None:
+                    # no try reported when it went out (a history from before sent_at was
+                    # carried): the window counts from now, and from now on is carried
+                    sent_at = datetime.now(UTC)
+                    steps.append("its send time was not reported: the restart window "
+                                 "counts from this try")
+                elif phase == "restart_sent" and sent_at is not None:
+                    steps.append(f"sent at {sent_at.isoformat()}: "
+                                 f"{window_left(sent_at, RESTART_SEEN_S):.0f} s of the "
+                                 f"{RESTART_SEEN_S:g} s window left")
+                heartbeat(beat(phase, sent_at))
             if phase == "restart_sent":
+                assert sent_at is not None  # set above whenever phase is restart_sent
                 observable = self.health is not None and (
                     inp.boot_id_before is not None or inp.boot_time_before is not None)
-                seen, judged = await self._restart_seen(m, inp, observable)
+                seen, judged = await self._restart_seen(m, inp, observable, sent_at)
                 if seen is None and observable and not judged:
                     # the scheduler never gave a comparable boot identity: as without one
                     # (a warm restart may keep the power On), never a blind ForceRestart
@@ -464,7 +534,7 @@ class PowerActivities:
                 if seen is not None:
                     steps.append(f"restart seen ({seen})")
                     phase = "restart_seen"
-                    heartbeat({"phase": phase})
+                    heartbeat(beat(phase, sent_at))
                 elif not observable:
                     steps.append("restart not observed (no boot identity to compare): "
                                  "waiting for power On")
@@ -475,7 +545,7 @@ class PowerActivities:
                     # hears of a cancel only when a call returns, and runs no retry once
                     # a stop came (I19)
                     phase = "restart_unseen"
-                    heartbeat({"phase": phase})
+                    heartbeat(beat(phase, sent_at))
                     raise RestartNotSeen(
                         f"no restart of {inp.node} seen within {RESTART_SEEN_S:g} s of "
                         "GracefulRestart (power stayed On, boot identity unchanged): "
@@ -489,12 +559,8 @@ class PowerActivities:
                     # possibly sent from here on (its answer may be lost, and a forced
                     # restart need not show Off): a retry only waits for power On
                     phase = "force_restart_sent"
-                    heartbeat({"phase": phase})
-                    try:
-                        await m.reset(sushy.RESET_FORCE_RESTART)
-                    except ApplicationError:
-                        phase = "restart_unseen"  # the BMC answered a refusal: not sent
-                        raise
+                    await possibly_sent(m, sushy.RESET_FORCE_RESTART, phase,
+                                        refused="restart_unseen")
                     steps.append(f"no restart seen within {RESTART_SEEN_S:g} s of "
                                  "GracefulRestart (power stayed On, boot identity "
                                  "unchanged): ForceRestart sent")
@@ -503,25 +569,31 @@ class PowerActivities:
                              inp.idempotency_key)
                 heartbeat({"phase": phase})
             await m.wait_power("On", phase)
+        except Refused as r:
+            raise phased_failure(r.err, r.phase, sent_at) from None
         except Exception as e:
-            raise phased_failure(e, phase) from None
+            raise phased_failure(e, phase, sent_at) from None
         return ActionResult(done=True, detail="; ".join(steps), phase="booted")
 
     async def _restart_seen(self, m: RedfishMachine, inp: MachineActionInput,
-                            observable: bool) -> tuple[str | None, bool]:
-        """Poll every :data:`POWER_POLL_S` seconds, for at most :data:`RESTART_SEEN_S`
-        seconds, until the host shows that it restarts: its power read ``Off`` /
+                            observable: bool, sent_at: datetime) -> tuple[str | None, bool]:
+        """Poll every :data:`POWER_POLL_S` seconds, until :data:`RESTART_SEEN_S` seconds
+        after ``sent_at`` (UTC, when the restart request went out: a retry waits only
+        what is left of the window, :func:`window_left`; the host is looked at once even
+        when none is), until the host shows that it restarts: its power read ``Off`` /
         ``PoweringOff`` (``"power Off"``) or a new boot identity (``"boot id changed …"``
         / ``"boot time advanced …"``). Not ``observable`` (no boot identity to compare):
-        the power is read once. Heartbeats phase ``restart_sent``. Returns ``(seen,
-        judged)``: ``seen`` None when nothing showed; ``judged`` whether the scheduler
-        gave a comparable boot identity at least once (:func:`boot_read`): never judged,
-        an unchanged identity proves nothing."""
-        deadline = time.monotonic() + RESTART_SEEN_S
+        the power is read once. Heartbeats phase ``restart_sent`` with ``sent_at``.
+        Returns ``(seen, judged)``: ``seen`` None when nothing showed; ``judged`` whether
+        the scheduler gave a comparable boot identity at least once (:func:`boot_read`):
+        never judged, an unchanged identity proves nothing."""
+        # this worker's monotonic clock times the wait; the absolute send time only
+        # decides how long it may be
+        deadline = time.monotonic() + window_left(sent_at, RESTART_SEEN_S)
         judged = False
         while True:
             st = await m.power_state()
-            heartbeat({"phase": "restart_sent", "power": st})
+            heartbeat(beat("restart_sent", sent_at, power=st))
             if st.lower() in ("off", "poweringoff"):
                 return f"power {st}", judged
             if not observable:
@@ -549,13 +621,18 @@ class PowerActivities:
         out (its answer may be lost, the request landed or not): a retry from there waits
         up to :data:`FORCE_OFF_LANDED_S` for the power to leave ``On`` and sends ForceOff
         only when it never did — the first never reached the host, so the one sent then is
-        the only one that does (I16). A ForceOff the BMC refused (auth, unsupported: it
-        answered) reports ``not_started``. ``inp.make_safe`` (after a cancel) never sends
+        the only one that does (I16). Power read ``Off`` by the run and ``On`` again after
+        it (the ForceOff landed and the host came back by itself: the BMC's power-restore
+        policy, a person at the button) is the cycle: neither ForceOff nor On is sent
+        again, the run goes on as after ``On`` (phase ``on_sent``) and says what it read.
+        A ForceOff the BMC refused (auth, unsupported: it answered) reports
+        ``not_started``. ``inp.make_safe`` (after a cancel) never sends
         ForceOff: a host that stayed On is safe. Guarded too by the boot identity
         (docs/design.md §5) and by a host found ``Off`` (resumes at On). A failure carries
         the phase reached (:func:`workflows.activity_api.phased_failure`)."""
         phase = resume_from(inp, PHASES[Action.power_cycle])
         steps: list[str] = []
+        off_read = False  # this run read the power Off after the ForceOff (or found it Off)
         try:
             why = await boot_changed(self.health, inp.cluster, inp.node, inp.boot_id_before,
                                      inp.boot_time_before)
@@ -575,41 +652,53 @@ class PowerActivities:
                 else:
                     # ForceOff possibly sent from here on: its answer may be lost
                     phase = "off_requested"
-                    heartbeat({"phase": phase})
-                    try:
-                        await m.reset(sushy.RESET_FORCE_OFF)
-                    except ApplicationError:
-                        phase = "not_started"  # the BMC answered a refusal: nothing sent
-                        raise
+                    await possibly_sent(m, sushy.RESET_FORCE_OFF, phase, refused="not_started")
                     steps.append("ForceOff")
                 phase = "off_sent"
                 heartbeat({"phase": phase})
             elif phase == "off_requested":
-                if await m.leaves_on(FORCE_OFF_LANDED_S, phase):
+                left = await m.leaves_on(FORCE_OFF_LANDED_S, phase)
+                if left:
                     steps.append("resumed at off_requested: the earlier ForceOff landed "
-                                 "(power no longer On), not sent again")
+                                 f"(power read {left}), not sent again")
                 elif inp.make_safe:
                     return ActionResult(done=True, phase="booted", nothing_landed=True,
                                         detail=(
                         f"making safe: power stayed On for {FORCE_OFF_LANDED_S:g} s, the "
                         "earlier ForceOff did not land; nothing sent"))
                 else:
-                    await m.reset(sushy.RESET_FORCE_OFF)
+                    # the earlier one never reached the host: this one is possibly sent
+                    # as it was (a refusal keeps off_requested, as before the resend)
+                    await possibly_sent(m, sushy.RESET_FORCE_OFF, phase, refused=phase)
                     steps.append(f"resumed at off_requested: power stayed On for "
                                  f"{FORCE_OFF_LANDED_S:g} s, the earlier ForceOff did not "
                                  "land: ForceOff")
                 phase = "off_sent"
                 heartbeat({"phase": phase})
+                if left is not None and left.lower() == "off":
+                    # the Off was read already: waiting for it again would miss a host
+                    # that came back On by itself meanwhile (power-restore policy, the
+                    # button) and wait out POWER_WAIT_S for an Off that never comes
+                    phase = "off_seen"
+                    heartbeat({"phase": phase})
+                    off_read = True
             if phase == "off_sent":
                 await m.wait_power("Off", "off_sent")
                 phase = "off_seen"
                 heartbeat({"phase": phase})
+                off_read = True
             if phase == "off_seen":
-                # a retry after an On whose answer was lost finds the host On already:
-                # a second On is refused by some BMCs (iDRAC: 409) and is never needed
-                if steps or (await m.power_state()).lower() != "on":
+                # a retry after an On whose answer was lost finds the host On already: a
+                # second On is refused by some BMCs (iDRAC: 409) and is never needed; nor
+                # is one to a host read Off by this run that came back On by itself (the
+                # ForceOff landed: the cycle happened)
+                if (await m.power_state()).lower() != "on":
                     await m.reset(sushy.RESET_ON)
                     steps.append("On")
+                elif off_read:
+                    steps.append("power read Off, then On again by itself (power-restore "
+                                 "policy or a person): the cycle happened, ForceOff and On "
+                                 "not sent again")
                 else:
                     steps.append("resumed at off_seen: host already On, On not resent")
                 phase = "on_sent"
@@ -620,6 +709,8 @@ class PowerActivities:
                      inp.cluster, inp.node, inp.machine, inp.repair_id, inp.idempotency_key,
                      "/".join(steps))
             await m.wait_power("On", "on_sent")
+        except Refused as r:
+            raise phased_failure(r.err, r.phase) from None
         except Exception as e:
             raise phased_failure(e, phase) from None
         return ActionResult(done=True, detail="; ".join(steps), phase="booted")

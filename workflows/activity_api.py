@@ -16,7 +16,8 @@ No credentials ever appear in these models (docs/design.md §4.4).
 
 from __future__ import annotations
 
-from datetime import datetime
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -311,6 +312,13 @@ class MachineActionInput(BaseModel):
     #: the activity resumes from it, never sending a disruptive command again that an
     #: earlier try sent (I16). ``not_started``: a fresh attempt.
     resume_phase: str = "not_started"
+    #: When (UTC, as the activity that sent it recorded it: :data:`SENT_AT_DETAIL`) the
+    #: attempt's restart request went out — ``reboot_machine``'s ``GracefulRestart``,
+    #: reported with phase ``restart_sent``; ``None`` before that and for other actions.
+    #: Carried by the workflow (``MachineActionState.sent_at``) with ``resume_phase``, so a
+    #: retry resumed at ``restart_sent`` waits only what is left of ``RESTART_SEEN_S``
+    #: (seconds, :mod:`activities.power`) from the send, never a fresh window (I16).
+    sent_at: datetime | None = None
     #: Idempotency key of the attempt (``repair id / action / attempt``), for logs and BMC
     #: audit trails.
     idempotency_key: str = ""
@@ -323,17 +331,39 @@ class MachineActionInput(BaseModel):
 #: Key of the phase reached in a phased machine activity's heartbeat details and in the
 #: ``details[0]`` of the ``ApplicationError`` it fails with (``{"phase": ...}``).
 PHASE_DETAIL = "phase"
+#: Key, beside :data:`PHASE_DETAIL`, of when the attempt's restart request went out: an
+#: ISO 8601 UTC time (:attr:`MachineActionInput.sent_at`).
+SENT_AT_DETAIL = "sent_at"
 
 
-def phased_failure(err: BaseException, phase: str) -> ApplicationError:
-    """``err`` as an ``ApplicationError`` carrying ``{"phase": phase}`` in its details, so
-    the workflow learns the phase reached even where heartbeat details are not kept with
-    a failure. Keeps the type, message and retryability of an ``ApplicationError``; any
-    other exception becomes a retryable error of its class name (e.g. ``BmcUnavailable``)."""
+def phased_failure(err: BaseException, phase: str,
+                   sent_at: datetime | None = None) -> ApplicationError:
+    """``err`` as an ``ApplicationError`` carrying ``{"phase": phase}`` in its details
+    (and ``"sent_at"``, ISO 8601 UTC, when given), so the workflow learns the phase
+    reached even where heartbeat details are not kept with a failure. Keeps the type,
+    message and retryability of an ``ApplicationError``; any other exception becomes a
+    retryable error of its class name (e.g. ``BmcUnavailable``)."""
+    details: dict[str, str] = {PHASE_DETAIL: phase}
+    if sent_at is not None:
+        details[SENT_AT_DETAIL] = sent_at.isoformat()
     if isinstance(err, ApplicationError):
-        return ApplicationError(err.message, {PHASE_DETAIL: phase}, type=err.type,
+        return ApplicationError(err.message, details, type=err.type,
                                 non_retryable=err.non_retryable)
-    return ApplicationError(str(err), {PHASE_DETAIL: phase}, type=type(err).__name__)
+    return ApplicationError(str(err), details, type=type(err).__name__)
+
+
+def detail_time(details: Sequence[Any], key: str = SENT_AT_DETAIL) -> datetime | None:
+    """The time under ``key`` in the last dict of ``details`` (heartbeat or failure
+    details) that has one, as an aware UTC ``datetime``; ``None`` when none has a
+    readable one (a naive time is taken as UTC)."""
+    for d in reversed(list(details)):
+        if isinstance(d, dict) and d.get(key) is not None:
+            try:
+                t = datetime.fromisoformat(str(d[key]))
+            except ValueError:
+                return None
+            return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+    return None
 
 
 class ActionResult(BaseModel):

@@ -113,6 +113,7 @@ with workflow.unsafe.imports_passed_through():
         RepairProbe,
         RepairRecord,
         TransitionRecord,
+        detail_time,
         permanent,
     )
     from workflows.config import PolicyConfig
@@ -1764,7 +1765,7 @@ class RepairWorkflow:
                                          "bringing the machine to a safe power state")
                     run_input = minput.model_copy(update={
                         "resume_phase": cmd.resume_phase, "idempotency_key": cmd.key,
-                        "make_safe": cmd.purpose == "make_safe"})
+                        "make_safe": cmd.purpose == "make_safe", "sent_at": cmd.sent_at})
                     try:
                         res = await self._through_cancel(workflow.start_activity(
                             name,
@@ -2409,14 +2410,19 @@ def _ok_event(action: Action, res: Any) -> MachineEvent:
     return MaOk(phase=final)
 
 
+def _reported_details(err: ActivityError) -> Sequence[Any]:
+    """The failure's details, else the last heartbeat's (a timeout)."""
+    cause = err.cause
+    if isinstance(cause, ApplicationError):
+        return cause.details
+    if isinstance(cause, TemporalTimeoutError):
+        return cause.last_heartbeat_details
+    return ()
+
+
 def _reported_phase(action: Action, err: ActivityError) -> str | None:
     """The phase in the failure's details, else in the last heartbeat (a timeout)."""
-    cause = err.cause
-    details: Sequence[Any] = ()
-    if isinstance(cause, ApplicationError):
-        details = cause.details
-    elif isinstance(cause, TemporalTimeoutError):
-        details = cause.last_heartbeat_details
+    details = _reported_details(err)
     for d in reversed(list(details)):
         if isinstance(d, dict) and d.get(PHASE_DETAIL) in MA_PHASES[action]:
             return str(d[PHASE_DETAIL])
@@ -2424,8 +2430,10 @@ def _reported_phase(action: Action, err: ActivityError) -> str | None:
 
 
 def _failure_event(action: Action, err: ActivityError, current: str) -> MachineEvent:
-    """An activity failure as the machine's event, with the phase it reached."""
+    """An activity failure as the machine's event, with the phase it reached and when
+    the attempt's restart request went out (``sent_at``, when reported)."""
     phase = _reported_phase(action, err)
+    sent_at = detail_time(_reported_details(err))
     cause = err.cause
     if isinstance(cause, TemporalTimeoutError):
         if phase is None and action not in PHASED_ACTIVITIES:
@@ -2437,14 +2445,17 @@ def _failure_event(action: Action, err: ActivityError, current: str) -> MachineE
                             message=f"{_cause(err)} (no phase reported: counted as touched)")
         p = phase or current
         if cause.type == TimeoutType.HEARTBEAT:
-            return MaWorkerRestart(phase=p)  # the worker running it died (or hung)
-        return MaFailed(outcome="timed_out", phase=p, message=_cause(err))
+            # the worker running it died (or hung)
+            return MaWorkerRestart(phase=p, sent_at=sent_at)
+        return MaFailed(outcome="timed_out", phase=p, message=_cause(err), sent_at=sent_at)
     if not _transient(err):
         if phase is None and _untouched(err):
             phase = current  # ERR_UNSUPPORTED is raised before anything is touched
         elif phase is None:
             phase = current if action in PHASED_ACTIVITIES else MA_DISRUPTIVE[action]
-        return MaFailed(outcome="permanent", phase=phase, message=_cause(err))
+        return MaFailed(outcome="permanent", phase=phase, message=_cause(err),
+                        sent_at=sent_at)
     if isinstance(cause, ApplicationError) and cause.type == "BmcUnavailable":
-        return MaBmcReadFailed(phase=phase or current, message=_cause(err))
-    return MaFailed(outcome="transient", phase=phase or current, message=_cause(err))
+        return MaBmcReadFailed(phase=phase or current, message=_cause(err), sent_at=sent_at)
+    return MaFailed(outcome="transient", phase=phase or current, message=_cause(err),
+                    sent_at=sent_at)

@@ -41,6 +41,7 @@ from workflows.activity_api import (
     ACT,
     ERR_ACTION_FAILED,
     PHASE_DETAIL,
+    SENT_AT_DETAIL,
     ActionResult,
     CordonInput,
     CordonResult,
@@ -131,6 +132,11 @@ class FakeCluster:
     #: it. As activities/power.py: the call that sent it fails transiently in phase
     #: ``restart_unseen``; the retry from there sends ``FORCE_RESTART``.
     hung_os: set[str] = field(default_factory=set)
+    #: When the hung OS's ``GracefulRestart`` went out, as ``reboot_machine`` reports it
+    #: (``sent_at`` beside the phase in its failure details).
+    restart_sent_at: str = "2026-12-07T12:00:00+00:00"
+    #: The ``reboot_machine`` inputs received, in order.
+    reboot_inputs: list[MachineActionInput] = field(default_factory=list)
 
     async def _out(self, name: str, node: str) -> None:
         hook = self.while_out.get(name)
@@ -234,6 +240,7 @@ class FakeCluster:
     async def reboot_machine(self, inp: MachineActionInput) -> ActionResult:
         """Phased like activities/power.py: the restart is sent once per attempt."""
         self._log("reboot", inp.node)
+        self.reboot_inputs.append(inp)
         await self._out("reboot", inp.node)
         self._maybe_fail("reboot")
         if inp.resume_phase == "not_started":
@@ -241,7 +248,8 @@ class FakeCluster:
             if inp.node in self.hung_os:
                 raise ApplicationError(
                     f"no restart of {inp.node} seen (injected hung OS)",
-                    {PHASE_DETAIL: "restart_unseen"}, type="RestartNotSeen")
+                    {PHASE_DETAIL: "restart_unseen", SENT_AT_DETAIL: self.restart_sent_at},
+                    type="RestartNotSeen")
         if inp.resume_phase == "restart_unseen":
             self.resets.append((inp.node, "FORCE_RESTART"))
         self._reboot(inp.node)

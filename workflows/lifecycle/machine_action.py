@@ -115,6 +115,11 @@ class MachineActionState(BaseModel):
     #: start-to-close time-out): its last heartbeat may lag what it sent, so a later
     #: "host already rebooted" may be this attempt's own doing (I22 counts it touched)
     phase_uncertain: bool = False
+    #: when the attempt's restart request went out (UTC, as the activity that sent it
+    #: recorded it: a reboot's GracefulRestart, phase ``restart_sent``), from the first
+    #: failure that reported it, never moved: every retry gets it
+    #: (:attr:`RunActivity.sent_at`) and waits only what is left of its window
+    sent_at: datetime | None = None
     cancel: str | None = None  # who/why, once a cancel arrived
     recorded: bool = False
     detail: str = ""
@@ -155,6 +160,8 @@ class ActivityFailed(BaseModel):
     outcome: Literal["transient", "permanent", "timed_out"]
     phase: str
     message: str = ""
+    #: when the attempt's restart request went out, as reported (UTC; None: not reported)
+    sent_at: datetime | None = None
 
 
 class BmcReadFailed(BaseModel):
@@ -164,6 +171,8 @@ class BmcReadFailed(BaseModel):
     kind: Literal["bmc_read_failed"] = "bmc_read_failed"
     phase: str
     message: str = ""
+    #: as :attr:`ActivityFailed.sent_at`
+    sent_at: datetime | None = None
 
 
 class WorkerRestart(BaseModel):
@@ -171,6 +180,8 @@ class WorkerRestart(BaseModel):
 
     kind: Literal["worker_restart"] = "worker_restart"
     phase: str
+    #: as :attr:`ActivityFailed.sent_at` (from the last heartbeat)
+    sent_at: datetime | None = None
 
 
 class Cancel(BaseModel):
@@ -204,14 +215,16 @@ EVENT_KINDS = ("start", "ok", "failed", "bmc_read_failed", "worker_restart", "ca
 
 # ---- commands ----------------------------------------------------------------------
 class RunActivity(BaseModel):
-    """Run the machine activity once with ``key`` from ``resume_phase``; ``purpose``
-    ``make_safe``: only to bring the machine to a safe power state (finish the cycle's On)."""
+    """Run the machine activity once with ``key`` from ``resume_phase`` (and ``sent_at``,
+    the state's: when the attempt's restart request went out); ``purpose`` ``make_safe``:
+    only to bring the machine to a safe power state (finish the cycle's On)."""
 
     kind: Literal["run_activity"] = "run_activity"
     action: Action
     key: str
     resume_phase: str
     purpose: Literal["act", "make_safe"] = "act"
+    sent_at: datetime | None = None
 
 
 class StartTimer(BaseModel):
@@ -288,7 +301,8 @@ def _run(s: MachineActionState, purpose: Literal["act", "make_safe"],
         resume = "not_started"
     status = Status.running if purpose == "act" else Status.making_safe
     s = s.model_copy(update={"status": status, "tries": s.tries + 1})
-    return s, [RunActivity(action=s.action, key=s.key, resume_phase=resume, purpose=purpose)]
+    return s, [RunActivity(action=s.action, key=s.key, resume_phase=resume, purpose=purpose,
+                           sent_at=s.sent_at)]
 
 
 def _cancelled(s: MachineActionState, defects: frozenset[str]
@@ -383,6 +397,9 @@ def step(state: MachineActionState, event: Event, now: datetime,
                     f"command possibly sent at {s.phase} never landed ({event.detail}): "
                     "nothing touched", defects)
     s = _advance(s, event.phase)
+    sent_at = getattr(event, "sent_at", None)
+    if sent_at is not None and s.sent_at is None:
+        s = s.model_copy(update={"sent_at": sent_at})  # the first report stands
     if isinstance(event, WorkerRestart) or (isinstance(event, ActivityFailed)
                                             and event.outcome == "timed_out"):
         s = s.model_copy(update={"phase_uncertain": True})
