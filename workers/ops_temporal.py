@@ -162,7 +162,7 @@ async def start_validations(address: str, namespace: str, task_queue: str,
 def failed_run_outcome(err: Exception) -> tuple[str, str]:
     """``(verdict, reason)`` of a ``ValidationWorkflow`` that failed (its
     ``WorkflowFailureError``): the recorded verdict and reason when the failure carries the
-    result (``VerdictNotApplied``, :data:`workflows.validation.ERR_VERDICT_UNAPPLIED`:
+    result (``VerdictNotApplied``, :data:`workflows.protocol.VALIDATION_VERDICT_NOT_APPLIED`:
     recorded, not applied to the machine), else ``aborted`` with the failure's message —
     never a traceback for the person waiting."""
     cause = getattr(err, "cause", None)

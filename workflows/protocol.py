@@ -99,6 +99,12 @@ REPAIR_TIMED_OUT = "RepairTimedOut"
 """``ApplicationError`` type a RepairWorkflow fails with when the repair ended
 ``timed_out`` (final ``RepairStatus`` as the first detail)."""
 
+# --- how a ValidationWorkflow ends ---
+VALIDATION_VERDICT_NOT_APPLIED = "VerdictNotApplied"
+"""``ApplicationError`` type a ValidationWorkflow fails with when its verdict was recorded
+but could not be applied to the machine (``return_machine`` failed after its retries);
+the ``ValidationResult`` is the first detail."""
+
 # --- ClusterGuardWorkflow (id guard/{cluster}) ---
 GUARD_SIGNAL_ACQUIRE = "acquire"
 GUARD_SIGNAL_RELEASE = "release"

@@ -24,7 +24,8 @@ retries (a webhook answering 4xx, the ledger down past ``_SHORT_TOTAL``) is said
 result's reason and the run goes on to ``return_machine`` (a failed machine stays out,
 without a ticket to name if none could be opened). When ``return_machine`` itself fails,
 the verdict is recorded all the same and the run fails
-(:data:`ERR_VERDICT_UNAPPLIED`, the result as its detail), so the Temporal UI lists it.
+(:data:`workflows.protocol.VALIDATION_VERDICT_NOT_APPLIED`, the result as its detail),
+so the Temporal UI lists it.
 
 Deterministic: no I/O, ``workflow.now()`` only; imports only ``workflows.*``.
 """
@@ -36,7 +37,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from workflows.activity_api import (
@@ -55,13 +56,15 @@ with workflow.unsafe.imports_passed_through():
         TicketResult,
         ValidationPlacement,
         VerdictRecord,
+        permanent,
     )
     from workflows.models import ValidationRequest, ValidationResult, Verdict
-    from workflows.protocol import VALIDATION_QUERY_STATUS, VALIDATION_WORKFLOW
+    from workflows.protocol import (
+        VALIDATION_QUERY_STATUS,
+        VALIDATION_VERDICT_NOT_APPLIED,
+        VALIDATION_WORKFLOW,
+    )
 
-#: Failure type of a run whose verdict was recorded but could not be applied to the machine
-#: (``return_machine`` failed after its retries); its detail is the result.
-ERR_VERDICT_UNAPPLIED = "VerdictNotApplied"
 #: Non-retryable failure types of the validation activities.
 _PERMANENT = [ERR_UNKNOWN_NODE, ERR_PLACEMENT, ERR_CONFIGURATION, ERR_ACTION_FAILED]
 _RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30), non_retryable_error_types=_PERMANENT)
@@ -226,9 +229,10 @@ class ValidationWorkflow:
         self._result = result
         if unapplied is not None:
             self._stage = "failed"
-            raise ApplicationError(
+            raise permanent(
+                VALIDATION_VERDICT_NOT_APPLIED,
                 f"validation of {req.machine}: verdict {result.verdict.value} recorded, "
-                f"{unapplied}", result, type=ERR_VERDICT_UNAPPLIED, non_retryable=True)
+                f"{unapplied}", result)
         self._stage = "done"
         return result
 

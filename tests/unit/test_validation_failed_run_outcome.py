@@ -8,7 +8,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
 from workers.ops_temporal import failed_run_outcome, validation_exit_code
-from workflows.validation import ERR_VERDICT_UNAPPLIED
+from workflows.protocol import VALIDATION_VERDICT_NOT_APPLIED
 
 
 def _failure(cause: BaseException) -> WorkflowFailureError:
@@ -20,7 +20,7 @@ def test_a_recorded_verdict_not_applied_is_reported_as_recorded() -> None:
         "validation of gpu-02: verdict failed recorded, verdict not applied to the machine: "
         "slurmctld refused",
         {"machine": "gpu-02", "verdict": "failed", "reason": "gpu: row-remapping failure"},
-        type=ERR_VERDICT_UNAPPLIED, non_retryable=True)
+        type=VALIDATION_VERDICT_NOT_APPLIED, non_retryable=True)
     verdict, reason = failed_run_outcome(_failure(cause))
     assert verdict == "failed"
     assert reason.startswith("gpu: row-remapping failure") and "slurmctld refused" in reason

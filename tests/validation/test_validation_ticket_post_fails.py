@@ -164,7 +164,7 @@ async def test_a_verdict_that_cannot_be_applied_is_recorded_and_fails_the_run(
     from activities.ledger import Ledger
     from activities.ledger_activities import LedgerActivities
     from activities.validation_activities import ValidationActivities
-    from workflows.validation import ERR_VERDICT_UNAPPLIED
+    from workflows.protocol import VALIDATION_VERDICT_NOT_APPLIED
 
     config = _config(slurm_cluster, tmp_path)
     node = "gpu-02"
@@ -191,7 +191,7 @@ async def test_a_verdict_that_cannot_be_applied_is_recorded_and_fails_the_run(
         slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=resume",
                           check=False)
     cause = ei.value.cause
-    assert isinstance(cause, ApplicationError) and cause.type == ERR_VERDICT_UNAPPLIED, cause
+    assert isinstance(cause, ApplicationError) and cause.type == VALIDATION_VERDICT_NOT_APPLIED, cause
     assert "verdict failed recorded" in cause.message and "slurmctld refused" in cause.message
     v = await Ledger(ledger_pool).latest_verdict(node)
     assert v is not None and v["verdict"] == "failed"
