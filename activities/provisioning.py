@@ -98,6 +98,21 @@ WEBHOOK_WAIT_S = 3600.0
 WEBHOOK_HTTP_TIMEOUT_S = 30.0
 
 
+def _phase_marker(reached: list[str], phase: str) -> Callable[[bool], None]:
+    """The callback that records ``phase`` in ``reached`` (heartbeated) when its command is
+    about to go out (``True``: possibly sent from then on), and takes it back when the BMC
+    answered a refusal (``False``: nothing sent; the phase before it is heartbeated)."""
+
+    def mark(sent: bool = True) -> None:
+        if sent:
+            reached.append(phase)
+        elif len(reached) > 1 and reached[-1] == phase:
+            reached.pop()
+        heartbeat({"phase": reached[-1]})
+
+    return mark
+
+
 async def _send_restart(m: RedfishMachine, kind: Any,
                         on_restart: Callable[[bool], None]) -> None:
     """Send ``kind`` (``On`` / ``ForceRestart``) once: ``on_restart(True)`` first (the
@@ -338,19 +353,13 @@ class ProvisioningActivities:
         the repair counts a touched machine as an attempt (I22)."""
         reached = [resume_from(inp, PHASES[Action.reprovision])]
 
-        def started(sent: bool = True) -> None:
-            # before the restart goes out (possibly sent from here on); False: the BMC
-            # answered a refusal, the phase goes back
-            if sent:
-                reached.append("provision_started")
-            elif len(reached) > 1:
-                reached.pop()
-            heartbeat({"phase": reached[-1]})
+        started = _phase_marker(reached, "provision_started")
 
         try:
             c = self._cluster(inp.cluster)
             if c.provisioner == "webhook":
-                op = await self._webhook(c, "reprovision", inp, on_accepted=started)
+                op = await self._webhook(c, "reprovision", inp,
+                                         on_accepted=lambda: started(True))
                 return ActionResult(done=True, detail=f"webhook operation {op['id']} succeeded",
                                     phase="booted")
             res = await self._redfish_reprovision(
@@ -396,14 +405,7 @@ class ProvisioningActivities:
         """
         reached = [resume_from(inp, PHASES[Action.migrate])]
 
-        def restarted(sent: bool = True) -> None:
-            # before the new machine's restart goes out (possibly sent from here on);
-            # False: the BMC answered a refusal, the phase goes back to ``started``
-            if sent:
-                reached.append("restart_sent")
-            elif len(reached) > 1:
-                reached.pop()
-            heartbeat({"phase": reached[-1]})
+        restarted = _phase_marker(reached, "restart_sent")
 
         try:
             return await self._migrate(inp, reached, restarted)

@@ -61,54 +61,48 @@ class _Bmc:
         monkeypatch.setattr(RedfishMachine, "reset", reset)
 
 
-async def _try_then_retry(prov: ProvisioningActivities, node: str) -> tuple[str, object]:
-    inp = _inp(node)
-    with pytest.raises(ApplicationError) as ei:
-        await ActivityEnvironment().run(prov.reprovision_machine, inp)
-    phase = ei.value.details[0]["phase"]
-    if ei.value.non_retryable:
-        return phase, None
-    res = await ActivityEnvironment().run(
-        prov.reprovision_machine, inp.model_copy(update={"resume_phase": phase}))
-    return phase, res
+async def _reprovision_under(bmc: _Bmc, emu: RedfishEmulator, secrets: Path,
+                             monkeypatch: pytest.MonkeyPatch) -> tuple[str, Any]:
+    """A reprovision of gpu-04 whose first try fails as ``bmc`` plays it, then (when the
+    failure is retryable) its retry resumed from the phase the failure reported, as the
+    workflow carries it. Returns ``(phase reported, retry's result or None)``."""
+    cfg = _config(emu, secrets)
+    prov = ProvisioningActivities(cfg)
+    m = RedfishMachine(cfg, "rf", "gpu-04", "gpu-04")
+    await eject_media(m)
+    bmc.install(monkeypatch)
+    inp = _inp("gpu-04")
+    try:
+        with pytest.raises(ApplicationError) as ei:
+            await ActivityEnvironment().run(prov.reprovision_machine, inp)
+        phase = ei.value.details[0]["phase"]
+        if ei.value.non_retryable:
+            return phase, None
+        return phase, await ActivityEnvironment().run(
+            prov.reprovision_machine, inp.model_copy(update={"resume_phase": phase}))
+    finally:
+        monkeypatch.undo()
+        await eject_media(m)
 
 
 async def test_a_reprovision_restart_whose_answer_was_lost_is_not_sent_again(
     redfish_emulator: RedfishEmulator, bmc_secrets_file: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    cfg = _config(redfish_emulator, bmc_secrets_file)
-    prov = ProvisioningActivities(cfg)
-    m = RedfishMachine(cfg, "rf", "gpu-04", "gpu-04")
-    await eject_media(m)
     bmc = _Bmc(lost=True)
-    bmc.install(monkeypatch)
-    try:
-        phase, res = await _try_then_retry(prov, "gpu-04")
-    finally:
-        monkeypatch.undo()
-        await eject_media(m)
+    phase, res = await _reprovision_under(bmc, redfish_emulator, bmc_secrets_file, monkeypatch)
     assert phase == "provision_started", phase  # touched: counts as an attempt (I22)
     assert len(bmc.sent) == 1, bmc.sent  # one restart in the attempt (I16)
-    assert res is not None and res.done and res.phase == "booted", res  # type: ignore[attr-defined]
-    assert "restart already sent" in res.detail, res.detail  # type: ignore[attr-defined]
+    assert res is not None and res.done and res.phase == "booted", res
+    assert "restart already sent" in res.detail, res.detail
 
 
 async def test_a_reprovision_restart_the_bmc_refused_reports_nothing_touched(
     redfish_emulator: RedfishEmulator, bmc_secrets_file: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    cfg = _config(redfish_emulator, bmc_secrets_file)
-    prov = ProvisioningActivities(cfg)
-    m = RedfishMachine(cfg, "rf", "gpu-04", "gpu-04")
-    await eject_media(m)
     bmc = _Bmc(refuse=True)
-    bmc.install(monkeypatch)
-    try:
-        phase, res = await _try_then_retry(prov, "gpu-04")
-    finally:
-        monkeypatch.undo()
-        await eject_media(m)
+    phase, res = await _reprovision_under(bmc, redfish_emulator, bmc_secrets_file, monkeypatch)
     assert phase == "not_started", phase  # the BMC answered: nothing was sent
     assert res is None and len(bmc.sent) == 1, (bmc.sent, res)
 

@@ -23,20 +23,16 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.reset import ResetActivities
 from activities.scheduler.slurm import SlurmScheduler
-from tests.activities.test_reset_gpu_slurm import NODE, _drained, _inp, _plant, _reset_config
+from tests.activities import test_reset_gpu_slurm as rst
+from tests.activities.test_reset_gpu_slurm import NODE, _drained, _inp, _plant
 from workers.devpeers import SlurmCluster
-from workflows.config import AutorepairConfig, ClusterConfig, NodeConfig
+from workflows.config import AutorepairConfig, ClusterConfig
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 
 
-@pytest.fixture
-def cluster(slurm_cluster: SlurmCluster, tmp_path: Path) -> ClusterConfig:
-    slurm_cluster.reset_nodes()
-    return ClusterConfig(name="rst", scheduler="slurm", slurm_conf=str(slurm_cluster.conf_path),
-                         slurm_boot_identity="slurmd_start",
-                         nodes=[NodeConfig(name=n, machine=n) for n in slurm_cluster.nodes],
-                         reset_gpu=_reset_config(tmp_path))
+#: the reset tests' cluster (the loopback Slurm nodes, the reset command)
+cluster = rst.cluster
 
 
 async def test_reset_job_submit_failing_puts_the_repairs_drain_back(

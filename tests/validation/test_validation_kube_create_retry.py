@@ -34,34 +34,37 @@ with workflow.unsafe.imports_passed_through():
     from workflows.validation import ValidationWorkflow
 
 
-async def test_job_create_failing_once_keeps_the_prior_state(
+async def _validate_with_refused_creates(
         temporal_env: Any, ledger_pool: Any, kube_api: Any, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, refusals: int | None,
+        timeout_s: float | None = None) -> tuple[ValidationResult, int]:
+    """Validate schedulable gpu-01 while the API server answers the first ``refusals``
+    Job creates (every one: ``None``) with a 500; no kubelet, so a created Job never runs
+    (``timeout_s``: the run's bound). Returns the result and how many were refused."""
     from activities.ledger_activities import LedgerActivities
     from activities.validation_activities import ValidationActivities
 
     server = kube_api.server
     server.resources[JOBS] = kmock.ResourceInfo(kind="Job", namespaced=True)
     cfg, _faults = _config(tmp_path)
-    cfg.clusters[0].validation.timeout_s = 2.0
-    cfg.clusters[0].validation.poll_s = 1.0
+    if timeout_s is not None:
+        cfg.clusters[0].validation.timeout_s = timeout_s
+        cfg.clusters[0].validation.poll_s = 1.0
     kube_api.add_node("gpu-01")  # schedulable, in service
-
     real = type(server)._handle
-    failed: list[str] = []
+    refused: list[int] = []
 
-    async def first_create_fails(self: Any,
-                                 request: kmock.Request) -> aiohttp.web.StreamResponse:
+    async def refuse(self: Any, request: kmock.Request) -> aiohttp.web.StreamResponse:
         if (request.resource == JOBS and request.action == kmock.action.CREATE
-                and not failed):
-            failed.append(request.name or "job")
+                and (refusals is None or len(refused) < refusals)):
+            refused.append(1)
             return aiohttp.web.json_response(
                 {"kind": "Status", "apiVersion": "v1", "status": "Failure",
                  "message": "etcdserver: request timed out", "reason": "InternalError",
                  "code": 500}, status=500)
         return await real(self, request)
 
-    monkeypatch.setattr(type(server), "_handle", first_create_fails)
+    monkeypatch.setattr(type(server), "_handle", refuse)
     tq = f"kval-{uuid.uuid4().hex[:8]}"
     acts = (ValidationActivities(cfg, ledger_pool, kube_api_client=kube_api.api_client).all()
             + LedgerActivities(ledger_pool).all())
@@ -71,12 +74,25 @@ async def test_job_create_failing_once_keeps_the_prior_state(
             ValidationWorkflow.run, ValidationRequest(cluster=CLUSTER, machine="gpu-01"),
             id=workflow_id_validation("gpu-01", f"k-create-{uuid.uuid4().hex[:6]}"),
             task_queue=tq, result_type=ValidationResult)
-    assert failed, "the first Job create was not refused: the test did not run its case"
-    assert result.verdict == Verdict.aborted and "timed out" in result.reason, result.reason
+    return result, len(refused)
+
+
+def _in_service_as_before(kube_api: Any) -> None:
     node = kube_api.node("gpu-01")
-    assert not node["spec"].get("unschedulable"), node  # back in service as it was
+    assert not node["spec"].get("unschedulable"), node
     assert not any(t["key"] == "autorepair.io/repair" for t in node["spec"].get("taints") or [])
+    assert "autorepair.io/validation-prior" not in (node["metadata"].get("annotations") or {})
     assert _live_jobs(kube_api) == []
+
+
+async def test_job_create_failing_once_keeps_the_prior_state(
+        temporal_env: Any, ledger_pool: Any, kube_api: Any, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    result, refused = await _validate_with_refused_creates(
+        temporal_env, ledger_pool, kube_api, tmp_path, monkeypatch, refusals=1, timeout_s=2.0)
+    assert refused == 1, "the first Job create was not refused: the test did not run its case"
+    assert result.verdict == Verdict.aborted and "timed out" in result.reason, result.reason
+    _in_service_as_before(kube_api)
 
 
 async def test_job_create_failing_on_every_try_restores_the_node(
@@ -85,39 +101,9 @@ async def test_job_create_failing_on_every_try_restores_the_node(
     """Every Job create refused: placement gives up after its retries (the back-off is
     skipped by the test server), the run ends ``aborted`` — and the node, cordoned for the
     run by the first try, is put back in service as it was."""
-    from activities.ledger_activities import LedgerActivities
-    from activities.validation_activities import ValidationActivities
-
-    server = kube_api.server
-    server.resources[JOBS] = kmock.ResourceInfo(kind="Job", namespaced=True)
-    cfg, _faults = _config(tmp_path)
-    kube_api.add_node("gpu-01")
-    real = type(server)._handle
-    refused: list[int] = []
-
-    async def create_refused(self: Any, request: kmock.Request) -> aiohttp.web.StreamResponse:
-        if request.resource == JOBS and request.action == kmock.action.CREATE:
-            refused.append(1)
-            return aiohttp.web.json_response(
-                {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                 "message": "admission webhook denied the request", "reason": "InternalError",
-                 "code": 500}, status=500)
-        return await real(self, request)
-
-    monkeypatch.setattr(type(server), "_handle", create_refused)
-    tq = f"kval-{uuid.uuid4().hex[:8]}"
-    acts = (ValidationActivities(cfg, ledger_pool, kube_api_client=kube_api.api_client).all()
-            + LedgerActivities(ledger_pool).all())
-    async with Worker(temporal_env.client, task_queue=tq, workflows=[ValidationWorkflow],
-                      activities=acts):
-        result: ValidationResult = await temporal_env.client.execute_workflow(
-            ValidationWorkflow.run, ValidationRequest(cluster=CLUSTER, machine="gpu-01"),
-            id=workflow_id_validation("gpu-01", f"k-refused-{uuid.uuid4().hex[:6]}"),
-            task_queue=tq, result_type=ValidationResult)
-    assert len(refused) > 1, refused  # retried, then given up
+    result, refused = await _validate_with_refused_creates(
+        temporal_env, ledger_pool, kube_api, tmp_path, monkeypatch, refusals=None)
+    assert refused > 1, refused  # retried, then given up
     assert result.verdict == Verdict.aborted and "placement failed" in result.reason, \
         result.reason
-    node = kube_api.node("gpu-01")
-    assert not node["spec"].get("unschedulable"), node
-    assert not any(t["key"] == "autorepair.io/repair" for t in node["spec"].get("taints") or [])
-    assert "autorepair.io/validation-prior" not in (node["metadata"].get("annotations") or {})
+    _in_service_as_before(kube_api)
