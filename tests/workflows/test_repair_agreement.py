@@ -66,29 +66,7 @@ print(f"repair agreement: {len(RUN)} of {len(ALL)} scenarios"
       f"{'' if FULL else ' (AUTOREPAIR_AGREEMENT_FULL=1 runs all)'}")
 
 #: Scenarios where the two sides still differ, with the exact difference (strict xfail).
-_RECURRENCE_MISSED = (
-    "the fault reported again while the first health read after the action is out: the "
-    "workflow records the attempt failed and runs the next rung; the machine ignores the "
-    "report (it judges a recurrence only in join_backoff) and ends as if the fault had "
-    "not come back (one attempt fewer, no second repairing/joining)")
-KNOWN: dict[str, str] = {i: _RECURRENCE_MISSED for i in (
-    "auto-nostop-recur-healthy",
-    "auto-nostop-recur-never",
-    "auto-approve_at_act-recur-healthy",
-    "auto-approve_at_act-recur-never",
-    "auto-approve_at_rejoin-recur-healthy",
-    "auto-approve_at_rejoin-recur-never",
-    "auto-clear_at_act-recur-healthy",
-    "auto-clear_at_act-recur-never",
-    "person-nostop-recur-healthy",
-    "person-nostop-recur-never",
-    "person-approve_at_act-recur-healthy",
-    "person-approve_at_act-recur-never",
-    "person-approve_at_rejoin-recur-healthy",
-    "person-approve_at_rejoin-recur-never",
-    "person-clear_at_act-recur-healthy",
-    "person-clear_at_act-recur-never",
-)}
+KNOWN: dict[str, str] = {}
 
 _MACHINE_CALLS = {"power_cycle", "reboot", "reprovision", "migrate", "reset_gpu", "remove"}
 
