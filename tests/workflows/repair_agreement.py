@@ -15,9 +15,12 @@ repair waits for one, except where the scenario's stop is at ``approval``.
 
 The stop (``approve`` / ``reject`` / ``cancel`` / ``clear``: the level fault clears) is
 sent while the scenario's point is under way: ``approval`` (the repair asks a person,
-first time), ``idle`` (the first idle check is out), ``drain`` (the drain is out),
+first time), ``lease`` (the repair is queued for its lease behind another repair's:
+the harness's budget is one repair; that repair is cancelled once the stop is sent, so
+the grant comes after it), ``idle`` (the first idle check is out), ``drain`` (the drain is out),
 ``act`` (the first try of the first machine action is out), ``rejoin`` (the first health
-read after the first machine action is out).
+read after the first machine action is out), ``cordon`` (the cordon call is out),
+``uncordon`` (the node is back healthy and this repair's uncordon call is out).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from workflows.models import Action, Alert, Requester, Severity
 
 CONSENTS = ("auto", "person")
 STOP_KINDS = ("approve", "reject", "cancel", "clear")
-POINTS = ("approval", "idle", "drain", "act", "rejoin")
+POINTS = ("approval", "lease", "cordon", "idle", "drain", "act", "rejoin", "uncordon")
 OUTCOMES = ("ok", "fail", "recur")
 REJOINS = ("healthy", "never")
 ACTION = Action.power_cycle
@@ -69,6 +72,8 @@ def scenarios() -> list[Scenario]:
                 continue
             tails: Iterator[tuple[str, str]] = (
                 itertools.product(OUTCOMES, REJOINS) if point in ("act", "rejoin")
+                # the uncordon comes only once the node is back healthy
+                else itertools.product(OUTCOMES, ("healthy",)) if point == "uncordon"
                 else iter([("ok", "healthy")]))
             for outcome, rejoin in tails:
                 out.append(Scenario(consent, stop, point, outcome, rejoin))
@@ -90,6 +95,10 @@ CI_SLICE = frozenset({
     "person-cancel_at_idle-ok-healthy", "person-reject_at_act-ok-healthy",
     "person-approve_at_act-recur-healthy", "person-cancel_at_rejoin-fail-healthy",
     "person-clear_at_rejoin-recur-never",
+    "auto-cancel_at_lease-ok-healthy", "person-clear_at_lease-ok-healthy",
+    "auto-approve_at_lease-ok-healthy",
+    "auto-reject_at_cordon-ok-healthy", "person-cancel_at_uncordon-recur-healthy",
+    "auto-clear_at_uncordon-fail-healthy",
 })
 
 
@@ -160,6 +169,7 @@ class _World:
     acts: int = 0
     health_after: int = 0
     asked_first: bool = False
+    acquires: int = 0
 
 
 def run_machine(sc: Scenario, cluster: str = "c1", node: str = "gpu-01",
@@ -200,6 +210,12 @@ def run_machine(sc: Scenario, cluster: str = "c1", node: str = "gpu-01",
                 w.attempts.append((c.action.value, c.outcome))
             elif isinstance(c, rm.SignalGuard):
                 if c.what == "acquire":
+                    w.acquires += 1
+                    if sc.point == "lease" and w.acquires == 1:
+                        # queued behind another repair's lease; the stop comes, then
+                        # that repair ends and the lease is granted
+                        follow += [rm.LeaseReply(granted=False, reason="budget"),
+                                   *at("lease")]
                     follow.append(rm.LeaseReply(granted=True))
             elif isinstance(c, rm.StartTimer):
                 w.now += timedelta(seconds=c.seconds)
@@ -266,7 +282,7 @@ def _answer(sc: Scenario, s: rm.RepairState, c: rm.RunActivity, w: _World,
     if name == "cordon_node":
         w.disruptive.add("cordon")
         w.cordon = True
-        return [rm.CallOk(cordoned_by_us=True)]
+        return [*here("cordon"), rm.CallOk(cordoned_by_us=True)]
     if name == "ledger_open_repair":
         return [rm.CallOk(running=False)]
     if name == "check_idle":
@@ -288,5 +304,5 @@ def _answer(sc: Scenario, s: rm.RepairState, c: rm.RunActivity, w: _World,
         return [*pre, rm.CallOk(healthy=sc.rejoin == "healthy")]
     if name == "rejoin_node":
         w.cordon = False
-        return [rm.CallOk()]
+        return [*here("uncordon"), rm.CallOk()]
     raise AssertionError(f"no answer for {name}")  # pragma: no cover
