@@ -68,13 +68,7 @@ print(f"repair agreement: {len(RUN)} of {len(ALL)} scenarios"
       f"{'' if FULL else ' (AUTOREPAIR_AGREEMENT_FULL=1 runs all)'}")
 
 #: Scenarios where the two sides still differ, with the exact difference (strict xfail).
-_STOP_DURING_CORDON = (
-    "a cancel or reject while the cordon call is out: the workflow records "
-    "waiting_for_idle, then ends at its first idle check; the machine ends when the "
-    "cordon returns (history recommended, cordoning, <stop>)")
-KNOWN: dict[str, str] = {i: _STOP_DURING_CORDON for i in (
-    "auto-reject_at_cordon-ok-healthy", "auto-cancel_at_cordon-ok-healthy",
-    "person-reject_at_cordon-ok-healthy", "person-cancel_at_cordon-ok-healthy")}
+KNOWN: dict[str, str] = {}
 
 _MACHINE_CALLS = {"power_cycle", "reboot", "reprovision", "migrate", "reset_gpu", "remove"}
 
