@@ -40,6 +40,9 @@ STOP_KINDS = ("approve", "reject", "cancel", "clear")
 POINTS = ("approval", "lease", "cordon", "idle", "drain", "act", "rejoin", "uncordon")
 OUTCOMES = ("ok", "fail", "recur")
 REJOINS = ("healthy", "never")
+#: The drain's own outcomes (no stop): ``stuck`` its deadline passed with a job still
+#: running; ``refused`` the scheduler refused it for good (a 403).
+DRAIN_OUTCOMES = ("stuck", "refused")
 ACTION = Action.power_cycle
 MACHINE_OF = "m-{node}"  # the harness's load_policy binds node → m-node
 
@@ -49,7 +52,7 @@ class Scenario:
     consent: str  # auto | person
     stop: str  # none | approve | reject | cancel | clear
     point: str  # "" | approval | idle | drain | act | rejoin
-    outcome: str  # ok | fail | recur
+    outcome: str  # ok | fail | recur | stuck | refused (the drain's)
     rejoin: str  # healthy | never
 
     @property
@@ -67,6 +70,8 @@ def scenarios() -> list[Scenario]:
     for consent in CONSENTS:
         for outcome, rejoin in itertools.product(OUTCOMES, REJOINS):
             out.append(Scenario(consent, "none", "", outcome, rejoin))
+        for outcome in DRAIN_OUTCOMES:
+            out.append(Scenario(consent, "none", "", outcome, "healthy"))
         for stop, point in itertools.product(STOP_KINDS, POINTS):
             if point == "approval" and (consent == "auto" or stop == "approve"):
                 continue
@@ -99,6 +104,7 @@ CI_SLICE = frozenset({
     "auto-approve_at_lease-ok-healthy",
     "auto-reject_at_cordon-ok-healthy", "person-cancel_at_uncordon-recur-healthy",
     "auto-clear_at_uncordon-fail-healthy",
+    "auto-nostop-stuck-healthy", "person-nostop-refused-healthy",
 })
 
 
@@ -291,7 +297,11 @@ def _answer(sc: Scenario, s: rm.RepairState, c: rm.RunActivity, w: _World,
         return [*pre, rm.CallOk(idle=w.idle_checks > 1)]
     if name == "drain_node":
         w.disruptive.add("drain")
-        return [*here("drain"), rm.CallOk()]
+        if sc.outcome == "refused":
+            return [*here("drain"), rm.CallFailed(message="403")]
+        return [*here("drain"), rm.CallOk(drained=sc.outcome != "stuck",
+                                          remaining=["job-7"] if sc.outcome == "stuck"
+                                          else [])]
     if name == "node_health":
         w.health_after += 1
         pre: list[rm.Event] = []

@@ -50,6 +50,7 @@ from tests.workflows.repair_agreement import (
     run_machine,
     scenarios,
 )
+from workflows.activity_api import ERR_AUTH, DrainInput, DrainResult
 from workflows.models import (
     TERMINAL_STAGES,
     ApproveSignal,
@@ -91,6 +92,12 @@ async def run_workflow(h: Harness, sc: Scenario, node: str = "gpu-01",
     h.policy.rails = p.rails
     c = h.cluster
     c.busy_polls[node] = 1  # busy once, then idle (as the machine's world)
+    if sc.outcome == "stuck":
+        async def stuck(inp: DrainInput) -> DrainResult:
+            return DrainResult(drained=False, remaining=["job-7"])
+        c.drain_with = stuck
+    if sc.outcome == "refused":
+        c.broken["drain"] = ERR_AUTH
     if sc.outcome == "fail":
         c.fail_actions[ACTION.value] = 1  # the harness's call names are the actions'.
     t0 = await h.env.get_current_time()
