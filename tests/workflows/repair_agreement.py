@@ -20,7 +20,9 @@ the harness's budget is one repair; that repair is cancelled once the stop is se
 the grant comes after it), ``idle`` (the first idle check is out), ``drain`` (the drain is out),
 ``act`` (the first try of the first machine action is out), ``rejoin`` (the first health
 read after the first machine action is out), ``cordon`` (the cordon call is out),
-``uncordon`` (the node is back healthy and this repair's uncordon call is out).
+``uncordon`` (the node is back healthy and this repair's uncordon call is out),
+``reapproval`` (a person is asked again after a rung that failed or after which the
+fault recurred).
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from workflows.models import Action, Alert, Requester, Severity
 
 CONSENTS = ("auto", "person")
 STOP_KINDS = ("approve", "reject", "cancel", "clear")
-POINTS = ("approval", "lease", "cordon", "idle", "drain", "act", "rejoin", "uncordon")
+POINTS = ("approval", "lease", "cordon", "idle", "drain", "act", "rejoin", "uncordon",
+          "reapproval")
 OUTCOMES = ("ok", "fail", "recur")
 REJOINS = ("healthy", "never")
 #: The drain's own outcomes (no stop): ``stuck`` its deadline passed with a job still
@@ -73,7 +76,12 @@ def scenarios() -> list[Scenario]:
         for outcome in DRAIN_OUTCOMES:
             out.append(Scenario(consent, "none", "", outcome, "healthy"))
         for stop, point in itertools.product(STOP_KINDS, POINTS):
-            if point == "approval" and (consent == "auto" or stop == "approve"):
+            if point in ("approval", "reapproval") and (consent == "auto"
+                                                        or stop == "approve"):
+                continue
+            if point == "reapproval":  # asked again after a rung that did not fix it
+                for outcome in ("fail", "recur"):
+                    out.append(Scenario(consent, stop, point, outcome, "healthy"))
                 continue
             tails: Iterator[tuple[str, str]] = (
                 itertools.product(OUTCOMES, REJOINS) if point in ("act", "rejoin")
@@ -105,6 +113,7 @@ CI_SLICE = frozenset({
     "auto-reject_at_cordon-ok-healthy", "person-cancel_at_uncordon-recur-healthy",
     "auto-clear_at_uncordon-fail-healthy",
     "auto-nostop-stuck-healthy", "person-nostop-refused-healthy",
+    "person-reject_at_reapproval-fail-healthy", "person-clear_at_reapproval-recur-healthy",
 })
 
 
@@ -174,7 +183,7 @@ class _World:
     idle_checks: int = 0
     acts: int = 0
     health_after: int = 0
-    asked_first: bool = False
+    asks: int = 0
     acquires: int = 0
 
 
@@ -260,8 +269,9 @@ def run_machine(sc: Scenario, cluster: str = "c1", node: str = "gpu-01",
         events = follow + events
         if s.status == rm.Status.awaiting_approval and not any(
                 isinstance(e, (rm.Approve, rm.Reject, rm.Cancel)) for e in events):
-            if sc.point == "approval" and not w.asked_first:
-                w.asked_first = True
+            w.asks += 1
+            if (sc.point == "approval" and w.asks == 1) or (
+                    sc.point == "reapproval" and w.asks == 2):
                 events += stop_events()
             else:
                 events.append(rm.Approve(by="alice"))

@@ -195,7 +195,8 @@ async def run_workflow(h: Harness, sc: Scenario, node: str = "gpu-01",
             if len(st.history) != approved_at:
                 approved_at = len(st.history)
                 asked += 1
-                if sc.point == "approval" and asked == 1:
+                if (sc.point == "approval" and asked == 1) or (
+                        sc.point == "reapproval" and asked == 2):
                     await stop()
                 else:
                     await handle.signal("approve", ApproveSignal(by="alice"))
