@@ -46,6 +46,8 @@ REJOINS = ("healthy", "never")
 #: The drain's own outcomes (no stop): ``stuck`` its deadline passed with a job still
 #: running; ``refused`` the scheduler refused it for good (a 403).
 DRAIN_OUTCOMES = ("stuck", "refused")
+#: ``flaky``: the first try of the action fails transiently after On was sent (a BMC
+#: status read refused); the retry resumes from there.
 ACTION = Action.power_cycle
 MACHINE_OF = "m-{node}"  # the harness's load_policy binds node → m-node
 
@@ -55,7 +57,7 @@ class Scenario:
     consent: str  # auto | person
     stop: str  # none | approve | reject | cancel | clear
     point: str  # "" | approval | idle | drain | act | rejoin
-    outcome: str  # ok | fail | recur | stuck | refused (the drain's)
+    outcome: str  # ok | fail | recur | flaky | stuck | refused (the drain's)
     rejoin: str  # healthy | never
 
     @property
@@ -73,7 +75,7 @@ def scenarios() -> list[Scenario]:
     for consent in CONSENTS:
         for outcome, rejoin in itertools.product(OUTCOMES, REJOINS):
             out.append(Scenario(consent, "none", "", outcome, rejoin))
-        for outcome in DRAIN_OUTCOMES:
+        for outcome in (*DRAIN_OUTCOMES, "flaky"):
             out.append(Scenario(consent, "none", "", outcome, "healthy"))
         for stop, point in itertools.product(STOP_KINDS, POINTS):
             if point in ("approval", "reapproval") and (consent == "auto"
@@ -90,6 +92,8 @@ def scenarios() -> list[Scenario]:
                 else iter([("ok", "healthy")]))
             for outcome, rejoin in tails:
                 out.append(Scenario(consent, stop, point, outcome, rejoin))
+            if point == "act":
+                out.append(Scenario(consent, stop, point, "flaky", "healthy"))
     return out
 
 
@@ -114,6 +118,7 @@ CI_SLICE = frozenset({
     "auto-clear_at_uncordon-fail-healthy",
     "auto-nostop-stuck-healthy", "person-nostop-refused-healthy",
     "person-reject_at_reapproval-fail-healthy", "person-clear_at_reapproval-recur-healthy",
+    "auto-nostop-flaky-healthy", "person-cancel_at_act-flaky-healthy",
 })
 
 
@@ -257,7 +262,11 @@ def run_machine(sc: Scenario, cluster: str = "c1", node: str = "gpu-01",
                     first = w.acts == 1
                     if first:
                         follow += at("act")
-                    if first and sc.outcome == "fail":
+                    if first and sc.outcome == "flaky":
+                        follow.append(rm.Machine(event=ma.ActivityFailed(
+                            outcome="transient", phase="on_sent",
+                            message="BmcUnavailable (injected)")))
+                    elif first and sc.outcome == "fail":
                         follow.append(rm.Machine(event=ma.ActivityFailed(
                             outcome="permanent", phase=ma.DISRUPTIVE[mc.action],
                             message="injected")))

@@ -92,6 +92,8 @@ async def run_workflow(h: Harness, sc: Scenario, node: str = "gpu-01",
     h.policy.rails = p.rails
     c = h.cluster
     c.busy_polls[node] = 1  # busy once, then idle (as the machine's world)
+    if sc.outcome == "flaky":
+        c.bmc_read_failures_after_on[node] = 1
     if sc.outcome == "stuck":
         async def stuck(inp: DrainInput) -> DrainResult:
             return DrainResult(drained=False, remaining=["job-7"])
