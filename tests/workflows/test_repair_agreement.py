@@ -101,7 +101,7 @@ async def run_workflow(h: Harness, sc: Scenario, node: str = "gpu-01",
     if sc.outcome == "refused":
         c.broken["drain"] = ERR_AUTH
     if sc.outcome == "fail":
-        c.fail_actions[ACTION.value] = 1  # the harness's call names are the actions'.
+        c.fail_actions[ACTION.value] = 1  # once, after the disruptive phase
     t0 = await h.env.get_current_time()
     alert = level_alert(c.cluster, node, rid, t0 - timedelta(seconds=10),
                         received_at=t0 - timedelta(seconds=10))
