@@ -1254,6 +1254,10 @@ class RepairWorkflow:
                 self._cordoned_by_us = False  # refused for good (403, 404): nothing was set
             raise
         self._cordoned_by_us = res.cordoned_by_us
+        # a cancel or reject that came while the cordon was out ends the repair when the
+        # call returns, before the next step (I19; the repair machine's decision): the
+        # record never shows it moving on to wait for idle after a person said stop
+        self._check_cancel_before_act()
         if res.held_by_repair:
             await self._yield_to(res.held_by_repair)
         if res.by_other:

@@ -133,7 +133,7 @@ def _events(s: rm.RepairState, w: World) -> list[rm.Event]:
         evs.append(rm.LeaseLapsed())  # once per world: the renewal refused, the TTL past
     if st in (rm.Status.idle_backoff, rm.Status.checking_idle) and not s.can_due:
         evs.append(rm.ContinueAsNewDue())
-    if st == rm.Status.join_backoff and not w.recurred:
+    if st in (rm.Status.join_backoff, rm.Status.joining) and not w.recurred:
         evs.append(rm.AlertAttached(alert=_alert(1, w.now_s)))
     if not w.held and st in (rm.Status.new, rm.Status.reading_policy, rm.Status.reading_history,
                              rm.Status.awaiting_approval, rm.Status.awaiting_lease):

@@ -211,6 +211,7 @@ class FakeCluster:
     @activity.defn(name=ACT.node_health)
     async def node_health(self, ref: NodeRef) -> NodeHealth:
         self._log("node_health", ref.node)
+        await self._out("node_health", ref.node)
         return NodeHealth(
             ready=ref.node not in self.unhealthy, boot_id=f"boot-{self.boot.get(ref.node, 0)}"
         )

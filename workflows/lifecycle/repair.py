@@ -781,6 +781,10 @@ def _on_call_ok(s: RepairState, ev: CallOk, now: datetime, defects: frozenset[st
             return _end(s.model_copy(update={"hold": hold}), S.failed, "system", reason)
         return _start_action(s, now, defects)
     if st == Status.joining:
+        if _recurred(s):
+            # a report that came while the health read was out: judged before the
+            # answer (healthy or not), as in the poll's wait
+            return _on_recurrence(s, now, defects)
         if ev.healthy:
             return _run(s, Status.rejoining)
         since = s.join_since or now
@@ -848,6 +852,17 @@ def _recurred(s: RepairState) -> bool:
     return s.acted_at is not None and decision.recurrence(
         s.alerts, s.acted_at, rebooting=bool(s.acted) and s.acted[-1] in decision.REBOOTING
     ) is not None
+
+
+def _on_recurrence(s: RepairState, now: datetime, defects: frozenset[str]) -> Out:
+    """The fault came back after the action: the attempt is recorded ``failed`` and the
+    ladder decides the next rung (a pending stop ends first)."""
+    s = _count(s, s.acted[-1], "failed", now)
+    rec: list[Command] = []
+    if s.unrecorded is not None:
+        rec.append(RecordAttempt(action=s.unrecorded, outcome="failed"))
+    s = s.model_copy(update={"unrecorded": None})
+    return _escalate(s, now, f"fault recurred after {s.acted[-1].value}", defects, rec)
 
 
 def _on_machine(s: RepairState, ev: ma.Event, now: datetime, defects: frozenset[str]) -> Out:
@@ -961,13 +976,8 @@ def step(state: RepairState, event: Event, now: datetime,
         if all(a.alert_id != event.alert.alert_id for a in s.alerts):
             s = s.model_copy(update={"alerts": [*s.alerts, event.alert]})
         if st == Status.join_backoff and _recurred(s):
-            s = _count(s, s.acted[-1], "failed", now)
-            rec: list[Command] = []
-            if s.unrecorded is not None:
-                rec.append(RecordAttempt(action=s.unrecorded, outcome="failed"))
-            s = s.model_copy(update={"unrecorded": None})
-            return _escalate(s, now, f"fault recurred after {s.acted[-1].value}", defects, rec)
-        return s, []
+            return _on_recurrence(s, now, defects)
+        return s, []  # joining: judged when the health read returns
     if isinstance(event, AlertCleared):
         hit = {(a.kind, a.code) for a in s.alerts if a.alert_id == event.alert_id}
         s = s.model_copy(update={"alerts": [a.model_copy(update={"active": False})
@@ -1156,8 +1166,9 @@ _CALL_ANSWER = {
                       "first); the drain's deadline passed with work still running → "
                       "ended `failed` naming what still runs, left cordoned for a human "
                       "(the fault stands)"),
-    Status.joining: ("call_ok", "healthy → rejoining; not yet → join_backoff; bound spent "
-                     "→ ended `timed_out`, left cordoned"),
+    Status.joining: ("call_ok", "the fault recurred meanwhile (a report came while the "
+                     "read was out) → attempt recorded, next rung; healthy → rejoining; not "
+                     "yet → join_backoff; bound spent → ended `timed_out`, left cordoned"),
     Status.rejoining: ("call_ok", "→ ended `succeeded` (attempt recorded)"),
 }
 
@@ -1185,7 +1196,8 @@ def _decision(st: Status, kind: str) -> str:
     if kind == "alert_attached":
         return ("joins the evidence; a recurrence after the action → attempt recorded, "
                 "next rung (a pending stop ends first)" if st == Status.join_backoff
-                else "joins the evidence")
+                else "joins the evidence; a recurrence is judged when the health read "
+                "returns" if st == Status.joining else "joins the evidence")
     if kind == "alert_cleared":
         return ("level fault cleared; no evidence left → ended `auto_resolved`"
                 if st in (Status.awaiting_approval, Status.awaiting_lease,
