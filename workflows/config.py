@@ -911,9 +911,9 @@ class ClusterConfig(_Section):
     slurm_conf: str | None = None
     #: Slurm: how a node's reboot is recognised. ``boot_time`` (default): its
     #: ``BootTime`` advanced by more than ``BOOT_TIME_JITTER_S`` (60 s; a slurmd
-    #: restart on the same boot is not a reboot). ``slurmd_start``: ``BootTime`` or
-    #: ``SlurmdStartTime`` changed, so a slurmd restart counts as a reboot: only for a
-    #: test cluster whose reboots are simulated by restarting slurmd (the dev cluster).
+    #: restart on the same boot is not a reboot). ``slurmd_start``: ``SlurmdStartTime``
+    #: changed, so a slurmd restart counts as a reboot: only for a test cluster whose
+    #: reboots are simulated by restarting slurmd (the dev cluster).
     slurm_boot_identity: Literal["boot_time", "slurmd_start"] = "boot_time"
     #: Kubernetes: kubeconfig path (empty = in-cluster config).
     kubeconfig: str | None = None

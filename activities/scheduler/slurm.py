@@ -586,13 +586,19 @@ class SlurmScheduler:
 
         The boot is ``BootTime`` alone (compared with slack,
         :meth:`NodeHealth.rebooted_since`), or with ``slurm_boot_identity:
-        slurmd_start`` the exact ``BootTime/SlurmdStartTime`` (a slurmd restart reads as a
-        reboot: the dev cluster's simulated reboots)."""
+        slurmd_start`` the exact ``SlurmdStartTime`` (a slurmd restart reads as a reboot:
+        the dev cluster's simulated reboots; a real reboot restarts slurmd too). Not
+        ``BootTime`` there: slurmctld recomputes it as now − uptime at every slurmd
+        registration, so it moves by a second without any reboot (``BOOT_TIME_JITTER_S``);
+        ``BootTime/SlurmdStartTime`` when Slurm gives no start time."""
         n = await self.read_node(node)
-        exact = self.cluster.slurm_boot_identity == "slurmd_start"
+        boot_id = None
+        if self.cluster.slurm_boot_identity == "slurmd_start":
+            boot_id = (n.slurmd_start_time.isoformat() if n.slurmd_start_time is not None
+                       else n.boot_id)
         return NodeHealth(
-            ready=n.ready, state=n.state, boot_id=n.boot_id if exact else None,
-            boot_time=n.boot_time, reason=n.reason,
+            ready=n.ready, state=n.state, boot_id=boot_id, boot_time=n.boot_time,
+            reason=n.reason,
         )
 
     async def node_names(self) -> list[str]:
