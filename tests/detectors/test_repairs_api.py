@@ -24,18 +24,22 @@ def body(node: str = "gpu-01", request_id: str = "r-1", **kw: Any) -> dict[str, 
             "reason": "DCGM diag level 3 failed: memory test", **kw}
 
 
-async def wait_stage(s: Stack, repair_id: str, stage: str, wait_s: float = 20.0
-                     ) -> dict[str, Any]:
+async def wait_stage(s: Stack, repair_id: str, stage: str, wait_s: float = 20.0,
+                     state: str | None = None) -> dict[str, Any]:
+    """The repair's view once it shows ``stage`` (and ``state``, when given: the row's
+    stage moves with the transition write and ``approval_pending`` with the row write
+    right after it, so a read between the two shows the stage before the state)."""
     deadline = asyncio.get_running_loop().time() + wait_s
     last: dict[str, Any] = {}
     while asyncio.get_running_loop().time() < deadline:
         r = await s.http.get(f"/api/v1/repairs/{repair_id}", headers=VIEW)
         assert r.status_code == 200, r.text
         last = r.json()
-        if last["stage"] == stage:
+        if last["stage"] == stage and (state is None or last["state"] == state):
             return last
         await asyncio.sleep(0.2)
-    raise AssertionError(f"{repair_id} never reached {stage}: {last.get('stage')}")
+    raise AssertionError(f"{repair_id} never reached {stage} ({state}): "
+                         f"{last.get('stage')} ({last.get('state')})")
 
 
 async def test_auth_failures(stack: Stack) -> None:
@@ -101,8 +105,7 @@ async def test_create_idempotent_then_approve(stack: Stack) -> None:
     clash = await h.post("/api/v1/repairs", json=body(node="gpu-02"), headers=DET)
     assert clash.status_code == 409 and "request_id" in clash.json()["detail"]
 
-    view = await wait_stage(stack, rid, "awaiting_approval")
-    assert view["state"] == "awaiting_approval"
+    view = await wait_stage(stack, rid, "awaiting_approval", state="awaiting_approval")
     assert view["live"]["requester"] == {"kind": "detector", "name": "scanner"}
     kinds = {a["kind"] for a in view["live"]["evidence"]}
     assert kinds == {"repair_request"}
