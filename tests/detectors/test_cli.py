@@ -57,13 +57,15 @@ async def test_repairs_cli_round_trip(stack: Stack, api_url: str) -> None:
     r = await cli("repairs", "create", "--api", api_url, "--node", "gpu-01", "--mode", "remove",
                   "--request-id", "cli-1", "--reason", "GPU fell off the bus twice")
     assert r.exit_code == 0 and f"exists: {rid}" in r.output
-    # remove always waits for a person
+    # remove always waits for a person (the state too: the row's stage moves with the
+    # transition write, approval_pending with the row write right after it)
     for _ in range(100):
         r = await cli("repairs", "show", rid, "--api", api_url, "--json")
-        if json.loads(r.output)["stage"] == "awaiting_approval":
+        if (json.loads(r.output)["stage"], json.loads(r.output)["state"]) == (
+                "awaiting_approval", "awaiting_approval"):
             break
         await asyncio.sleep(0.1)
-    assert json.loads(r.output)["stage"] == "awaiting_approval"
+    assert json.loads(r.output)["state"] == "awaiting_approval", r.output
     r = await cli("repairs", "list", "--api", api_url, "--state", "awaiting_approval")
     assert r.exit_code == 0 and rid in r.output and "repairs" in r.output  # a table
     r = await cli("repairs", "list", "--api", api_url, "--json", "--node", "gpu-01")
