@@ -346,6 +346,17 @@ class KernelLogReader:
         self._cut = keep
         return taken
 
+    def _unrelated_line(self, out: list[FaultEvent]) -> None:
+        """A line no open record takes (a blank one, or the already-reported part of a
+        cut record): every open record counts it against its ``max_gap`` (closed past
+        it), wrapped continuations end, and what closed is emitted to ``out``."""
+        for rec in self._open:
+            rec.gap += 1
+            if rec.gap > rec.max_gap:
+                rec.closed = True
+        self._last = self._prev = None
+        self._drain(out)
+
     def _piece(self, piece: str, out: list[FaultEvent], needle: bool | None = None) -> None:
         """Assemble one record piece; ``needle`` is ``has_needle(piece)`` when the caller
         already computed it (None: not yet)."""
@@ -354,12 +365,7 @@ class KernelLogReader:
             # part counts it as one unrelated line (max_gap)
             if self._cut:
                 self._cut_takes(None)
-            for rec in self._open:
-                rec.gap += 1
-                if rec.gap > rec.max_gap:
-                    rec.closed = True
-            self._last = self._prev = None
-            self._drain(out)
+            self._unrelated_line(out)
             return
         taken: Record | None = None
         for rec in reversed(self._open):
@@ -371,12 +377,7 @@ class KernelLogReader:
         if self._cut and self._cut_takes(None if taken is not None else piece) \
                 and taken is None:
             # the next part of a record the last read's flush emitted: already reported
-            for rec in self._open:
-                rec.gap += 1
-                if rec.gap > rec.max_gap:
-                    rec.closed = True
-            self._last = self._prev = None
-            self._drain(out)
+            self._unrelated_line(out)
             return
         if taken is None:
             cont = maybe_continuation(piece) and is_continuation_shape(piece)
