@@ -179,6 +179,27 @@ DOMAIN_KIND = "failure_domain"
 reads back (a sender's record of that kind is refused at ingest, and any other row is
 not control-plane state)."""
 
+
+def _clear_of_its_raise_first(suffix: str) -> str:
+    """SQL ``ORDER BY`` keys (after ``observed_at DESC``) over the guard's rows ``a`` of one
+    kind: at one instant, the clear whose id is a raise's id + ``suffix`` (the guard's
+    reset of a trip, release of a hold, decided in the step that raised it) comes first,
+    then a raise, then any other clear; ``alert_id`` last. The row picked first is the
+    state as the guard left it."""
+    return f"""CASE WHEN NOT active AND EXISTS (
+                                 SELECT 1 FROM alerts t
+                                 WHERE t.cluster = a.cluster AND t.kind = a.kind
+                                   AND t.source = a.source AND t.node = '*' AND t.active
+                                   AND t.observed_at = a.observed_at
+                                   AND a.alert_id = t.alert_id || '{suffix}') THEN 0
+                             WHEN active THEN 1 ELSE 2 END,
+                        alert_id DESC"""
+
+
+#: :func:`_clear_of_its_raise_first` for breaker resets and domain-hold releases.
+_CLEAR_OF_RESET = _clear_of_its_raise_first("/reset")
+_CLEAR_OF_RELEASE = _clear_of_its_raise_first("/release")
+
 #: :meth:`Ledger.accept_alerts`: one INSERT of the push's alerts from parallel arrays
 #: (``unnest … WITH ORDINALITY`` keeps their order), counting new unmapped kinds on the way.
 _ACCEPT_ALERTS = """
@@ -893,17 +914,10 @@ class Ledger:
         # follows the trip, and a trip follows the reset of an earlier trip (a reset
         # racing a new trip): the breaker is as the guard left it
         breaker = await self.pool.fetchrow(
-            """SELECT active, observed_at, evidence FROM alerts a
+            f"""SELECT active, observed_at, evidence FROM alerts a
                WHERE cluster = $1 AND kind = $2 AND source = $3 AND node = '*'
                ORDER BY observed_at DESC,
-                        CASE WHEN NOT active AND EXISTS (
-                                 SELECT 1 FROM alerts t
-                                 WHERE t.cluster = a.cluster AND t.kind = a.kind
-                                   AND t.source = a.source AND t.node = '*' AND t.active
-                                   AND t.observed_at = a.observed_at
-                                   AND a.alert_id = t.alert_id || '/reset') THEN 0
-                             WHEN active THEN 1 ELSE 2 END,
-                        alert_id DESC
+                        {_CLEAR_OF_RESET}
                LIMIT 1""",
             q.cluster,
             BREAKER_KIND,
@@ -929,19 +943,12 @@ class Ledger:
         # raise, and a raise follows the release of an earlier hold: the domain is as the
         # guard left it
         domain_rows = await self.pool.fetch(
-            """SELECT * FROM (SELECT DISTINCT ON (evidence->>'domain') alert_id, active,
+            f"""SELECT * FROM (SELECT DISTINCT ON (evidence->>'domain') alert_id, active,
                       observed_at, description, evidence FROM alerts a
                WHERE cluster = $1 AND kind = $2 AND source = $3 AND node = '*'
                  AND evidence ? 'domain'
                ORDER BY evidence->>'domain', observed_at DESC,
-                        CASE WHEN NOT active AND EXISTS (
-                                 SELECT 1 FROM alerts t
-                                 WHERE t.cluster = a.cluster AND t.kind = a.kind
-                                   AND t.source = a.source AND t.node = '*' AND t.active
-                                   AND t.observed_at = a.observed_at
-                                   AND a.alert_id = t.alert_id || '/release') THEN 0
-                             WHEN active THEN 1 ELSE 2 END,
-                        alert_id DESC) d
+                        {_CLEAR_OF_RELEASE}) d
                WHERE active ORDER BY observed_at""",
             q.cluster,
             DOMAIN_KIND,
