@@ -20,14 +20,12 @@ from typing import Any
 
 import pytest
 from temporalio import workflow
-from temporalio.worker import Worker
 
 with workflow.unsafe.imports_passed_through():
+    from tests.validation.runner import run_validation
     from tests.validation.test_validation_slurm import CLUSTER, _config
     from workers.devpeers import SlurmCluster
-    from workflows.models import ValidationRequest, ValidationResult, Verdict
-    from workflows.protocol import workflow_id_validation
-    from workflows.validation import ValidationWorkflow
+    from workflows.models import Verdict
 
 pytestmark = pytest.mark.slurm
 
@@ -35,8 +33,6 @@ pytestmark = pytest.mark.slurm
 async def test_submit_failing_on_every_try_leaves_the_repairs_drain(
         temporal_env: Any, ledger_pool: Any, slurm_cluster: SlurmCluster,
         tmp_path: Path) -> None:
-    from activities.ledger_activities import LedgerActivities
-    from activities.validation_activities import ValidationActivities
 
     config = _config(slurm_cluster, tmp_path)
     config.clusters[0].validation.partition = "no-such-partition"
@@ -46,17 +42,9 @@ async def test_submit_failing_on_every_try_leaves_the_repairs_drain(
     reason = "autorepair:repair-ended-1 reprovision"
     slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=drain",
                       f"reason={reason}")
-    tq = f"validation-{uuid.uuid4().hex[:8]}"
-    acts = (ValidationActivities(config, ledger_pool).all()
-            + LedgerActivities(ledger_pool).all())
     try:
-        async with Worker(temporal_env.client, task_queue=tq,
-                          workflows=[ValidationWorkflow], activities=acts):
-            result = await temporal_env.client.execute_workflow(
-                ValidationWorkflow.run, ValidationRequest(cluster=CLUSTER, machine=node),
-                id=workflow_id_validation(node, f"submit-fails-{uuid.uuid4().hex[:6]}"),
-                task_queue=tq, result_type=ValidationResult,
-            )
+        result = await run_validation(temporal_env, ledger_pool, config, CLUSTER, node,
+                                      "submit-fails")
         line = slurm_cluster.run("scontrol", "-o", "show", "node", node)
     finally:
         slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=resume",

@@ -16,21 +16,18 @@ from __future__ import annotations
 
 import http.server
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from temporalio import workflow
-from temporalio.worker import Worker
 
 with workflow.unsafe.imports_passed_through():
+    from tests.validation.runner import run_validation
     from tests.validation.test_validation_slurm import CLUSTER, _config
     from workers.devpeers import SlurmCluster
-    from workflows.models import ValidationRequest, ValidationResult, Verdict
-    from workflows.protocol import workflow_id_validation
-    from workflows.validation import ValidationWorkflow
+    from workflows.models import Verdict
 
 pytestmark = pytest.mark.slurm
 
@@ -64,24 +61,14 @@ async def test_failed_machine_stays_out_when_the_ticket_post_is_refused(
         temporal_env: Any, ledger_pool: Any, slurm_cluster: SlurmCluster, tmp_path: Path,
         refusing_webhook: str) -> None:
     from activities.ledger import Ledger
-    from activities.ledger_activities import LedgerActivities
-    from activities.validation_activities import ValidationActivities
 
     config = _config(slurm_cluster, tmp_path)
     config.clusters[0].validation.ticket_webhook = refusing_webhook
     node = "gpu-02"
     (tmp_path / "faults" / f"{node}.json").write_text('{"remap_failure": true}')
-    tq = f"validation-{uuid.uuid4().hex[:8]}"
-    acts = (ValidationActivities(config, ledger_pool).all()
-            + LedgerActivities(ledger_pool).all())
     try:
-        async with Worker(temporal_env.client, task_queue=tq,
-                          workflows=[ValidationWorkflow], activities=acts):
-            result = await temporal_env.client.execute_workflow(
-                ValidationWorkflow.run, ValidationRequest(cluster=CLUSTER, machine=node),
-                id=workflow_id_validation(node, f"hook-404-{uuid.uuid4().hex[:6]}"),
-                task_queue=tq, result_type=ValidationResult,
-            )
+        result = await run_validation(temporal_env, ledger_pool, config, CLUSTER, node,
+                                      "hook-404")
         line = slurm_cluster.run("scontrol", "-o", "show", "node", node)
     finally:
         slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=resume",
@@ -106,8 +93,6 @@ async def test_failed_machine_stays_out_when_a_step_before_the_verdict_fails(
     from temporalio import activity
     from temporalio.exceptions import ApplicationError
 
-    from activities.ledger_activities import LedgerActivities
-    from activities.validation_activities import ValidationActivities
 
     config = _config(slurm_cluster, tmp_path)
     node = "gpu-02"
@@ -117,20 +102,9 @@ async def test_failed_machine_stays_out_when_a_step_before_the_verdict_fails(
     async def broken(_arg: Any) -> None:
         raise ApplicationError(f"{failing}: injected outage", non_retryable=True)
 
-    def name(fn: Any) -> str:
-        return str(fn.__temporal_activity_definition.name)
-
-    acts = [a for a in (ValidationActivities(config, ledger_pool).all()
-                        + LedgerActivities(ledger_pool).all()) if name(a) != failing]
-    tq = f"validation-{uuid.uuid4().hex[:8]}"
     try:
-        async with Worker(temporal_env.client, task_queue=tq,
-                          workflows=[ValidationWorkflow], activities=[*acts, broken]):
-            result = await temporal_env.client.execute_workflow(
-                ValidationWorkflow.run, ValidationRequest(cluster=CLUSTER, machine=node),
-                id=workflow_id_validation(node, f"{failing}-{uuid.uuid4().hex[:6]}"),
-                task_queue=tq, result_type=ValidationResult,
-            )
+        result = await run_validation(temporal_env, ledger_pool, config, CLUSTER, node,
+                                      failing, replace=broken)
         line = slurm_cluster.run("scontrol", "-o", "show", "node", node)
         if failing == "release_validation":  # what the broken release left behind
             for res in slurm_cluster.run("scontrol", "-o", "show", "reservation",
@@ -162,8 +136,6 @@ async def test_a_verdict_that_cannot_be_applied_is_recorded_and_fails_the_run(
     from temporalio.exceptions import ApplicationError
 
     from activities.ledger import Ledger
-    from activities.ledger_activities import LedgerActivities
-    from activities.validation_activities import ValidationActivities
     from workflows.protocol import VALIDATION_VERDICT_NOT_APPLIED
 
     config = _config(slurm_cluster, tmp_path)
@@ -174,19 +146,10 @@ async def test_a_verdict_that_cannot_be_applied_is_recorded_and_fails_the_run(
     async def broken(_arg: Any) -> None:
         raise ApplicationError("scontrol update: slurmctld refused", non_retryable=True)
 
-    acts = [a for a in (ValidationActivities(config, ledger_pool).all()
-                        + LedgerActivities(ledger_pool).all())
-            if a.__temporal_activity_definition.name != "return_machine"]
-    tq = f"validation-{uuid.uuid4().hex[:8]}"
     try:
-        async with Worker(temporal_env.client, task_queue=tq,
-                          workflows=[ValidationWorkflow], activities=[*acts, broken]):
-            with pytest.raises(WorkflowFailureError) as ei:
-                await temporal_env.client.execute_workflow(
-                    ValidationWorkflow.run, ValidationRequest(cluster=CLUSTER, machine=node),
-                    id=workflow_id_validation(node, f"unapplied-{uuid.uuid4().hex[:6]}"),
-                    task_queue=tq, result_type=ValidationResult,
-                )
+        with pytest.raises(WorkflowFailureError) as ei:
+            await run_validation(temporal_env, ledger_pool, config, CLUSTER, node,
+                                 "unapplied", replace=broken)
     finally:
         slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=resume",
                           check=False)
