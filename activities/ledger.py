@@ -629,7 +629,9 @@ class Ledger:
         row's stage to it, with the same guard against stale writes as
         :meth:`upsert_repair`. With ``t.write_key`` the row of that key is replaced
         instead (the same write of a workflow task run again after a crash, with a later
-        ``at``: migration 0013), so the transition is recorded once."""
+        ``at``: migration 0013), so the transition is recorded once. ``t.approval_pending``
+        (when not None) is written with the stage, under the same freshness rule as
+        :meth:`upsert_repair`."""
         args = (t.repair_id, t.stage.value, t.at, t.by, t.reason, t.write_key)
         async with self._atomic() as conn:
             done = "UPDATE 0"
@@ -651,11 +653,14 @@ class Ledger:
             await conn.execute(
                 "UPDATE repairs SET stage = CASE WHEN stage = ANY($4::text[])"
                 " AND NOT $2 = ANY($4::text[]) AND $3 <= updated_at THEN stage ELSE $2 END,"
+                " approval_pending = CASE WHEN $5::boolean IS NOT NULL AND $3 >= updated_at"
+                " THEN $5::boolean ELSE approval_pending END,"
                 " updated_at = GREATEST(updated_at, $3) WHERE repair_id = $1",
                 t.repair_id,
                 t.stage.value,
                 t.at,
                 _TERMINAL,
+                t.approval_pending,
             )
 
     async def claim_notice(self, repair_id: str, stage: str) -> dict[str, Any] | None:

@@ -441,6 +441,11 @@ class TransitionRecord(BaseModel):
     #: the same key and a later ``at``, and overwrites the row instead of adding one
     #: (migration 0013). None: idempotent on (repair, stage, at) only.
     write_key: str | None = None
+    #: Whether a person is asked now (:attr:`RepairRecord.approval_pending`), written with
+    #: the stage in the same statement so the row never shows ``awaiting_approval`` with
+    #: the previous value (the API's ``state`` would read ``in_progress`` between two
+    #: writes). None: the row's value is kept.
+    approval_pending: bool | None = None
 
 
 class AttemptQuery(BaseModel):

@@ -2059,7 +2059,7 @@ class RepairWorkflow:
             ACT.ledger_record_transition,
             TransitionRecord(
                 repair_id=self._req.repair_id, stage=stage, at=now, by=by, reason=reason,
-                write_key=self._write_key(),
+                write_key=self._write_key(), approval_pending=self._asking,
             ),
         )
 

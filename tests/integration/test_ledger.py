@@ -109,6 +109,40 @@ async def test_stale_write_never_reopens_an_ended_repair(ledger_pool: asyncpg.Po
 
 
 
+async def test_transition_to_approval_carries_approval_pending(
+        ledger_pool: asyncpg.Pool) -> None:
+    """The transition to ``awaiting_approval`` writes ``approval_pending`` with the stage:
+    between it and the row write the API derived ``state`` from the new stage and the old
+    flag (``in_progress`` for a repair asking a person). A transition without the flag
+    keeps it; an older write does not move it back."""
+    ledger = Ledger(ledger_pool)
+    rec = RepairRecord(
+        repair_id="ap", cluster="c1", node="gpu-01", action=Action.reboot,
+        stage=Stage.recommended, requester=Requester(), updated_at=T0,
+        approval_pending=False,
+    )
+    await ledger.upsert_repair(rec)
+    asked = T0 + timedelta(seconds=1)
+    await ledger.record_transition(TransitionRecord(
+        repair_id="ap", stage=Stage.awaiting_approval, at=asked, approval_pending=True))
+    row = await ledger.get_repair("ap")
+    assert row is not None and (row["stage"], row["approval_pending"]) == (
+        "awaiting_approval", True)
+    assert [r["repair_id"] for r in await ledger.list_repairs(
+        cluster="c1", stage="awaiting_approval", asked=True)] == ["ap"]
+    # a note without the flag (an older writer) keeps it
+    await ledger.record_transition(TransitionRecord(
+        repair_id="ap", stage=Stage.awaiting_approval, at=asked + timedelta(seconds=1),
+        reason="note"))
+    row = await ledger.get_repair("ap")
+    assert row is not None and row["approval_pending"] is True
+    # a stale write (older than the row) does not move the flag back
+    await ledger.record_transition(TransitionRecord(
+        repair_id="ap", stage=Stage.awaiting_approval, at=T0, approval_pending=False))
+    row = await ledger.get_repair("ap")
+    assert row is not None and row["approval_pending"] is True
+
+
 async def test_repair_transitions_and_attempt_history(ledger_pool: asyncpg.Pool) -> None:
     ledger = Ledger(ledger_pool)
     await ledger.record_alert(_alert("a1"))
