@@ -188,8 +188,10 @@ class _World:
 
 
 def run_machine(sc: Scenario, cluster: str = "c1", node: str = "gpu-01",
-                rid: str = "r1") -> Seen:
-    """Drive :func:`repair.step` through one scenario in the scripted world."""
+                rid: str = "r1", defects: frozenset[str] = frozenset()) -> Seen:
+    """Drive :func:`repair.step` through one scenario in the scripted world;
+    ``defects``: planted defects of the machine (:data:`repair.DEFECTS`) for the proof
+    that the comparison bites."""
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     alert = level_alert(cluster, node, rid, t0 - timedelta(seconds=10),
                         received_at=t0 - timedelta(seconds=10))
@@ -216,7 +218,7 @@ def run_machine(sc: Scenario, cluster: str = "c1", node: str = "gpu-01",
         if not events:
             break
         ev = events.pop(0)
-        s, cmds = rm.step(s, ev, w.now)
+        s, cmds = rm.step(s, ev, w.now, defects)
         follow: list[rm.Event] = []
         for c in cmds:
             if isinstance(c, rm.RecordTransition):

@@ -27,6 +27,8 @@ one) and is found in the workflow from the guard's pending list.
 
 CI runs a slice (every stop kind and every point, both consents, every outcome and
 rejoin; tests/workflows/repair_agreement.py ``CI_SLICE``); ``AUTOREPAIR_AGREEMENT_FULL=1`` runs the whole product.
+The comparison is shown to bite (:data:`PLANTED`): a machine with a planted defect is
+told apart from the workflow in a scenario where the defect shows.
 """
 
 from __future__ import annotations
@@ -227,3 +229,32 @@ async def test_machine_and_workflow_agree(harness: Harness, sc: Scenario) -> Non
     wf = await run_workflow(harness, sc)
     assert wf.as_dict() == machine.as_dict(), (
         f"{sc.id}: workflow {wf.as_dict()} != machine {machine.as_dict()}")
+
+
+#: The comparison's proof that it bites: a machine with a planted defect
+#: (:data:`workflows.lifecycle.repair.DEFECTS`) against the real workflow, in a scenario
+#: (of the CI slice) where the defect changes what an operator sees.
+PLANTED = {
+    # a second rung runs on the first rung's approval: the person's reject of the
+    # re-ask never comes, the repair acts again
+    "approval_carried_over": "person-reject_at_reapproval-fail-healthy",
+    # a cancel sent while the health read after the action is out is ignored
+    "cancel_ignored_between_rungs": "auto-cancel_at_rejoin-ok-healthy",
+}
+
+
+@pytest.mark.parametrize("defect", sorted(PLANTED))
+async def test_agreement_check_finds_a_planted_machine_defect(
+        harness: Harness, defect: str) -> None:
+    sc = next(s for s in ALL if s.id == PLANTED[defect])
+    clean = run_machine(sc, cluster=harness.cluster.cluster, node="gpu-01", rid="r1")
+    planted = run_machine(sc, cluster=harness.cluster.cluster, node="gpu-01", rid="r1",
+                          defects=frozenset({defect}))
+    wf = await run_workflow(harness, sc)
+    assert wf.as_dict() == clean.as_dict()
+    differs = {k for k, v in wf.as_dict().items() if planted.as_dict()[k] != v}
+    assert differs, f"{defect}: the comparison did not tell the planted machine apart"
+    # what each defect is about shows up in the compared fields
+    assert "history" in differs
+    if defect == "cancel_ignored_between_rungs":
+        assert planted.stage != "cancelled" and wf.stage == "cancelled"
