@@ -63,6 +63,44 @@ COMPLETING_WAIT_S = 20.0
 SLURM_ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED",
                           "RESV_DEL_HOLD", "REQUEUED", "REQUEUE_HOLD", "RESIZING", "SIGNALING",
                           "STAGE_OUT", "STOPPED"})
+#: ``sbatch`` refusals no retry fixes (the check job's request does not fit the cluster's
+#: configuration), each with the setting to look at: (lower-case part of Slurm's own
+#: message, src/common/slurm_errno.c as printed by sbatch, what it means here). A node
+#: not in ``validation.partition`` is "Requested node configuration is not available"
+#: (seen on Slurm 22.05/23.02 with ``--nodelist`` outside the partition); a
+#: ``validation.reservation_user`` that is not the user the worker submits as is
+#: "Access denied to requested reservation". Anything else (slurmctld unreachable or
+#: busy, a QOS submit limit, the run's reservation gone) is retried.
+SBATCH_CONFIGURATION_ERRORS: tuple[tuple[str, str], ...] = (
+    ("invalid partition", "validation.partition {partition!r} is not a partition of the "
+                          "cluster"),
+    ("requested node configuration is not available",
+     "the node is not in validation.partition {partition!r}, or cannot run the check "
+     "job's request"),
+    ("requested nodes not in this partition",
+     "the node is not in validation.partition {partition!r}"),
+    ("access denied to requested reservation",
+     "validation.reservation_user {user!r} is not the user the worker runs sbatch as"),
+    ("user's group not permitted to use this partition",
+     "the worker's user may not use validation.partition {partition!r}"),
+    ("invalid account", "the worker's user has no usable Slurm account for "
+                        "validation.partition {partition!r}"),
+    ("invalid qos", "the worker's user has no usable QOS"),
+    ("access/permission denied", "the worker's user may not submit the check job"),
+)
+
+
+def sbatch_configuration_error(stderr: str, v: ValidationConfig) -> str | None:
+    """What in the configuration an ``sbatch`` refusal (its stderr) points to, or None
+    when the refusal may pass on a retry (:data:`SBATCH_CONFIGURATION_ERRORS`)."""
+    low = stderr.lower()
+    for needle, meaning in SBATCH_CONFIGURATION_ERRORS:
+        if needle in low:
+            return meaning.format(partition=v.partition or "(the default partition)",
+                                  user=v.reservation_user)
+    return None
+
+
 #: Slurm job states meaning someone else took the node or the job away (→ aborted).
 SLURM_TAKEN = frozenset({"CANCELLED", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE",
                          "REVOKED"})
@@ -230,10 +268,10 @@ class SlurmValidation(SlurmScheduler, ValidationBackend):
             # reservation that keeps other jobs off ends with its Duration
             await self._put_drain_back(p.node, prior)
             text = f"sbatch for {p.run_id} on {p.node} rc={rc}: {err.strip()}"
-            if "invalid partition" in err.lower():
+            wrong = sbatch_configuration_error(err, v)
+            if wrong is not None:
                 # a setting no retry fixes: said at once, naming it
-                raise permanent(ERR_CONFIGURATION, f"{text} (partition {v.partition!r} is "
-                                "not a partition of the cluster)")
+                raise permanent(ERR_CONFIGURATION, f"{text} ({wrong})")
             raise RuntimeError(text)
         job_id = out.strip().split(";", 1)[0]
         _write_marker(marker, {"prior_state": prior, "job_id": job_id})

@@ -83,3 +83,41 @@ async def test_release_puts_back_a_drain_lifted_for_a_job_never_submitted(
                           check=False)
         await backend.close()
     assert "DRAIN" in line and f"Reason={reason}" in line, line
+
+
+@pytest.mark.parametrize("case", ["node_outside_partition", "reservation_user"])
+async def test_submit_refused_by_configuration_is_said_at_once(
+        temporal_env: Any, ledger_pool: Any, slurm_cluster: SlurmCluster,
+        tmp_path: Path, case: str) -> None:
+    """sbatch refusals no retry fixes (real Slurm's messages) end the run at once naming
+    the setting, instead of 30 min of retries that lift and put back the drain; the
+    node keeps the repair's drain as above."""
+    config = _config(slurm_cluster, tmp_path)
+    v = config.clusters[0].validation
+    node = "gpu-04"
+    if case == "node_outside_partition":
+        # a partition of the cluster that does not hold the node
+        slurm_cluster.run("scontrol", "create", "PartitionName=other", "Nodes=gpu-01",
+                          "State=UP")
+        v.partition = "other"
+        says = "the node is not in validation.partition 'other'"
+    else:
+        # the reservation is made for a user the worker (root) does not submit as
+        v.reservation_user = "nobody"
+        says = "validation.reservation_user 'nobody' is not the user the worker runs"
+    reason = "autorepair:repair-ended-1 reprovision"
+    slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=drain",
+                      f"reason={reason}")
+    try:
+        result = await run_validation(temporal_env, ledger_pool, config, CLUSTER, node,
+                                      f"refused-{case}-{uuid.uuid4().hex[:6]}")
+        line = slurm_cluster.run("scontrol", "-o", "show", "node", node)
+    finally:
+        slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=resume",
+                          check=False)
+        slurm_cluster.run("scontrol", "delete", "PartitionName=other", check=False)
+    assert result.verdict == Verdict.aborted
+    assert says in result.reason, result.reason
+    assert "DRAIN" in line and f"Reason={reason}" in line, line
+    assert "autorepair-validate" not in slurm_cluster.run(
+        "scontrol", "show", "reservation", check=False)
