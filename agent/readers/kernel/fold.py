@@ -17,19 +17,26 @@
   same pid. The ``Killed process`` event remains, with the summary's ``details`` merged in
   and its text in ``related_evidence``.
 
+Later falls of the same GPU: the driver prints "fallen off the bus" again on its next
+probe of a GPU it has lost (minutes after the Xid 79; nothing but a power cycle brings the
+GPU back). Every Xid 79 the folder emits is remembered per GPU (:attr:`Folder.emitted`,
+with the agent's monotonic time and the line's printed time): a ``gpu_lost`` record of
+the same GPU after it, within :data:`XID79_FOLLOW_S` seconds, is the fall the Xid 79
+already raised and is not emitted (one fault, the Xid 79's identity ``xid:79:<gpu>``; its
+text could not join the emitted Xid's ``related_evidence``), however many lines or reads
+lie between. The seconds are the printed times' when both lines print one of the same
+kind (``[secs.usecs]`` since boot, or a wall clock), else the monotonic clock's (a log
+read in one go, or lines without time). A record of another GPU, or of the same GPU
+past the window, is a fault of its own.
+
 Across reads: the agent's follower flushes the reader at the end of every read that
 reached the end of the log, so a driver that prints the Xid 79 just before the read and
-the fallen-off-bus record just after splits them into two reads. The Xid 79 events a
-flush emits are remembered per GPU (with the agent's monotonic time) for the lines they
-had left to wait: a ``gpu_lost`` record of the same GPU in a later read, within those
-lines and :data:`XID79_FOLLOW_S` seconds, is the fall the Xid 79 already raised and is
-not emitted (one fault, the Xid 79's identity ``xid:79:<gpu>``, as one read gives; its
-text could not join the emitted Xid's ``related_evidence``). The Xid itself is never
-held past a read. The other order: a ``gpu_lost`` record still waiting for its Xid 79 at
-the end of a read (:meth:`Folder.release_read`, the follower's end of a read; not
-:meth:`Folder.release`, the end of the input) is held into the next read, once, so an Xid
-79 printed just after the read folds it as in one read; alone, it is emitted at the end
-of that next read (one poll later).
+the fallen-off-bus record just after splits them into two reads; the memory above folds
+them. The Xid itself is never held past a read. The other order: a ``gpu_lost`` record
+still waiting for its Xid 79 at the end of a read (:meth:`Folder.release_read`, the
+follower's end of a read; not :meth:`Folder.release`, the end of the input) is held into
+the next read, once, so an Xid 79 printed just after the read folds it as in one read;
+alone, it is emitted at the end of that next read (one poll later).
 
 The GPU is matched by ``bus:device`` (:func:`~agent.readers.kernel.common.device_key`), so
 ``0000:3b:00``, ``0000:3b:00.0`` and ``3b:00.0`` are one GPU; a record without an address
@@ -53,17 +60,15 @@ WINDOW_LINES = 8
 """Lines a GPU-lost or Xid 79 event waits for its counterpart (the driver prints them
 back to back; a few lines of other output may come between)."""
 
-XID79_FOLLOW_S = 60.0
-"""Most seconds (the agent's monotonic clock) between the read that emitted an Xid 79 and a
-later read whose fallen-off-bus record of the same GPU it still folds. The two records come
-from one lost-GPU event of the driver, printed back to back; split, the record comes in
-the agent's next read, one ``sample_interval_s`` later (``agent.config``, default 2 s).
-The bound is generous because nothing shorter than a host power cycle (the NVIDIA Xid
-Catalog's action for Xid 79: RESTART_BM; the agent restarts with the host) brings the
-GPU back to fall again, so within it a record of that GPU is the same fall; NVIDIA's
-NVSentinel syslog monitor (``gpufallen`` handler, ``xidWindow``) likewise takes a
-fallen-off-bus message of a GPU with an Xid in the 5 minutes before as that Xid's. The
-line window (:data:`WINDOW_LINES`) still applies, so a split gives what one read gives."""
+XID79_FOLLOW_S = 300.0
+"""Most seconds from an Xid 79 the folder emitted to a later fallen-off-bus record of the
+same GPU that it still folds (printed times when both lines print one of the same kind,
+else the agent's monotonic clock; module docstring). Source: NVIDIA NVSentinel's syslog
+health monitor, ``gpufallen`` handler, which takes a "fallen off the bus" message of a
+GPU with an Xid in the 5 minutes before (its ``xidWindow``, 5 min) as that Xid's. The
+driver prints the message again on its next probe of the lost GPU, minutes after the Xid
+79; nothing shorter than a host power cycle (the NVIDIA Xid Catalog's action for Xid 79:
+RESTART_BM; the agent restarts with the host) brings the GPU back to fall again."""
 
 OOM_WINDOW_LINES = 4
 """Lines an ``oom_kill`` event waits for the other half of the same kill."""
@@ -111,6 +116,32 @@ def _seconds(ev: FaultEvent) -> int | None:
     return h * 3600 + mi * 60 + sec if h < 24 and mi < 60 and sec < 61 else None
 
 
+_BOOT_TIME = re.compile(r"\s*\[\s*(\d{1,12}\.\d{1,9})\]")
+_DAY = 86400
+
+
+def printed_time(ev: FaultEvent) -> tuple[str, float] | None:
+    """When ``ev``'s first line says it was printed: ``("boot", seconds since boot)`` for a
+    ``[secs.usecs]`` prefix (``dmesg``, ``/dev/kmsg``), ``("clock", seconds of the day)``
+    for a printed ``HH:MM:SS`` (syslog, ISO, ``dmesg -T``, klog); None without one."""
+    m = _BOOT_TIME.match(ev.text)
+    if m:
+        return "boot", float(m.group(1))
+    sec = _seconds(ev)
+    return None if sec is None else ("clock", float(sec))
+
+
+def printed_gap(a: tuple[str, float] | None, b: tuple[str, float] | None) -> float | None:
+    """Seconds from printed time ``a`` to ``b`` (negative: ``b`` is earlier; a wall clock
+    taken modulo one day); None unless both are known and of one kind."""
+    if a is None or b is None or a[0] != b[0]:
+        return None
+    gap = b[1] - a[1]
+    if a[0] == "clock":
+        gap = (gap + _DAY / 2) % _DAY - _DAY / 2
+    return gap
+
+
 def _plugin_fold(held: FaultEvent, new: FaultEvent) -> FaultEvent | None:
     """The kernel's Xid event carrying the device plugin's report of the same Xid, when
     ``held``/``new`` are the two (either order), else None. Same code; the plugin's device,
@@ -153,6 +184,9 @@ def merge(held: FaultEvent, new: FaultEvent) -> FaultEvent | None:
             return None
         if _is_xid79(held) and _is_xid79(new):
             return None  # two Xid lines are two records
+        gap = printed_gap(printed_time(held), printed_time(new))
+        if gap is not None and abs(gap) > XID79_FOLLOW_S:
+            return None  # printed minutes apart: two falls
         if _is_xid79(new):  # the Xid remains, carrying every gpu_lost text held so far
             earlier = held.details.get("related_evidence")
             new.details["related_evidence"] = [
@@ -182,8 +216,8 @@ class _Held:
 
 @dataclass
 class _Emitted:
-    at: float  # clock() when a flush emitted it
-    left: int  # lines it still waits for a counterpart
+    at: float  # clock() when the folder emitted it
+    printed: tuple[str, float] | None  # printed_time() of its line
 
 
 class Folder:
@@ -195,45 +229,55 @@ class Folder:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.held: list[_Held] = []
         self.clock = clock
-        #: device key → the Xid 79 a flush emitted while it still waited (module docstring)
+        #: device key → the last Xid 79 of that GPU the folder emitted (module docstring);
+        #: one entry per GPU, dropped once past :data:`XID79_FOLLOW_S`
         self.emitted: dict[str, _Emitted] = {}
-        #: ``gpu_lost`` records not emitted: the fall of an Xid 79 an earlier read emitted
+        #: ``gpu_lost`` records not emitted: the fall of an Xid 79 emitted before
         self.folded_late = 0
 
+    def _within(self, seen: _Emitted, ev: FaultEvent) -> bool:
+        """``ev`` comes within :data:`XID79_FOLLOW_S` seconds after ``seen`` (printed
+        times when both lines print one of a kind, else the monotonic clock; a second of
+        slack before, for printed times of one-second resolution)."""
+        gap = printed_gap(seen.printed, printed_time(ev))
+        if gap is None:
+            gap = self.clock() - seen.at
+        return -1.0 <= gap <= XID79_FOLLOW_S
+
     def _emitted_fall(self, ev: FaultEvent) -> bool:
-        """``ev`` is a ``gpu_lost`` record of a GPU whose Xid 79 an earlier read emitted,
-        within its lines and :data:`XID79_FOLLOW_S`."""
+        """``ev`` is a ``gpu_lost`` record of a GPU whose Xid 79 the folder emitted,
+        within :data:`XID79_FOLLOW_S`."""
         key = device_key(ev.pci)
         if not key or key not in self.emitted:
             return False
-        if self.clock() - self.emitted[key].at > XID79_FOLLOW_S:
-            del self.emitted[key]
+        if not self._within(self.emitted[key], ev):
+            if self.clock() - self.emitted[key].at > XID79_FOLLOW_S:
+                del self.emitted[key]
             return False
         self.folded_late += 1
         log.info("event=gpu_lost_folded_into_emitted_xid79 pci=%s", ev.pci)
         return True
 
+    def _emit(self, ev: FaultEvent, out: list[FaultEvent]) -> None:
+        """Emit ``ev``; an Xid 79 of a named GPU is remembered (:attr:`emitted`)."""
+        out.append(ev)
+        key = device_key(ev.pci) if _is_xid79(ev) else None
+        if key:
+            self.emitted[key] = _Emitted(self.clock(), printed_time(ev))
+
     def add(self, ev: FaultEvent, out: list[FaultEvent]) -> None:
         """Take one finished event; ``out`` gets what can be emitted now."""
+        if ev.kind in _FOLDABLE:
+            for entry in self.held:
+                merged = merge(entry.event, ev)
+                if merged is not None:
+                    entry.event = merged
+                    return
         if ev.kind == "gpu_lost" and self.emitted and self._emitted_fall(ev):
             return
-        if not self.held:
-            if window(ev) == 0:
-                out.append(ev)
-            else:
-                self.held.append(_Held(ev, window(ev)))
-            return
-        if ev.kind not in _FOLDABLE:
-            self.held.append(_Held(ev, 0))
-            return
-        for entry in self.held:
-            merged = merge(entry.event, ev)
-            if merged is not None:
-                entry.event = merged
-                return
-        w = window(ev)
+        w = window(ev) if ev.kind in _FOLDABLE or not self.held else 0
         if w == 0 and not self.held:
-            out.append(ev)
+            self._emit(ev, out)
             return
         self.held.append(_Held(ev, w))
 
@@ -242,16 +286,10 @@ class Folder:
         for entry in self.held:
             entry.left -= 1
         while self.held and self.held[0].left <= 0:
-            out.append(self.held.pop(0).event)
-        for key in list(self.emitted):
-            seen = self.emitted[key]
-            seen.left -= 1
-            if seen.left <= 0:
-                del self.emitted[key]
+            self._emit(self.held.pop(0).event, out)
 
     def release(self, out: list[FaultEvent]) -> None:
-        """Everything held, in order (end of input). An Xid 79 released while it still
-        waited is remembered for the rest of its window."""
+        """Everything held, in order (end of input)."""
         self._release(out, False)
 
     def release_read(self, out: list[FaultEvent]) -> None:
@@ -262,7 +300,6 @@ class Folder:
         self._release(out, True)
 
     def _release(self, out: list[FaultEvent], read_end: bool) -> None:
-        now: float | None = None
         keep: list[_Held] = []
         for entry in self.held:
             ev = entry.event
@@ -271,9 +308,5 @@ class Folder:
                 entry.carried = True
                 keep.append(entry)
                 continue
-            out.append(ev)
-            key = device_key(ev.pci) if _is_xid79(ev) else None
-            if key and entry.left > 0:
-                now = self.clock() if now is None else now
-                self.emitted[key] = _Emitted(now, entry.left)
+            self._emit(ev, out)
         self.held = keep
