@@ -27,7 +27,10 @@ text could not join the emitted Xid's ``related_evidence``), however many lines 
 lie between. The seconds are the printed times' when both lines print one of the same
 kind (``[secs.usecs]`` since boot, or a wall clock), else the monotonic clock's (a log
 read in one go, or lines without time). A record of another GPU, or of the same GPU
-past the window, is a fault of its own.
+past the window, is a fault of its own. A ``gpu_lost`` the folder emitted (no Xid 79
+folded it) is remembered the same way: a later ``gpu_lost`` record, or Xid 79, of that GPU
+within the window is that fall (not emitted: the fault went out as ``gpu_lost``; a second
+fault of another identity would count one loss twice). Two Xid 79 lines stay two records.
 
 Across reads: the agent's follower flushes the reader at the end of every read that
 reached the end of the log, so a driver that prints the Xid 79 just before the read and
@@ -36,7 +39,8 @@ them. The Xid itself is never held past a read. The other order: a ``gpu_lost`` 
 still waiting for its Xid 79 at the end of a read (:meth:`Folder.release_read`, the
 follower's end of a read; not :meth:`Folder.release`, the end of the input) is held into
 the next read, once, so an Xid 79 printed just after the read folds it as in one read;
-alone, it is emitted at the end of that next read (one poll later).
+alone, it is emitted at the end of that next read (one poll later), and an Xid 79 of its
+GPU in a later read is that fall (above).
 
 The GPU is matched by ``bus:device`` (:func:`~agent.readers.kernel.common.device_key`), so
 ``0000:3b:00``, ``0000:3b:00.0`` and ``3b:00.0`` are one GPU; a record without an address
@@ -62,7 +66,8 @@ back to back; a few lines of other output may come between)."""
 
 XID79_FOLLOW_S = 300.0
 """Most seconds from an Xid 79 the folder emitted to a later fallen-off-bus record of the
-same GPU that it still folds (printed times when both lines print one of the same kind,
+same GPU that it still folds (likewise from an emitted ``gpu_lost`` to a later record or
+Xid 79 of its GPU; printed times when both lines print one of the same kind,
 else the agent's monotonic clock; module docstring). Source: NVIDIA NVSentinel's syslog
 health monitor, ``gpufallen`` handler, which takes a "fallen off the bus" message of a
 GPU with an Xid in the 5 minutes before (its ``xidWindow``, 5 min) as that Xid's. The
@@ -216,6 +221,7 @@ class _Held:
 
 @dataclass
 class _Emitted:
+    kind: str  # "xid" (an Xid 79) or "gpu_lost"
     at: float  # clock() when the folder emitted it
     printed: tuple[str, float] | None  # printed_time() of its line
 
@@ -229,10 +235,12 @@ class Folder:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.held: list[_Held] = []
         self.clock = clock
-        #: device key → the last Xid 79 of that GPU the folder emitted (module docstring);
-        #: one entry per GPU, dropped once past :data:`XID79_FOLLOW_S`
+        #: device key → the fault the folder emitted for that GPU falling off the bus (an
+        #: Xid 79, or a ``gpu_lost`` record no Xid 79 folded): module docstring; one entry
+        #: per GPU, dropped once past :data:`XID79_FOLLOW_S`
         self.emitted: dict[str, _Emitted] = {}
-        #: ``gpu_lost`` records not emitted: the fall of an Xid 79 emitted before
+        #: records not emitted: the fall of a fault emitted before (``gpu_lost`` records,
+        #: and Xid 79 lines after their GPU's emitted ``gpu_lost``)
         self.folded_late = 0
 
     def _within(self, seen: _Emitted, ev: FaultEvent) -> bool:
@@ -245,25 +253,30 @@ class Folder:
         return -1.0 <= gap <= XID79_FOLLOW_S
 
     def _emitted_fall(self, ev: FaultEvent) -> bool:
-        """``ev`` is a ``gpu_lost`` record of a GPU whose Xid 79 the folder emitted,
-        within :data:`XID79_FOLLOW_S`."""
+        """``ev`` (a ``gpu_lost`` record, or an Xid 79) reports the fall of a GPU that the
+        folder already emitted a fault for (an Xid 79 or a ``gpu_lost``; for an Xid 79 only
+        a ``gpu_lost``: two Xid lines are two records), within :data:`XID79_FOLLOW_S`."""
         key = device_key(ev.pci)
         if not key or key not in self.emitted:
+            return False
+        if _is_xid79(ev) and self.emitted[key].kind != "gpu_lost":
             return False
         if not self._within(self.emitted[key], ev):
             if self.clock() - self.emitted[key].at > XID79_FOLLOW_S:
                 del self.emitted[key]
             return False
         self.folded_late += 1
-        log.info("event=gpu_lost_folded_into_emitted_xid79 pci=%s", ev.pci)
+        log.info("event=folded_into_emitted_fall kind=%s pci=%s emitted=%s",
+                 ev.kind, ev.pci, self.emitted[key].kind)
         return True
 
     def _emit(self, ev: FaultEvent, out: list[FaultEvent]) -> None:
-        """Emit ``ev``; an Xid 79 of a named GPU is remembered (:attr:`emitted`)."""
+        """Emit ``ev``; an Xid 79 or a ``gpu_lost`` of a named GPU is remembered
+        (:attr:`emitted`)."""
         out.append(ev)
-        key = device_key(ev.pci) if _is_xid79(ev) else None
+        key = device_key(ev.pci) if _is_xid79(ev) or ev.kind == "gpu_lost" else None
         if key:
-            self.emitted[key] = _Emitted(self.clock(), printed_time(ev))
+            self.emitted[key] = _Emitted(ev.kind, self.clock(), printed_time(ev))
 
     def add(self, ev: FaultEvent, out: list[FaultEvent]) -> None:
         """Take one finished event; ``out`` gets what can be emitted now."""
@@ -273,7 +286,8 @@ class Folder:
                 if merged is not None:
                     entry.event = merged
                     return
-        if ev.kind == "gpu_lost" and self.emitted and self._emitted_fall(ev):
+        if (self.emitted and (ev.kind == "gpu_lost" or _is_xid79(ev))
+                and self._emitted_fall(ev)):
             return
         w = window(ev) if ev.kind in _FOLDABLE or not self.held else 0
         if w == 0 and not self.held:
