@@ -10,7 +10,8 @@ production reader is ``agent.readers.KernelLogReader``. The reader holds a recor
 next line shows it is complete (a one-line record may be wrapped onto the next line), so a
 poll that reads to the end of what is available ends the read (the reader's
 ``end_read()``, else ``flush()``): events come out in the poll that read them, except a GPU
-lost without its Xid 79 yet, which comes one poll later (its Xid may follow). A poll that
+lost without its Xid 79 yet, or a device plugin's Xid line without the kernel's, which
+comes one poll later (the other line may follow). A poll that
 lands between a record's lines emits it with the lines read so far; its later lines, in
 the next poll, join it and raise no second fault (as an Xid 79's fallen-off-the-bus record
 does: ``agent.readers.kernel.reader``).

@@ -12,7 +12,14 @@
   the **kernel event remains** (address, pid, message), with ``also_reported_by`` =
   ``"k8s-device-plugin"``, the plugin's ``device`` and its text in ``related_evidence``.
   The plugin names a GPU by UUID, the kernel by address: they fold unless the plugin
-  prints an address that differs.
+  prints an address that differs. Split across reads: a kernel Xid a read end emitted
+  while it still waited is remembered (:attr:`Folder.recent`) for the lines it had left
+  (and, when the lines print no clock,
+  :data:`~agent.readers.kernel.common.CUT_RECORD_S` seconds): the plugin's line in a
+  later read is that fault and is not emitted (the emitted event cannot take its
+  details); a plugin line still waiting at a read end is held into the next read, once,
+  so the kernel line of the next read folds it as in one read (alone, it is emitted at
+  the end of that next read).
 - OOM summary + kill: ``oom-kill:constraint=…,pid=N`` and ``Killed process N (…)`` of the
   same pid. The ``Killed process`` event remains, with the summary's ``details`` merged in
   and its text in ``related_evidence``.
@@ -57,7 +64,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from agent.readers.events import FaultEvent
-from agent.readers.kernel.common import device_key
+from agent.readers.kernel.common import CUT_RECORD_S, device_key
 from agent.readers.kernel.device_plugin import REPORTER as DEVICE_PLUGIN
 
 WINDOW_LINES = 8
@@ -147,9 +154,9 @@ def printed_gap(a: tuple[str, float] | None, b: tuple[str, float] | None) -> flo
     return gap
 
 
-def _plugin_fold(held: FaultEvent, new: FaultEvent) -> FaultEvent | None:
-    """The kernel's Xid event carrying the device plugin's report of the same Xid, when
-    ``held``/``new`` are the two (either order), else None. Same code; the plugin's device,
+def _plugin_pair(held: FaultEvent, new: FaultEvent) -> tuple[FaultEvent, FaultEvent] | None:
+    """``(plugin event, kernel event)`` when ``held``/``new`` (either order) are the device
+    plugin's and the kernel's report of one Xid, else None. Same code; the plugin's device,
     when printed as an address, is the kernel line's GPU; wall-clock times, when both lines
     print one, within :data:`FOLD_SECONDS` (compared modulo 30 minutes: the plugin's klog
     and the journal may print different time zones)."""
@@ -169,6 +176,20 @@ def _plugin_fold(held: FaultEvent, new: FaultEvent) -> FaultEvent | None:
         gap = abs(a - b) % 1800
         if min(gap, 1800 - gap) > FOLD_SECONDS:
             return None
+    return dp, kernel
+
+
+def _is_plugin(ev: FaultEvent) -> bool:
+    return ev.kind == "xid" and ev.xid is not None and ev.details.get("reporter") == DEVICE_PLUGIN
+
+
+def _plugin_fold(held: FaultEvent, new: FaultEvent) -> FaultEvent | None:
+    """The kernel's Xid event carrying the device plugin's report of the same Xid, when
+    ``held``/``new`` are the two (:func:`_plugin_pair`), else None."""
+    pair = _plugin_pair(held, new)
+    if pair is None:
+        return None
+    dp, kernel = pair
     kernel.details["also_reported_by"] = DEVICE_PLUGIN
     for key in ("device", "all_devices"):
         if key in dp.details:
@@ -226,10 +247,17 @@ class _Emitted:
     printed: tuple[str, float] | None  # printed_time() of its line
 
 
+@dataclass
+class _Recent:
+    event: FaultEvent  # an Xid event (kernel or device plugin) a read end emitted
+    at: float  # clock() then
+    left: int  # lines it still waits for its other report
+
+
 class Folder:
     """Holds foldable events for their window; emits everything in input order (but a
-    ``gpu_lost`` :meth:`release_read` holds into the next read comes after the events of
-    the read that brought it).
+    ``gpu_lost`` or device plugin event :meth:`release_read` holds into the next read comes
+    after the events of the read that brought it).
     ``clock``: monotonic seconds (the time bound of :data:`XID79_FOLLOW_S`)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -239,9 +267,30 @@ class Folder:
         #: Xid 79, or a ``gpu_lost`` record no Xid 79 folded): module docstring; one entry
         #: per GPU, dropped once past :data:`XID79_FOLLOW_S`
         self.emitted: dict[str, _Emitted] = {}
+        #: Xid events a read end emitted while they still waited for the other reporter's
+        #: line (device plugin / kernel): module docstring
+        self.recent: list[_Recent] = []
         #: records not emitted: the fall of a fault emitted before (``gpu_lost`` records,
-        #: and Xid 79 lines after their GPU's emitted ``gpu_lost``)
+        #: and Xid 79 lines after their GPU's emitted ``gpu_lost``), and the other report
+        #: of an Xid a read end emitted
         self.folded_late = 0
+
+    def _reported(self, ev: FaultEvent) -> bool:
+        """``ev`` is the other report (device plugin / kernel) of an Xid a read end
+        emitted (:attr:`recent`), within its lines, and within :data:`FOLD_SECONDS` by
+        the printed clocks when both lines print one, else within :data:`CUT_RECORD_S`
+        seconds of the monotonic clock."""
+        now = self.clock()
+        for seen in self.recent:
+            printed = _seconds(seen.event) is not None and _seconds(ev) is not None
+            if ((printed or now - seen.at <= CUT_RECORD_S)
+                    and _plugin_pair(seen.event, ev) is not None):
+                self.recent.remove(seen)
+                self.folded_late += 1
+                log.info("event=xid_folded_into_emitted_report xid=%s pci=%s", ev.xid,
+                         seen.event.pci)
+                return True
+        return False
 
     def _within(self, seen: _Emitted, ev: FaultEvent) -> bool:
         """``ev`` comes within :data:`XID79_FOLLOW_S` seconds after ``seen`` (printed
@@ -289,6 +338,8 @@ class Folder:
         if (self.emitted and (ev.kind == "gpu_lost" or _is_xid79(ev))
                 and self._emitted_fall(ev)):
             return
+        if self.recent and ev.kind == "xid" and self._reported(ev):
+            return
         w = window(ev) if ev.kind in _FOLDABLE or not self.held else 0
         if w == 0 and not self.held:
             self._emit(ev, out)
@@ -301,6 +352,9 @@ class Folder:
             entry.left -= 1
         while self.held and self.held[0].left <= 0:
             self._emit(self.held.pop(0).event, out)
+        for seen in self.recent:
+            seen.left -= 1
+        self.recent = [seen for seen in self.recent if seen.left > 0]
 
     def release(self, out: list[FaultEvent]) -> None:
         """Everything held, in order (end of input)."""
@@ -308,19 +362,24 @@ class Folder:
 
     def release_read(self, out: list[FaultEvent]) -> None:
         """The end of one read of a followed log: as :meth:`release`, except that a
-        ``gpu_lost`` of a named GPU still waiting for its Xid 79 stays held into the next
-        read, once (the next end of a read releases it): the driver may print the Xid 79
-        just after the read. No Xid is held past a read."""
+        ``gpu_lost`` of a named GPU still waiting for its Xid 79, and a device plugin's
+        Xid report still waiting for the kernel's line, stay held into the next read, once
+        (the next end of a read releases them): the driver / the kernel may print the
+        other line just after the read. No kernel Xid is held past a read; one emitted
+        while it still waited for the plugin's line is remembered (:attr:`recent`)."""
         self._release(out, True)
 
     def _release(self, out: list[FaultEvent], read_end: bool) -> None:
         keep: list[_Held] = []
         for entry in self.held:
             ev = entry.event
-            if (read_end and ev.kind == "gpu_lost" and entry.left > 0 and not entry.carried
-                    and device_key(ev.pci)):
+            if (read_end and entry.left > 0 and not entry.carried
+                    and ((ev.kind == "gpu_lost" and device_key(ev.pci)) or _is_plugin(ev))):
                 entry.carried = True
                 keep.append(entry)
                 continue
             self._emit(ev, out)
+            if (entry.left > 0 and ev.kind == "xid" and ev.xid is not None
+                    and not ev.details.get("also_reported_by")):
+                self.recent.append(_Recent(ev, self.clock(), entry.left))
         self.held = keep
