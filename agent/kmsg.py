@@ -1,7 +1,8 @@
 """Follow the kernel log from its current position and turn lines into fault events.
 
 Sources: ``/dev/kmsg`` (one record per ``read``; ``EPIPE`` when the ring buffer overwrote
-records we had not read yet — counted and skipped), or any text file (e.g.
+records we had not read yet — counted and skipped; its ``\\xHH`` escapes decoded and a
+message of several lines fed as its lines, :func:`kmsg_to_lines`), or any text file (e.g.
 ``/var/log/kern.log``) followed across rotation (inode change, or truncation: the file
 shorter than the offset, or the bytes before the offset changed, :data:`TAIL_BYTES`). Lines go
 through a reader with ``feed(line) -> list[event]`` / ``flush() -> list[event]``; the
@@ -9,7 +10,8 @@ production reader is ``agent.readers.KernelLogReader``. The reader holds a recor
 next line shows it is complete (a one-line record may be wrapped onto the next line), so a
 poll that reads to the end of what is available ends the read (the reader's
 ``end_read()``, else ``flush()``): events come out in the poll that read them, except a GPU
-lost without its Xid 79 yet, which comes one poll later (its Xid may follow). A poll that
+lost without its Xid 79 yet, or a device plugin's Xid line without the kernel's, which
+comes one poll later (the other line may follow). A poll that
 lands between a record's lines emits it with the lines read so far; its later lines, in
 the next poll, join it and raise no second fault (as an Xid 79's fallen-off-the-bus record
 does: ``agent.readers.kernel.reader``).
@@ -25,6 +27,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -74,8 +77,48 @@ def _kmsg_seq(record: str) -> int | None:
         return None
 
 
-def kmsg_to_line(record: str) -> str | None:
-    """``"6,1234,5678901,-;NVRM: Xid ..."`` → ``"[    5.678901] NVRM: Xid ..."``.
+_KMSG_ESCAPES = re.compile(r"(?:\\x[0-9A-Fa-f]{2})+")
+"""A run of the escapes ``/dev/kmsg`` writes for bytes of a message that are not printable
+ASCII: ``\\xHH`` for every byte below 0x20 or from 0x7f, and for ``\\`` itself (kernel
+``printk.c``, ``msg_add_ext_text``; ``Documentation/ABI/testing/dev-kmsg``), so every
+``\\x`` in a record's message is one."""
+
+_KEPT_ESCAPED = frozenset(range(0x20)) - {0x09, 0x0A} | {0x7F}
+"""Bytes :func:`unescape_kmsg` leaves escaped: control characters other than tab and newline
+(an ESC, a carriage return or a NUL in evidence text would act on the terminal or tool
+that shows it, not read as text)."""
+
+
+def _unescape_run(m: re.Match[str]) -> str:
+    raw = bytes(int(m.group(0)[i + 2:i + 4], 16) for i in range(0, len(m.group(0)), 4))
+    out: list[str] = []
+    text = bytearray()
+    for b in raw:
+        if b in _KEPT_ESCAPED:
+            out.append(text.decode("utf-8", "backslashreplace"))
+            text.clear()
+            out.append(f"\\x{b:02x}")
+        else:
+            text.append(b)
+    out.append(text.decode("utf-8", "backslashreplace"))
+    return "".join(out)
+
+
+def unescape_kmsg(message: str) -> str:
+    """A ``/dev/kmsg`` message as the kernel printed it: ``\\xHH`` escapes decoded
+    (``\\x0a`` a newline, ``\\x09`` a tab, ``\\x5c`` a backslash, runs of bytes from 0x80
+    as UTF-8); bytes that are not UTF-8 and control characters other than tab and newline
+    stay ``\\xHH`` (:data:`_KEPT_ESCAPED`)."""
+    if "\\x" not in message:
+        return message
+    return _KMSG_ESCAPES.sub(_unescape_run, message)
+
+
+def kmsg_to_lines(record: str) -> list[str] | None:
+    """``"6,1234,5678901,-;NVRM: Xid ..."`` → ``["[    5.678901] NVRM: Xid ..."]``: the
+    record's message, unescaped (:func:`unescape_kmsg`), one line per line it holds (a
+    message printed with embedded newlines, as the driver prints its fallen-off-the-bus
+    block, is one record), each with the record's timestamp; empty lines are left out.
 
     Continuation lines (`` KEY=value`` dictionary entries) are dropped; returns None for
     a record without the ``;`` prefix separator.
@@ -84,12 +127,19 @@ def kmsg_to_line(record: str) -> str | None:
     if not sep:
         return None
     fields = head.split(",")
-    message = rest.split("\n", 1)[0]
+    lines = [ln for ln in unescape_kmsg(rest.split("\n", 1)[0]).split("\n") if ln.strip()]
     try:
         ts = int(fields[2]) / 1e6
     except (IndexError, ValueError):
-        return message
-    return f"[{ts:12.6f}] {message}"
+        return lines
+    return [f"[{ts:12.6f}] {ln}" for ln in lines]
+
+
+def kmsg_to_line(record: str) -> str | None:
+    """The lines of :func:`kmsg_to_lines` joined with ``\\n`` (one line for most records);
+    None for a record without the ``;`` prefix separator."""
+    lines = kmsg_to_lines(record)
+    return None if lines is None else "\n".join(lines)
 
 
 class KernelLogFollower:
@@ -223,8 +273,7 @@ class KernelLogFollower:
                 if self._last_seq is not None and seq <= self._last_seq:
                     continue  # read before the source was reopened
                 self._last_seq = seq
-            line = kmsg_to_line(record)
-            if line is not None:
+            for line in kmsg_to_lines(record) or []:
                 self._feed(line, events)
         if drained:  # nothing more to read now: close what the reader still holds
             events.extend(self._end_read())

@@ -86,8 +86,9 @@ class FaultEvent:
         Kubernetes device plugin: ``reporter`` = ``"k8s-device-plugin"``, ``device`` (GPU
         UUID/name), ``all_devices``. Xid 79 folded with its fallen-off-the-bus record(s):
         ``related_evidence`` (list of their raw texts; the ``gpu_lost`` event is not emitted;
-        nor is one that comes in a later read than the Xid 79, whose text then goes nowhere:
-        :mod:`agent.readers.kernel.fold`).
+        nor is one of the same GPU that comes after the Xid 79 was emitted, within
+        ``XID79_FOLLOW_S`` (300 s: a later read, the driver's next probe), whose text then
+        goes nowhere: :mod:`agent.readers.kernel.fold`).
       - ``sxid``: ``severity`` (``fatal``/``nonfatal``) ONLY when the headline prints
         Fatal/Non-fatal, absent otherwise; ``severity_level`` (the ``Severity N`` number as
         printed, no decision); ``link``; ``nvswitch``; ``message``.

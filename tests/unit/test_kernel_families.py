@@ -353,8 +353,12 @@ def test_fold_needs_the_same_gpu_and_a_short_window() -> None:
     xid = "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."
     other = "NVRM: GPU 0000:5e:00.0: GPU has fallen off the bus."
     assert [e.kind for e in _both(f"{xid}\n{other}")] == ["xid", "gpu_lost"]
+    # past the line window, the same GPU: its next probe's report of the same fall
     far = "\n".join([xid, *["systemd[1]: tick"] * (WINDOW_LINES + 1), other.replace("5e", "3b")])
-    assert [e.kind for e in _both(far)] == ["xid", "gpu_lost"]
+    assert [e.kind for e in _both(far)] == ["xid"]
+    # printed past XID79_FOLLOW_S after the Xid: a fall of its own
+    late = f"[  400.000000] {other.replace('5e', '3b')}"
+    assert [e.kind for e in _both(f"[   10.000000] {xid}\n{late}")] == ["xid", "gpu_lost"]
     redacted = "NVRM: Xid (PCI:...): 79, GPU has fallen off the bus."
     assert [e.kind for e in _both(f"{BLOCK}\n{redacted}")] == ["gpu_lost", "xid"]
     plugin = "XidCriticalError: Xid=79 on Device=0000:3b:00.0; marking device as unhealthy."

@@ -6,10 +6,9 @@ the log, so an Xid 79 line read just before the driver printed the ``nv.c`` bloc
 one-line form) went out on its own and the block became a second, separate ``gpu_lost``
 fault; one read of the same text gives one ``xid`` 79 fault carrying the block. The
 reader now remembers the Xid 79 it emitted at the end of a read (per GPU, with the agent's
-monotonic time) and a record of the same GPU falling off in a later read, within the fold
-window (lines) and :data:`~agent.readers.kernel.fold.XID79_FOLLOW_S`, raises no second
-fault. Property: for every line boundary between the Xid 79 line and the last line of
-its record, the faults (kind, code, GPU) are those of the unsplit text.
+monotonic time and printed time) and a record of the same GPU falling off in a later
+read, within :data:`~agent.readers.kernel.fold.XID79_FOLLOW_S`, raises no second fault.
+Property: for every line boundary between the Xid 79 line and the last line of its record, the faults (kind, code, GPU) are those of the unsplit text.
 
 Xid 79 lines: the corpus (``x01``, ``x02``, ``x04``); the one-line form: corpus ``k05``
 with the address of the Xid's GPU; the three-line ``nv.c`` block in the driver's words
@@ -112,21 +111,29 @@ def test_the_reader_folds_a_later_reads_record_within_the_window_only() -> None:
     for ln in block:
         r.feed(ln)
     assert r.flush() == []
-    # past the time window: a later fall of the same GPU is a fault of its own
-    r.feed(x)
+    # past the time window: a later fall of the same GPU is a fault of its own (the
+    # monotonic clock where the lines print no time; the printed time where they do)
+    r.feed(XID79[0])
     r.flush()
     now[0] += XID79_FOLLOW_S + 1
-    for ln in block:
+    for ln in _block(XID79[0]):
         r.feed(ln)
+    assert _ids(r.flush()) == [("gpu_lost", None, "0000:c6:00.0")]
+    r.feed(x)
+    r.flush()
+    later = f"[{74889.644138 + XID79_FOLLOW_S + 1:12.6f}] "
+    for ln in block:
+        r.feed(ln.replace(_prefix(x), later))
     assert _ids(r.flush()) == [("gpu_lost", None, "0000:02:00.0")]
-    # past the line window (as in one read): a fault of its own
+    # past the line window but within the time window: the same fall (the driver's
+    # next probe prints it again)
     r.feed(x)
     r.flush()
     for _ in range(WINDOW_LINES + 1):
         r.feed(NOISE[1])
     for ln in block:
         r.feed(ln)
-    assert _ids(r.flush()) == [("gpu_lost", None, "0000:02:00.0")]
+    assert r.flush() == []
     # another GPU is not folded
     r.feed(x)
     r.flush()
@@ -177,3 +184,46 @@ def test_a_fall_without_its_xid79_is_reported_by_the_next_read(tmp_path: Path) -
     r = KernelLogReader()
     r.feed(_one_line(XID79[1])[0])
     assert _ids(r.flush()) == [("gpu_lost", None, "0000:02:00.0")]
+
+
+# --- More than one read end between the record and its Xid 79 ----------------------------
+
+
+@pytest.mark.parametrize("between", [[[]], [[], []], [[NOISE[0]], [NOISE[1]]]],
+                         ids=["two_ends", "three_ends", "noise_reads"])
+def test_an_xid79_after_its_emitted_record_raises_no_second_fault(
+    tmp_path: Path, between: list[list[str]]
+) -> None:
+    """The fallen-off-bus record, held over one read end for its Xid 79, goes out at the
+    next; an Xid 79 of the same GPU in a later read, within XID79_FOLLOW_S, is that fall
+    (one fault: the ``gpu_lost`` already emitted). Another GPU's Xid 79 is a fault."""
+    for i, x in enumerate(XID79):
+        for name, rec in (("block", _block(x)), ("one_line", _one_line(x))):
+            d = tmp_path / f"{i}-{name}"
+            d.mkdir()
+            got = _follow(d, [rec, *between, [x]])
+            assert _ids(got) == [("gpu_lost", None, _device(x) + ".0")], (i, name)
+            d = tmp_path / f"{i}-{name}-other"
+            d.mkdir()
+            other = x.replace(_device(x), "0000:3f:00")
+            got = _follow(d, [rec, *between, [other]])
+            assert _ids(got) == [("gpu_lost", None, _device(x) + ".0"),
+                                 ("xid", 79, "0000:3f:00")], (i, name)
+
+
+def test_an_xid79_past_the_window_after_its_gpus_record_is_a_fault() -> None:
+    now = [1000.0]
+    r = KernelLogReader(clock=lambda: now[0])
+    x = XID79[0]  # no printed time: the monotonic clock bounds the window
+    for ln in _block(x):
+        r.feed(ln)
+    assert r.end_read() == []
+    assert _ids(r.end_read()) == [("gpu_lost", None, "0000:c6:00.0")]
+    now[0] += XID79_FOLLOW_S + 1
+    r.feed(x)
+    assert _ids(r.end_read()) == [("xid", 79, "0000:c6:00")]
+    # the driver's next probe prints the record again: the fall that Xid 79 raised
+    now[0] += 60
+    for ln in _block(x):
+        r.feed(ln)
+    assert r.end_read() == [] and r.end_read() == []

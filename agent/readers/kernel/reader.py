@@ -20,7 +20,10 @@ Per physical line:
    another program's line between two parts breaks nothing.
 3. **Fold** (:mod:`agent.readers.kernel.fold`): the Xid 79 and fallen-off-bus records of
    one GPU, and the two halves of one OOM kill, come out as one event; an Xid 79 and its
-   fallen-off-bus record split across two reads too, in either order.
+   fallen-off-bus record split across reads too, in either order, and the record of the
+   same GPU printed again on the driver's next probe, within ``XID79_FOLLOW_S`` (300 s)
+   after the Xid 79; the device plugin's and the kernel's line of one Xid split across
+   reads too.
 
 Lines may carry any timestamp prefix (``[secs.usecs]``, ``dmesg -T``, syslog
 ``Mon DD HH:MM:SS host kernel:``, journald ``kernel:``, ``dmesg -x`` ``kern  :err   :``, ISO,
@@ -247,11 +250,12 @@ class KernelLogReader:
     still open or held at end of input. A record is complete when the next line shows it
     does not continue (a one-line record waits one line, for a wrapped continuation); a
     GPU-lost or Xid 79 event waits up to :data:`~agent.readers.kernel.fold.WINDOW_LINES`
-    lines for its counterpart; a fallen-off-bus record of a GPU whose Xid 79 the last
-    flush emitted is that fault, not a new one (:mod:`agent.readers.kernel.fold`:
-    ``clock``, monotonic seconds, bounds it by ``XID79_FOLLOW_S``). Each record is emitted
-    at most once, in input order (a ``gpu_lost`` that :meth:`end_read` holds into the next
-    read comes after that read's other events). Never raises on any ``str`` input.
+    lines for its counterpart; a fallen-off-bus record of a GPU whose Xid 79 was emitted
+    before, within ``XID79_FOLLOW_S`` seconds (printed times, else ``clock``, monotonic
+    seconds), is that fault, not a new one (:mod:`agent.readers.kernel.fold`). Each record
+    is emitted at most once, in input order (a ``gpu_lost`` or device plugin event that
+    :meth:`end_read` holds into the next read comes after that read's other events).
+    Never raises on any ``str`` input.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -283,12 +287,12 @@ class KernelLogReader:
                     and (line[:1] in " \t" or "]  " in line or ":  " in line or "\t" in line)
                 ):
                     self._prev = line  # may head a record wrapped onto the next line
-                    if self._folder.held or self._folder.emitted:
+                    if self._folder.held or self._folder.recent:
                         self._folder.tick(out)
                     return out  # nothing open, no record here
             for piece in split_records(line):
                 self._piece(piece, out, needle if piece is line else None)
-            if self._folder.held or self._folder.emitted:
+            if self._folder.held or self._folder.recent:
                 self._folder.tick(out)
         except Exception:  # a reader never takes the agent down
             self._open, self._last, self._prev, self._cut = [], None, None, []
@@ -300,8 +304,9 @@ class KernelLogReader:
 
     def end_read(self) -> list[FaultEvent]:
         """The end of one read of a followed log (the follower's poll read all there was):
-        as :meth:`flush`, except that a ``gpu_lost`` still waiting for its Xid 79 is held
-        into the next read, once (:meth:`~agent.readers.kernel.fold.Folder.release_read`)."""
+        as :meth:`flush`, except that a ``gpu_lost`` still waiting for its Xid 79, and a
+        device plugin's Xid line still waiting for the kernel's, are held into the next
+        read, once (:meth:`~agent.readers.kernel.fold.Folder.release_read`)."""
         return self._close(final=False)
 
     def _close(self, final: bool) -> list[FaultEvent]:
