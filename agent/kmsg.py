@@ -50,14 +50,21 @@ class LineReader(Protocol):
     def flush(self) -> list[Any]: ...
 
 
-class KernelSource(Protocol):
-    """What the agent polls for kernel fault events (a follower or an in-memory feed)."""
+class PolledSource(Protocol):
+    """What the agent polls for events (a follower or an in-memory feed)."""
 
     error: str | None
 
     def poll(self) -> list[Any]: ...
 
     def close(self) -> None: ...
+
+
+class KernelSource(PolledSource, Protocol):
+    """What the agent polls for kernel fault events; ``finish()`` returns what its reader
+    still holds when the agent stops."""
+
+    def finish(self) -> list[Any]: ...
 
 
 def default_reader() -> LineReader:
@@ -225,6 +232,15 @@ class KernelLogFollower:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+    def finish(self) -> list[Any]:
+        """The end of the input (the agent stops): the reader's ``flush()`` — every open
+        record and every event :meth:`poll`'s read ends held for the next read (a
+        ``gpu_lost`` waiting for its Xid 79, a device plugin line waiting for the kernel's).
+        A restarted agent reads on from the end of the log, so what is held now would
+        never be reported otherwise. Lines read but not fed (a partial last line, a
+        backlog past ``max_lines``) stay unread."""
+        return list(self.reader.flush())
 
     def poll(self) -> list[Any]:
         """Read what is new; return the events the reader produced. Never raises OSError."""

@@ -27,7 +27,7 @@ from typing import Any
 
 from agent.config import AgentConfig
 from agent.host import CpuSampler, HostReadError, IbWatcher, memory_available_fraction
-from agent.kmsg import KernelLogFollower, KernelSource
+from agent.kmsg import KernelLogFollower, KernelSource, PolledSource
 from agent.nccl import NcclBuffer, NcclLineReader, nccl_metric
 from agent.nvml import GpuBackend, GpuSample, SampleError
 from agent.otlp import (
@@ -147,7 +147,7 @@ class Agent:
         persist: bool = True,
         clock: Callable[[], float] = time.monotonic,
         seed: int | None = None,
-        nccl: KernelSource | None = None,
+        nccl: PolledSource | None = None,
     ) -> None:
         self.cfg = cfg
         self.backend = backend
@@ -239,9 +239,16 @@ class Agent:
                 self.load_state()
 
     async def close(self) -> None:
-        """Final flush attempt, save the baseline, release everything."""
+        """Report what the kernel reader still holds (:meth:`KernelSource.finish`), final
+        flush attempt, save the baseline, release everything."""
         if self.persist:
             self.save_state()
+        if self.kernel is not None:
+            try:
+                for ev in self.kernel.finish():
+                    self.emit_fault(Fault.from_reader(ev))
+            except Exception as exc:  # a reader bug: the rest of the shutdown goes on
+                log.error("event=kernel_reader_crashed error=%r", repr(exc))
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.pusher.flush(), timeout=self.cfg.push.timeout_s)
         await self.pusher.transport.aclose()

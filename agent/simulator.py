@@ -191,6 +191,11 @@ class InjectedKernelLog:
             events.extend(self.reader.flush())
         return events
 
+    def finish(self) -> list[Any]:
+        """The end of the input: what was pushed and not yet polled, and what the reader
+        still holds."""
+        return [*self.poll(), *self.reader.flush()]
+
     def close(self) -> None:
         self._lines.clear()
 
