@@ -446,7 +446,8 @@ class PowerActivities:
         ``restart_seen`` → ``booted``, resumed from ``inp.resume_phase`` (or the last
         heartbeat of an earlier try): each command is sent at most once per attempt; a
         restart request whose answer was lost counts as sent (``restart_sent``: the retry
-        waits for it to show; a refusal the BMC answered reports ``not_started``). After
+        waits for it to show; a refusal the BMC answered reports ``not_started`` and no
+        ``sent_at``: nothing went out). After
         ``GracefulRestart`` the host must show that it restarts within
         :data:`RESTART_SEEN_S` seconds of the send (power ``Off``, or a new boot identity
         in the scheduler). The window is absolute: the try that sends the restart records
@@ -495,8 +496,14 @@ class PowerActivities:
                     # and only for what is left of the window opened now
                     phase = "restart_sent"
                     sent_at = datetime.now(UTC)
-                    await possibly_sent(m, kind, phase, refused="not_started",
-                                        sent_at=sent_at)
+                    try:
+                        await possibly_sent(m, kind, phase, refused="not_started",
+                                            sent_at=sent_at)
+                    except Refused:
+                        # the BMC answered with a refusal: no restart went out, so there
+                        # is no send time to report (the failure says not_started only)
+                        sent_at = None
+                        raise
                     steps.append(f"{kind.value} sent")
                     phase = "restart_sent" if graceful else "force_restart_sent"
                 heartbeat(beat(phase, sent_at))
