@@ -320,6 +320,29 @@ class RedfishMachine:
                 return None
             await asyncio.sleep(POWER_POLL_S)
 
+    async def wait_off(self, phase: str, left: str | None = None,
+                       limit_s: float = POWER_WAIT_S) -> str:
+        """Poll (every :data:`POWER_POLL_S` seconds, heartbeats ``{"phase", "power"}``)
+        until the power reads ``Off`` → ``"Off"``, or reads ``On`` after a state other
+        than ``On`` (``PoweringOff``, ``PoweringOn``: the host was seen leaving On and is
+        back, its Off never read: some BMCs report ``PoweringOff`` then ``On`` within a
+        poll) → the state seen before it, e.g. ``"PoweringOff"``. ``left``: such a state
+        the caller read already (:meth:`leaves_on`). Raises ``BmcUnavailable``
+        (retryable) after ``limit_s`` seconds."""
+        deadline = time.monotonic() + limit_s
+        while True:
+            st = await self.power_state()
+            heartbeat({"phase": phase, "power": st})
+            if st.lower() == "off":
+                return st
+            if st.lower() == "on" and left is not None:
+                return left
+            if st.lower() != "on":
+                left = st
+            if time.monotonic() >= deadline:
+                raise BmcUnavailable(f"{self._where()}: power still {st} after {limit_s:.0f}s")
+            await asyncio.sleep(POWER_POLL_S)
+
     async def wait_power(self, want: str, phase: str, limit_s: float = POWER_WAIT_S) -> None:
         """Poll until power is ``want``; heartbeats ``{"phase", "power"}``.
 
@@ -632,6 +655,10 @@ class PowerActivities:
         it (the ForceOff landed and the host came back by itself: the BMC's power-restore
         policy, a person at the button) is the cycle: neither ForceOff nor On is sent
         again, the run goes on as after ``On`` (phase ``on_sent``) and says what it read.
+        So is power read leaving ``On`` (``PoweringOff``) and then ``On`` with no ``Off``
+        read in between (:meth:`RedfishMachine.wait_off`: some BMCs report
+        ``PoweringOff`` then ``On`` within a poll): the host was seen going off, so the
+        run does not wait :data:`POWER_WAIT_S` for an Off that already passed.
         A ForceOff the BMC refused (auth, unsupported: it answered) reports
         ``not_started``. ``inp.make_safe`` (after a cancel) never sends
         ForceOff: a host that stayed On is safe. Guarded too by the boot identity
@@ -640,6 +667,10 @@ class PowerActivities:
         phase = resume_from(inp, PHASES[Action.power_cycle])
         steps: list[str] = []
         off_read = False  # this run read the power Off after the ForceOff (or found it Off)
+        # this run read the host leave On (PoweringOff) and come back On without an Off
+        # read: the cycle happened (what it read, in words); "" otherwise
+        cycled = ""
+        left: str | None = None  # a state other than On read at off_requested
         try:
             why = await boot_changed(self.health, inp.cluster, inp.node, inp.boot_id_before,
                                      inp.boot_time_before)
@@ -690,10 +721,13 @@ class PowerActivities:
                     heartbeat({"phase": phase})
                     off_read = True
             if phase == "off_sent":
-                await m.wait_power("Off", "off_sent")
+                seen = await m.wait_off("off_sent", left)
                 phase = "off_seen"
                 heartbeat({"phase": phase})
                 off_read = True
+                if seen.lower() != "off":
+                    cycled = (f"power read {seen}, then On again without an Off read: the "
+                              "cycle happened, ForceOff and On not sent again")
             if phase == "off_seen":
                 # a retry after an On whose answer was lost finds the host On already: a
                 # second On is refused by some BMCs (iDRAC: 409) and is never needed; nor
@@ -702,6 +736,8 @@ class PowerActivities:
                 if (await m.power_state()).lower() != "on":
                     await m.reset(sushy.RESET_ON)
                     steps.append("On")
+                elif cycled:
+                    steps.append(cycled)
                 elif off_read:
                     steps.append("power read Off, then On again by itself (power-restore "
                                  "policy or a person): the cycle happened, ForceOff and On "
