@@ -321,24 +321,35 @@ class RedfishMachine:
             await asyncio.sleep(POWER_POLL_S)
 
     async def wait_off(self, phase: str, left: str | None = None,
-                       limit_s: float = POWER_WAIT_S) -> str:
+                       came_back: Callable[[], Awaitable[str | None]] | None = None,
+                       limit_s: float | None = None) -> str | None:
         """Poll (every :data:`POWER_POLL_S` seconds, heartbeats ``{"phase", "power"}``)
-        until the power reads ``Off`` → ``"Off"``, or reads ``On`` after a state other
-        than ``On`` (``PoweringOff``, ``PoweringOn``: the host was seen leaving On and is
-        back, its Off never read: some BMCs report ``PoweringOff`` then ``On`` within a
-        poll) → the state seen before it, e.g. ``"PoweringOff"``. ``left``: such a state
-        the caller read already (:meth:`leaves_on`). Raises ``BmcUnavailable``
-        (retryable) after ``limit_s`` seconds."""
+        until the power reads ``Off`` → ``None``, or until the host shows that it cycled
+        already → what showed it, in words:
+
+        - power ``On`` read after a state other than ``On`` (``PoweringOff``,
+          ``PoweringOn``) with no ``Off`` read in between (the host was seen leaving On
+          and is back; some BMCs report ``PoweringOff`` then ``On`` within a poll).
+          ``left``: such a state the caller read already (:meth:`leaves_on`);
+        - power ``On`` and ``came_back()`` (asked at each such read) giving a reason, e.g.
+          a new boot identity (:func:`boot_changed`): the host went off and came back
+          before this run looked (between tries).
+
+        Raises ``BmcUnavailable`` (retryable) after ``limit_s`` seconds (default
+        :data:`POWER_WAIT_S`, read at the call)."""
+        limit_s = POWER_WAIT_S if limit_s is None else limit_s
         deadline = time.monotonic() + limit_s
         while True:
             st = await self.power_state()
             heartbeat({"phase": phase, "power": st})
             if st.lower() == "off":
-                return st
+                return None
             if st.lower() == "on" and left is not None:
-                return left
+                return f"power read {left}, then On again without an Off read"
             if st.lower() != "on":
                 left = st
+            elif came_back is not None and (why := await came_back()):
+                return f"power On and the host came back ({why})"
             if time.monotonic() >= deadline:
                 raise BmcUnavailable(f"{self._where()}: power still {st} after {limit_s:.0f}s")
             await asyncio.sleep(POWER_POLL_S)
@@ -658,7 +669,16 @@ class PowerActivities:
         So is power read leaving ``On`` (``PoweringOff``) and then ``On`` with no ``Off``
         read in between (:meth:`RedfishMachine.wait_off`: some BMCs report
         ``PoweringOff`` then ``On`` within a poll): the host was seen going off, so the
-        run does not wait :data:`POWER_WAIT_S` for an Off that already passed.
+        run does not wait :data:`POWER_WAIT_S` for an Off that already passed. A host
+        that went Off and came back On before the run looked (between tries: a retry
+        resumed at ``off_sent``) reads ``On``, as one the accepted ForceOff has not reached
+        yet, or (a BMC that answered and never acted) never will: the power cannot tell
+        them apart, nor can the time since the send (the earlier try may have watched it
+        stay On all along). The boot identity can: the wait for Off asks it at every
+        ``On`` read, and a new one (the kubelet / slurmd reported the new boot) is the
+        cycle, as above. Without one the run waits for Off as before (the safe side: a
+        host taken as cycled that never was would be verified as if the cycle had run,
+        on readiness alone where the scheduler gives no boot identity).
         A ForceOff the BMC refused (auth, unsupported: it answered) reports
         ``not_started``. ``inp.make_safe`` (after a cancel) never sends
         ForceOff: a host that stayed On is safe. Guarded too by the boot identity
@@ -721,13 +741,20 @@ class PowerActivities:
                     heartbeat({"phase": phase})
                     off_read = True
             if phase == "off_sent":
-                seen = await m.wait_off("off_sent", left)
+                # a host that went off and came back before this run looked (between
+                # tries) shows nothing in its power (On, as one the ForceOff never
+                # reached): only a new boot identity tells them apart, asked at every On
+                # read. ForceOff is never sent from here (I16)
+                async def came_back() -> str | None:
+                    return await boot_changed(self.health, inp.cluster, inp.node,
+                                              inp.boot_id_before, inp.boot_time_before)
+
+                seen = await m.wait_off("off_sent", left, came_back)
                 phase = "off_seen"
                 heartbeat({"phase": phase})
                 off_read = True
-                if seen.lower() != "off":
-                    cycled = (f"power read {seen}, then On again without an Off read: the "
-                              "cycle happened, ForceOff and On not sent again")
+                if seen is not None:
+                    cycled = f"{seen}: the cycle happened, ForceOff and On not sent again"
             if phase == "off_seen":
                 # a retry after an On whose answer was lost finds the host On already: a
                 # second On is refused by some BMCs (iDRAC: 409) and is never needed; nor
