@@ -320,6 +320,40 @@ class RedfishMachine:
                 return None
             await asyncio.sleep(POWER_POLL_S)
 
+    async def wait_off(self, phase: str, left: str | None = None,
+                       came_back: Callable[[], Awaitable[str | None]] | None = None,
+                       limit_s: float | None = None) -> str | None:
+        """Poll (every :data:`POWER_POLL_S` seconds, heartbeats ``{"phase", "power"}``)
+        until the power reads ``Off`` → ``None``, or until the host shows that it cycled
+        already → what showed it, in words:
+
+        - power ``On`` read after a state other than ``On`` (``PoweringOff``,
+          ``PoweringOn``) with no ``Off`` read in between (the host was seen leaving On
+          and is back; some BMCs report ``PoweringOff`` then ``On`` within a poll).
+          ``left``: such a state the caller read already (:meth:`leaves_on`);
+        - power ``On`` and ``came_back()`` (asked at each such read) giving a reason, e.g.
+          a new boot identity (:func:`boot_changed`): the host went off and came back
+          before this run looked (between tries).
+
+        Raises ``BmcUnavailable`` (retryable) after ``limit_s`` seconds (default
+        :data:`POWER_WAIT_S`, read at the call)."""
+        limit_s = POWER_WAIT_S if limit_s is None else limit_s
+        deadline = time.monotonic() + limit_s
+        while True:
+            st = await self.power_state()
+            heartbeat({"phase": phase, "power": st})
+            if st.lower() == "off":
+                return None
+            if st.lower() == "on" and left is not None:
+                return f"power read {left}, then On again without an Off read"
+            if st.lower() != "on":
+                left = st
+            elif came_back is not None and (why := await came_back()):
+                return f"power On and the host came back ({why})"
+            if time.monotonic() >= deadline:
+                raise BmcUnavailable(f"{self._where()}: power still {st} after {limit_s:.0f}s")
+            await asyncio.sleep(POWER_POLL_S)
+
     async def wait_power(self, want: str, phase: str, limit_s: float = POWER_WAIT_S) -> None:
         """Poll until power is ``want``; heartbeats ``{"phase", "power"}``.
 
@@ -446,7 +480,8 @@ class PowerActivities:
         ``restart_seen`` → ``booted``, resumed from ``inp.resume_phase`` (or the last
         heartbeat of an earlier try): each command is sent at most once per attempt; a
         restart request whose answer was lost counts as sent (``restart_sent``: the retry
-        waits for it to show; a refusal the BMC answered reports ``not_started``). After
+        waits for it to show; a refusal the BMC answered reports ``not_started`` and no
+        ``sent_at``: nothing went out). After
         ``GracefulRestart`` the host must show that it restarts within
         :data:`RESTART_SEEN_S` seconds of the send (power ``Off``, or a new boot identity
         in the scheduler). The window is absolute: the try that sends the restart records
@@ -495,8 +530,14 @@ class PowerActivities:
                     # and only for what is left of the window opened now
                     phase = "restart_sent"
                     sent_at = datetime.now(UTC)
-                    await possibly_sent(m, kind, phase, refused="not_started",
-                                        sent_at=sent_at)
+                    try:
+                        await possibly_sent(m, kind, phase, refused="not_started",
+                                            sent_at=sent_at)
+                    except Refused:
+                        # the BMC answered with a refusal: no restart went out, so there
+                        # is no send time to report (the failure says not_started only)
+                        sent_at = None
+                        raise
                     steps.append(f"{kind.value} sent")
                     phase = "restart_sent" if graceful else "force_restart_sent"
                 heartbeat(beat(phase, sent_at))
@@ -625,6 +666,19 @@ class PowerActivities:
         it (the ForceOff landed and the host came back by itself: the BMC's power-restore
         policy, a person at the button) is the cycle: neither ForceOff nor On is sent
         again, the run goes on as after ``On`` (phase ``on_sent``) and says what it read.
+        So is power read leaving ``On`` (``PoweringOff``) and then ``On`` with no ``Off``
+        read in between (:meth:`RedfishMachine.wait_off`: some BMCs report
+        ``PoweringOff`` then ``On`` within a poll): the host was seen going off, so the
+        run does not wait :data:`POWER_WAIT_S` for an Off that already passed. A host
+        that went Off and came back On before the run looked (between tries: a retry
+        resumed at ``off_sent``) reads ``On``, as one the accepted ForceOff has not reached
+        yet, or (a BMC that answered and never acted) never will: the power cannot tell
+        them apart, nor can the time since the send (the earlier try may have watched it
+        stay On all along). The boot identity can: the wait for Off asks it at every
+        ``On`` read, and a new one (the kubelet / slurmd reported the new boot) is the
+        cycle, as above. Without one the run waits for Off as before (the safe side: a
+        host taken as cycled that never was would be verified as if the cycle had run,
+        on readiness alone where the scheduler gives no boot identity).
         A ForceOff the BMC refused (auth, unsupported: it answered) reports
         ``not_started``. ``inp.make_safe`` (after a cancel) never sends
         ForceOff: a host that stayed On is safe. Guarded too by the boot identity
@@ -633,6 +687,10 @@ class PowerActivities:
         phase = resume_from(inp, PHASES[Action.power_cycle])
         steps: list[str] = []
         off_read = False  # this run read the power Off after the ForceOff (or found it Off)
+        # this run read the host leave On (PoweringOff) and come back On without an Off
+        # read: the cycle happened (what it read, in words); "" otherwise
+        cycled = ""
+        left: str | None = None  # a state other than On read at off_requested
         try:
             why = await boot_changed(self.health, inp.cluster, inp.node, inp.boot_id_before,
                                      inp.boot_time_before)
@@ -683,10 +741,20 @@ class PowerActivities:
                     heartbeat({"phase": phase})
                     off_read = True
             if phase == "off_sent":
-                await m.wait_power("Off", "off_sent")
+                # a host that went off and came back before this run looked (between
+                # tries) shows nothing in its power (On, as one the ForceOff never
+                # reached): only a new boot identity tells them apart, asked at every On
+                # read. ForceOff is never sent from here (I16)
+                async def came_back() -> str | None:
+                    return await boot_changed(self.health, inp.cluster, inp.node,
+                                              inp.boot_id_before, inp.boot_time_before)
+
+                seen = await m.wait_off("off_sent", left, came_back)
                 phase = "off_seen"
                 heartbeat({"phase": phase})
                 off_read = True
+                if seen is not None:
+                    cycled = f"{seen}: the cycle happened, ForceOff and On not sent again"
             if phase == "off_seen":
                 # a retry after an On whose answer was lost finds the host On already: a
                 # second On is refused by some BMCs (iDRAC: 409) and is never needed; nor
@@ -695,6 +763,8 @@ class PowerActivities:
                 if (await m.power_state()).lower() != "on":
                     await m.reset(sushy.RESET_ON)
                     steps.append("On")
+                elif cycled:
+                    steps.append(cycled)
                 elif off_read:
                     steps.append("power read Off, then On again by itself (power-restore "
                                  "policy or a person): the cycle happened, ForceOff and On "

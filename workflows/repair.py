@@ -2349,11 +2349,15 @@ class RepairWorkflow:
 def machine_calls(cmd: object) -> tuple[Call, ...]:
     """The outbound calls :meth:`RepairWorkflow._machine_action` makes for a machine
     action command (the fidelity check's expectation, :mod:`workflows.lifecycle.trace`):
-    a run is the action's activity with the command's resume phase and idempotency key;
-    the attempt record, timers and details are not governed yet: ``()``."""
+    a run is the action's activity with the command's resume phase, idempotency key and
+    ``sent_at`` (when the attempt's restart request went out, UTC, or ``None``: every
+    action's input is a :class:`MachineActionInput`, which carries it, so a shell that
+    dropped or moved it would fail the check); the attempt record, timers and details are
+    not governed yet: ``()``."""
     if isinstance(cmd, MaRun):
         return (Call("activity", MACHINE_ACTIVITY[cmd.action], (
-            ("resume_phase", cmd.resume_phase), ("idempotency_key", cmd.key))),)
+            ("resume_phase", cmd.resume_phase), ("idempotency_key", cmd.key),
+            ("sent_at", cmd.sent_at))),)
     return ()
 
 

@@ -21,7 +21,7 @@ from activities.power import PowerActivities, RedfishMachine
 from tests.activities.test_power_off_then_back import _ScriptedPower
 from tests.activities.test_redfish_power import _config, _inp
 from workers.devpeers import RedfishEmulator
-from workflows.activity_api import ERR_UNSUPPORTED, permanent
+from workflows.activity_api import ERR_UNSUPPORTED, SENT_AT_DETAIL, permanent
 
 # site: (activity, resume phase, power reads, reset sent, phase when lost, when refused)
 SITES: dict[str, tuple[str, str, list[str], str, str, str]] = {
@@ -82,5 +82,37 @@ async def test_each_possibly_sent_reset_goes_through_one_helper(
     assert ei.value.details[0]["phase"] == (lost_phase if answer == "lost"
                                             else refused_phase), ei.value.details
     assert ei.value.non_retryable == (answer == "refused"), ei.value
+    if answer == "refused":
+        # a refused command went nowhere: no send time is evidence of it (the refused
+        # GracefulRestart reported the sent_at it had stamped before the send)
+        assert SENT_AT_DETAIL not in ei.value.details[0], ei.value.details
     # reported before the request went out
     assert any(isinstance(b, dict) and b.get("phase") == lost_phase for b in beats), beats
+
+
+async def test_a_refused_force_restart_keeps_the_graceful_restarts_sent_at(
+    redfish_emulator: RedfishEmulator, bmc_secrets_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refusal of the ForceRestart (resumed at ``restart_unseen``) sent nothing, but
+    the GracefulRestart before it did go out: its ``sent_at`` (carried in) is still
+    reported, unchanged."""
+    from datetime import UTC, datetime, timedelta
+
+    monkeypatch.setattr(power, "POWER_POLL_S", 0.01, raising=False)
+    bmc = _ScriptedPower(["On"])
+    bmc.install(monkeypatch)
+
+    async def reset(self: RedfishMachine, reset_type: str) -> None:
+        bmc.sent.append(str(getattr(reset_type, "value", reset_type)))
+        raise permanent(ERR_UNSUPPORTED, f"{self._where()} refused the request")
+
+    monkeypatch.setattr(RedfishMachine, "reset", reset)
+    acts = PowerActivities(_config(redfish_emulator, bmc_secrets_file))
+    sent_at = datetime.now(UTC) - timedelta(seconds=1000)
+    with pytest.raises(ApplicationError) as ei:
+        await asyncio.wait_for(ActivityEnvironment().run(
+            acts.reboot_machine,
+            _inp("gpu-02", resume_phase="restart_unseen", sent_at=sent_at)), 20)
+    assert bmc.sent == ["ForceRestart"], bmc.sent
+    assert ei.value.details[0]["phase"] == "restart_unseen", ei.value.details
+    assert ei.value.details[0][SENT_AT_DETAIL] == sent_at.isoformat(), ei.value.details

@@ -39,6 +39,38 @@ def test_trace_accepts_only_the_commanded_calls_in_order() -> None:
     assert governed.checked == 0
 
 
+def test_a_machine_run_is_checked_for_the_sent_at_it_commanded() -> None:
+    """The machine action's run carries the state's ``sent_at`` (when the attempt's
+    restart request went out): a shell that drops it, moves it, or invents one where the
+    machine commanded none fails the check (before, only the resume phase and the
+    idempotency key were compared)."""
+    from datetime import UTC, datetime, timedelta
+
+    from workflows.activity_api import ACT, MachineActionInput
+    from workflows.lifecycle.machine_action import RunActivity
+    from workflows.repair import machine_calls
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    key = "r-1/reboot/0"
+    base = MachineActionInput(cluster="c", node="n", machine="n", repair_id="r-1",
+                              resume_phase="restart_sent", idempotency_key=key)
+
+    def check(sent_at: datetime | None, arg: MachineActionInput) -> str | None:
+        t = Trace()
+        t.commanded(machine_calls(RunActivity(action=Action.reboot, key=key,
+                                              resume_phase="restart_sent",
+                                              sent_at=sent_at)))
+        return t.executed("activity", ACT.reboot_machine, arg)
+
+    assert check(t0, base.model_copy(update={"sent_at": t0})) is None
+    assert check(None, base) is None
+    dropped = check(t0, base)
+    assert dropped is not None and "sent_at" in dropped, dropped
+    assert check(t0, base.model_copy(update={"sent_at": t0 + timedelta(seconds=1)})) \
+        is not None
+    assert check(None, base.model_copy(update={"sent_at": t0})) is not None
+
+
 def test_trace_matches_a_batched_call_element_by_element() -> None:
     """The guard's ``guard_send_leases`` stands for one ``SendLease`` per element of its
     ``commands`` (issue 30 item 1): each element must be the commanded reply, in order;
