@@ -284,9 +284,7 @@ class ClusterGuardWorkflow:
             reset_at=s.reset_at,
             reset_by=s.reset_by,
             leases=list(s.leases),
-            pending=[q.req for q in s.queue] + [
-                d.req for d in s.deferred if isinstance(d, gm.Request)
-            ],
+            pending=_pending(s),
             recent_automatic=gm.window_count(s, workflow.now()),
             refused_total=s.refused_total,
             expired=list(s.expired),
@@ -521,6 +519,17 @@ class ClusterGuardWorkflow:
         except ActivityError as err:
             return gm.LedgerUnavailable(message=_cause(err))
         return gm.LedgerRead(view=ledger_view(self._cluster, st))
+
+
+def _pending(s: gm.GuardState) -> list[LeaseRequest]:
+    """The waiting requests: the queue's, then the deferred ones (a guard starting or
+    rebuilding keeps each re-send until it decides them in order), one per repair (its
+    newest copy)."""
+    out: dict[str, LeaseRequest] = {q.req.repair_id: q.req for q in s.queue}
+    for d in s.deferred:
+        if isinstance(d, gm.Request):
+            out[d.req.repair_id] = d.req
+    return list(out.values())
 
 
 def calls(cmd: gm.Command) -> tuple[Call, ...]:

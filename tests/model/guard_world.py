@@ -34,14 +34,17 @@ equivalent one), so the bounded run is exhaustive. Invariants after every step:
 - **I23** a repair that waited through a reset of the open breaker, whatever queued it,
   is granted only with ``reset_at`` (it acts on evidence after the reset); after a
   reset nothing counted before it is counted in the window again;
-- **I21** a fresh guard grants nothing before the ledger answered.
+- **I21** a fresh guard grants nothing before the ledger answered, nor before it read
+  its policy once (a restarted guard starts from :data:`DEFAULTS`, as the interpreter's
+  ``policy_view(None)``: no pools, no failure domains; the policy read can fail).
 
 With ``domains`` (issue 29 item 2) the three nodes form one failure domain ``r`` (hold
 threshold 2 inside the breaker window), ``b1``'s repair is a person's (approved by one:
 ``automatic`` false), an operator's ``release domain r`` is an event, and the ledger keeps
 the guard's newest ``failure_domain`` rows for a rebuild; each node may report its fault
 once (``fault_seen``, before or after its request). Invariants: no automatic repair is
-granted a lease (a new start) while its domain is held — a person's may be; and none is
+granted a lease (a new start) while its domain is held (the domains the world configures,
+not the machine's view of them) — a person's may be; and none is
 granted once 2 nodes of the domain reported a fault inside the window (the hold judges
 faults, not only lease requests), counting the reports a release or a fresh guard has not
 dropped (a fresh guard counts afresh: the counts below the threshold are not in the
@@ -98,6 +101,9 @@ POLICY = gm.PolicyView(gpu_nodes=3, budget=1, breaker_threshold=2, breaker_windo
 POLICY_DOMAINS = POLICY.model_copy(update={"domains": {n: ["r"] for n in NODES},
                                            "domain_threshold": 2,
                                            "domain_window_s": WINDOW_S})
+#: What a guard knows before it read its policy (the interpreter's ``policy_view(None)``:
+#: the rails' minimums, no pools, no failure domains). A guard restart starts from it.
+DEFAULTS = POLICY.model_copy(update={"pools": {}})
 #: The node whose repair a person approved in the domain world.
 PERSON = "b1"
 
@@ -398,6 +404,8 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
                             bad.append("breaker: an automatic new repair granted while open")
                         if m.status != gm.Status.serving or m.rebuilt_at is None:
                             bad.append("I21: granted before the ledger answered")
+                        if not m.policy.loaded:
+                            bad.append("I21: granted before the policy was read")
                         if (_automatic(w, i) and c.purpose == "reply"
                                 and c.reply.reason not in _NOT_NEW
                                 and held_at.get(c.reply.repair_id, _held(m, NODES[i]))):
@@ -437,7 +445,10 @@ _NOT_NEW = ("re-acquired", "already held")
 
 
 def _held(m: gm.GuardState, node: str) -> bool:
-    mine = m.policy.domains.get(node) or []
+    """Whether the machine holds a domain ``node`` belongs to: the world's domains (the
+    configuration's), not the machine's view of them (a guard that never read its
+    policy knows none)."""
+    mine = POLICY_DOMAINS.domains.get(node) or []
     return any(h.domain in mine for h in m.holds)
 
 
@@ -546,27 +557,38 @@ W_HOLDER = World(repairs=("holding", "idle", "idle"), granted_at=(0.0, None, Non
 
 
 def initial(defects: frozenset[str] = frozenset(), domains: bool = False,
-            lossy: bool = False, holder: bool = False) -> tuple[gm.GuardState, World]:
+            lossy: bool = False, holder: bool = False, held: bool = False
+            ) -> tuple[gm.GuardState, World]:
     """A guard that started, read its policy and rebuilt from the ledger: empty, or
-    (``holder``) listing ``a1``'s repair as a holder that has not cordoned yet."""
+    (``holder``) listing ``a1``'s repair as a holder that has not cordoned yet; with
+    ``held`` (the domain world), then ``a1`` and ``a2`` reported their faults, so the
+    domain is held and the ledger has its hold."""
     w0 = (replace(W_HOLDER, domains=domains, lossy=lossy) if holder
           else World(domains=domains, lossy=lossy))
-    m, w = _run(gm.new_state("c", _policy(w0)), w0, gm.Started(fresh=True), defects)
+    m, w = _run(gm.new_state("c", DEFAULTS), w0, gm.Started(fresh=True), defects)
     m, w = _run(m, replace(w, out=None), gm.PolicyRead(view=_policy(w0)), defects)
     m, w = _run(m, replace(w, out=None), gm.LedgerRead(view=_ledger(w, m)), defects)
     assert m.status == gm.Status.serving, m.status
+    if held:
+        assert domains, "held: the domain world only"
+        for label in ("fault a1", "fault a2"):
+            ev = dict(_events(m, w))[label]
+            assert ev is not None
+            m, w = _run(m, _before(label, ev, m, w), ev, defects)
+        assert [h.domain for h in m.holds] == ["r"] and w.ledger_holds, m.holds
     return m, w
 
 
 def check(depth: int, defects: frozenset[str] = frozenset(),
           stop_at_first: bool = False, domains: bool = False, lossy: bool = False,
-          holder: bool = False) -> Result:
+          holder: bool = False, held: bool = False) -> Result:
     """Explore every event sequence of length ≤ ``depth`` from a guard's first start;
     ``defects`` re-introduces the named ones (test-only); ``domains``: the domain world,
-    ``lossy``: the lossy world (module docstring); ``holder``: from :data:`W_HOLDER`."""
+    ``lossy``: the lossy world (module docstring); ``holder``: from :data:`W_HOLDER`;
+    ``held``: from a held domain (:func:`initial`)."""
     res = Result(depth=depth)
     t0 = time.monotonic()
-    m0, w0 = initial(defects, domains, lossy, holder)
+    m0, w0 = initial(defects, domains, lossy, holder, held)
     seen = {_key(m0, w0)}
     queue: deque[tuple[gm.GuardState, World, list[str]]] = deque([(m0, w0, [])])
     while queue:
@@ -579,7 +601,7 @@ def check(depth: int, defects: frozenset[str] = frozenset(),
             else:
                 w1 = _before(label, ev, m, w)
                 # a guard restart loses the machine's state
-                base = gm.new_state("c", _policy(w)) if isinstance(ev, gm.Started) else m
+                base = gm.new_state("c", DEFAULTS) if isinstance(ev, gm.Started) else m
                 m1, w1 = _run(base, w1, ev, defects)
             res.transitions += 1
             t1 = [*trace, label]
@@ -616,7 +638,7 @@ def replay(labels: list[str], defects: frozenset[str] = frozenset(), domains: bo
             w = _world_only(label, w)
         else:
             w = _before(label, ev, m, w)
-            base = gm.new_state("c", _policy(w)) if isinstance(ev, gm.Started) else m
+            base = gm.new_state("c", DEFAULTS) if isinstance(ev, gm.Started) else m
             m, w = _run(base, w, ev, defects)
         bad = check_invariants(m, w)
         if bad:

@@ -29,6 +29,7 @@ def test_every_guard_status_event_pair_is_in_the_table() -> None:
         ("reset_marks_breaker_queued_only", "waited through a reset"),
         ("reset_recounts", "counted again"),
         ("rebuild_gives_up", "I21"),
+        ("grant_before_policy", "I21: granted before the policy was read"),
         ("breaker_ignores_queue", "granted while open"),
         ("batch_decides_in_parallel", "budget"),
     ],
@@ -196,3 +197,25 @@ def test_guard_checker_finds_a_rebuild_that_counts_cordons_only() -> None:
     what, trace = res.violations[0]
     assert "automatic repairs started in one window" in what, what
     assert len(trace) <= CI_DEPTH
+
+
+def test_no_automatic_lease_in_a_domain_held_across_a_restart_to_the_ci_bound() -> None:
+    """From a held domain (the ledger has its hold): a restarted guard starts from the
+    defaults (no failure domains) and its policy read can fail; none of the domain's
+    automatic repairs is granted before the policy read tells the hold its nodes."""
+    res = check(DOMAIN_DEPTH, domains=True, held=True)
+    assert not res.violations, res.violations[:3]
+    assert res.states > 1000, res.line()
+
+
+def test_domain_checker_finds_a_grant_before_the_policy_was_read() -> None:
+    """The planted defect ``grant_before_policy`` (a fresh guard whose first policy read
+    fails serves on the defaults): the hold rebuilt from the ledger knows no nodes, and
+    a1's automatic request is granted inside the held domain."""
+    assert "grant_before_policy" in DEFECTS
+    res = check(DOMAIN_DEPTH, defects=frozenset({"grant_before_policy"}),
+                stop_at_first=True, domains=True, held=True)
+    assert res.violations, "grant_before_policy not found"
+    what, trace = res.violations[0]
+    assert "granted while its domain is held" in what, what
+    assert "policy failed" in trace and len(trace) <= DOMAIN_DEPTH, trace

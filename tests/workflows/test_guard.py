@@ -115,8 +115,9 @@ async def test_reset_breaker_signal_closes_it(harness: Harness) -> None:
 
 
 async def test_status_says_when_the_policy_was_not_read(harness: Harness) -> None:
-    """A guard that cannot read the policy (a broken configuration) serves by the default
-    policy and says so: ``policy_loaded`` false, the error in ``errors``; once read,
+    """A guard that cannot read the policy (a broken configuration) says so:
+    ``policy_loaded`` false, the error in ``errors`` (it grants nothing meanwhile and
+    retries the read, tests/workflows/test_guard_rebuild_policy_unread.py); once read,
     ``policy_loaded`` is true and budget/threshold are the configured ones."""
     h = harness
     h.policy_error = "policy.rails: broken"

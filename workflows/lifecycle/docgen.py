@@ -128,7 +128,11 @@ def _guard_section() -> list[str]:
         "`ClusterGuardWorkflow`'s leases, queue, circuit breaker and rebuild from the",
         "ledger. A fresh guard reads the policy, then the ledger, retrying every "
         f"{gm.LEDGER_RETRY_S:g} s",
-        "until it answers; it grants nothing before (I21). A queued request records why it",
+        "until it answers; it grants nothing before (I21). A guard that has never read its",
+        "policy (its first `load_policy` failed) serves on no default either: it retries "
+        f"every {gm.POLICY_RETRY_S:g} s,",
+        "tells new requests they wait, and decides them once the policy is read (the",
+        "defaults know no pool and no failure domain's nodes). A queued request records why it",
         "waits (" + ", ".join(f"`{w.value}`" for w in gm.Why) + ") and since when. A reset of",
         "the open breaker marks every queued request, whatever queued it: its grant carries",
         "`reset_at` and the repair acts only on evidence observed after it; the reset starts",

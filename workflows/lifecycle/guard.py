@@ -6,9 +6,11 @@ the circuit breaker and the rebuild from the ledger, as a pure machine.
 (:mod:`workflows.guard`) turns signals, activity results and timers into events and
 executes the commands; nothing is decided there.
 
-Statuses: ``starting`` (the policy is being read), ``rebuilding`` (a fresh guard reads
-the ledger's holders, automatic starts and breaker; it retries every
-:data:`LEDGER_RETRY_S` until the ledger answers and grants nothing meanwhile), ``serving``.
+Statuses: ``starting`` (the policy is being read; a guard that never read it retries
+every :data:`POLICY_RETRY_S` until ``load_policy`` answers and grants nothing meanwhile),
+``rebuilding`` (a fresh guard reads the ledger's holders, automatic starts and breaker; it
+retries every :data:`LEDGER_RETRY_S` until the ledger answers and grants nothing
+meanwhile), ``serving``.
 
 Rules (docs/design.md §5 rails), checked by ``tests/model/guard_world.py``:
 
@@ -26,7 +28,12 @@ Rules (docs/design.md §5 rails), checked by ``tests/model/guard_world.py``:
   reset alert), so a request first asked for at or before it is treated so even when a
   guard restart lost the queue that held it. A reset of a closed breaker is left alone;
 - **I21** a fresh guard grants nothing until the ledger answered (a holder the ledger
-  lists, in any stage that holds a node, keeps its slot).
+  lists, in any stage that holds a node, keeps its slot), nor until its policy was read
+  once (``PolicyView.loaded``): the defaults know no pool and no failure domain's nodes,
+  so a hold rebuilt from the ledger would hold nothing. A failed first read is retried
+  every :data:`POLICY_RETRY_S`, the requests wait (told ``queued``; a repair's own
+  ``rails.lease_wait_max_s`` ends it ``timed_out`` if the policy stays unreadable); a
+  failed refresh of a policy once read keeps serving on it.
 - **failure-domain hold** (issue 29 item 2): when ``domain_threshold`` distinct nodes of
   one failure domain (``PolicyView.domains``) have raised an actionable fault (the node's
   ``fault_seen`` report, :class:`FaultSeen`) or asked for a lease for a platform-
@@ -79,6 +86,13 @@ LEDGER_RETRY_S = 60.0
 #: Re-read the policy (``load_policy``) at most this often, seconds (the first release's
 #: refresh interval).
 POLICY_REFRESH_S = 300.0
+#: How long a guard that never read its policy waits before asking ``load_policy`` again
+#: after a failed read, seconds (I21: it grants nothing on the defaults). Each read is
+#: itself activity tries with backoff (a retryable failure is retried inside it; the
+#: machine hears of a non-retryable one, a broken configuration); 60 s, as for the
+#: ledger (:data:`LEDGER_RETRY_S`), keeps a broken configuration from flooding the
+#: history and picks up its fix within a minute.
+POLICY_RETRY_S = 60.0
 #: Kind of the breaker's cluster-level alerts (a trip raises, a reset clears).
 BREAKER_KIND = "circuit_breaker"
 #: Kind of a failure-domain hold's cluster-level alert (issue 29 contract: a hold raises,
@@ -108,6 +122,7 @@ DEFAULT_HISTORY_LIMIT = 10_000
 #: Timer names.
 EXPIRY_TIMER = "lease_expiry"
 LEDGER_TIMER = "ledger_retry"
+POLICY_TIMER = "policy_retry"
 
 DEFECTS: dict[str, str] = {
     "reset_marks_queue_only": "a breaker reset marks only the requests the guard's queue "
@@ -126,6 +141,10 @@ DEFECTS: dict[str, str] = {
                                    "counted, and the breaker lets threshold more through",
     "rebuild_gives_up": "a fresh guard that cannot read the ledger serves without its "
                         "holders and grants a second lease beside one (I21)",
+    "grant_before_policy": "a guard whose first policy read fails serves on the defaults, "
+                           "which know no failure domain's nodes: a hold rebuilt from the "
+                           "ledger holds nothing and an automatic lease is granted inside "
+                           "the held domain (I21)",
     "breaker_ignores_queue": "a budget-queued automatic request is granted while the "
                              "breaker is open",
     "batch_decides_in_parallel": "a batch of requests is decided against the leases held "
@@ -256,10 +275,12 @@ class GuardState(BaseModel):
     Bounded: ``leases`` ≤ ``policy.budget``; ``queue`` ≤ :data:`MAX_QUEUED`; ``counted``
     ≤ held + queued + ``breaker_threshold + 1`` (:class:`Counted`); ``expired`` ≤
     :data:`MAX_EXPIRED`; ``errors`` ≤ :data:`MAX_ERRORS`; ``deferred`` holds only what came
-    during one policy or ledger read (a read ends in an answer, a failure or a retry timer);
-    ``timers`` ≤ 2; ``domain_faults``: inside ``domain_window_s`` only, at most one per
-    (domain, repair), fewer than ``domain_threshold`` nodes per domain not held (a held
-    domain counts no more) and :data:`MAX_QUEUED` in all; ``holds`` ≤ the domains configured;
+    while the guard was starting or rebuilding (a read and, while its source does not
+    answer, its retries: each waiting repair re-sends every ``LEASE_RESEND_S`` until its
+    ``rails.lease_wait_max_s``); ``timers`` ≤ 2 (the lease expiry and one read's retry);
+    ``domain_faults``: inside ``domain_window_s`` only, at most one per (domain, repair),
+    fewer than ``domain_threshold`` nodes per domain not held (a held domain counts no
+    more) and :data:`MAX_QUEUED` in all; ``holds`` ≤ the domains configured;
     ``domain_releases`` ≤ :data:`MAX_RELEASES`."""
 
     model_config = ConfigDict(extra="ignore")
@@ -1122,6 +1143,36 @@ def _drain(s: GuardState, now: datetime, defects: frozenset[str]) -> tuple[Guard
     return s, cmds
 
 
+#: What a request waiting for a guard's first policy read is told (``queued``).
+POLICY_WAIT_REASON = ("guard waiting for its policy: load_policy failed and no policy was "
+                      f"read yet; retrying every {POLICY_RETRY_S:g} s, nothing is granted "
+                      "meanwhile")
+
+
+def _policy_wait(req: LeaseRequest) -> SendLease:
+    """The ``queued`` answer to ``req`` while the guard waits for its first policy."""
+    return SendLease(workflow_id=req.workflow_id, reply=LeaseReply(
+        repair_id=req.repair_id, granted=False, queued=True, reason=POLICY_WAIT_REASON))
+
+
+def _policy_retry(s: GuardState, now: datetime, message: str, cmds: Cmds
+                  ) -> tuple[GuardState, Cmds]:
+    """A starting guard's policy read failed and no policy was ever read (I21): stay
+    starting with the messages deferred, arm :data:`POLICY_TIMER` (read again in
+    :data:`POLICY_RETRY_S`), and tell each new request deferred so far that it waits
+    (a renewal is decided once the policy is read: the holder keeps acting meanwhile)."""
+    at = now + timedelta(seconds=POLICY_RETRY_S)
+    s = s.model_copy(update={"reading": None, "timers": {**s.timers, POLICY_TIMER: at}})
+    told: dict[str, SendLease] = {}
+    for d in s.deferred:
+        if isinstance(d, Request) and not d.req.renew:
+            told[d.req.repair_id] = _policy_wait(d.req)
+    return s, [*cmds, SetDetails(text=f"starting: load_policy failed ({message}); no "
+                                      "policy read yet, nothing granted; retrying in "
+                                      f"{POLICY_RETRY_S:g} s"),
+               StartTimer(name=POLICY_TIMER, at=at), *told.values()]
+
+
 def _stale(s: GuardState, now: datetime) -> bool:
     at = s.policy.loaded_at
     return at is None or (now - at).total_seconds() >= POLICY_REFRESH_S
@@ -1227,8 +1278,14 @@ def _step(s: GuardState, ev: Event, now: datetime, defects: frozenset[str]
         if isinstance(ev, PolicyRead):
             s = s.model_copy(update={"policy": ev.view.model_copy(update={
                 "loaded": True, "loaded_at": now})})
-        else:  # keep serving on the last policy (or the defaults)
+        else:
             s, cmds = _note(s, now, f"load_policy failed: {ev.message}")
+            if (s.status == Status.starting and not s.policy.loaded
+                    and "grant_before_policy" not in defects):
+                # never read: the defaults know no pool and no domain's nodes; decide
+                # nothing on them (I21), read again later
+                return _policy_retry(s, now, ev.message, cmds)
+            # keep serving on the last policy read
             s = s.model_copy(update={"policy": s.policy.model_copy(update={"loaded_at": now})})
         s = s.model_copy(update={"reading": None})
         if s.status == Status.starting:
@@ -1266,6 +1323,8 @@ def _step(s: GuardState, ev: Event, now: datetime, defects: frozenset[str]
             window = timedelta(seconds=s.policy.breaker_window_s)
             return s.model_copy(update={"reading": "ledger"}), [ReadLedger(
                 since=now - window)]
+        if ev.name == POLICY_TIMER and s.status == Status.starting and s.reading is None:
+            return s.model_copy(update={"reading": "policy"}), [LoadPolicy()]
         return s, []  # the expiry timer: _settle expires what is due
     if isinstance(ev, HistoryLong):
         if s.status == Status.serving and s.reading is None and not s.deferred:
@@ -1278,6 +1337,8 @@ def _step(s: GuardState, ev: Event, now: datetime, defects: frozenset[str]
             return s, [SendLease(workflow_id=ev.req.workflow_id, reply=LeaseReply(
                 repair_id=ev.req.repair_id, granted=False, queued=True,
                 reason="guard rebuilding its state from the ledger"))]
+        if isinstance(ev, Request) and POLICY_TIMER in s.timers and not ev.req.renew:
+            return s, [_policy_wait(ev.req)]
         return s, []
     if isinstance(ev, Request) and _stale(s, now):
         s = s.model_copy(update={"deferred": [ev], "reading": "policy"})
@@ -1313,7 +1374,11 @@ def _table() -> None:
             elif kind in ("policy_ok", "policy_failed"):
                 what = {
                     Status.starting: "fresh → rebuilding (read the ledger); after "
-                                     "continue-as-new → serving; failure keeps the defaults",
+                                     "continue-as-new → serving; failure with a policy "
+                                     "read before → go on with it; failure with none read "
+                                     "yet → stay starting, retry timer "
+                                     f"({POLICY_RETRY_S:g} s), the new requests deferred "
+                                     "so far told queued, nothing granted (I21)",
                     Status.rebuilding: "ignored: no policy read is out",
                     Status.serving: "policy refreshed (failure: kept, noted); deferred "
                                     "messages decided in order",
@@ -1329,6 +1394,7 @@ def _table() -> None:
                 }.get(st, "ignored: no ledger read is out")
             elif kind == "timer":
                 what = {
+                    Status.starting: "policy retry due → read the policy again",
                     Status.rebuilding: "ledger retry due → read the ledger again",
                     Status.serving: "lease expiry: each expired lease extended and its "
                                     "holder asked; a gone holder frees its slot",
@@ -1338,7 +1404,10 @@ def _table() -> None:
                         "deferred)") if st == Status.serving else "ignored: asked again later"
             elif st != Status.serving:
                 what = msg_wait + ("; a request is told it is queued (rebuilding)"
-                                   if st == Status.rebuilding and kind == "request" else "")
+                                   if st == Status.rebuilding and kind == "request" else
+                                   "; a new request is told it is queued while the policy "
+                                   "retry timer runs"
+                                   if st == Status.starting and kind == "request" else "")
             elif kind == "request":
                 what = ("held → renewed (the answer carries the grant's breaker reset "
                         "again, I23); automatic new → counted once (a repair counted "
