@@ -306,18 +306,25 @@ class RedfishMachine:
         """Reset types the BMC lists as allowed."""
         return set(await self.call(lambda s: s.get_allowed_reset_system_values()))
 
-    async def leaves_on(self, limit_s: float, phase: str) -> str | None:
-        """The first power state other than ``On`` (``Off``, ``PoweringOff``) read within
-        ``limit_s`` seconds, or ``None`` when it read ``On`` throughout (polled every
-        :data:`POWER_POLL_S` seconds; heartbeats ``{"phase", "power"}``)."""
+    async def leaves_on(self, limit_s: float, phase: str,
+                        came_back: Callable[[], Awaitable[str | None]] | None = None,
+                        ) -> tuple[str | None, str | None]:
+        """Watch the power for up to ``limit_s`` seconds (polled every
+        :data:`POWER_POLL_S` seconds; heartbeats ``{"phase", "power"}``): ``(state,
+        None)`` with the first power state other than ``On`` (``Off``, ``PoweringOff``)
+        read; ``(None, why)`` when, at an ``On`` read, ``came_back()`` gives a reason
+        (a new boot identity: the host went off and came back before this run looked);
+        ``(None, None)`` when it read ``On`` throughout."""
         deadline = time.monotonic() + limit_s
         while True:
             st = await self.power_state()
             heartbeat({"phase": phase, "power": st})
             if st.lower() != "on":
-                return st
+                return st, None
+            if came_back is not None and (why := await came_back()):
+                return None, why
             if time.monotonic() >= deadline:
-                return None
+                return None, None
             await asyncio.sleep(POWER_POLL_S)
 
     async def wait_off(self, phase: str, left: str | None = None,
@@ -676,7 +683,9 @@ class PowerActivities:
         them apart, nor can the time since the send (the earlier try may have watched it
         stay On all along). The boot identity can: the wait for Off asks it at every
         ``On`` read, and a new one (the kubelet / slurmd reported the new boot) is the
-        cycle, as above. Without one the run waits for Off as before (the safe side: a
+        cycle, as above; so does the retry resumed at ``off_requested`` while it watches
+        the power leave ``On``: a new boot read there is the cycle, and ForceOff is not
+        sent. Without one the run waits for Off as before (the safe side: a
         host taken as cycled that never was would be verified as if the cycle had run,
         on readiness alone where the scheduler gives no boot identity).
         A ForceOff the BMC refused (auth, unsupported: it answered) reports
@@ -699,6 +708,15 @@ class PowerActivities:
                                     phase="booted")
             inp = await self.current(inp)
             m = self.machine(inp)
+
+            # a host that went off and came back before this run looked (between tries)
+            # shows nothing in its power (On, as one the ForceOff never reached): only a
+            # new boot identity tells them apart, asked at every On read of the waits
+            # below. ForceOff is never sent to such a host (I16)
+            async def came_back() -> str | None:
+                return await boot_changed(self.health, inp.cluster, inp.node,
+                                          inp.boot_id_before, inp.boot_time_before)
+
             if phase == "not_started":
                 if inp.make_safe:
                     # nothing was sent in this attempt: the host's power is as it was
@@ -715,10 +733,16 @@ class PowerActivities:
                 phase = "off_sent"
                 heartbeat({"phase": phase})
             elif phase == "off_requested":
-                left = await m.leaves_on(FORCE_OFF_LANDED_S, phase)
+                left, back = await m.leaves_on(FORCE_OFF_LANDED_S, phase, came_back)
                 if left:
                     steps.append("resumed at off_requested: the earlier ForceOff landed "
                                  f"(power read {left}), not sent again")
+                elif back:
+                    # the earlier ForceOff landed and the host is back (a new boot
+                    # reported while the power read On): the cycle happened
+                    cycled = (f"resumed at off_requested: power On and the host came back "
+                              f"({back}): the cycle happened, ForceOff and On not sent "
+                              "again")
                 elif inp.make_safe:
                     return ActionResult(done=True, phase="booted", nothing_landed=True,
                                         detail=(
@@ -733,7 +757,10 @@ class PowerActivities:
                                  "land: ForceOff")
                 phase = "off_sent"
                 heartbeat({"phase": phase})
-                if left is not None and left.lower() == "off":
+                if cycled:
+                    phase = "off_seen"
+                    heartbeat({"phase": phase})
+                elif left is not None and left.lower() == "off":
                     # the Off was read already: waiting for it again would miss a host
                     # that came back On by itself meanwhile (power-restore policy, the
                     # button) and wait out POWER_WAIT_S for an Off that never comes
@@ -741,14 +768,7 @@ class PowerActivities:
                     heartbeat({"phase": phase})
                     off_read = True
             if phase == "off_sent":
-                # a host that went off and came back before this run looked (between
-                # tries) shows nothing in its power (On, as one the ForceOff never
-                # reached): only a new boot identity tells them apart, asked at every On
-                # read. ForceOff is never sent from here (I16)
-                async def came_back() -> str | None:
-                    return await boot_changed(self.health, inp.cluster, inp.node,
-                                              inp.boot_id_before, inp.boot_time_before)
-
+                # ForceOff is never sent from here (I16)
                 seen = await m.wait_off("off_sent", left, came_back)
                 phase = "off_seen"
                 heartbeat({"phase": phase})

@@ -104,3 +104,35 @@ async def test_a_host_on_with_its_old_boot_is_still_waited_for(
     assert sent == [], sent
     assert ei.value.details[0]["phase"] == "off_sent", ei.value.details
     assert not ei.value.non_retryable and ei.value.type == "BmcUnavailable", ei.value
+
+
+async def test_a_retry_at_off_requested_takes_a_new_boot_as_the_cycle(
+    redfish_emulator: RedfishEmulator, bmc_secrets_file: Path, kube_api: KubeApi,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same between tries, on a retry resumed at ``off_requested`` (the earlier
+    ForceOff's answer was lost): the retry watches the power for up to
+    ``FORCE_OFF_LANDED_S`` to learn whether that ForceOff landed, reads ``On`` (the host
+    is back already) and, before, sent ForceOff again at the end of the watch although
+    the kubelet had reported the new boot meanwhile: a second cycle of a booting host
+    (I16, reproduction 2's family). The watch asks the boot identity at every ``On``
+    read now: the new boot is the cycle, nothing is sent."""
+    acts, sent = _setup(redfish_emulator, bmc_secrets_file, kube_api, monkeypatch)
+    monkeypatch.setattr(power, "FORCE_OFF_LANDED_S", 2.0, raising=False)
+    m = acts.machine(_inp("gpu-02"))
+    await _off_and_back(m, sent)
+    env = ActivityEnvironment()
+
+    def on_beat(*details: Any) -> None:
+        # the kubelet reports the new boot while the retry watches the power
+        if any(isinstance(d, dict) and d.get("phase") == "off_requested" for d in details):
+            kube_api.set_boot_id("gpu-02", "boot-B")
+
+    env.on_heartbeat = on_beat
+    inp = _inp("gpu-02", resume_phase="off_requested", boot_id_before="boot-A")
+    res = await asyncio.wait_for(env.run(acts.power_cycle_machine, inp), 30)
+    assert sent == [], (sent, res)
+    assert res.done and res.phase == "booted" and not res.skipped_reason, res
+    assert "boot id changed boot-A -> boot-B" in res.detail, res.detail
+    assert "the cycle happened" in res.detail, res.detail
+    assert (await m.power_state()).lower() == "on"
