@@ -154,6 +154,14 @@ class ClockStopped(AssertionError):
     does so each time."""
 
 
+class TaskRefused(ClockStopped):
+    """The time-skipping server refuses, on every retry, the completion of a workflow
+    task that requests the cancel of an activity which completed while that task ran
+    (temporalio/sdk-java#2391: ``ACTIVITY_UNKNOWN for scheduledEventId=…``; the official
+    server goes on): the repair can never take another step. Not a rail violation: the
+    program runs again in a fresh world, as after :class:`ClockStopped`."""
+
+
 @dataclass
 class Call:
     seq: int
@@ -625,7 +633,34 @@ class World:
             await self.skip(600)
             await asyncio.sleep(0.05)
         await self.discover()
-        return [t.rid for t in self.repairs.values() if await self.is_open(t)]
+        still = [t for t in self.repairs.values() if await self.is_open(t)]
+        for t in still:
+            why = await self.task_refused(t)
+            if why is not None:
+                raise TaskRefused(f"{t.rid}: {why}")
+        return [t.rid for t in still]
+
+    async def task_refused(self, t: Tracked) -> str | None:
+        """Why repair ``t`` cannot take another step because the server refuses its
+        workflow task's completion (:class:`TaskRefused`), or None. Signature: a workflow
+        task pending at attempt 2 or more, and no ``WorkflowTaskFailed`` since the last
+        completed task — a failure of the workflow's own code (an exception, the
+        deadlock detector) is a ``WorkflowTaskFailed`` and stays a violation."""
+        handle = self.handle(t)
+        try:
+            raw = (await handle.describe()).raw_description
+        except RPCError:
+            return None
+        if not raw.HasField("pending_workflow_task") or raw.pending_workflow_task.attempt < 2:
+            return None
+        for e in reversed((await handle.fetch_history()).events):
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+                return None
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+                break
+        return (f"workflow task at attempt {raw.pending_workflow_task.attempt}, none "
+                "completed since and none failed by the workflow's code: the server "
+                "refuses its completion (temporalio/sdk-java#2391)")
 
     async def skip_by(self, seconds: float, step_s: float = 600) -> None:
         """Skip ``seconds`` of server time in steps of ``step_s``."""

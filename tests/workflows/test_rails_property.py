@@ -15,7 +15,9 @@ terminated holder's lease expiring, a lease wait timing out) and a fixed-seed sl
 ``make property`` runs a longer random one and prints ``examples=… failures=…
 guard_restarts=… forced_unlocks=… clock_stops=… seconds=…`` last. When the time-skipping
 server's clock stops (``ClockStopped``, the server's own failure), the program runs again
-in a fresh world, at most :data:`CLOCK_RETRIES` times; ``clock_stops`` counts those. The tests at the end show each lease check flags a
+in a fresh world, at most :data:`CLOCK_RETRIES` times; ``clock_stops`` counts those, and
+also programs whose repair the server left unable to complete a workflow task
+(``TaskRefused``: temporalio/sdk-java#2391, found by ``make property`` on 2026-12-07). The tests at the end show each lease check flags a
 planted violation.
 
 Workflow cancellation from the Temporal UI (``handle.cancel()``) is not in the mix: on the
@@ -284,6 +286,9 @@ async def test_settle_flags_a_lease_that_never_ends_and_a_waiter_behind_it(
             node="gpu-03", automatic=False))
         await w.run(Step("api", "gpu-03", "event"))
         bad = await check(w, await w.settle())
+        # a repair that waits is not one the server refuses (TaskRefused re-runs those)
+        for t in w.repairs.values():
+            assert await w.task_refused(t) is None
     waiter = next(t.rid for t in w.repairs.values())
     assert any(b.startswith(f"settling: {waiter} still waits for a lease") for b in bad), bad
     assert "lease of planted on gpu-03 still held after settling (holder ended)" in bad, bad
