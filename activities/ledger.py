@@ -932,14 +932,16 @@ class Ledger:
         # the last reset, whatever came after it: a trip since (the breaker open again)
         # does not undo what the reset marked (I23: a request first asked for before it,
         # a person's budget-queued one too, acts only on evidence after it)
-        last_reset = await self.pool.fetchval(
-            """SELECT max(observed_at) FROM alerts
+        reset_row = await self.pool.fetchrow(
+            """SELECT observed_at, evidence->>'by' AS by FROM alerts
                WHERE cluster = $1 AND kind = $2 AND source = $3 AND node = '*'
-                 AND NOT active""",
+                 AND NOT active
+               ORDER BY observed_at DESC LIMIT 1""",
             q.cluster,
             BREAKER_KIND,
             BREAKER_SOURCE,
         )
+        last_reset = reset_row["observed_at"] if reset_row is not None else None
         evidence = (breaker["evidence"] or {}) if breaker is not None else {}
         # per domain the guard's newest hold row: a raise is a hold in force, a
         # release's clear is none (issue 29 item 2). At one instant (a release and the
@@ -996,6 +998,7 @@ class Ledger:
             tripped_reason=str(evidence.get("reason", "")) if is_open else "",
             domain_holds=holds,
             reset_at=last_reset,
+            reset_by=reset_row["by"] if reset_row is not None else None,
             domain_releases=sorted(releases, key=lambda r: r.at),
         )
 

@@ -696,6 +696,8 @@ class GuardLedgerState(BaseModel):
     #: guard marks a request first asked for before it (I23) and keeps the automatic
     #: starts before it out of the window.
     reset_at: datetime | None = None
+    #: Who made that reset (the clear's ``evidence.by``), for the rebuilt guard's status.
+    reset_by: str | None = None
     #: Per domain, its last release: the guard's newest clear (``active`` false) of the
     #: domain's ``failure_domain`` hold, at the guard's clock when it released (the
     #: alert's ``observed_at``, which the guard sets; a sender cannot write the kind). A

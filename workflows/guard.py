@@ -197,6 +197,7 @@ def ledger_view(cluster: str, st: GuardLedgerState) -> gm.LedgerView:
         tripped_reason=st.tripped_reason,
         holds=list(st.domain_holds),
         reset_at=st.reset_at,
+        reset_by=st.reset_by,
         releases=list(st.domain_releases),
     )
 

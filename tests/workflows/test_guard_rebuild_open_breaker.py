@@ -97,6 +97,9 @@ async def test_a_persons_request_queued_across_a_reset_keeps_it_after_a_rebuild_
         return g.rebuilt_at is not None and g.breaker_open
 
     await eventually(rebuilt, "the fresh guard rebuilt (breaker open)")
+    # the operators' view keeps the last reset across the restart (it was blank)
+    g = await guard_status(h)
+    assert (g.reset_at, g.reset_by) == (reset_at, "alice"), g
     # a1 ends; p (re-sent, a person's: the open breaker does not hold it) is granted by
     # the rebuilt guard. It waited through the reset: its Xid predates it
     st = await result_skipping(h, "gpu-02", "p")
@@ -105,3 +108,4 @@ async def test_a_persons_request_queued_across_a_reset_keeps_it_after_a_rebuild_
     assert h.cluster.count("power_cycle", "gpu-02") == 0
     st_ledger = await h.ledger.guard_state(GuardStateQuery(cluster=c, since=EPOCH))
     assert st_ledger.breaker_open and st_ledger.reset_at == reset_at
+    assert st_ledger.reset_by == "alice"

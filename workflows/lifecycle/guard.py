@@ -264,6 +264,8 @@ class LedgerView(BaseModel):
     #: The last reset of the open breaker (the guard's newest breaker clear), also when
     #: the breaker tripped again since.
     reset_at: datetime | None = None
+    #: Who made that reset (shown in the rebuilt guard's status).
+    reset_by: str | None = None
     #: The last release of each failure domain the ledger records (the newest clear of
     #: the domain's hold, its time the guard's clock when it released).
     releases: list[DomainRelease] = Field(default_factory=list)
@@ -1088,6 +1090,9 @@ def _rebuild(s: GuardState, v: LedgerView, now: datetime, defects: frozenset[str
                                        + ", ".join(h.domain for h in rebuilt)))
     if v.reset_at is not None and (s.open_reset_at is None or v.reset_at > s.open_reset_at):
         upd["open_reset_at"] = v.reset_at
+    if v.reset_at is not None and (s.reset_at is None or v.reset_at > s.reset_at):
+        # the status says when and by whom the breaker was last reset, after a restart too
+        upd["reset_at"], upd["reset_by"] = v.reset_at, v.reset_by
     if v.releases:
         # the last release of each domain: a request first asked for at or before it
         # waited through it (:func:`release_before`); the operators' list shows them
