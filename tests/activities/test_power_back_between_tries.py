@@ -61,30 +61,36 @@ async def _off_and_back(m: RedfishMachine, sent: list[str]) -> None:
     sent.clear()
 
 
-async def test_a_retry_at_off_sent_takes_a_new_boot_as_the_cycle(
-    redfish_emulator: RedfishEmulator, bmc_secrets_file: Path, kube_api: KubeApi,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    acts, sent = _setup(redfish_emulator, bmc_secrets_file, kube_api, monkeypatch)
+async def _retry_sees_the_new_boot(acts: PowerActivities, sent: list[str],
+                                   kube_api: KubeApi, phase: str) -> None:
+    """A retry resumed at ``phase`` on a host that went off and came back between tries;
+    the kubelet reports the new boot only once the retry watches the power in ``phase``
+    (at its start the identity had not changed yet: the retry went on to watch)."""
     m = acts.machine(_inp("gpu-02"))
     await _off_and_back(m, sent)
     env = ActivityEnvironment()
 
     def on_beat(*details: Any) -> None:
-        # the kubelet reports the new boot only once the retry waits for Off (at its
-        # start the identity had not changed yet: the retry went on to wait)
-        if any(isinstance(d, dict) and d.get("phase") == "off_sent" for d in details):
+        if any(isinstance(d, dict) and d.get("phase") == phase for d in details):
             kube_api.set_boot_id("gpu-02", "boot-B")
 
     env.on_heartbeat = on_beat
-    inp = _inp("gpu-02", resume_phase="off_sent", boot_id_before="boot-A")
-    # before the fix the retry waited POWER_WAIT_S (600 s) for an Off
+    inp = _inp("gpu-02", resume_phase=phase, boot_id_before="boot-A")
     res = await asyncio.wait_for(env.run(acts.power_cycle_machine, inp), 30)
     assert sent == [], (sent, res)
     assert res.done and res.phase == "booted" and not res.skipped_reason, res
     assert "boot id changed boot-A -> boot-B" in res.detail, res.detail
     assert "the cycle happened" in res.detail, res.detail
     assert (await m.power_state()).lower() == "on"
+
+
+async def test_a_retry_at_off_sent_takes_a_new_boot_as_the_cycle(
+    redfish_emulator: RedfishEmulator, bmc_secrets_file: Path, kube_api: KubeApi,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    acts, sent = _setup(redfish_emulator, bmc_secrets_file, kube_api, monkeypatch)
+    # before the fix the retry waited POWER_WAIT_S (600 s) for an Off
+    await _retry_sees_the_new_boot(acts, sent, kube_api, "off_sent")
 
 
 async def test_a_host_on_with_its_old_boot_is_still_waited_for(
@@ -119,20 +125,5 @@ async def test_a_retry_at_off_requested_takes_a_new_boot_as_the_cycle(
     read now: the new boot is the cycle, nothing is sent."""
     acts, sent = _setup(redfish_emulator, bmc_secrets_file, kube_api, monkeypatch)
     monkeypatch.setattr(power, "FORCE_OFF_LANDED_S", 2.0, raising=False)
-    m = acts.machine(_inp("gpu-02"))
-    await _off_and_back(m, sent)
-    env = ActivityEnvironment()
-
-    def on_beat(*details: Any) -> None:
-        # the kubelet reports the new boot while the retry watches the power
-        if any(isinstance(d, dict) and d.get("phase") == "off_requested" for d in details):
-            kube_api.set_boot_id("gpu-02", "boot-B")
-
-    env.on_heartbeat = on_beat
-    inp = _inp("gpu-02", resume_phase="off_requested", boot_id_before="boot-A")
-    res = await asyncio.wait_for(env.run(acts.power_cycle_machine, inp), 30)
-    assert sent == [], (sent, res)
-    assert res.done and res.phase == "booted" and not res.skipped_reason, res
-    assert "boot id changed boot-A -> boot-B" in res.detail, res.detail
-    assert "the cycle happened" in res.detail, res.detail
-    assert (await m.power_state()).lower() == "on"
+    # before the fix the watch ended with ForceOff sent to the host back from its cycle
+    await _retry_sees_the_new_boot(acts, sent, kube_api, "off_requested")

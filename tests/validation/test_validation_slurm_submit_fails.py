@@ -30,34 +30,6 @@ with workflow.unsafe.imports_passed_through():
 pytestmark = pytest.mark.slurm
 
 
-async def test_submit_failing_on_every_try_leaves_the_repairs_drain(
-        temporal_env: Any, ledger_pool: Any, slurm_cluster: SlurmCluster,
-        tmp_path: Path) -> None:
-
-    config = _config(slurm_cluster, tmp_path)
-    config.clusters[0].validation.partition = "no-such-partition"
-    node = "gpu-04"
-    # drained by a repair that has ended (not in the ledger's in-flight set): placement
-    # may take that drain over for the check run
-    reason = "autorepair:repair-ended-1 reprovision"
-    slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=drain",
-                      f"reason={reason}")
-    try:
-        result = await run_validation(temporal_env, ledger_pool, config, CLUSTER, node,
-                                      "submit-fails")
-        line = slurm_cluster.run("scontrol", "-o", "show", "node", node)
-    finally:
-        slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=resume",
-                          check=False)
-    assert result.verdict == Verdict.aborted
-    assert "no-such-partition" in result.reason or "partition" in result.reason.lower(), \
-        result.reason
-    assert "DRAIN" in line, line  # still out of service: it was never validated
-    assert f"Reason={reason}" in line, line
-    assert "autorepair-validate" not in slurm_cluster.run(
-        "scontrol", "show", "reservation", check=False)
-
-
 async def test_release_puts_back_a_drain_lifted_for_a_job_never_submitted(
         slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     """The worker died between lifting the drain and submitting the job (the marker
@@ -85,17 +57,24 @@ async def test_release_puts_back_a_drain_lifted_for_a_job_never_submitted(
     assert "DRAIN" in line and f"Reason={reason}" in line, line
 
 
-@pytest.mark.parametrize("case", ["node_outside_partition", "reservation_user"])
-async def test_submit_refused_by_configuration_is_said_at_once(
+@pytest.mark.parametrize("case", ["no_such_partition", "node_outside_partition",
+                                  "reservation_user"])
+async def test_submit_refused_leaves_the_repairs_drain_and_says_why_at_once(
         temporal_env: Any, ledger_pool: Any, slurm_cluster: SlurmCluster,
         tmp_path: Path, case: str) -> None:
-    """sbatch refusals no retry fixes (real Slurm's messages) end the run at once naming
-    the setting, instead of 30 min of retries that lift and put back the drain; the
-    node keeps the repair's drain as above."""
+    """A check job sbatch refuses on every try (real Slurm's messages) leaves the node
+    drained with the reason it had (it was never validated), and a refusal no retry
+    fixes ends the run at once naming the setting, instead of 30 min of retries that
+    lift and put back the drain. The node was drained by a repair that has ended (not
+    in the ledger's in-flight set): placement may take that drain over for the check
+    run."""
     config = _config(slurm_cluster, tmp_path)
     v = config.clusters[0].validation
     node = "gpu-04"
-    if case == "node_outside_partition":
+    if case == "no_such_partition":
+        v.partition = "no-such-partition"
+        says = "validation.partition 'no-such-partition' is not a partition of the cluster"
+    elif case == "node_outside_partition":
         # a partition of the cluster that does not hold the node
         slurm_cluster.run("scontrol", "create", "PartitionName=other", "Nodes=gpu-01",
                           "State=UP")
@@ -118,6 +97,6 @@ async def test_submit_refused_by_configuration_is_said_at_once(
         slurm_cluster.run("scontrol", "delete", "PartitionName=other", check=False)
     assert result.verdict == Verdict.aborted
     assert says in result.reason, result.reason
-    assert "DRAIN" in line and f"Reason={reason}" in line, line
+    assert "DRAIN" in line and f"Reason={reason}" in line, line  # never validated
     assert "autorepair-validate" not in slurm_cluster.run(
         "scontrol", "show", "reservation", check=False)
