@@ -24,10 +24,11 @@ import json
 
 import pytest
 
-from agent.readers import FaultEvent, KernelLogReader, read_text
+from agent.readers import FaultEvent, read_text
 from agent.readers.kernel.common import CUT_RECORD_S
 from agent.readers.kernel.fold import WINDOW_LINES
 from tests import corpus
+from tests.unit.kernel_reads import run_reads
 
 _RECORDS = {json.loads(ln)["id"]: json.loads(ln) for ln in
             corpus.CORPUS.read_text().splitlines() if ln.strip()}
@@ -43,16 +44,7 @@ def _ids(events: list[FaultEvent]) -> list[tuple[str, int | None, str | None, ob
     return [(e.kind, e.xid, e.pci, e.details.get("also_reported_by")) for e in events]
 
 
-def _run(parts: list[list[str]], step_s: float = 2.0) -> list[FaultEvent]:
-    now = [1000.0]
-    r = KernelLogReader(clock=lambda: now[0])
-    got: list[FaultEvent] = []
-    for part in parts:
-        for ln in part:
-            got += r.feed(ln)
-        got += r.end_read()
-        now[0] += step_s
-    return got + r.end_read() + r.flush()
+_run = run_reads
 
 
 @pytest.mark.parametrize("first", ["kernel", "plugin"])

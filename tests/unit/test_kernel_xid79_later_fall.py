@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 
-from agent.readers import FaultEvent, KernelLogReader
+from agent.readers import FaultEvent
 from agent.readers.kernel.fold import WINDOW_LINES, XID79_FOLLOW_S
 from tests import corpus
+from tests.unit.kernel_reads import run_reads
 
 _RECORDS = {json.loads(ln)["id"]: json.loads(ln) for ln in
             corpus.CORPUS.read_text().splitlines() if ln.strip()}
@@ -39,17 +40,7 @@ def _ids(events: list[FaultEvent]) -> list[tuple[str, int | None, str | None]]:
     return [(e.kind, e.xid, e.pci) for e in events]
 
 
-def _run(parts: list[list[str]], step_s: float = 2.0) -> list[FaultEvent]:
-    """Each part one read of a followed log (``end_read`` after it), ``step_s`` apart."""
-    now = [1000.0]
-    r = KernelLogReader(clock=lambda: now[0])
-    got: list[FaultEvent] = []
-    for part in parts:
-        for ln in part:
-            got += r.feed(ln)
-        got += r.end_read()
-        now[0] += step_s
-    return got + r.end_read() + r.flush()
+_run = run_reads
 
 
 ONE = [("xid", 79, "0000:02:00")]
