@@ -30,6 +30,7 @@ def test_every_guard_status_event_pair_is_in_the_table() -> None:
         ("reset_recounts", "counted again"),
         ("rebuild_gives_up", "I21"),
         ("grant_before_policy", "I21: granted before the policy was read"),
+        ("can_skips_rebuild", "I21"),
         ("breaker_ignores_queue", "granted while open"),
         ("batch_decides_in_parallel", "budget"),
     ],

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from workflows.leases import DomainHold, LeaseRequest
+from workflows.leases import DomainHold, LeaseRelease, LeaseRequest
 from workflows.lifecycle import guard as gm
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -103,3 +103,44 @@ def test_the_planted_defect_grants_inside_the_held_domain() -> None:
     s, cmds = gm.step(s, gm.LedgerRead(view=LEDGER), T0, frozenset({"grant_before_policy"}))
     assert [h.domain for h in s.holds] == ["rack-a"]
     assert [r.reply.repair_id for r in _replies(cmds) if r.reply.granted] == ["r-n1"]
+
+
+def test_a_long_outage_keeps_one_request_per_repair_and_continues_as_new() -> None:
+    """Each waiting repair re-sends every ``LEASE_RESEND_S``: a guard that waits out a
+    long outage kept every re-send and never continued as new (``HistoryLong`` was
+    ignored until it served), so its state and history grew until the server's event
+    limit ended it. A re-send replaces the repair's deferred request in place (its first
+    place kept); a request after the same repair's release is a new one; the guard
+    continues as new while it waits to retry, and the new run still rebuilds from the
+    ledger once the policy is read (I21)."""
+    s, _ = _failed_start()
+    for k in range(1, 6):  # five re-sends of n1, one of n2 between
+        s, _ = gm.step(s, gm.Request(req=_req("n1")), T0 + timedelta(seconds=300 * k))
+        if k == 2:
+            s, _ = gm.step(s, gm.Request(req=_req("n2")), T0 + timedelta(seconds=601))
+    assert [d.req.repair_id for d in s.deferred if isinstance(d, gm.Request)] == [
+        "r-n1", "r-n2"]
+    rel = gm.Release(rel=LeaseRelease(repair_id="r-n1"))
+    s, _ = gm.step(s, rel, T0 + timedelta(seconds=1700))
+    s, _ = gm.step(s, gm.Request(req=_req("n1")), T0 + timedelta(seconds=1800))
+    assert [d.kind for d in s.deferred] == ["request", "request", "release", "request"]
+    # the history is long while it waits for the retry: continue as new, carrying it
+    s, cmds = gm.step(s, gm.HistoryLong(), T0 + timedelta(seconds=1801))
+    assert any(isinstance(c, gm.ContinueAsNew) for c in cmds)
+    carried = gm.GuardState.model_validate_json(s.model_dump_json())
+    s, cmds = gm.step(carried, gm.Started(fresh=False), T0 + timedelta(seconds=1802))
+    assert s.fresh and any(isinstance(c, gm.LoadPolicy) for c in cmds)
+    s, cmds = gm.step(s, gm.PolicyRead(view=POLICY), T0 + timedelta(seconds=1803))
+    assert s.status == gm.Status.rebuilding  # never served: it reads the ledger first
+    assert any(isinstance(c, gm.ReadLedger) for c in cmds)
+
+
+def test_the_planted_defect_serves_without_the_ledger_after_continue_as_new() -> None:
+    bad = frozenset({"can_skips_rebuild"})
+    s, _ = _failed_start(bad)
+    s, _ = gm.step(s, gm.HistoryLong(), T0, bad)
+    s, _ = gm.step(gm.GuardState.model_validate_json(s.model_dump_json()),
+                   gm.Started(fresh=False), T0, bad)
+    s, cmds = gm.step(s, gm.PolicyRead(view=POLICY), T0, bad)
+    assert s.status == gm.Status.serving and not any(
+        isinstance(c, gm.ReadLedger) for c in cmds)

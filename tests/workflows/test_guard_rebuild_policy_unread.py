@@ -123,3 +123,69 @@ async def test_a_guard_rebuilt_without_its_policy_grants_nothing_in_a_held_domai
             assert not any(r.granted for r in await _replies(rec))
         finally:
             await rec.terminate()
+
+
+async def test_a_guard_waiting_out_a_long_outage_continues_as_new_and_still_rebuilds(
+    harness: Harness,
+) -> None:
+    """A guard that cannot read its policy keeps every waiting repair's re-sends; it
+    continued as new only once serving, so a long outage grew its history until the
+    server's event limit ended it. It continues as new while it waits to retry now
+    (here past a history limit of 60 events), keeping one request per repair, and the
+    new run still rebuilds from the ledger before it grants anything (I21): the hold of
+    rack-a recorded before keeps d1 waiting once the policy is readable."""
+    h = harness
+    c = h.cluster.cluster
+    h.gpu_nodes = 40
+    h.domains = {n: ["rack-a"] for n in RACK}
+    gid = workflow_id_guard(c)
+    guard = h.client.get_workflow_handle(gid)
+    await h.client.start_workflow(GUARD_WORKFLOW, GuardInput(cluster=c), id=gid,
+                                  task_queue=h.task_queue)
+    for n in RACK:
+        await guard.signal(GUARD_SIGNAL_FAULT_SEEN, FaultReport(
+            cluster=c, node=n, alert_id=f"x-{n}", kind="nvlink_down", domains=["rack-a"]))
+
+    async def recorded() -> bool:
+        st = await h.ledger.guard_state(GuardStateQuery(
+            cluster=c, since=datetime(2000, 1, 1, tzinfo=UTC)))
+        return [d.domain for d in st.domain_holds] == ["rack-a"]
+
+    await eventually(recorded, "the hold of rack-a recorded in the ledger")
+    await terminate_between_tasks(h, gid)
+    h.policy_error = "policy.rails: broken"
+    first = await h.client.start_workflow(
+        GUARD_WORKFLOW, GuardInput(cluster=c, carried={"history_limit": 60}), id=gid,
+        task_queue=h.task_queue)
+
+    queue = f"rec-{uuid.uuid4().hex[:8]}"
+    async with Worker(h.client, task_queue=queue, workflows=[LeaseRecorder]):
+        rec = await h.client.start_workflow(RECORDER, id=f"rec-{uuid.uuid4().hex[:8]}",
+                                            task_queue=queue)
+        try:
+            req = LeaseRequest(repair_id="d1", workflow_id=rec.id, cluster=c, node=RACK[0],
+                               automatic=True, fault_kinds=["nvlink_down"])
+            run_ids = {first.result_run_id}
+            for _ in range(8):  # d1 re-sends while the policy stays unreadable
+                await guard.signal(GUARD_SIGNAL_ACQUIRE, req)
+                await h.env.sleep(timedelta(seconds=POLICY_RETRY_S))
+                run_ids.add((await guard.describe()).run_id)
+            assert len(run_ids) > 1, "the waiting guard never continued as new"
+            g = await guard_status(h)
+            assert g.leases == [] and g.policy_loaded is False, g
+            assert [p.repair_id for p in g.pending] == ["d1"], g.pending
+
+            h.policy_error = None
+            await h.env.sleep(timedelta(seconds=POLICY_RETRY_S + 5))
+
+            async def held() -> bool:
+                g = await guard_status(h)
+                return (g.policy_loaded and g.rebuilt_at is not None
+                        and [d.domain for d in g.domain_holds] == ["rack-a"]
+                        and [p.repair_id for p in g.pending] == ["d1"])
+
+            await eventually(held, "rebuilt after continue-as-new: d1 held by rack-a")
+            assert (await guard_status(h)).leases == []
+            assert not any(r.granted for r in await _replies(rec))
+        finally:
+            await rec.terminate()

@@ -141,6 +141,9 @@ DEFECTS: dict[str, str] = {
                                    "counted, and the breaker lets threshold more through",
     "rebuild_gives_up": "a fresh guard that cannot read the ledger serves without its "
                         "holders and grants a second lease beside one (I21)",
+    "can_skips_rebuild": "a guard that continued as new while it waited to retry its "
+                         "first policy or ledger read serves without rebuilding from the "
+                         "ledger: a holder the ledger lists loses its slot (I21)",
     "grant_before_policy": "a guard whose first policy read fails serves on the defaults, "
                            "which know no failure domain's nodes: a hold rebuilt from the "
                            "ledger holds nothing and an automatic lease is granted inside "
@@ -277,9 +280,9 @@ class GuardState(BaseModel):
     Bounded: ``leases`` ≤ ``policy.budget``; ``queue`` ≤ :data:`MAX_QUEUED`; ``counted``
     ≤ held + queued + ``breaker_threshold + 1`` (:class:`Counted`); ``expired`` ≤
     :data:`MAX_EXPIRED`; ``errors`` ≤ :data:`MAX_ERRORS`; ``deferred`` holds only what came
-    while the guard was starting or rebuilding (a read and, while its source does not
-    answer, its retries: each waiting repair re-sends every ``LEASE_RESEND_S`` until its
-    ``rails.lease_wait_max_s``); ``timers`` ≤ 2 (the lease expiry and one read's retry);
+    while the guard was starting or rebuilding, one request per repair and kind (a
+    re-send replaces it in place, :func:`_defer`; a guard waiting out a long outage
+    continues as new carrying them); ``timers`` ≤ 2 (the lease expiry and one read's retry);
     ``domain_faults``: inside ``domain_window_s`` only, at most one per (domain, repair),
     fewer than ``domain_threshold`` nodes per domain not held (a held domain counts no
     more) and :data:`MAX_QUEUED` in all; ``holds`` ≤ the domains configured;
@@ -294,8 +297,7 @@ class GuardState(BaseModel):
     policy: PolicyView
     leases: list[Lease] = Field(default_factory=list)
     queue: list[Queued] = Field(default_factory=list)
-    deferred: list[Annotated[Request | Release | ResetBreaker | ReleaseDomain | FaultSeen,
-                             Field(discriminator="kind")]] = Field(default_factory=list)
+    deferred: list[Deferred] = Field(default_factory=list)
     breaker_open: bool = False
     tripped_at: datetime | None = None
     tripped_reason: str = ""
@@ -381,6 +383,11 @@ class FaultSeen(BaseModel):
 
     kind: Literal["fault_seen"] = "fault_seen"
     report: FaultReport
+
+
+#: A message a starting or rebuilding guard keeps for when it serves.
+Deferred = Annotated[Request | Release | ResetBreaker | ReleaseDomain | FaultSeen,
+                     Field(discriminator="kind")]
 
 
 class ClusterAlert(BaseModel):
@@ -1148,6 +1155,25 @@ def _drain(s: GuardState, now: datetime, defects: frozenset[str]) -> tuple[Guard
     return s, cmds
 
 
+def _defer(deferred: list[Deferred], ev: Deferred) -> list[Deferred]:
+    """``deferred`` with ``ev`` kept for when the guard serves, in arrival order. A
+    request re-sent while the same repair's last deferred message is its earlier request
+    (the same kind: a request or a renewal) replaces it in place: the first place in the
+    order is kept, the newest content taken, so a long outage keeps one per repair
+    instead of one per re-send (each waiting repair re-sends every ``LEASE_RESEND_S``)."""
+    if isinstance(ev, Request):
+        rid = ev.req.repair_id
+        for i in range(len(deferred) - 1, -1, -1):
+            d = deferred[i]
+            if isinstance(d, Request) and d.req.repair_id == rid:
+                if d.req.renew == ev.req.renew:
+                    return [*deferred[:i], ev, *deferred[i + 1:]]
+                break
+            if isinstance(d, Release) and d.rel.repair_id == rid:
+                break
+    return [*deferred, ev]
+
+
 #: What a request waiting for a guard's first policy read is told (``queued``).
 POLICY_WAIT_REASON = ("guard waiting for its policy: load_policy failed and no policy was "
                       f"read yet; retrying every {POLICY_RETRY_S:g} s, nothing is granted "
@@ -1258,8 +1284,13 @@ def _step(s: GuardState, ev: Event, now: datetime, defects: frozenset[str]
     if isinstance(ev, Clock):
         return s, []
     if isinstance(ev, Started):
+        # a run that continued as new while it waited to retry its first policy or
+        # ledger read (a long outage) carries a state that never served: it still
+        # rebuilds from the ledger once the policy is read (I21)
+        fresh = ev.fresh or (s.fresh and s.status != Status.serving
+                             and "can_skips_rebuild" not in defects)
         s = s.model_copy(update={"status": Status.starting, "reading": "policy",
-                                 "fresh": ev.fresh})
+                                 "fresh": fresh})
         return s, [SetDetails(text=f"cluster guard for {s.cluster}"), LoadPolicy()]
     if isinstance(ev, ClusterAlert):
         return s, _record(ev.alert)
@@ -1334,10 +1365,16 @@ def _step(s: GuardState, ev: Event, now: datetime, defects: frozenset[str]
     if isinstance(ev, HistoryLong):
         if s.status == Status.serving and s.reading is None and not s.deferred:
             return s, [ContinueAsNew()]
+        if s.status != Status.serving and s.reading is None:
+            # waiting to retry a read whose source does not answer (a policy or ledger
+            # outage): every waiting repair re-sends each LEASE_RESEND_S and the history
+            # grows without end; the new run carries the state (the deferred messages,
+            # one per repair and kind) and reads again at once
+            return s, [ContinueAsNew()]
         return s, []  # asked again on a later round
     # a message: request, release, reset
     if s.status != Status.serving or s.reading is not None:
-        s = s.model_copy(update={"deferred": [*s.deferred, ev]})
+        s = s.model_copy(update={"deferred": _defer(s.deferred, ev)})
         if isinstance(ev, Request) and s.status == Status.rebuilding:
             return s, [SendLease(workflow_id=ev.req.workflow_id, reply=LeaseReply(
                 repair_id=ev.req.repair_id, granted=False, queued=True,
@@ -1366,7 +1403,8 @@ def _table() -> None:
                         "then (serving) the queue granted once; a queued answer a later "
                         "reply of the batch supersedes is not sent")
             elif kind == "started":
-                what = "→ starting: read the policy (a fresh start then rebuilds)"
+                what = ("→ starting: read the policy (a fresh start, or a run that "
+                        "continued as new before it ever served, then rebuilds)")
             elif kind == "cluster_alert":
                 what = "record in the ledger; notify while active"
             elif kind == "effect_failed":
@@ -1406,9 +1444,14 @@ def _table() -> None:
                 }.get(st, "ignored: no timer of this status runs")
             elif kind == "history_long":
                 what = ("continue as new carrying the state (when nothing is read or "
-                        "deferred)") if st == Status.serving else "ignored: asked again later"
+                        "deferred)") if st == Status.serving else (
+                    "while waiting to retry a read (a policy or ledger outage): continue "
+                    "as new carrying the state, the deferred messages included (one "
+                    "request per repair and kind); while a read is out: asked again later")
             elif st != Status.serving:
-                what = msg_wait + ("; a request is told it is queued (rebuilding)"
+                resend = ("; a re-sent request replaces the same repair's deferred one "
+                          "in place" if kind == "request" else "")
+                what = msg_wait + resend + ("; a request is told it is queued (rebuilding)"
                                    if st == Status.rebuilding and kind == "request" else
                                    "; a new request is told it is queued while the policy "
                                    "retry timer runs"
