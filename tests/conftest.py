@@ -18,7 +18,9 @@ import shutil
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,16 +46,42 @@ def venv_binary(name: str) -> str:
     return found
 
 
+#: The RPC deadline a test's virtual-clock sleep gets. The SDK's client gives every
+#: non-long-poll call 30 s (sdk-core's OTHER_CALL_TIMEOUT), and a skip of minutes on a
+#: loaded CI machine (workflow tasks of 7 s were seen) ran past it: the sleep failed with
+#: ``RPCError: Timeout expired`` while the clock still advanced. pytest-timeout still
+#: bounds the test as a whole.
+SKIP_RPC_TIMEOUT = timedelta(minutes=5)
+
+
+def patient_sleep(env: Any) -> Any:
+    """Make ``env.sleep`` (a time-skipping environment's virtual sleep) wait up to
+    :data:`SKIP_RPC_TIMEOUT` of real time for the skip to finish instead of the client's
+    30 s default; returns ``env``. A clock that stopped still fails the test by its own
+    timeout, and :meth:`TimeSkippingServer.check` bounds its probe itself."""
+    from temporalio.api.testservice.v1 import SleepRequest
+
+    async def sleep(duration: timedelta | float) -> None:
+        req = SleepRequest()
+        req.duration.FromTimedelta(
+            duration if isinstance(duration, timedelta) else timedelta(seconds=duration))
+        await env.client.test_service.unlock_time_skipping_with_sleep(
+            req, timeout=SKIP_RPC_TIMEOUT)
+
+    setattr(env, "sleep", sleep)  # noqa: B010  # an instance's method, not the class's
+    return env
+
+
 @pytest.fixture(scope="session")
 async def temporal_env() -> AsyncIterator[object]:
     """Time-skipping Temporal test environment (pydantic data converter)."""
     from temporalio.contrib.pydantic import pydantic_data_converter
     from temporalio.testing import WorkflowEnvironment
 
-    env = await WorkflowEnvironment.start_time_skipping(
+    env = patient_sleep(await WorkflowEnvironment.start_time_skipping(
         data_converter=pydantic_data_converter,
         test_server_existing_path=venv_binary("temporal-test-server"),
-    )
+    ))
     try:
         yield env
     finally:

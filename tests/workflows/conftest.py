@@ -486,12 +486,12 @@ class TimeSkippingServer:
         if self.env is None:
             from temporalio.contrib.pydantic import pydantic_data_converter
 
-            from tests.conftest import venv_binary
+            from tests.conftest import patient_sleep, venv_binary
 
-            self.env = await WorkflowEnvironment.start_time_skipping(
+            self.env = patient_sleep(await WorkflowEnvironment.start_time_skipping(
                 data_converter=pydantic_data_converter,
                 test_server_existing_path=venv_binary("temporal-test-server"),
-            )
+            ))
             await register_search_attributes(self.env.client)
         return self.env
 
