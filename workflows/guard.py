@@ -111,9 +111,11 @@ DEFAULT_HISTORY_LIMIT = gm.DEFAULT_HISTORY_LIMIT
 POLICY_REFRESH_S = gm.POLICY_REFRESH_S
 BREAKER_KIND = gm.BREAKER_KIND
 _ACT_TIMEOUT = timedelta(seconds=30)
-_ACT_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30))
-#: Side effects (ledger writes, notifications) and one ledger read are best effort: a
-#: few tries, then the machine is told (it notes the failure, or retries the read).
+#: Side effects (ledger writes, notifications) and the two reads (policy, ledger) are
+#: tried a few times (1 + 2 + 4 + 8 s apart), then the machine is told: it notes a failed
+#: effect, serves on the last policy read when a refresh fails, and retries a first read
+#: or the ledger on its own timer. A read retried without end blocked the guard: while
+#: it is out every message waits (no grant, release or expiry) for the whole outage.
 _EFFECT_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=30), maximum_attempts=5)
 #: Most replies and effects in flight at once. The Temporal server fails a workflow task
 #: that leaves more than 2,000 external signals (``limit.numPendingSignals.error``) or
@@ -504,7 +506,7 @@ class ClusterGuardWorkflow:
                     self._cluster,
                     result_type=PolicySnapshot,
                     start_to_close_timeout=_ACT_TIMEOUT,
-                    retry_policy=_ACT_RETRY,
+                    retry_policy=_EFFECT_RETRY,
                 )
             except ActivityError as err:
                 return gm.PolicyFailed(message=_cause(err))

@@ -400,9 +400,18 @@ class Harness:
     pool_modes: dict[str, str] = field(default_factory=dict)
     #: When set, ``load_policy`` fails with this (non-retryable, as a broken config does).
     policy_error: str | None = None
+    #: When set, the guard's ``load_policy`` fails *retryably* with this (as the machine
+    #: bindings' PostgreSQL read does while the ledger is down); the node's and repair's
+    #: ``load_node_policy`` still answers.
+    guard_policy_outage: str | None = None
 
     @activity.defn(name=ACT.load_policy)
     async def load_policy(self, cluster: str) -> PolicySnapshot:
+        if self.guard_policy_outage:
+            raise ApplicationError(self.guard_policy_outage, type="LedgerUnavailable")
+        return self._snapshot(cluster)
+
+    def _snapshot(self, cluster: str) -> PolicySnapshot:
         if self.policy_error:
             raise ApplicationError(self.policy_error, type="ConfigurationError",
                                    non_retryable=True)
@@ -422,7 +431,7 @@ class Harness:
     async def load_node_policy(self, ref: NodeRef) -> NodePolicy:
         """``load_policy``'s answer cut to ``ref.node`` (the node's and repair's read,
         a local activity of theirs)."""
-        return NodePolicy.of(await self.load_policy(ref.cluster), ref.node)
+        return NodePolicy.of(self._snapshot(ref.cluster), ref.node)
 
     def policy_activities(self) -> list[Callable[..., Any]]:
         """Both policy reads: a worker that runs NodeWorkflow / RepairWorkflow needs

@@ -143,3 +143,35 @@ async def test_status_says_when_the_policy_was_not_read(harness: Harness) -> Non
     await eventually(loaded, "the policy read")
     g = await guard_status(h)
     assert g.gpu_nodes == h.gpu_nodes and not g.errors
+
+
+async def test_a_policy_refresh_that_keeps_failing_does_not_stop_the_guard(
+    harness: Harness,
+) -> None:
+    """A guard serving on a policy it read keeps deciding while a refresh fails
+    retryably (the machine bindings' PostgreSQL read down): the read gives up after its
+    bounded retries, the failure is noted, and the waiting request is decided on the
+    last policy read. Before, the read retried without end inside the activity and the
+    guard decided nothing (no grant, no release, no expiry) until the outage ended."""
+    h = harness
+    h.gpu_nodes = 100  # budget 5: b2 is granted beside b1
+    h.policy.wait_for_idle.do_not_interrupt = True
+    h.policy.wait_for_idle.poll_s = 60
+    h.cluster.busy_polls["gpu-01"] = 10_000
+    h.cluster.busy_polls["gpu-02"] = 10_000
+    await start_repair(h, "gpu-01", Action.reboot, "r1", requester=USER, alerts=[])
+    await wait_stage(h, "gpu-01", "r1", Stage.waiting_for_idle)
+    h.guard_policy_outage = "ledger unreachable"
+    await h.env.sleep(timedelta(minutes=6))  # the policy read is stale: the next
+    # request reads it again first
+    await start_repair(h, "gpu-02", Action.reboot, "r2", requester=USER, alerts=[])
+    await h.env.sleep(timedelta(minutes=3))
+
+    async def granted() -> bool:
+        return "r2" in {x.repair_id for x in (await guard_status(h)).leases}
+
+    await eventually(granted, "r2 granted on the last policy read",
+                     explain=lambda: guard_status(h))
+    g = await guard_status(h)
+    assert g.policy_loaded and g.gpu_nodes == 100
+    assert any("load_policy failed" in e and "ledger unreachable" in e for e in g.errors)
