@@ -10,6 +10,7 @@ Units: clocks MHz, memory bytes, power watts, temperature °C, utilisation perce
 from __future__ import annotations
 
 import random
+import re
 import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -175,6 +176,28 @@ def normalise_pci(bus_id: str | bytes) -> str:
         raise ValueError(f"pci bus id: expected domain:bus:device.fn, got {text!r}")
     domain, bus, devfn = parts
     return f"{int(domain, 16):04x}:{bus}:{devfn.split('.')[0]}"
+
+
+_PRINTED_PCI = re.compile(
+    r"^(?:PCI:)?(?:(?P<dom>[0-9A-Fa-f]{4,8}):)?(?P<bus>[0-9A-Fa-f]{2}):(?P<dev>[0-9A-Fa-f]{2})"
+    r"(?:\.[0-7])?$"
+)
+
+
+def canonical_pci(printed: str | None) -> str | None:
+    """A GPU address as any reader printed it, in the one form the agent sends for a GPU:
+    :func:`normalise_pci`'s kernel-log form ``domain:bus:device``, lower case, no function
+    (``"0000:18:00.0"``, ``"00000000:18:00.0"``, ``"0000:18:00"``, ``"18:00.0"``,
+    ``"PCI:0000:18:00"`` → ``"0000:18:00"``; a domain of 5+ digits, behind Intel VMD, keeps
+    its digits). None stays None; text that is not such an address (the oldest driver's
+    two-part ``0003:00``, ``"unknown"``) is returned unchanged. Never raises."""
+    if printed is None:
+        return None
+    m = _PRINTED_PCI.match(printed.strip())
+    if m is None:
+        return printed
+    dom = int(m["dom"], 16) if m["dom"] else 0
+    return f"{dom:04x}:{m['bus'].lower()}:{m['dev'].lower()}"
 
 
 class NvmlBackend:

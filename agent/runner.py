@@ -29,7 +29,7 @@ from agent.config import AgentConfig
 from agent.host import CpuSampler, HostReadError, IbWatcher, memory_available_fraction
 from agent.kmsg import KernelLogFollower, KernelSource, PolledSource
 from agent.nccl import NcclBuffer, NcclLineReader, nccl_metric
-from agent.nvml import GpuBackend, GpuSample, SampleError
+from agent.nvml import GpuBackend, GpuSample, SampleError, canonical_pci
 from agent.otlp import (
     SEVERITY_INFO,
     AttrValue,
@@ -60,11 +60,25 @@ SAVE_EVERY_S = 60.0
 NCCL_POINTS_PER_REQUEST = 10_000
 
 
+GPU_KINDS = frozenset({
+    "xid", "sxid", "gpu_lost", "reset_required", "gsp_heartbeat", "gpu_init_failed",
+    "uvm_fatal", "nvsmi", "dcgm_diag",
+})
+"""Kinds whose ``pci`` names an NVIDIA GPU (or NVSwitch): the agent sends it in one form,
+:func:`agent.nvml.canonical_pci` (``0000:18:00``, the kernel's Xid line and NVML's
+:func:`~agent.nvml.normalise_pci` form), whichever line printed it (``GPU 0000:18:00.0:
+… fallen off the bus``, nvidia-smi's ``00000000:18:00.0``), so every fault of one GPU
+names it alike (docs/wire-contract.md, ``autorepair.gpu.pci``). Other kinds name
+another device (a NIC's PCI function, an AER port), where the function tells two apart:
+sent as printed."""
+
+
 @dataclass(frozen=True)
 class Fault:
     """One fault event as it goes on the wire (docs/design.md §4.3).
 
-    ``details`` become ``autorepair.fault.<key>`` attributes.
+    ``details`` become ``autorepair.fault.<key>`` attributes. ``pci``: a GPU's address
+    in the form of :data:`GPU_KINDS`, another device's as printed.
     """
 
     kind: str
@@ -77,7 +91,8 @@ class Fault:
     @classmethod
     def from_reader(cls, ev: Any, source: str = "kernel_log") -> Fault:
         """From an ``agent.readers.FaultEvent`` (kind, xid, pci, pid, process, summary,
-        text, details, level, active)."""
+        text, details, level, active); a GPU's address (:data:`GPU_KINDS`) in the one form
+        the agent sends (:func:`agent.nvml.canonical_pci`), the reader's as printed."""
         details: dict[str, AttrValue] = {
             "pid": getattr(ev, "pid", None),
             "process": getattr(ev, "process", None),
@@ -85,6 +100,7 @@ class Fault:
             "level": bool(getattr(ev, "level", False)),
             "source": source,
         }
+        pci = getattr(ev, "pci", None)
         for k, v in (getattr(ev, "details", None) or {}).items():
             details[str(k)] = v if isinstance(v, str | int | float | bool | list | tuple) else (
                 None if v is None else str(v)
@@ -93,7 +109,7 @@ class Fault:
             kind=str(ev.kind),
             text=str(getattr(ev, "text", "") or getattr(ev, "summary", "")),
             code=getattr(ev, "xid", None),
-            pci=getattr(ev, "pci", None),
+            pci=canonical_pci(pci) if str(ev.kind) in GPU_KINDS else pci,
             active=bool(getattr(ev, "active", True)),
             details=details,
         )

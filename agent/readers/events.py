@@ -63,7 +63,8 @@ class FaultEvent:
     - ``kind``: one of :data:`KINDS`.
     - ``xid``: the Xid or SXid code, else None.
     - ``pci``: the device address exactly as printed (``0000:c6:00``, ``0000:84:00.0``,
-      the oldest ``0003:00``), else None.
+      the oldest ``0003:00``), else None. The agent sends a GPU's in one form
+      (``agent.runner.GPU_KINDS``, ``agent.nvml.canonical_pci``: ``0000:84:00``).
     - ``pid`` / ``process``: from the line; None where it has none or prints ``<unknown>``.
     - ``summary``: stable one-line text (no timestamps, pids or counters that change
       between re-reports of the same fault).
