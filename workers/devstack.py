@@ -128,6 +128,38 @@ def find_binary(name: str) -> str:
     return found
 
 
+#: How long the Temporal dev server may take to serve, seconds (its port open and its
+#: frontend healthy). A loaded machine took well under 10 s; 60 s is the margin.
+TEMPORAL_START_S = 60.0
+
+
+def wait_serving(temporal: str, address: str, timeout_s: float) -> str | None:
+    """Poll the Temporal frontend at ``address`` (``host:port``) with the ``temporal``
+    CLI's ``operator cluster system`` (``GetSystemInfo``, the call every SDK client makes
+    when it connects) until it answers; returns None then, else the last error once
+    ``timeout_s`` passed.
+
+    An open port is not enough: the frontend refuses calls ("Frontend is not healthy
+    yet") for a moment after it listens, and a client connecting then fails (a CI run's
+    restart over an existing database did)."""
+    deadline = time.monotonic() + max(timeout_s, 0.0)
+    answer = "not asked"
+    while True:
+        try:
+            done = subprocess.run(
+                [temporal, "operator", "cluster", "system", "--address", address],
+                capture_output=True, text=True, timeout=10, check=False)
+            if done.returncode == 0:
+                return None
+            out = (done.stderr or done.stdout).strip()
+            answer = out.splitlines()[0] if out else f"exit {done.returncode}"
+        except subprocess.TimeoutExpired:
+            answer = "GetSystemInfo took over 10 s"
+        if time.monotonic() >= deadline:
+            return answer
+        time.sleep(0.2)
+
+
 def port_free(host: str, port: int) -> bool:
     """True when nothing listens on ``host:port`` (TCP)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -350,9 +382,17 @@ class DevStack:
         child = Child("temporal", argv, dict(os.environ), self.data_dir / "temporal.log")
         child.start()
         self.children.append(child)
-        if not wait_port(self.host, self.ports.temporal, 60):
+        deadline = time.monotonic() + TEMPORAL_START_S
+        if not wait_port(self.host, self.ports.temporal, TEMPORAL_START_S):
             raise StackError(
                 f"Temporal dev server did not start; see {self.data_dir / 'temporal.log'}"
+            )
+        answer = wait_serving(binary, f"{self.host}:{self.ports.temporal}",
+                              deadline - time.monotonic())
+        if answer is not None:
+            raise StackError(
+                f"Temporal dev server on port {self.ports.temporal} is not serving after "
+                f"{TEMPORAL_START_S:g} s ({answer}); see {self.data_dir / 'temporal.log'}"
             )
 
     def start_postgres(self) -> None:

@@ -208,3 +208,15 @@ async def test_clients_find_the_config_while_the_stack_is_starting(tmp_path: Pat
         stack.stop()
     assert seen["config"] == str(config_path.absolute())
     assert seen["api"] == f"http://127.0.0.1:{stack.ports.api}"
+
+
+def test_a_temporal_that_does_not_answer_is_named_with_its_error() -> None:
+    """``start_temporal`` waits for the frontend to answer ``GetSystemInfo``, not only
+    for its port (a CI run's second start over one database failed "Frontend is not
+    healthy yet" in the client's connect); nothing listening is reported with the CLI's
+    error once the wait is over."""
+    from workers.devstack import find_binary, wait_serving
+
+    port = free_port()
+    answer = wait_serving(find_binary("temporal"), f"127.0.0.1:{port}", 0.5)
+    assert answer is not None and "connection refused" in answer, answer
