@@ -148,6 +148,10 @@ DEFECTS: dict[str, str] = {
                            "which know no failure domain's nodes: a hold rebuilt from the "
                            "ledger holds nothing and an automatic lease is granted inside "
                            "the held domain (I21)",
+    "drain_grants_at_end": "the messages deferred while a read was out are decided in "
+                           "order but granted only after the last of them: a request that "
+                           "came before a later one tripped the breaker is held by it, "
+                           "and one the final grant round refuses is never answered",
     "breaker_ignores_queue": "a budget-queued automatic request is granted while the "
                              "breaker is open",
     "batch_decides_in_parallel": "a batch of requests is decided against the leases held "
@@ -1146,13 +1150,27 @@ def _settle(s: GuardState, cmds: Cmds, now: datetime, defects: frozenset[str],
 
 
 def _drain(s: GuardState, now: datetime, defects: frozenset[str]) -> tuple[GuardState, Cmds]:
-    """Serve the deferred messages in order (the policy was just read)."""
+    """Serve the deferred messages in order (the policy was just read, or the ledger),
+    each with the grants stepping it alone would make right after it, as a batch does
+    (:func:`_batch`): a request granted before a later deferred one trips the breaker or
+    holds its domain stays granted, and every deferred request is answered (granted or
+    told it waits). A "queued" answer a later grant of the drain supersedes is not sent.
+    Granting only once after all of them (``drain_grants_at_end``) held requests that
+    came before the trip behind the breaker and left the ones the last grant round
+    refused without an answer."""
     cmds: Cmds = []
     deferred, s = s.deferred, s.model_copy(update={"deferred": []})
     for ev in deferred:
         s, c = _serve(s, ev, now, defects)
         cmds += c
-    return s, cmds
+        if "drain_grants_at_end" in defects:
+            continue
+        if isinstance(ev, Request):
+            s, c = _grant_one(s, ev.req.repair_id, now, defects, None)
+        else:
+            s, c = _grant_queued(s, now, defects)
+        cmds += c
+    return s, _superseded_dropped(cmds)
 
 
 def _defer(deferred: list[Deferred], ev: Deferred) -> list[Deferred]:
@@ -1393,7 +1411,8 @@ TRANSITIONS: dict[tuple[Status, str], str] = {}
 
 
 def _table() -> None:
-    msg_wait = "deferred until the read out returns (decided in order then)"
+    msg_wait = ("deferred until the read out returns (decided in order then, each with "
+                "the grants it would make alone, as in a batch)")
     for st in Status:
         for kind in EVENT_KINDS:
             if kind == "clock":
@@ -1424,7 +1443,8 @@ def _table() -> None:
                                      "so far told queued, nothing granted (I21)",
                     Status.rebuilding: "ignored: no policy read is out",
                     Status.serving: "policy refreshed (failure: kept, noted); deferred "
-                                    "messages decided in order",
+                                    "messages decided in order, each with the grants it "
+                                    "would make alone (as in a batch)",
                 }[st]
             elif kind in ("ledger_ok", "ledger_unavailable"):
                 what = {
