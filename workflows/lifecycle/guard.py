@@ -1330,8 +1330,13 @@ def _step(s: GuardState, ev: Event, now: datetime, defects: frozenset[str]
             return s, []  # no read of ours is out
         cmds: Cmds = []
         if isinstance(ev, PolicyRead):
-            s = s.model_copy(update={"policy": ev.view.model_copy(update={
-                "loaded": True, "loaded_at": now})})
+            # a held lease's pool is its node's pool in the configuration read now (a node
+            # moved to another pool takes its lease there): the pool rule judges the
+            # pools as configured, never the ones of an earlier read
+            leases = [x if (p := ev.view.pools.get(x.node)) in (None, x.node_pool)
+                      else x.model_copy(update={"node_pool": p}) for x in s.leases]
+            s = s.model_copy(update={"leases": leases, "policy": ev.view.model_copy(
+                update={"loaded": True, "loaded_at": now})})
         else:
             s, cmds = _note(s, now, f"load_policy failed: {ev.message}")
             if (s.status == Status.starting and not s.policy.loaded
@@ -1442,7 +1447,8 @@ def _table() -> None:
                                      f"({POLICY_RETRY_S:g} s), the new requests deferred "
                                      "so far told queued, nothing granted (I21)",
                     Status.rebuilding: "ignored: no policy read is out",
-                    Status.serving: "policy refreshed (failure: kept, noted); deferred "
+                    Status.serving: "policy refreshed, each held lease in its node's "
+                                    "pool as now configured (failure: kept, noted); deferred "
                                     "messages decided in order, each with the grants it "
                                     "would make alone (as in a batch)",
                 }[st]
