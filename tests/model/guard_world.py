@@ -37,6 +37,8 @@ equivalent one), so the bounded run is exhaustive. Invariants after every step:
 - **I21** a fresh guard grants nothing before the ledger answered, nor before it read
   its policy once (a restarted guard starts from :data:`DEFAULTS`, as the interpreter's
   ``policy_view(None)``: no pools, no failure domains; the policy read can fail);
+- a holder is told its lease lapsed (a refused renewal) only by a serving guard: one
+  that is starting or rebuilding does not know its holders yet;
 - every request the serving guard's queue holds was answered (granted, or told it waits)
   after its repair last asked, the messages deferred while a read was out included; and
   those are granted as stepping them one by one after the read would (a request that came
@@ -446,6 +448,11 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
                                     told_reset=_set(w.told_reset, i, w.told_reset[i]
                                                     or c.reply.reset_at is not None))
                 elif st == "holding":  # a refused renewal: the lease lapsed, do not act
+                    if m.status != gm.Status.serving:
+                        # only a guard that knows its holders (rebuilt) can say a lease
+                        # lapsed: the ledger lists this one, the rebuild tells it
+                        bad.append(f"renewal: holder {NODES[i]} told its lease lapsed by a "
+                                   "guard that has not rebuilt")
                     w = replace(w, repairs=_set(w.repairs, i, "waiting"))
     return m, replace(w, bad=tuple(bad))
 

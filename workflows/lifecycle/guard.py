@@ -152,6 +152,9 @@ DEFECTS: dict[str, str] = {
                            "order but granted only after the last of them: a request that "
                            "came before a later one tripped the breaker is held by it, "
                            "and one the final grant round refuses is never answered",
+    "rebuild_refuses_renewals": "a renewal that comes while the guard rebuilds from the "
+                                "ledger is told queued: its holder takes its lease for "
+                                "lapsed and stops before its next step until the rebuild",
     "breaker_ignores_queue": "a budget-queued automatic request is granted while the "
                              "breaker is open",
     "batch_decides_in_parallel": "a batch of requests is decided against the leases held "
@@ -1398,7 +1401,12 @@ def _step(s: GuardState, ev: Event, now: datetime, defects: frozenset[str]
     # a message: request, release, reset
     if s.status != Status.serving or s.reading is not None:
         s = s.model_copy(update={"deferred": _defer(s.deferred, ev)})
-        if isinstance(ev, Request) and s.status == Status.rebuilding:
+        # a renewal is decided once the guard serves, as while it waits for its policy:
+        # its holder keeps acting meanwhile (the ledger lists it, the rebuild tells it).
+        # Told "queued", the holder took its lease for lapsed: it stopped renewing and
+        # waited for a grant before its next disruptive step, a ledger outage long
+        if (isinstance(ev, Request) and s.status == Status.rebuilding
+                and (not ev.req.renew or "rebuild_refuses_renewals" in defects)):
             return s, [SendLease(workflow_id=ev.req.workflow_id, reply=LeaseReply(
                 repair_id=ev.req.repair_id, granted=False, queued=True,
                 reason="guard rebuilding its state from the ledger"))]
@@ -1477,7 +1485,8 @@ def _table() -> None:
             elif st != Status.serving:
                 resend = ("; a re-sent request replaces the same repair's deferred one "
                           "in place" if kind == "request" else "")
-                what = msg_wait + resend + ("; a request is told it is queued (rebuilding)"
+                what = msg_wait + resend + ("; a new request is told it is queued "
+                                   "(rebuilding; a renewal is not: its holder keeps acting)"
                                    if st == Status.rebuilding and kind == "request" else
                                    "; a new request is told it is queued while the policy "
                                    "retry timer runs"
