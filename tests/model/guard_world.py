@@ -378,8 +378,12 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
         if m.reset_at != reset_at:  # the machine reset the open breaker in this step
             pre = tuple(p or any(c.repair_id == _rid(i) for c in counted)
                         for i, p in enumerate(w.pre_reset))
+            # a deferred reset is the operator's of when it came (m.reset_at): a repair
+            # that first asked after it did not wait through it
             stale = tuple(x or (was_open and st == "waiting" and _rid(i) not in holding
-                                and _rid(i) not in before_reset)
+                                and _rid(i) not in before_reset
+                                and (w.asked_at[i] is None or m.reset_at is None
+                                     or T0 + timedelta(seconds=w.asked_at[i]) <= m.reset_at))
                           for i, (x, st) in enumerate(zip(w.stale, w.repairs, strict=True)))
             w = replace(w, pre_reset=pre, stale=stale)
         for c in cmds:
@@ -388,9 +392,12 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
             elif isinstance(c, gm.ReadLedger):
                 w = replace(w, out="ledger")
             elif isinstance(c, gm.WriteAlert) and c.alert.kind == gm.BREAKER_KIND:
+                # a reset's clear is written at the reset's time (a deferred one: when it
+                # came, not when the read out answered)
+                at_s = (c.alert.observed_at - T0).total_seconds()
                 w = replace(w, ledger_breaker=c.alert.active,
-                            ledger_reset_s=w.ledger_reset_s if c.alert.active else w.now_s,
-                            last_reset_s=w.last_reset_s if c.alert.active else w.now_s)
+                            ledger_reset_s=w.ledger_reset_s if c.alert.active else at_s,
+                            last_reset_s=w.last_reset_s if c.alert.active else at_s)
             elif isinstance(c, gm.WriteAlert) and c.alert.kind == gm.DOMAIN_KIND:
                 w = replace(w, ledger_holds=_ledger_holds(w, c),
                             ledger_release_s=w.ledger_release_s if c.alert.active

@@ -155,6 +155,10 @@ DEFECTS: dict[str, str] = {
     "rebuild_refuses_renewals": "a renewal that comes while the guard rebuilds from the "
                                 "ledger is told queued: its holder takes its lease for "
                                 "lapsed and stops before its next step until the rebuild",
+    "reset_at_drain": "a breaker reset deferred while a read was out takes effect as of "
+                      "when the read answered: a repair that first asked after the "
+                      "operator's reset is told the reset and acts only on evidence "
+                      "newer than the read (its fault's is older: it ends unrepaired)",
     "breaker_ignores_queue": "a budget-queued automatic request is granted while the "
                              "breaker is open",
     "batch_decides_in_parallel": "a batch of requests is decided against the leases held "
@@ -373,8 +377,12 @@ class Release(BaseModel):
 
 
 class ResetBreaker(BaseModel):
+    """Signal ``reset_breaker``; ``at``: when the guard received it, set when it is
+    deferred (a read was out): the reset is decided later, as of then (I23)."""
+
     kind: Literal["reset_breaker"] = "reset_breaker"
     sig: ResetBreakerSignal
+    at: datetime | None = None
 
 
 class ReleaseDomain(BaseModel):
@@ -1134,7 +1142,13 @@ def _serve(s: GuardState, ev: Request | Release | ResetBreaker | ReleaseDomain |
         return _drop(s, ev.rel.repair_id), []
     if isinstance(ev, ReleaseDomain):
         return _on_release_domain(s, ev.sig, now, defects)
-    return _on_reset(s, ev.sig, now, defects)
+    # a reset deferred while a read was out is the operator's reset of when it came: the
+    # requests first asked after it did not wait through it (not before the breaker's
+    # trip, though: the drain may trip it, and the ledger's newest breaker row decides
+    # whether a rebuilt guard finds it open)
+    at = now if ev.at is None or "reset_at_drain" in defects else min(
+        now, max(ev.at, s.tripped_at or ev.at))
+    return _on_reset(s, ev.sig, at, defects)
 
 
 def _settle(s: GuardState, cmds: Cmds, now: datetime, defects: frozenset[str],
@@ -1400,6 +1414,8 @@ def _step(s: GuardState, ev: Event, now: datetime, defects: frozenset[str]
         return s, []  # asked again on a later round
     # a message: request, release, reset
     if s.status != Status.serving or s.reading is not None:
+        if isinstance(ev, ResetBreaker) and ev.at is None:
+            ev = ev.model_copy(update={"at": now})
         s = s.model_copy(update={"deferred": _defer(s.deferred, ev)})
         # a renewal is decided once the guard serves, as while it waits for its policy:
         # its holder keeps acting meanwhile (the ledger lists it, the rebuild tells it).
@@ -1484,7 +1500,9 @@ def _table() -> None:
                     "request per repair and kind); while a read is out: asked again later")
             elif st != Status.serving:
                 resend = ("; a re-sent request replaces the same repair's deferred one "
-                          "in place" if kind == "request" else "")
+                          "in place" if kind == "request" else
+                          "; decided as of when it came (not before the breaker's trip)"
+                          if kind == "reset_breaker" else "")
                 what = msg_wait + resend + ("; a new request is told it is queued "
                                    "(rebuilding; a renewal is not: its holder keeps acting)"
                                    if st == Status.rebuilding and kind == "request" else
