@@ -364,8 +364,9 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
         before_reset = _granted_before(m, e, now, defects, _resets_breaker)
         deferred = {d.req.repair_id for d in m.deferred if isinstance(d, gm.Request)}
         m, cmds = gm.step(m, e, now, defects)
-        if any(isinstance(c, gm.WriteAlert) and c.alert.kind == gm.DOMAIN_KIND
-               and not c.alert.active for c in cmds):
+        clears = [c.alert.observed_at for c in cmds if isinstance(c, gm.WriteAlert)
+                  and c.alert.kind == gm.DOMAIN_KIND and not c.alert.active]
+        if clears:
             # the machine lifted the hold in this step (a deferred release included): the
             # reports it dropped count no more, before the grants the step made; the
             # automatic repairs waiting for a first lease waited through the release (the
@@ -373,7 +374,11 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
             # that held them: their evidence predates the release all the same)
             w = replace(w, fault_live=(False,) * 3, released=tuple(
                 r or (st == "waiting" and _automatic(w, i) and w.granted_at[i] is None
-                      and _rid(i) not in holding and _rid(i) not in before_release)
+                      and _rid(i) not in holding and _rid(i) not in before_release
+                      # a deferred release is the operator's of when it came: a repair
+                      # that first asked after it did not wait through it
+                      and (w.asked_at[i] is None
+                           or T0 + timedelta(seconds=w.asked_at[i]) <= clears[-1]))
                 for i, (r, st) in enumerate(zip(w.released, w.repairs, strict=True))))
         if m.reset_at != reset_at:  # the machine reset the open breaker in this step
             pre = tuple(p or any(c.repair_id == _rid(i) for c in counted)
@@ -401,7 +406,7 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
             elif isinstance(c, gm.WriteAlert) and c.alert.kind == gm.DOMAIN_KIND:
                 w = replace(w, ledger_holds=_ledger_holds(w, c),
                             ledger_release_s=w.ledger_release_s if c.alert.active
-                            else w.now_s)
+                            else (c.alert.observed_at - T0).total_seconds())
             elif isinstance(c, gm.ContinueAsNew):
                 m = gm.GuardState.model_validate_json(m.model_dump_json())
                 todo.append(gm.Started(fresh=False))

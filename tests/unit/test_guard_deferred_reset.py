@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from workflows.leases import LeaseRequest, ResetBreakerSignal
+from workflows.leases import DomainHold, LeaseRequest, ReleaseDomainSignal, ResetBreakerSignal
 from workflows.lifecycle import guard as gm
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -87,3 +87,25 @@ def test_a_deferred_reset_is_never_before_the_trip_the_drain_makes() -> None:
 def test_the_planted_defect_resets_as_of_the_read() -> None:
     s, cmds, at = _through_an_outage(frozenset({"reset_at_drain"}))
     assert s.reset_at == at and _grants(cmds) == {"r1": at, "r2": at}
+
+
+def test_a_deferred_domain_release_takes_the_time_it_came() -> None:
+    """The same for an operator's release of a failure-domain hold: d2 of the domain, first
+    asked after the release, keeps its evidence; d1, asked before, is told the release."""
+    view = POLICY.model_copy(update={"domains": {"n1": ["rack-a"], "n2": ["rack-a"]}})
+    hold = DomainHold(domain="rack-a", opened_at=T0 - timedelta(seconds=60),
+                      nodes=["n1", "n2", "n3"], kinds=["nvlink_down"],
+                      alert_id="domain/c/rack-a/x", reason="held")
+    s = gm.new_state("c", view)
+    s, _ = gm.step(s, gm.Started(fresh=True), T0)
+    s, _ = gm.step(s, gm.PolicyFailed(message="ledger down"), T0)
+    s, _ = gm.step(s, gm.Request(req=_req(1, T0)), T0)
+    s, _ = gm.step(s, gm.ReleaseDomain(sig=ReleaseDomainSignal(domain="rack-a", by="op")),
+                   RESET)
+    s, _ = gm.step(s, gm.Request(req=_req(2, ASKED)), ASKED)
+    at = s.timers[gm.POLICY_TIMER]
+    s, _ = gm.step(s, gm.TimerFired(name=gm.POLICY_TIMER), at)
+    s, _ = gm.step(s, gm.PolicyRead(view=view), at)
+    s, cmds = gm.step(s, gm.LedgerRead(view=gm.LedgerView(holds=[hold])), at)
+    assert s.holds == [] and s.released_at == {"rack-a": RESET}
+    assert _grants(cmds) == {"r1": RESET, "r2": None}  # before: both told the read's time

@@ -155,7 +155,8 @@ DEFECTS: dict[str, str] = {
     "rebuild_refuses_renewals": "a renewal that comes while the guard rebuilds from the "
                                 "ledger is told queued: its holder takes its lease for "
                                 "lapsed and stops before its next step until the rebuild",
-    "reset_at_drain": "a breaker reset deferred while a read was out takes effect as of "
+    "reset_at_drain": "a breaker reset (or a domain release) deferred while a read was "
+                      "out takes effect as of "
                       "when the read answered: a repair that first asked after the "
                       "operator's reset is told the reset and acts only on evidence "
                       "newer than the read (its fault's is older: it ends unrepaired)",
@@ -390,6 +391,9 @@ class ReleaseDomain(BaseModel):
 
     kind: Literal["release_domain"] = "release_domain"
     sig: ReleaseDomainSignal
+    #: when the guard received it, set when it is deferred (a read was out): the release
+    #: is decided later, as of then (as a deferred breaker reset, :class:`ResetBreaker`)
+    at: datetime | None = None
 
 
 class FaultSeen(BaseModel):
@@ -1141,7 +1145,12 @@ def _serve(s: GuardState, ev: Request | Release | ResetBreaker | ReleaseDomain |
     if isinstance(ev, Release):
         return _drop(s, ev.rel.repair_id), []
     if isinstance(ev, ReleaseDomain):
-        return _on_release_domain(s, ev.sig, now, defects)
+        # a deferred release is the operator's of when it came (not before the hold
+        # opened: the drain may open it)
+        hold = next((h for h in s.holds if h.domain == ev.sig.domain), None)
+        at = now if ev.at is None or hold is None or "reset_at_drain" in defects else min(
+            now, max(ev.at, hold.opened_at))
+        return _on_release_domain(s, ev.sig, at, defects)
     # a reset deferred while a read was out is the operator's reset of when it came: the
     # requests first asked after it did not wait through it (not before the breaker's
     # trip, though: the drain may trip it, and the ledger's newest breaker row decides
@@ -1414,7 +1423,7 @@ def _step(s: GuardState, ev: Event, now: datetime, defects: frozenset[str]
         return s, []  # asked again on a later round
     # a message: request, release, reset
     if s.status != Status.serving or s.reading is not None:
-        if isinstance(ev, ResetBreaker) and ev.at is None:
+        if isinstance(ev, ResetBreaker | ReleaseDomain) and ev.at is None:
             ev = ev.model_copy(update={"at": now})
         s = s.model_copy(update={"deferred": _defer(s.deferred, ev)})
         # a renewal is decided once the guard serves, as while it waits for its policy:
@@ -1502,7 +1511,9 @@ def _table() -> None:
                 resend = ("; a re-sent request replaces the same repair's deferred one "
                           "in place" if kind == "request" else
                           "; decided as of when it came (not before the breaker's trip)"
-                          if kind == "reset_breaker" else "")
+                          if kind == "reset_breaker" else
+                          "; decided as of when it came (not before the hold opened)"
+                          if kind == "release_domain" else "")
                 what = msg_wait + resend + ("; a new request is told it is queued "
                                    "(rebuilding; a renewal is not: its holder keeps acting)"
                                    if st == Status.rebuilding and kind == "request" else
