@@ -36,7 +36,13 @@ equivalent one), so the bounded run is exhaustive. Invariants after every step:
   reset nothing counted before it is counted in the window again;
 - **I21** a fresh guard grants nothing before the ledger answered, nor before it read
   its policy once (a restarted guard starts from :data:`DEFAULTS`, as the interpreter's
-  ``policy_view(None)``: no pools, no failure domains; the policy read can fail).
+  ``policy_view(None)``: no pools, no failure domains; the policy read can fail);
+- a holder is told its lease lapsed (a refused renewal) only by a serving guard: one
+  that is starting or rebuilding does not know its holders yet;
+- every request the serving guard's queue holds was answered (granted, or told it waits)
+  after its repair last asked, the messages deferred while a read was out included; and
+  those are granted as stepping them one by one after the read would (a request that came
+  before a later deferred one tripped the breaker was granted while it was closed).
 
 With ``domains`` (issue 29 item 2) the three nodes form one failure domain ``r`` (hold
 threshold 2 inside the breaker window), ``b1``'s repair is a person's (approved by one:
@@ -73,6 +79,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
@@ -157,6 +164,9 @@ class World:
     cordoned_at: tuple[float | None, ...] = (None, None, None)
     #: when the open breaker was last reset (the guard's clear alert; None: never)
     last_reset_s: float | None = None
+    #: per node: its repair sent a new request and the guard has not answered since (a
+    #: grant or "queued"; a reply the lossy server did not take counts as sent)
+    unanswered: tuple[bool, ...] = (False, False, False)
 
 
 @dataclass
@@ -310,6 +320,7 @@ def _before(label: str, ev: gm.Event, m: gm.GuardState, w: World) -> World:
                       for d in m.deferred)  # the first copy is the one decided
         return replace(w, repairs=_set(w.repairs, i, "waiting"),
                        asked_at=_set(w.asked_at, i, asked),
+                       unanswered=_set(w.unanswered, i, True),
                        asked_reports=w.asked_reports if waiting or not w.domains
                        else _set(w.asked_reports, i, _reported(w)))
     if isinstance(ev, gm.Release):
@@ -347,10 +358,15 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
         holding = {x.repair_id for x in m.leases}
         open_at = _open_at_grant(m, e, now, defects)
         held_at = _held_at_grant(m, e, now, defects)
+        # granted in this step before its domain release / breaker reset was decided (a
+        # batch's or a drain's earlier message): did not wait through it
+        before_release = _granted_before(m, e, now, defects, _releases_domain)
+        before_reset = _granted_before(m, e, now, defects, _resets_breaker)
         deferred = {d.req.repair_id for d in m.deferred if isinstance(d, gm.Request)}
         m, cmds = gm.step(m, e, now, defects)
-        if any(isinstance(c, gm.WriteAlert) and c.alert.kind == gm.DOMAIN_KIND
-               and not c.alert.active for c in cmds):
+        clears = [c.alert.observed_at for c in cmds if isinstance(c, gm.WriteAlert)
+                  and c.alert.kind == gm.DOMAIN_KIND and not c.alert.active]
+        if clears:
             # the machine lifted the hold in this step (a deferred release included): the
             # reports it dropped count no more, before the grants the step made; the
             # automatic repairs waiting for a first lease waited through the release (the
@@ -358,12 +374,21 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
             # that held them: their evidence predates the release all the same)
             w = replace(w, fault_live=(False,) * 3, released=tuple(
                 r or (st == "waiting" and _automatic(w, i) and w.granted_at[i] is None
-                      and _rid(i) not in holding)
+                      and _rid(i) not in holding and _rid(i) not in before_release
+                      # a deferred release is the operator's of when it came: a repair
+                      # that first asked after it did not wait through it
+                      and (w.asked_at[i] is None
+                           or T0 + timedelta(seconds=w.asked_at[i]) <= clears[-1]))
                 for i, (r, st) in enumerate(zip(w.released, w.repairs, strict=True))))
         if m.reset_at != reset_at:  # the machine reset the open breaker in this step
             pre = tuple(p or any(c.repair_id == _rid(i) for c in counted)
                         for i, p in enumerate(w.pre_reset))
-            stale = tuple(x or (was_open and st == "waiting" and _rid(i) not in holding)
+            # a deferred reset is the operator's of when it came (m.reset_at): a repair
+            # that first asked after it did not wait through it
+            stale = tuple(x or (was_open and st == "waiting" and _rid(i) not in holding
+                                and _rid(i) not in before_reset
+                                and (w.asked_at[i] is None or m.reset_at is None
+                                     or T0 + timedelta(seconds=w.asked_at[i]) <= m.reset_at))
                           for i, (x, st) in enumerate(zip(w.stale, w.repairs, strict=True)))
             w = replace(w, pre_reset=pre, stale=stale)
         for c in cmds:
@@ -372,19 +397,24 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
             elif isinstance(c, gm.ReadLedger):
                 w = replace(w, out="ledger")
             elif isinstance(c, gm.WriteAlert) and c.alert.kind == gm.BREAKER_KIND:
+                # a reset's clear is written at the reset's time (a deferred one: when it
+                # came, not when the read out answered)
+                at_s = (c.alert.observed_at - T0).total_seconds()
                 w = replace(w, ledger_breaker=c.alert.active,
-                            ledger_reset_s=w.ledger_reset_s if c.alert.active else w.now_s,
-                            last_reset_s=w.last_reset_s if c.alert.active else w.now_s)
+                            ledger_reset_s=w.ledger_reset_s if c.alert.active else at_s,
+                            last_reset_s=w.last_reset_s if c.alert.active else at_s)
             elif isinstance(c, gm.WriteAlert) and c.alert.kind == gm.DOMAIN_KIND:
                 w = replace(w, ledger_holds=_ledger_holds(w, c),
                             ledger_release_s=w.ledger_release_s if c.alert.active
-                            else w.now_s)
+                            else (c.alert.observed_at - T0).total_seconds())
             elif isinstance(c, gm.ContinueAsNew):
                 m = gm.GuardState.model_validate_json(m.model_dump_json())
                 todo.append(gm.Started(fresh=False))
             elif isinstance(c, gm.SendLease):
                 i = _node_of(c.reply.repair_id)
                 st = w.repairs[i]
+                if c.purpose == "reply":
+                    w = replace(w, unanswered=_set(w.unanswered, i, False))
                 if st in ("dead", "done", "idle"):
                     later.append(gm.ReplyUndeliverable(repair_id=c.reply.repair_id,
                                                        purpose=c.purpose))
@@ -430,6 +460,11 @@ def _run(m: gm.GuardState, w: World, ev: gm.Event, defects: frozenset[str]
                                     told_reset=_set(w.told_reset, i, w.told_reset[i]
                                                     or c.reply.reset_at is not None))
                 elif st == "holding":  # a refused renewal: the lease lapsed, do not act
+                    if m.status != gm.Status.serving:
+                        # only a guard that knows its holders (rebuilt) can say a lease
+                        # lapsed: the ledger lists this one, the rebuild tells it
+                        bad.append(f"renewal: holder {NODES[i]} told its lease lapsed by a "
+                                   "guard that has not rebuilt")
                     w = replace(w, repairs=_set(w.repairs, i, "waiting"))
     return m, replace(w, bad=tuple(bad))
 
@@ -466,14 +501,49 @@ def _ledger_holds(w: World, c: gm.WriteAlert) -> tuple[str, ...]:
     return (*rest, hold.model_dump_json())
 
 
+def _one_by_one(m: gm.GuardState, e: gm.Event) -> tuple[gm.GuardState, list[gm.Event]]:
+    """The events whose one-by-one steps specify ``e``'s grants: a batch's messages; a
+    read's outcome and then the messages deferred while it was out (the machine decides
+    them in order once it serves); none for anything else."""
+    if isinstance(e, gm.Batch):
+        return m, list(e.events)
+    if isinstance(e, gm.PolicyRead | gm.PolicyFailed | gm.LedgerRead) and m.deferred:
+        return m.model_copy(update={"deferred": []}), [e, *m.deferred]
+    return m, []
+
+
+def _releases_domain(m: gm.GuardState, cmds: list[gm.Command]) -> bool:
+    return any(isinstance(c, gm.WriteAlert) and c.alert.kind == gm.DOMAIN_KIND
+               and not c.alert.active for c in cmds)
+
+
+def _resets_breaker(m: gm.GuardState, cmds: list[gm.Command]) -> bool:
+    return any(isinstance(c, gm.WriteAlert) and c.alert.kind == gm.BREAKER_KIND
+               and not c.alert.active for c in cmds)
+
+
+def _granted_before(m: gm.GuardState, e: gm.Event, now: datetime, defects: frozenset[str],
+                    until: Callable[[gm.GuardState, list[gm.Command]], bool]) -> set[str]:
+    """For a batch or a drain: the repairs granted, by the one-by-one specification
+    (:func:`_one_by_one`), before the message whose step ``until`` matches."""
+    m, events = _one_by_one(m, e)
+    out: set[str] = set()
+    for inner in events:
+        m, cmds = gm.step(m, inner, now, defects)
+        if until(m, cmds):
+            return out
+        out |= {c.reply.repair_id for c in cmds
+                if isinstance(c, gm.SendLease) and c.reply.granted}
+    return out
+
+
 def _held_at_grant(m: gm.GuardState, e: gm.Event, now: datetime, defects: frozenset[str]
                    ) -> dict[str, bool]:
-    """For a batch: whether each granted repair's domain was held when it was granted,
-    by the batch's specification (as :func:`_open_at_grant`)."""
-    if not isinstance(e, gm.Batch):
-        return {}
+    """For a batch or a drain: whether each granted repair's domain was held when it was
+    granted, by the specification (as :func:`_open_at_grant`)."""
+    m, events = _one_by_one(m, e)
     out: dict[str, bool] = {}
-    for inner in e.events:
+    for inner in events:
         m, cmds = gm.step(m, inner, now, defects)
         for c in cmds:
             if isinstance(c, gm.SendLease) and c.reply.granted:
@@ -489,12 +559,12 @@ def _open_at_grant(m: gm.GuardState, e: gm.Event, now: datetime, defects: frozen
                    ) -> dict[str, bool]:
     """For a batch: whether the breaker was open when each repair was granted, by the
     batch's specification (its messages stepped one by one: a request granted before a
-    later one of the batch trips the breaker was granted while it was closed). A grant
-    the one-by-one steps do not make is judged on the breaker after the batch."""
-    if not isinstance(e, gm.Batch):
-        return {}
+    later one of the batch trips the breaker was granted while it was closed); for a read
+    that drains the messages deferred while it was out, likewise (:func:`_one_by_one`).
+    A grant the one-by-one steps do not make is judged on the breaker after the step."""
+    m, events = _one_by_one(m, e)
     out: dict[str, bool] = {}
-    for inner in e.events:
+    for inner in events:
         m, cmds = gm.step(m, inner, now, defects)
         for c in cmds:
             if isinstance(c, gm.SendLease) and c.reply.granted:
@@ -512,6 +582,13 @@ def check_invariants(m: gm.GuardState, w: World) -> list[str]:
         bad.append("pool: two leases in one pool")
     if len(m.leases) > POLICY.budget or len({x.node for x in m.leases}) < len(m.leases):
         bad.append("guard: leases beyond the budget or two on a node")
+    if m.status == gm.Status.serving and m.reading is None:
+        # a request the guard decided (its queue holds it) was answered: granted, or told
+        # it waits (the messages deferred while a read was out included)
+        for q in m.queue:
+            if w.unanswered[_node_of(q.req.repair_id)]:
+                bad.append(f"answer: {q.req.node} waits in the guard's queue and was "
+                           "never told")
     for c in m.counted:
         if c.in_window and w.pre_reset[_node_of(c.repair_id)]:
             bad.append(f"I23: {c.repair_id} counted before the reset is counted again")
@@ -538,7 +615,7 @@ def _mirror(w: World) -> World:
                    pre_reset=sw(w.pre_reset), fault_at=sw(w.fault_at),
                    fault_live=sw(w.fault_live), asked_at=sw(w.asked_at),
                    told_reset=sw(w.told_reset), asked_reports=sw(w.asked_reports),
-                   cordoned_at=sw(w.cordoned_at))
+                   cordoned_at=sw(w.cordoned_at), unanswered=sw(w.unanswered))
 
 
 def _key(m: gm.GuardState, w: World) -> str:

@@ -33,6 +33,8 @@ def test_every_guard_status_event_pair_is_in_the_table() -> None:
         ("can_skips_rebuild", "I21"),
         ("breaker_ignores_queue", "granted while open"),
         ("batch_decides_in_parallel", "budget"),
+        ("drain_grants_at_end", "was never told"),
+        ("rebuild_refuses_renewals", "told its lease lapsed by a guard that has not rebuilt"),
     ],
 )
 def test_guard_checker_finds_each_planted_defect(defect: str, invariant: str) -> None:

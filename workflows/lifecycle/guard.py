@@ -148,6 +148,18 @@ DEFECTS: dict[str, str] = {
                            "which know no failure domain's nodes: a hold rebuilt from the "
                            "ledger holds nothing and an automatic lease is granted inside "
                            "the held domain (I21)",
+    "drain_grants_at_end": "the messages deferred while a read was out are decided in "
+                           "order but granted only after the last of them: a request that "
+                           "came before a later one tripped the breaker is held by it, "
+                           "and one the final grant round refuses is never answered",
+    "rebuild_refuses_renewals": "a renewal that comes while the guard rebuilds from the "
+                                "ledger is told queued: its holder takes its lease for "
+                                "lapsed and stops before its next step until the rebuild",
+    "reset_at_drain": "a breaker reset (or a domain release) deferred while a read was "
+                      "out takes effect as of "
+                      "when the read answered: a repair that first asked after the "
+                      "operator's reset is told the reset and acts only on evidence "
+                      "newer than the read (its fault's is older: it ends unrepaired)",
     "breaker_ignores_queue": "a budget-queued automatic request is granted while the "
                              "breaker is open",
     "batch_decides_in_parallel": "a batch of requests is decided against the leases held "
@@ -366,8 +378,12 @@ class Release(BaseModel):
 
 
 class ResetBreaker(BaseModel):
+    """Signal ``reset_breaker``; ``at``: when the guard received it, set when it is
+    deferred (a read was out): the reset is decided later, as of then (I23)."""
+
     kind: Literal["reset_breaker"] = "reset_breaker"
     sig: ResetBreakerSignal
+    at: datetime | None = None
 
 
 class ReleaseDomain(BaseModel):
@@ -375,6 +391,9 @@ class ReleaseDomain(BaseModel):
 
     kind: Literal["release_domain"] = "release_domain"
     sig: ReleaseDomainSignal
+    #: when the guard received it, set when it is deferred (a read was out): the release
+    #: is decided later, as of then (as a deferred breaker reset, :class:`ResetBreaker`)
+    at: datetime | None = None
 
 
 class FaultSeen(BaseModel):
@@ -1126,8 +1145,19 @@ def _serve(s: GuardState, ev: Request | Release | ResetBreaker | ReleaseDomain |
     if isinstance(ev, Release):
         return _drop(s, ev.rel.repair_id), []
     if isinstance(ev, ReleaseDomain):
-        return _on_release_domain(s, ev.sig, now, defects)
-    return _on_reset(s, ev.sig, now, defects)
+        # a deferred release is the operator's of when it came (not before the hold
+        # opened: the drain may open it)
+        hold = next((h for h in s.holds if h.domain == ev.sig.domain), None)
+        at = now if ev.at is None or hold is None or "reset_at_drain" in defects else min(
+            now, max(ev.at, hold.opened_at))
+        return _on_release_domain(s, ev.sig, at, defects)
+    # a reset deferred while a read was out is the operator's reset of when it came: the
+    # requests first asked after it did not wait through it (not before the breaker's
+    # trip, though: the drain may trip it, and the ledger's newest breaker row decides
+    # whether a rebuilt guard finds it open)
+    at = now if ev.at is None or "reset_at_drain" in defects else min(
+        now, max(ev.at, s.tripped_at or ev.at))
+    return _on_reset(s, ev.sig, at, defects)
 
 
 def _settle(s: GuardState, cmds: Cmds, now: datetime, defects: frozenset[str],
@@ -1146,13 +1176,27 @@ def _settle(s: GuardState, cmds: Cmds, now: datetime, defects: frozenset[str],
 
 
 def _drain(s: GuardState, now: datetime, defects: frozenset[str]) -> tuple[GuardState, Cmds]:
-    """Serve the deferred messages in order (the policy was just read)."""
+    """Serve the deferred messages in order (the policy was just read, or the ledger),
+    each with the grants stepping it alone would make right after it, as a batch does
+    (:func:`_batch`): a request granted before a later deferred one trips the breaker or
+    holds its domain stays granted, and every deferred request is answered (granted or
+    told it waits). A "queued" answer a later grant of the drain supersedes is not sent.
+    Granting only once after all of them (``drain_grants_at_end``) held requests that
+    came before the trip behind the breaker and left the ones the last grant round
+    refused without an answer."""
     cmds: Cmds = []
     deferred, s = s.deferred, s.model_copy(update={"deferred": []})
     for ev in deferred:
         s, c = _serve(s, ev, now, defects)
         cmds += c
-    return s, cmds
+        if "drain_grants_at_end" in defects:
+            continue
+        if isinstance(ev, Request):
+            s, c = _grant_one(s, ev.req.repair_id, now, defects, None)
+        else:
+            s, c = _grant_queued(s, now, defects)
+        cmds += c
+    return s, _superseded_dropped(cmds)
 
 
 def _defer(deferred: list[Deferred], ev: Deferred) -> list[Deferred]:
@@ -1312,8 +1356,13 @@ def _step(s: GuardState, ev: Event, now: datetime, defects: frozenset[str]
             return s, []  # no read of ours is out
         cmds: Cmds = []
         if isinstance(ev, PolicyRead):
-            s = s.model_copy(update={"policy": ev.view.model_copy(update={
-                "loaded": True, "loaded_at": now})})
+            # a held lease's pool is its node's pool in the configuration read now (a node
+            # moved to another pool takes its lease there): the pool rule judges the
+            # pools as configured, never the ones of an earlier read
+            leases = [x if (p := ev.view.pools.get(x.node)) in (None, x.node_pool)
+                      else x.model_copy(update={"node_pool": p}) for x in s.leases]
+            s = s.model_copy(update={"leases": leases, "policy": ev.view.model_copy(
+                update={"loaded": True, "loaded_at": now})})
         else:
             s, cmds = _note(s, now, f"load_policy failed: {ev.message}")
             if (s.status == Status.starting and not s.policy.loaded
@@ -1374,8 +1423,15 @@ def _step(s: GuardState, ev: Event, now: datetime, defects: frozenset[str]
         return s, []  # asked again on a later round
     # a message: request, release, reset
     if s.status != Status.serving or s.reading is not None:
+        if isinstance(ev, ResetBreaker | ReleaseDomain) and ev.at is None:
+            ev = ev.model_copy(update={"at": now})
         s = s.model_copy(update={"deferred": _defer(s.deferred, ev)})
-        if isinstance(ev, Request) and s.status == Status.rebuilding:
+        # a renewal is decided once the guard serves, as while it waits for its policy:
+        # its holder keeps acting meanwhile (the ledger lists it, the rebuild tells it).
+        # Told "queued", the holder took its lease for lapsed: it stopped renewing and
+        # waited for a grant before its next disruptive step, a ledger outage long
+        if (isinstance(ev, Request) and s.status == Status.rebuilding
+                and (not ev.req.renew or "rebuild_refuses_renewals" in defects)):
             return s, [SendLease(workflow_id=ev.req.workflow_id, reply=LeaseReply(
                 repair_id=ev.req.repair_id, granted=False, queued=True,
                 reason="guard rebuilding its state from the ledger"))]
@@ -1393,7 +1449,8 @@ TRANSITIONS: dict[tuple[Status, str], str] = {}
 
 
 def _table() -> None:
-    msg_wait = "deferred until the read out returns (decided in order then)"
+    msg_wait = ("deferred until the read out returns (decided in order then, each with "
+                "the grants it would make alone, as in a batch)")
     for st in Status:
         for kind in EVENT_KINDS:
             if kind == "clock":
@@ -1423,8 +1480,10 @@ def _table() -> None:
                                      f"({POLICY_RETRY_S:g} s), the new requests deferred "
                                      "so far told queued, nothing granted (I21)",
                     Status.rebuilding: "ignored: no policy read is out",
-                    Status.serving: "policy refreshed (failure: kept, noted); deferred "
-                                    "messages decided in order",
+                    Status.serving: "policy refreshed, each held lease in its node's "
+                                    "pool as now configured (failure: kept, noted); deferred "
+                                    "messages decided in order, each with the grants it "
+                                    "would make alone (as in a batch)",
                 }[st]
             elif kind in ("ledger_ok", "ledger_unavailable"):
                 what = {
@@ -1450,8 +1509,13 @@ def _table() -> None:
                     "request per repair and kind); while a read is out: asked again later")
             elif st != Status.serving:
                 resend = ("; a re-sent request replaces the same repair's deferred one "
-                          "in place" if kind == "request" else "")
-                what = msg_wait + resend + ("; a request is told it is queued (rebuilding)"
+                          "in place" if kind == "request" else
+                          "; decided as of when it came (not before the breaker's trip)"
+                          if kind == "reset_breaker" else
+                          "; decided as of when it came (not before the hold opened)"
+                          if kind == "release_domain" else "")
+                what = msg_wait + resend + ("; a new request is told it is queued "
+                                   "(rebuilding; a renewal is not: its holder keeps acting)"
                                    if st == Status.rebuilding and kind == "request" else
                                    "; a new request is told it is queued while the policy "
                                    "retry timer runs"
