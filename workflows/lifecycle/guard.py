@@ -159,7 +159,10 @@ DEFECTS: dict[str, str] = {
                       "out takes effect as of "
                       "when the read answered: a repair that first asked after the "
                       "operator's reset is told the reset and acts only on evidence "
-                      "newer than the read (its fault's is older: it ends unrepaired)",
+                      "newer than the read (its fault's is older: it ends unrepaired). "
+                      "Found by tests/unit/test_guard_deferred_reset.py, not by the model "
+                      "checker: the old behaviour is over-cautious and breaks no safety "
+                      "invariant",
     "breaker_ignores_queue": "a budget-queued automatic request is granted while the "
                              "breaker is open",
     "batch_decides_in_parallel": "a batch of requests is decided against the leases held "
