@@ -156,7 +156,9 @@ DEFECTS: dict[str, str] = {
     "machine's faults and history (its retired faults hide the new machine's)",
     "window_level_fault_forgotten": "a level fault raised inside a maintenance window is "
     "observed only and never judged again: a GPU that did not come back from the planned "
-    "reboot is never repaired (issue 29 item 1)",
+    "reboot is never repaired (issue 29 item 1). Found by "
+    "tests/unit/test_domain_fault_reports.py, not by the model checker: a fault never "
+    "judged breaks liveness, not a safety invariant",
     "window_level_fault_unheld": "a level fault raised inside a maintenance window is "
     "judged at once: its repair is recommended inside the window (issue 29 item 1)",
     "start_without_check": "a node that knows its ledger starts a repair without reading "
