@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -13,13 +14,18 @@ from temporalio.api.testservice.v1 import UnlockTimeSkippingRequest
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
+from temporalio.worker import Worker
 
 from tests.workflows.conftest import Harness, make_alert
+from tests.workflows.lease_recorder import RECORDER, LeaseRecorder
 from workflows.models import Action, RepairRequest, RepairStatus, Stage
 from workflows.protocol import (
+    GUARD_WORKFLOW,
     REPAIR_FAILED,
     REPAIR_TIMED_OUT,
+    GuardInput,
     GuardStatus,
+    LeaseReply,
     workflow_id_guard,
     workflow_id_repair,
 )
@@ -267,3 +273,38 @@ async def attempt_outcomes(h: Harness, rid: str) -> list[tuple[str, str]]:
     row: dict[str, Any] | None = await h.ledger.get_repair(rid)
     assert row is not None, rid
     return [(a["action"], a["outcome"]) for a in row["attempts"]]
+
+
+async def lease_replies(rec: WorkflowHandle[Any, Any]) -> list[LeaseReply]:
+    """Every ``lease`` reply the :class:`LeaseRecorder` ``rec`` got, in order."""
+    return await rec.query("replies", result_type=list[LeaseReply])
+
+
+@contextlib.asynccontextmanager
+async def lease_recorders(h: Harness, n: int) -> AsyncIterator[list[WorkflowHandle[Any, Any]]]:
+    """``n`` running :class:`LeaseRecorder` workflows (lease requesters that keep every
+    reply, :func:`lease_replies`), on a worker of their own queue; terminated at exit."""
+    queue = f"rec-{uuid.uuid4().hex[:8]}"
+    async with Worker(h.client, task_queue=queue, workflows=[LeaseRecorder]):
+        recs = [await h.client.start_workflow(RECORDER, id=f"rec-{uuid.uuid4().hex[:8]}",
+                                              task_queue=queue) for _ in range(n)]
+        try:
+            yield recs
+        finally:
+            for rec in recs:
+                await rec.terminate()
+
+
+async def start_guard_without_policy(h: Harness) -> WorkflowHandle[Any, Any]:
+    """Start the cluster's guard while its policy read fails (the caller set
+    ``h.guard_policy_outage`` or ``h.policy_error``); returns its handle once the first
+    read failed (``load_policy failed`` in its ``errors``)."""
+    gid = workflow_id_guard(h.cluster.cluster)
+    await h.client.start_workflow(GUARD_WORKFLOW, GuardInput(cluster=h.cluster.cluster),
+                                  id=gid, task_queue=h.task_queue)
+
+    async def failed() -> bool:
+        return any("load_policy failed" in e for e in (await guard_status(h)).errors)
+
+    await eventually(failed, "the fresh guard's first policy read failed")
+    return h.client.get_workflow_handle(gid)

@@ -10,32 +10,24 @@ it came: d1 (asked before it) is told it, d2 is not.
 
 from __future__ import annotations
 
-import uuid
 from datetime import timedelta
-from typing import Any
-
-from temporalio.client import WorkflowHandle
-from temporalio.worker import Worker
 
 from tests.workflows.conftest import Harness
-from tests.workflows.helpers import eventually, guard_status
-from tests.workflows.lease_recorder import RECORDER, LeaseRecorder
+from tests.workflows.helpers import (
+    eventually,
+    guard_status,
+    lease_recorders,
+    lease_replies,
+    start_guard_without_policy,
+)
 from workflows.lifecycle.guard import BREAKER_KIND, POLICY_RETRY_S
 from workflows.models import Alert, Severity
 from workflows.protocol import (
     GUARD_SIGNAL_ACQUIRE,
     GUARD_SIGNAL_RESET_BREAKER,
-    GUARD_WORKFLOW,
-    GuardInput,
-    LeaseReply,
     LeaseRequest,
     ResetBreakerSignal,
-    workflow_id_guard,
 )
-
-
-async def _replies(rec: WorkflowHandle[Any, Any]) -> list[LeaseReply]:
-    return await rec.query("replies", result_type=list[LeaseReply])
 
 
 async def test_a_reset_during_a_policy_outage_is_the_reset_of_when_it_came(
@@ -50,48 +42,33 @@ async def test_a_reset_during_a_policy_outage_is_the_reset_of_when_it_came(
         severity=Severity.critical, summary="tripped", description="tripped",
         level=True, source="guard", observed_at=now - timedelta(minutes=1)))
     h.guard_policy_outage = "ledger unreachable"
-    gid = workflow_id_guard(c)
-    guard = h.client.get_workflow_handle(gid)
-    await h.client.start_workflow(GUARD_WORKFLOW, GuardInput(cluster=c), id=gid,
-                                  task_queue=h.task_queue)
+    guard = await start_guard_without_policy(h)
+    async with lease_recorders(h, 2) as recs:
+        async def ask(i: int) -> None:
+            await guard.signal(GUARD_SIGNAL_ACQUIRE, LeaseRequest(
+                repair_id=f"d{i + 1}", workflow_id=recs[i].id, cluster=c,
+                node=f"gpu-0{i + 1}", automatic=True, fault_kinds=["xid_79"],
+                requested_at=await h.env.get_current_time()))
 
-    async def failed() -> bool:
-        return any("load_policy failed" in e for e in (await guard_status(h)).errors)
+        await ask(0)
+        await h.env.sleep(timedelta(seconds=5))
+        reset_at = await h.env.get_current_time()
+        await guard.signal(GUARD_SIGNAL_RESET_BREAKER, ResetBreakerSignal(by="alice"))
+        await h.env.sleep(timedelta(seconds=5))
+        await ask(1)
+        h.guard_policy_outage = None
+        await h.env.sleep(timedelta(seconds=POLICY_RETRY_S + 5))
 
-    await eventually(failed, "the fresh guard's first policy read failed")
-    queue = f"rec-{uuid.uuid4().hex[:8]}"
-    async with Worker(h.client, task_queue=queue, workflows=[LeaseRecorder]):
-        recs = [await h.client.start_workflow(RECORDER, id=f"rec-{uuid.uuid4().hex[:8]}",
-                                              task_queue=queue) for _ in range(2)]
-        try:
-            async def ask(i: int) -> None:
-                await guard.signal(GUARD_SIGNAL_ACQUIRE, LeaseRequest(
-                    repair_id=f"d{i + 1}", workflow_id=recs[i].id, cluster=c,
-                    node=f"gpu-0{i + 1}", automatic=True, fault_kinds=["xid_79"],
-                    requested_at=await h.env.get_current_time()))
+        async def both_granted() -> bool:
+            got = [await lease_replies(rec) for rec in recs]
+            return all(g and g[-1].granted for g in got)
 
-            await ask(0)
-            await h.env.sleep(timedelta(seconds=5))
-            reset_at = await h.env.get_current_time()
-            await guard.signal(GUARD_SIGNAL_RESET_BREAKER, ResetBreakerSignal(by="alice"))
-            await h.env.sleep(timedelta(seconds=5))
-            await ask(1)
-            h.guard_policy_outage = None
-            await h.env.sleep(timedelta(seconds=POLICY_RETRY_S + 5))
-
-            async def both_granted() -> bool:
-                got = [await _replies(rec) for rec in recs]
-                return all(g and g[-1].granted for g in got)
-
-            await eventually(both_granted, "d1 and d2 granted once the policy was read",
-                             explain=lambda: guard_status(h))
-            g = await guard_status(h)
-            assert not g.breaker_open and g.reset_by == "alice"
-            assert g.reset_at is not None
-            assert abs((g.reset_at - reset_at).total_seconds()) < 5, (g.reset_at, reset_at)
-            d1, d2 = [(await _replies(rec))[-1] for rec in recs]
-            assert d1.reset_at == g.reset_at, d1
-            assert d2.reset_at is None, d2  # before: the policy read's time
-        finally:
-            for rec in recs:
-                await rec.terminate()
+        await eventually(both_granted, "d1 and d2 granted once the policy was read",
+                         explain=lambda: guard_status(h))
+        g = await guard_status(h)
+        assert not g.breaker_open and g.reset_by == "alice"
+        assert g.reset_at is not None
+        assert abs((g.reset_at - reset_at).total_seconds()) < 5, (g.reset_at, reset_at)
+        d1, d2 = [(await lease_replies(rec))[-1] for rec in recs]
+        assert d1.reset_at == g.reset_at, d1
+        assert d2.reset_at is None, d2  # before: the policy read's time

@@ -23,7 +23,12 @@ from temporalio.client import WorkflowHandle
 from temporalio.worker import Worker
 
 from tests.workflows.conftest import Harness
-from tests.workflows.helpers import eventually, guard_status, terminate_between_tasks
+from tests.workflows.helpers import (
+    eventually,
+    guard_status,
+    lease_replies,
+    terminate_between_tasks,
+)
 from tests.workflows.lease_recorder import RECORDER, LeaseRecorder
 from workflows.activity_api import GuardStateQuery
 from workflows.leases import FaultReport
@@ -33,16 +38,11 @@ from workflows.protocol import (
     GUARD_SIGNAL_FAULT_SEEN,
     GUARD_WORKFLOW,
     GuardInput,
-    LeaseReply,
     LeaseRequest,
     workflow_id_guard,
 )
 
 RACK = [f"gpu-0{i}" for i in range(1, 4)]
-
-
-async def _replies(rec: WorkflowHandle[Any, Any]) -> list[LeaseReply]:
-    return await rec.query("replies", result_type=list[LeaseReply])
 
 
 async def _held_then_restarted_unreadable(
@@ -116,7 +116,7 @@ async def test_a_guard_rebuilt_without_its_policy_grants_nothing_in_a_held_domai
         await guard.signal(GUARD_SIGNAL_ACQUIRE, req)
 
         async def told() -> bool:
-            return bool(await _replies(rec))
+            return bool(await lease_replies(rec))
 
         await eventually(told, "d1 told it waits")
         # the policy stays unreadable a while: nothing is granted on a guess
@@ -125,7 +125,7 @@ async def test_a_guard_rebuilt_without_its_policy_grants_nothing_in_a_held_domai
         g = await guard_status(h)
         assert g.leases == [] and [p.repair_id for p in g.pending] == ["d1"], g
         assert g.policy_loaded is False
-        got = await _replies(rec)
+        got = await lease_replies(rec)
         assert got and not any(r.granted for r in got), got
         assert all(r.queued for r in got), got
 
@@ -140,11 +140,11 @@ async def test_a_guard_rebuilt_without_its_policy_grants_nothing_in_a_held_domai
         assert g.leases == [], g.leases
 
         async def told_held() -> bool:
-            got = await _replies(rec)
+            got = await lease_replies(rec)
             return bool(got) and "failure domain rack-a held" in got[-1].reason
 
         await eventually(told_held, "d1 told the rack holds it")
-        assert not any(r.granted for r in await _replies(rec))
+        assert not any(r.granted for r in await lease_replies(rec))
 
 
 async def test_a_guard_waiting_out_a_long_outage_continues_as_new_and_still_rebuilds(
@@ -178,4 +178,4 @@ async def test_a_guard_waiting_out_a_long_outage_continues_as_new_and_still_rebu
         await eventually(lambda: _rebuilt_with_d1_held(h),
                          "rebuilt after continue-as-new: d1 held by rack-a")
         assert (await guard_status(h)).leases == []
-        assert not any(r.granted for r in await _replies(rec))
+        assert not any(r.granted for r in await lease_replies(rec))

@@ -15,14 +15,17 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from temporalio import activity
-from temporalio.client import WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from activities.guard_replies import GuardReplyActivities
 from activities.ledger_activities import LedgerActivities
 from tests.workflows.conftest import Harness
-from tests.workflows.helpers import eventually, guard_status
+from tests.workflows.helpers import (
+    eventually,
+    guard_status,
+    lease_replies,
+)
 from tests.workflows.lease_recorder import RECORDER, LeaseRecorder
 from workflows.activity_api import (
     ACT,
@@ -38,16 +41,11 @@ from workflows.protocol import (
     GUARD_SIGNAL_ACQUIRE,
     GUARD_WORKFLOW,
     GuardInput,
-    LeaseReply,
     LeaseRequest,
     workflow_id_guard,
 )
 
 USER = Requester(kind=RequesterKind.user, name="ops")
-
-
-async def _replies(rec: WorkflowHandle[Any, Any]) -> list[LeaseReply]:
-    return await rec.query("replies", result_type=list[LeaseReply])
 
 
 async def test_a_renewal_while_the_guard_rebuilds_is_not_refused(
@@ -103,17 +101,17 @@ async def test_a_renewal_while_the_guard_rebuilds_is_not_refused(
             g = await guard_status(h)
             assert g.rebuilt_at is None and down["reads"] >= 2, (g, down)
             # before: [False], "guard rebuilding its state from the ledger"
-            assert [r.granted for r in await _replies(rec)] == [], await _replies(rec)
+            assert [r.granted for r in await lease_replies(rec)] == [], await lease_replies(rec)
 
             down["on"] = False
             await h.env.sleep(timedelta(seconds=LEDGER_RETRY_S + 5))  # the next retry
 
             async def rebuilt_and_renewed() -> bool:
-                return len(await _replies(rec)) >= 2
+                return len(await lease_replies(rec)) >= 2
 
             await eventually(rebuilt_and_renewed, "r1 re-registered and its renewal granted",
                              explain=lambda: guard_status(h))
-            got = await _replies(rec)
+            got = await lease_replies(rec)
             assert all(r.granted for r in got), got
             assert [x.repair_id for x in (await guard_status(h)).leases] == ["r1"]
         finally:

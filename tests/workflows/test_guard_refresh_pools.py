@@ -9,29 +9,23 @@ moves each held lease to its node's configured pool.
 
 from __future__ import annotations
 
-import uuid
 from datetime import timedelta
-from typing import Any
-
-from temporalio.client import WorkflowHandle
-from temporalio.worker import Worker
 
 from tests.workflows.conftest import Harness
-from tests.workflows.helpers import eventually, guard_status
-from tests.workflows.lease_recorder import RECORDER, LeaseRecorder
+from tests.workflows.helpers import (
+    eventually,
+    guard_status,
+    lease_recorders,
+    lease_replies,
+)
 from workflows.lifecycle.guard import POLICY_REFRESH_S
 from workflows.protocol import (
     GUARD_SIGNAL_ACQUIRE,
     GUARD_WORKFLOW,
     GuardInput,
-    LeaseReply,
     LeaseRequest,
     workflow_id_guard,
 )
-
-
-async def _replies(rec: WorkflowHandle[Any, Any]) -> list[LeaseReply]:
-    return await rec.query("replies", result_type=list[LeaseReply])
 
 
 async def test_a_lease_moves_with_its_node_to_the_pool_a_refresh_reads(
@@ -45,35 +39,28 @@ async def test_a_lease_moves_with_its_node_to_the_pool_a_refresh_reads(
     guard = h.client.get_workflow_handle(gid)
     await h.client.start_workflow(GUARD_WORKFLOW, GuardInput(cluster=c), id=gid,
                                   task_queue=h.task_queue)
-    queue = f"rec-{uuid.uuid4().hex[:8]}"
-    async with Worker(h.client, task_queue=queue, workflows=[LeaseRecorder]):
-        recs = [await h.client.start_workflow(RECORDER, id=f"rec-{uuid.uuid4().hex[:8]}",
-                                              task_queue=queue) for _ in range(2)]
-        try:
-            def req(i: int) -> LeaseRequest:
-                return LeaseRequest(repair_id=f"r{i + 1}", workflow_id=recs[i].id,
-                                    cluster=c, node=f"gpu-0{i + 1}")
+    async with lease_recorders(h, 2) as recs:
+        def req(i: int) -> LeaseRequest:
+            return LeaseRequest(repair_id=f"r{i + 1}", workflow_id=recs[i].id,
+                                cluster=c, node=f"gpu-0{i + 1}")
 
-            await guard.signal(GUARD_SIGNAL_ACQUIRE, req(0))
+        await guard.signal(GUARD_SIGNAL_ACQUIRE, req(0))
 
-            async def r1_held() -> bool:
-                return [x.repair_id for x in (await guard_status(h)).leases] == ["r1"]
+        async def r1_held() -> bool:
+            return [x.repair_id for x in (await guard_status(h)).leases] == ["r1"]
 
-            await eventually(r1_held, "r1 granted in pool-a")
-            h.pools = {"gpu-01": "pool-b", "gpu-02": "pool-b"}  # gpu-01 moved
-            await h.env.sleep(timedelta(seconds=POLICY_REFRESH_S + 60))
-            await guard.signal(GUARD_SIGNAL_ACQUIRE, req(1))
+        await eventually(r1_held, "r1 granted in pool-a")
+        h.pools = {"gpu-01": "pool-b", "gpu-02": "pool-b"}  # gpu-01 moved
+        await h.env.sleep(timedelta(seconds=POLICY_REFRESH_S + 60))
+        await guard.signal(GUARD_SIGNAL_ACQUIRE, req(1))
 
-            async def r2_told() -> bool:
-                return bool(await _replies(recs[1]))
+        async def r2_told() -> bool:
+            return bool(await lease_replies(recs[1]))
 
-            await eventually(r2_told, "r2 answered after the refresh")
-            g = await guard_status(h)
-            # before: r2 granted beside r1 (r1's lease still in pool-a)
-            assert [(x.repair_id, x.node_pool) for x in g.leases] == [("r1", "pool-b")], g
-            assert [p.repair_id for p in g.pending] == ["r2"], g.pending
-            (told,) = await _replies(recs[1])
-            assert not told.granted and "node pool pool-b busy with repair r1" in told.reason
-        finally:
-            for rec in recs:
-                await rec.terminate()
+        await eventually(r2_told, "r2 answered after the refresh")
+        g = await guard_status(h)
+        # before: r2 granted beside r1 (r1's lease still in pool-a)
+        assert [(x.repair_id, x.node_pool) for x in g.leases] == [("r1", "pool-b")], g
+        assert [p.repair_id for p in g.pending] == ["r2"], g.pending
+        (told,) = await lease_replies(recs[1])
+        assert not told.granted and "node pool pool-b busy with repair r1" in told.reason
