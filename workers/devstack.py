@@ -128,8 +128,8 @@ def find_binary(name: str) -> str:
     return found
 
 
-#: How long the Temporal dev server may take to serve, seconds (its port open and its
-#: frontend healthy). A loaded machine took well under 10 s; 60 s is the margin.
+#: How long the Temporal dev server may take to serve, seconds: its port open and its
+#: frontend answering (the limit the port wait alone had before).
 TEMPORAL_START_S = 60.0
 
 
@@ -144,11 +144,15 @@ def wait_serving(temporal: str, address: str, timeout_s: float) -> str | None:
     restart over an existing database did)."""
     deadline = time.monotonic() + max(timeout_s, 0.0)
     answer = "not asked"
+    # the operator's own CLI settings (TEMPORAL_TLS, an API key, a profile for a remote
+    # cluster) are not the local dev server's
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TEMPORAL_")}
     while True:
         try:
             done = subprocess.run(
-                [temporal, "operator", "cluster", "system", "--address", address],
-                capture_output=True, text=True, timeout=10, check=False)
+                [temporal, "operator", "cluster", "system", "--address", address,
+                 "--disable-config-file", "--disable-config-env"],
+                capture_output=True, text=True, timeout=10, check=False, env=env)
             if done.returncode == 0:
                 return None
             out = (done.stderr or done.stdout).strip()
