@@ -437,7 +437,8 @@ class DevStack:
         # up (``validate gpu-03`` right after ``up --demo``) finds the config, and with it
         # the configured machines, instead of the defaults (rewritten once ready)
         self.write_stack_file()
-        self.start_temporal()
+        # both wait for their server in a thread: polling blocks (time.sleep)
+        await asyncio.to_thread(self.start_temporal)
         await asyncio.to_thread(self.start_postgres)
         await self.migrate_ledger()
         self.start_services()

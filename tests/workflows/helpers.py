@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
+from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.testservice.v1 import UnlockTimeSkippingRequest
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
@@ -16,8 +17,12 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
+from activities.guard_replies import GuardReplyActivities
+from activities.ledger_activities import LedgerActivities
 from tests.workflows.conftest import Harness, make_alert
 from tests.workflows.lease_recorder import RECORDER, LeaseRecorder
+from workflows.activity_api import ACT, GuardLedgerState, GuardStateQuery
+from workflows.guard import ClusterGuardWorkflow
 from workflows.models import Action, RepairRequest, RepairStatus, Stage
 from workflows.protocol import (
     GUARD_WORKFLOW,
@@ -308,3 +313,43 @@ async def start_guard_without_policy(h: Harness) -> WorkflowHandle[Any, Any]:
 
     await eventually(failed, "the fresh guard's first policy read failed")
     return h.client.get_workflow_handle(gid)
+
+
+class LedgerOutage:
+    """A switchable outage of the guard's ledger read (:func:`guard_worker_in_ledger_outage`):
+    ``ledger_guard_state`` fails non-retryably while ``on``; ``reads`` counts its calls."""
+
+    def __init__(self) -> None:
+        self.on = True
+        self.reads = 0
+
+    def __repr__(self) -> str:
+        return f"LedgerOutage(on={self.on}, reads={self.reads})"
+
+
+@contextlib.asynccontextmanager
+async def guard_worker_in_ledger_outage(
+    h: Harness, ledger_pool: Any
+) -> AsyncIterator[tuple[str, LedgerOutage]]:
+    """A worker running ``ClusterGuardWorkflow`` on a queue of its own with the real
+    ledger activities except ``ledger_guard_state``, which fails while the yielded
+    :class:`LedgerOutage` is ``on`` (the rest of the ledger answers); yields
+    ``(task queue, outage)``. Start the guard on that queue."""
+    outage = LedgerOutage()
+    real = LedgerActivities(ledger_pool)
+
+    @activity.defn(name=ACT.ledger_guard_state)
+    async def guard_state(q: GuardStateQuery) -> GuardLedgerState:
+        outage.reads += 1
+        if outage.on:
+            raise ApplicationError("ledger: connection refused (injected)",
+                                   non_retryable=True)
+        return await real.guard_state(q)
+
+    others = [fn for fn in real.all()
+              if activity._Definition.must_from_callable(fn).name != ACT.ledger_guard_state]
+    queue = h.task_queue + "-guard"
+    async with Worker(h.client, task_queue=queue, workflows=[ClusterGuardWorkflow],
+                      activities=[*others, guard_state, h.load_policy, h.cluster.notify,
+                                  *GuardReplyActivities(h.client).all()]):
+        yield queue, outage

@@ -7,29 +7,21 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from temporalio import activity
-from temporalio.exceptions import ApplicationError
-from temporalio.worker import Worker
-
-from activities.guard_replies import GuardReplyActivities
-from activities.ledger_activities import LedgerActivities
 from tests.workflows.conftest import Harness
 from tests.workflows.helpers import (
     eventually,
     guard_status,
+    guard_worker_in_ledger_outage,
     result_skipping,
     start_repair,
     terminate_between_tasks,
     wait_stage,
 )
 from workflows.activity_api import (
-    ACT,
-    GuardLedgerState,
     GuardStateQuery,
     RepairRecord,
     TransitionRecord,
 )
-from workflows.guard import ClusterGuardWorkflow
 from workflows.models import Action, Requester, RequesterKind, Stage
 from workflows.protocol import (
     GUARD_SIGNAL_RESET_BREAKER,
@@ -180,24 +172,7 @@ async def test_rebuilt_guard_grants_nothing_until_the_ledger_answers(
     wid = workflow_id_guard(h.cluster.cluster)
     await terminate_between_tasks(h, wid)
 
-    down = {"on": True, "reads": 0}
-    real = LedgerActivities(ledger_pool)
-
-    @activity.defn(name=ACT.ledger_guard_state)
-    async def guard_state(q: GuardStateQuery) -> GuardLedgerState:
-        down["reads"] += 1
-        if down["on"]:
-            raise ApplicationError("ledger: connection refused (injected)", non_retryable=True)
-        return await real.guard_state(q)
-
-    others = [
-        fn for fn in real.all()
-        if activity._Definition.must_from_callable(fn).name != ACT.ledger_guard_state
-    ]
-    queue = h.task_queue + "-guard"
-    async with Worker(h.client, task_queue=queue, workflows=[ClusterGuardWorkflow],
-                      activities=[*others, guard_state, h.load_policy,
-                                  h.cluster.notify, *GuardReplyActivities(h.client).all()]):
+    async with guard_worker_in_ledger_outage(h, ledger_pool) as (queue, down):
         await h.client.start_workflow(
             "ClusterGuardWorkflow", {"cluster": h.cluster.cluster}, id=wid, task_queue=queue
         )
@@ -207,8 +182,8 @@ async def test_rebuilt_guard_grants_nothing_until_the_ledger_answers(
         assert h.cluster.count("cordon", "gpu-02") == 0  # nothing granted beside d1
         assert g.rebuilt_at is None and g.leases == [], g
         assert "d2" in {p.repair_id for p in g.pending}, g
-        assert down["reads"] >= 2, down  # it kept asking the ledger
-        down["on"] = False
+        assert down.reads >= 2, down  # it kept asking the ledger
+        down.on = False
 
         async def rebuilt() -> bool:
             g = await guard_status(h)

@@ -10,31 +10,21 @@ answers the holder is re-registered ("rebuilt") and the renewal granted.
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from temporalio import activity
-from temporalio.exceptions import ApplicationError
-from temporalio.worker import Worker
-
-from activities.guard_replies import GuardReplyActivities
-from activities.ledger_activities import LedgerActivities
 from tests.workflows.conftest import Harness
 from tests.workflows.helpers import (
     eventually,
     guard_status,
+    guard_worker_in_ledger_outage,
+    lease_recorders,
     lease_replies,
 )
-from tests.workflows.lease_recorder import RECORDER, LeaseRecorder
 from workflows.activity_api import (
-    ACT,
-    GuardLedgerState,
-    GuardStateQuery,
     RepairRecord,
     TransitionRecord,
 )
-from workflows.guard import ClusterGuardWorkflow
 from workflows.lifecycle.guard import LEDGER_RETRY_S
 from workflows.models import Action, Requester, RequesterKind, Stage
 from workflows.protocol import (
@@ -53,66 +43,44 @@ async def test_a_renewal_while_the_guard_rebuilds_is_not_refused(
 ) -> None:
     h = harness
     c = h.cluster.cluster
-    down = {"on": True, "reads": 0}
-    real = LedgerActivities(ledger_pool)
-
-    @activity.defn(name=ACT.ledger_guard_state)
-    async def guard_state(q: GuardStateQuery) -> GuardLedgerState:
-        down["reads"] += 1
-        if down["on"]:
-            raise ApplicationError("ledger: connection refused (injected)",
-                                   non_retryable=True)
-        return await real.guard_state(q)
-
-    others = [fn for fn in real.all()
-              if activity._Definition.must_from_callable(fn).name != ACT.ledger_guard_state]
-    guard_queue = h.task_queue + "-guard"
-    rec_queue = f"rec-{uuid.uuid4().hex[:8]}"
     async with (
-        Worker(h.client, task_queue=guard_queue, workflows=[ClusterGuardWorkflow],
-               activities=[*others, guard_state, h.load_policy, h.cluster.notify,
-                           *GuardReplyActivities(h.client).all()]),
-        Worker(h.client, task_queue=rec_queue, workflows=[LeaseRecorder]),
+        guard_worker_in_ledger_outage(h, ledger_pool) as (guard_queue, down),
+        lease_recorders(h, 1) as (rec,),
     ):
-        rec = await h.client.start_workflow(RECORDER, id=f"rec-{uuid.uuid4().hex[:8]}",
-                                            task_queue=rec_queue)
-        try:
-            # r1 holds gpu-01 (cordoned, lease held) as the ledger records it
-            t0 = datetime(2026, 1, 1, tzinfo=UTC)
-            await h.ledger.upsert_repair(RepairRecord(
-                repair_id="r1", cluster=c, node="gpu-01", action=Action.reboot,
-                stage=Stage.recommended, requester=USER, workflow_id=rec.id,
-                updated_at=t0, lease_held=True))
-            await h.ledger.record_transition(TransitionRecord(
-                repair_id="r1", stage=Stage.cordoning, at=t0 + timedelta(minutes=1)))
-            gid = workflow_id_guard(c)
-            guard = h.client.get_workflow_handle(gid)
-            await h.client.start_workflow(GUARD_WORKFLOW, GuardInput(cluster=c), id=gid,
-                                          task_queue=guard_queue)
+        # r1 holds gpu-01 (cordoned, lease held) as the ledger records it
+        t0 = datetime(2026, 1, 1, tzinfo=UTC)
+        await h.ledger.upsert_repair(RepairRecord(
+            repair_id="r1", cluster=c, node="gpu-01", action=Action.reboot,
+            stage=Stage.recommended, requester=USER, workflow_id=rec.id,
+            updated_at=t0, lease_held=True))
+        await h.ledger.record_transition(TransitionRecord(
+            repair_id="r1", stage=Stage.cordoning, at=t0 + timedelta(minutes=1)))
+        gid = workflow_id_guard(c)
+        guard = h.client.get_workflow_handle(gid)
+        await h.client.start_workflow(GUARD_WORKFLOW, GuardInput(cluster=c), id=gid,
+                                      task_queue=guard_queue)
 
-            async def ledger_failed() -> bool:
-                g = await guard_status(h)
-                return any("reading the ledger" in e for e in g.errors)
-
-            await eventually(ledger_failed, "the fresh guard's ledger read failed")
-            await guard.signal(GUARD_SIGNAL_ACQUIRE, LeaseRequest(
-                repair_id="r1", workflow_id=rec.id, cluster=c, node="gpu-01", renew=True))
-            await h.env.sleep(timedelta(seconds=LEDGER_RETRY_S * 2))
+        async def ledger_failed() -> bool:
             g = await guard_status(h)
-            assert g.rebuilt_at is None and down["reads"] >= 2, (g, down)
-            # before: [False], "guard rebuilding its state from the ledger"
-            assert [r.granted for r in await lease_replies(rec)] == [], await lease_replies(rec)
+            return any("reading the ledger" in e for e in g.errors)
 
-            down["on"] = False
-            await h.env.sleep(timedelta(seconds=LEDGER_RETRY_S + 5))  # the next retry
+        await eventually(ledger_failed, "the fresh guard's ledger read failed")
+        await guard.signal(GUARD_SIGNAL_ACQUIRE, LeaseRequest(
+            repair_id="r1", workflow_id=rec.id, cluster=c, node="gpu-01", renew=True))
+        await h.env.sleep(timedelta(seconds=LEDGER_RETRY_S * 2))
+        g = await guard_status(h)
+        assert g.rebuilt_at is None and down.reads >= 2, (g, down)
+        # before: [False], "guard rebuilding its state from the ledger"
+        assert [r.granted for r in await lease_replies(rec)] == [], await lease_replies(rec)
 
-            async def rebuilt_and_renewed() -> bool:
-                return len(await lease_replies(rec)) >= 2
+        down.on = False
+        await h.env.sleep(timedelta(seconds=LEDGER_RETRY_S + 5))  # the next retry
 
-            await eventually(rebuilt_and_renewed, "r1 re-registered and its renewal granted",
-                             explain=lambda: guard_status(h))
-            got = await lease_replies(rec)
-            assert all(r.granted for r in got), got
-            assert [x.repair_id for x in (await guard_status(h)).leases] == ["r1"]
-        finally:
-            await rec.terminate()
+        async def rebuilt_and_renewed() -> bool:
+            return len(await lease_replies(rec)) >= 2
+
+        await eventually(rebuilt_and_renewed, "r1 re-registered and its renewal granted",
+                         explain=lambda: guard_status(h))
+        got = await lease_replies(rec)
+        assert all(r.granted for r in got), got
+        assert [x.repair_id for x in (await guard_status(h)).leases] == ["r1"]
